@@ -1,0 +1,34 @@
+"""LayerCheck: adaptive layer-wise checkpointing for LLM post-training.
+
+    from layercheck import LayerCheck, LayerCheckConfig
+
+``LayerCheckConfig``, ``layercheck.policy`` and ``layercheck.trace`` import
+without torch; ``LayerCheck`` and the rest of the library need torch and are
+imported on first use, so the simulator and the dashboard never pull torch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .config import ConfigError, LayerCheckConfig
+
+__all__ = ["LayerCheck", "LayerCheckConfig", "ConfigError", "LayerMap", "LayerCheckError"]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LayerCheck": "layercheck.checkpoint",
+    "LayerMap": "layercheck.layermap",
+    "LayerCheckError": "layercheck.errors",
+}
+
+if TYPE_CHECKING:
+    from .checkpoint import LayerCheck
+    from .errors import LayerCheckError
+    from .layermap import LayerMap
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'layercheck' has no attribute {name!r}")

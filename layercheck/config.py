@@ -1,0 +1,145 @@
+"""LayerCheckConfig: every knob of the library, validated on construction.
+
+Importable without torch: the dashboard and the simulator read and rebuild
+configs from traces.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+__all__ = ["LayerCheckConfig", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message says what to change."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCheckConfig:
+    """How LayerCheck decides what to write and how it writes it.
+
+    The defaults are the paper's (LayerCheck, IEEE CLUSTER 2026): base
+    threshold 1e-3 for blocks, head and norm, 1e-2 for embeddings, Smax 1000,
+    200 warm-up steps, a checkpoint opportunity after every optimizer step.
+    """
+
+    base_threshold: float = 1e-3
+    """Drift threshold K for transformer blocks, the output head and norms,
+    at the peak learning rate."""
+
+    embedding_threshold: float = 1e-2
+    """Drift threshold K for embedding layers, at the peak learning rate."""
+
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    """Per-layer override of the base threshold, by layer name (see
+    ``LayerMap.names``). ``0`` writes the layer at every opportunity,
+    ``math.inf`` only when Smax forces it."""
+
+    smax: int = 1000
+    """Staleness guard: a layer whose last saved copy is ``smax`` steps old is
+    written at the next opportunity whatever its drift."""
+
+    warmup_steps: int = 200
+    """Selective persistence is off for this many steps; at the first
+    opportunity at or after it every layer is written once (the base
+    checkpoint, the fallback for layers that rarely cross K)."""
+
+    interval: int = 1
+    """A checkpoint opportunity every ``interval`` optimizer steps. The small
+    training state (step, scheduler, RNG, extra) is committed at each one."""
+
+    lr_scaling: bool = True
+    """Scale thresholds by ``lr(t) / lr_peak`` so warm-up and decay do not
+    change how often layers are written (the paper's rule; our choice of
+    normalisation)."""
+
+    lr_peak: float | None = None
+    """The learning rate at which thresholds equal their base values. None:
+    the largest ``initial_lr`` (set by torch LR schedulers) or ``lr`` of the
+    optimizer's parameter groups when LayerCheck is created."""
+
+    layers: Mapping[str, Sequence[str]] | None = None
+    """Explicit layer map: layer name -> parameter-name prefixes. None: detect
+    layers from the model's structure (see ``layercheck.layermap``)."""
+
+    queue_bytes: int = 2 << 30
+    """Host memory that snapshots waiting for the background writer may hold.
+    When full, ``step()`` blocks until the writer catches up (backpressure).
+    A single snapshot larger than this is still accepted when the queue is
+    empty."""
+
+    on_error: Literal["raise", "warn"] = "raise"
+    """What a failed background write does: ``raise`` re-raises it from the
+    next ``step()``/``close()`` (training stops, nothing half-written is
+    committed); ``warn`` logs loudly and rewrites the layers at the next
+    opportunity."""
+
+    def __post_init__(self) -> None:
+        _check_threshold("base_threshold", self.base_threshold)
+        _check_threshold("embedding_threshold", self.embedding_threshold)
+        for name, value in dict(self.thresholds).items():
+            _check_threshold(f"thresholds[{name!r}]", value)
+        _check_int("smax", self.smax, minimum=1)
+        _check_int("warmup_steps", self.warmup_steps, minimum=0)
+        _check_int("interval", self.interval, minimum=1)
+        if self.warmup_steps > self.smax:
+            raise ConfigError(
+                f"warmup_steps={self.warmup_steps} exceeds smax={self.smax}: no layer may be "
+                "older than smax, so shorten the warm-up or raise smax")
+        if self.lr_peak is not None and not (math.isfinite(self.lr_peak) and self.lr_peak > 0):
+            raise ConfigError(f"lr_peak={self.lr_peak!r} must be a positive number, or None "
+                              "to take it from the optimizer")
+        _check_int("queue_bytes", self.queue_bytes, minimum=1)
+        if self.on_error not in ("raise", "warn"):
+            raise ConfigError(f"on_error={self.on_error!r}: use 'raise' or 'warn'")
+        if self.layers is not None:
+            if not self.layers:
+                raise ConfigError("layers={} names no layer: give name -> parameter prefixes, "
+                                  "or None to detect layers automatically")
+            for name, prefixes in self.layers.items():
+                if isinstance(prefixes, str) or not all(isinstance(p, str) for p in prefixes):
+                    raise ConfigError(f"layers[{name!r}] must be a list of parameter-name "
+                                      f"prefixes, got {prefixes!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (inf thresholds become the string 'inf')."""
+        out = dataclasses.asdict(self)
+        out["thresholds"] = {k: _json_float(v) for k, v in dict(self.thresholds).items()}
+        out["base_threshold"] = _json_float(self.base_threshold)
+        out["embedding_threshold"] = _json_float(self.embedding_threshold)
+        if self.layers is not None:
+            out["layers"] = {k: list(v) for k, v in self.layers.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LayerCheckConfig":
+        """Inverse of ``to_dict``; unknown keys are an error that names them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown LayerCheckConfig keys {unknown}; known: {sorted(known)}")
+        kwargs = dict(data)
+        for key in ("base_threshold", "embedding_threshold"):
+            if key in kwargs:
+                kwargs[key] = float(kwargs[key])
+        if "thresholds" in kwargs:
+            kwargs["thresholds"] = {k: float(v) for k, v in kwargs["thresholds"].items()}
+        return cls(**kwargs)
+
+
+def _check_threshold(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be a number >= 0 "
+                          "(0 writes at every opportunity, inf only when smax forces)")
+
+
+def _check_int(name: str, value: int, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def _json_float(value: float) -> float | str:
+    return "inf" if math.isinf(value) else float(value)

@@ -1,0 +1,150 @@
+"""The write policy: which layers to persist at a step. Pure, deterministic, no I/O.
+
+Importable without torch (numpy only): the dashboard's vectorised what-if
+replay is tested against ``replay`` below.
+
+Contract, per optimizer step t = 1, 2, ... (after the step's update):
+
+1. ``A_l += d_l(t)`` for every layer (``observe``).
+2. If t is an opportunity (``t % interval == 0``):
+   - before the base checkpoint exists: when ``t >= warmup_steps`` every
+     layer is written (reason ``base``); otherwise nothing;
+   - after it: layer l is written when ``A_l >= K_l(t)`` (reason
+     ``threshold``) or when ``t - last_l >= smax`` (reason ``smax``), with
+     ``K_l(t) = base_l * lr(t) / lr_peak`` (or ``base_l`` without LR scaling).
+3. A written layer gets ``A_l = 0`` and ``last_l = t``.
+
+Staleness of layer l at step t is ``t - last_l`` (``last_l = 0`` before the
+base). It never exceeds ``smax + interval - 1`` because ``warmup_steps <=
+smax``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .config import LayerCheckConfig
+
+__all__ = ["Policy", "PolicyState", "Decision", "REASONS", "replay"]
+
+REASONS = ("base", "threshold", "smax")
+"""Why a layer was written; ``Decision.reasons`` holds indices into this."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """The static part of the policy: per-layer base thresholds and the schedule."""
+
+    base: np.ndarray
+    """Base threshold per layer (float64, may hold 0 and inf)."""
+    smax: int
+    warmup_steps: int
+    interval: int
+    lr_scaling: bool
+
+    @classmethod
+    def from_config(cls, config: LayerCheckConfig, names: Sequence[str],
+                    kinds: Sequence[str]) -> "Policy":
+        """Thresholds for layers ``names`` of ``kinds`` ('embedding' gets the
+        embedding threshold), per-layer overrides applied; unknown override
+        names are an error that lists the real ones."""
+        unknown = sorted(set(config.thresholds) - set(names))
+        if unknown:
+            raise KeyError(f"thresholds name layers {unknown} that the model does not have; "
+                           f"its layers are {list(names)}")
+        base = np.array([
+            config.thresholds.get(name, config.embedding_threshold if kind == "embedding"
+                                  else config.base_threshold)
+            for name, kind in zip(names, kinds)], dtype=np.float64)
+        return cls(base=base, smax=config.smax, warmup_steps=config.warmup_steps,
+                   interval=config.interval, lr_scaling=config.lr_scaling)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.base)
+
+    def is_opportunity(self, step: int) -> bool:
+        return step % self.interval == 0
+
+    def thresholds(self, lr_ratio: float) -> np.ndarray:
+        """K_l(t) for the given ``lr(t) / lr_peak``."""
+        if not self.lr_scaling:
+            return self.base
+        with np.errstate(invalid="ignore"):  # inf * 0 -> nan: an infinite K stays infinite
+            k = self.base * lr_ratio
+        return np.where(np.isinf(self.base), np.inf, k)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Layers to write at ``step`` (indices, ascending) and why (indices into REASONS)."""
+
+    step: int
+    layers: np.ndarray
+    reasons: np.ndarray
+
+    @property
+    def is_full(self) -> bool:
+        return bool(self.reasons.size) and bool((self.reasons == 0).all())
+
+
+@dataclass(kw_only=True)
+class PolicyState:
+    """The running state of a Policy: accumulators and the step each layer was last written."""
+
+    policy: Policy
+    accumulators: np.ndarray = field(default=None)  # type: ignore[assignment]
+    last_written: np.ndarray = field(default=None)  # type: ignore[assignment]
+    base_step: int | None = None
+
+    def __post_init__(self) -> None:
+        n = self.policy.num_layers
+        if self.accumulators is None:
+            self.accumulators = np.zeros(n, dtype=np.float64)
+        if self.last_written is None:
+            self.last_written = np.zeros(n, dtype=np.int64)
+
+    def observe(self, step: int, drift: np.ndarray, lr_ratio: float) -> Decision:
+        """Add step ``step``'s drift and decide what to write (contract in the module doc)."""
+        self.accumulators += drift
+        empty = np.empty(0, dtype=np.int64)
+        policy = self.policy
+        if not policy.is_opportunity(step):
+            return Decision(step, empty, empty)
+        if self.base_step is None:
+            if step < policy.warmup_steps:
+                return Decision(step, empty, empty)
+            self.base_step = step
+            chosen = np.arange(policy.num_layers)
+            reasons = np.zeros(policy.num_layers, dtype=np.int64)
+        else:
+            by_drift = self.accumulators >= policy.thresholds(lr_ratio)
+            by_age = (step - self.last_written) >= policy.smax
+            mask = by_drift | by_age
+            chosen = np.flatnonzero(mask)
+            reasons = np.where(by_drift[chosen], 1, 2).astype(np.int64)
+        self.mark_written(step, chosen)
+        return Decision(step, chosen, reasons)
+
+    def mark_written(self, step: int, layers: Iterable[int]) -> None:
+        idx = np.asarray(list(layers) if not isinstance(layers, np.ndarray) else layers,
+                         dtype=np.int64)
+        self.accumulators[idx] = 0.0
+        self.last_written[idx] = step
+
+    def staleness(self, step: int) -> np.ndarray:
+        return step - self.last_written
+
+
+def replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray) -> list[Decision]:
+    """Reference replay over a whole run: ``drift[t-1, l]`` and ``lr_ratio[t-1]``
+    for steps t = 1..T. Returns the decision at every step (empty when nothing
+    is written). Plain and step by step: the yardstick for faster twins."""
+    drift = np.asarray(drift, dtype=np.float64)
+    if drift.ndim != 2 or drift.shape[1] != policy.num_layers:
+        raise ValueError(f"drift must be steps x {policy.num_layers} layers, got {drift.shape}")
+    state = PolicyState(policy=policy)
+    return [state.observe(t, drift[t - 1], float(lr_ratio[t - 1]))
+            for t in range(1, drift.shape[0] + 1)]

@@ -1,0 +1,277 @@
+"""The trace format shared by profiler (writes), sim and dashboard (read).
+
+Importable without torch (numpy, pandas, pyarrow only).
+
+A trace is a folder::
+
+    traces/<name>/
+        manifest.json      schema_version, name, kind, description, model, layers,
+                           config, lr_peak, machine, sources
+        steps.parquet      one row per optimizer step 1..T
+        drift.parquet      one row per (step, layer): d_l(t) and the accumulator A_l after it
+        writes.parquet     one row per layer write: step, layer, bytes, reason, stall, persist
+        recovery.parquet   optional: one row per measured recovery
+        drill.json         optional: a recovery-fidelity drill (profiler drill)
+
+``layer`` columns are indices into ``manifest["layers"]``. Times are seconds,
+sizes bytes. ``read_trace`` validates everything and raises ``TraceError``
+with a message that says what is wrong and where.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
+           "read_trace", "write_trace", "upgrade_manifest"]
+
+SCHEMA_VERSION = 1
+
+TRACE_KINDS = ("captured", "synthetic")
+"""captured: measured by ``python -m profiler capture``; synthetic: generated to
+match published aggregates (a preset), never to be mistaken for a measurement."""
+
+TABLES: dict[str, dict[str, str]] = {
+    "steps": {"step": "int64", "forward_s": "float64", "backward_s": "float64",
+              "optimizer_s": "float64", "drift_s": "float64", "stall_s": "float64",
+              "loss": "float64", "lr": "float64"},
+    "drift": {"step": "int64", "layer": "int64", "drift": "float64", "accumulator": "float64"},
+    "writes": {"step": "int64", "layer": "int64", "bytes": "int64", "reason": "str",
+               "stall_s": "float64", "persist_s": "float64"},
+    "recovery": {"step": "int64", "plan_s": "float64", "load_s": "float64",
+                 "restore_s": "float64", "bytes": "int64"},
+}
+"""Required columns and their types. steps: compute time per phase, the
+training-thread stall for checkpointing, loss and the step's learning rate
+(NaN where a synthetic trace has no such figure). writes.reason is one of
+base, threshold, smax."""
+
+OPTIONAL_TABLES = ("recovery",)
+MANIFEST_KEYS = ("schema_version", "name", "kind", "description", "model", "layers",
+                 "config", "lr_peak", "machine", "sources")
+LAYER_KEYS = ("name", "kind", "params", "bytes")
+WRITE_REASONS = ("base", "threshold", "smax")
+
+
+class TraceError(ValueError):
+    """A trace folder is missing, malformed or inconsistent; the message says which part."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trace:
+    """A validated trace held in memory."""
+
+    manifest: dict[str, Any]
+    steps: pd.DataFrame
+    drift: pd.DataFrame
+    writes: pd.DataFrame
+    recovery: pd.DataFrame | None = None
+    drill: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["name"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """One row per layer: name, kind, params, bytes (in manifest order)."""
+        return pd.DataFrame(self.manifest["layers"], columns=list(LAYER_KEYS))
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer["name"] for layer in self.manifest["layers"]]
+
+    @property
+    def layer_bytes(self) -> np.ndarray:
+        return np.array([layer["bytes"] for layer in self.manifest["layers"]], dtype=np.int64)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def full_checkpoint_bytes(self) -> int:
+        return int(self.layer_bytes.sum())
+
+    def drift_matrix(self) -> np.ndarray:
+        """d_l(t) as a steps x layers array (row t-1 is step t)."""
+        return self._matrix("drift")
+
+    def accumulator_matrix(self) -> np.ndarray:
+        return self._matrix("accumulator")
+
+    def lr_ratio(self) -> np.ndarray:
+        """lr(t) / lr_peak per step: what the policy scales thresholds by."""
+        return self.steps["lr"].to_numpy(dtype=np.float64) / float(self.manifest["lr_peak"])
+
+    def write_matrix(self) -> np.ndarray:
+        """Boolean steps x layers: True where the layer was written at that step."""
+        out = np.zeros((self.num_steps, len(self.layer_names)), dtype=bool)
+        out[self.writes["step"].to_numpy() - 1, self.writes["layer"].to_numpy()] = True
+        return out
+
+    def compute_seconds(self) -> np.ndarray:
+        """Useful time per step: forward + backward + optimizer."""
+        s = self.steps
+        return (s["forward_s"] + s["backward_s"] + s["optimizer_s"]).to_numpy(dtype=np.float64)
+
+    def _matrix(self, column: str) -> np.ndarray:
+        out = np.zeros((self.num_steps, len(self.layer_names)), dtype=np.float64)
+        d = self.drift
+        out[d["step"].to_numpy() - 1, d["layer"].to_numpy()] = d[column].to_numpy()
+        return out
+
+
+def upgrade_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older manifest to SCHEMA_VERSION (there is no older one yet);
+    a newer one is an error that says to upgrade layercheck."""
+    version = manifest.get("schema_version")
+    if not isinstance(version, int):
+        raise TraceError(f"manifest.json: schema_version must be an integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise TraceError(f"manifest.json: schema_version {version} is newer than this "
+                         f"layercheck reads ({SCHEMA_VERSION}); upgrade layercheck")
+    if version < 1:
+        raise TraceError(f"manifest.json: schema_version {version} is not a trace version")
+    return manifest
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Load and validate the trace folder ``path`` (or its manifest.json)."""
+    root = Path(path)
+    if root.name == "manifest.json":
+        root = root.parent
+    if not root.exists():
+        raise TraceError(f"{root}: no such trace folder")
+    if not root.is_dir():
+        raise TraceError(f"{root}: a trace is a folder holding manifest.json and Parquet tables")
+    manifest = _read_manifest(root / "manifest.json")
+    tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES)
+              for name in TABLES}
+    drill = _read_json(root / "drill.json") if (root / "drill.json").exists() else None
+    trace = Trace(manifest=manifest, steps=tables["steps"], drift=tables["drift"],
+                  writes=tables["writes"], recovery=tables["recovery"], drill=drill)
+    _validate(trace, root)
+    return trace
+
+
+def write_trace(trace: Trace, path: str | Path) -> Path:
+    """Validate ``trace`` and write it to folder ``path`` (created; files replaced)."""
+    root = Path(path)
+    _validate(trace, root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "manifest.json").write_text(json.dumps(_jsonable(trace.manifest), indent=2) + "\n")
+    for name in TABLES:
+        frame = getattr(trace, name)
+        if frame is None:
+            continue
+        columns = list(TABLES[name])
+        frame[columns].to_parquet(root / f"{name}.parquet", index=False, compression="zstd")
+    if trace.drill is not None:
+        (root / "drill.json").write_text(json.dumps(_jsonable(trace.drill), indent=2) + "\n")
+    return root
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise TraceError(f"{path.parent}: not a trace (no manifest.json); "
+                         "make one with `python -m profiler capture`")
+    manifest = upgrade_manifest(_read_json(path))
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise TraceError(f"{path}: missing keys {missing}")
+    return manifest
+
+
+def _read_table(root: Path, name: str, *, required: bool) -> pd.DataFrame | None:
+    path = root / f"{name}.parquet"
+    if not path.exists():
+        if required:
+            raise TraceError(f"{path}: missing (a trace needs {', '.join(t for t in TABLES if t not in OPTIONAL_TABLES)})")
+        return None
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise TraceError(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in TABLES[name] if c not in frame.columns]
+    if missing:
+        raise TraceError(f"{path}: missing columns {missing}; required: {list(TABLES[name])}")
+    try:
+        return frame.astype({c: (object if t == "str" else t) for c, t in TABLES[name].items()})
+    except (ValueError, TypeError) as exc:
+        raise TraceError(f"{path}: a column has the wrong type ({exc}); expected {TABLES[name]}") from None
+
+
+def _validate(trace: Trace, root: Path) -> None:
+    m = trace.manifest
+    upgrade_manifest(m)
+    if m.get("kind") not in TRACE_KINDS:
+        raise TraceError(f"{root}/manifest.json: kind must be one of {TRACE_KINDS}, got {m.get('kind')!r}")
+    layers = m.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise TraceError(f"{root}/manifest.json: layers must be a non-empty list")
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict) or any(k not in layer for k in LAYER_KEYS):
+            raise TraceError(f"{root}/manifest.json: layers[{i}] needs keys {list(LAYER_KEYS)}")
+        if not (isinstance(layer["bytes"], int) and layer["bytes"] > 0):
+            raise TraceError(f"{root}/manifest.json: layers[{i}].bytes must be a positive integer")
+    lr_peak = m.get("lr_peak")
+    if not isinstance(lr_peak, (int, float)) or not math.isfinite(lr_peak) or lr_peak <= 0:
+        raise TraceError(f"{root}/manifest.json: lr_peak must be a positive number, got {lr_peak!r}")
+    n_layers, steps = len(layers), trace.steps["step"].to_numpy()
+    if len(steps) == 0 or not np.array_equal(steps, np.arange(1, len(steps) + 1)):
+        raise TraceError(f"{root}/steps.parquet: steps must run 1, 2, ..., T without gaps")
+    for name in ("drift", "writes", "recovery"):
+        frame = getattr(trace, name)
+        if frame is None or frame.empty:
+            continue
+        if name != "recovery":
+            bad = ~frame["layer"].between(0, n_layers - 1)
+            if bad.any():
+                raise TraceError(f"{root}/{name}.parquet: layer index {int(frame['layer'][bad].iloc[0])} "
+                                 f"outside 0..{n_layers - 1}")
+        first = 0 if name == "recovery" else 1
+        bad = ~frame["step"].between(first, len(steps))
+        if bad.any():
+            raise TraceError(f"{root}/{name}.parquet: step {int(frame['step'][bad].iloc[0])} "
+                             f"outside {first}..{len(steps)}")
+    if (trace.writes["bytes"] < 0).any():
+        raise TraceError(f"{root}/writes.parquet: negative bytes")
+    bad_reason = ~trace.writes["reason"].isin(WRITE_REASONS)
+    if bad_reason.any():
+        raise TraceError(f"{root}/writes.parquet: reason {trace.writes['reason'][bad_reason].iloc[0]!r} "
+                         f"is not one of {WRITE_REASONS}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return value

@@ -1,0 +1,196 @@
+"""The background writer: persists snapshots and commits them, off the training thread.
+
+Contract: ``submit`` takes a ``StepJob`` of host-memory snapshots and returns
+at once unless the queue already holds ``queue_bytes`` (then it blocks:
+backpressure, never unbounded memory). One thread persists jobs in order. For
+each job: every layer file is written atomically (temp, fsync, rename, fsync
+of the folder), then the state file, then one append of the job's manifest
+records, the state record last, fsynced. A crash at any point leaves either
+committed records or ignorable leftovers.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from safetensors.torch import save as st_save
+
+from .errors import WriteFailed
+from .manifest import MANIFEST, Version, checksum, encode_record, layer_path, state_path
+from .store import Store
+
+__all__ = ["LayerSnapshot", "StepJob", "Writer", "WriteRecord"]
+
+log = logging.getLogger("layercheck")
+
+
+@dataclass
+class LayerSnapshot:
+    index: int
+    name: str
+    reason: str
+    tensors: dict[str, torch.Tensor]
+    nbytes: int
+
+
+@dataclass
+class StepJob:
+    step: int
+    layers: list[LayerSnapshot]
+    state: tuple[dict[str, torch.Tensor], dict[str, str]] | None
+    nbytes: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class WriteRecord:
+    """One committed layer version, for profiling: size and time from submit to commit."""
+
+    step: int
+    layer: int
+    name: str
+    reason: str
+    bytes: int
+    persist_s: float
+
+
+class Writer:
+    """Persists StepJobs in a background thread (see the module contract)."""
+
+    def __init__(self, store: Store, *, queue_bytes: int,
+                 on_error: Literal["raise", "warn"] = "raise") -> None:
+        self.store = store
+        self.queue_bytes = queue_bytes
+        self.on_error = on_error
+        self.bytes_written = 0
+        self.completed: list[WriteRecord] = []
+        self._jobs: queue.Queue[StepJob | None] = queue.Queue()
+        self._pending = 0
+        self._cv = threading.Condition()
+        self._error: BaseException | None = None
+        self._failed_layers: set[int] = set()
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="layercheck-crc")
+        self._thread = threading.Thread(target=self._run, name="layercheck-writer", daemon=True)
+        self._thread.start()
+
+    # -- training-thread side ----------------------------------------------
+    def submit(self, job: StepJob) -> float:
+        """Queue ``job``; returns the seconds spent waiting for queue space."""
+        self.raise_if_failed()
+        start = time.perf_counter()
+        with self._cv:
+            while self._pending and self._pending + job.nbytes > self.queue_bytes:
+                self._cv.wait()
+                self.raise_if_failed()
+            self._pending += job.nbytes
+        self._jobs.put(job)
+        return time.perf_counter() - start
+
+    def flush(self) -> None:
+        """Block until every submitted job is committed (or failed)."""
+        self._jobs.join()
+        self.raise_if_failed()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
+        self._hasher.shutdown()
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None and self.on_error == "raise":
+            raise WriteFailed(f"a background checkpoint write failed ({self._error}); nothing of "
+                              "it was committed, every earlier step is still recoverable. "
+                              "Fix the storage (space, permissions) and resume with restore()"
+                              ) from self._error
+
+    def take_failed_layers(self) -> set[int]:
+        """Layers whose write failed under on_error='warn' since the last call."""
+        with self._cv:
+            failed, self._failed_layers = self._failed_layers, set()
+        return failed
+
+    def drain_completed(self) -> list[WriteRecord]:
+        with self._cv:
+            done, self.completed = self.completed, []
+        return done
+
+    # -- writer-thread side ------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None or self.on_error == "warn":
+                    self._persist(job)
+            finally:
+                if job is not None:
+                    with self._cv:
+                        self._pending -= job.nbytes
+                        self._cv.notify_all()
+                self._jobs.task_done()
+
+    def _persist(self, job: StepJob) -> None:
+        records, done = [], []
+        for snap in job.layers:
+            try:
+                version = self._write(layer_path(snap.name, job.step), snap.tensors,
+                                      {"format": "layercheck-layer/1", "layer": snap.name,
+                                       "step": str(job.step)}, job.step, snap.name, snap.reason)
+            except Exception as exc:
+                if not self._fail(exc, job, snap):
+                    return
+                continue
+            records.append(version.to_record())
+            done.append((snap, version))
+        if job.state is not None:
+            try:
+                tensors, metadata = job.state
+                records.append(self._write(state_path(job.step), tensors, metadata,
+                                           job.step, None, None).to_record())
+            except Exception as exc:
+                if not self._fail(exc, job, None):
+                    return
+        if not records:
+            return
+        try:
+            self.store.append(MANIFEST, b"".join(encode_record(r) for r in records))
+        except Exception as exc:
+            self._fail(exc, job, None)
+            return
+        elapsed = time.perf_counter() - job.submitted
+        with self._cv:
+            for snap, version in done:
+                self.bytes_written += version.bytes
+                self.completed.append(WriteRecord(job.step, snap.index, snap.name, snap.reason,
+                                                  version.bytes, elapsed))
+
+    def _write(self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
+               step: int, layer: str | None, reason: str | None) -> Version:
+        data = st_save(tensors, metadata=metadata)
+        digest = self._hasher.submit(checksum, data)  # hashes while the disk writes
+        self.store.write_atomic(path, data)
+        return Version(step=step, file=path, bytes=len(data), checksum=digest.result(),
+                       layer=layer, reason=reason)
+
+    def _fail(self, exc: BaseException, job: StepJob, snap: LayerSnapshot | None) -> bool:
+        """Record a failure; True when the writer should go on with the job."""
+        what = f"layer {snap.name}" if snap else "the step's state/manifest"
+        if self.on_error == "warn":
+            log.error("layercheck: writing %s at step %d failed: %s; training goes on and the "
+                      "layer is written again at the next opportunity", what, job.step, exc)
+            with self._cv:
+                self._error = exc
+                self._failed_layers.update([snap.index] if snap else [s.index for s in job.layers])
+            return snap is not None
+        log.error("layercheck: writing %s at step %d failed: %s", what, job.step, exc)
+        self._error = exc
+        return False

@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny real models and a deterministic training loop."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def tiny_lm(*, tied: bool = True, layers: int = 3, seed: int = 0):
+    """A small Qwen2 causal LM built from a config (random weights, real architecture)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=tied)
+    return Qwen2ForCausalLM(config)
+
+
+def optimizer_for(model, *, lr: float = 1e-3, weight_decay: float = 0.01, total: int = 100):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    warm = max(1, total // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+    return opt, sched
+
+
+def train_step(model, opt, sched, *, vocab: int = 128) -> float:
+    """One step on data drawn from the global RNG (so RNG restore matters)."""
+    ids = torch.randint(0, vocab, (4, 12))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())

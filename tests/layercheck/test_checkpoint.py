@@ -1,0 +1,127 @@
+"""LayerCheck end to end on a real (tiny) Qwen2 model: save, crash, restore, resume."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.manifest import read_manifest
+from layercheck.store import LocalStore
+from tests.conftest import optimizer_for, tiny_lm, train_step
+
+
+def _state(model, opt):
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    optim = {(names[id(p)], k): v.clone() for p, s in opt.state.items() for k, v in s.items()}
+    return params, optim
+
+
+def _assert_equal_states(a, b):
+    pa, oa = a
+    pb, ob = b
+    assert pa.keys() == pb.keys() and oa.keys() == ob.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+    for k in oa:
+        assert torch.equal(oa[k], ob[k]), k
+
+
+def test_threshold_zero_resume_is_bit_for_bit(tmp_path):
+    n = 6
+    torch.manual_seed(1)
+    ref = tiny_lm(seed=0)
+    opt, sched = optimizer_for(ref, total=2 * n)
+    for _ in range(2 * n):
+        train_step(ref, opt, sched)
+    expected = _state(ref, opt)
+
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=0)
+    torch.manual_seed(1)
+    model = tiny_lm(seed=0)
+    opt, sched = optimizer_for(model, total=2 * n)
+    lc = LayerCheck(model, opt, tmp_path / "ckpt", cfg, scheduler=sched)
+    assert lc.restore() == 0
+    for _ in range(n):
+        train_step(model, opt, sched)
+        lc.step()
+    lc.close()  # "crash" after step n: the process state is thrown away below
+
+    torch.manual_seed(123)  # a different RNG state and different weights
+    model = tiny_lm(seed=7)
+    opt, sched = optimizer_for(model, total=2 * n)
+    with LayerCheck(model, opt, tmp_path / "ckpt", cfg, scheduler=sched) as lc:
+        assert lc.restore() == n
+        for _ in range(n):
+            train_step(model, opt, sched)
+            lc.step()
+    _assert_equal_states(_state(model, opt), expected)
+
+
+def test_mixed_staleness_restores_each_layer_exactly(tmp_path):
+    cfg = LayerCheckConfig(base_threshold=2e-2, embedding_threshold=5e-2, warmup_steps=3, smax=9)
+    torch.manual_seed(0)
+    model = tiny_lm(seed=0)
+    opt, sched = optimizer_for(model, lr=3e-3, total=40)
+    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(25):
+            train_step(model, opt, sched)
+            lc.step()
+    store = LocalStore(tmp_path / "c")
+    view = read_manifest(store)
+    sources = {name: versions[-1] for name, versions in view.versions.items()}
+    assert len({v.step for v in sources.values()}) > 1, "expected layers saved at different steps"
+
+    model2 = tiny_lm(seed=5)
+    opt2, sched2 = optimizer_for(model2, lr=3e-3, total=40)
+    with LayerCheck(model2, opt2, tmp_path / "c", cfg, scheduler=sched2) as lc2:
+        assert lc2.restore() == 25
+    params = dict(model2.named_parameters())
+    for name, version in sources.items():
+        saved = load_file(tmp_path / "c" / version.file)
+        for key, tensor in saved.items():
+            kind, _, rest = key.partition("/")
+            if kind == "param":
+                assert torch.equal(params[rest], tensor), key
+            elif kind == "optim":
+                field, _, pname = rest.partition("/")
+                assert torch.equal(opt2.state[params[pname]][field], tensor), key
+    assert sched2.last_epoch == 25
+
+
+def test_fresh_directory_restores_zero_and_warmup_writes_nothing(tmp_path):
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    with LayerCheck(model, opt, tmp_path / "c", LayerCheckConfig(warmup_steps=5)) as lc:
+        assert lc.restore() == 0
+        for _ in range(4):
+            train_step(model, opt, sched)
+            assert lc.step().decision.layers.size == 0
+        train_step(model, opt, sched)
+        assert lc.step().decision.is_full
+    view = read_manifest(LocalStore(tmp_path / "c"))
+    assert sorted(view.states) == [5]
+
+
+def test_memory_store_round_trip():
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    cfg = LayerCheckConfig(warmup_steps=0, base_threshold=0, embedding_threshold=0)
+    with LayerCheck(model, opt, "memory://lc-test-round-trip", cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(3):
+            train_step(model, opt, sched)
+            lc.step(extra={"position": 3 * 4})
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model2 = tiny_lm(seed=3)
+    opt2, sched2 = optimizer_for(model2)
+    with LayerCheck(model2, opt2, "memory://lc-test-round-trip", cfg, scheduler=sched2) as lc2:
+        assert lc2.restore() == 3
+        assert lc2.extra == {"position": 12}
+    for n, p in model2.named_parameters():
+        assert torch.equal(p, expected[n])
