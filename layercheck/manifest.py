@@ -158,10 +158,9 @@ def read_manifest(store: Store) -> ManifestView:
             continue
         last = number == len(lines)  # a final line without newline: torn append
         try:
-            record = _decode_line(line)
             if last:
-                raise ValueError("no trailing newline (torn append)")
-            view.apply(record)
+                raise ValueError("torn append: the last line has no newline")
+            view.apply(_decode_line(line))
         except Exception as exc:  # any damage to one line: skip it, say why
             view.problems.append(f"{MANIFEST} line {number}: skipped ({exc})")
     return view

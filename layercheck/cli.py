@@ -1,0 +1,103 @@
+"""python -m layercheck: inspect, plan, export and clean up checkpoint directories.
+
+Every expected failure (no such directory, not a checkpoint, damaged or
+mismatched data, bad arguments) is one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .errors import LayerCheckError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own, minus the usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m layercheck", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("inspect", help="layers, versions, staleness and bytes on disk")
+    p.add_argument("directory")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("plan", help="which step each layer would be restored from")
+    p.add_argument("directory")
+    p.add_argument("--step", type=_step, help="recover at or before this step (default newest)")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("export", help="write the composite model of a step as a model folder")
+    p.add_argument("directory")
+    p.add_argument("--step", type=_step)
+    p.add_argument("--out", required=True, help="new folder for config.json + model.safetensors")
+    p = sub.add_parser("gc", help="delete versions no kept step needs")
+    p.add_argument("directory")
+    p.add_argument("--keep", type=_positive, default=1,
+                   help="newest recoverable steps to keep recoverable (default 1)")
+    p.add_argument("--dry-run", action="store_true", help="say what would go, delete nothing")
+    return parser
+
+
+def _step(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: steps are >= 0")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _step(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (LayerCheckError, ValueError, OSError) as exc:
+        print(f"layercheck: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .store import open_store
+    store = open_store(args.directory, create=False)
+    if args.command == "inspect":
+        from .inspect import format_inspection, inspect_directory
+        info = inspect_directory(store)
+        print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+    elif args.command == "plan":
+        from .manifest import read_manifest
+        from .recovery import make_plan
+        plan = make_plan(store, read_manifest(store), args.step, verify=True)
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else _format_plan(plan))
+    elif args.command == "export":
+        from .export import export_model
+        plan = export_model(store, args.out, step=args.step)
+        print(f"exported step {plan.step} to {args.out}")
+    elif args.command == "gc":
+        from .cleanup import collect_garbage
+        report = collect_garbage(store, keep=args.keep, dry_run=args.dry_run)
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"kept steps {report.kept_steps} ({report.kept_files} files); {verb} "
+              f"{len(report.removed_files)} files, {report.freed_bytes / 2**20:.1f} MiB")
+    return 0
+
+
+def _format_plan(plan) -> str:
+    info = plan.to_dict()
+    lines = [f"recover step {info['step']} ({info['bytes'] / 2**20:.1f} MiB to read)",
+             f"{'layer':<32} {'from step':>9} {'stale':>6} {'reason':>9}"]
+    lines += [f"{l['layer']:<32} {l['source_step']:>9} {l['staleness']:>6} {l['reason'] or '-':>9}"
+              for l in info["layers"]]
+    lines += [f"WARNING: {w}" for w in info["warnings"]]
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""What a checkpoint directory holds: layers, versions, staleness, bytes, damage. Torch-free."""
+from __future__ import annotations
+
+from typing import Any
+
+from .manifest import MANIFEST, ManifestView, read_manifest
+from .store import Store
+
+__all__ = ["inspect_directory", "format_inspection"]
+
+
+def inspect_directory(store: Store) -> dict[str, Any]:
+    """A JSON-ready description of the checkpoint in ``store`` (see ``format_inspection``)."""
+    view = read_manifest(store)
+    if view.header is None:
+        from .errors import CheckpointNotFound
+        raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no {MANIFEST} "
+                                 "with a header); point at the directory given to LayerCheck")
+    newest = view.latest_step()
+    missing = [v.file for v in view.all_versions() if not store.exists(v.file)]
+    layers = []
+    for layer in view.header["layers"]:
+        versions = view.versions.get(layer["name"], [])
+        last = versions[-1].step if versions else None
+        layers.append({
+            "name": layer["name"], "kind": layer["kind"], "params": layer["params"],
+            "versions": len(versions), "newest_version_step": last,
+            "staleness": (newest - last) if newest is not None and last is not None else None,
+            "bytes_on_disk": sum(v.bytes for v in versions)})
+    files = store.list("layers") + store.list("states")
+    return {
+        "directory": store.url, "newest_step": newest, "recoverable_steps": len(view.states),
+        "oldest_step": min(view.states) if view.states else None,
+        "layers": layers, "layer_versions": sum(len(v) for v in view.versions.values()),
+        "bytes_on_disk": sum(store.size(f) for f in files),
+        "config": view.header.get("config"), "problems": _problems(view, missing)}
+
+
+def _problems(view: ManifestView, missing: list[str]) -> list[str]:
+    return [*view.problems, *(f"{f}: committed but missing on disk" for f in missing)]
+
+
+def format_inspection(info: dict[str, Any]) -> str:
+    lines = [f"checkpoint {info['directory']}",
+             f"newest recoverable step: {info['newest_step']}  "
+             f"({info['recoverable_steps']} recoverable steps, oldest {info['oldest_step']})",
+             f"layer versions: {info['layer_versions']}   bytes on disk: {_size(info['bytes_on_disk'])}",
+             "",
+             f"{'layer':<32} {'kind':<10} {'params':>12} {'versions':>8} {'newest':>8} "
+             f"{'stale':>6} {'bytes':>10}"]
+    for layer in info["layers"]:
+        lines.append(f"{layer['name']:<32} {layer['kind']:<10} {layer['params']:>12,} "
+                     f"{layer['versions']:>8} {_opt(layer['newest_version_step']):>8} "
+                     f"{_opt(layer['staleness']):>6} {_size(layer['bytes_on_disk']):>10}")
+    for problem in info["problems"]:
+        lines.append(f"DAMAGE: {problem}")
+    return "\n".join(lines)
+
+
+def _opt(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

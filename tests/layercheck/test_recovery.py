@@ -1,0 +1,77 @@
+"""Recovery falls back past damaged versions, and says so."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.errors import CheckpointNotFound
+from layercheck.manifest import read_manifest
+from layercheck.recovery import make_plan
+from layercheck.store import LocalStore
+from tests.conftest import optimizer_for, tiny_lm, train_step
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=20)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(6):
+            train_step(model, opt, sched)
+            lc.step()
+    return tmp_path / "c"
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bit_falls_back_to_previous_version_with_warning(ckpt):
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    newest = view.versions["model.layers.1"][-1]
+    _flip(ckpt / newest.file)
+    plan = make_plan(store, view)
+    assert plan.step == 6
+    assert plan.sources["model.layers.1"].step == 5
+    assert any("checksum" in w and "model.layers.1" in w for w in plan.warnings)
+    model = tiny_lm(seed=4)
+    opt, sched = optimizer_for(model, total=20)
+    with LayerCheck(model, opt, ckpt, scheduler=sched) as lc:
+        with pytest.warns(UserWarning, match="model.layers.1"):
+            assert lc.restore() == 6
+        assert lc.restored.plan.sources["model.layers.1"].step == 5
+
+
+def test_truncated_and_missing_files_fall_back(ckpt):
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    (ckpt / view.versions["model.norm"][-1].file).unlink()
+    emb = ckpt / view.versions["model.embed_tokens"][-1].file
+    emb.write_bytes(emb.read_bytes()[:100])
+    plan = make_plan(store, view)
+    assert plan.sources["model.norm"].step == 5
+    assert plan.sources["model.embed_tokens"].step == 5
+
+
+def test_corrupt_state_falls_back_to_the_previous_step(ckpt):
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    _flip(ckpt / view.states[6].file)
+    plan = make_plan(store, view)
+    assert plan.step == 5 and all(v.step <= 5 for v in plan.sources.values())
+
+
+def test_every_version_damaged_is_an_error_not_a_silent_restore(ckpt):
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    for v in view.versions["model.norm"]:
+        _flip(ckpt / v.file)
+    with pytest.raises(CheckpointNotFound, match="model.norm"):
+        make_plan(store, view)
