@@ -93,10 +93,8 @@ def _optimizer_state(p: nn.Parameter, group: Mapping[str, Any],
         field, _, owner = rest.partition("/")
         if kind != "optim" or owner != name:
             continue
-        if field == "step" and not on_device:
-            state[field] = value.clone()
-        else:
-            state[field] = value.to(p.device, copy=True)
+        # the loaded tensors are fresh and ours: adopt them rather than copy
+        state[field] = value if field == "step" and not on_device else value.to(p.device)
     return state
 
 
