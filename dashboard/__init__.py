@@ -1,0 +1,15 @@
+"""The LayerCheck dashboard (``streamlit run dashboard/app.py``).
+
+Torch-free: it reads traces (``layercheck.trace``), re-decides them with the
+library's pure policy (``layercheck.policy``; ``dashboard.fastreplay`` is its
+vectorised twin) and runs the simulator (``sim``). Views are thin scripts in
+``dashboard/views/`` over the pure modules here, which return numbers, tables
+and Plotly figures:
+
+- ``driftmap``: view 1, accumulator heatmap and drift rates;
+- ``whatif`` (+ ``fastreplay``, ``replay_windows``): view 2;
+- ``mtbf``: view 3, over ``sim``;
+- ``fidelity``: view 4, drill.json;
+- ``catalog``, ``downloads``: view 5, traces and uploads; CSV and HTML bytes;
+- ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons).
+"""

@@ -1,0 +1,126 @@
+"""Failures (view 3): the simulator at an MTBF, across MTBFs, and across thresholds.
+
+Thin wrappers over ``sim`` (its ``Scenario``, ``simulate`` and ``sweep``) plus
+the figures of the view. No Streamlit here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from layercheck.trace import Trace
+from sim import LIMIT, PRESETS, Scenario, simulate, sweep, sweep_figure
+from sim.workload import Workload
+
+from .whatif import Settings, replay_trace, weighted_staleness_series
+
+__all__ = ["HOUR", "scenario_for", "strategies_table", "breakdown_figure", "curves",
+           "curves_figure", "threshold_table", "threshold_figure", "replayed_trace"]
+
+HOUR = 3600.0
+PARTS = {"useful_s": "useful compute", "checkpoint_stall_s": "checkpoint stall",
+         "lost_work_s": "lost work redone", "recovery_s": "recovery and restart"}
+
+
+def scenario_for(trace: Trace) -> Scenario:
+    """A preset's own scenario (the paper's costs) for a shipped synthetic preset
+    trace; otherwise the trace's compute, layer sizes and writes with default costs."""
+    key = trace.name.lower().removesuffix("-synthetic")
+    if trace.kind == "synthetic" and key in PRESETS:
+        return Scenario.from_preset(key)
+    return Scenario.from_trace(trace)
+
+
+def strategies_table(scenario: Scenario, *, mtbf_s: float, seeds: int, window_s: float) -> pd.DataFrame:
+    """``sim.simulate``: one row per strategy."""
+    return simulate(scenario, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
+
+
+def breakdown_figure(table: pd.DataFrame, window_s: float) -> go.Figure:
+    """Where the wall-clock time of a run went, per strategy (hours, stacked)."""
+    fig = go.Figure()
+    for column, label in PARTS.items():
+        fig.add_bar(y=table["strategy"], x=table[column] / HOUR, name=label, orientation="h")
+    other = window_s - table[list(PARTS)].sum(axis=1)
+    fig.add_bar(y=table["strategy"], x=np.maximum(other, 0) / HOUR, name="other (idle, partial)",
+                orientation="h", marker_color="lightgrey")
+    fig.update_layout(barmode="stack", title="Where the time goes (hours per simulated window)",
+                      xaxis_title="hours", height=340, margin=dict(t=50, b=40),
+                      legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def curves(scenario: Scenario, *, mtbf_s: Sequence[float], seeds: int, window_s: float) -> pd.DataFrame:
+    """``sim.sweep`` with the perfect checkpointer's limit rows."""
+    return sweep(scenario, mtbf_s=list(mtbf_s), seeds=seeds, window_s=window_s, limit=True)
+
+
+def curves_figure(frame: pd.DataFrame, mtbf_s: float) -> go.Figure:
+    """Effective ratio against MTBF in hours (the simulator's figure), the chosen MTBF marked."""
+    fig = sweep_figure(frame, title="Effective training time ratio vs MTBF (dashed: perfect checkpointer)")
+    # A trace, not a shape: shapes on a log axis take log10 coordinates.
+    fig.add_scatter(x=[mtbf_s / HOUR] * 2, y=[0, 1.02], mode="lines", name="this MTBF",
+                    line=dict(color="grey", dash="dot"))
+    fig.update_layout(height=420)
+    return fig
+
+
+def replayed_trace(trace: Trace, settings: Settings) -> Trace:
+    """The trace with its writes replaced by what ``settings`` would write."""
+    replayed = replay_trace(trace, settings)
+    step, layer = np.nonzero(replayed.writes)
+    reasons = np.array(["base", "threshold", "smax"], dtype=object)
+    writes = pd.DataFrame({"step": (step + 1).astype(np.int64), "layer": layer.astype(np.int64),
+                           "bytes": trace.layer_bytes[layer],
+                           "reason": reasons[replayed.reasons[step, layer]],
+                           "stall_s": np.nan, "persist_s": np.nan})
+    return dataclasses.replace(trace, writes=writes)
+
+
+def threshold_table(trace: Trace, scenario: Scenario, settings: Settings, thresholds: Sequence[float],
+                    *, mtbf_s: float, seeds: int, window_s: float) -> pd.DataFrame:
+    """LayerCheck at each base threshold (other settings kept), simulated at one
+    MTBF on the same failures: ratio, bytes, staleness. ``best`` marks the highest ratio."""
+    rows = []
+    for k in thresholds:
+        variant = replayed_trace(trace, dataclasses.replace(settings, base_threshold=float(k)))
+        run = dataclasses.replace(scenario, workload=_workload(scenario, variant))
+        row = simulate(run, mtbf_s=mtbf_s, strategies=["layercheck"], seeds=seeds,
+                       window_s=window_s).iloc[0]
+        _, weighted = weighted_staleness_series(variant, variant.write_matrix())
+        rows.append({"base_threshold": float(k), "effective_ratio": row["effective_ratio"],
+                     "ci95": row["ci95"], "checkpoint_stall_s": row["checkpoint_stall_s"],
+                     "lost_work_s": row["lost_work_s"], "bytes_written": row["bytes_written"],
+                     "layer_writes": len(variant.writes),
+                     "mean_weighted_staleness": float(weighted.mean())})
+    out = pd.DataFrame(rows)
+    out["best"] = out["effective_ratio"] == out["effective_ratio"].max()
+    return out
+
+
+def _workload(scenario: Scenario, trace: Trace) -> Workload:
+    """The scenario's workload with the variant's writes (compute stays the scenario's)."""
+    w = Workload.from_trace(trace)
+    return dataclasses.replace(scenario.workload, layercheck_bytes=w.layercheck_bytes,
+                               staleness=w.staleness, meta={**scenario.workload.meta, **w.meta})
+
+
+def threshold_figure(table: pd.DataFrame) -> go.Figure:
+    """Effective ratio and bytes written against the base threshold."""
+    fig = go.Figure()
+    fig.add_scatter(x=table["base_threshold"], y=table["effective_ratio"], mode="lines+markers",
+                    name="effective ratio", error_y=dict(type="data", array=table["ci95"]))
+    fig.add_scatter(x=table["base_threshold"], y=table["bytes_written"] / 1e12, yaxis="y2",
+                    mode="lines+markers", name="TB written", line=dict(dash="dot"))
+    best = table[table["best"]]
+    fig.add_scatter(x=best["base_threshold"], y=best["effective_ratio"], mode="markers",
+                    marker=dict(size=14, symbol="star", color="gold"), name="best")
+    fig.update_layout(title="LayerCheck at this MTBF, by base threshold", xaxis_type="log",
+                      xaxis_title="base threshold K", yaxis_title="effective ratio",
+                      yaxis2=dict(title="TB written", overlaying="y", side="right", type="log"),
+                      height=360, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.3))
+    return fig

@@ -1,0 +1,115 @@
+"""Streamlit glue shared by the views: cached loaders, the trace picker, downloads.
+
+The only module besides the view scripts that imports streamlit. Loaders are
+cached on the trace folder's path and modification time, so an edited trace
+is reloaded and an unchanged one is read once per server.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from layercheck.trace import Trace, TraceError, read_trace
+
+from . import catalog
+from .downloads import csv_bytes, filename, html_bytes
+
+__all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
+           "UPLOAD_KEY", "trace_key"]
+
+UPLOAD_KEY = "uploaded_trace"
+_CHOICE = "trace_name"
+
+
+def page(title: str, caption: str) -> None:
+    """Page header (the app's page config is set once in app.py)."""
+    st.title(title)
+    st.caption(caption)
+
+
+def _stamp(path: Path) -> float:
+    """Newest modification time of a trace folder's files: the cache key's freshness part."""
+    return max((p.stat().st_mtime for p in path.iterdir()), default=0.0) if path.is_dir() else 0.0
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _load(path: str, stamp: float) -> Trace:
+    return read_trace(path)
+
+
+def load(path: Path) -> Trace:
+    """The validated trace at ``path`` (cached; shared read-only across sessions)."""
+    return _load(str(path), _stamp(path))
+
+
+@st.cache_data(show_spinner=False, ttl=30)
+def _scan(root: str) -> list[catalog.Entry]:
+    return catalog.scan(Path(root))
+
+
+def entries() -> list[catalog.Entry]:
+    """The traces directory's folders, valid or not (rescanned at most every 30 s)."""
+    return _scan(str(catalog.traces_dir()))
+
+
+def remember_upload(path: Path, name: str) -> None:
+    """Make an uploaded (already validated) trace selectable on every page."""
+    st.session_state[UPLOAD_KEY] = {"path": str(path), "name": f"uploaded: {name}"}
+    st.session_state[_CHOICE] = st.session_state[UPLOAD_KEY]["name"]
+
+
+def current_trace() -> Trace:
+    """The trace picked in the sidebar (the default rule picks the first one);
+    stops the page with a message that says what to do when there is none."""
+    valid = [e for e in entries() if e.valid]
+    choices = {e.name: e.path for e in valid}
+    upload = st.session_state.get(UPLOAD_KEY)
+    if upload:
+        choices[upload["name"]] = Path(upload["path"])
+    if not choices:
+        st.warning(f"No valid trace in {catalog.traces_dir()}. Make one with "
+                   "`python -m profiler capture` or `python -m sim presets --write`, "
+                   f"point ${catalog.ENV} at a folder of traces, or upload one on the Traces page.")
+        st.stop()
+    names = list(choices)
+    wanted = st.session_state.get(_CHOICE)
+    if wanted not in choices:
+        default = catalog.default_entry(valid)
+        wanted = default.name if default else names[0]
+    picked = st.sidebar.selectbox("Trace", names, index=names.index(wanted), key="trace_picker",
+                                  help="Shipped traces from the traces folder, and your upload.")
+    st.session_state[_CHOICE] = picked
+    try:
+        trace = load(choices[picked])
+    except TraceError as exc:  # changed on disk since the scan
+        st.error(f"This trace cannot be read: {exc}")
+        st.stop()
+    label = "measured" if trace.kind == "captured" else "synthetic (from published figures)"
+    st.sidebar.caption(f"**{trace.name}**: {trace.manifest.get('model')}, {trace.num_steps:,} steps, "
+                       f"{len(trace.layer_names)} layers, {label}")
+    return trace
+
+
+def trace_key(trace: Trace) -> tuple:
+    """A cache key for results computed from a trace (name, size and a checksum of its drift)."""
+    return (trace.name, trace.num_steps, len(trace.writes), float(trace.drift["drift"].sum()))
+
+
+def figure(fig: go.Figure, name: str, *, key: str) -> None:
+    """Show a figure with a download of it as standalone HTML (built on click)."""
+    st.plotly_chart(fig, width="stretch", key=f"chart-{key}")
+    st.download_button("Download figure (HTML)", data=lambda: html_bytes(fig),
+                       file_name=filename(name, ext="html"), mime="text/html",
+                       key=f"html-{key}", on_click="ignore")
+
+
+def table_download(frame: pd.DataFrame | Callable[[], pd.DataFrame], name: str, *, key: str,
+                   label: str = "Download table (CSV)") -> None:
+    """A CSV download of a table (a callable builds it only when clicked)."""
+    data = (lambda: csv_bytes(frame())) if callable(frame) else csv_bytes(frame)
+    st.download_button(label, data=data, file_name=filename(name, ext="csv"), mime="text/csv",
+                       key=f"csv-{key}", on_click="ignore")

@@ -1,0 +1,73 @@
+"""View 3: failures: the simulator at an MTBF, across MTBFs, and the best threshold."""
+import dataclasses
+
+import numpy as np
+import streamlit as st
+
+from dashboard import mtbf, ui, whatif
+from sim import SimError
+
+MTBF_HOURS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
+THRESHOLDS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+DAY = 86400.0
+
+ui.page("Failures", "How much wall-clock time goes to useful training at a failure rate, with "
+        "LayerCheck and each alternative (the sim package, common random failures).")
+trace = ui.current_trace()
+with st.sidebar:
+    st.subheader("Simulation")
+    hours = st.select_slider("MTBF (hours)", MTBF_HOURS, value=0.5, key="mtbf_h")
+    seeds = st.slider("Seeds", 2, 20, 5, key="seeds")
+    days = st.select_slider("Simulated window (days)", [1, 3, 7, 14, 30], value=7, key="window_d")
+
+
+@st.cache_data(show_spinner="Simulating...", max_entries=64)
+def _table(_trace, key, mtbf_s, seeds, window_s):
+    return mtbf.strategies_table(mtbf.scenario_for(_trace), mtbf_s=mtbf_s, seeds=seeds,
+                                 window_s=window_s)
+
+
+@st.cache_data(show_spinner="Sweeping MTBF...", max_entries=16)
+def _curves(_trace, key, seeds, window_s):
+    points = np.geomspace(0.01, 10, 12) * mtbf.HOUR
+    return mtbf.curves(mtbf.scenario_for(_trace), mtbf_s=points, seeds=seeds, window_s=window_s)
+
+
+@st.cache_data(show_spinner="Simulating thresholds...", max_entries=32)
+def _thresholds(_trace, key, settings, mtbf_s, seeds, window_s):
+    return mtbf.threshold_table(_trace, mtbf.scenario_for(_trace), whatif.Settings(**settings),
+                                THRESHOLDS, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
+
+
+key = ui.trace_key(trace)
+try:
+    table = _table(trace, key, hours * mtbf.HOUR, seeds, days * DAY)
+except SimError as exc:
+    st.error(f"The simulator cannot run this trace: {exc}")
+    st.stop()
+best = table.loc[table["effective_ratio"].idxmax()]
+lc = table[table["strategy"] == "layercheck"]
+c1, c2, c3 = st.columns(3)
+c1.metric("Best strategy", best["strategy"], f"ratio {best['effective_ratio']:.3f}")
+if not lc.empty:
+    c2.metric("LayerCheck effective ratio", f"{lc['effective_ratio'].iloc[0]:.3f}",
+              f"+-{lc['ci95'].iloc[0]:.3f} (95%)", delta_color="off")
+c3.metric("Failures per window", f"{table['failures'].mean():.1f}")
+ui.figure(mtbf.breakdown_figure(table, days * DAY), f"{trace.name}-breakdown-{hours}h", key="breakdown")
+st.dataframe(table, hide_index=True, width="stretch")
+ui.table_download(table, f"{trace.name}-strategies-{hours}h", key="strategies")
+
+st.subheader("Across MTBFs")
+frame = _curves(trace, key, seeds, days * DAY)
+ui.figure(mtbf.curves_figure(frame, hours * mtbf.HOUR), f"{trace.name}-mtbf-sweep", key="sweep")
+ui.table_download(frame, f"{trace.name}-mtbf-sweep", key="sweep")
+
+st.subheader("Which threshold is best at this MTBF")
+settings = whatif.Settings.from_trace(trace)
+by_k = _thresholds(trace, key, dataclasses.asdict(settings), hours * mtbf.HOUR, seeds, days * DAY)
+winner = by_k.loc[by_k["best"]].iloc[0]
+st.metric("Best base threshold", f"{winner['base_threshold']:g}",
+          f"ratio {winner['effective_ratio']:.4f}", delta_color="off")
+ui.figure(mtbf.threshold_figure(by_k), f"{trace.name}-thresholds-{hours}h", key="thresholds")
+st.dataframe(by_k, hide_index=True, width="stretch")
+ui.table_download(by_k, f"{trace.name}-thresholds-{hours}h", key="thresholds")

@@ -1,0 +1,222 @@
+"""What-if tuning (view 2): re-decide a trace's run under other policy settings.
+
+Pure functions: ``Settings`` -> ``layercheck.policy.Policy`` -> ``fast_replay``
+-> ``Outcome`` (numbers) and Plotly figures. No Streamlit here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from layercheck.config import ConfigError, LayerCheckConfig
+from layercheck.policy import Policy
+from layercheck.trace import Trace
+
+from .fastreplay import Replayed, fast_replay
+
+__all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
+           "staleness_figure", "io_figure", "writes_figure", "summary_frame", "GB"]
+
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The knobs of view 2; validated by ``LayerCheckConfig`` (whose errors say the fix)."""
+
+    base_threshold: float = 1e-3
+    """K at the peak learning rate for blocks, head and norm (0: every
+    opportunity; inf: only when Smax forces)."""
+    embedding_threshold: float = 1e-2
+    """K at the peak learning rate for embedding layers."""
+    smax: int = 1000
+    """Staleness guard in steps; must be >= warmup_steps."""
+    warmup_steps: int = 200
+    """Steps before the base checkpoint."""
+    interval: int = 1
+    """A checkpoint opportunity every ``interval`` steps."""
+    lr_scaling: bool = True
+    """Scale thresholds by lr(t) / lr_peak (the paper's rule)."""
+
+    def __post_init__(self) -> None:
+        self.config()  # raises ConfigError with the fix
+
+    def config(self) -> LayerCheckConfig:
+        return LayerCheckConfig(base_threshold=self.base_threshold,
+                                embedding_threshold=self.embedding_threshold, smax=self.smax,
+                                warmup_steps=self.warmup_steps, interval=self.interval,
+                                lr_scaling=self.lr_scaling)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> "Settings":
+        """The settings the trace was recorded with (unknown config keys ignored,
+        missing ones at the library's defaults)."""
+        cfg = trace.manifest.get("config") or {}
+        known = {f: cfg[f] for f in ("base_threshold", "embedding_threshold", "smax",
+                                     "warmup_steps", "interval", "lr_scaling") if f in cfg}
+        for key in ("base_threshold", "embedding_threshold"):
+            if key in known:
+                known[key] = float(known[key])  # "inf" in JSON
+        try:
+            return cls(**known)
+        except (ConfigError, TypeError):
+            return cls()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a setting buys on a trace (bytes in bytes, staleness in steps)."""
+
+    layer_writes: int
+    checkpoints: int
+    """Steps at which at least one layer is written (the paper's 'checkpoints')."""
+    total_bytes: float
+    mean_bytes_per_checkpoint: float
+    full_total_bytes: float
+    """Bytes a full checkpoint at every opportunity would write (DeepSpeed default)."""
+    max_staleness: int
+    """Largest staleness of any layer after the base checkpoint."""
+    peak_weighted_staleness: float
+    mean_weighted_staleness: float
+    """Parameter-weighted average staleness: its peak and its mean over steps after the base."""
+    by_reason: dict[str, int]
+
+    @property
+    def io_saving(self) -> float:
+        """Share of the full-checkpoint bytes not written."""
+        return 1.0 - self.total_bytes / self.full_total_bytes if self.full_total_bytes else math.nan
+
+
+def policy_for(trace: Trace, settings: Settings) -> Policy:
+    """The library's Policy for this trace's layers (kind 'embedding' gets the
+    embedding threshold; per-layer overrides recorded in the trace are kept)."""
+    overrides = (trace.manifest.get("config") or {}).get("thresholds") or {}
+    names = trace.layer_names
+    thresholds = {k: float(v) for k, v in dict(overrides).items() if k in names}
+    config = LayerCheckConfig(**{**settings.config().to_dict(), "thresholds": thresholds,
+                                 "base_threshold": settings.base_threshold,
+                                 "embedding_threshold": settings.embedding_threshold})
+    return Policy.from_config(config, names, list(trace.layers["kind"]))
+
+
+def lr_ratio(trace: Trace) -> np.ndarray:
+    """lr(t) / lr_peak; where a trace has no learning rate (NaN) the ratio is 1,
+    i.e. thresholds at their base values."""
+    ratio = trace.lr_ratio()
+    return np.where(np.isnan(ratio), 1.0, ratio)
+
+
+def replay_trace(trace: Trace, settings: Settings) -> Replayed:
+    """Every write decision of the trace's run under ``settings``."""
+    return fast_replay(policy_for(trace, settings), trace.drift_matrix(), lr_ratio(trace))
+
+
+def _staleness(writes: np.ndarray) -> np.ndarray:
+    """steps x layers: step - last write (the step itself before any write)."""
+    steps = np.arange(1, len(writes) + 1)[:, None]
+    last = np.maximum.accumulate(np.where(writes, steps, 0), axis=0)
+    return steps - last
+
+
+def weighted_staleness_series(trace: Trace, writes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(max over layers, parameter-weighted mean) staleness per step."""
+    stale = _staleness(writes)
+    params = trace.layers["params"].to_numpy(dtype=np.float64)
+    weights = params / params.sum() if params.sum() > 0 else np.full(len(params), 1 / len(params))
+    return stale.max(axis=1), stale @ weights
+
+
+def outcome(trace: Trace, replayed: Replayed, settings: Settings) -> Outcome:
+    """The numbers of view 2 for one replay."""
+    writes = replayed.writes
+    per_step = writes @ trace.layer_bytes.astype(np.float64)
+    checkpoints = int((per_step > 0).sum())
+    opportunities = trace.num_steps // settings.interval
+    max_s, weighted = weighted_staleness_series(trace, writes)
+    after = np.flatnonzero(writes.any(axis=1))
+    start = int(after[0]) if after.size else len(writes)
+    reasons = replayed.reasons[writes]
+    return Outcome(
+        layer_writes=int(writes.sum()), checkpoints=checkpoints, total_bytes=float(per_step.sum()),
+        mean_bytes_per_checkpoint=float(per_step.sum() / checkpoints) if checkpoints else 0.0,
+        full_total_bytes=float(opportunities * trace.full_checkpoint_bytes),
+        max_staleness=int(max_s[start:].max()) if start < len(writes) else 0,
+        peak_weighted_staleness=float(weighted[start:].max()) if start < len(writes) else 0.0,
+        mean_weighted_staleness=float(weighted[start:].mean()) if start < len(writes) else 0.0,
+        by_reason={name: int((reasons == i).sum()) for i, name in
+                   enumerate(("base", "threshold", "smax"))})
+
+
+def summary_frame(result: Outcome) -> pd.DataFrame:
+    """The outcome as a two-column table (for CSV download)."""
+    rows = [("layer writes", result.layer_writes), ("checkpoints", result.checkpoints),
+            ("total GB", result.total_bytes / GB),
+            ("mean GB per checkpoint", result.mean_bytes_per_checkpoint / GB),
+            ("full checkpoints total GB", result.full_total_bytes / GB),
+            ("I/O saved vs full", result.io_saving),
+            ("max staleness (steps)", result.max_staleness),
+            ("peak weighted staleness (steps)", result.peak_weighted_staleness),
+            ("mean weighted staleness (steps)", result.mean_weighted_staleness),
+            *((f"writes by {k}", v) for k, v in result.by_reason.items())]
+    return pd.DataFrame(rows, columns=["quantity", "value"])
+
+
+def written_trace_frame(trace: Trace, replayed: Replayed) -> pd.DataFrame:
+    """The replay's writes as rows (step, layer, name, bytes, reason)."""
+    step, layer = np.nonzero(replayed.writes)
+    names = np.array(trace.layer_names, dtype=object)
+    reasons = np.array(["base", "threshold", "smax"], dtype=object)
+    return pd.DataFrame({"step": step + 1, "layer": layer, "name": names[layer],
+                         "bytes": trace.layer_bytes[layer],
+                         "reason": reasons[replayed.reasons[step, layer]]})
+
+
+def _bins(n: int, most: int = 1500) -> int:
+    return max(1, math.ceil(n / most))
+
+
+def staleness_figure(trace: Trace, replayed: Replayed) -> go.Figure:
+    """Maximum and parameter-weighted average staleness over time."""
+    max_s, weighted = weighted_staleness_series(trace, replayed.writes)
+    b = _bins(len(max_s))
+    steps = np.arange(1, len(max_s) + 1)[::b]
+    fig = go.Figure()
+    fig.add_scatter(x=steps, y=max_s[::b], name="max over layers", mode="lines")
+    fig.add_scatter(x=steps, y=weighted[::b], name="parameter-weighted average", mode="lines")
+    fig.update_layout(title="Staleness (steps since each layer's newest saved copy)",
+                      xaxis_title="step", yaxis_title="staleness (steps)", height=330,
+                      margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def io_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure:
+    """Bytes written per step (binned) against full checkpoints at every opportunity."""
+    per_step = replayed.writes @ trace.layer_bytes.astype(np.float64)
+    b = _bins(len(per_step), 400)
+    n = len(per_step) // b * b
+    binned = per_step[:n].reshape(-1, b).sum(axis=1) if n else per_step
+    starts = np.arange(len(binned)) * b + 1
+    full = trace.full_checkpoint_bytes * b / settings.interval  # opportunities per bin
+    fig = go.Figure()
+    fig.add_bar(x=starts, y=binned / GB, name="LayerCheck (this setting)")
+    fig.add_scatter(x=starts, y=np.full(len(starts), full / GB), name="full checkpoints",
+                    mode="lines", line=dict(dash="dash", color="black"))
+    fig.update_layout(title=f"I/O over time (GB per {b} step{'s' if b > 1 else ''})",
+                      xaxis_title="step", yaxis_title="GB written", yaxis_type="log",
+                      height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25),
+                      bargap=0)
+    return fig
+
+
+def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
+    """Layer writes per layer, split by reason."""
+    fig = go.Figure()
+    for i, reason in enumerate(("base", "threshold", "smax")):
+        fig.add_bar(x=trace.layer_names, y=(replayed.reasons == i).sum(axis=0), name=reason)
+    fig.update_layout(barmode="stack", title="Layer writes per layer", yaxis_title="writes",
+                      height=330, margin=dict(t=50, b=80), legend=dict(orientation="h", y=-0.45))
+    return fig

@@ -1,0 +1,44 @@
+"""dashboard.catalog: listing, the default rule, uploads."""
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+from dashboard import catalog
+from dashboard.catalog import Entry
+
+
+def e(name, kind, error=None):
+    return Entry(name=name, path=Path(name), kind=kind, error=error)
+
+
+def test_default_rule():
+    assert catalog.default_entry([e("b-cap", "captured"), e("a-cap", "captured"),
+                                  e("qwen2.5-7b-synthetic", "synthetic")]).name == "a-cap"
+    assert catalog.default_entry([e("llama", "synthetic"), e("qwen2.5-7b-synthetic", "synthetic"),
+                                  e("a-bad", "captured", error="x")]).name == "qwen2.5-7b-synthetic"
+    assert catalog.default_entry([e("z", "synthetic"), e("m", "synthetic")]).name == "m"
+    assert catalog.default_entry([e("bad", "captured", error="x")]) is None
+
+
+def test_scan_keeps_the_error_of_invalid_traces(traces_dir):
+    entries = catalog.scan(catalog.traces_dir())
+    assert [x.name for x in entries] == ["broken", "qwen2.5-7b-synthetic", "tiny-captured"]
+    assert not entries[0].valid and "missing keys" in entries[0].error
+    assert entries[2].has_drill and entries[2].steps == 400
+
+
+def test_zip_upload_round_trip(traces_dir, tmp_path):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for f in (traces_dir / "tiny-captured").iterdir():
+            z.write(f, f"nested/tiny-captured/{f.name}")
+    folder = catalog.unpack_upload([("t.zip", buf.getvalue())], into=tmp_path / "up")
+    assert catalog.load(folder).num_steps == 400
+
+
+def test_file_upload_round_trip(traces_dir, tmp_path):
+    files = [(f.name, f.read_bytes()) for f in (traces_dir / "tiny-captured").iterdir()]
+    (tmp_path / "up").mkdir()
+    assert catalog.load(catalog.unpack_upload(files, into=tmp_path / "up")).name == "tiny-captured"

@@ -1,0 +1,82 @@
+"""A real Chromium against the running dashboard (pytest -m browser).
+
+Needs: apt-get install -y chromium; pip install -c constraints.txt playwright
+(no `playwright install`: the system Chromium is used). Saves docs/img/dashboard.png.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(traces_dir):
+    port = free_port()
+    env = {**os.environ, "LAYERCHECK_TRACES": os.environ.get("DASHBOARD_BROWSER_TRACES", str(traces_dir))}
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "dashboard/app.py",
+                             "--server.address", "127.0.0.1", "--server.port", str(port),
+                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("streamlit did not start: " + proc.stdout.read1(20000).decode(errors="replace"))
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_slider_changes_the_numbers_and_screenshot(server):
+    playwright = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        metric = page.locator('[data-testid="stMetric"]', has_text="Layer writes").first
+        before = metric.locator('[data-testid="stMetricValue"]').inner_text()
+        slider = page.get_by_role("slider").first          # the base threshold
+        slider.focus()
+        for _ in range(3):
+            slider.press("ArrowLeft")                     # lower K: more writes
+        page.wait_for_function(
+            "([sel, old]) => { const e = document.querySelector(sel); return e && e.innerText !== old }",
+            arg=['[data-testid="stMetric"] [data-testid="stMetricValue"]', before], timeout=30_000)
+        after = metric.locator('[data-testid="stMetricValue"]').inner_text()
+        assert int(after.replace(",", "")) > int(before.replace(",", ""))
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        page.wait_for_timeout(1500)
+        out = ROOT / "docs" / "img" / "dashboard.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(out), full_page=False)
+        browser.close()
+    assert out.stat().st_size > 10_000

@@ -1,0 +1,28 @@
+"""dashboard.mtbf over the simulator."""
+from __future__ import annotations
+
+import numpy as np
+
+from dashboard import mtbf, whatif
+
+DAY = 86400.0
+
+
+def test_tables_and_figures(trace):
+    scenario = mtbf.scenario_for(trace)
+    table = mtbf.strategies_table(scenario, mtbf_s=1800, seeds=2, window_s=DAY)
+    assert "layercheck" in set(table["strategy"])
+    assert len(mtbf.breakdown_figure(table, DAY).data) == 5
+    frame = mtbf.curves(scenario, mtbf_s=[600, 7200], seeds=2, window_s=DAY)
+    assert "limit" in set(frame["strategy"])
+    assert mtbf.curves_figure(frame, 1800).data[-1].name == "this MTBF"
+
+
+def test_threshold_table_replays_each_threshold(trace):
+    settings = whatif.Settings.from_trace(trace)
+    out = mtbf.threshold_table(trace, mtbf.scenario_for(trace), settings, [1e-4, 1e-3, 1e-1],
+                               mtbf_s=1800, seeds=2, window_s=DAY)
+    assert out["layer_writes"].is_monotonic_decreasing
+    assert out["best"].sum() >= 1
+    same = mtbf.replayed_trace(trace, settings)
+    np.testing.assert_array_equal(same.write_matrix(), trace.write_matrix())

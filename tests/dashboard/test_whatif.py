@@ -1,0 +1,60 @@
+"""dashboard.whatif: settings, outcome numbers and figures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dashboard import whatif
+from layercheck.config import ConfigError
+
+
+def test_recorded_settings_replay_the_recorded_writes(trace):
+    settings = whatif.Settings.from_trace(trace)
+    replayed = whatif.replay_trace(trace, settings)
+    np.testing.assert_array_equal(replayed.writes, trace.write_matrix())
+
+
+def test_outcome_counts_match_the_writes(trace):
+    settings = whatif.Settings.from_trace(trace)
+    replayed = whatif.replay_trace(trace, settings)
+    out = whatif.outcome(trace, replayed, settings)
+    assert out.layer_writes == len(trace.writes)
+    assert out.checkpoints == trace.writes["step"].nunique()
+    assert out.total_bytes == trace.writes["bytes"].sum()
+    assert out.by_reason["base"] == len(trace.layer_names)
+    assert out.max_staleness <= settings.smax + settings.interval - 1
+    assert 0 < out.io_saving < 1
+    assert out.full_total_bytes == trace.num_steps * trace.full_checkpoint_bytes
+
+
+def test_lower_threshold_writes_more_and_is_fresher(trace):
+    hi = whatif.Settings.from_trace(trace)
+    lo = whatif.Settings(**{**hi.__dict__, "base_threshold": hi.base_threshold / 10})
+    a = whatif.outcome(trace, whatif.replay_trace(trace, hi), hi)
+    b = whatif.outcome(trace, whatif.replay_trace(trace, lo), lo)
+    assert b.layer_writes > a.layer_writes
+    assert b.mean_weighted_staleness < a.mean_weighted_staleness
+
+
+def test_zero_threshold_writes_every_layer_at_every_opportunity(trace):
+    s = whatif.Settings(base_threshold=0.0, embedding_threshold=0.0, smax=100, warmup_steps=10,
+                        interval=5)
+    out = whatif.outcome(trace, whatif.replay_trace(trace, s), s)
+    assert out.layer_writes == (trace.num_steps // 5 - 1) * len(trace.layer_names)
+    assert out.io_saving == pytest.approx(1 / (trace.num_steps // 5))
+
+
+def test_bad_settings_say_the_fix():
+    with pytest.raises(ConfigError, match="shorten the warm-up or raise smax"):
+        whatif.Settings(smax=10, warmup_steps=20)
+
+
+def test_figures_and_tables(trace):
+    s = whatif.Settings.from_trace(trace)
+    r = whatif.replay_trace(trace, s)
+    assert len(whatif.io_figure(trace, r, s).data) == 2
+    assert len(whatif.staleness_figure(trace, r).data) == 2
+    assert len(whatif.writes_figure(trace, r).data) == 3
+    frame = whatif.written_trace_frame(trace, r)
+    assert list(frame["step"]) == list(trace.writes["step"])
+    assert set(whatif.summary_frame(whatif.outcome(trace, r, s))["quantity"]) >= {"layer writes", "total GB"}
