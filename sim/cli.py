@@ -1,0 +1,215 @@
+"""``python -m sim``: the command line. Bad input is one line on stderr and exit 2.
+
+    python -m sim --mtbf 0.5h                      table for the default preset
+    python -m sim --mtbf 30m --json | --csv
+    python -m sim sweep --mtbf 0.01h..3h --points 20 --out runs/sweep
+    python -m sim presets [--write]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from layercheck.trace import TraceError, read_trace
+
+from .api import Scenario, simulate, sweep, sweep_figure
+from .costs import CostModel
+from .errors import SimError
+from .failures import FailureModel, job_mtbf, read_failure_log
+from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
+from .strategies import STRATEGIES
+from .units import format_duration, parse_duration, parse_range
+
+__all__ = ["main"]
+
+COMMANDS = ("run", "sweep", "presets")
+COST_FLAGS = {"write_gbps": "storage write bandwidth, GB/s", "read_gbps": "storage read bandwidth, GB/s",
+              "host_copy_gbps": "GPU->host snapshot bandwidth, GB/s",
+              "peer_gbps": "GEMINI peer-memory bandwidth, GB/s",
+              "peer_loss_probability": "chance a failure also loses GEMINI's peer copy",
+              "layercheck_step_fraction": "LayerCheck's per-step cost as a fraction of compute",
+              "diff_fraction": "LowDiff's per-step diff as a fraction of a full checkpoint"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _scenario_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scenario (default: the qwen2.5-7b preset)")
+    g.add_argument("--preset", choices=PRESET_NAMES, help="a built-in preset")
+    g.add_argument("--trace", help="a trace folder (traces/NAME) from the profiler or a preset")
+    g.add_argument("--iteration-time", help="custom job without a trace: compute per step, e.g. 6s")
+    g.add_argument("--iterations", type=int, default=1692, help="custom job: steps per job")
+    g.add_argument("--checkpoint-cost", help="custom job: time to write a full checkpoint, e.g. 60s")
+    g.add_argument("--checkpoint-gb", type=float, default=106.6, help="custom job: full checkpoint size")
+    f = p.add_argument_group("failures")
+    f.add_argument("--gpus", type=int, help="GPUs in the job (with --gpu-mtbf or --regime)")
+    f.add_argument("--gpu-mtbf", help="MTBF of one GPU; the job's MTBF is this / --gpus")
+    f.add_argument("--regime", choices=tuple(REGIMES), help="a published failure regime")
+    f.add_argument("--failures", choices=("exponential", "weibull", "log"), default=None)
+    f.add_argument("--shape", type=float, default=0.7, help="Weibull shape (default 0.7)")
+    f.add_argument("--failure-log", help="CSV of failure times (column time or time_s)")
+    r = p.add_argument_group("run")
+    r.add_argument("--strategies", help=f"comma list from {','.join(STRATEGIES)}")
+    r.add_argument("--seeds", type=int, default=10)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--interval", help="rollback interval: steps, matched, young or daly")
+    r.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
+    c = p.add_argument_group("costs")
+    c.add_argument("--restart", help="restart time before loading, e.g. 30s")
+    for name, text in COST_FLAGS.items():
+        c.add_argument("--" + name.replace("_", "-"), type=float, help=text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="python -m sim", description="LayerCheck failure simulator (docs/sim.md)")
+    sub = top.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="one MTBF: a table, --json or --csv (the default command)")
+    run.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
+    out = run.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true")
+    out.add_argument("--csv", action="store_true")
+    _scenario_args(run)
+    sw = sub.add_parser("sweep", help="effective ratio against MTBF: CSV, JSON, HTML figure")
+    sw.add_argument("--mtbf", default="0.01h..3h", help="LOW..HIGH, e.g. 0.01h..3h")
+    sw.add_argument("--points", type=int, default=20, help="MTBF points, log-spaced")
+    sw.add_argument("--out", default="runs/sweep", help="output folder")
+    _scenario_args(sw)
+    pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
+    pr.add_argument("--write", action="store_true")
+    pr.add_argument("--seed", type=int, default=0)
+    return top
+
+
+def _costs(args, base: CostModel) -> CostModel:
+    changes = {k: getattr(args, k) for k in COST_FLAGS if getattr(args, k) is not None}
+    if args.restart is not None:
+        changes["restart_s"] = parse_duration(args.restart, what="--restart", allow_zero=True)
+    try:
+        return dataclasses.replace(base, **changes)
+    except SimError as exc:
+        raise SimError(str(exc).replace("CostModel.", "--").replace("_", "-")) from None
+
+
+def _failure_model(args) -> FailureModel:
+    kind = args.failures or ("log" if args.failure_log else "exponential")
+    if kind == "log":
+        if not args.failure_log:
+            raise SimError("--failures log needs --failure-log FILE.csv")
+        return FailureModel(kind="log", log_times=read_failure_log(args.failure_log))
+    return FailureModel(kind=kind, shape=args.shape if kind == "weibull" else 1.0)
+
+
+def _scenario(args) -> Scenario:
+    common = {"failures": _failure_model(args), "seed": args.seed,
+              "window_s": parse_duration(args.window, what="--window")}
+    if args.interval is not None:
+        common["interval"] = args.interval
+    if sum(x is not None for x in (args.preset, args.trace, args.iteration_time)) > 1:
+        raise SimError("give one of --preset, --trace, --iteration-time")
+    if args.trace:
+        try:
+            scenario = Scenario.from_trace(read_trace(args.trace), **common)
+        except TraceError as exc:
+            raise SimError(f"--trace: {exc}") from None
+    elif args.iteration_time:
+        cost = parse_duration(args.checkpoint_cost, what="--checkpoint-cost") \
+            if args.checkpoint_cost else None
+        scenario = Scenario.custom(iteration_s=parse_duration(args.iteration_time, what="--iteration-time"),
+                                   iterations=args.iterations, checkpoint_gb=args.checkpoint_gb,
+                                   checkpoint_s=cost, **common)
+    else:
+        scenario = Scenario.from_preset(args.preset or DEFAULT_PRESET, **common)
+    return dataclasses.replace(scenario, costs=_costs(args, scenario.costs))
+
+
+def _mtbf(args, value: str | None) -> float | None:
+    """--mtbf, else --gpu-mtbf / --gpus, else the regime's; None only for a failure log."""
+    if value is not None:
+        return parse_duration(value, what="--mtbf")
+    regime = REGIMES.get(args.regime) if args.regime else None
+    if args.gpu_mtbf is not None or regime:
+        gpu = parse_duration(args.gpu_mtbf, what="--gpu-mtbf") if args.gpu_mtbf else regime.gpu_mtbf_s
+        gpus = args.gpus if args.gpus is not None else (regime.gpus if regime else None)
+        if gpus is None:
+            raise SimError("--gpu-mtbf needs --gpus N (GPUs in the job)")
+        return job_mtbf(gpu, gpus)
+    if args.failure_log:
+        return None
+    raise SimError("give --mtbf (e.g. 0.5h), --gpus N --gpu-mtbf X, or --regime")
+
+
+def _strategies(args):
+    return args.strategies.split(",") if args.strategies else None
+
+
+def _cmd_run(args) -> None:
+    from .report import table, to_csv, to_json
+    scenario = _scenario(args)
+    mtbf = _mtbf(args, args.mtbf)
+    df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds)
+    info = {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds}
+    if args.json:
+        print(to_json(df, info))
+    elif args.csv:
+        print(to_csv(df), end="")
+    else:
+        when = "log" if mtbf is None else format_duration(mtbf)
+        print(f"{scenario.name} ({scenario.workload.kind}), MTBF {when}, "
+              f"{format_duration(scenario.window_s)} window x {args.seeds} seeds")
+        print(table(df))
+
+
+def _cmd_sweep(args) -> None:
+    from .report import to_csv, to_json
+    if args.mtbf and ".." not in args.mtbf:
+        raise SimError(f"--mtbf={args.mtbf!r}: a sweep takes LOW..HIGH, e.g. 0.01h..3h")
+    low, high = parse_range(args.mtbf, what="--mtbf")
+    if args.points < 2:
+        raise SimError(f"--points={args.points} must be at least 2")
+    scenario = _scenario(args)
+    points = np.geomspace(low, high, args.points)
+    df = sweep(scenario, mtbf_s=points, strategies=_strategies(args), seeds=args.seeds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = {**scenario.to_dict(), "seeds": args.seeds, "mtbf_s": points.tolist()}
+    (out / "sweep.csv").write_text(to_csv(df, extra=("mtbf_s",)))
+    (out / "sweep.json").write_text(to_json(df, info, extra=("mtbf_s",)) + "\n")
+    sweep_figure(df, title=f"{scenario.name}: effective ratio vs MTBF").write_html(
+        out / "sweep.html", include_plotlyjs="cdn")
+    print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.html'} "
+          f"({len(points)} MTBFs x {df['strategy'].nunique()} strategies x {args.seeds} seeds)")
+
+
+def _cmd_presets(args) -> None:
+    from .presets import PUBLISHED, preset_trace, trace_stats, write_presets
+    if args.write:
+        for folder in write_presets(seed=args.seed):
+            print(f"wrote {folder}")
+    for name in PRESET_NAMES:
+        s, pub = trace_stats(preset_trace(name)), PUBLISHED[name]
+        print(f"{name:<13} writes {s['layer_writes']} (paper {pub.layer_writes})  checkpoints "
+              f"{s['checkpoints']} (paper {pub.checkpoints})  total {s['total_gb']:.0f} GB (paper "
+              f"{pub.total_gb:.0f})  staleness avg {s['staleness']:.0f} max {s['max_staleness']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv = ["run", *argv]
+    args = _parser().parse_args(argv)
+    try:
+        {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets}[args.command](args)
+    except (SimError, TraceError) as exc:
+        print(f"python -m sim: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0

@@ -1,0 +1,136 @@
+"""When failures strike: exponential (MTBF), Weibull (shape), or a replayed log.
+
+Failures are wall-clock events, independent of what the job is doing: they
+strike during compute, checkpoints and recoveries alike. A run draws them from
+its own ``numpy.random.Generator``; every strategy in a comparison is run
+against the same failure times (common random numbers). Standard variates are
+scaled by the MTBF, so one seed also gives coupled failure times across MTBFs.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from scipy.special import gamma
+
+from .errors import SimError
+from .units import parse_duration
+
+__all__ = ["FailureModel", "job_mtbf", "read_failure_log"]
+
+Kind = Literal["exponential", "weibull", "log"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureModel:
+    """The distribution of time between failures (a renewal process)."""
+
+    kind: Kind = "exponential"
+    """exponential (memoryless, the Young/Daly model), weibull, or log."""
+    shape: float = 1.0
+    """Weibull shape k (k < 1: failures cluster, as field studies of large
+    clusters report; k = 1 is exponential). Scale = MTBF / Gamma(1 + 1/k)."""
+    log_times: tuple[float, ...] | None = None
+    """kind='log': failure times in seconds from the start of the log,
+    ascending. The log's gaps repeat cyclically; each seed starts at a random
+    gap; gaps are rescaled to the requested MTBF unless it is None."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exponential", "weibull", "log"):
+            raise SimError(f"failure kind {self.kind!r}: use exponential, weibull or log")
+        if not (math.isfinite(self.shape) and self.shape > 0):
+            raise SimError(f"weibull shape={self.shape!r} must be a positive number (1 = exponential)")
+        if self.kind == "log":
+            times = np.asarray(self.log_times if self.log_times is not None else (), dtype=float)
+            if times.size == 0:
+                raise SimError("a failure log needs at least one failure time")
+            if not np.all(np.isfinite(times)) or times[0] <= 0 or (np.diff(times) <= 0).any():
+                raise SimError("failure log times must be positive and strictly increasing")
+
+    @property
+    def log_mtbf(self) -> float | None:
+        """Mean gap of the log (None unless kind='log')."""
+        if self.kind != "log":
+            return None
+        return float(self.log_times[-1]) / len(self.log_times)
+
+    def failure_times(self, rng: np.random.Generator, *, mtbf_s: float | None,
+                      window_s: float) -> np.ndarray:
+        """Failure times in [0, window_s), ascending, drawn from ``rng``."""
+        if mtbf_s is None and self.kind != "log":
+            raise SimError("mtbf is required for exponential and weibull failures")
+        if mtbf_s is not None and not (math.isfinite(mtbf_s) and mtbf_s > 0):
+            raise SimError(f"mtbf={mtbf_s!r} must be a positive duration, e.g. 0.5h")
+        chunk = int(min(max(64, 1.2 * window_s / (mtbf_s or self.log_mtbf) + 64), 1 << 22))
+        parts, total = [], 0.0
+        draw = self._sampler(rng, mtbf_s)
+        while total < window_s:
+            gaps = draw(chunk)
+            parts.append(gaps)
+            total += float(gaps.sum())
+        times = np.cumsum(np.concatenate(parts))
+        return times[: np.searchsorted(times, window_s, side="left")]
+
+    def _sampler(self, rng: np.random.Generator, mtbf_s: float | None):
+        if self.kind == "exponential":
+            return lambda n: mtbf_s * rng.standard_exponential(n)
+        if self.kind == "weibull":
+            scale = mtbf_s / gamma(1.0 + 1.0 / self.shape)
+            return lambda n: scale * rng.weibull(self.shape, n)
+        gaps = np.diff(np.concatenate(([0.0], np.asarray(self.log_times, dtype=float))))
+        if mtbf_s is not None:
+            gaps = gaps * (mtbf_s / gaps.mean())
+        start = int(rng.integers(len(gaps)))
+        state = {"at": start}
+
+        def draw(n: int) -> np.ndarray:
+            idx = (state["at"] + np.arange(n)) % len(gaps)
+            state["at"] = (state["at"] + n) % len(gaps)
+            return gaps[idx]
+        return draw
+
+
+def job_mtbf(gpu_mtbf_s: float, gpus: int) -> float:
+    """The job's MTBF when any of ``gpus`` independent GPUs failing stops it."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise SimError(f"gpus={gpus!r} must be a positive integer")
+    return gpu_mtbf_s / gpus
+
+
+def read_failure_log(path: str | Path) -> tuple[float, ...]:
+    """Failure times from a CSV: a column named ``time`` or ``time_s`` (or the only
+    column), one failure per row, in seconds or with units (``3.1h``)."""
+    path = Path(path)
+    try:
+        rows = list(csv.reader(path.read_text().splitlines()))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SimError(f"failure log {path}: cannot read ({exc})") from None
+    rows = [r for r in rows if r and any(c.strip() for c in r)]
+    if not rows:
+        raise SimError(f"failure log {path}: empty; write one failure time per row")
+    header = [c.strip().lower() for c in rows[0]]
+    column = next((header.index(n) for n in ("time_s", "time") if n in header), None)
+    if column is None and len(header) == 1 and not _is_number(header[0]):
+        column = 0
+    if column is not None:
+        rows = rows[1:]
+    elif len(header) > 1:
+        raise SimError(f"failure log {path}: name the failure-time column 'time' or 'time_s'")
+    column = column or 0
+    try:
+        times = [parse_duration(r[column], what=f"{path} time") for r in rows]
+    except (SimError, IndexError) as exc:
+        raise SimError(f"failure log {path}: {exc}") from None
+    return tuple(sorted(times))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        parse_duration(text)
+    except SimError:
+        return False
+    return True
