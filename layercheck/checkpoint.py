@@ -91,7 +91,8 @@ class LayerCheck:
             self.store.unlock()
             raise
         self.drift = DriftTracker(optimizer, [[p for _, p in self.layer_map.parameters(i)]
-                                              for i in range(len(self.layer_map))])
+                                              for i in range(len(self.layer_map))],
+                                  sampling=self.config.drift_sampling)
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
                              on_error=self.config.on_error)
         self.current_step = 0

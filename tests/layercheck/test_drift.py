@@ -76,3 +76,21 @@ def test_other_optimizers_use_an_exact_copy():
     ref0 = sum(float((p - before[f"0.{n}"]).abs().sum()) for n, p in model[0].named_parameters()) / \
         sum(float(p.abs().sum()) for p in model[0].parameters())
     assert drift[0] == pytest.approx(ref0, rel=1e-6)
+
+
+def test_sampled_drift_estimates_the_exact_value_on_large_tensors():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    layers = [list(model[0].parameters()), list(model[2].parameters())]
+    exact_opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    exact = DriftTracker(exact_opt, layers, sampling=1)
+    sampled = DriftTracker(exact_opt, layers, sampling=16)
+    for _ in range(3):
+        x = torch.randn(32, 1024)
+        model(x).pow(2).mean().backward()
+        exact_opt.step()
+        exact_opt.zero_grad()
+        d_exact, _, _ = exact.take()
+        d_sampled, _, _ = sampled.take()
+        np.testing.assert_allclose(d_sampled, d_exact, rtol=0.02)
+        assert not np.array_equal(d_sampled, d_exact)  # it really sampled
