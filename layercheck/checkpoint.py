@@ -14,7 +14,6 @@ step, then ``close()``. ``extra`` (JSON-serialisable) comes back in
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 import warnings
@@ -187,6 +186,16 @@ class LayerCheck:
         self.drift.take()
         self._restore_called = True
 
+    def _start_without_restore(self) -> None:
+        """A run that never called restore(): fine on an empty directory; on one
+        holding checkpoints, starting over would abandon them, so refuse."""
+        newest = read_manifest(self.store).latest_step()
+        if newest is not None:
+            raise LayerCheckError(
+                f"{self.store.url} holds checkpoints up to step {newest}: call restore() before "
+                "the first step() to resume from them, or use a new directory to start over")
+        self._begin_timeline(0)
+
     # -- training --------------------------------------------------------------
     def step(self, extra: Mapping[str, Any] | None = None) -> StepReport:
         """Account one optimizer step; at an opportunity, snapshot the chosen
@@ -194,7 +203,7 @@ class LayerCheck:
         if self._closed:
             raise LayerCheckError("step() after close(): create a new LayerCheck to go on")
         if not self._restore_called:
-            self._begin_timeline(0)  # a fresh run that never called restore()
+            self._start_without_restore()
         self.writer.raise_if_failed()
         self.current_step += 1
         t = self.current_step
@@ -242,6 +251,3 @@ class LayerCheck:
     @property
     def bytes_written(self) -> int:
         return self.writer.bytes_written
-
-    def describe_layers(self) -> str:
-        return json.dumps(self.layer_map.describe(), indent=2)

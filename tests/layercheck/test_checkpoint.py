@@ -125,3 +125,18 @@ def test_memory_store_round_trip():
         assert lc2.extra == {"position": 12}
     for n, p in model2.named_parameters():
         assert torch.equal(p, expected[n])
+
+
+def test_step_without_restore_on_a_used_directory_is_refused(tmp_path):
+    from layercheck.errors import LayerCheckError
+    cfg = LayerCheckConfig(warmup_steps=0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+        train_step(model, opt, sched)
+        lc.step()  # empty directory: no restore() needed
+    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+        train_step(model, opt, sched)
+        with pytest.raises(LayerCheckError, match="call restore"):
+            lc.step()
+    assert read_manifest(LocalStore(tmp_path / "c")).latest_step() == 1  # nothing abandoned
