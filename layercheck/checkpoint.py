@@ -28,7 +28,7 @@ from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import CheckpointNotFound, LayerCheckError
 from .layermap import LayerMap
-from .manifest import FORMAT, MANIFEST, encode_record, read_manifest
+from .manifest import FORMAT, MANIFEST, encode_record, read_manifest, seal_torn_tail
 from .policy import REASONS, Decision, Policy, PolicyState
 from .recovery import iter_layers, make_plan, parse_safetensors, read_verified
 from .snapshot import apply_layer, apply_state, capture_layer, capture_state, tensors_nbytes
@@ -103,6 +103,9 @@ class LayerCheck:
 
     # -- lifecycle -----------------------------------------------------------
     def _init_directory(self) -> None:
+        if seal_torn_tail(self.store):
+            log.warning("layercheck: %s ended in a torn record (a crash mid-append); it is "
+                        "skipped, and new records start on a line of their own", MANIFEST)
         view = read_manifest(self.store)
         if view.header is not None:
             self.layer_map.check_signature(view.header["layers"])

@@ -17,7 +17,12 @@ __all__ = ["main"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own, minus the usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {_one_line(message)}\n")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks escaped: an echoed argument or path may hold one."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="layers, versions, staleness and bytes on disk")
     p.add_argument("directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--quick", action="store_true",
+                   help="check that files exist with their committed sizes; skip checksums")
     p = sub.add_parser("plan", help="which step each layer would be restored from")
     p.add_argument("directory")
     p.add_argument("--step", type=_step, help="recover at or before this step (default newest)")
@@ -64,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except (LayerCheckError, ValueError, OSError) as exc:
-        print(f"layercheck: error: {exc}", file=sys.stderr)
+        print(f"layercheck: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
 
 
@@ -73,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
     store = open_store(args.directory, create=False)
     if args.command == "inspect":
         from .inspect import format_inspection, inspect_directory
-        info = inspect_directory(store)
+        info = inspect_directory(store, verify=not args.quick)
         print(json.dumps(info, indent=2) if args.json else format_inspection(info))
     elif args.command == "plan":
         from .manifest import read_manifest

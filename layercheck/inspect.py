@@ -3,21 +3,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from .manifest import MANIFEST, ManifestView, read_manifest
+from .errors import CorruptVersion
+from .manifest import MANIFEST, Version, read_manifest, read_verified
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
 
 
-def inspect_directory(store: Store) -> dict[str, Any]:
-    """A JSON-ready description of the checkpoint in ``store`` (see ``format_inspection``)."""
+def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
+    """A JSON-ready description of the checkpoint in ``store`` (see ``format_inspection``).
+
+    ``problems`` lists the damage: skipped manifest lines, and every committed
+    file that is missing or of the wrong size, or (``verify``, which reads every
+    file) fails its checksum or is not a safetensors file."""
     view = read_manifest(store)
     if view.header is None:
         from .errors import CheckpointNotFound
         raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no {MANIFEST} "
                                  "with a header); point at the directory given to LayerCheck")
     newest = view.latest_step()
-    missing = [v.file for v in view.all_versions() if not store.exists(v.file)]
+    damage = [d for v in view.all_versions() if (d := _damage(store, v, verify))]
     layers = []
     for layer in view.header["layers"]:
         versions = view.versions.get(layer["name"], [])
@@ -33,11 +38,22 @@ def inspect_directory(store: Store) -> dict[str, Any]:
         "oldest_step": min(view.states) if view.states else None,
         "layers": layers, "layer_versions": sum(len(v) for v in view.versions.values()),
         "bytes_on_disk": sum(store.size(f) for f in files),
-        "config": view.header.get("config"), "problems": _problems(view, missing)}
+        "config": view.header.get("config"), "problems": [*view.problems, *damage]}
 
 
-def _problems(view: ManifestView, missing: list[str]) -> list[str]:
-    return [*view.problems, *(f"{f}: committed but missing on disk" for f in missing)]
+def _damage(store: Store, version: Version, verify: bool) -> str | None:
+    """What is wrong with a committed file, or None."""
+    if not store.exists(version.file):
+        return f"{version.file}: committed but missing on disk"
+    size = store.size(version.file)
+    if size != version.bytes:
+        return f"{version.file}: {size} bytes on disk, {version.bytes} committed"
+    if verify:
+        try:
+            read_verified(store, version)
+        except CorruptVersion as exc:
+            return str(exc)
+    return None
 
 
 def format_inspection(info: dict[str, Any]) -> str:

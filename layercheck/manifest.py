@@ -18,14 +18,16 @@ Records (``kind``):
 from __future__ import annotations
 
 import json
+import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .errors import CorruptVersion
 from .store import Store, check_relative
 
 __all__ = ["MANIFEST", "FORMAT", "Version", "ManifestView", "encode_record", "read_manifest",
-           "checksum", "layer_path", "state_path"]
+           "seal_torn_tail", "read_verified", "check_structure", "checksum", "layer_path", "state_path"]
 
 MANIFEST = "manifest.jsonl"
 FORMAT = "layercheck/1"
@@ -83,9 +85,15 @@ class Version:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Version":
-        return cls(step=int(record["step"]), file=check_relative(str(record["file"])),
-                   bytes=int(record["bytes"]), checksum=str(record["checksum"]),
-                   layer=record.get("layer"), reason=record.get("reason"))
+        """The version a record describes; ValueError naming the field if malformed."""
+        layer = record.get("layer")
+        if record["kind"] == "layer" and not isinstance(layer, str):
+            raise ValueError(f"layer record with layer={layer!r}: a name is required")
+        if not isinstance(record["file"], str) or not isinstance(record["checksum"], str):
+            raise ValueError("record file and checksum must be strings")
+        return cls(step=_count(record, "step"), file=check_relative(record["file"]),
+                   bytes=_count(record, "bytes"), checksum=record["checksum"],
+                   layer=layer, reason=record.get("reason"))
 
     def to_record(self) -> dict[str, Any]:
         kind = "state" if self.layer is None else "layer"
@@ -126,7 +134,7 @@ class ManifestView:
         kind = record["kind"]
         if kind == "header":
             if self.header is None:
-                self.header = record
+                self.header = _check_header(record)
         elif kind == "layer":
             version = Version.from_record(record)
             self.versions.setdefault(version.layer, []).append(version)
@@ -134,7 +142,7 @@ class ManifestView:
             version = Version.from_record(record)
             self.states[version.step] = version
         elif kind == "resume":
-            self._truncate(int(record["step"]))
+            self._truncate(_count(record, "step"))
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
@@ -143,6 +151,25 @@ class ManifestView:
         for name, versions in self.versions.items():
             self.versions[name] = [v for v in versions if v.step <= step]
         self.states = {s: v for s, v in self.states.items() if s <= step}
+
+
+def _count(record: dict[str, Any], key: str) -> int:
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{record['kind']} record with {key}={value!r}: an integer >= 0 is "
+                         "required")
+    return value
+
+
+def _check_header(record: dict[str, Any]) -> dict[str, Any]:
+    """The header, if its layer table has the shape every reader relies on."""
+    layers = record.get("layers")
+    if not isinstance(layers, list) or not all(
+            isinstance(l, dict) and isinstance(l.get("name"), str)
+            and isinstance(l.get("kind"), str) and isinstance(l.get("params"), int)
+            for l in layers):
+        raise ValueError("malformed header: 'layers' must be a list of {name, kind, params}")
+    return record
 
 
 def read_manifest(store: Store) -> ManifestView:
@@ -164,3 +191,56 @@ def read_manifest(store: Store) -> ManifestView:
         except Exception as exc:  # any damage to one line: skip it, say why
             view.problems.append(f"{MANIFEST} line {number}: skipped ({exc})")
     return view
+
+
+def seal_torn_tail(store: Store) -> bool:
+    """End a torn last line (a crash mid-append) with a newline; True if there was one.
+
+    Call with the directory locked, before the first append: otherwise the next
+    record would be glued to the torn bytes and be skipped with them, and a lost
+    ``resume`` record would mix an abandoned timeline into later restores. The
+    torn line itself stays, reported in ``problems`` as a damaged line."""
+    if not store.exists(MANIFEST):
+        return False
+    data = store.read(MANIFEST)
+    if not data or data.endswith(b"\n"):
+        return False
+    store.append(MANIFEST, b"\n")
+    return True
+
+
+def read_verified(store: Store, version: Version) -> bytes:
+    """The file's bytes, or CorruptVersion if missing, short, failing its checksum
+    or not structured as a safetensors file (the manifest's checksum proves only
+    that the file is what was recorded, not that what was recorded is sane)."""
+    try:
+        data = store.read(version.file)
+    except (FileNotFoundError, OSError) as exc:
+        raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
+    if len(data) != version.bytes:
+        raise CorruptVersion(f"{version.file}: {len(data)} bytes on disk, {version.bytes} committed")
+    if checksum(data) != version.checksum:
+        raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
+    check_structure(data, version.file)
+    return data
+
+
+def check_structure(data: bytes, what: str) -> None:
+    """CorruptVersion unless ``data`` is laid out as a safetensors file: a JSON
+    header whose tensors tile the data section exactly. Cheap: no tensor is built."""
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        if n > len(data) - 8:
+            raise ValueError(f"header of {n} bytes in a file of {len(data)}")
+        header = json.loads(data[8:8 + n])
+        spans = sorted(tuple(entry["data_offsets"]) for key, entry in header.items()
+                       if key != "__metadata__")
+        end = 0
+        for start, stop in spans:
+            if start != end or stop < start:
+                raise ValueError("tensor data offsets do not tile the data section")
+            end = stop
+        if end != len(data) - 8 - n:
+            raise ValueError(f"tensors cover {end} of {len(data) - 8 - n} data bytes")
+    except Exception as exc:  # every way a header can be malformed means 'corrupt'
+        raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None

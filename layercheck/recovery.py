@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load as st_load
 
 from .errors import CheckpointNotFound, CorruptVersion
-from .manifest import ManifestView, Version, checksum
+from .manifest import ManifestView, Version, check_structure, read_verified
 from .store import Store
 
-__all__ = ["Plan", "make_plan", "read_verified", "parse_safetensors", "LoadedLayer",
-           "iter_layers"]
+__all__ = ["Plan", "make_plan", "read_verified", "check_structure", "parse_safetensors",
+           "LoadedLayer", "iter_layers"]
 
 
 @dataclass
@@ -44,19 +44,6 @@ class Plan:
                            for n, v in self.sources.items()],
                 "bytes": sum(v.bytes for v in self.sources.values()),
                 "warnings": list(self.warnings)}
-
-
-def read_verified(store: Store, version: Version) -> bytes:
-    """The file's bytes, or CorruptVersion if missing, short or failing its checksum."""
-    try:
-        data = store.read(version.file)
-    except (FileNotFoundError, OSError) as exc:
-        raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
-    if len(data) != version.bytes:
-        raise CorruptVersion(f"{version.file}: {len(data)} bytes on disk, {version.bytes} committed")
-    if checksum(data) != version.checksum:
-        raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
-    return data
 
 
 def parse_safetensors(data: bytes, what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

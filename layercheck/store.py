@@ -38,7 +38,10 @@ class Store(Protocol):
 
     ``write_atomic`` makes ``data`` visible under ``path`` all at once and
     durable before it returns; ``append`` adds bytes at the end of ``path``
-    durably (creating it). Readers never see a partial ``write_atomic``.
+    durably (creating it), and an append that fails (ENOSPC, EIO) leaves the
+    file as it was where the storage allows. Readers never see a partial
+    ``write_atomic``. A crash mid-append can still leave a torn tail: see
+    ``manifest.seal_torn_tail``.
     """
 
     url: str
@@ -88,10 +91,16 @@ class LocalStore:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         created = not target.exists()
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # O_NOFOLLOW: a planted symlink must not make us append to a file elsewhere
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         try:
-            _write_all(fd, data)
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except BaseException:
+                _cut_back(fd, size)  # a disk that filled mid-append keeps no half record
+                raise
         finally:
             os.close(fd)
         if created:
@@ -110,7 +119,9 @@ class LocalStore:
         folder = self._path(prefix)
         if not folder.is_dir():
             return []
-        return sorted(f"{prefix}/{p.name}" for p in folder.iterdir() if p.is_file())
+        # names layercheck could not have written (spaces, odd characters) are not ours
+        return sorted(f"{prefix}/{p.name}" for p in folder.iterdir()
+                      if p.is_file() and _SAFE_PATH.match(p.name))
 
     def delete(self, path: str) -> None:
         self._path(path).unlink(missing_ok=True)
@@ -119,15 +130,23 @@ class LocalStore:
         """Take an exclusive, process-wide lock on the directory (released by
         ``unlock`` or when the process dies, even by SIGKILL)."""
         import fcntl
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a planted symlink must not make us truncate a file elsewhere
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise LayerCheckError(f"{self.root}/.lock is a symbolic link; layercheck never "
+                                  "follows it: delete it and try again") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 raise DirectoryLocked(
-                    f"{self.root} is in use by another process (it holds {self.root}/.lock); "
-                    "stop that process or point this one at another directory") from None
+                    f"{self.root} is in use by another process (pid {holder} holds "
+                    f"{self.root}/.lock); stop that process or point this one at another "
+                    "directory") from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -145,12 +164,15 @@ class FsspecStore:
     ``append`` uses append mode where the filesystem has it and otherwise
     rewrites the object whole. No cross-process lock: one writer per URL."""
 
-    def __init__(self, url: str, **storage_options: object) -> None:
+    def __init__(self, url: str, *, create: bool = True, **storage_options: object) -> None:
         import fsspec
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
         self.url = url
-        self.fs.makedirs(self.root, exist_ok=True)
+        if create:
+            self.fs.makedirs(self.root, exist_ok=True)
+        elif not self.fs.isdir(self.root):
+            raise LayerCheckError(f"{url}: no such checkpoint directory")
 
     def _path(self, path: str) -> str:
         return f"{self.root}/{check_relative(path)}"
@@ -203,7 +225,13 @@ def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = Tru
         return location
     text = os.fspath(location)
     if "://" in text and not text.startswith("file://"):
-        return FsspecStore(text, **storage_options)
+        try:
+            return FsspecStore(text, create=create, **storage_options)
+        except LayerCheckError:
+            raise
+        except Exception as exc:  # unknown protocol, missing driver, unreachable host, ...
+            raise LayerCheckError(f"{text}: cannot open it as an fsspec URL ({exc}); check the "
+                                  "protocol and that its fsspec driver is installed") from None
     if text.startswith("file://"):
         text = text[len("file://"):]
     if not create and not Path(text).is_dir():
@@ -216,6 +244,14 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _cut_back(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError:
+        pass  # the original error is the one to report; readers skip a torn tail anyway
 
 
 def _fsync_dir(path: Path) -> None:

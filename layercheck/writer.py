@@ -6,12 +6,14 @@ backpressure, never unbounded memory). One thread persists jobs in order. For
 each job: every layer file is written atomically (temp, fsync, rename, fsync
 of the folder), then the state file, then one append of the job's manifest
 records, the state record last, fsynced. A crash at any point leaves either
-committed records or ignorable leftovers.
+committed records or ignorable leftovers; a failed write (ENOSPC, EACCES,
+EIO) commits nothing of its job, and ``on_error`` says what training hears.
 """
 from __future__ import annotations
 
 import logging
 import queue
+from collections import deque
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +30,10 @@ from .store import Store
 __all__ = ["LayerSnapshot", "StepJob", "Writer", "WriteRecord"]
 
 log = logging.getLogger("layercheck")
+
+MAX_RECORDS = 10_000
+"""WriteRecords kept for ``drain_completed``; a loop that never drains keeps
+only the newest this many (bounded memory over any run length)."""
 
 
 @dataclass
@@ -69,12 +75,13 @@ class Writer:
         self.queue_bytes = queue_bytes
         self.on_error = on_error
         self.bytes_written = 0
-        self.completed: list[WriteRecord] = []
+        self.completed: deque[WriteRecord] = deque(maxlen=MAX_RECORDS)
         self._jobs: queue.Queue[StepJob | None] = queue.Queue()
         self._pending = 0
         self._cv = threading.Condition()
         self._error: BaseException | None = None
         self._failed_layers: set[int] = set()
+        self._owed: set[int] = set()  # layers of failed jobs not committed since (writer thread)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="layercheck-crc")
         self._thread = threading.Thread(target=self._run, name="layercheck-writer", daemon=True)
         self._thread.start()
@@ -119,56 +126,59 @@ class Writer:
 
     def drain_completed(self) -> list[WriteRecord]:
         with self._cv:
-            done, self.completed = self.completed, []
+            done = list(self.completed)
+            self.completed.clear()
         return done
 
     # -- writer-thread side ------------------------------------------------
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is None:
+                self._jobs.task_done()
+                return
             try:
-                if job is None:
-                    return
                 if self._error is None or self.on_error == "warn":
                     self._persist(job)
             finally:
-                if job is not None:
-                    with self._cv:
-                        self._pending -= job.nbytes
-                        self._cv.notify_all()
+                # drop the snapshot now, not when the next job arrives: the queue's bound
+                # must be the whole of what the writer holds
+                nbytes, job = job.nbytes, None
+                with self._cv:
+                    self._pending -= nbytes
+                    self._cv.notify_all()
                 self._jobs.task_done()
 
     def _persist(self, job: StepJob) -> None:
-        records, done = [], []
-        for snap in job.layers:
-            try:
-                version = self._write(layer_path(snap.name, job.step), snap.tensors,
-                                      {"format": "layercheck-layer/1", "layer": snap.name,
-                                       "step": str(job.step)}, job.step, snap.name, snap.reason)
-            except Exception as exc:
-                if not self._fail(exc, job, snap):
-                    return
-                continue
-            records.append(version.to_record())
-            done.append((snap, version))
-        if job.state is not None:
-            try:
+        """All or nothing per job: any failed write stops the job before its
+        manifest append, so no record of it is committed. The state record is
+        also held back while a layer of an earlier failed job is owed (under
+        'warn'): a committed step must have a version of every layer."""
+        what = "the manifest"
+        try:
+            versions = []
+            for snap in job.layers:
+                what = f"layer {snap.name}"
+                versions.append(self._write(layer_path(snap.name, job.step), snap.tensors,
+                                            {"format": "layercheck-layer/1", "layer": snap.name,
+                                             "step": str(job.step)}, job.step, snap.name,
+                                            snap.reason))
+            self._owed -= {snap.index for snap in job.layers}
+            records = [v.to_record() for v in versions]
+            if job.state is not None and not self._owed:
+                what = "the training state"
                 tensors, metadata = job.state
                 records.append(self._write(state_path(job.step), tensors, metadata,
                                            job.step, None, None).to_record())
-            except Exception as exc:
-                if not self._fail(exc, job, None):
-                    return
-        if not records:
-            return
-        try:
-            self.store.append(MANIFEST, b"".join(encode_record(r) for r in records))
+            if records:
+                what = "the manifest"
+                self.store.append(MANIFEST, b"".join(encode_record(r) for r in records))
         except Exception as exc:
-            self._fail(exc, job, None)
+            self._fail(exc, job, what)
             return
         elapsed = time.perf_counter() - job.submitted
         with self._cv:
-            for snap, version in done:
+            for snap, version in zip(job.layers, versions):
                 self.bytes_written += version.bytes
                 self.completed.append(WriteRecord(job.step, snap.index, snap.name, snap.reason,
                                                   version.bytes, elapsed))
@@ -181,16 +191,18 @@ class Writer:
         return Version(step=step, file=path, bytes=len(data), checksum=digest.result(),
                        layer=layer, reason=reason)
 
-    def _fail(self, exc: BaseException, job: StepJob, snap: LayerSnapshot | None) -> bool:
-        """Record a failure; True when the writer should go on with the job."""
-        what = f"layer {snap.name}" if snap else "the step's state/manifest"
+    def _fail(self, exc: BaseException, job: StepJob, what: str) -> None:
+        """Record a failed job: its layers are owed (and retried under 'warn')."""
+        layers = {snap.index for snap in job.layers}
+        self._owed |= layers
+        with self._cv:
+            self._error = exc
+            if self.on_error == "warn":
+                self._failed_layers |= layers
         if self.on_error == "warn":
-            log.error("layercheck: writing %s at step %d failed: %s; training goes on and the "
-                      "layer is written again at the next opportunity", what, job.step, exc)
-            with self._cv:
-                self._error = exc
-                self._failed_layers.update([snap.index] if snap else [s.index for s in job.layers])
-            return snap is not None
-        log.error("layercheck: writing %s at step %d failed: %s", what, job.step, exc)
-        self._error = exc
-        return False
+            log.error("layercheck: writing %s at step %d failed: %s; nothing of step %d was "
+                      "committed; training goes on and the layers are written again at the "
+                      "next opportunity", what, job.step, exc, job.step)
+        else:
+            log.error("layercheck: writing %s at step %d failed: %s; checkpointing stops",
+                      what, job.step, exc)

@@ -38,7 +38,12 @@ COST_FLAGS = {"write_gbps": "storage write bandwidth, GB/s", "read_gbps": "stora
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see --help)\n")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks escaped: an echoed argument or path may hold one."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
@@ -208,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets}[args.command](args)
     except (SimError, TraceError) as exc:
-        print(f"python -m sim: error: {exc}", file=sys.stderr)
+        print(f"python -m sim: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -25,7 +25,8 @@ def _write(store, *records, tail=b""):
 def test_torn_last_line_and_garbage_are_skipped_with_a_reason(tmp_path):
     store = LocalStore(tmp_path)
     line = encode_record(_state(2))
-    _write(store, {"kind": "header", "layers": [{"name": "a"}]}, _layer(1), _state(1),
+    _write(store, {"kind": "header", "layers": [{"name": "a", "kind": "block", "params": 1}]},
+           _layer(1), _state(1),
            tail=b"garbage that is not json\n" + line[: len(line) // 2])
     view = read_manifest(store)
     assert sorted(view.states) == [1]

@@ -1,0 +1,255 @@
+"""Hostile and damaged input: no pickle, no escape, damage reported, never a traceback."""
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.cli import main
+from layercheck.errors import LayerCheckError
+from layercheck.manifest import MANIFEST, encode_record, read_manifest
+from layercheck.store import LocalStore
+from tests.conftest import optimizer_for, tiny_lm, train_step
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("layercheck", "profiler", "sim", "dashboard")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hostile") / "ckpt"
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=20)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+    with LayerCheck(model, opt, path, cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(4):
+            train_step(model, opt, sched)
+            lc.step()
+    return path
+
+
+@pytest.fixture()
+def ckpt(pristine, tmp_path):
+    path = tmp_path / "ckpt"
+    shutil.copytree(pristine, path)
+    return path
+
+
+# -- no pickle, anywhere ----------------------------------------------------------
+def _calls(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            yield node, ast.unparse(node.func)
+
+
+def _pickle_offenders(root: Path, package: str) -> list[str]:
+    offenders = []
+    files = sorted((root / package).rglob("*.py"))
+    assert files, f"{package}/ has no Python files: the scan would prove nothing"
+    for path in files:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n.split(".")[0] in UNPICKLERS for n in names):
+                    offenders.append(f"{path}:{node.lineno} imports {names}")
+        for call, name in _calls(tree):
+            where = f"{path.relative_to(root)}:{call.lineno} {name}"
+            keywords = {k.arg: k.value for k in call.keywords}
+            if name.endswith(("read_pickle", "jit.load")):
+                offenders.append(where)
+            if name.endswith("torch.load"):
+                value = keywords.get("weights_only")
+                if not (isinstance(value, ast.Constant) and value.value is True):
+                    offenders.append(f"{where} without weights_only=True")
+            if name.endswith(("np.load", "numpy.load")):
+                value = keywords.get("allow_pickle")
+                if value is not None and not (isinstance(value, ast.Constant)
+                                              and value.value is False):
+                    offenders.append(f"{where} with allow_pickle")
+    return offenders
+
+
+UNPICKLERS = ("pickle", "cPickle", "_pickle", "dill", "joblib", "shelve", "marshal",
+              "cloudpickle")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_code_path_can_unpickle(package):
+    """torch.load only with weights_only=True; no pickle module, no
+    np.load(allow_pickle=True), no pandas.read_pickle, no torch.jit.load."""
+    assert _pickle_offenders(ROOT, package) == []
+
+
+def test_the_pickle_scan_catches_what_it_looks_for(tmp_path):
+    bad = tmp_path / "bad" / "m.py"
+    bad.parent.mkdir()
+    bad.write_text("import torch\nimport pickle\nx = torch.load('f')\n"
+                   "z = torch.load('f', weights_only=False)\nimport numpy as np\n"
+                   "y = np.load('a', allow_pickle=True)\nimport pandas as pd\n"
+                   "w = pd.read_pickle('p')\nok = torch.load('f', weights_only=True)\n")
+    found = _pickle_offenders(tmp_path, "bad")
+    assert len(found) == 5, found
+    assert not any(":9 " in f for f in found)  # weights_only=True is fine
+
+
+# -- manifest records that try to escape or confuse --------------------------------
+def _append(path: Path, record: dict) -> None:
+    with open(path / MANIFEST, "ab") as handle:
+        handle.write(encode_record(record))
+
+
+@pytest.mark.parametrize("file", ["../../etc/passwd", "/etc/passwd", "layers/../../x",
+                                  "layers/a b", "layers//x", "layers/x\x00y", "~/x", ""])
+def test_a_record_pointing_outside_is_skipped_never_read(ckpt, file):
+    _append(ckpt, {"kind": "state", "step": 99, "file": file, "bytes": 1,
+                   "checksum": "crc32:00000000"})
+    view = read_manifest(LocalStore(ckpt))
+    assert 99 not in view.states
+    assert any("refusing path" in p for p in view.problems)
+
+
+@pytest.mark.parametrize("header", [
+    {"kind": "header"},
+    {"kind": "header", "layers": "model.norm"},
+    {"kind": "header", "layers": [1, 2]},
+    {"kind": "header", "layers": [{"name": 3, "kind": "block", "params": 1}]},
+    {"kind": "header", "layers": [{"name": "a", "kind": "block", "params": "many"}]},
+    {"kind": "header", "layers": [{"name": "a"}]},
+])
+def test_a_malformed_header_is_not_a_checkpoint_and_the_cli_says_so(tmp_path, header, capsys):
+    (tmp_path / "c").mkdir()
+    _append(tmp_path / "c", header)
+    view = read_manifest(LocalStore(tmp_path / "c"))
+    assert view.header is None and any("header" in p for p in view.problems)
+    for command in ("inspect", "plan", "gc"):
+        assert main([command, str(tmp_path / "c")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a layercheck checkpoint" in err
+
+
+@pytest.mark.parametrize("record", [
+    {"kind": "layer", "step": "x", "file": "layers/a@1.safetensors", "bytes": 1, "checksum": "c"},
+    {"kind": "layer", "step": 1, "file": "layers/a@1.safetensors", "bytes": [], "checksum": "c"},
+    {"kind": "layer", "step": -1, "file": "layers/a@1.safetensors", "bytes": 1, "checksum": "c",
+     "layer": "model.norm"},
+    {"kind": "layer", "step": 1, "file": "layers/a@1.safetensors", "bytes": 1, "checksum": "c",
+     "layer": ["model.norm"]},
+    {"kind": "state", "step": 1.5, "file": "states/x.safetensors", "bytes": 1, "checksum": "c"},
+    {"kind": "resume", "step": None},
+    {"kind": "nonsense"},
+])
+def test_malformed_records_are_problems_and_commands_still_work(ckpt, record, capsys):
+    _append(ckpt, record)
+    view = read_manifest(LocalStore(ckpt))
+    assert len(view.problems) == 1 and view.latest_step() == 4
+    assert main(["inspect", str(ckpt), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert len(info["problems"]) == 1
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 4
+
+
+def test_symlinked_lock_file_is_refused_and_its_target_untouched(ckpt, tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("do not truncate me")
+    (ckpt / ".lock").unlink(missing_ok=True)
+    (ckpt / ".lock").symlink_to(victim)
+    with pytest.raises(LayerCheckError, match="symbolic link"):
+        LocalStore(ckpt).lock()
+    assert victim.read_text() == "do not truncate me"
+
+
+def test_symlinked_manifest_is_never_appended_to(ckpt, tmp_path):
+    victim = tmp_path / "precious.jsonl"
+    shutil.move(ckpt / MANIFEST, victim)
+    (ckpt / MANIFEST).symlink_to(victim)
+    before = victim.read_bytes()
+    with pytest.raises(OSError):
+        LocalStore(ckpt).append(MANIFEST, b"x\n")
+    assert victim.read_bytes() == before
+
+
+# -- inspect reports the damage -----------------------------------------------------
+def _damage(ckpt):
+    view = read_manifest(LocalStore(ckpt))
+    flipped = ckpt / view.versions["model.layers.1"][-1].file
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    flipped.write_bytes(bytes(data))
+    truncated = ckpt / view.versions["model.norm"][-1].file
+    truncated.write_bytes(truncated.read_bytes()[:50])
+    missing = ckpt / view.versions["model.layers.0"][-2].file
+    missing.unlink()
+    with open(ckpt / MANIFEST, "ab") as handle:
+        handle.write(b'{"crc":"00000000","r":{"kind":"state"}}\n{"torn')
+    return (flipped.relative_to(ckpt).as_posix(), truncated.relative_to(ckpt).as_posix(),
+            missing.relative_to(ckpt).as_posix())
+
+
+def test_inspect_lists_every_kind_of_damage(ckpt, capsys):
+    flipped, truncated, missing = _damage(ckpt)
+    assert main(["inspect", str(ckpt), "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert any(flipped in p and "checksum" in p for p in problems), problems
+    assert any(truncated in p and "bytes" in p for p in problems), problems
+    assert any(missing in p and "missing" in p for p in problems), problems
+    assert any("CRC" in p for p in problems) and any("torn" in p for p in problems)
+    assert len(problems) == 5
+    assert main(["inspect", str(ckpt)]) == 0
+    table = capsys.readouterr().out
+    assert sum(line.startswith("DAMAGE:") for line in table.splitlines()) == 5
+    assert main(["inspect", str(ckpt), "--quick", "--json"]) == 0  # sizes only, no checksums
+    quick = json.loads(capsys.readouterr().out)["problems"]
+    assert len(quick) == 4 and not any(flipped in p for p in quick)
+
+
+def test_plan_after_damage_falls_back_and_names_every_fallback(ckpt, capsys):
+    flipped, truncated, _ = _damage(ckpt)
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step"] == 4
+    sources = {l["layer"]: l["source_step"] for l in plan["layers"]}
+    assert sources["model.layers.1"] == 3 and sources["model.norm"] == 3
+    assert any(flipped in w for w in plan["warnings"])
+    assert any(truncated in w for w in plan["warnings"])
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 64, b"\xff\xfe garbage", b"{}\n",
+                                     b'{"crc":"1","r":[]}\n', b"[" * 100000 + b"\n"])
+def test_a_garbage_manifest_is_one_line_exit_2(tmp_path, content, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / MANIFEST).write_bytes(content)
+    for command in ("inspect", "plan", "gc"):
+        assert main([command, str(tmp_path / "c")]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_layer_file_that_is_not_safetensors_but_has_the_right_checksum(ckpt):
+    """An attacker who controls the manifest controls the checksums too: the
+    file must still be parsed as safetensors only (no pickle fallback), found
+    malformed by its structure, and passed over with a warning."""
+    import zlib
+    payload = b"\x80\x04\x95" + b"cos\nsystem\n(S'echo pwned'\ntR." + b"\x00" * 8
+    (ckpt / "layers" / "evil.safetensors").write_bytes(payload)
+    lines = []
+    for line in (ckpt / MANIFEST).read_bytes().splitlines():
+        record = json.loads(line)["r"]
+        if record.get("layer") == "model.norm" and record["step"] == 4:
+            record.update(file="layers/evil.safetensors", bytes=len(payload),
+                          checksum=f"crc32:{zlib.crc32(payload) & 0xFFFFFFFF:08x}")
+        lines.append(encode_record(record))
+    (ckpt / MANIFEST).write_bytes(b"".join(lines))
+    model = tiny_lm(seed=8)
+    opt, sched = optimizer_for(model, total=20)
+    with LayerCheck(model, opt, ckpt, scheduler=sched) as lc:
+        with pytest.warns(UserWarning, match="evil.safetensors: not a valid safetensors file"):
+            assert lc.restore() == 4
+        assert lc.restored.plan.sources["model.norm"].step == 3

@@ -1,0 +1,281 @@
+"""Full disk and I/O errors during persistence: no partial commit, training is told.
+
+Faults are injected through a Store wrapper (ENOSPC, EACCES, EIO on a layer
+file, a state file or the manifest append, including an append that leaves
+half a line behind), and for real on a 2 MiB tmpfs where this machine allows
+mounting one.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.errors import WriteFailed
+from layercheck.manifest import MANIFEST, encode_record, read_manifest
+from layercheck.recovery import make_plan
+from layercheck import store as store_module
+from layercheck.store import LocalStore
+from tests.conftest import optimizer_for, tiny_lm, train_step
+
+EVERY_STEP = dict(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+
+
+class FaultyStore:
+    """A LocalStore whose writes fail on demand.
+
+    ``fail(op, prefix, err, times)``: the next ``times`` calls of ``op``
+    ('write_atomic' or 'append') on a path starting with ``prefix`` raise
+    OSError(err). ``torn=True`` makes a failing append get half its bytes onto
+    the disk first (inside LocalStore.append, as a disk that fills up mid-write
+    does), so the store's own rollback is what is tested."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = LocalStore(root)
+        self.url = self.inner.url
+        self.faults: list[dict] = []
+        self.failures = 0
+
+    def fail(self, op: str, prefix: str, err: int, *, times: int = 1, torn: bool = False) -> None:
+        self.faults.append(dict(op=op, prefix=prefix, err=err, left=times, torn=torn))
+
+    def _fault(self, op: str, path: str) -> dict | None:
+        for fault in self.faults:
+            if fault["op"] == op and path.startswith(fault["prefix"]) and fault["left"] > 0:
+                fault["left"] -= 1
+                self.failures += 1
+                return fault
+        return None
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        fault = self._fault("write_atomic", path)
+        if fault:
+            raise OSError(fault["err"], os.strerror(fault["err"]), path)
+        self.inner.write_atomic(path, data)
+
+    def append(self, path: str, data: bytes) -> None:
+        fault = self._fault("append", path)
+        if fault and not fault["torn"]:
+            raise OSError(fault["err"], os.strerror(fault["err"]), path)
+        if fault:
+            def half_then_fail(fd, chunk, err=fault["err"]):
+                os.write(fd, bytes(chunk[: len(chunk) // 2]))
+                raise OSError(err, os.strerror(err), path)
+            with mock.patch.object(store_module, "_write_all", half_then_fail):
+                self.inner.append(path, data)
+        self.inner.append(path, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def _run(store, steps, *, on_error="raise", model=None, opt=None, sched=None):
+    """Train ``steps`` steps on a fresh tiny model; returns (lc, model, opt, sched) open."""
+    torch.manual_seed(0)
+    if model is None:
+        model = tiny_lm()
+        opt, sched = optimizer_for(model, total=40)
+    lc = LayerCheck(model, opt, store, LayerCheckConfig(**EVERY_STEP, on_error=on_error),
+                    scheduler=sched)
+    lc.restore()
+    for _ in range(steps):
+        train_step(model, opt, sched)
+        lc.step()
+    lc.flush()
+    return lc, model, opt, sched
+
+
+def _committed_steps(root):
+    view = read_manifest(LocalStore(root))
+    return sorted(view.states), view
+
+
+@pytest.mark.parametrize("where,err", [
+    ("layers/model.layers.1", errno.ENOSPC), ("layers/model.layers.1", errno.EACCES),
+    ("states/", errno.EIO), (MANIFEST, errno.ENOSPC), (MANIFEST, errno.EIO)])
+def test_raise_policy_stops_training_with_a_clear_error_and_commits_nothing_partial(
+        tmp_path, err, where):
+    store = FaultyStore(tmp_path / "c")
+    lc, model, opt, sched = _run(store, 4)
+    assert _committed_steps(tmp_path / "c")[0] == [2, 3, 4]
+    store.fail("append" if where == MANIFEST else "write_atomic", where, err, torn=True)
+    train_step(model, opt, sched)
+    lc.step()  # step 5: its write fails in the background
+    with pytest.raises(WriteFailed) as info:
+        lc.flush()
+    message = str(info.value)
+    assert os.strerror(err) in message and "nothing of it was committed" in message
+    assert "restore()" in message  # says what to do
+    with pytest.raises(WriteFailed):
+        lc.step()  # training is stopped, not silently continued
+    with pytest.raises(WriteFailed):
+        lc.close()
+    steps, view = _committed_steps(tmp_path / "c")
+    assert steps == [2, 3, 4]
+    assert all(v.step <= 4 for vs in view.versions.values() for v in vs)
+    assert not list((tmp_path / "c").rglob("*.tmp"))  # no temp file left behind
+    model2 = tiny_lm(seed=3)
+    opt2, sched2 = optimizer_for(model2, total=40)
+    with LayerCheck(model2, opt2, tmp_path / "c", scheduler=sched2) as again:
+        assert again.restore() == 4
+
+
+def test_warn_policy_keeps_training_says_so_loudly_and_rewrites_the_failed_layer(
+        tmp_path, caplog):
+    store = FaultyStore(tmp_path / "c")
+    lc, model, opt, sched = _run(store, 4, on_error="warn")
+    store.fail("write_atomic", "layers/model.layers.0", errno.ENOSPC, times=3)
+    with caplog.at_level(logging.ERROR, logger="layercheck"):
+        for _ in range(6):  # steps 5..10; the first three attempts at layers.0 fail
+            train_step(model, opt, sched)
+            lc.step()
+            lc.flush()  # never raises under 'warn'
+    lc.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 3
+    assert all("No space left on device" in r.getMessage() for r in errors)
+    assert all("written again at the next opportunity" in r.getMessage() for r in errors)
+    steps, view = _committed_steps(tmp_path / "c")
+    assert steps == [2, 3, 4, 8, 9, 10]  # a step with a failed write is not committed
+    assert [v.step for v in view.versions["model.layers.0"]] == [2, 3, 4, 8, 9, 10]
+    plan = make_plan(LocalStore(tmp_path / "c"), view)
+    assert plan.step == 10 and set(plan.staleness().values()) == {0}
+
+
+def test_warn_policy_survives_a_failed_base_checkpoint(tmp_path):
+    """The base checkpoint fails for one layer: no step may be committed that
+    has no version of that layer, or restore() would be stuck."""
+    store = FaultyStore(tmp_path / "c")
+    store.fail("write_atomic", "layers/model.norm", errno.EIO, times=1)
+    lc, *_ = _run(store, 3, on_error="warn")  # base at step 2 fails for model.norm
+    lc.close()
+    steps, view = _committed_steps(tmp_path / "c")
+    assert steps == [3]
+    model = tiny_lm(seed=5)
+    opt, sched = optimizer_for(model, total=40)
+    with LayerCheck(model, opt, tmp_path / "c", scheduler=sched) as again:
+        assert again.restore() == 3
+
+
+def test_a_torn_manifest_append_never_swallows_the_next_commit(tmp_path):
+    """ENOSPC in the middle of the manifest append leaves half a line; the
+    records appended after it must still be readable."""
+    store = FaultyStore(tmp_path / "c")
+    lc, model, opt, sched = _run(store, 3, on_error="warn")
+    store.fail("append", MANIFEST, errno.ENOSPC, torn=True)
+    for _ in range(2):
+        train_step(model, opt, sched)
+        lc.step()
+        lc.flush()
+    lc.close()
+    steps, view = _committed_steps(tmp_path / "c")
+    assert steps == [2, 3, 5]
+    assert view.problems == []  # the torn half line was rolled back
+
+
+def test_a_crash_torn_manifest_tail_does_not_swallow_the_resume_record(tmp_path):
+    """A process dies mid-append (power loss): the next process's first record
+    (the resume record) must not merge with the torn tail, or versions of the
+    abandoned timeline would be mixed into later restores."""
+    root = tmp_path / "c"
+    lc, *_ = _run(root, 6)
+    lc.close()
+    manifest = root / MANIFEST
+    lines = manifest.read_bytes().splitlines(keepends=True)
+    # drop state 6 and tear the last layer record of step 6: step 6 never committed
+    state6 = [i for i, line in enumerate(lines) if b'"states/000000006' in line]
+    lines = lines[:state6[0]]
+    lines[-1] = lines[-1][:25]
+    manifest.write_bytes(b"".join(lines))
+    model = tiny_lm(seed=1)
+    opt, sched = optimizer_for(model, total=40)
+    with LayerCheck(model, opt, root, scheduler=sched) as again:
+        with pytest.warns(UserWarning, match="manifest.jsonl line"):
+            assert again.restore() == 5
+    view = read_manifest(LocalStore(root))
+    assert view.resumes[-1] == 5
+    assert all(v.step <= 5 for vs in view.versions.values() for v in vs)
+
+
+# -- a real full disk -----------------------------------------------------------
+@pytest.fixture()
+def tiny_fs(tmp_path):
+    """A 2 MiB tmpfs, or a skip saying why there is none."""
+    mount = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8); fault injection covers ENOSPC")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"this machine does not allow mounting a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill_until_full(lc, model, opt, sched, limit=200):
+    for _ in range(limit):
+        train_step(model, opt, sched)
+        lc.step()
+        lc.flush()
+    raise AssertionError(f"a 2 MiB filesystem took {limit} full checkpoints without filling up")
+
+
+def test_real_full_disk_raise_policy(tiny_fs):
+    """Every step writes every layer (~190 KiB) into 2 MiB until the disk is full."""
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=400)
+    lc = LayerCheck(model, opt, tiny_fs / "c", LayerCheckConfig(**EVERY_STEP), scheduler=sched)
+    lc.restore()
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        _fill_until_full(lc, model, opt, sched)
+    last = lc.current_step
+    with pytest.raises(WriteFailed):
+        lc.close()
+    view = read_manifest(LocalStore(tiny_fs / "c"))
+    assert view.problems == [] and view.states and max(view.states) < last
+    plan = make_plan(LocalStore(tiny_fs / "c"), view)  # verifies every planned file
+    assert plan.warnings == []
+    assert not list((tiny_fs / "c").rglob("*.tmp"))
+    model2 = tiny_lm(seed=2)
+    opt2, sched2 = optimizer_for(model2, total=400)
+    with LayerCheck(model2, opt2, tiny_fs / "c", scheduler=sched2) as again:
+        assert again.restore() == plan.step
+
+
+def test_real_full_disk_warn_policy_recovers_when_space_returns(tiny_fs, caplog):
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=400)
+    lc = LayerCheck(model, opt, tiny_fs / "c", LayerCheckConfig(**EVERY_STEP, on_error="warn"),
+                    scheduler=sched)
+    lc.restore()
+    with caplog.at_level(logging.ERROR, logger="layercheck"):
+        for _ in range(30):
+            train_step(model, opt, sched)
+            lc.step()
+            lc.flush()
+    assert any("No space left on device" in r.getMessage() for r in caplog.records)
+    stuck = read_manifest(LocalStore(tiny_fs / "c")).latest_step()
+    assert stuck is not None and stuck < lc.current_step
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_fs)], check=True)
+    for _ in range(2):
+        train_step(model, opt, sched)
+        lc.step()
+    lc.close()
+    view = read_manifest(LocalStore(tiny_fs / "c"))
+    assert view.latest_step() == lc.current_step
+    assert view.problems == []
+    assert make_plan(LocalStore(tiny_fs / "c"), view).warnings == []

@@ -1,0 +1,295 @@
+"""Every CLI of the project, fed malformed arguments and malformed files, answers
+with one line on stderr and exit status 2, never a traceback.
+
+Each generated command line holds exactly one malformation (an unknown option,
+a value no option accepts, a path that is missing or holds garbage) on top of
+arguments that are otherwise valid and cheap, so a CLI that failed to notice
+would run (and the test would see exit 0). ``main(argv)`` runs in-process; a
+few subprocess checks cover the ``python -m`` entry points.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+_SCRATCH = tempfile.TemporaryDirectory(prefix="cli-fuzz-")  # removed when the run ends
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+def _call(main, argv):
+    """(exit status, stdout, stderr) of ``main(argv)``; an escaping exception is
+    returned as status 'traceback' with the traceback as stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:  # noqa: BLE001 - the property is: nothing escapes
+            return "traceback", out.getvalue(), traceback.format_exc()
+    return code, out.getvalue(), err.getvalue()
+
+
+def _assert_one_line_exit_2(main, argv):
+    code, out, err = _call(main, argv)
+    assert code == 2, f"{argv!r}: exit {code!r}\n{err[-3000:]}"
+    assert err.endswith("\n") and err.count("\n") == 1, f"{argv!r}: stderr {err!r}"
+    assert "Traceback" not in err
+
+
+# -- values no option accepts ------------------------------------------------------
+# printable text: a line break inside an argument is checked on its own below
+text = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12)
+# no digit of any script (int() reads '\u0661' as 1), so never a number or a duration
+not_a_number = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Nd")), max_size=12
+                       ).filter(lambda s: not _is_number(s) and not s.startswith("-"))
+bad_count = st.one_of(st.integers(max_value=-1).map(str), not_a_number,
+                      st.sampled_from(["1.5", "1e3x", "nan", "inf", "0x10", " "]))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _garbage_file(data: bytes, name: str) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="fuzz-", dir=_SCRATCH.name))
+    (folder / name).write_bytes(data)
+    return str(folder / name)
+
+
+def _garbage_folder(files: dict[str, bytes]) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="fuzz-", dir=_SCRATCH.name))
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return str(folder)
+
+
+missing_path = st.text(alphabet="abcxyz_-", min_size=1, max_size=10).map(
+    lambda s: f"/nonexistent-{s}/x")
+garbage = st.binary(max_size=300)
+
+
+# -- layercheck ----------------------------------------------------------------
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+record = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["header", "layer", "state", "resume", "other"])},
+    optional={"step": json_value | st.integers(0, 50), "file": json_value | st.sampled_from(
+        ["layers/a@000000001.safetensors", "states/000000001.safetensors", "../x", "/etc/passwd"]),
+              "bytes": json_value, "checksum": json_value, "layer": json_value,
+              "layers": json_value | st.just([{"name": "a", "kind": "block", "params": 4}]),
+              "reason": json_value})
+
+
+def _encode(rec: dict) -> bytes:
+    body = json.dumps(rec, sort_keys=True, separators=(",", ":"))
+    return f'{{"crc":"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}","r":{body}}}\n'.encode()
+
+
+@given(command=st.sampled_from(["inspect", "plan", "gc", "export"]),
+       records=st.lists(record, max_size=6), tail=garbage)
+@FUZZ
+def test_layercheck_on_a_manifest_of_well_framed_nonsense_never_tracebacks(command, records, tail):
+    """Records with valid CRCs but any content: a clean answer or one line + exit 2."""
+    from layercheck.cli import main
+    folder = _garbage_folder({"manifest.jsonl": b"".join(map(_encode, records)) + tail})
+    argv = [command, folder] + (["--out", folder + "/out"] if command == "export" else [])
+    code, out, err = _call(main, argv)
+    assert code in (0, 2), f"{argv!r} with {records!r}: exit {code!r}\n{err[-3000:]}"
+    if code == 2:
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@given(malformed=st.one_of(
+    st.tuples(st.sampled_from(["inspect", "plan", "gc", "export"]), missing_path),
+    st.tuples(st.sampled_from(["inspect", "plan", "gc"]), garbage.map(
+        lambda d: _garbage_folder({"manifest.jsonl": d}))),
+    st.tuples(st.sampled_from(["inspect", "plan"]), garbage.map(
+        lambda d: _garbage_file(d, "manifest.jsonl"))),  # a file, not a folder
+    st.tuples(st.just("plan"), st.text(alphabet="abcdef:/", min_size=1, max_size=8).map(
+        lambda s: f"{s}zz://{s}")),  # a URL of no known protocol
+))
+@FUZZ
+def test_layercheck_missing_or_garbage_directories(malformed):
+    from layercheck.cli import main
+    command, directory = malformed
+    argv = [command, directory] + (["--out", "/nonexistent/o"] if command == "export" else [])
+    _assert_one_line_exit_2(main, argv)
+
+
+@given(argv=st.one_of(
+    st.tuples(st.sampled_from(["plan", "export"]), bad_count).map(
+        lambda t: [t[0], ".", "--step", t[1]] + (["--out", "o"] if t[0] == "export" else [])),
+    bad_count.map(lambda v: ["gc", ".", "--keep", v]),
+    st.just(["gc", ".", "--keep", "0"]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12).filter(
+        lambda s: s not in ("inspect", "plan", "export", "gc") and not s.startswith("-h")
+        and s not in ("--help", "-")).map(lambda s: [s, "."]),
+    st.sampled_from(["inspect", "plan", "export", "gc"]).map(lambda c: [c]),
+    st.sampled_from(["inspect", "plan", "export", "gc"]).map(lambda c: [c, ".", "--zz"]),
+    st.just(["export", "."]),
+    st.just([]),
+))
+@FUZZ
+def test_layercheck_malformed_arguments(argv):
+    from layercheck.cli import main
+    _assert_one_line_exit_2(main, argv)
+
+
+# -- sim -------------------------------------------------------------------------
+bad_duration = st.one_of(not_a_number, st.sampled_from(
+    ["0h", "-1h", "nan", "infh", "1e400h", "h", "5parsecs", "", "0", "-30m", "1..2h"]))
+bad_positive = st.one_of(not_a_number, st.sampled_from(["0", "-1", "nan", "-inf", "inf", "-0.5"]))
+SIM_BASE = ["--mtbf", "1h", "--seeds", "1", "--window", "6h", "--preset", "llama-3.2-1b"]
+
+
+@given(option=st.one_of(
+    st.tuples(st.sampled_from(["--mtbf", "--window", "--restart"]), bad_duration),
+    st.tuples(st.sampled_from(["--write-gbps", "--read-gbps", "--host-copy-gbps", "--peer-gbps",
+                               "--layercheck-step-fraction", "--diff-fraction"]), bad_positive),
+    st.tuples(st.sampled_from(["--seeds"]), bad_count.filter(lambda v: v != "0") | st.just("0")),
+    st.tuples(st.just("--preset"), text),
+    st.tuples(st.just("--strategies"), st.text(alphabet="abcxyz,", min_size=1, max_size=10)),
+    st.tuples(st.just("--interval"), st.text(alphabet="abcxyz-.", min_size=1, max_size=6)),
+    st.tuples(st.just("--trace"), missing_path),
+    st.tuples(st.just("--trace"), st.dictionaries(
+        st.sampled_from(["manifest.json", "steps.parquet", "writes.parquet", "layers.parquet"]),
+        garbage, min_size=1).map(_garbage_folder)),
+    st.tuples(st.just("--failure-log"), garbage.map(lambda d: _garbage_file(d, "log.csv"))),
+    st.tuples(st.just("--zz-unknown"), text),
+))
+@FUZZ
+def test_sim_run_malformed(option):
+    from sim.cli import main
+    flag, value = option
+    base = SIM_BASE[:-2] if flag in ("--preset", "--trace") else SIM_BASE  # one scenario source
+    extra = ["--failures", "log"] if flag == "--failure-log" else []
+    _assert_one_line_exit_2(main, ["run", *base, flag, value, *extra])
+
+
+@given(option=st.one_of(
+    st.tuples(st.just("--points"), bad_count | st.sampled_from(["0", "1"])),
+    st.tuples(st.just("--mtbf"), st.one_of(
+        bad_duration.filter(lambda d: ".." not in d),
+        bad_duration.filter(lambda d: ".." not in d).map(lambda d: f"{d}..1h"),
+        st.just("3h..1h"))),
+))
+@FUZZ
+def test_sim_sweep_malformed(option):
+    from sim.cli import main
+    out = tempfile.mkdtemp(prefix="fuzz-sweep-", dir=_SCRATCH.name)
+    _assert_one_line_exit_2(main, ["sweep", "--seeds", "1", "--window", "6h", "--points", "2",
+                                   "--out", out, *option])
+
+
+# -- profiler (when its CLI exists) -------------------------------------------------
+def _profiler_main():
+    try:
+        from profiler.cli import main
+    except ImportError as exc:  # the profiler is being written; its CLI may not exist yet
+        pytest.skip(f"profiler CLI not importable yet: {exc}")
+    return main
+
+
+PROFILER_BASE = ["--model", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "8",
+                 "--quiet"]
+
+
+@given(option=st.one_of(
+    st.tuples(st.sampled_from(["--steps", "--batch-size", "--seq-len", "--smax",
+                               "--threads"]), bad_count | st.just("0")),
+    st.tuples(st.sampled_from(["--lr", "--threshold"]), bad_positive.filter(lambda v: v != "0")),
+    st.tuples(st.just("--warmup-steps"), bad_count),
+    st.tuples(st.just("--device"), st.text(alphabet="abtpuxz", min_size=1, max_size=6).filter(
+        lambda s: s not in ("cpu", "cuda"))),
+    st.tuples(st.just("--model"), missing_path),
+    st.tuples(st.just("--model"), garbage.map(lambda d: _garbage_folder({"config.json": d}))),
+    st.tuples(st.just("--zz-unknown"), text),
+))
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+def test_profiler_capture_malformed(option):
+    main = _profiler_main()
+    out = tempfile.mkdtemp(prefix="fuzz-prof-", dir=_SCRATCH.name)
+    _assert_one_line_exit_2(main, ["capture", *PROFILER_BASE, "--out", out + "/t", *option])
+
+
+@given(malformed=st.one_of(
+    st.tuples(st.just(["heatmap"]), missing_path),
+    st.tuples(st.just(["heatmap"]), st.dictionaries(
+        st.sampled_from(["manifest.json", "steps.parquet", "writes.parquet"]), garbage,
+        min_size=1).map(_garbage_folder)),
+    st.tuples(st.just(["drill", "--from"]), st.dictionaries(
+        st.sampled_from(["manifest.json", "steps.parquet"]), garbage, min_size=1).map(
+        _garbage_folder)),
+    st.tuples(st.just(["drill", *PROFILER_BASE, "--failures"]), bad_count | st.just("0")),
+))
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+def test_profiler_malformed_files(malformed):
+    main = _profiler_main()
+    head, value = malformed
+    _assert_one_line_exit_2(main, [*head, value])
+
+
+def _mains():
+    from layercheck.cli import main as layercheck_main
+    from sim.cli import main as sim_main
+    return {"layercheck": layercheck_main, "sim": sim_main}
+
+
+NEWLINE_ECHOED = pytest.mark.xfail(strict=True, reason="echoes an argument holding a line "
+                                   "break verbatim: a two-line error (found by this fuzz test)")
+
+
+@pytest.mark.parametrize("cli,argv", [
+    ("layercheck", ["plan", "/no/such\ndir"]),
+    ("layercheck", ["plan", ".", "--step", "1\n2"]),
+    ("layercheck", ["inspect", ".", "--zz\nzz"]),
+    ("sim", ["--mtbf", "1h", "--zz\nzz"]),
+    pytest.param("profiler", ["capture", "--zz\nzz"], marks=NEWLINE_ECHOED),
+])
+def test_an_argument_with_a_line_break_still_gives_one_line(cli, argv):
+    main = _profiler_main() if cli == "profiler" else _mains()[cli]
+    _assert_one_line_exit_2(main, argv)
+
+
+# -- the real entry points, as a user runs them -------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["layercheck", "plan", "/nonexistent/ckpt"],
+    ["layercheck", "gc", ".", "--keep", "-1"],
+    ["sim", "--mtbf", "soon"],
+    ["sim", "sweep", "--points", "x"],
+    ["profiler", "capture", "--steps", "-3"],
+    ["profiler", "heatmap", "/nonexistent/trace"],
+])
+def test_python_dash_m_entry_points(argv, tmp_path):
+    if argv[0] == "profiler" and not (ROOT / "profiler" / "__main__.py").exists():
+        pytest.skip("profiler has no __main__ yet")
+    proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
