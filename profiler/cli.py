@@ -1,0 +1,139 @@
+"""``python -m profiler capture | drill | heatmap``: the command line.
+
+Bad input (an unknown model, an unreadable path, a negative count) is one
+line on stderr and exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+from .config import CaptureConfig, DrillConfig
+from .errors import ProfilerError
+
+__all__ = ["main"]
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + message
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
+    try:
+        return args.run(args, argv)
+    except (ProfilerError, FileExistsError) as exc:
+        return _bad_input(exc)
+    except ValueError as exc:  # ConfigError, TraceError: bad settings or a bad trace
+        if type(exc).__module__.startswith(("layercheck", "profiler")):
+            return _bad_input(exc)
+        raise
+
+
+def _bad_input(exc: BaseException) -> int:
+    print(f"profiler: error: {exc}".splitlines()[0], file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m profiler", description="Capture real training traces "
+                     "with LayerCheck attached, and run recovery drills.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    cap = sub.add_parser("capture", help="train with LayerCheck attached and write a trace")
+    _job_options(cap)
+    cap.add_argument("--ckpt", type=Path, help="checkpoint folder (default: a temporary one, "
+                     "deleted at the end)")
+    cap.add_argument("--keep-ckpt", action="store_true", help="keep the checkpoint folder")
+    cap.add_argument("--keep-history", action="store_true",
+                     help="keep superseded layer versions in the checkpoint folder")
+    cap.set_defaults(run=_run_capture)
+    drill = sub.add_parser("drill", help="failure-free run vs a run killed and recovered")
+    _job_options(drill)
+    drill.add_argument("--failures", type=int, default=1, help="failures to inject (default 1)")
+    drill.add_argument("--from", dest="from_trace", type=Path,
+                       help="use this captured trace as the failure-free run (its settings "
+                            "define the job; model options are then ignored)")
+    drill.set_defaults(run=_run_drill)
+    heat = sub.add_parser("heatmap", help="draw a trace's drift heatmap as a PNG")
+    heat.add_argument("trace", type=Path)
+    heat.add_argument("--png", type=Path, help="output (default docs/img/<trace name>-drift.png)")
+    heat.set_defaults(run=_run_heatmap)
+    worker = sub.add_parser("worker")  # internal: the drill's training process
+    worker.add_argument("job", type=Path)
+    worker.set_defaults(run=_run_worker)
+    return parser
+
+
+def _job_options(p: argparse.ArgumentParser) -> None:
+    d = CaptureConfig()
+    p.add_argument("--model", default=d.model,
+                   help="minilm (default), tiny, or a local Hugging Face model folder")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps (default {d.steps})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--lr", type=float, help="peak LR (default 5e-5; 1e-3 for tiny)")
+    p.add_argument("--threshold", type=float, help="LayerCheck base threshold (default: the "
+                   "paper's 1e-3; embeddings get 10x)")
+    p.add_argument("--smax", type=int, help="staleness guard (default: the paper's 1000, "
+                   "scaled to the run length)")
+    p.add_argument("--warmup-steps", type=int, help="LayerCheck warm-up (default: the paper's "
+                   "200, scaled to the run length)")
+    p.add_argument("--device", default=d.device, help="cpu (default) or cuda")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", type=Path, help="trace folder (default traces/<model>-<steps>steps)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _config(args: argparse.Namespace) -> CaptureConfig:
+    return CaptureConfig(model=args.model, steps=args.steps, batch_size=args.batch_size,
+                         seq_len=args.seq_len, lr=args.lr, threshold=args.threshold,
+                         smax=args.smax, warmup_steps=args.warmup_steps, device=args.device,
+                         seed=args.seed, threads=args.threads)
+
+
+def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:
+    from .capture import capture
+    result = capture(_config(args), out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
+                     keep_history=args.keep_history, progress=not args.quiet,
+                     argv=["python -m profiler", *argv])
+    print(f"wrote {result.path}")
+    print(json.dumps(result.summary, indent=2, default=float))
+    return 0
+
+
+def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
+    from .drill import drill
+    if args.from_trace is None:
+        config = DrillConfig(capture=_config(args), failures=args.failures)
+    else:
+        config = None
+    result = drill(config, failures=args.failures, from_trace=args.from_trace, out=args.out,
+                   progress=not args.quiet, argv=["python -m profiler", *argv])
+    print(f"wrote {result.path}")
+    print(json.dumps(result.summary, indent=2, default=float))
+    return 0
+
+
+def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:
+    from layercheck.trace import read_trace
+
+    from .figures import heatmap_png
+    trace = read_trace(args.trace)
+    png = args.png or Path("docs/img") / f"{trace.name}-drift.png"
+    print(f"wrote {heatmap_png(trace, png)}")
+    return 0
+
+
+def _run_worker(args: argparse.Namespace, argv: list[str]) -> int:
+    from .worker import run_job
+    return run_job(args.job)

