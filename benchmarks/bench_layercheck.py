@@ -137,10 +137,11 @@ def restore_vs_read(name, build, directory: Path) -> dict:
             "restore_over_raw": total / raw_s}
 
 
-def bench(name, build, steps, tmp: Path) -> dict:
+def bench(name, build, steps, tmp: Path, sampling: int | None) -> dict:
     out: dict = {"model": name, "steps": steps}
     # 1+2: default thresholds, scaled warm-up, so selective writes happen within the run
-    cfg = LayerCheckConfig(warmup_steps=min(10, steps // 4), smax=max(steps // 2, 10))
+    extra = {} if sampling is None else {"drift_sampling": sampling}
+    cfg = LayerCheckConfig(warmup_steps=min(10, steps // 4), smax=max(steps // 2, 10), **extra)
     model, opt, _, rows, full = train(name, build, steps, cfg, tmp / f"{name}-default")
     steady = rows[len(rows) // 4:]
     out["step_s_median"] = statistics.median(r["train_s"] for r in steady)
@@ -181,13 +182,15 @@ def main() -> None:
     ap.add_argument("--model", choices=["minilm", "tiny", "both"], default="both")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", default="docs/benchmarks-layercheck.json")
+    ap.add_argument("--drift-sampling", type=int, default=None,
+                    help="LayerCheckConfig.drift_sampling for the run (default: the library's)")
     args = ap.parse_args()
     builders = {"tiny": tiny, "minilm": minilm}
     names = ["tiny", "minilm"] if args.model == "both" else [args.model]
     results = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for name in names:
-            results.append(bench(name, builders[name], args.steps, Path(tmp)))
+            results.append(bench(name, builders[name], args.steps, Path(tmp), args.drift_sampling))
             r = results[-1]
             print(f"{name}: step {r['step_s_median']*1e3:.1f} ms, drift {r['drift_s_median']*1e3:.2f} ms "
                   f"({100*r['drift_overhead']:.2f}%; exact {100*r['exact_drift_overhead']:.2f}%, "

@@ -31,6 +31,7 @@ from .layermap import LayerMap
 from .manifest import FORMAT, MANIFEST, encode_record, read_manifest, seal_torn_tail
 from .policy import REASONS, Decision, Policy, PolicyState
 from .recovery import iter_layers, make_plan, parse_safetensors, read_verified
+from .retention import Retention
 from .snapshot import apply_layer, apply_state, capture_layer, capture_state, tensors_nbytes
 from .store import Store, open_store
 from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
@@ -187,6 +188,9 @@ class LayerCheck:
         self.state.last_written[:] = step
         self.state.base_step = step if base_taken else None
         self.drift.take()
+        self.drift.resync()
+        if self.config.keep_versions is not None:
+            self.writer.retention = Retention(self.config.keep_versions, read_manifest(self.store))
         self._restore_called = True
 
     def _start_without_restore(self) -> None:

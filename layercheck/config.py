@@ -68,6 +68,12 @@ class LayerCheckConfig:
     the tracking cost about n-fold for an estimate of the mean (accuracy and
     cost measured in docs/benchmarks.md). Smaller tensors are always exact."""
 
+    keep_versions: int | None = None
+    """Automatic retention. None: every committed version stays (prune later with
+    ``python -m layercheck gc``). k: each layer keeps its k newest versions and
+    its base-checkpoint version; older ones are deleted as soon as a newer one
+    commits, and the steps that needed them stop being recoverable."""
+
     layers: Mapping[str, Sequence[str]] | None = None
     """Explicit layer map: layer name -> parameter-name prefixes. None: detect
     layers from the model's structure (see ``layercheck.layermap``)."""
@@ -101,6 +107,8 @@ class LayerCheckConfig:
                               "to take it from the optimizer")
         _check_int("queue_bytes", self.queue_bytes, minimum=1)
         _check_int("drift_sampling", self.drift_sampling, minimum=1)
+        if self.keep_versions is not None:
+            _check_int("keep_versions", self.keep_versions, minimum=1)
         if self.on_error not in ("raise", "warn"):
             raise ConfigError(f"on_error={self.on_error!r}: use 'raise' or 'warn'")
         if self.layers is not None:

@@ -14,6 +14,8 @@ Records (``kind``):
   recoverable.
 - ``resume``: training was restored to ``step``: everything recorded earlier
   with a larger step belongs to an abandoned timeline and is ignored.
+- ``drop``: the version committed as ``file`` is retired (automatic
+  retention, ``keep_versions``); its file is deleted after this record.
 """
 from __future__ import annotations
 
@@ -143,8 +145,15 @@ class ManifestView:
             self.states[version.step] = version
         elif kind == "resume":
             self._truncate(_count(record, "step"))
+        elif kind == "drop":
+            self._drop(check_relative(record["file"]))
         else:
             raise ValueError(f"unknown record kind {kind!r}")
+
+    def _drop(self, file: str) -> None:
+        for name, versions in self.versions.items():
+            self.versions[name] = [v for v in versions if v.file != file]
+        self.states = {s: v for s, v in self.states.items() if v.file != file}
 
     def _truncate(self, step: int) -> None:
         self.resumes.append(step)

@@ -25,6 +25,7 @@ from safetensors.torch import save as st_save
 
 from .errors import WriteFailed
 from .manifest import MANIFEST, Version, checksum, encode_record, layer_path, state_path
+from .retention import Retention
 from .store import Store
 
 __all__ = ["LayerSnapshot", "StepJob", "Writer", "WriteRecord"]
@@ -75,6 +76,9 @@ class Writer:
         self.queue_bytes = queue_bytes
         self.on_error = on_error
         self.bytes_written = 0
+        self.bytes_dropped = 0
+        self.retention: Retention | None = None
+        """Set by LayerCheck (keep_versions); used only by the writer thread."""
         self.completed: deque[WriteRecord] = deque(maxlen=MAX_RECORDS)
         self._jobs: queue.Queue[StepJob | None] = queue.Queue()
         self._pending = 0
@@ -164,24 +168,43 @@ class Writer:
                                              "step": str(job.step)}, job.step, snap.name,
                                             snap.reason))
             self._owed -= {snap.index for snap in job.layers}
-            records = [v.to_record() for v in versions]
+            committed = list(versions)
             if job.state is not None and not self._owed:
                 what = "the training state"
                 tensors, metadata = job.state
-                records.append(self._write(state_path(job.step), tensors, metadata,
-                                           job.step, None, None).to_record())
-            if records:
+                committed.append(self._write(state_path(job.step), tensors, metadata,
+                                             job.step, None, None))
+            if committed:
                 what = "the manifest"
-                self.store.append(MANIFEST, b"".join(encode_record(r) for r in records))
+                self.store.append(MANIFEST, b"".join(encode_record(v.to_record())
+                                                     for v in committed))
         except Exception as exc:
             self._fail(exc, job, what)
             return
+        if self.retention is not None:
+            self._retire(self.retention.committed(committed))
         elapsed = time.perf_counter() - job.submitted
         with self._cv:
             for snap, version in zip(job.layers, versions):
                 self.bytes_written += version.bytes
                 self.completed.append(WriteRecord(job.step, snap.index, snap.name, snap.reason,
                                                   version.bytes, elapsed))
+
+    def _retire(self, versions: list[Version]) -> None:
+        """Drop superseded versions: their drop records first, then their files. A
+        failure here loses nothing (the versions stay, or their files become
+        leftovers for gc), so it is logged, never raised."""
+        if not versions:
+            return
+        try:
+            self.store.append(MANIFEST, b"".join(
+                encode_record({"kind": "drop", "file": v.file}) for v in versions))
+            for version in versions:
+                self.store.delete(version.file)
+                self.bytes_dropped += version.bytes
+        except Exception as exc:
+            log.warning("layercheck: retiring superseded versions failed (%s); they stay on "
+                        "disk until `python -m layercheck gc`", exc)
 
     def _write(self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
                step: int, layer: str | None, reason: str | None) -> Version:

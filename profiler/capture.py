@@ -24,7 +24,6 @@ from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
 from .config import CaptureConfig
 from .machine import describe_machine, resolve_device
 from .models import resolve_model
-from .pruner import Pruner
 from .recorder import Recorder
 from .trainer import Trainer
 
@@ -78,9 +77,10 @@ def _train(trainer: Trainer, ckpt_dir: Path, progress: bool,
     from layercheck import LayerCheck
     from tqdm import tqdm
     config = trainer.config
-    lc = LayerCheck(trainer.model, trainer.optimizer, ckpt_dir, config.layercheck_config(),
+    lc = LayerCheck(trainer.model, trainer.optimizer, ckpt_dir,
+                    config.layercheck_config(keep_versions=None if keep_history else 1),
                     scheduler=trainer.scheduler)
-    recorder, pruner = Recorder(len(lc.layer_map)), Pruner(ckpt_dir, enabled=not keep_history)
+    recorder = Recorder(len(lc.layer_map))
     try:
         if lc.restore() != 0:
             raise FileExistsError(f"{ckpt_dir} already holds a checkpoint: a capture starts "
@@ -94,24 +94,18 @@ def _train(trainer: Trainer, ckpt_dir: Path, progress: bool,
             before = lc.state.accumulators.copy()
             report = lc.step(extra={"position": position})
             recorder.step(times, loss, report, before)
-            _committed(lc, recorder, pruner)
+            recorder.writes(lc.drain_writes())
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         bar.close()
         lc.flush()
-        _committed(lc, recorder, pruner)
+        recorder.writes(lc.drain_writes())
         lc_dict, lr_peak = lc.config.to_dict(), lc.lr_peak
     finally:
         lc.close()
     metric = trainer.evaluate()
     recorder.restore(_measure_restore(trainer, ckpt_dir))
-    return recorder, {"config": lc_dict, "lr_peak": lr_peak}, metric, pruner.freed_bytes
-
-
-def _committed(lc: Any, recorder: Recorder, pruner: Pruner) -> None:
-    records = lc.drain_writes()
-    recorder.writes(records)
-    pruner.committed(records)
+    return recorder, {"config": lc_dict, "lr_peak": lr_peak}, metric, lc.writer.bytes_dropped
 
 
 def _measure_restore(trainer: Trainer, ckpt_dir: Path) -> Any:

@@ -159,12 +159,16 @@ class CaptureConfig:
                 parts.append(f"{name} {value} [paper]")
         return "LayerCheck: " + ", ".join(parts)
 
-    def layercheck_config(self) -> Any:
-        """The LayerCheckConfig of this run."""
+    def layercheck_config(self, *, keep_versions: int | None = None) -> Any:
+        """The LayerCheckConfig of this run. ``keep_versions=1`` keeps each layer's
+        newest version and its base only (a profile writes the same layers hundreds
+        of times: tens of GB for MiniLM otherwise); recovering the newest step,
+        which is what a drill does, needs no more."""
         from layercheck import LayerCheckConfig
         k = self.resolved_threshold
         return LayerCheckConfig(base_threshold=k, embedding_threshold=k * PAPER["embedding_factor"],
-                                warmup_steps=self.resolved_warmup, smax=self.resolved_smax)
+                                warmup_steps=self.resolved_warmup, smax=self.resolved_smax,
+                                keep_versions=keep_versions)
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

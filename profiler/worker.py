@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .config import CaptureConfig
-from .pruner import Pruner
 from .trainer import Trainer
 
 __all__ = ["run_job", "write_job"]
@@ -38,17 +37,15 @@ def run_job(path: Path) -> int:
     trainer = Trainer.prepare(config, job["device"])
     ckpt = Path(job["ckpt"])
     with open(job["log"], "a") as log, LayerCheck(
-            trainer.model, trainer.optimizer, ckpt, config.layercheck_config(),
+            trainer.model, trainer.optimizer, ckpt, config.layercheck_config(keep_versions=1),
             scheduler=trainer.scheduler) as lc:
         start = lc.restore()
         _emit(log, "start", pid=os.getpid(), **_restore_fields(lc.restored))
         position = (lc.extra or {}).get("position", 0)
-        pruner = Pruner(ckpt)
         for step in range(start + 1, config.steps + 1):
             loss, _ = trainer.step(position)
             position += config.batch_size
             lc.step(extra={"position": position})
-            pruner.committed(lc.drain_writes())
             _emit(log, "step", step=step, loss=loss)
             if step == job["halt_at"]:
                 lc.flush()  # the failure strikes after step t's checkpoint committed
