@@ -60,9 +60,19 @@ def describe(path: Path) -> Entry:
         trace = read_trace(path)
     except TraceError as exc:
         return Entry(name=path.name, path=path, error=str(exc))
-    return Entry(name=path.name, path=path, kind=trace.kind, model=str(trace.manifest.get("model")),
+    return Entry(name=path.name, path=path, kind=trace.kind, model=model_label(trace),
                  steps=trace.num_steps, layers=len(trace.layer_names),
                  has_drill=trace.drill is not None)
+
+
+def model_label(trace: Trace) -> str:
+    """A short name for the trace's model: its label or name, and its size."""
+    model = trace.manifest.get("model")
+    if not isinstance(model, dict):
+        return str(model)
+    name = model.get("label") or model.get("name") or model.get("hf_id") or "model"
+    params = model.get("parameters") or int(trace.layers["params"].sum())
+    return f"{name} ({params / 1e6:,.1f} M parameters)"
 
 
 def scan(root: Path) -> list[Entry]:

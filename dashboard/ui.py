@@ -89,7 +89,7 @@ def current_trace() -> Trace:
         st.error(f"This trace cannot be read: {exc}")
         st.stop()
     label = "measured" if trace.kind == "captured" else "synthetic (from published figures)"
-    st.sidebar.caption(f"**{trace.name}**: {trace.manifest.get('model')}, {trace.num_steps:,} steps, "
+    st.sidebar.caption(f"**{trace.name}**: {catalog.model_label(trace)}, {trace.num_steps:,} steps, "
                        f"{len(trace.layer_names)} layers, {label}")
     return trace
 

@@ -42,3 +42,11 @@ def test_file_upload_round_trip(traces_dir, tmp_path):
     files = [(f.name, f.read_bytes()) for f in (traces_dir / "tiny-captured").iterdir()]
     (tmp_path / "up").mkdir()
     assert catalog.load(catalog.unpack_upload(files, into=tmp_path / "up")).name == "tiny-captured"
+
+
+def test_model_label_is_short_for_dict_models(tmp_path):
+    from dashboard.catalog import describe
+    root = Path(__file__).resolve().parents[2] / "traces"
+    entry = describe(root / "qwen2.5-7b-synthetic")
+    assert entry.model.startswith("qwen2.5-7b (") and "M parameters" in entry.model
+    assert "{" not in entry.model
