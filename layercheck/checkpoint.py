@@ -28,9 +28,10 @@ from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import CheckpointNotFound, LayerCheckError
 from .layermap import LayerMap
-from .manifest import FORMAT, MANIFEST, encode_record, read_manifest, seal_torn_tail
+from .manifest import (FORMAT, MANIFEST, ManifestView, encode_record, read_manifest,
+                       read_verified, seal_torn_tail)
 from .policy import REASONS, Decision, Policy, PolicyState
-from .recovery import iter_layers, make_plan, parse_safetensors, read_verified
+from .recovery import iter_layers, make_plan, parse_safetensors
 from .retention import Retention
 from .snapshot import apply_layer, apply_state, capture_layer, capture_state, tensors_nbytes
 from .store import Store, open_store
@@ -155,7 +156,7 @@ class LayerCheck:
             if step is not None or view.states:
                 raise
             log.info("layercheck: %s; starting from step 0", exc)
-            self._begin_timeline(0)
+            self._begin_timeline(0, view)
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
         plan_s = time.perf_counter() - start
@@ -173,16 +174,20 @@ class LayerCheck:
         for message in plan.warnings:
             warnings.warn(f"layercheck: {message}", stacklevel=2)
         self.extra = doc.get("extra")
-        self._begin_timeline(plan.step, base_taken=True)
+        self._begin_timeline(plan.step, view, base_taken=True)
         self.restored = RestoreReport(plan.step, plan, plan_s, load_s, restore_s,
                                       sum(v.bytes for v in plan.sources.values()))
         return plan.step
 
-    def _begin_timeline(self, step: int, *, base_taken: bool = False) -> None:
+    def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
         """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``.
-        Restored layers equal their saved copies, so their drift starts at zero."""
+        Restored layers equal their saved copies, so their drift starts at zero.
+        ``view`` is the manifest as read before (nothing was written since); it is
+        brought up to date in memory rather than read again."""
         self.writer.flush()
-        self.store.append(MANIFEST, encode_record({"kind": "resume", "step": step}))
+        resume = {"kind": "resume", "step": step}
+        self.store.append(MANIFEST, encode_record(resume))
+        view.apply(resume)
         self.current_step = step
         self.state = PolicyState(policy=self.policy)
         self.state.last_written[:] = step
@@ -190,18 +195,19 @@ class LayerCheck:
         self.drift.take()
         self.drift.resync()
         if self.config.keep_versions is not None:
-            self.writer.retention = Retention(self.config.keep_versions, read_manifest(self.store))
+            self.writer.retention = Retention(self.config.keep_versions, view)
         self._restore_called = True
 
     def _start_without_restore(self) -> None:
         """A run that never called restore(): fine on an empty directory; on one
         holding checkpoints, starting over would abandon them, so refuse."""
-        newest = read_manifest(self.store).latest_step()
+        view = read_manifest(self.store)
+        newest = view.latest_step()
         if newest is not None:
             raise LayerCheckError(
                 f"{self.store.url} holds checkpoints up to step {newest}: call restore() before "
                 "the first step() to resume from them, or use a new directory to start over")
-        self._begin_timeline(0)
+        self._begin_timeline(0, view)
 
     # -- training --------------------------------------------------------------
     def step(self, extra: Mapping[str, Any] | None = None) -> StepReport:

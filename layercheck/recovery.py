@@ -18,11 +18,10 @@ import torch
 from safetensors.torch import load as st_load
 
 from .errors import CheckpointNotFound, CorruptVersion
-from .manifest import ManifestView, Version, check_structure, read_verified
+from .manifest import ManifestView, Version, read_verified
 from .store import Store
 
-__all__ = ["Plan", "make_plan", "read_verified", "check_structure", "parse_safetensors",
-           "LoadedLayer", "iter_layers"]
+__all__ = ["Plan", "make_plan", "parse_safetensors", "LoadedLayer", "iter_layers"]
 
 
 @dataclass
