@@ -10,19 +10,14 @@ import json
 import sys
 from typing import Sequence
 
-from .errors import LayerCheckError
+from .errors import LayerCheckError, one_line
 
 __all__ = ["main"]
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own, minus the usage block
-        self.exit(2, f"{self.prog}: error: {_one_line(message)}\n")
-
-
-def _one_line(text: str) -> str:
-    """``text`` with line breaks escaped: an echoed argument or path may hold one."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except (LayerCheckError, ValueError, OSError) as exc:
-        print(f"layercheck: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"layercheck: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
 

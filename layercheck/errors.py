@@ -1,7 +1,7 @@
 """The library's errors. Each message says what went wrong and what to do."""
 from __future__ import annotations
 
-__all__ = ["LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
+__all__ = ["one_line", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
            "WriteFailed", "DirectoryLocked"]
 
 
@@ -27,3 +27,9 @@ class WriteFailed(LayerCheckError):
 
 class DirectoryLocked(LayerCheckError):
     """Another process holds the checkpoint directory."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks escaped, for the project's one-line CLI errors: an
+    echoed argument or path may hold one. Torch-free, shared by every CLI."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from layercheck.errors import one_line
+
 from .config import CaptureConfig, DrillConfig
 from .errors import ProfilerError
 
@@ -22,7 +24,7 @@ EXIT_BAD_INPUT = 2
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not usage + message
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_one_line(message)} (see --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,13 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bad_input(exc: BaseException) -> int:
-    print(f"profiler: error: {_one_line(str(exc))}", file=sys.stderr)
+    print(f"profiler: error: {one_line(str(exc))}", file=sys.stderr)
     return EXIT_BAD_INPUT
-
-
-def _one_line(text: str) -> str:
-    """``text`` with line breaks escaped: an echoed argument or path may hold one."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from layercheck.errors import one_line
 from layercheck.trace import TraceError, read_trace
 
 from .api import Scenario, simulate, sweep, sweep_figure
@@ -38,12 +39,7 @@ COST_FLAGS = {"write_gbps": "storage write bandwidth, GB/s", "read_gbps": "stora
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see --help)\n")
-
-
-def _one_line(text: str) -> str:
-    """``text`` with line breaks escaped: an echoed argument or path may hold one."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
@@ -213,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets}[args.command](args)
     except (SimError, TraceError) as exc:
-        print(f"python -m sim: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
