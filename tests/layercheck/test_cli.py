@@ -33,11 +33,11 @@ def ckpt(tmp_path_factory):
         for _ in range(30):
             train_step(model, opt, sched)
             lc.step()
-    return path, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return path
 
 
 def test_inspect_json_reports_layers_staleness_and_bytes(ckpt, capsys):
-    path, _ = ckpt
+    path = ckpt
     assert main(["inspect", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["newest_step"] == 30
@@ -50,13 +50,13 @@ def test_inspect_json_reports_layers_staleness_and_bytes(ckpt, capsys):
 
 
 def test_inspect_table(ckpt, capsys):
-    assert main(["inspect", str(ckpt[0])]) == 0
+    assert main(["inspect", str(ckpt)]) == 0
     out = capsys.readouterr().out
     assert "newest recoverable step: 30" in out and "model.layers.2" in out
 
 
 def test_plan_matches_newest_versions(ckpt, capsys):
-    path, _ = ckpt
+    path = ckpt
     assert main(["plan", str(path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     view = read_manifest(LocalStore(path))
@@ -69,7 +69,7 @@ def test_plan_matches_newest_versions(ckpt, capsys):
 
 def test_export_loads_with_from_pretrained(ckpt, tmp_path, capsys):
     from transformers import Qwen2ForCausalLM
-    path, _ = ckpt
+    path = ckpt
     out = tmp_path / "model"
     assert main(["export", str(path), "--out", str(out)]) == 0
     model = Qwen2ForCausalLM.from_pretrained(out)
@@ -86,7 +86,7 @@ def test_export_loads_with_from_pretrained(ckpt, tmp_path, capsys):
 def test_export_refuses_a_non_empty_folder(ckpt, tmp_path, capsys):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("mine")
-    assert main(["export", str(ckpt[0]), "--out", str(tmp_path / "x")]) == 2
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "x")]) == 2
     assert "not empty" in capsys.readouterr().err
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
 
@@ -94,7 +94,7 @@ def test_export_refuses_a_non_empty_folder(ckpt, tmp_path, capsys):
 def test_gc_keeps_what_the_newest_step_needs(ckpt, tmp_path, capsys):
     import shutil
     path = tmp_path / "copy"
-    shutil.copytree(ckpt[0], path)
+    shutil.copytree(ckpt, path)
     assert main(["plan", str(path), "--json"]) == 0
     before = json.loads(capsys.readouterr().out)
     n_before = len(list(path.rglob("*.safetensors")))
@@ -124,7 +124,7 @@ def test_gc_keeps_what_the_newest_step_needs(ckpt, tmp_path, capsys):
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(ckpt, tmp_path, argv, needle):
-    argv = [str(ckpt[0]) if a == "CKPT" else a for a in argv]
+    argv = [str(ckpt) if a == "CKPT" else a for a in argv]
     proc = subprocess.run([sys.executable, "-m", "layercheck", *argv], capture_output=True,
                           text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
@@ -138,4 +138,4 @@ def test_restore_into_a_different_model_is_refused(ckpt):
     model = tiny_lm(layers=2)
     opt, sched = optimizer_for(model)
     with pytest.raises(ModelMismatch, match="different model"):
-        LayerCheck(model, opt, ckpt[0], scheduler=sched)
+        LayerCheck(model, opt, ckpt, scheduler=sched)
