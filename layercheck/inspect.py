@@ -1,10 +1,11 @@
 """What a checkpoint directory holds: layers, versions, staleness, bytes, damage. Torch-free."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .errors import CorruptVersion
-from .manifest import MANIFEST, Version, read_manifest, read_verified
+from .manifest import MANIFEST, Shard, Version, read_manifest, read_verified
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
@@ -31,10 +32,10 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
             "name": layer["name"], "kind": layer["kind"], "params": layer["params"],
             "versions": len(versions), "newest_version_step": last,
             "staleness": (newest - last) if newest is not None and last is not None else None,
-            "bytes_on_disk": sum(v.bytes for v in versions)})
+            "bytes_on_disk": sum(v.total_bytes for v in versions)})
     files = store.list("layers") + store.list("states")
     return {
-        "directory": store.url, "newest_step": newest, "recoverable_steps": len(view.states),
+        "directory": store.url, "world_size": view.world_size, "newest_step": newest, "recoverable_steps": len(view.states),
         "oldest_step": min(view.states) if view.states else None,
         "layers": layers, "layer_versions": sum(len(v) for v in view.versions.values()),
         "bytes_on_disk": sum(store.size(f) for f in files),
@@ -42,17 +43,20 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
 
 
 def _damage(store: Store, version: Version, verify: bool) -> str | None:
-    """What is wrong with a committed file, or None."""
-    if not store.exists(version.file):
-        return f"{version.file}: committed but missing on disk"
-    size = store.size(version.file)
-    if size != version.bytes:
-        return f"{version.file}: {size} bytes on disk, {version.bytes} committed"
-    if verify:
-        try:
-            read_verified(store, version)
-        except CorruptVersion as exc:
-            return str(exc)
+    """What is wrong with a committed file (any rank's shard), or None."""
+    shards = version.shards or (Shard(version.file, version.bytes, version.checksum),)
+    for shard in shards:
+        if not store.exists(shard.file):
+            return f"{shard.file}: committed but missing on disk"
+        size = store.size(shard.file)
+        if size != shard.bytes:
+            return f"{shard.file}: {size} bytes on disk, {shard.bytes} committed"
+        if verify:
+            try:
+                read_verified(store, replace(version, file=shard.file, bytes=shard.bytes,
+                                             checksum=shard.checksum))
+            except CorruptVersion as exc:
+                return str(exc)
     return None
 
 

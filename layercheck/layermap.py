@@ -24,7 +24,7 @@ from torch import nn
 
 from .errors import ModelMismatch
 
-__all__ = ["Layer", "LayerMap"]
+__all__ = ["Layer", "LayerMap", "numel"]
 
 KINDS = ("embedding", "block", "norm", "head")
 
@@ -102,8 +102,8 @@ class LayerMap:
             layers.append(Layer(
                 name=name, kind=_kind(name, p_names, modules),
                 params=p_names, buffers=b_names,
-                numel=sum(params[p].numel() for p in p_names),
-                nbytes=sum(params[p].numel() * params[p].element_size() for p in p_names)))
+                numel=sum(numel(params[p]) for p in p_names),
+                nbytes=sum(numel(params[p]) * params[p].element_size() for p in p_names)))
         return cls(model, _attach_buffer_only(layers, groups, params))
 
     # -- queries -----------------------------------------------------------
@@ -161,6 +161,12 @@ class LayerMap:
             raise ModelMismatch(f"parameters without a layer: {missing[:3]}")
 
 
+def numel(p: torch.Tensor) -> int:
+    """Elements of a parameter, also when DeepSpeed ZeRO-3 has partitioned it
+    away (its local tensor is then empty and ``ds_numel`` holds the count)."""
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
 def _named_params(model: nn.Module) -> dict[str, nn.Parameter]:
     # named_parameters() de-duplicates tied weights: a tied lm_head appears once.
     return dict(model.named_parameters())
@@ -176,7 +182,7 @@ def _block_container(model: nn.Module) -> str | None:
     best, best_size = None, 0
     for path, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) >= 2:
-            size = sum(p.numel() for p in module.parameters())
+            size = sum(numel(p) for p in module.parameters())
             if size > best_size:
                 best, best_size = path, size
     return best

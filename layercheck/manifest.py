@@ -16,6 +16,13 @@ Records (``kind``):
   with a larger step belongs to an abandoned timeline and is ignored.
 - ``drop``: the version committed as ``file`` is retired (automatic
   retention, ``keep_versions``); its file is deleted after this record.
+
+Sharded checkpoints (DeepSpeed ZeRO: every rank writes its own shard of a
+version) record ``shards`` instead of ``file``/``bytes``/``checksum``: one
+entry per rank, all in one line, so a version and a step commit on every
+rank at once or on none. A rank's view (``read_manifest(store, rank=r)``)
+sees each version as its own shard; ``drop`` names a sharded version by its
+rank-0 file.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from typing import Any, Iterable
 from .errors import CorruptVersion
 from .store import Store, check_relative
 
-__all__ = ["MANIFEST", "FORMAT", "Version", "ManifestView", "encode_record", "read_manifest",
+__all__ = ["MANIFEST", "FORMAT", "Shard", "Version", "ManifestView", "encode_record", "read_manifest",
            "seal_torn_tail", "read_verified", "check_structure", "checksum", "layer_path", "state_path"]
 
 MANIFEST = "manifest.jsonl"
@@ -44,12 +51,16 @@ def checksum(data: bytes | memoryview) -> str:
     return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
-def layer_path(layer: str, step: int) -> str:
-    return f"layers/{_safe(layer)}@{step:09d}.safetensors"
+def layer_path(layer: str, step: int, rank: int | None = None) -> str:
+    return f"layers/{_safe(layer)}@{step:09d}{_rank_suffix(rank)}.safetensors"
 
 
-def state_path(step: int) -> str:
-    return f"states/{step:09d}.safetensors"
+def state_path(step: int, rank: int | None = None) -> str:
+    return f"states/{step:09d}{_rank_suffix(rank)}.safetensors"
+
+
+def _rank_suffix(rank: int | None) -> str:
+    return "" if rank is None else f".rank{rank:05d}"
 
 
 def _safe(name: str) -> str:
@@ -75,8 +86,31 @@ def _decode_line(line: bytes) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """One rank's file of a sharded version."""
+
+    file: str
+    bytes: int
+    checksum: str
+
+    @classmethod
+    def from_record(cls, record: Any) -> "Shard":
+        if not isinstance(record, dict):
+            raise ValueError("a shard must be an object {file, bytes, checksum}")
+        if not isinstance(record.get("file"), str) or not isinstance(record.get("checksum"), str):
+            raise ValueError("shard file and checksum must be strings")
+        return cls(check_relative(record["file"]), _count(record, "bytes"), record["checksum"])
+
+    def to_record(self) -> dict[str, Any]:
+        return {"file": self.file, "bytes": self.bytes, "checksum": self.checksum}
+
+
+@dataclass(frozen=True)
 class Version:
-    """A committed file: a layer version (``layer`` set) or a step's state (``layer`` None)."""
+    """A committed file: a layer version (``layer`` set) or a step's state (``layer`` None).
+
+    For a sharded version ``file``/``bytes``/``checksum`` are the shard of
+    the rank the manifest was read for, and ``shards`` lists every rank's."""
 
     step: int
     file: str
@@ -84,23 +118,51 @@ class Version:
     checksum: str
     layer: str | None = None
     reason: str | None = None
+    shards: tuple[Shard, ...] = ()
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "Version":
-        """The version a record describes; ValueError naming the field if malformed."""
+    def from_record(cls, record: dict[str, Any], rank: int | None = None) -> "Version":
+        """The version a record describes (as ``rank`` sees it, for a sharded
+        record; rank 0 when None); ValueError naming the field if malformed."""
         layer = record.get("layer")
         if record["kind"] == "layer" and not isinstance(layer, str):
             raise ValueError(f"layer record with layer={layer!r}: a name is required")
-        if not isinstance(record["file"], str) or not isinstance(record["checksum"], str):
-            raise ValueError("record file and checksum must be strings")
-        return cls(step=_count(record, "step"), file=check_relative(record["file"]),
-                   bytes=_count(record, "bytes"), checksum=record["checksum"],
-                   layer=layer, reason=record.get("reason"))
+        shards: tuple[Shard, ...] = ()
+        if "shards" in record:
+            if not isinstance(record["shards"], list) or not record["shards"]:
+                raise ValueError("shards must be a non-empty list")
+            shards = tuple(Shard.from_record(s) for s in record["shards"])
+            if (rank or 0) >= len(shards):
+                raise ValueError(f"a version with {len(shards)} shards read as rank {rank}: "
+                                 "restore with the world size the checkpoint was written with")
+            own = shards[rank or 0]
+        else:
+            own = Shard.from_record(record)
+        return cls(step=_count(record, "step"), file=own.file, bytes=own.bytes,
+                   checksum=own.checksum, layer=layer, reason=record.get("reason"),
+                   shards=shards)
+
+    @property
+    def key(self) -> str:
+        """The name a ``drop`` record uses: the file, or rank 0's file if sharded."""
+        return self.shards[0].file if self.shards else self.file
+
+    @property
+    def files(self) -> list[str]:
+        """Every file of the version (all ranks' shards)."""
+        return [s.file for s in self.shards] if self.shards else [self.file]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards) if self.shards else self.bytes
 
     def to_record(self) -> dict[str, Any]:
         kind = "state" if self.layer is None else "layer"
-        record: dict[str, Any] = {"kind": kind, "step": self.step, "file": self.file,
-                                  "bytes": self.bytes, "checksum": self.checksum}
+        record: dict[str, Any] = {"kind": kind, "step": self.step}
+        if self.shards:
+            record["shards"] = [s.to_record() for s in self.shards]
+        else:
+            record.update(file=self.file, bytes=self.bytes, checksum=self.checksum)
         if self.layer is not None:
             record["layer"] = self.layer
             record["reason"] = self.reason
@@ -119,6 +181,13 @@ class ManifestView:
     problems: list[str] = field(default_factory=list)
     """Lines that were skipped, each with the reason (torn, bad CRC, bad path)."""
     resumes: list[int] = field(default_factory=list)
+    rank: int | None = None
+    """The rank whose shards ``versions`` and ``states`` show (sharded checkpoints)."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks that write shards (1 for an unsharded checkpoint)."""
+        return int((self.header or {}).get("world_size", 1))
 
     @property
     def layer_names(self) -> list[str]:
@@ -138,10 +207,10 @@ class ManifestView:
             if self.header is None:
                 self.header = _check_header(record)
         elif kind == "layer":
-            version = Version.from_record(record)
+            version = Version.from_record(record, self.rank)
             self.versions.setdefault(version.layer, []).append(version)
         elif kind == "state":
-            version = Version.from_record(record)
+            version = Version.from_record(record, self.rank)
             self.states[version.step] = version
         elif kind == "resume":
             self._truncate(_count(record, "step"))
@@ -150,10 +219,10 @@ class ManifestView:
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
-    def _drop(self, file: str) -> None:
+    def _drop(self, key: str) -> None:
         for name, versions in self.versions.items():
-            self.versions[name] = [v for v in versions if v.file != file]
-        self.states = {s: v for s, v in self.states.items() if v.file != file}
+            self.versions[name] = [v for v in versions if v.key != key]
+        self.states = {s: v for s, v in self.states.items() if v.key != key}
 
     def _truncate(self, step: int) -> None:
         self.resumes.append(step)
@@ -181,10 +250,11 @@ def _check_header(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def read_manifest(store: Store) -> ManifestView:
-    """Replay the store's manifest. Damaged lines are skipped and listed in
-    ``problems``; an absent manifest gives an empty view (no header)."""
-    view = ManifestView()
+def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
+    """Replay the store's manifest (as ``rank`` sees a sharded one). Damaged
+    lines are skipped and listed in ``problems``; an absent manifest gives an
+    empty view (no header)."""
+    view = ManifestView(rank=rank)
     if not store.exists(MANIFEST):
         return view
     data = store.read(MANIFEST)

@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 from safetensors.torch import save as st_save
 
+from .commit import Commit
 from .errors import WriteFailed
 from .manifest import MANIFEST, Version, checksum, encode_record, layer_path, state_path
 from .retention import Retention
@@ -71,8 +72,10 @@ class Writer:
     """Persists StepJobs in a background thread (see the module contract)."""
 
     def __init__(self, store: Store, *, queue_bytes: int,
-                 on_error: Literal["raise", "warn"] = "raise") -> None:
+                 on_error: Literal["raise", "warn"] = "raise", commit: Commit | None = None) -> None:
         self.store = store
+        self.commit = commit or Commit()
+        """Single process, or every rank's shards together (``ShardedCommit``)."""
         self.queue_bytes = queue_bytes
         self.on_error = on_error
         self.bytes_written = 0
@@ -142,6 +145,8 @@ class Writer:
                 self._jobs.task_done()
                 return
             try:
+                # after a failure under 'raise' nothing more is written; ranks learn of
+                # each other's failures in the commit, so they all stop at the same job
                 if self._error is None or self.on_error == "warn":
                     self._persist(job)
             finally:
@@ -159,29 +164,35 @@ class Writer:
         also held back while a layer of an earlier failed job is owed (under
         'warn'): a committed step must have a version of every layer."""
         what = "the manifest"
+        rank = None if self.commit.world_size == 1 else self.commit.rank
+        versions: list[Version] = []
+        committed: list[Version] = []
+        error: BaseException | None = None
         try:
-            versions = []
             for snap in job.layers:
                 what = f"layer {snap.name}"
-                versions.append(self._write(layer_path(snap.name, job.step), snap.tensors,
+                versions.append(self._write(layer_path(snap.name, job.step, rank), snap.tensors,
                                             {"format": "layercheck-layer/1", "layer": snap.name,
                                              "step": str(job.step)}, job.step, snap.name,
                                             snap.reason))
-            self._owed -= {snap.index for snap in job.layers}
             committed = list(versions)
-            if job.state is not None and not self._owed:
+            if job.state is not None and not (self._owed - {s.index for s in job.layers}):
                 what = "the training state"
                 tensors, metadata = job.state
-                committed.append(self._write(state_path(job.step), tensors, metadata,
+                committed.append(self._write(state_path(job.step, rank), tensors, metadata,
                                              job.step, None, None))
-            if committed:
-                what = "the manifest"
-                self.store.append(MANIFEST, b"".join(encode_record(v.to_record())
-                                                     for v in committed))
+            what = "the manifest"
+        except Exception as exc:
+            error = exc
+        try:
+            committed = self.commit.commit(self.store, job.step, committed if error is None
+                                           else [], error)
         except Exception as exc:
             self._fail(exc, job, what)
             return
-        if self.retention is not None:
+        self._owed -= {snap.index for snap in job.layers}
+        versions = committed[:len(versions)]
+        if self.retention is not None and self.commit.rank == 0:
             self._retire(self.retention.committed(committed))
         elapsed = time.perf_counter() - job.submitted
         with self._cv:
@@ -198,10 +209,11 @@ class Writer:
             return
         try:
             self.store.append(MANIFEST, b"".join(
-                encode_record({"kind": "drop", "file": v.file}) for v in versions))
+                encode_record({"kind": "drop", "file": v.key}) for v in versions))
             for version in versions:
-                self.store.delete(version.file)
-                self.bytes_dropped += version.bytes
+                for file in version.files:
+                    self.store.delete(file)
+                self.bytes_dropped += version.total_bytes
         except Exception as exc:
             log.warning("layercheck: retiring superseded versions failed (%s); they stay on "
                         "disk until `python -m layercheck gc`", exc)
