@@ -1,0 +1,95 @@
+"""Sharded commits: records that name every rank's shard, exchanged over a real
+gloo group between two real processes."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from layercheck.commit import ShardedCommit, all_gather_json  # noqa: E402
+from layercheck.errors import WriteFailed  # noqa: E402
+from layercheck.manifest import MANIFEST, Shard, Version, encode_record, read_manifest  # noqa: E402
+from layercheck.store import LocalStore  # noqa: E402
+
+
+def _version(step: int, layer: str | None, rank: int) -> Version:
+    return Version(step=step, file=f"layers/{layer or 'state'}@{step}.rank{rank}.safetensors",
+                   bytes=10 + rank, checksum=f"crc32:0000000{rank}", layer=layer,
+                   reason="base" if layer else None)
+
+
+def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):
+    store = LocalStore(tmp_path)
+    shards = tuple(Shard(f"layers/a@1.rank{r}.safetensors", 10 + r, f"crc32:{r:08x}") for r in range(2))
+    record = Version(step=1, file=shards[0].file, bytes=10, checksum=shards[0].checksum,
+                     layer="a", reason="base", shards=shards).to_record()
+    assert "file" not in record and len(record["shards"]) == 2
+    store.append(MANIFEST, encode_record({"kind": "header", "format": "layercheck/1",
+                                          "layers": [{"name": "a", "kind": "block", "params": 1}],
+                                          "world_size": 2}))
+    store.append(MANIFEST, encode_record(record))
+    one = read_manifest(store, rank=1)
+    assert one.world_size == 2
+    (version,) = one.versions["a"]
+    assert (version.file, version.bytes, version.checksum) == (shards[1].file, 11, shards[1].checksum)
+    assert version.key == shards[0].file and version.total_bytes == 21
+    assert version.files == [s.file for s in shards]
+    store.append(MANIFEST, encode_record({"kind": "drop", "file": shards[0].file}))
+    assert read_manifest(store, rank=1).versions["a"] == []
+
+
+def test_a_sharded_record_read_by_a_rank_it_does_not_have_is_a_problem(tmp_path):
+    store = LocalStore(tmp_path)
+    shard = Shard("layers/a@1.rank0.safetensors", 1, "crc32:00000000")
+    store.append(MANIFEST, encode_record({"kind": "layer", "step": 1, "layer": "a",
+                                          "reason": "base", "shards": [shard.to_record()]}))
+    view = read_manifest(store, rank=3)
+    assert view.versions == {} and "world size the checkpoint was written with" in view.problems[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    group = dist.new_group(backend="gloo")
+    store = LocalStore(root)
+    commit = ShardedCommit(group, rank, 2)
+    out = {"gathered": all_gather_json({"rank": rank, "text": "x" * (rank * 50)}, group, 2)}
+    mine = [_version(1, "a", rank), _version(1, None, rank)]
+    merged = commit.commit(store, 1, mine, None)
+    out["merged"] = [v.to_record() for v in merged]
+    error = OSError(28, "No space left on device") if rank == fail_rank else None
+    try:
+        commit.commit(store, 2, [] if error else [_version(2, "a", rank)], error)
+        out["second"] = "committed"
+    except (WriteFailed, OSError) as exc:
+        out["second"] = f"{type(exc).__name__}: {exc}"
+    Path(root, f"out{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def test_ranks_commit_together_or_not_at_all(tmp_path):
+    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path), 1), nprocs=2, join=True)
+    outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
+    assert [g["rank"] for g in outs[0]["gathered"]] == [0, 1]
+    assert outs[1]["gathered"][1]["text"] == "x" * 50
+    # step 1: one record per version, naming both ranks' shards, state last
+    view0, view1 = read_manifest(LocalStore(tmp_path), 0), read_manifest(LocalStore(tmp_path), 1)
+    assert [v.file for v in view0.versions["a"]] == ["layers/a@1.rank0.safetensors"]
+    assert [v.file for v in view1.versions["a"]] == ["layers/a@1.rank1.safetensors"]
+    assert sorted(view0.states) == sorted(view1.states) == [1]
+    # step 2: rank 1 failed to write, so neither rank committed anything of it
+    assert "rank 1" in outs[0]["second"] and "No space" in outs[1]["second"]
+    assert all(v.step == 1 for v in view0.versions["a"])

@@ -1,0 +1,203 @@
+"""A DeepSpeed ZeRO training job with layercheck, for the tests (run under torchrun).
+
+    torchrun --nproc_per_node 2 tests/layercheck/zero_worker.py --dir D --out O --steps 20
+
+Each rank writes ``O/rank<r>.json``: the restored step, per-step losses, and
+(``--check``) every mismatch between the restored state and the shards the
+restore used. ``--ds-save T`` also saves DeepSpeed's own checkpoint at step
+T into ``O/ds``; ``--ds-load`` starts from it instead of layercheck.
+Data depends only on (step, rank), never on the global RNG, so runs that
+resume by different routes see the same batches.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402  (before zero.Init)
+
+import deepspeed  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from layercheck import LayerCheckConfig  # noqa: E402
+from layercheck.groups import layer_aligned_param_groups  # noqa: E402
+from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.recovery import parse_safetensors  # noqa: E402
+from layercheck.store import open_store  # noqa: E402
+from layercheck.zero import ZeroLayerCheck  # noqa: E402
+
+VOCAB = 128
+
+
+def build(stage: int, steps: int):
+    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                 "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
+                 "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    if stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = Qwen2ForCausalLM(config)
+    else:
+        model = Qwen2ForCausalLM(config)
+    optimizer = torch.optim.AdamW(layer_aligned_param_groups(model, weight_decay=0.01), lr=3e-3)
+    warm = 3
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, (steps - s) / steps))
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                   lr_scheduler=scheduler, config=ds_config)
+    return engine, scheduler
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, VOCAB, (2, 16), generator=g)
+
+
+def check_restored(lc: ZeroLayerCheck) -> list[str]:
+    """Every mismatch between the live state and the shards of this rank that
+    the plan names (master, moments, step, module partition, full module weight)."""
+    store = open_store(lc.store.url)
+    view = read_manifest(store, lc.rank)
+    problems = []
+    parts = lc.parts
+    for i, name in enumerate(lc.layer_map.names):
+        versions = [v for v in view.versions[name] if v.step <= lc.current_step]
+        version = max(versions, key=lambda v: v.step)
+        tensors, _ = parse_safetensors(store.read(version.file), version.file)
+        everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
+        for k in parts.of_layer[i]:
+            flat = parts.flats[k]
+            state = parts.inner.state[flat]
+            pairs = [("master", flat, tensors[f"master/sg{k}"]),
+                     ("exp_avg", state["exp_avg"], tensors[f"optim/exp_avg/sg{k}"]),
+                     ("exp_avg_sq", state["exp_avg_sq"], tensors[f"optim/exp_avg_sq/sg{k}"]),
+                     ("step", state["step"], tensors[f"optim/step/sg{k}"]),
+                     ("module partition", parts.low(k), tensors[f"master/sg{k}"].to(parts.low(k).dtype))]
+            for what, live, saved in pairs:
+                if not torch.equal(live.detach().cpu(), saved):
+                    problems.append(f"{name} sg{k} {what} differs from step {version.step}")
+            if parts.stage == 3:
+                problems += check_full_weights(parts, k, [e[f"master/sg{k}"] for e in everyone], name)
+    return problems
+
+
+def check_full_weights(parts, k: int, masters: list[torch.Tensor], name: str) -> list[str]:
+    """ZeRO-3: each gathered module weight equals its slices of every rank's saved master."""
+    problems, offset = [], 0
+    for p in parts.members[k]:
+        part = p.ds_tensor.numel()
+        full = torch.cat([m[offset:offset + part] for m in masters])[:p.ds_numel].view(p.ds_shape)
+        offset += part
+        with deepspeed.zero.GatheredParameters([p]):
+            if not torch.equal(p.detach().cpu(), full.to(p.dtype)):
+                problems.append(f"{name} sg{k}: gathered module weight differs from the saved masters")
+    return problems
+
+
+def full_weights(engine, stage: int) -> dict[str, torch.Tensor]:
+    """Copies of the whole (gathered) module weights; a collective under ZeRO-3."""
+    out = {}
+    for name, p in engine.module.named_parameters():
+        ctx = deepspeed.zero.GatheredParameters([p]) if stage == 3 else _null()
+        with ctx:
+            out[name] = p.detach().clone().double()
+    return out
+
+
+def reference_drift(lc: ZeroLayerCheck, before: dict, after: dict) -> list[float]:
+    """d_l = mean|w(t) - w(t-1)| / mean|w(t)| per layer, from weight copies."""
+    names = {id(p): n for n, p in lc.model.named_parameters()}
+    out = []
+    for i in range(len(lc.layer_map)):
+        members = [names[id(p)] for _, p in lc.layer_map.parameters(i)]
+        moved = sum(float((after[n] - before[n]).abs().sum()) for n in members)
+        size = sum(float(after[n].abs().sum()) for n in members)
+        out.append(moved / size)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--stage", type=int, default=3)
+    ap.add_argument("--threshold", type=float, default=5e-3)
+    ap.add_argument("--smax", type=int, default=6)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--ds-save", type=int, default=0)
+    ap.add_argument("--ds-load", action="store_true")
+    ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--check-drift", action="store_true")
+    args = ap.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    engine, scheduler = build(args.stage, args.steps)
+    result: dict = {"rank": rank, "losses": {}}
+    if args.ds_load:
+        engine.load_checkpoint(str(out / "ds"))
+        start = engine.global_steps
+        lc = None
+    else:
+        config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
+                                  smax=args.smax, warmup_steps=2, interval=1)
+        lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
+        start = lc.restore()
+        result["restored_step"] = start
+        if args.check and start:
+            result["problems"] = check_restored(lc)
+    for step in range(start + 1, args.steps + 1):
+        ids = batch(step, rank)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        before = full_weights(engine, args.stage) if args.check_drift else None
+        engine.step()
+        if before is not None:
+            result.setdefault("reference_drift", []).append(reference_drift(lc, before,
+                                                                            full_weights(engine, args.stage)))
+        if lc is not None:
+            report = lc.step(extra={"step": step})
+            result.setdefault("drift", []).append(report.drift.tolist())
+            result.setdefault("written", []).append(report.decision.layers.tolist())
+        result["losses"][step] = float(loss.detach())
+        if args.ds_save == step:
+            engine.save_checkpoint(str(out / "ds"))
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    if lc is not None:
+        lc.close()
+    result["lr"] = scheduler.get_last_lr()[0]
+    result["global_steps"] = engine.global_steps
+    result["params"] = {}
+    for name, p in engine.module.named_parameters():
+        ctx = deepspeed.zero.GatheredParameters([p]) if args.stage == 3 else _null()
+        with ctx:
+            result["params"][name] = hashlib.sha256(p.detach().cpu().numpy().tobytes()).hexdigest()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
