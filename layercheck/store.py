@@ -68,11 +68,29 @@ class LocalStore:
         self._lock_fd: int | None = None
 
     def _path(self, path: str) -> Path:
-        return self.root / check_relative(path)
+        target = self.root / check_relative(path)
+        for folder in list(target.relative_to(self.root).parents)[-2::-1]:
+            if (self.root / folder).is_symlink():
+                raise LayerCheckError(
+                    f"refusing {path!r}: {self.root / folder} is a symbolic link; layercheck "
+                    "reads and writes only real folders inside the checkpoint directory")
+        return target
+
+    def _make_parents(self, target: Path) -> None:
+        """Create the missing folders between the root and ``target``, each made
+        durable: a new folder's entry in its parent is fsynced (a power cut must
+        not lose the folder that holds committed files)."""
+        for folder in list(target.relative_to(self.root).parents)[-2::-1]:
+            path = self.root / folder
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            _fsync_dir(path.parent)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parents(target)
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -89,7 +107,7 @@ class LocalStore:
 
     def append(self, path: str, data: bytes) -> None:
         target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parents(target)
         created = not target.exists()
         # O_NOFOLLOW: a planted symlink must not make us append to a file elsewhere
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)

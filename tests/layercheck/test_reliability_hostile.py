@@ -177,6 +177,41 @@ def test_symlinked_manifest_is_never_appended_to(ckpt, tmp_path):
     assert victim.read_bytes() == before
 
 
+def test_a_symlinked_layers_folder_is_refused_and_its_target_untouched(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "layers").symlink_to(elsewhere)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    cfg = LayerCheckConfig(warmup_steps=0, smax=2)
+    lc = LayerCheck(model, opt, ckpt, cfg, scheduler=sched)
+    lc.restore()
+    train_step(model, opt, sched)
+    lc.step()
+    with pytest.raises(Exception, match="symbolic link"):
+        lc.close()  # the write failed: nothing was written through the link
+    assert list(elsewhere.iterdir()) == []
+    assert read_manifest(LocalStore(ckpt)).states == {}
+
+
+def test_a_new_folder_is_made_durable_in_its_parent(tmp_path, monkeypatch):
+    """A power cut must not lose the folder holding committed files: creating
+    layers/ fsyncs the checkpoint directory that now lists it."""
+    import layercheck.store as store_module
+    synced = []
+    real = store_module._fsync_dir
+    monkeypatch.setattr(store_module, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    store = LocalStore(tmp_path / "ckpt")
+    store.write_atomic("layers/a@000000001.safetensors", b"data")
+    root = (tmp_path / "ckpt").resolve()
+    assert synced.index(root) < synced.index(root / "layers")
+    synced.clear()
+    store.write_atomic("layers/b@000000001.safetensors", b"data")
+    assert synced == [root / "layers"]  # an existing folder: only its own entry list
+
+
 # -- inspect reports the damage -----------------------------------------------------
 def _damage(ckpt):
     view = read_manifest(LocalStore(ckpt))
