@@ -51,7 +51,7 @@ from .layermap import LayerMap
 from .manifest import (FORMAT, MANIFEST, ManifestView, Version, encode_record, read_manifest,
                        read_verified, seal_torn_tail)
 from .policy import Policy, PolicyState
-from .recovery import parse_safetensors
+from .recovery import Plan, parse_safetensors
 from .snapshot import apply_state, capture_state, tensors_nbytes
 from .store import open_store
 from .writer import Writer
@@ -379,7 +379,7 @@ class ZeroLayerCheck(LayerCheck):
         notes: list[str] = []
         state, data = self._agreed_state(view, step, notes)
         plan_s = time.perf_counter() - start
-        load_s, restore_s, nbytes = self._load_layers(view, state.step, notes)
+        load_s, restore_s, sources = self._load_layers(view, state.step, notes)
         t0 = time.perf_counter()
         tensors, metadata = parse_safetensors(data, state.file)
         doc = apply_state(tensors, metadata, self.inner, self.scheduler)
@@ -394,7 +394,9 @@ class ZeroLayerCheck(LayerCheck):
             warnings.warn(f"layercheck: rank {self.rank}: {message}", stacklevel=2)
         self.extra = (doc.get("extra") or {}).get("user")
         self._begin_timeline(state.step, view, base_taken=True)
-        self.restored = RestoreReport(state.step, None, plan_s, load_s, restore_s, nbytes)
+        plan = Plan(step=state.step, state=state, sources=sources, warnings=notes)
+        self.restored = RestoreReport(state.step, plan, plan_s, load_s, restore_s,
+                                      sum(v.bytes for v in sources.values()))
         return state.step
 
     def _agreed_state(self, view: ManifestView, step: int | None,
@@ -412,14 +414,14 @@ class ZeroLayerCheck(LayerCheck):
             bound = int(agreed[0])
 
     def _load_layers(self, view: ManifestView, step: int,
-                     notes: list[str]) -> tuple[float, float, int]:
+                     notes: list[str]) -> tuple[float, float, dict[str, Version]]:
         """Load and apply every layer's newest intact shard <= ``step``, the ranks
-        agreeing on each layer's version; returns (load s, apply s, bytes)."""
+        agreeing on each layer's version; returns (load s, apply s, the versions)."""
         names = self.layer_map.names
         bound = np.full(len(names), step, dtype=np.int64)
         chosen = np.full(len(names), -2, dtype=np.int64)
         load_s = apply_s = 0.0
-        nbytes = 0
+        sources: dict[str, Version] = {}
         while True:
             for i, name in enumerate(names):
                 if chosen[i] == bound[i]:
@@ -436,14 +438,14 @@ class ZeroLayerCheck(LayerCheck):
                 self.parts.apply(i, tensors)
                 apply_s += time.perf_counter() - t0
                 chosen[i] = version.step
-                nbytes += version.bytes
+                sources[name] = version
             agreed, same = self._agree_min(chosen)
             if (agreed < 0).any():
                 missing = names[int(np.argmin(agreed))]
                 raise CheckpointNotFound(f"layer {missing} has no intact committed version at or "
                                          f"before step {step} on every rank")
             if same:
-                return load_s, apply_s, nbytes
+                return load_s, apply_s, sources
             bound = agreed
 
     # -- training ------------------------------------------------------------------

@@ -38,15 +38,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+def _command(*args: str, ranks: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), *args]
 
 
-def _run(*args: str, timeout: float = 300) -> None:
-    done = subprocess.run(_command(*args), env=_env(), cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def _run(*args: str, timeout: float = 300, ranks: int = 2, ok: bool = True) -> str:
+    done = subprocess.run(_command(*args, ranks=ranks), env=_env(), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert (done.returncode == 0) == ok, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
 
 
 def _results(out: Path) -> list[dict]:
@@ -160,3 +161,35 @@ def test_threshold_zero_recovery_is_deepspeeds_own_save_and_load_bit_for_bit(tmp
         assert a["losses"] == b["losses"] and len(a["losses"]) == 6
         assert a["params"] == b["params"]
         assert a["lr"] == b["lr"] and a["global_steps"] == b["global_steps"] == 12
+
+
+def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back_together(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    _run("--dir", str(ckpt), "--out", str(out), "--steps", "12")
+    view = read_manifest(LocalStore(ckpt))
+    newest, older = view.versions["model.layers.1"][-1], view.versions["model.layers.1"][-2]
+    damaged = ckpt / newest.shards[1].file
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    _run("--dir", str(ckpt), "--out", str(out), "--steps", "14", "--check")
+    rank0, rank1 = _results(out)
+    for r in (rank0, rank1):
+        assert r["restored_step"] == 12
+        # rank 0's shard of the newest version is intact, but it must not mix it with
+        # rank 1's older one: both restore the older version, exactly
+        assert r["sources"]["model.layers.1"] == older.step
+        assert r["problems"] == []
+    assert any("checksum" in w for w in rank1["warnings"])
+    assert rank0["params"] == rank1["params"]
+
+
+def test_misaligned_groups_and_another_world_size_are_refused_with_the_fix(tmp_path):
+    text = _run("--dir", str(tmp_path / "a"), "--out", str(tmp_path / "o1"), "--steps", "2",
+                "--misaligned", ok=False)
+    assert "layer_aligned_param_groups" in text
+    ckpt = tmp_path / "b"
+    _run("--dir", str(ckpt), "--out", str(tmp_path / "o2"), "--steps", "4")
+    text = _run("--dir", str(ckpt), "--out", str(tmp_path / "o3"), "--steps", "6", ranks=1,
+                ok=False)
+    assert "written by 2 ranks, this job has 1" in text

@@ -38,7 +38,7 @@ from layercheck.zero import ZeroLayerCheck  # noqa: E402
 VOCAB = 128
 
 
-def build(stage: int, steps: int):
+def build(stage: int, steps: int, misaligned: bool = False):
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
@@ -51,7 +51,9 @@ def build(stage: int, steps: int):
             model = Qwen2ForCausalLM(config)
     else:
         model = Qwen2ForCausalLM(config)
-    optimizer = torch.optim.AdamW(layer_aligned_param_groups(model, weight_decay=0.01), lr=3e-3)
+    groups = (model.parameters() if misaligned
+              else layer_aligned_param_groups(model, weight_decay=0.01))
+    optimizer = torch.optim.AdamW(groups, lr=3e-3)
     warm = 3
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, (steps - s) / steps))
@@ -73,8 +75,8 @@ def check_restored(lc: ZeroLayerCheck) -> list[str]:
     problems = []
     parts = lc.parts
     for i, name in enumerate(lc.layer_map.names):
-        versions = [v for v in view.versions[name] if v.step <= lc.current_step]
-        version = max(versions, key=lambda v: v.step)
+        version = lc.restored.plan.sources[name]  # the version the ranks agreed on
+        assert version.file == next(v.file for v in view.versions[name] if v.step == version.step)
         tensors, _ = parse_safetensors(store.read(version.file), version.file)
         everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
         for k in parts.of_layer[i]:
@@ -141,12 +143,14 @@ def main() -> int:
     ap.add_argument("--ds-load", action="store_true")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--check-drift", action="store_true")
+    ap.add_argument("--misaligned", action="store_true",
+                    help="one optimizer group for the whole model (must be refused)")
     args = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    engine, scheduler = build(args.stage, args.steps)
+    engine, scheduler = build(args.stage, args.steps, args.misaligned)
     result: dict = {"rank": rank, "losses": {}}
     if args.ds_load:
         engine.load_checkpoint(str(out / "ds"))
@@ -158,6 +162,9 @@ def main() -> int:
         lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
         start = lc.restore()
         result["restored_step"] = start
+        if start:
+            result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
+            result["warnings"] = list(lc.restored.plan.warnings)
         if args.check and start:
             result["problems"] = check_restored(lc)
     for step in range(start + 1, args.steps + 1):
