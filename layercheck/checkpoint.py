@@ -186,7 +186,7 @@ class LayerCheck:
         brought up to date in memory rather than read again."""
         self.writer.flush()
         resume = {"kind": "resume", "step": step}
-        self.store.append(MANIFEST, encode_record(resume))
+        self._append(resume)
         view.apply(resume)
         self.current_step = step
         self.state = PolicyState(policy=self.policy)
@@ -198,10 +198,17 @@ class LayerCheck:
             self.writer.retention = Retention(self.config.keep_versions, view)
         self._restore_called = True
 
+    def _append(self, record: dict[str, Any]) -> None:
+        """Append one manifest record (the writer appends the rest)."""
+        self.store.append(MANIFEST, encode_record(record))
+
+    def _read_manifest(self) -> ManifestView:
+        return read_manifest(self.store)
+
     def _start_without_restore(self) -> None:
         """A run that never called restore(): fine on an empty directory; on one
         holding checkpoints, starting over would abandon them, so refuse."""
-        view = read_manifest(self.store)
+        view = self._read_manifest()
         newest = view.latest_step()
         if newest is not None:
             raise LayerCheckError(

@@ -14,6 +14,8 @@ from .errors import LayerCheckError, one_line
 
 __all__ = ["main"]
 
+FORMATS = ("hf", "deepspeed")  # export formats, as layercheck.export.FORMATS (kept torch-free here)
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own, minus the usage block
@@ -32,10 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory")
     p.add_argument("--step", type=_step, help="recover at or before this step (default newest)")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("export", help="write the composite model of a step as a model folder")
+    p = sub.add_parser("export", help="write the composite state of a step as a model folder "
+                       "or a DeepSpeed checkpoint")
     p.add_argument("directory")
-    p.add_argument("--step", type=_step)
-    p.add_argument("--out", required=True, help="new folder for config.json + model.safetensors")
+    p.add_argument("--step", type=_step,
+                   help="hf: the newest step at or before this one; deepspeed: exactly this step "
+                   "(default: the newest)")
+    p.add_argument("--out", required=True, help="a new folder")
+    p.add_argument("--format", choices=FORMATS, default="hf",
+                   help="hf: config.json + model.safetensors for from_pretrained (default); "
+                   "deepspeed: a checkpoint engine.load_checkpoint loads (ZeroLayerCheck "
+                   "directories, same world size)")
+    p.add_argument("--adam-step", choices=("global", "own"), default="global",
+                   help="deepspeed format: every Adam step count set to the exported step "
+                   "(default), or each layer's own, as restore() gives")
     p = sub.add_parser("gc", help="delete versions no kept step needs")
     p.add_argument("directory")
     p.add_argument("--keep", type=_positive, default=1,
@@ -83,9 +95,12 @@ def _run(args: argparse.Namespace) -> int:
         plan = make_plan(store, read_manifest(store), args.step, verify=True)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else _format_plan(plan))
     elif args.command == "export":
-        from .export import export_model
-        plan = export_model(store, args.out, step=args.step)
-        print(f"exported step {plan.step} to {args.out}")
+        from .export import export
+        plan = export(store, args.out, step=args.step, format=args.format,
+                      adam_step=args.adam_step)
+        for warning in plan.warnings:
+            print(f"layercheck: warning: {one_line(warning)}", file=sys.stderr)
+        print(f"exported step {plan.step} to {args.out} ({args.format})")
     elif args.command == "gc":
         from .cleanup import collect_garbage
         report = collect_garbage(store, keep=args.keep, dry_run=args.dry_run)

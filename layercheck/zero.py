@@ -343,7 +343,8 @@ class ZeroLayerCheck(LayerCheck):
                            "param_groups": [{k: v for k, v in g.items() if k != "params"}
                                             for g in self.inner.param_groups],
                            "module_keys": list(self.model.state_dict().keys()),
-                           "ds_config": _jsonable(getattr(engine, "config", None))}}
+                           "ds_config": _jsonable(getattr(engine, "config", None)),
+                           "checkpoint": _checkpoint_facts(engine, self.parts)}}
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "to_json_string"):
             self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
@@ -472,33 +473,16 @@ class ZeroLayerCheck(LayerCheck):
         self.writer.submit(job)
         return job.nbytes
 
-    def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
-        """As LayerCheck's, but only rank 0 appends the resume record."""
-        self.writer.flush()
-        resume = {"kind": "resume", "step": step}
-        if self.rank == 0:
-            self.store.append(MANIFEST, encode_record(resume))
-        view.apply(resume)
-        self.current_step = step
-        self.state = PolicyState(policy=self.policy)
-        self.state.last_written[:] = step
-        self.state.base_step = step if base_taken else None
-        self.drift.take()
-        self.drift.resync()
-        if self.config.keep_versions is not None and self.rank == 0:
-            from .retention import Retention
-            self.writer.retention = Retention(self.config.keep_versions, view)
-        self._restore_called = True
-        self._barrier()
+    def _append(self, record: dict[str, Any]) -> None:
+        if self.rank == 0:  # rank 0 alone writes the manifest
+            super()._append(record)
 
-    def _start_without_restore(self) -> None:
-        view = read_manifest(self.store, self.rank)
-        newest = view.latest_step()
-        if newest is not None:
-            raise LayerCheckError(
-                f"{self.store.url} holds checkpoints up to step {newest}: call restore() on every "
-                "rank before the first step() to resume from them, or use a new directory")
-        self._begin_timeline(0, view)
+    def _read_manifest(self) -> ManifestView:
+        return read_manifest(self.store, self.rank)
+
+    def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
+        super()._begin_timeline(step, view, base_taken=base_taken)
+        self._barrier()  # no rank writes into the new timeline before rank 0 has opened it
 
 
 class ShardedDrift:
@@ -586,6 +570,31 @@ def _newest_intact(versions: list[Version], store: Any, notes: list[str],
         except CorruptVersion as exc:
             notes.append(f"{what}: skipping the version of step {version.step}: {exc}")
     return None, None
+
+
+def _checkpoint_facts(engine: Any, parts: Partitions) -> dict[str, Any]:
+    """What ``engine.save_checkpoint`` records besides the partitions and the
+    per-step state, for ``python -m layercheck export --format deepspeed``.
+    Computed on rank 0 (the header's writer), where DeepSpeed computes
+    ``shared_params`` too. ``layout``: the ZeRO-1/2 options that change the
+    flat partitions' layout or the file format (the export refuses them)."""
+    ds = parts.ds
+    layout = {} if parts.stage == 3 else {
+        "round_robin_gradients": bool(getattr(ds, "round_robin_gradients", False)),
+        "elastic_checkpoint": bool(getattr(ds, "elastic_checkpoint", False)),
+        "parameter_alignment": any(any(p) for p in getattr(ds, "round_robin_bit16_padding", []))}
+    # per-module versions, as pairs: the manifest sorts an object's keys
+    metadata = getattr(engine.module.state_dict(), "_metadata", {})
+    return {"module_dtype": str(parts.low(0).dtype).removeprefix("torch."),
+            "module_metadata": [[prefix, dict(meta)] for prefix, meta in metadata.items()],
+            "buffer_names": list(engine._get_buffer_names()),
+            "shared_params": dict(engine._get_shared_params()),
+            "loss_scale": {"dynamic": bool(ds.dynamic_loss_scale),
+                           "scale": float(ds.loss_scaler.cur_scale)},
+            "clip_grad": ds.clip_grad,
+            "dp_world_size": int(getattr(engine, "seq_dp_world_size", engine.dp_world_size)),
+            "mp_world_size": int(engine.mp_world_size),
+            "layout": layout}
 
 
 def _jsonable(value: Any) -> Any:

@@ -5,7 +5,13 @@
 Each rank writes ``O/rank<r>.json``: the restored step, per-step losses, and
 (``--check``) every mismatch between the restored state and the shards the
 restore used. ``--ds-save T`` also saves DeepSpeed's own checkpoint at step
-T into ``O/ds``; ``--ds-load`` starts from it instead of layercheck.
+T into ``O/ds``; ``--ds-load`` starts from it instead of layercheck
+(``--ds-load-dir P``: from the DeepSpeed checkpoint in P, e.g. an export;
+``--check-composite D``: then compare the loaded state with the composite of
+layercheck directory D at the loaded step). ``--stop-at T`` ends the job
+after step T (the LR schedule still spans ``--steps``). ``loaded`` and
+``final`` in the report: the engine's counters, LRs and Adam step counts
+right after the restore or load, and at the end.
 Data depends only on (step, rank), never on the global RNG, so runs that
 resume by different routes see the same batches.
 """
@@ -38,10 +44,12 @@ from layercheck.zero import ZeroLayerCheck  # noqa: E402
 VOCAB = 128
 
 
-def build(stage: int, steps: int, misaligned: bool = False):
+def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False):
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    if bf16:
+        ds_config["bf16"] = {"enabled": True}
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, tie_word_embeddings=True)
@@ -70,13 +78,22 @@ def batch(step: int, rank: int) -> torch.Tensor:
 def check_restored(lc: ZeroLayerCheck) -> list[str]:
     """Every mismatch between the live state and the shards of this rank that
     the plan names (master, moments, step, module partition, full module weight)."""
-    store = open_store(lc.store.url)
-    view = read_manifest(store, lc.rank)
-    problems = []
-    parts = lc.parts
-    for i, name in enumerate(lc.layer_map.names):
-        version = lc.restored.plan.sources[name]  # the version the ranks agreed on
+    view = read_manifest(open_store(lc.store.url), lc.rank)
+    for name, version in lc.restored.plan.sources.items():  # the versions the ranks agreed on
         assert version.file == next(v.file for v in view.versions[name] if v.step == version.step)
+    return check_composite(lc.parts, lc.layer_map, lc.store.url, lc.rank, lc.restored.plan.sources)
+
+
+def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
+                    adam_step: float | None = None) -> list[str]:
+    """Every mismatch between the live state and this rank's shards of the layer
+    versions ``sources`` names ({layer: Version}) in layercheck directory ``url``
+    (every Adam step count must be ``adam_step`` if given, else the saved one)."""
+    store = open_store(url)
+    view = read_manifest(store, rank)
+    problems = []
+    for i, name in enumerate(layer_map.names):
+        version = next(v for v in view.versions[name] if v.step == sources[name].step)
         tensors, _ = parse_safetensors(store.read(version.file), version.file)
         everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
         for k in parts.of_layer[i]:
@@ -85,27 +102,55 @@ def check_restored(lc: ZeroLayerCheck) -> list[str]:
             pairs = [("master", flat, tensors[f"master/sg{k}"]),
                      ("exp_avg", state["exp_avg"], tensors[f"optim/exp_avg/sg{k}"]),
                      ("exp_avg_sq", state["exp_avg_sq"], tensors[f"optim/exp_avg_sq/sg{k}"]),
-                     ("step", state["step"], tensors[f"optim/step/sg{k}"]),
+                     ("step", state["step"], tensors[f"optim/step/sg{k}"] if adam_step is None
+                      else torch.tensor(adam_step, dtype=state["step"].dtype)),
                      ("module partition", parts.low(k), tensors[f"master/sg{k}"].to(parts.low(k).dtype))]
             for what, live, saved in pairs:
                 if not torch.equal(live.detach().cpu(), saved):
                     problems.append(f"{name} sg{k} {what} differs from step {version.step}")
-            if parts.stage == 3:
-                problems += check_full_weights(parts, k, [e[f"master/sg{k}"] for e in everyone], name)
+            problems += check_full_weights(parts, k, [e[f"master/sg{k}"] for e in everyone], name)
     return problems
+
+
+def newest_versions(url: str, step: int) -> dict:
+    """Per layer, its newest committed version at or before ``step`` (the composite)."""
+    view = read_manifest(open_store(url))
+    return {name: max((v for v in view.versions[name] if v.step <= step), key=lambda v: v.step)
+            for name in view.layer_names}
 
 
 def check_full_weights(parts, k: int, masters: list[torch.Tensor], name: str) -> list[str]:
-    """ZeRO-3: each gathered module weight equals its slices of every rank's saved master."""
+    """Each whole module weight equals its slices of every rank's saved master
+    (ZeRO-3: per parameter, gathered; ZeRO-1/2: of the group's flat concatenation)."""
     problems, offset = [], 0
+    flat = torch.cat(masters)
     for p in parts.members[k]:
-        part = p.ds_tensor.numel()
-        full = torch.cat([m[offset:offset + part] for m in masters])[:p.ds_numel].view(p.ds_shape)
-        offset += part
-        with deepspeed.zero.GatheredParameters([p]):
+        if parts.stage == 3:
+            part = p.ds_tensor.numel()
+            full = torch.cat([m[offset:offset + part] for m in masters])[:p.ds_numel].view(p.ds_shape)
+            offset += part
+            ctx = deepspeed.zero.GatheredParameters([p])
+        else:
+            full = flat[offset:offset + p.numel()].view(p.shape)
+            offset += p.numel()
+            ctx = _null()
+        with ctx:
             if not torch.equal(p.detach().cpu(), full.to(p.dtype)):
-                problems.append(f"{name} sg{k}: gathered module weight differs from the saved masters")
+                problems.append(f"{name} sg{k}: the module weight differs from the saved masters")
     return problems
+
+
+def loaded_state(engine, scheduler) -> dict:
+    """The engine's counters, the learning rates and the Adam step count of every
+    flat partition (ZeRO's sub-groups, in order)."""
+    ds = engine.optimizer
+    flats = (ds.fp32_partitioned_groups_flat if hasattr(ds, "fp32_partitioned_groups_flat")
+             else ds.single_partition_of_fp32_groups)
+    return {"global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "skipped_steps": engine.skipped_steps, "lr": scheduler.get_last_lr(),
+            "group_lr": [g["lr"] for g in ds.optimizer.param_groups],
+            "scheduler": {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"},
+            "adam_steps": [float(ds.optimizer.state.get(f, {}).get("step", 0)) for f in flats]}
 
 
 def full_weights(engine, stage: int) -> dict[str, torch.Tensor]:
@@ -141,6 +186,12 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--ds-save", type=int, default=0)
     ap.add_argument("--ds-load", action="store_true")
+    ap.add_argument("--ds-load-dir", default="")
+    ap.add_argument("--check-composite", default="")
+    ap.add_argument("--expect-adam-step", type=float, default=None,
+                    help="with --check-composite: every Adam step count must be this")
+    ap.add_argument("--stop-at", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true", help="bf16 weights (fp32 masters)")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--check-drift", action="store_true")
     ap.add_argument("--misaligned", action="store_true",
@@ -150,12 +201,21 @@ def main() -> int:
     rank = dist.get_rank()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    engine, scheduler = build(args.stage, args.steps, args.misaligned)
+    engine, scheduler = build(args.stage, args.steps, args.misaligned, args.bf16)
     result: dict = {"rank": rank, "losses": {}}
-    if args.ds_load:
-        engine.load_checkpoint(str(out / "ds"))
+    if args.ds_load or args.ds_load_dir:
+        path, _ = engine.load_checkpoint(args.ds_load_dir or str(out / "ds"))
+        assert path is not None, "DeepSpeed loaded nothing"
         start = engine.global_steps
         lc = None
+        result["loaded"] = loaded_state(engine, scheduler)
+        if args.check_composite:
+            from layercheck.layermap import LayerMap
+            from layercheck.zero import partitions_for
+            layer_map = LayerMap.auto(engine.module)
+            result["problems"] = check_composite(
+                partitions_for(engine, layer_map), layer_map, args.check_composite, rank,
+                newest_versions(args.check_composite, start), args.expect_adam_step)
     else:
         config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
                                   smax=args.smax, warmup_steps=2, interval=1)
@@ -165,9 +225,10 @@ def main() -> int:
         if start:
             result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
             result["warnings"] = list(lc.restored.plan.warnings)
+            result["loaded"] = loaded_state(engine, scheduler)
         if args.check and start:
             result["problems"] = check_restored(lc)
-    for step in range(start + 1, args.steps + 1):
+    for step in range(start + 1, (args.stop_at or args.steps) + 1):
         ids = batch(step, rank)
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
@@ -189,11 +250,13 @@ def main() -> int:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
     result["global_steps"] = engine.global_steps
+    result["final"] = loaded_state(engine, scheduler)
     result["params"] = {}
     for name, p in engine.module.named_parameters():
         ctx = deepspeed.zero.GatheredParameters([p]) if args.stage == 3 else _null()
         with ctx:
-            result["params"][name] = hashlib.sha256(p.detach().cpu().numpy().tobytes()).hexdigest()
+            result["params"][name] = hashlib.sha256(
+                p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     return 0
 
