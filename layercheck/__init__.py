@@ -12,19 +12,26 @@ from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, LayerCheckConfig
 
-__all__ = ["LayerCheck", "LayerCheckConfig", "ConfigError", "LayerMap", "LayerCheckError"]
+__all__ = ["LayerCheck", "LayerCheckConfig", "ConfigError", "LayerMap", "LayerCheckError",
+           "ZeroLayerCheck", "LayerCheckCallback", "layer_aligned_param_groups"]
 __version__ = "0.1.0"
 
 _LAZY = {
     "LayerCheck": "layercheck.checkpoint",
     "LayerMap": "layercheck.layermap",
     "LayerCheckError": "layercheck.errors",
+    "ZeroLayerCheck": "layercheck.zero",
+    "LayerCheckCallback": "layercheck.trainer",
+    "layer_aligned_param_groups": "layercheck.groups",
 }
 
 if TYPE_CHECKING:
     from .checkpoint import LayerCheck
     from .errors import LayerCheckError
+    from .groups import layer_aligned_param_groups
     from .layermap import LayerMap
+    from .trainer import LayerCheckCallback
+    from .zero import ZeroLayerCheck
 
 
 def __getattr__(name: str) -> Any:

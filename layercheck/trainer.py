@@ -1,0 +1,347 @@
+"""LayerCheckCallback: layer-wise checkpointing inside the Hugging Face Trainer.
+
+    callback = LayerCheckCallback("ckpt/", LayerCheckConfig(warmup_steps=50, smax=500))
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[callback])
+    trainer.train(resume_from_checkpoint=callback.resume_checkpoint())  # None on a fresh directory
+
+Run the same script again after a crash (SIGKILL included) and it resumes at
+the newest committed step; on a fresh directory it starts at step 0.
+
+Call order (the Trainer drives it): ``on_init_end`` remembers the model;
+``resume_checkpoint()`` (before ``train()``) prepares the Trainer's resume;
+``on_train_begin`` creates the ``LayerCheck`` (the Trainer creates its optimizer
+and scheduler lazily, inside ``train()``: this is the first hook that sees
+them) and restores the composite state; ``on_step_end`` (after
+``optimizer.step()`` and ``lr_scheduler.step()``) calls ``LayerCheck.step()``;
+``on_train_end`` waits for pending writes and releases the directory.
+
+Resume design: the Trainer's own flow, pointed at a checkpoint that layercheck
+assembles. Only the Trainer knows how to continue its data stream (the epoch
+to start in, the batches of it to skip, the seedable sampler's epoch), and it
+decides all of that from ``trainer_state.json`` before any callback runs, so
+``resume_checkpoint()`` writes a regular Trainer checkpoint folder,
+``<directory>/resume/checkpoint-<t>/``, for the newest recoverable step t:
+``trainer_state.json`` (rebuilt from the Trainer state that every committed
+step carries as extra state), ``config.json`` and ``model.safetensors`` (the
+composite weights, which ``_load_from_checkpoint`` requires). The Trainer loads
+them and skips exactly the batches of steps 1..t, as for its own checkpoints.
+It finds no ``optimizer.pt``, ``scheduler.pt`` or ``rng_state.pth`` there (layercheck
+writes no pickle), so it leaves those alone, and ``on_train_begin`` restores
+the composite of step t over everything with ``LayerCheck.restore(t)``:
+weights with their own Adam moments, optimizer hyper-parameters, LR scheduler
+and RNGs. As the Trainer does with ``rng_state.pth``, the RNG states are set
+again right before the first resumed step when the Trainer skipped batches of
+a partly trained epoch (fetching them moved the RNGs). The restored step must
+equal the Trainer's ``global_step``: a Trainer resumed at a step the directory
+cannot restore (say one of its own checkpoints at a step layercheck did not
+commit), or started fresh over a directory that holds checkpoints, is refused
+with an error that names the fix rather than silently mixed. (Resumed from its
+own checkpoint at a step layercheck committed, it gets that step's composite.)
+
+What resume does not carry: the Trainer's ``log_history`` (it grows with every
+log entry; each committed step would rewrite it whole), and the RNG draws of
+an evaluation that ran at step t (made after the state was captured).
+Single-process training only (no DDP, DeepSpeed or FSDP through this callback).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from .checkpoint import MODEL_CONFIG, LayerCheck
+from .config import LayerCheckConfig
+from .errors import CheckpointNotFound, LayerCheckError
+from .layermap import LayerMap
+from .manifest import read_manifest, read_verified
+from .recovery import iter_layers, make_plan, parse_safetensors
+from .store import LocalStore, Store, open_store
+
+__all__ = ["LayerCheckCallback", "TRAINER_STATE_KEY"]
+
+TRAINER_STATE_KEY = "trainer_state"
+"""The key under which every committed step's extra state holds the Trainer state."""
+RESUME_FOLDER = "resume"
+RESUME_MARKER = ".layercheck-resume"
+_NOT_CARRIED = ("log_history",)
+
+
+class LayerCheckCallback(TrainerCallback):
+    """Checkpoints a Trainer's model and optimizer layer by layer into ``directory``.
+
+    ``config`` is the ``LayerCheckConfig`` (default: the paper's); ``layer_map``
+    overrides the detected layers; ``storage_options`` go to fsspec for URL
+    directories. ``layercheck`` is the live ``LayerCheck`` while training runs;
+    ``restored_step`` the step the last ``train()`` started from.
+    """
+
+    def __init__(self, directory: "str | os.PathLike[str] | Store",
+                 config: LayerCheckConfig | None = None, *, layer_map: LayerMap | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        if config is not None and not isinstance(config, LayerCheckConfig):
+            raise TypeError(f"config must be a LayerCheckConfig, got {type(config).__name__}: "
+                            "build it with LayerCheckConfig(...)")
+        if layer_map is not None and not isinstance(layer_map, LayerMap):
+            raise TypeError(f"layer_map must be a LayerMap, got {type(layer_map).__name__}: "
+                            "build it with LayerMap.auto(model) or LayerMap.explicit(model, {...})")
+        self.directory = directory
+        self.config = config or LayerCheckConfig()
+        self.layer_map = layer_map
+        self.storage_options = dict(storage_options or {})
+        self.layercheck: LayerCheck | None = None
+        self.restored_step: int | None = None
+        """The step the last ``train()`` started from (0: a fresh start)."""
+        self._model: torch.nn.Module | None = None
+        self._rng_to_sync: dict[str, Any] | None = None
+
+    # -- before train() --------------------------------------------------------
+    def resume_checkpoint(self, into: "str | os.PathLike[str] | None" = None) -> str | None:
+        """The folder to pass as ``trainer.train(resume_from_checkpoint=...)``, or None
+        when the directory holds no recoverable step (then train from scratch).
+
+        Writes a Trainer checkpoint of the newest recoverable step t (composite
+        weights, ``config.json``, ``trainer_state.json``) to ``into`` (default:
+        ``<directory>/resume``, replacing what an earlier call left there) and
+        returns ``<into>/checkpoint-<t>``; ``into`` must be new, empty, or an
+        earlier ``into``. Raises ``ModelMismatch`` when the directory was written
+        for another model than the Trainer's."""
+        store = self._open_existing()
+        if store is None:
+            return None
+        store.lock()
+        try:
+            return self._write_resume_folder(store, into)
+        finally:
+            store.unlock()
+
+    def _open_existing(self) -> Store | None:
+        """The directory's store, or None for a local directory that does not exist
+        (asking is no reason to create it; for a URL, an empty prefix is harmless)."""
+        directory = self.directory
+        if isinstance(directory, (str, os.PathLike)) and "://" not in os.fspath(directory):
+            if not Path(directory).is_dir():
+                return None
+            return open_store(directory, create=False)
+        return open_store(directory, **self.storage_options)
+
+    def _write_resume_folder(self, store: Store,
+                             into: "str | os.PathLike[str] | None") -> str | None:
+        view = read_manifest(store)
+        if view.header is None or not view.states:
+            return None
+        if self._model is not None:
+            self._layer_map(self._model).check_signature(view.header["layers"])
+        plan = make_plan(store, view, verify=False)
+        trainer_state = self._saved_trainer_state(store, plan)
+        root = Path(into) if into is not None else self._default_resume_root(store)
+        _claim(root)
+        staging = root / f".checkpoint-{plan.step}.partial"
+        staging.mkdir()
+        save_file(self._composite_weights(store, view, plan), staging / "model.safetensors",
+                  metadata={"format": "pt", "layercheck_step": str(plan.step)})
+        if store.exists(MODEL_CONFIG):
+            (staging / "config.json").write_bytes(store.read(MODEL_CONFIG))
+        TrainerState(**trainer_state).save_to_json(str(staging / "trainer_state.json"))
+        target = root / f"checkpoint-{plan.step}"
+        staging.rename(target)
+        return str(target)
+
+    def _composite_weights(self, store: Store, view: Any, plan: Any) -> dict[str, torch.Tensor]:
+        """Every parameter and persistent buffer of step ``plan.step``, under its name in
+        the model; a tied weight also under its second name (the Trainer loads by name
+        and would report the alias as missing)."""
+        tensors = {}
+        for loaded in iter_layers(store, view, plan, view.layer_names):
+            for key, tensor in loaded.tensors.items():
+                kind, _, name = key.partition("/")
+                if kind in ("param", "buffer"):
+                    tensors[name] = tensor
+        if self._model is not None:
+            owner = {p.data_ptr(): n for n, p in self._model.named_parameters()}
+            for name, value in self._model.state_dict().items():
+                source = owner.get(value.data_ptr())
+                if name not in tensors and source in tensors:
+                    tensors[name] = tensors[source].clone()
+        return tensors
+
+    def _default_resume_root(self, store: Store) -> Path:
+        if not isinstance(store, LocalStore):
+            raise LayerCheckError(
+                f"{store.url} is not a local directory and the Trainer resumes from local "
+                "folders only: call resume_checkpoint(into='some/local/folder')")
+        return store.root / RESUME_FOLDER
+
+    def _saved_trainer_state(self, store: Store, plan: Any) -> dict[str, Any]:
+        _, metadata = parse_safetensors(read_verified(store, plan.state), plan.state.file)
+        extra = json.loads(metadata["state"]).get("extra") or {}
+        saved = extra.get(TRAINER_STATE_KEY)
+        if not isinstance(saved, dict):
+            raise LayerCheckError(
+                f"{store.url}: step {plan.step} carries no Trainer state (it was not written by "
+                "LayerCheckCallback); resume it with LayerCheck.restore() in your own loop, or "
+                "give the callback a new directory")
+        known = {f.name for f in dataclasses.fields(TrainerState)}
+        return {k: v for k, v in saved.items() if k in known}
+
+    def _layer_map(self, model: torch.nn.Module) -> LayerMap:
+        if self.layer_map is not None:
+            return self.layer_map
+        if self.config.layers:
+            return LayerMap.explicit(model, self.config.layers)
+        return LayerMap.auto(model)
+
+    # -- the Trainer's events ------------------------------------------------------
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        self._model = model
+        _check_supported(args)
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, model: torch.nn.Module | None = None,
+                       optimizer: Any = None, lr_scheduler: Any = None,
+                       train_dataloader: Any = None, **kwargs: Any) -> None:
+        _check_supported(args)
+        if self.layercheck is not None:  # an earlier train() of this process ended abruptly
+            self.layercheck.close()
+        self._model = model
+        lc = LayerCheck(model, _torch_optimizer(optimizer), self.directory, self.config,
+                        scheduler=lr_scheduler, layer_map=self.layer_map,
+                        storage_options=self.storage_options)
+        try:
+            self._restore(lc, state.global_step)
+        except BaseException:
+            lc.close()
+            raise
+        self.layercheck = lc
+        self.restored_step = state.global_step
+        self._rng_to_sync = (_rng_states() if state.global_step > 0 and _skips_batches(
+            args, state, train_dataloader) else None)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState,
+                      control: TrainerControl, **kwargs: Any) -> None:
+        if self._rng_to_sync is not None:
+            _set_rng_states(self._rng_to_sync)
+            self._rng_to_sync = None
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        if self.layercheck is None:
+            raise LayerCheckError("LayerCheckCallback saw a step before train began: add it "
+                                  "with Trainer(callbacks=[...]) or trainer.add_callback()")
+        self.layercheck.step(extra={TRAINER_STATE_KEY: _carried_state(state)})
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: Any) -> None:
+        if self.layercheck is not None:
+            try:
+                self.layercheck.close()
+            finally:
+                self.layercheck = None
+
+    # -- restore -----------------------------------------------------------------
+    def _restore(self, lc: LayerCheck, trainer_step: int) -> None:
+        """Make LayerCheck's timeline start where the Trainer's does, or refuse."""
+        view = read_manifest(lc.store)
+        newest = view.latest_step()
+        where = lc.store.url
+        if trainer_step == 0:
+            if newest is not None:
+                raise LayerCheckError(
+                    f"{where} holds checkpoints up to step {newest} but the Trainer starts at "
+                    "step 0: resume with trainer.train(resume_from_checkpoint="
+                    "callback.resume_checkpoint()), or give the callback a new directory")
+            lc.restore()
+            return
+        try:
+            planned = make_plan(lc.store, view, trainer_step, verify=False).step
+        except CheckpointNotFound:
+            planned = None
+        if planned != trainer_step:
+            have = f"its newest step at or before it is {planned}" if planned is not None else \
+                "it holds no recoverable step at or before it"
+            raise LayerCheckError(
+                f"the Trainer resumed at step {trainer_step} but {where} cannot restore that "
+                f"step ({have}): resume with trainer.train(resume_from_checkpoint="
+                "callback.resume_checkpoint()), which points the Trainer at the step "
+                "layercheck restores")
+        lc.restore(trainer_step)
+
+
+def _claim(root: Path) -> None:
+    """Make ``root`` an empty folder of ours: what an earlier resume left there is
+    derived data, but a folder we did not write is never deleted."""
+    marker = root / RESUME_MARKER
+    if root.exists() and any(root.iterdir()) and not marker.exists():
+        raise LayerCheckError(f"{root} exists and was not written by resume_checkpoint(): pass "
+                              "a new or empty folder as into=")
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    marker.write_text("written by layercheck's LayerCheckCallback.resume_checkpoint(), which "
+                      "replaces this folder at every call\n")
+
+
+def _check_supported(args: TrainingArguments) -> None:
+    if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+        raise LayerCheckError("LayerCheckCallback checkpoints single-process training; remove "
+                              "the deepspeed/fsdp training arguments to use it")
+    if args.world_size > 1:
+        raise LayerCheckError(f"LayerCheckCallback checkpoints single-process training, but this "
+                              f"run has {args.world_size} processes: run it as one process")
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under accelerate's wrapper: its step hooks are the ones that fire."""
+    inner = optimizer
+    while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+        inner = inner.optimizer
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise LayerCheckError(f"the Trainer's optimizer is a {type(optimizer).__name__}, not a "
+                              "torch optimizer: use a torch optimizer (TrainingArguments.optim)")
+    return inner
+
+
+def _carried_state(state: TrainerState) -> dict[str, Any]:
+    """The Trainer state a resume needs, JSON-ready (see the module docstring)."""
+    # field by field: asdict() would deep-copy log_history, which grows with every log entry
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)
+            if f.name not in _NOT_CARRIED}
+
+
+def _skips_batches(args: TrainingArguments, state: TrainerState, dataloader: Any) -> bool:
+    """Whether the Trainer, resuming at ``state.global_step``, skips batches of a
+    partly trained epoch (its ``_init_training_state`` rule)."""
+    if args.ignore_data_skip:
+        return False
+    try:
+        batches = len(dataloader)
+    except TypeError:
+        batches = None
+    accumulation = args.gradient_accumulation_steps
+    per_epoch = (max(batches // accumulation + int(batches % accumulation > 0), 1)
+                 if batches else state.max_steps)
+    return per_epoch > 0 and state.global_step % per_epoch > 0
+
+
+def _rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                              "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: Mapping[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])

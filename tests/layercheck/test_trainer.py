@@ -1,0 +1,294 @@
+"""LayerCheckCallback on real Hugging Face Trainer runs (tiny models, CPU): stop and
+resume bit for bit, SIGKILL and restart, and the errors of misuse."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,  # noqa: E402
+                          TrainingArguments)
+
+from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
+from layercheck.errors import LayerCheckError, ModelMismatch  # noqa: E402
+from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.recovery import make_plan  # noqa: E402
+from layercheck.store import LocalStore  # noqa: E402
+from layercheck.trainer import LayerCheckCallback  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "finetune_trainer.py"
+EVERY_STEP = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=0)
+SAMPLES, SEQ, VOCAB = 20, 16, 64
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_llama(seed: int = 0, *, layers: int = 2) -> LlamaForCausalLM:
+    """Attention dropout on: the resumed run matches only if the RNGs are restored."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+        attention_dropout=0.1, tie_word_embeddings=True))
+
+
+def arguments(out: Path, *, steps: int, accumulation: int = 1) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=4 // accumulation,
+        gradient_accumulation_steps=accumulation, learning_rate=2e-3, weight_decay=0.01,
+        lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, disable_tqdm=True, seed=3)
+
+
+class StopAt(TrainerCallback):
+    """Ends training after step ``n`` (the Trainer's own way: should_training_stop)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.n:
+            control.should_training_stop = True
+
+
+def trainer_for(tmp: Path, *callbacks, steps: int, accumulation: int = 1, seed: int = 0) -> Trainer:
+    return Trainer(tiny_llama(seed), arguments(tmp / "out", steps=steps, accumulation=accumulation),
+                   train_dataset=Tokens(), callbacks=list(callbacks))
+
+
+def losses(trainer: Trainer) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+
+
+def assert_same_training_state(a: Trainer, b: Trainer) -> None:
+    pa, pb = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+    sa, sb = a.optimizer.state, b.optimizer.state
+    for name in pa:
+        for key, value in sa[pa[name]].items():
+            assert torch.equal(value, sb[pb[name]][key]), (name, key)
+    assert a.lr_scheduler.get_last_lr() == b.lr_scheduler.get_last_lr()
+    assert a.state.global_step == b.state.global_step and a.state.epoch == b.state.epoch
+
+
+# -- stop and resume: bit for bit --------------------------------------------------
+@pytest.mark.parametrize("stop, accumulation", [(7, 1), (5, 1), (7, 2)],
+                         ids=["mid-epoch", "epoch-boundary", "grad-accumulation"])
+def test_threshold_zero_stop_and_resume_equals_an_uninterrupted_run(tmp_path, stop, accumulation):
+    steps = 12  # 5 optimizer steps per epoch: the run spans three epochs of reshuffled data
+    reference = trainer_for(tmp_path, steps=steps, accumulation=accumulation)
+    reference.train()
+
+    first = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
+    trainer = trainer_for(tmp_path, first, StopAt(stop), steps=steps, accumulation=accumulation)
+    assert first.resume_checkpoint() is None and not (tmp_path / "ckpt").exists()
+    trainer.train(resume_from_checkpoint=first.resume_checkpoint())
+    assert trainer.state.global_step == stop and first.restored_step == 0
+
+    # a new process in all but name: another callback, another Trainer, other initial weights
+    again = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
+    resumed = trainer_for(tmp_path, again, steps=steps, accumulation=accumulation, seed=7)
+    folder = again.resume_checkpoint()
+    assert Path(folder).name == f"checkpoint-{stop}"
+    resumed.train(resume_from_checkpoint=folder)
+
+    assert again.restored_step == stop
+    assert losses(resumed) == {s: v for s, v in losses(reference).items() if s > stop}
+    assert_same_training_state(resumed, reference)
+
+
+def test_warmup_from_lr_zero_with_weight_decay(tmp_path):
+    """The Trainer's warm-up schedules give the first step LR 0: nothing moves, drift is 0."""
+    args = arguments(tmp_path / "out", steps=3)
+    args.warmup_steps = 2
+    callback = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
+    drift = {}
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            report = callback.layercheck.last_report
+            drift[report.step] = (report.lr, report.drift.copy())
+
+    Trainer(tiny_llama(), args, train_dataset=Tokens(), callbacks=[callback, Watch()]).train()
+    assert drift[1][0] == 0 and not drift[1][1].any() and drift[2][1].all()
+    assert read_manifest(LocalStore(tmp_path / "ckpt")).latest_step() == 3
+
+
+def test_resuming_from_the_trainers_own_checkpoint_restores_that_steps_composite(tmp_path):
+    args = arguments(tmp_path / "out", steps=8)
+    args.save_strategy, args.save_steps = "steps", 4
+    first = Trainer(tiny_llama(), args, train_dataset=Tokens(), callbacks=[
+        LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP), StopAt(6)])
+    first.train()
+    callback = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
+    trainer = Trainer(tiny_llama(seed=7), args, train_dataset=Tokens(), callbacks=[callback])
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
+    assert callback.restored_step == 4 and trainer.state.global_step == 8
+    assert read_manifest(LocalStore(tmp_path / "ckpt")).resumes[-1] == 4  # 5, 6 abandoned
+
+
+def test_a_url_directory_resumes_through_a_local_folder(tmp_path):
+    url = f"memory://layercheck-trainer-{uuid.uuid4().hex}"
+    trainer_for(tmp_path, LayerCheckCallback(url, EVERY_STEP), StopAt(4), steps=8).train()
+    callback = LayerCheckCallback(url, EVERY_STEP)
+    trainer = trainer_for(tmp_path, callback, steps=8)
+    with pytest.raises(LayerCheckError, match=r"resume_checkpoint\(into="):
+        callback.resume_checkpoint()
+    folder = callback.resume_checkpoint(into=tmp_path / "resume")
+    trainer.train(resume_from_checkpoint=folder)
+    assert callback.restored_step == 4 and trainer.state.global_step == 8
+
+
+# -- SIGKILL mid-run, restart -----------------------------------------------------------
+STEPS = 100
+
+
+def _example(ckpt: Path, log: Path, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, str(EXAMPLE), "--ckpt", str(ckpt), "--steps",
+                             str(STEPS), "--losses", str(log)], env=env, **kw)
+
+
+def _logged(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _committed(ckpt: Path) -> int:
+    if not (ckpt / "manifest.jsonl").exists():
+        return 0
+    return read_manifest(LocalStore(ckpt, create=False)).latest_step() or 0
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
+    clean = _example(tmp_path / "clean", tmp_path / "clean.jsonl",
+                     stdout=open(tmp_path / "clean.out", "wb"))
+    crash = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl", stdout=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while _committed(tmp_path / "ckpt") < 40 and time.time() < deadline:
+        assert crash.poll() is None, "the run ended before it was killed"
+        time.sleep(0.05)
+    os.kill(crash.pid, signal.SIGKILL)
+    crash.wait()
+    killed_at = max(e["step"] for e in _logged(tmp_path / "crash.jsonl"))
+    assert killed_at < STEPS, "the run finished before it was killed"
+    store = LocalStore(tmp_path / "ckpt", create=False)
+    view = read_manifest(store)
+    resume_from = view.latest_step()
+    assert 40 <= resume_from <= killed_at
+    # the composite is genuinely mixed: some layer comes from before the resume step
+    assert max(make_plan(store, view, verify=False).staleness().values()) > 0
+
+    again = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl",
+                     stdout=open(tmp_path / "again.out", "wb"), stderr=subprocess.PIPE)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err.decode()[-3000:]
+    assert clean.wait(timeout=300) == 0
+    summary = json.loads((tmp_path / "again.out").read_text().splitlines()[-1])
+    reference = json.loads((tmp_path / "clean.out").read_text().splitlines()[-1])
+    assert summary["resumed_at"] == resume_from and summary["global_step"] == STEPS
+
+    log = _logged(tmp_path / "crash.jsonl")
+    second = log[[e["step"] for e in log].index(killed_at) + 1:]
+    assert [e["step"] for e in second] == list(range(resume_from + 1, STEPS + 1))
+    clean_log = {e["step"]: e["loss"] for e in _logged(tmp_path / "clean.jsonl")}
+    # before the failure both runs are the same computation, in separate processes
+    assert all(clean_log[e["step"]] == e["loss"] for e in log[:resume_from])
+    for key in ("final_loss", "eval_loss"):
+        assert abs(summary[key] - reference[key]) <= 0.01 * reference[key], (key, summary,
+                                                                              reference)
+
+
+# -- misuse ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A layercheck directory of 4 Trainer steps (threshold 0)."""
+    tmp = tmp_path_factory.mktemp("trained")
+    trainer_for(tmp, LayerCheckCallback(tmp / "ckpt", EVERY_STEP), steps=4).train()
+    return tmp / "ckpt"
+
+
+def _copy(trained: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "ckpt"
+    shutil.copytree(trained, target, ignore=shutil.ignore_patterns(".lock"))
+    return target
+
+
+def test_a_fresh_trainer_over_a_used_directory_is_refused(trained, tmp_path):
+    callback = LayerCheckCallback(_copy(trained, tmp_path), EVERY_STEP)
+    trainer = trainer_for(tmp_path, callback, steps=8)
+    with pytest.raises(LayerCheckError, match=r"holds checkpoints up to step 4 but the Trainer "
+                       r"starts at step 0: resume with .*callback\.resume_checkpoint\(\)"):
+        trainer.train()
+    assert read_manifest(LocalStore(tmp_path / "ckpt")).latest_step() == 4  # nothing abandoned
+
+
+def test_a_directory_of_another_model_is_refused_before_the_trainer_loads_it(trained, tmp_path):
+    callback = LayerCheckCallback(_copy(trained, tmp_path), EVERY_STEP)
+    Trainer(tiny_llama(layers=3), arguments(tmp_path / "out", steps=8), train_dataset=Tokens(),
+            callbacks=[callback])
+    with pytest.raises(ModelMismatch, match="different model.*use another checkpoint directory"):
+        callback.resume_checkpoint()
+
+
+def test_a_trainer_resumed_at_a_step_the_directory_cannot_restore_is_refused(trained, tmp_path):
+    folder = LayerCheckCallback(_copy(trained, tmp_path), EVERY_STEP).resume_checkpoint()
+    other = LayerCheckCallback(tmp_path / "other", EVERY_STEP)  # not the directory of that folder
+    trainer = trainer_for(tmp_path, other, steps=8)
+    with pytest.raises(LayerCheckError, match=r"resumed at step 4 but .*other cannot restore "
+                       r"that step .*resume_from_checkpoint=callback\.resume_checkpoint\(\)"):
+        trainer.train(resume_from_checkpoint=folder)
+
+
+def test_a_directory_written_without_the_callback_names_the_plain_loop(tmp_path):
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with LayerCheck(model, opt, tmp_path / "ckpt", EVERY_STEP) as lc:
+        lc.restore()
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(
+            1, 4, dtype=torch.long)).loss.backward()
+        opt.step()
+        lc.step()
+    with pytest.raises(LayerCheckError, match=r"carries no Trainer state.*LayerCheck\.restore\(\)"):
+        LayerCheckCallback(tmp_path / "ckpt").resume_checkpoint()
+
+
+def test_into_a_folder_it_did_not_write_is_refused(trained, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(LayerCheckError, match="not written by resume_checkpoint.*new or empty"):
+        LayerCheckCallback(_copy(trained, tmp_path)).resume_checkpoint(into=mine)
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_constructor_arguments_are_checked():
+    with pytest.raises(TypeError, match=r"LayerCheckConfig\(\.\.\.\)"):
+        LayerCheckCallback("ckpt", {"smax": 10})
+    with pytest.raises(TypeError, match=r"LayerMap\.auto\(model\)"):
+        LayerCheckCallback("ckpt", layer_map={"a": ["b"]})
