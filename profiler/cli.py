@@ -1,5 +1,10 @@
 """``python -m profiler capture | drill | heatmap``: the command line.
 
+``capture --deepspeed zero3`` trains inside a DeepSpeed ZeRO-3 engine, one
+process per rank: typed plainly it starts torchrun itself (``--ranks``,
+default 2); under ``torchrun --nproc_per_node N -m profiler capture
+--deepspeed zero3`` each process is one rank.
+
 Bad input (an unknown model, an unreadable path, a negative count) is one
 line on stderr and exit status 2, never a traceback.
 """
@@ -14,7 +19,7 @@ from typing import NoReturn, Sequence
 
 from layercheck.errors import one_line
 
-from .config import CaptureConfig, DrillConfig
+from .config import CaptureConfig, DrillConfig, ZeroConfig
 from .errors import ProfilerError
 
 __all__ = ["main"]
@@ -57,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--keep-ckpt", action="store_true", help="keep the checkpoint folder")
     cap.add_argument("--keep-history", action="store_true",
                      help="keep superseded layer versions in the checkpoint folder")
+    cap.add_argument("--deepspeed", metavar="zero3",
+                     help="train inside a DeepSpeed ZeRO-3 engine with ZeroLayerCheck, one "
+                          "process per rank (starts torchrun, or runs as a rank under it)")
+    cap.add_argument("--ranks", type=int, help="with --deepspeed: ranks to start (default 2; "
+                     "under torchrun, its --nproc_per_node)")
     cap.set_defaults(run=_run_capture)
     drill = sub.add_parser("drill", help="failure-free run vs a run killed and recovered")
     _job_options(drill)
@@ -104,12 +114,38 @@ def _config(args: argparse.Namespace) -> CaptureConfig:
 
 
 def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.deepspeed is not None:
+        return _run_zero_capture(args, argv)
+    if args.ranks is not None:
+        raise ProfilerError("--ranks applies to a DeepSpeed capture: add --deepspeed zero3")
     from .capture import capture
     result = capture(_config(args), out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
                      keep_history=args.keep_history, progress=not args.quiet,
                      argv=["python -m profiler", *argv])
     print(f"wrote {result.path}")
     print(json.dumps(result.summary, indent=2, default=float))
+    return 0
+
+
+def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
+    """Outside torchrun: check everything, then start the ranks. Inside: be one."""
+    from .launch import launch, world_size
+    from .models import resolve_model
+    world = world_size()
+    if world is not None and args.ranks is not None and args.ranks != world:
+        raise ProfilerError(f"--ranks {args.ranks} but torchrun started {world} ranks: drop "
+                            f"--ranks, or give torchrun --nproc_per_node {args.ranks}")
+    zero = ZeroConfig(capture=_config(args), deepspeed=args.deepspeed,
+                      ranks=args.ranks if args.ranks is not None else world or ZeroConfig().ranks)
+    resolve_model(zero.capture.model)  # a bad --model fails here, before any rank starts
+    if world is None:
+        return launch(argv, zero)
+    from .zerocapture import zero_capture
+    result = zero_capture(zero, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
+                          keep_history=args.keep_history, progress=not args.quiet, argv=argv)
+    if result is not None:  # rank 0
+        print(f"wrote {result.path}")
+        print(json.dumps(result.summary, indent=2, default=float))
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from .errors import ProfilerError
 
-__all__ = ["CaptureConfig", "DrillConfig", "PAPER"]
+__all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "PAPER", "ZERO_STAGES"]
 
 PAPER = {"steps": 1692, "warmup_steps": 200, "smax": 1000, "threshold": 1e-3,
          "embedding_factor": 10.0}
@@ -24,6 +24,9 @@ PAPER = {"steps": 1692, "warmup_steps": 200, "smax": 1000, "threshold": 1e-3,
 embedding threshold / base threshold."""
 
 DEVICES = ("cpu", "cuda")
+
+ZERO_STAGES = {"zero3": 3}
+"""``--deepspeed`` values the profiler captures under, and their ZeRO stage."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +208,55 @@ class DrillConfig:
             raise ProfilerError(f"failures={self.failures}: a {self.capture.steps}-step run has "
                                 f"only {room} steps after LayerCheck's warm-up to fail at; "
                                 "inject fewer failures or run more steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroConfig:
+    """A capture inside a DeepSpeed ZeRO engine (``capture --deepspeed zero3``),
+    one process per data-parallel rank, ``ZeroLayerCheck`` on every rank."""
+
+    capture: CaptureConfig = dataclasses.field(default_factory=CaptureConfig)
+    """The job: the plain capture's model, data, optimizer, LR schedule and
+    LayerCheck settings. Each step's batch (``batch_size`` sequences, the
+    plain capture's batch at that data position) is split evenly over the ranks."""
+
+    deepspeed: str = "zero3"
+    """Which DeepSpeed ZeRO setup: ``zero3`` (parameters, gradients and
+    optimizer state partitioned over the ranks)."""
+
+    ranks: int = 2
+    """Data-parallel ranks (processes). Under torchrun: its world size."""
+
+    def __post_init__(self) -> None:
+        if self.deepspeed not in ZERO_STAGES:
+            raise ProfilerError(f"--deepspeed {self.deepspeed}: use {', '.join(ZERO_STAGES)} "
+                                "(the profiler captures under ZeRO-3, as the paper does)")
+        _positive_int("ranks", self.ranks)
+        if self.capture.batch_size % self.ranks:
+            raise ProfilerError(f"batch_size={self.capture.batch_size} does not split evenly over "
+                                f"{self.ranks} ranks: use a multiple of {self.ranks} for "
+                                "--batch-size")
+        if self.capture.device != "cpu":
+            raise ProfilerError(f"--device {self.capture.device} with --deepspeed: ZeRO captures "
+                                "run on the CPU (DeepSpeed's cpu accelerator, gloo); drop --device")
+
+    @property
+    def stage(self) -> int:
+        return ZERO_STAGES[self.deepspeed]
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per rank and step."""
+        return self.capture.batch_size // self.ranks
+
+    def ds_config(self) -> dict[str, Any]:
+        """The DeepSpeed config: DeepSpeed's defaults (fp32 on the CPU) except the
+        batch split, the stage, and gradient clipping, which is off as in the plain
+        capture (DeepSpeed 0.19 clips at norm 1.0 unless told otherwise)."""
+        return {"train_batch_size": self.capture.batch_size,
+                "train_micro_batch_size_per_gpu": self.micro_batch,
+                "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                "steps_per_print": 10 ** 9, "zero_optimization": {"stage": self.stage}}
 
 
 def _positive_int(name: str, value: Any) -> None:

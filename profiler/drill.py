@@ -87,6 +87,10 @@ def _load_failure_free(path: Path, failures: int) -> tuple[Trace, DrillConfig]:
                             "capture` (this one has no capture settings)")
     if "evaluation" not in trace.manifest:
         raise TraceError(f"{path}/manifest.json: no evaluation; re-capture it")
+    if "deepspeed" in trace.manifest["sources"]:
+        raise ProfilerError(f"{path}: a DeepSpeed capture; the drill re-runs the job in a single "
+                            "process, so give it a plain capture (python -m profiler capture "
+                            "without --deepspeed)")
     config = CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
     return trace, DrillConfig(capture=config, failures=failures)
 

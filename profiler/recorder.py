@@ -35,14 +35,18 @@ class Recorder:
     _restores: list[dict[str, Any]] = field(default_factory=list)
 
     def step(self, times: PhaseTimes, loss: float, report: Any,
-             accumulators_before: np.ndarray) -> None:
-        """Record step ``report.step`` (steps must arrive as 1, 2, 3, ...)."""
+             accumulators_before: np.ndarray, *, drift_in_optimizer_s: float | None = None) -> None:
+        """Record step ``report.step`` (steps must arrive as 1, 2, 3, ...).
+        ``drift_in_optimizer_s``: the part of ``report.drift_s`` that ran inside
+        ``times.optimizer_s`` (default: all of it, as with ``LayerCheck``; under
+        ``ZeroLayerCheck`` the all-reduce of the drift runs in ``step()``)."""
         if report.step != len(self._steps) + 1:
             raise ValueError(f"step {report.step} recorded after {len(self._steps)} steps")
+        inside = report.drift_s if drift_in_optimizer_s is None else drift_in_optimizer_s
         self._steps.append({
             "step": report.step, "forward_s": times.forward_s, "backward_s": times.backward_s,
             # the drift hook runs inside optimizer.step(): it is LayerCheck's cost, not compute
-            "optimizer_s": max(0.0, times.optimizer_s - report.drift_s),
+            "optimizer_s": max(0.0, times.optimizer_s - inside),
             "drift_s": report.drift_s, "stall_s": report.stall_s, "loss": loss, "lr": report.lr})
         self._drift.append(np.asarray(report.drift, dtype=np.float64))
         self._acc.append(np.asarray(accumulators_before, dtype=np.float64) + report.drift)

@@ -1,0 +1,305 @@
+"""ZeRO-3 benchmark: LayerCheck vs DeepSpeed's own checkpoint at every step vs none, 2 ranks.
+
+    python benchmarks/bench_zero.py [--models minilm,tiny] [--segments 6] [--segment-steps 6]
+                                    [--warmup 8] [--jobs 1] [--out docs/benchmarks-zero.json]
+
+A job is a real 2-rank DeepSpeed ZeRO-3 training run (torchrun, gloo,
+DeepSpeed's cpu accelerator, one thread per rank) of the profiler's job
+(``profiler.zerojob.ZeroTrainer``): MiniLM-L6 masked-LM fine-tuning on
+Python's documentation, or the profiler's tiny Qwen2 causal LM; batch 8 x 64
+tokens, 4 sequences per rank. Each job holds three engines of the same
+model, one per variant, each training on from the same start:
+
+- ``none``: no checkpointing;
+- ``layercheck``: ``ZeroLayerCheck`` with the default thresholds (1e-3,
+  embeddings 1e-2) and Smax (1000); its warm-up is ``--warmup`` steps
+  instead of 200, so that the measured steps are the steady state (after
+  the base checkpoint): ``lc.step()`` after every ``engine.step()``;
+- ``deepspeed``: ``engine.save_checkpoint(dir, tag=...)`` after every
+  ``engine.step()``: DeepSpeed's synchronous full checkpoint (one new tag
+  per step, all kept until the job ends).
+
+Side by side: every engine first trains ``--warmup`` steps (not measured),
+then the variants take turns, ``--segment-steps`` steps each, for
+``--segments`` rounds, the order rotating every round, so that the machine's
+load (other people's jobs) hits them alike and each segment can be compared
+with the other variants' segments of the same minute.
+
+Measured, on rank 0: the wall time of each step from the forward to the
+return of the checkpoint call (an untimed barrier lines the ranks up before
+each step, in every variant); within it, LayerCheck's drift hook (inside
+``engine.step()``) and the checkpoint call, whose sum over the training
+time of the same steps (``in_step_share``) is the checkpointing cost the
+training thread itself pays, hardly touched by the machine's load, which
+slows both alike; and at the end of each segment the **drain**:
+``lc.flush()`` (LayerCheck's pending background writes) and ``os.sync()``
+(what DeepSpeed's saves left in the page cache: DeepSpeed does not fsync),
+then a barrier. The drain keeps one variant's I/O out of the next one's
+segment; counted in ("with drain") it charges each variant the time to make
+its checkpoints durable, as if nothing had overlapped with training. Bytes:
+what landed in each variant's checkpoint folder (every rank's files) over
+the measured steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("none", "layercheck", "deepspeed")
+THREADS = 1
+
+
+# -- one job, on every rank (under torchrun) -------------------------------------
+class Variant:
+    """One engine and what it does after each ``engine.step()``."""
+
+    def __init__(self, name: str, trainer, folder: Path, warmup: int) -> None:
+        self.name, self.trainer, self.folder = name, trainer, folder
+        self.step_no = self.position = 0
+        self.lc = None
+        if name == "layercheck":
+            from layercheck import LayerCheckConfig
+            from layercheck.zero import ZeroLayerCheck
+            self.lc = ZeroLayerCheck(trainer.engine, str(folder),
+                                     LayerCheckConfig(warmup_steps=warmup),
+                                     scheduler=trainer.scheduler)
+            self.lc.restore()
+
+    def step(self) -> dict:
+        import torch.distributed as dist
+        dist.barrier()
+        self.step_no += 1
+        t0 = time.perf_counter()
+        share, _ = self.trainer.step(self.position)
+        t1 = time.perf_counter()
+        self.position += self.trainer.config.batch_size
+        hook_s = 0.0
+        if self.lc is not None:
+            hook_s = self.lc.drift.seconds  # the drift hook, inside engine.step()
+            self.lc.step(extra={"position": self.position})
+        elif self.name == "deepspeed":
+            self.trainer.engine.save_checkpoint(str(self.folder), tag=f"step{self.step_no}")
+        t2 = time.perf_counter()
+        return {"step": self.step_no, "compute_s": t1 - t0, "checkpoint_s": t2 - t1,
+                "step_s": t2 - t0, "drift_hook_s": hook_s, "loss_share": share}
+
+    def drain(self) -> float:
+        import torch.distributed as dist
+        t0 = time.perf_counter()
+        if self.lc is not None:
+            self.lc.flush()
+        os.sync()
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    def bytes_on_disk(self) -> int:
+        return sum(p.stat().st_size for p in self.folder.rglob("*") if p.is_file())
+
+
+def worker(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(ROOT))
+    from profiler.config import CaptureConfig, ZeroConfig
+    from profiler.zerojob import ZeroTrainer, init_distributed
+    rank, world = init_distributed()
+    steps = args.warmup + args.segments * args.segment_steps
+    config = CaptureConfig(model=args.model, steps=steps, warmup_steps=args.warmup,
+                           threads=THREADS)
+    root = Path(args.ckpt)
+    variants = []
+    for name in VARIANTS:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        trainer = ZeroTrainer.prepare(ZeroConfig(capture=config, ranks=world))
+        variants.append(Variant(name, trainer, root / name, args.warmup))
+    rows: dict[str, list] = {v.name: [] for v in variants}
+    drains: dict[str, list] = {v.name: [] for v in variants}
+    for v in variants:  # warm-up: LayerCheck's base checkpoint happens here
+        for _ in range(args.warmup):
+            v.step()
+        v.drain()
+    at_warmup = {v.name: v.bytes_on_disk() for v in variants}
+    loads = []
+    for seg in range(args.segments):
+        order = variants[seg % 3:] + variants[:seg % 3]
+        for v in order:
+            loads.append({"segment": seg, "variant": v.name, "load": os.getloadavg()[0]})
+            rows[v.name] += [{**v.step(), "segment": seg} for _ in range(args.segment_steps)]
+            drains[v.name].append({"segment": seg, "drain_s": v.drain()})
+    measured = args.segments * args.segment_steps
+    result = {"model": args.model, "params": variants[0].trainer.num_params, "variants": {}}
+    for v in variants:
+        written = v.bytes_on_disk() - at_warmup[v.name]
+        result["variants"][v.name] = {
+            "steps": rows[v.name], "drains": drains[v.name], "bytes_at_warmup": at_warmup[v.name],
+            "bytes_measured": written, "bytes_per_step": written / measured}
+        if v.lc is not None:
+            v.lc.close()
+    result["loads"] = loads
+    if rank == 0:
+        Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+# -- the driver --------------------------------------------------------------------
+def run_job(model: str, args: argparse.Namespace, scratch: Path) -> dict:
+    ckpt = Path(tempfile.mkdtemp(prefix=f"bench-zero-{model}-", dir=scratch))
+    result = ckpt.with_suffix(".json")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               str(Path(__file__).resolve()), "--worker", "--model", model,
+               "--segments", str(args.segments), "--segment-steps", str(args.segment_steps),
+               "--warmup", str(args.warmup), "--ckpt", str(ckpt), "--result", str(result)]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(THREADS),
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=7200)
+        if done.returncode != 0:
+            raise RuntimeError(f"{model} failed:\n{done.stderr[-4000:]}")
+        out = json.loads(result.read_text())
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+        result.unlink(missing_ok=True)
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def summarize(jobs: list[dict]) -> dict:
+    out: dict = {}
+    for model in dict.fromkeys(j["model"] for j in jobs):
+        mine = [j for j in jobs if j["model"] == model]
+        figs = {v: _figures([j["variants"][v] for j in mine]) for v in VARIANTS}
+        base = figs["none"]
+        for v, f in figs.items():
+            f["overhead"] = f["step_ms_mean"] / base["step_ms_mean"] - 1
+            f["overhead_median"] = f["step_ms_median"] / base["step_ms_median"] - 1
+            f["overhead_with_drain"] = f["ms_per_step_with_drain"] / base["ms_per_step_with_drain"] - 1
+            paired = [a / b - 1 for a, b in zip(f["segment_means_ms"], base["segment_means_ms"])]
+            f["segment_overheads"] = paired
+            f["segment_overhead_median"] = statistics.median(paired)
+            # checkpointing must not change training: same losses as "none" (exactly,
+            # for a model without dropout; the engines share one RNG for dropout masks)
+            f["max_loss_difference_vs_none"] = max(
+                abs(a["loss_share"] - b["loss_share"])
+                for j in mine for a, b in zip(j["variants"][v]["steps"], j["variants"]["none"]["steps"]))
+        out[model] = {"params": mine[0]["params"], "variants": figs}
+    return out
+
+
+def _figures(runs: list[dict]) -> dict:
+    steps = [s for r in runs for s in r["steps"]]
+    drains = [d["drain_s"] for r in runs for d in r["drains"]]
+    segments: dict[tuple[int, int], list[float]] = {}
+    for k, r in enumerate(runs):
+        for s in r["steps"]:
+            segments.setdefault((k, s["segment"]), []).append(s["step_s"])
+    n = len(steps)
+    hook = sum(s["drift_hook_s"] for s in steps)
+    training = sum(s["compute_s"] for s in steps) - hook
+    return {
+        "measured_steps": n,
+        "step_ms_median": 1e3 * statistics.median(s["step_s"] for s in steps),
+        "step_ms_mean": 1e3 * statistics.fmean(s["step_s"] for s in steps),
+        "compute_ms_median": 1e3 * statistics.median(s["compute_s"] for s in steps),
+        "checkpoint_ms_median": 1e3 * statistics.median(s["checkpoint_s"] for s in steps),
+        "checkpoint_ms_mean": 1e3 * statistics.fmean(s["checkpoint_s"] for s in steps),
+        "drift_hook_ms_median": 1e3 * statistics.median(s["drift_hook_s"] for s in steps),
+        # measured inside the same steps, so the machine's load scales both alike
+        "in_step_share": (hook + sum(s["checkpoint_s"] for s in steps)) / training,
+        "drain_ms_per_step": 1e3 * sum(drains) / n,
+        "ms_per_step_with_drain": 1e3 * (sum(s["step_s"] for s in steps) + sum(drains)) / n,
+        "segment_means_ms": [1e3 * statistics.fmean(v) for _, v in sorted(segments.items())],
+        "bytes_per_step": sum(r["bytes_measured"] for r in runs) / n,
+        "bytes_at_warmup": statistics.fmean(r["bytes_at_warmup"] for r in runs),
+    }
+
+
+def table(summary: dict) -> str:
+    lines = ["| model | variant | step ms, median | step ms, mean | overhead (mean) | overhead, "
+             "median of paired segments [range] | drain ms per step | overhead with drain "
+             "| drift hook + checkpoint call ms, median | in-step share "
+             "| MB written per step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, s in summary.items():
+        for v, f in s["variants"].items():
+            none = v == "none"
+            seg = f["segment_overheads"]
+            lines.append(
+                f"| {model} | {v} | {f['step_ms_median']:.1f} | {f['step_ms_mean']:.1f} | "
+                + ("- | - | " if none else f"{100 * f['overhead']:+.1f}% | "
+                   f"{100 * f['segment_overhead_median']:+.1f}% [{100 * min(seg):+.0f}%, "
+                   f"{100 * max(seg):+.0f}%] | ")
+                + f"{f['drain_ms_per_step']:.1f} | "
+                + ("- | " if none else f"{100 * f['overhead_with_drain']:+.1f}% | ")
+                + f"{f['drift_hook_ms_median']:.1f} + {f['checkpoint_ms_median']:.1f} | "
+                + f"{100 * f['in_step_share']:.1f}% | {f['bytes_per_step'] / 1e6:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="minilm,tiny")
+    ap.add_argument("--segments", type=int, default=6, help="rounds of turns (default 6)")
+    ap.add_argument("--segment-steps", type=int, default=6, help="steps per turn (default 6)")
+    ap.add_argument("--warmup", type=int, default=8, help="unmeasured steps first; LayerCheck's "
+                    "warm-up, ending in its base checkpoint (default 8)")
+    ap.add_argument("--jobs", type=int, default=1, help="repeat each model's job (default 1)")
+    ap.add_argument("--out", default="docs/benchmarks-zero.json")
+    ap.add_argument("--scratch", default=None, help="folder for the checkpoints (default: temp)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--model", "--ckpt", "--result"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if min(args.segments, args.segment_steps, args.warmup, args.jobs) < 1:
+        ap.error("--segments, --segment-steps, --warmup and --jobs must be at least 1")
+    scratch = Path(args.scratch or tempfile.gettempdir())
+    scratch.mkdir(parents=True, exist_ok=True)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    jobs, started = [], time.time()
+    for _ in range(args.jobs):
+        for model in models:
+            job = run_job(model, args, scratch)
+            loads = [l["load"] for l in job["loads"]]
+            print(f"{model}: {job['wall_s']:.0f} s, load average {min(loads):.1f}-{max(loads):.1f}",
+                  flush=True)
+            jobs.append(job)
+    summary = summarize(jobs)
+    doc = {"command": ("python benchmarks/bench_zero.py " + " ".join(sys.argv[1:])).strip(),
+           "date": time.strftime("%Y-%m-%d"), "wall_s": time.time() - started,
+           "machine": machine(), "ranks": 2, "threads_per_rank": THREADS,
+           "warmup": args.warmup, "segments": args.segments, "segment_steps": args.segment_steps,
+           "jobs_per_model": args.jobs, "summary": summary, "jobs": jobs}
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(summary))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def machine() -> dict:
+    import platform
+    from importlib.metadata import version
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cpus": os.cpu_count(), "torch": version("torch"),
+            "deepspeed": version("deepspeed"), "python": platform.python_version()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
