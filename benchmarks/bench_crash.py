@@ -256,7 +256,18 @@ def _layers_match_files(directory: Path, model: Net, plan) -> list[str]:
     return wrong
 
 
+def _warm_drift_kernel() -> None:
+    """Compile (or load) the fused drift kernels once, here: every forked child
+    inherits them, so no child spends its short life in the JIT instead of training."""
+    try:
+        from layercheck import kernels
+    except ImportError:  # no numba: the torch path needs no warming
+        return
+    kernels.warm()
+
+
 def run(trials: int, seed: int, sabotage: bool, max_delay: float) -> dict:
+    _warm_drift_kernel()
     rng = random.Random(seed)
     references = {"exact": Reference(), "composite": None}
     workdir = Path(tempfile.mkdtemp(prefix="bench-crash-"))

@@ -4,7 +4,12 @@
 
 Every ratio is measured side by side in this one run (this machine is noisy):
 the disk's sequential write and read bandwidth are measured right before the
-writer's throughput and the restore they are compared with.
+writer's throughput and the restore they are compared with; the drift
+variants (fused exact, torch-foreach exact, sampled with fixed blocks, and a
+pure read of w, m and v that no exact pass can beat) ride along on the same
+optimizer steps, in an order that rotates every step. The drift overhead is
+also measured without LayerCheck at larger batches (--drift-batches), since
+its cost is per parameter while the step's compute grows with the tokens.
 """
 from __future__ import annotations
 
@@ -50,6 +55,74 @@ def loss_of(model, ids):
     return model(input_ids=ids, labels=ids).loss
 
 
+class FixedBlocks(DriftTracker):
+    """Sampling as it was before the blocks rotated: the same elements every step."""
+
+    def _after_step(self, optimizer, *args):
+        super()._after_step(optimizer, *args)
+        self._phase = 0
+
+
+class ReadFloor:
+    """One read of w, exp_avg and exp_avg_sq (torch ``.sum()`` of each): the memory
+    traffic of any exact pass, with no arithmetic. Tracker-shaped (``take``)."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.seconds = 0.0
+
+    def _after_step(self, optimizer, *_):
+        start = time.perf_counter()
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    state = optimizer.state.get(p)
+                    if state and "exp_avg" in state:
+                        p.sum(), state["exp_avg"].sum(), state["exp_avg_sq"].sum()
+        self.seconds += time.perf_counter() - start
+
+    def take(self):
+        out, self.seconds = self.seconds, 0.0
+        return None, float("nan"), out
+
+
+class Riders:
+    """Drift variants measured on the same optimizer steps: one step post-hook
+    runs them in an order that rotates every step (no variant always runs first,
+    right after the optimizer, or always last, before the next forward)."""
+
+    def __init__(self, opt, layers, sampling):
+        self.variants = {"exact": DriftTracker(opt, layers, sampling=1),
+                         "foreach": DriftTracker(opt, layers, sampling=1, fused=False),
+                         "floor": ReadFloor(opt)}
+        if sampling > 1:
+            self.variants["fixed"] = FixedBlocks(opt, layers, sampling=sampling)
+        for v in self.variants.values():
+            if hasattr(v, "remove"):
+                v.remove()  # the rotating hook below calls them
+        self._turn = 0
+        self._handle = opt.register_step_post_hook(self._after_step)
+
+    def _after_step(self, opt, *args):
+        order = list(self.variants.values())
+        k = self._turn % len(order)
+        for v in order[k:] + order[:k]:
+            v._after_step(opt, *args)
+        self._turn += 1
+
+    def take(self):
+        return {name: v.take() for name, v in self.variants.items()}
+
+    def remove(self):
+        self._handle.remove()
+
+
+def layer_params(model):
+    from layercheck.layermap import LayerMap
+    lm = LayerMap.auto(model)
+    return [[p for _, p in lm.parameters(i)] for i in range(len(lm))]
+
+
 def train(name, build, steps, cfg, directory):
     """Train ``steps`` steps with LayerCheck; per-step timings and reports."""
     model, batch, seq, vocab = build()
@@ -60,9 +133,8 @@ def train(name, build, steps, cfg, directory):
     rows = []
     with LayerCheck(model, opt, directory, cfg, scheduler=sched) as lc:
         lc.restore()
-        # the exact measurement rides along on the same steps, for cost and accuracy
-        exact = DriftTracker(opt, [[p for _, p in lc.layer_map.parameters(i)]
-                                   for i in range(len(lc.layer_map))], sampling=1)
+        # the other drift variants ride along on the same steps, for cost and accuracy
+        riders = Riders(opt, layer_params(model), cfg.drift_sampling)
         for _ in range(steps):
             ids = torch.randint(0, vocab, (batch, seq), generator=gen)
             t0 = time.perf_counter()
@@ -72,12 +144,22 @@ def train(name, build, steps, cfg, directory):
             opt.zero_grad(set_to_none=True)
             t1 = time.perf_counter()
             report = lc.step()
-            exact_drift, _, exact_s = exact.take()
-            rows.append({"train_s": t1 - t0 - report.drift_s - exact_s, "drift_s": report.drift_s,
-                         "exact_drift_s": exact_s,
-                         "drift_rel_err": float(np.max(np.abs(report.drift / exact_drift - 1))),
-                         "stall_s": report.stall_s, "bytes": report.bytes_queued,
-                         "layers": int(report.decision.layers.size)})
+            taken = riders.take()
+            ride_s = sum(s for _, _, s in taken.values())
+            exact_drift = taken["exact"][0]
+            row = {"train_s": t1 - t0 - report.drift_s - ride_s, "drift_s": report.drift_s,
+                   "exact_drift_s": taken["exact"][2], "foreach_drift_s": taken["foreach"][2],
+                   "read_floor_s": taken["floor"][2],
+                   "drift": report.drift, "exact_drift": exact_drift,
+                   "drift_rel_err": float(np.max(np.abs(report.drift / exact_drift - 1))),
+                   "foreach_rel_diff": float(np.max(np.abs(taken["foreach"][0] / exact_drift - 1))),
+                   "stall_s": report.stall_s, "bytes": report.bytes_queued,
+                   "layers": int(report.decision.layers.size)}
+            if "fixed" in taken:
+                row["fixed_drift"] = taken["fixed"][0]
+                row["fixed_drift_s"] = taken["fixed"][2]
+            rows.append(row)
+        riders.remove()
         lc.flush()
         full = sum(v.bytes for v in (read_manifest(lc.store).versions[n][0]
                                      for n in lc.layer_map.names))
@@ -137,6 +219,44 @@ def restore_vs_read(name, build, directory: Path) -> dict:
             "restore_over_raw": total / raw_s}
 
 
+def accumulated_err(rows, key, window) -> float | None:
+    """Largest relative error of a layer's drift summed over ``window`` consecutive
+    steps (what the policy compares with its threshold), over every window."""
+    if len(rows) < window or key not in rows[0]:
+        return None
+    est = np.cumsum([np.zeros_like(rows[0][key])] + [r[key] for r in rows], axis=0)
+    ref = np.cumsum([np.zeros_like(rows[0]["exact_drift"])] + [r["exact_drift"] for r in rows], axis=0)
+    e, x = est[window:] - est[:-window], ref[window:] - ref[:-window]
+    return float(np.max(np.abs(e / x - 1)))
+
+
+def drift_at_batch(build, batch: int, steps: int) -> dict:
+    """Drift variants' cost next to the step's compute, without LayerCheck, at ``batch``."""
+    model, _, seq, vocab = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01)
+    riders = Riders(opt, layer_params(model), 1)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+        t0 = time.perf_counter()
+        loss_of(model, ids).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        taken = riders.take()
+        rows.append({"train_s": elapsed - sum(s for _, _, s in taken.values()),
+                     **{f"{k}_s": v[2] for k, v in taken.items()}})
+    riders.remove()
+    steady = rows[max(2, len(rows) // 4):]
+    out = {"batch": batch, "seq": seq, "steps": steps,
+           "step_s_median": statistics.median(r["train_s"] for r in steady)}
+    for k in ("exact", "foreach", "floor"):
+        out[f"{k}_s_median"] = statistics.median(r[f"{k}_s"] for r in steady)
+        out[f"{k}_overhead"] = out[f"{k}_s_median"] / out["step_s_median"]
+    return out
+
+
 def bench(name, build, steps, tmp: Path, sampling: int | None) -> dict:
     out: dict = {"model": name, "steps": steps}
     # 1+2: default thresholds, scaled warm-up, so selective writes happen within the run
@@ -147,10 +267,19 @@ def bench(name, build, steps, tmp: Path, sampling: int | None) -> dict:
     out["step_s_median"] = statistics.median(r["train_s"] for r in steady)
     out["drift_s_median"] = statistics.median(r["drift_s"] for r in steady)
     out["drift_overhead"] = out["drift_s_median"] / out["step_s_median"]
-    out["exact_drift_s_median"] = statistics.median(r["exact_drift_s"] for r in steady)
-    out["exact_drift_overhead"] = out["exact_drift_s_median"] / out["step_s_median"]
+    for key in ("exact_drift", "foreach_drift", "read_floor", "fixed_drift"):
+        if f"{key}_s" in steady[0]:
+            out[f"{key}_s_median"] = statistics.median(r[f"{key}_s"] for r in steady)
+            out[f"{key}_overhead"] = out[f"{key}_s_median"] / out["step_s_median"]
+    out["foreach_max_rel_diff"] = max(r["foreach_rel_diff"] for r in rows)
     out["drift_sampling"] = cfg.drift_sampling
     out["sampled_drift_max_rel_err"] = max(r["drift_rel_err"] for r in rows)
+    if "fixed_drift" in rows[0]:
+        out["fixed_drift_max_rel_err"] = max(
+            float(np.max(np.abs(r["fixed_drift"] / r["exact_drift"] - 1))) for r in rows)
+    for window in (10, 50):
+        out[f"sampled_accumulated_{window}_max_rel_err"] = accumulated_err(rows, "drift", window)
+        out[f"fixed_accumulated_{window}_max_rel_err"] = accumulated_err(rows, "fixed_drift", window)
     writing = [r for r in rows if r["bytes"] > 0 and r["layers"] > 0]
     out["stall"] = [{"bytes": r["bytes"], "stall_s": r["stall_s"]} for r in writing]
     if writing:
@@ -181,6 +310,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["minilm", "tiny", "both"], default="both")
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--drift-batches", default="8,32",
+                    help="MiniLM batch sizes for the drift-only runs (comma-separated; empty: none)")
+    ap.add_argument("--drift-steps", type=int, default=24, help="steps of each drift-only run")
     ap.add_argument("--out", default="docs/benchmarks-layercheck.json")
     ap.add_argument("--drift-sampling", type=int, default=None,
                     help="LayerCheckConfig.drift_sampling for the run (default: the library's)")
@@ -188,6 +320,7 @@ def main() -> None:
     builders = {"tiny": tiny, "minilm": minilm}
     names = ["tiny", "minilm"] if args.model == "both" else [args.model]
     results = []
+    print(f"load average at start: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for name in names:
             results.append(bench(name, builders[name], args.steps, Path(tmp), args.drift_sampling))
@@ -198,9 +331,38 @@ def main() -> None:
                   f"{r['disk_write_Bps']/1e6:.0f} MB/s ({100*r['writer_over_disk']:.0f}%), restore "
                   f"{r['restore']['restore_s']:.3f}s vs raw read {r['restore']['raw_read_s']:.3f}s, "
                   f"bytes {100*r['bytes_ratio']:.1f}% of full-every-step", flush=True)
-    Path(args.out).write_text(json.dumps({"machine": {"torch": torch.__version__,
-                                                      "cpus": os.cpu_count()},
-                                          "results": results}, indent=2) + "\n")
+            print(f"{name}: drift exact fused {r['exact_drift_s_median']*1e3:.2f} ms "
+                  f"({100*r['exact_drift_overhead']:.2f}%), foreach {r['foreach_drift_s_median']*1e3:.2f} ms "
+                  f"({100*r['foreach_drift_overhead']:.2f}%), read floor {r['read_floor_s_median']*1e3:.2f} ms "
+                  f"({100*r['read_floor_overhead']:.2f}%); sampled accumulated err over 50 steps: "
+                  f"rotating {r['sampled_accumulated_50_max_rel_err']}, fixed {r['fixed_accumulated_50_max_rel_err']}",
+                  flush=True)
+    by_batch = []
+    if "minilm" in names:
+        for batch in [int(b) for b in args.drift_batches.split(",") if b.strip()]:
+            by_batch.append(drift_at_batch(minilm, batch, args.drift_steps))
+            b = by_batch[-1]
+            print(f"minilm batch {batch}: step {b['step_s_median']*1e3:.0f} ms, drift exact fused "
+                  f"{b['exact_s_median']*1e3:.2f} ms ({100*b['exact_overhead']:.2f}%), foreach "
+                  f"{b['foreach_s_median']*1e3:.2f} ms ({100*b['foreach_overhead']:.2f}%), read floor "
+                  f"{b['floor_s_median']*1e3:.2f} ms ({100*b['floor_overhead']:.2f}%)", flush=True)
+    Path(args.out).write_text(json.dumps({"machine": machine(), "results": results,
+                                          "drift_by_batch": by_batch}, indent=2) + "\n")
+
+
+def machine() -> dict:
+    out = {"torch": torch.__version__, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+           "numba": None, "load_average_at_end": os.getloadavg()}
+    try:
+        import numba
+    except ImportError:
+        return out
+    out["numba"] = numba.__version__
+    try:
+        out["numba_threading_layer"] = numba.threading_layer()
+    except ValueError:  # no parallel kernel ran
+        pass
+    return out
 
 
 if __name__ == "__main__":

@@ -12,20 +12,32 @@ and for Adam (L2 decay folded into the gradient) ``|w(t) - w(t-1)| = |u|``.
 Other optimizers fall back to remembering the previous weights (exact, but
 one extra copy of the model: a warning says so).
 
-Cost: the pass re-reads the weights and both moments once per step, as a
-handful of ``torch._foreach_*`` calls per layer (not a dozen calls per
-tensor, which would dominate a small model's step). With ``sampling=n``,
-tensors of at least SAMPLE_MIN elements are represented by the first BLOCK
-elements of every run of n * BLOCK (the same elements in w, m and v, every
-step), which divides the memory traffic by n; d_l is then an estimate.
+Cost: the pass re-reads the weights and both moments once per step. With
+numba installed (the ``train`` extra), contiguous CPU fp32 tensors go through
+one fused kernel (``layercheck.kernels``): w, m and v are read once, both sums
+come out of the same pass, float64 accumulation. Anything else (GPU tensors,
+other dtypes, non-contiguous, no numba) takes the torch path: a handful of
+``torch._foreach_*`` calls per layer over scratch copies (not a dozen calls per
+tensor, which would dominate a small model's step). Both give the same numbers
+(the same fp32 element arithmetic; only the summation order differs).
+
+With ``sampling=n``, tensors of at least SAMPLE_MIN elements are represented
+by one block of BLOCK elements out of every run of n * BLOCK (the same
+elements in w, m and v), which divides the memory traffic by n; d_l is then an
+estimate. The block rotates with the step (step t reads block t mod n of each
+run), so over any n consecutive steps every element is read once, and the
+accumulated drift that the policy compares with its threshold does not keep
+missing the same elements.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from types import ModuleType
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -38,18 +50,59 @@ BLOCK = 64
 SAMPLE_MIN = 65536
 """Tensors smaller than this are always measured whole."""
 _TINY = 1e-30
+_kernels: ModuleType | bool | None = None
+"""layercheck.kernels once imported; False where numba is missing or fails to
+import; None before the first try (numba takes a second or more to import, so
+only a tracker that steps pays for it)."""
+
+
+def _load_kernels() -> ModuleType | None:
+    global _kernels
+    if _kernels is None:
+        try:
+            _kernels = importlib.import_module(".kernels", __package__)
+        except ImportError:
+            _kernels = False
+    return _kernels or None
 
 
 @dataclass(frozen=True)
 class _Entry:
-    """One trainable parameter: how to view the elements that stand for it, and
-    the factor that scales sums over them to the whole tensor."""
+    """One trainable parameter: which of its elements stand for it (``take`` of
+    every run of ``span``; all of them when equal) and the factor that scales
+    sums over them to the whole tensor."""
 
     param: nn.Parameter
     group: dict
-    view: Callable[[torch.Tensor], torch.Tensor]
+    layer: int
+    span: int
+    take: int
     scale: float
-    numel: int
+
+    def view(self, t: torch.Tensor, phase: int) -> torch.Tensor:
+        if self.take == self.span:
+            return t
+        rows = t.numel() // self.span
+        first = (phase * self.take) % self.span
+        return t.view(-1)[:rows * self.span].view(rows, self.span)[:, first:first + self.take]
+
+    def extent(self) -> tuple[int, int, int]:
+        """(numel, span, take): a ``layercheck.kernels.Extent``."""
+        return self.param.numel(), self.span, self.take
+
+
+@dataclass(frozen=True)
+class _Adam:
+    """One (param group, step)'s update terms: |w(t) - w(t-1)| = scale |q| / shrink,
+    q = m / (sqrt(v) + eps_c) + alpha w."""
+
+    eps_c: float
+    alpha: float
+    scale: float
+    shrink: float
+
+    def moved(self, abs_sum_q: float) -> float:
+        return self.scale * abs_sum_q / self.shrink
 
 
 class DriftTracker:
@@ -59,32 +112,40 @@ class DriftTracker:
     (the hook runs inside the step, before the LR scheduler moves the LR);
     ``take()`` returns the summed drift, the LR of the last step, and resets;
     ``resync()`` after the optimizer state was replaced (a restore).
+    ``fused=False`` keeps every tensor on the torch path (for comparisons);
+    ``fused_params`` tells how many parameters the last step measured with the
+    fused kernel.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
-                 layers: Sequence[Sequence[nn.Parameter]], *, sampling: int = 1) -> None:
+                 layers: Sequence[Sequence[nn.Parameter]], *, sampling: int = 1,
+                 fused: bool = True) -> None:
         if sampling < 1:
             raise ValueError(f"sampling={sampling}: use 1 (every element) or more")
         self.sampling = sampling
         self.optimizer = optimizer
         group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-        self._layers = [[self._entry(p, group_of[id(p)]) for p in params if id(p) in group_of]
-                        for params in layers]
+        self._layers = [[self._entry(p, group_of[id(p)], i) for p in params if id(p) in group_of]
+                        for i, params in enumerate(layers)]
+        self._all = [e for entries in self._layers for e in entries]
         self._frozen_l1 = [float(sum(float(p.detach().abs().sum()) for p in params
                                      if id(p) not in group_of)) for params in layers]
         self._adam = isinstance(optimizer, torch.optim.Adam)  # AdamW subclasses Adam
+        self._fused = fused and self._adam
+        self._plans: dict[tuple[int, ...], object] = {}
         self._steps: dict[int, int] = {}
+        self._phase = 0
         self._previous: dict[int, torch.Tensor] = {}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self.drift = np.zeros(len(self._layers), dtype=np.float64)
         self.lr = math.nan
         self.seconds = 0.0
+        self.fused_params = 0
         if not self._adam:
             warnings.warn(f"layercheck: drift for {type(optimizer).__name__} is measured by "
                           "keeping a copy of the previous weights (exact, one extra model copy "
                           "in memory); Adam and AdamW need no copy", stacklevel=3)
-            self._previous = {id(e.param): e.param.detach().clone()
-                              for entries in self._layers for e in entries}
+            self._previous = {id(e.param): e.param.detach().clone() for e in self._all}
         self._handle = optimizer.register_step_post_hook(self._after_step)
 
     def remove(self) -> None:
@@ -101,83 +162,135 @@ class DriftTracker:
         """Forget the step counts read from the optimizer state (it was replaced)."""
         self._steps.clear()
 
-    def _entry(self, p: nn.Parameter, group: dict) -> _Entry:
+    def _entry(self, p: nn.Parameter, group: dict, layer: int) -> _Entry:
         n = p.numel()
-        if self.sampling == 1 or n < SAMPLE_MIN or not p.is_contiguous():
-            return _Entry(p, group, _whole, 1.0, n)
         span = BLOCK * self.sampling
-        rows = n // span
-
-        def view(t: torch.Tensor) -> torch.Tensor:
-            return t.view(-1)[:rows * span].view(rows, span)[:, :BLOCK]
-        return _Entry(p, group, view, n / (rows * BLOCK), rows * BLOCK)
+        if self.sampling == 1 or n < SAMPLE_MIN or not p.is_contiguous():
+            return _Entry(p, group, layer, n, n, 1.0)
+        return _Entry(p, group, layer, span, BLOCK, n / (n // span * BLOCK))
 
     # -- the hook ----------------------------------------------------------
     def _after_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
         start = time.perf_counter()
         with torch.no_grad():
+            updates = self._updates() if self._adam else {}
+            moved, size, done = self._fused_sums(updates)
             for i, entries in enumerate(self._layers):
-                moved, size = self._layer_sums(entries)
-                total = size + self._frozen_l1[i]
-                self.drift[i] += moved / total if total > 0 else (math.inf if moved else 0.0)
+                m, s = self._layer_sums([e for e in entries if id(e) not in done], updates)
+                moved[i] += m
+                size[i] += s
+        for i in range(len(self._layers)):
+            total = size[i] + self._frozen_l1[i]
+            self.drift[i] += moved[i] / total if total > 0 else (math.inf if moved[i] else 0.0)
+        self._phase += 1
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
         self.seconds += time.perf_counter() - start
 
-    def _layer_sums(self, entries: list[_Entry]) -> tuple[float, float]:
-        """(sum |w(t) - w(t-1)|, sum |w(t)|) over a layer's trainable parameters."""
-        if not entries:
-            return 0.0, 0.0
-        size = self._abs_sum([e.view(e.param) for e in entries], [e.scale for e in entries])
-        # Adam skips a parameter without a gradient: it did not move this step
-        updated = [e for e in entries if e.param.grad is not None]
-        if not self._adam:
-            return sum(self._copy_delta(e) for e in updated), size
-        moved = 0.0
-        for batch in self._batches(updated):
-            moved += self._adam_moved(batch)
-        return moved, size
-
-    def _batches(self, entries: list[_Entry]) -> list[list[_Entry]]:
-        """Entries sharing hyper-parameters and step count (one foreach batch each)."""
-        out: dict[tuple[int, int], list[_Entry]] = {}
-        for e in entries:
+    def _updates(self) -> dict[int, _Adam]:
+        """The update terms of each parameter that Adam moved in this step."""
+        out: dict[int, _Adam] = {}
+        terms: dict[tuple[int, int], _Adam] = {}
+        for e in self._all:
+            # Adam skips a parameter without a gradient: it did not move this step
             state = self.optimizer.state.get(e.param)
-            if not state or "exp_avg" not in state:
+            if e.param.grad is None or not state or "exp_avg" not in state:
                 continue
             key = id(e.param)
             step = self._steps.get(key)
             # read the optimizer's count once, then keep it ourselves (no sync per step)
             step = int(state["step"]) if step is None else step + 1
             self._steps[key] = step
-            out.setdefault((id(e.group), step), []).append(e)
-        return list(out.values())
+            if (id(e.group), step) not in terms:
+                terms[id(e.group), step] = self._adam_terms(e.group, step)
+            out[key] = terms[id(e.group), step]
+        return out
 
-    def _adam_moved(self, batch: list[_Entry]) -> float:
-        group, step = batch[0].group, self._steps[id(batch[0].param)]
-        states = [self.optimizer.state[e.param] for e in batch]
+    def _adam_terms(self, group: dict, step: int) -> _Adam:
         lr, eps = float(group["lr"]), float(group["eps"])
         beta1, beta2 = (float(b) for b in group["betas"])
         bc1, c = 1 - beta1 ** step, math.sqrt(1 - beta2 ** step)
-        key = "max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"
-        buf, flat = self._buffers([e.view(s[key]) for e, s in zip(batch, states)])
-        # m / (sqrt(v)/c + eps) == c * m / (sqrt(v) + eps*c). The +TINY keeps torch's CPU
-        # sqrt off its slow path for exact zeros (7x slower; untouched embedding rows are
-        # all zeros) and changes no result: it vanishes next to any non-zero v, and
-        # where v == 0, m == 0 too.
-        torch._foreach_add_(buf, _TINY)
-        torch._foreach_sqrt_(buf)
-        torch._foreach_add_(buf, eps * c)
-        torch._foreach_reciprocal_(buf)
-        torch._foreach_mul_(buf, [e.view(s["exp_avg"]) for e, s in zip(batch, states)])
+        # m / (sqrt(v)/c + eps) == c * m / (sqrt(v) + eps*c)
         scale = lr / bc1 * c
+        if scale == 0.0:  # lr 0 (a warm-up's first step): nothing moved
+            return _Adam(eps * c, 0.0, 0.0, 1.0)
         wd = float(group.get("weight_decay", 0.0))
         decoupled = group.get("decoupled_weight_decay", isinstance(self.optimizer, torch.optim.AdamW))
-        shrink = 1.0
         if wd and decoupled:
             # |scale q + lr wd w| = scale |q + (lr wd / scale) w|
-            torch._foreach_add_(buf, [e.view(e.param) for e in batch], alpha=lr * wd / scale)
-            shrink = 1 - lr * wd
-        return scale * self._scaled_abs_sum(buf, flat, [e.scale for e in batch]) / shrink
+            return _Adam(eps * c, lr * wd / scale, scale, 1 - lr * wd)
+        return _Adam(eps * c, 0.0, scale, 1.0)
+
+    def _second_moment(self, e: _Entry) -> torch.Tensor:
+        state = self.optimizer.state[e.param]
+        return state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"]
+
+    # -- the fused path (layercheck.kernels) -----------------------------------
+    def _fused_sums(self, updates: dict[int, _Adam]) -> tuple[np.ndarray, np.ndarray, set[int]]:
+        """Per-layer sums over the entries the kernel can read, and which those were."""
+        moved, size = np.zeros(len(self._layers)), np.zeros(len(self._layers))
+        chosen, ptr, terms = [], [], []
+        kernels = _load_kernels() if self._fused else None
+        for index, e in enumerate(self._all if kernels else ()):
+            if not _fusable(e.param):
+                continue
+            t = updates.get(id(e.param))
+            if t is None:
+                chosen.append(index)
+                ptr.append((e.param.data_ptr(), 0, 0))
+                terms.append((0.0, 0.0, 0.0))
+                continue
+            m, v = self.optimizer.state[e.param]["exp_avg"], self._second_moment(e)
+            if _fusable(m) and _fusable(v):
+                chosen.append(index)
+                ptr.append((e.param.data_ptr(), m.data_ptr(), v.data_ptr()))
+                terms.append((t.eps_c, t.alpha, t.moved(1.0)))
+        self.fused_params = len(chosen)
+        if not chosen:
+            return moved, size, set()
+        plan = self._plans.get(tuple(chosen))
+        if plan is None:
+            plan = self._plans[tuple(chosen)] = kernels.FusedPass([self._all[i].extent() for i in chosen])
+        eps_c, alpha, factor = np.array(terms).T
+        raw_moved, raw_size = plan.run(np.array(ptr, dtype=np.int64), eps_c.astype(np.float32),
+                                       alpha.astype(np.float32), self._phase % self.sampling,
+                                       torch.get_num_threads())
+        entries = [self._all[i] for i in chosen]
+        layer = np.array([e.layer for e in entries])
+        scale = np.array([e.scale for e in entries])
+        moved += np.bincount(layer, raw_moved * factor * scale, minlength=len(moved))
+        size += np.bincount(layer, raw_size * scale, minlength=len(size))
+        return moved, size, {id(e) for e in entries}
+
+    # -- the torch path ----------------------------------------------------------
+    def _layer_sums(self, entries: list[_Entry], updates: dict[int, _Adam]) -> tuple[float, float]:
+        """(sum |w(t) - w(t-1)|, sum |w(t)|) over a layer's trainable parameters."""
+        if not entries:
+            return 0.0, 0.0
+        size = self._abs_sum([e.view(e.param, self._phase) for e in entries],
+                             [e.scale for e in entries])
+        if not self._adam:
+            return sum(self._copy_delta(e) for e in entries if e.param.grad is not None), size
+        batches: dict[int, list[_Entry]] = {}
+        for e in entries:
+            if id(e.param) in updates:
+                batches.setdefault(id(updates[id(e.param)]), []).append(e)
+        return sum(self._adam_moved(b, updates[id(b[0].param)]) for b in batches.values()), size
+
+    def _adam_moved(self, batch: list[_Entry], t: _Adam) -> float:
+        """sum |w(t) - w(t-1)| over entries sharing update terms (one foreach batch)."""
+        buf, flat = self._buffers([e.view(self._second_moment(e), self._phase) for e in batch])
+        # The +TINY keeps torch's CPU sqrt off its slow path for exact zeros (7x slower;
+        # untouched embedding rows are all zeros) and changes no result: it vanishes
+        # next to any non-zero v, and where v == 0, m == 0 too.
+        torch._foreach_add_(buf, _TINY)
+        torch._foreach_sqrt_(buf)
+        torch._foreach_add_(buf, t.eps_c)
+        torch._foreach_reciprocal_(buf)
+        torch._foreach_mul_(buf, [e.view(self.optimizer.state[e.param]["exp_avg"], self._phase)
+                                  for e in batch])
+        if t.alpha:
+            torch._foreach_add_(buf, [e.view(e.param, self._phase) for e in batch], alpha=t.alpha)
+        return t.moved(self._scaled_abs_sum(buf, flat, [e.scale for e in batch]))
 
     def _abs_sum(self, tensors: list[torch.Tensor], scales: list[float]) -> float:
         buf, flat = self._buffers(tensors)
@@ -209,11 +322,12 @@ class DriftTracker:
 
     def _copy_delta(self, e: _Entry) -> float:
         previous = self._previous[id(e.param)]
-        (buf,), flat = self._buffers([e.view(e.param)])
-        buf.sub_(e.view(previous))
+        (buf,), flat = self._buffers([e.view(e.param, self._phase)])
+        buf.sub_(e.view(previous, self._phase))
         previous.copy_(e.param)
         return self._scaled_abs_sum([buf], flat, [e.scale])
 
 
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    return t
+def _fusable(t: torch.Tensor) -> bool:
+    """Whether the kernel may read ``t`` through its address (see layercheck.kernels)."""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()

@@ -1,11 +1,17 @@
 """Update-path drift against a reference computed from weight copies."""
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from layercheck.drift import DriftTracker
+from layercheck import drift as drift_module
+from layercheck.drift import BLOCK, DriftTracker, _Entry, _fusable
 from layercheck.layermap import LayerMap
 from tests.conftest import tiny_lm
 
@@ -20,10 +26,20 @@ def _reference(before, model, layer_map):
     return np.array(out)
 
 
-@pytest.mark.parametrize("opt_cls,wd,amsgrad", [
-    (torch.optim.AdamW, 0.0, False), (torch.optim.AdamW, 0.1, False),
-    (torch.optim.AdamW, 0.1, True), (torch.optim.Adam, 0.05, False)])
-def test_drift_matches_copy_reference(opt_cls, wd, amsgrad):
+def _trackers(opt, layer_map, **kw):
+    return DriftTracker(opt, [[p for _, p in layer_map.parameters(i)] for i in range(len(layer_map))], **kw)
+
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+VARIANTS = [(torch.optim.AdamW, 0.0, False), (torch.optim.AdamW, 0.1, False),
+            (torch.optim.AdamW, 0.1, True), (torch.optim.Adam, 0.05, False)]
+
+
+@pytest.mark.parametrize("fused", [pytest.param(True, marks=needs_numba), False],
+                         ids=["fused", "foreach"])
+@pytest.mark.parametrize("opt_cls,wd,amsgrad", VARIANTS)
+def test_drift_matches_copy_reference(opt_cls, wd, amsgrad, fused):
     # The reference differences fp32 weights, so it carries up to half an ulp of w
     # per element (6e-8 for a norm weight near 1). At lr 1e-2 that is < 1e-5 of an
     # update, so rtol 1e-5 tests our arithmetic rather than the reference's rounding.
@@ -31,7 +47,7 @@ def test_drift_matches_copy_reference(opt_cls, wd, amsgrad):
     model = tiny_lm(tied=False)
     layer_map = LayerMap.auto(model)
     opt = opt_cls(model.parameters(), lr=1e-2, weight_decay=wd, amsgrad=amsgrad)
-    tracker = DriftTracker(opt, [[p for _, p in layer_map.parameters(i)] for i in range(len(layer_map))])
+    tracker = _trackers(opt, layer_map, fused=fused)
     for step in range(4):
         ids = torch.randint(0, 128, (2, 10))
         model(input_ids=ids, labels=ids).loss.backward()
@@ -39,6 +55,8 @@ def test_drift_matches_copy_reference(opt_cls, wd, amsgrad):
         opt.step()
         opt.zero_grad()
         drift, lr, _ = tracker.take()
+        # the fused kernel measures every parameter, or none
+        assert tracker.fused_params == (len(list(model.parameters())) if fused else 0)
         np.testing.assert_allclose(drift, _reference(before, model, layer_map), rtol=1e-5)
         assert lr == pytest.approx(1e-2)
 
@@ -94,3 +112,163 @@ def test_sampled_drift_estimates_the_exact_value_on_large_tensors():
         d_sampled, _, _ = sampled.take()
         np.testing.assert_allclose(d_sampled, d_exact, rtol=0.02)
         assert not np.array_equal(d_sampled, d_exact)  # it really sampled
+
+
+# -- the fused kernel (layercheck.kernels) against the torch path --------------------------
+
+def _flat_parts(sizes, seed=0):
+    """ZeRO-style flat fp32 partitions: 1-D contiguous views of one buffer."""
+    gen = torch.Generator().manual_seed(seed)
+    buf = torch.randn(sum(sizes), generator=gen)
+    parts, offset = [], 0
+    for n in sizes:
+        parts.append(torch.nn.Parameter(buf[offset:offset + n]))
+        offset += n
+    return parts
+
+
+def _flat_loss(parts, gen):
+    # a loss whose gradient leaves some elements at exactly zero (m = v = 0 there)
+    return sum((p[::3] * torch.randn(p[::3].shape, generator=gen)).sum() + p[:50].pow(2).sum()
+               for p in parts)
+
+
+@needs_numba
+@pytest.mark.parametrize("opt_cls,wd,amsgrad", VARIANTS)
+@pytest.mark.parametrize("sampling", [1, 4])
+def test_fused_and_torch_paths_agree(opt_cls, wd, amsgrad, sampling):
+    parts = _flat_parts([70_001, 200_000, 1_000, 5])  # over and under CHUNK and SAMPLE_MIN
+    layers = [parts[:2], parts[2:]]
+    opt = opt_cls(parts, lr=1e-3, weight_decay=wd, amsgrad=amsgrad)
+    fused = DriftTracker(opt, layers, sampling=sampling)
+    plain = DriftTracker(opt, layers, sampling=sampling, fused=False)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        _flat_loss(parts, gen).backward()
+        opt.step()
+        opt.zero_grad()
+        a, _, _ = fused.take()
+        b, _, _ = plain.take()
+        assert fused.fused_params == 4 and plain.fused_params == 0
+        assert np.all(a > 0)
+        np.testing.assert_allclose(a, b, rtol=2e-6)
+
+
+@needs_numba
+@pytest.mark.parametrize("sampling", [1, 16])
+def test_flat_partitions_match_copy_reference(sampling):
+    parts = _flat_parts([300_007, 65_536, 17])
+    # lr 1e-2: the reference's own rounding (half an ulp of w) stays < 1e-5 of an update
+    opt = torch.optim.AdamW(parts, lr=1e-2, weight_decay=0.01)
+    tracker = DriftTracker(opt, [parts[:1], parts[1:]], sampling=sampling)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        _flat_loss(parts, gen).backward()
+        before = [p.detach().clone() for p in parts]
+        opt.step()
+        opt.zero_grad()
+        drift, _, _ = tracker.take()
+        moved = [float((p.detach().double() - b.double()).abs().sum()) for p, b in zip(parts, before)]
+        size = [float(p.detach().double().abs().sum()) for p in parts]
+        ref = np.array([moved[0] / size[0], sum(moved[1:]) / sum(size[1:])])
+        assert tracker.fused_params == 3
+        np.testing.assert_allclose(drift, ref, rtol=1e-5 if sampling == 1 else 0.05)
+
+
+def _one_step_against_reference(model, **tracker_kw):
+    layer_map = LayerMap.auto(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    tracker = _trackers(opt, layer_map, **tracker_kw)
+    ids = torch.randint(0, 128, (2, 10))
+    model(input_ids=ids, labels=ids).loss.backward()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.step()
+    drift, _, _ = tracker.take()
+    np.testing.assert_allclose(drift, _reference(before, model, layer_map), rtol=1e-5)
+    return tracker
+
+
+def test_fallback_for_a_non_contiguous_parameter():
+    torch.manual_seed(0)
+    model = tiny_lm(tied=False, layers=2)
+    # the kernel reads memory linearly, so it must leave this one to torch
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().t().contiguous().t())
+    assert not model.lm_head.weight.is_contiguous()
+    tracker = _one_step_against_reference(model)
+    assert tracker.fused_params == (len(list(model.parameters())) - 1 if HAVE_NUMBA else 0)
+
+
+def test_fallback_for_other_dtypes():
+    torch.manual_seed(0)
+    assert _one_step_against_reference(tiny_lm(tied=False, layers=2).double()).fused_params == 0
+    assert not _fusable(torch.zeros(4, device="meta"))  # stands in for a GPU tensor
+    assert not _fusable(torch.zeros(4, dtype=torch.bfloat16))
+    assert _fusable(torch.zeros(4))
+
+
+def test_fallback_without_numba(monkeypatch):
+    monkeypatch.setattr(drift_module, "_kernels", False)  # as if `import numba` had failed
+    torch.manual_seed(0)
+    assert _one_step_against_reference(tiny_lm(tied=False, layers=2)).fused_params == 0
+
+
+def test_drift_imports_and_works_without_numba():
+    code = ("import sys; sys.modules['numba'] = None\n"  # makes `import numba` fail
+            "import torch\n"
+            "from layercheck.drift import DriftTracker\n"
+            "lin = torch.nn.Linear(8, 8)\n"
+            "opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)\n"
+            "t = DriftTracker(opt, [list(lin.parameters())])\n"
+            "lin(torch.randn(2, 8)).sum().backward(); opt.step()\n"
+            "d, _, _ = t.take(); assert d[0] > 0 and t.fused_params == 0\n"
+            "assert 'layercheck.kernels' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_zero_learning_rate_moves_nothing():
+    # a warm-up that starts at lr 0 (Hugging Face's linear warm-up does), with weight decay
+    for fused in (True, False):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(16, 16)
+        opt = torch.optim.AdamW(lin.parameters(), lr=0.0, weight_decay=0.01)
+        tracker = DriftTracker(opt, [list(lin.parameters())], fused=fused)
+        lin(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        drift, _, _ = tracker.take()
+        assert drift[0] == 0.0
+
+
+@needs_numba
+def test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count():
+    from layercheck import kernels
+    assert kernels.TINY == np.float32(drift_module._TINY)
+    gen = torch.Generator().manual_seed(3)
+    n = 1 << 22  # 4 M terms of ~0.8: a float32 running sum would be off by ~1e-3
+    w = torch.randn(n, generator=gen)
+    m = torch.randn(n, generator=gen) * 1e-3
+    v = torch.rand(n, generator=gen) * 1e-6
+    m[:1000] = v[:1000] = 0.0  # untouched rows
+    ptr = np.array([[w.data_ptr(), m.data_ptr(), v.data_ptr()], [w.data_ptr(), 0, 0]], dtype=np.int64)
+    eps_c, alpha = np.float32(1e-8), np.float32(0.1)
+    plan = kernels.FusedPass([kernels.Extent(n, n, n)] * 2)
+    args = (ptr, np.array([eps_c] * 2), np.array([alpha] * 2), 0)
+    moved, size = plan.run(*args, threads=2)
+    # the same fp32 element arithmetic, summed in float64 by torch
+    q = (1.0 / ((v + kernels.TINY).sqrt() + eps_c)) * m + alpha * w
+    np.testing.assert_allclose(moved[0], float(q.abs().sum(dtype=torch.float64)), rtol=1e-6)
+    np.testing.assert_allclose(size, float(w.abs().sum(dtype=torch.float64)), rtol=1e-7)
+    assert moved[1] == 0.0
+    again = plan.run(*args, threads=1)
+    assert np.array_equal(again[0], moved) and np.array_equal(again[1], size)
+
+
+def test_rotating_blocks_cover_every_element_once_in_n_steps():
+    n, sampling = 5 * BLOCK * 4 + 17, 4  # the tail beyond the last whole run is never read
+    p = torch.nn.Parameter(torch.zeros(n))
+    entry = _Entry(p, {}, 0, span=BLOCK * sampling, take=BLOCK, scale=1.0)
+    seen = torch.zeros(n)
+    for phase in range(sampling):
+        entry.view(seen, phase).add_(1.0)
+    assert torch.equal(seen[:n - 17], torch.ones(n - 17)) and not seen[n - 17:].any()
