@@ -129,7 +129,11 @@ class LayerCheck:
             self.writer.close()
         finally:
             self.drift.remove()
-            self.store.unlock()
+            self._release()
+
+    def _release(self) -> None:
+        """Give the directory back (its lock)."""
+        self.store.unlock()
 
     def flush(self) -> None:
         """Wait until everything submitted so far is committed."""

@@ -40,7 +40,8 @@ from .manifest import ManifestView, Version, read_manifest, read_verified
 from .recovery import Plan, iter_layers, make_plan, parse_safetensors
 from .store import Store
 
-__all__ = ["FORMATS", "export", "export_model", "export_deepspeed", "plan_all_ranks"]
+__all__ = ["FORMATS", "export", "export_model", "export_deepspeed", "plan_all_ranks",
+           "composite_tensors"]
 
 FORMATS = ("hf", "deepspeed")
 """``hf``: a model folder for evaluation (the default); ``deepspeed``: a DeepSpeed checkpoint."""
@@ -66,12 +67,7 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
         plan, tensors = _zero_model(store, view, step)
     else:
         plan = make_plan(store, view, step, verify=False)
-        tensors = {}
-        for loaded in iter_layers(store, view, plan, view.layer_names):
-            for key, tensor in loaded.tensors.items():
-                kind, _, name = key.partition("/")
-                if kind in ("param", "buffer"):
-                    tensors[name] = tensor
+        tensors = composite_tensors(store, view, plan)
 
     def build(staging: Path) -> None:
         save_file(tensors, staging / "model.safetensors",
@@ -83,6 +79,18 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
 
     _publish(target, build)
     return plan
+
+
+def composite_tensors(store: Store, view: ManifestView, plan: Plan) -> dict[str, torch.Tensor]:
+    """The module's weights and buffers of the composite ``plan``, by their names
+    (each layer loaded verified, falling back past a corrupt version)."""
+    tensors = {}
+    for loaded in iter_layers(store, view, plan, view.layer_names):
+        for key, tensor in loaded.tensors.items():
+            kind, _, name = key.partition("/")
+            if kind in ("param", "buffer"):
+                tensors[name] = tensor
+    return tensors
 
 
 def export_deepspeed(store: Store, out: str | os.PathLike[str], *,

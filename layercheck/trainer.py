@@ -61,9 +61,10 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from .checkpoint import MODEL_CONFIG, LayerCheck
 from .config import LayerCheckConfig
 from .errors import CheckpointNotFound, LayerCheckError
+from .export import composite_tensors
 from .layermap import LayerMap
 from .manifest import read_manifest, read_verified
-from .recovery import iter_layers, make_plan, parse_safetensors
+from .recovery import make_plan, parse_safetensors
 from .store import LocalStore, Store, open_store
 
 __all__ = ["LayerCheckCallback", "TRAINER_STATE_KEY"]
@@ -159,12 +160,7 @@ class LayerCheckCallback(TrainerCallback):
         """Every parameter and persistent buffer of step ``plan.step``, under its name in
         the model; a tied weight also under its second name (the Trainer loads by name
         and would report the alias as missing)."""
-        tensors = {}
-        for loaded in iter_layers(store, view, plan, view.layer_names):
-            for key, tensor in loaded.tensors.items():
-                kind, _, name = key.partition("/")
-                if kind in ("param", "buffer"):
-                    tensors[name] = tensor
+        tensors = composite_tensors(store, view, plan)
         if self._model is not None:
             owner = {p.data_ptr(): n for n, p in self._model.named_parameters()}
             for name, value in self._model.state_dict().items():

@@ -350,17 +350,9 @@ class ZeroLayerCheck(LayerCheck):
             self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
         self.store.append(MANIFEST, encode_record(_jsonable(header)))
 
-    def close(self) -> None:
-        """Wait for every pending write to commit on every rank, then release."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.writer.close()
-        finally:
-            self.drift.remove()
-            if self.rank == 0:
-                self.store.unlock()
+    def _release(self) -> None:
+        if self.rank == 0:  # rank 0 alone holds the lock
+            self.store.unlock()
 
     # -- recovery -----------------------------------------------------------------
     def restore(self, step: int | None = None) -> int:
