@@ -63,8 +63,9 @@ class LayerCheckConfig:
 
     drift_sampling: int = 1
     """1 (default): d_l is computed from every element, exactly. n > 1: each
-    tensor of at least 65,536 elements is represented by the first 64 elements
-    of every run of 64 n (fixed, so the same elements every step), which cuts
+    tensor of at least 65,536 elements is represented by one block of 64
+    elements of every run of 64 n (block t mod n at step t, so n consecutive
+    steps read every element once), which cuts
     the tracking cost about n-fold for an estimate of the mean (accuracy and
     cost measured in docs/benchmarks.md). Smaller tensors are always exact."""
 

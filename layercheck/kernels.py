@@ -33,6 +33,7 @@ and keeps its torch path where the import fails.
 from __future__ import annotations
 
 import os
+import threading
 from typing import NamedTuple, Sequence
 
 import numba
@@ -102,9 +103,15 @@ def _parallel_or_serial():
     return _run_parallel
 
 
+_PARALLEL_LOCK = threading.Lock()
+"""The workqueue layer takes one parallel call at a time: two trackers stepping
+from two threads must queue, not crash the process."""
+
+
 def _run_parallel(ptr, numel, eps_c, alpha, seg, jobs, phase, out, threads):
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    _fused_sums(ptr, numel, eps_c, alpha, seg, jobs, phase, out)
+    with _PARALLEL_LOCK:
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        _fused_sums(ptr, numel, eps_c, alpha, seg, jobs, phase, out)
 
 
 def _run_serial(ptr, numel, eps_c, alpha, seg, jobs, phase, out, threads):
