@@ -30,7 +30,7 @@ from .errors import CheckpointNotFound, LayerCheckError
 from .layermap import LayerMap
 from .manifest import (FORMAT, MANIFEST, ManifestView, encode_record, read_manifest,
                        read_verified, seal_torn_tail)
-from .policy import REASONS, Decision, Policy, PolicyState
+from .policy import Decision, Policy, PolicyState, Reason
 from .recovery import iter_layers, make_plan, parse_safetensors
 from .retention import Retention
 from .snapshot import apply_layer, apply_state, capture_layer, capture_state, tensors_nbytes
@@ -246,7 +246,7 @@ class LayerCheck:
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
             tensors = capture_layer(self.layer_map, self.optimizer, index)
-            snaps.append(LayerSnapshot(index, self.layer_map.names[index], REASONS[reason],
+            snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
                                        tensors, tensors_nbytes(tensors)))
         state = capture_state(t, self.optimizer, self.scheduler, extra)
         job = StepJob(step=t, layers=snaps, state=state,
@@ -263,7 +263,8 @@ class LayerCheck:
         self._retry = set()
         self.state.mark_written(decision.step, extra)
         layers = np.concatenate([decision.layers, np.array(extra, dtype=np.int64)])
-        reasons = np.concatenate([decision.reasons, np.full(len(extra), 1, dtype=np.int64)])
+        reasons = np.concatenate([decision.reasons, np.full(len(extra), Reason.RETRY,
+                                                            dtype=np.int64)])
         order = np.argsort(layers, kind="stable")
         return Decision(decision.step, layers[order], reasons[order])
 

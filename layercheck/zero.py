@@ -447,12 +447,12 @@ class ZeroLayerCheck(LayerCheck):
         return super().step(extra)
 
     def _submit(self, t: int, decision, extra: Mapping[str, Any] | None) -> int:
-        from .policy import REASONS
+        from .policy import Reason
         from .writer import LayerSnapshot, StepJob
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
             tensors = self.parts.capture(index)
-            snaps.append(LayerSnapshot(index, self.layer_map.names[index], REASONS[reason],
+            snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
                                        tensors, tensors_nbytes(tensors)))
         engine = self.engine
         doc = {"user": dict(extra) if extra is not None else None,
