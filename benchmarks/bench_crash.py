@@ -220,7 +220,7 @@ def check(directory: Path, mode: str, committed: int, reference: Reference) -> t
     if foreign:
         problems.append(f"manifest lines damaged other than by a torn append: {foreign}")
     try:
-        plan = make_plan(store, view, verify=True)
+        plan = make_plan(store, view)
         if plan.warnings:
             problems.append(f"plan fell back past damaged files: {plan.warnings}")
     except CheckpointNotFound as exc:

@@ -22,7 +22,8 @@ import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.errors import WriteFailed
-from layercheck.manifest import MANIFEST, encode_record, read_manifest
+from layercheck.format import MANIFEST, encode_record
+from layercheck.manifest import read_manifest
 from layercheck.recovery import make_plan
 from layercheck import store as store_module
 from layercheck.store import LocalStore

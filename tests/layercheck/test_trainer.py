@@ -202,7 +202,7 @@ def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
     resume_from = view.latest_step()
     assert 40 <= resume_from <= killed_at
     # the composite is genuinely mixed: some layer comes from before the resume step
-    assert max(make_plan(store, view, verify=False).staleness().values()) > 0
+    assert max(make_plan(store, view).staleness().values()) > 0
 
     again = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl",
                      stdout=open(tmp_path / "again.out", "wb"), stderr=subprocess.PIPE)

@@ -78,10 +78,11 @@ def batch(step: int, rank: int) -> torch.Tensor:
 def check_restored(lc: ZeroLayerCheck) -> list[str]:
     """Every mismatch between the live state and the shards of this rank that
     the plan names (master, moments, step, module partition, full module weight)."""
-    view = read_manifest(open_store(lc.store.url), lc.rank)
+    view = read_manifest(open_store(lc.store.url), lc.ranks.rank)
     for name, version in lc.restored.plan.sources.items():  # the versions the ranks agreed on
         assert version.file == next(v.file for v in view.versions[name] if v.step == version.step)
-    return check_composite(lc.parts, lc.layer_map, lc.store.url, lc.rank, lc.restored.plan.sources)
+    return check_composite(lc.source, lc.layer_map, lc.store.url, lc.ranks.rank,
+                           lc.restored.plan.sources)
 
 
 def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
@@ -98,7 +99,7 @@ def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
         everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
         for k in parts.of_layer[i]:
             flat = parts.flats[k]
-            state = parts.inner.state[flat]
+            state = parts.optimizer.state[flat]
             pairs = [("master", flat, tensors[f"master/sg{k}"]),
                      ("exp_avg", state["exp_avg"], tensors[f"optim/exp_avg/sg{k}"]),
                      ("exp_avg_sq", state["exp_avg_sq"], tensors[f"optim/exp_avg_sq/sg{k}"]),
