@@ -10,20 +10,15 @@ import json
 import sys
 from typing import Sequence
 
-from .errors import LayerCheckError, one_line
+from .errors import LayerCheckError, OneLineParser, one_line
 from .format import ADAM_STEPS, EXPORT_FORMATS
 
 __all__ = ["main", "build_parser"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own, minus the usage block
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m layercheck", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m layercheck", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     p = sub.add_parser("inspect", help="layers, versions, staleness and bytes on disk")
     p.add_argument("directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
