@@ -195,6 +195,9 @@ def main() -> int:
     ap.add_argument("--bf16", action="store_true", help="bf16 weights (fp32 masters)")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--check-drift", action="store_true")
+    ap.add_argument("--sampling", type=int, default=1, help="LayerCheckConfig.drift_sampling")
+    ap.add_argument("--sample-min", type=int, default=0,
+                    help="sample tensors of this many elements or more (drift.SAMPLE_MIN)")
     ap.add_argument("--misaligned", action="store_true",
                     help="one optimizer group for the whole model (must be refused)")
     args = ap.parse_args()
@@ -219,8 +222,14 @@ def main() -> int:
                 newest_versions(args.check_composite, start), args.expect_adam_step)
     else:
         config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
-                                  smax=args.smax, warmup_steps=2, interval=1)
+                                  smax=args.smax, warmup_steps=2, interval=1,
+                                  drift_sampling=args.sampling)
+        if args.sample_min:
+            import layercheck.drift
+            layercheck.drift.SAMPLE_MIN = args.sample_min
         lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
+        result["sub_groups"] = len(lc.source.flats)
+        result["sampled_tensors"] = sum(e.take < e.span for e in lc.drift._all)
         start = lc.restore()
         result["restored_step"] = start
         if start:
@@ -242,6 +251,7 @@ def main() -> int:
             report = lc.step(extra={"step": step})
             result.setdefault("drift", []).append(report.drift.tolist())
             result.setdefault("written", []).append(report.decision.layers.tolist())
+            result.setdefault("fused", []).append(lc.drift.fused_params)
         result["losses"][step] = float(loss.detach())
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
