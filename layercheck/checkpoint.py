@@ -187,6 +187,7 @@ class LayerCheck:
         into the live model, optimizer, scheduler and RNGs. Returns the restored
         step t (0 when there is nothing to restore): train on from t+1."""
         start = time.perf_counter()
+        self.drift.take()  # sums of steps before a restore are of weights it replaces
         view = read_manifest(self.store, self.ranks.rank)
         for problem in view.problems if self.ranks.is_coordinator else []:
             warnings.warn(f"layercheck: {problem}", stacklevel=2)
@@ -216,8 +217,8 @@ class LayerCheck:
         return state.step
 
     def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
-        """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``.
-        Restored layers equal their saved copies, so their drift starts at zero.
+        """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``
+        (restored layers equal their saved copies: their accumulators start at zero).
         ``view`` is the manifest as read before (nothing was written since); it is
         brought up to date in memory rather than read again."""
         self.writer.flush()
@@ -229,7 +230,6 @@ class LayerCheck:
         self.state = PolicyState(policy=self.policy)
         self.state.last_written[:] = step
         self.state.base_step = step if base_taken else None
-        self.drift.take()
         self.drift.resync()
         if self.config.keep_versions is not None:
             self.writer.retention = Retention(self.config.keep_versions, view)
