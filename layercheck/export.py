@@ -21,7 +21,6 @@ A ``layercheck_plan.json`` in it records which step each layer came from.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -104,12 +103,9 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
     if view.header is None:
         raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no manifest header)")
     facts = ZeroFacts.from_header(view.header, store.url)
-    if importlib.util.find_spec("deepspeed") is None:
-        raise LayerCheckError("--format deepspeed needs the deepspeed package, which is not "
-                              "installed here: pip install deepspeed")
+    package = _import_deepspeed()
     plan = make_plan(store, view, step, exact=True)
     _check_world(plan, facts)
-    package = _import_deepspeed()
     _, doc = read_state(store, plan.state)
     layout = layout_for(facts, doc, plan.step, adam_step)
     tag = f"global_step{plan.step}"
@@ -172,7 +168,8 @@ def _import_deepspeed() -> Any:
         import deepspeed
     except Exception as exc:  # a broken install fails in many ways; all mean 'unusable'
         raise LayerCheckError(f"--format deepspeed needs the deepspeed package, which does not "
-                              f"import here ({type(exc).__name__}: {exc})") from None
+                              f"import here ({type(exc).__name__}: {exc}): pip install "
+                              "deepspeed") from None
     return deepspeed
 
 

@@ -5,27 +5,23 @@
     layers/<layer>@<step>[.rank<r>].safetensors    one file per layer version (per rank's shard)
     states/<step>[.rank<r>].safetensors            the training state of each committed step
 
-Layer file (safetensors, metadata ``format: layercheck-layer/1``), tensor keys:
-``param/<name>`` (weights), ``master/<owner>`` (fp32 master weights),
-``optim/<field>/<owner>`` (every optimizer-state entry: exp_avg, exp_avg_sq,
-step, ...; scalars as float64 0-d tensors), ``buffer/<name>`` (persistent
-buffers). ``<name>`` is a name in the model; ``<owner>`` is a parameter name,
-or ``sg<k>`` for ZeRO's flat partition of sub-group k.
+Layer file keys (``tensor_key``): ``param/<name>`` (weights), ``master/<owner>``
+(fp32 masters), ``optim/<field>/<owner>`` (each optimizer-state entry; scalars
+as float64 0-d tensors), ``buffer/<name>``; ``<owner>`` is a parameter name, or
+``sg<k>`` for ZeRO's flat partition of sub-group k.
 
-Manifest records (``kind``): ``header`` (layers, config, lr_peak; for sharded
-jobs ``world_size`` and the backend's facts, e.g. ``zero``), ``layer`` and
-``state`` (a committed version: step, file, bytes, checksum; or ``shards``,
-one {file, bytes, checksum} per rank), ``resume`` (a new timeline starts at
-``step``) and ``drop`` (the version whose file, or rank-0 file, is ``file``
-is retired). Each line is ``{"crc": <crc32 of the record's JSON>, "r": record}``.
+Manifest records, one per line as ``{"crc": <crc32 of the JSON>, "r": record}``:
+``header`` (layers, config, lr_peak; a sharded job's ``world_size`` and backend
+facts, e.g. ``zero``), ``layer``/``state`` (a committed version: step, file,
+bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
+timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
+sharded, is retired).
 
-Training state file: RNG tensors (``rng/...``) and, in the metadata
-(``format: layercheck-state/2``), the state document: step, param_groups
-(optimizer hyper-parameters), scheduler, rng scalars, ``extra`` (the user's
-extra state, as given) and ``engine`` (the backend's own counters, e.g.
-DeepSpeed's global_steps; None for a plain module). Documents of format
-``layercheck-state/1`` written by ZeroLayerCheck kept both in ``extra``, as
-``{"user": ..., "_deepspeed": ...}``; ``read_state_document`` reads them.
+Training state: RNG tensors and the state document (metadata ``state``,
+format ``layercheck-state/2``): step, param_groups, scheduler, rng scalars,
+``extra`` (the user's) and ``engine`` (the backend's counters; None for a
+plain module). ``layercheck-state/1`` of ZeroLayerCheck held both in
+``extra`` as ``{"user", "_deepspeed"}``: ``read_state_document`` reads it.
 """
 from __future__ import annotations
 
@@ -47,7 +43,6 @@ __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS",
 MANIFEST = "manifest.jsonl"
 MODEL_CONFIG = "model_config.json"
 FORMAT = "layercheck/1"
-LAYER_FORMAT = "layercheck-layer/1"
 STATE_FORMAT = "layercheck-state/2"
 EXPORT_FORMATS = ("hf", "deepspeed")
 """``export --format``: ``hf``, a model folder for evaluation (the default);
@@ -251,7 +246,7 @@ class Version:
 
 # -- safetensors metadata and the state document --------------------------------------------
 def layer_metadata(layer: str, step: int) -> dict[str, str]:
-    return {"format": LAYER_FORMAT, "layer": layer, "step": str(step)}
+    return {"format": "layercheck-layer/1", "layer": layer, "step": str(step)}
 
 
 def state_metadata(document: dict[str, Any], default: Any) -> dict[str, str]:
