@@ -115,7 +115,7 @@ class Planner:
             raise CheckpointNotFound(f"no recoverable step at or before {bound}; the oldest is "
                                      f"{min(view.states)}")
         candidates = [v for s, v in view.states.items() if s <= bound and (s == step or not exact)]
-        ((state, data),) = self._agreed([("training state", candidates)], bound)
+        ((state, data),) = self._agreed([("training state", candidates)], bound, keep=True)
         return state, data  # type: ignore[return-value]
 
     def layers(self, step: int, use: UseLayer | None = None) -> dict[str, Version]:
@@ -129,18 +129,21 @@ class Planner:
         return {name: version for name, (version, _) in zip(names, picks)}  # type: ignore[misc]
 
     def _agreed(self, items: list[tuple[str, list[Version]]], step: int,
-                use: UseLayer | None = None) -> list[tuple[Version | None, bytes | None]]:
+                use: UseLayer | None = None, *,
+                keep: bool = False) -> list[tuple[Version | None, bytes | None]]:
         """For each (what, its versions <= step): the newest version that every rank
-        has intact, and this rank's verified bytes of it."""
+        has intact, and (``keep``) this rank's verified bytes of it; otherwise the
+        bytes are dropped as soon as read, so that a layer at a time is in memory."""
         bound = np.full(len(items), step, dtype=np.int64)
         chosen = np.full(len(items), -2, dtype=np.int64)
         picks: list[tuple[Version | None, bytes | None]] = [(None, None)] * len(items)
         while True:
             for i, (what, versions) in enumerate(items):
                 if chosen[i] != bound[i]:
-                    picks[i] = self._newest_intact([v for v in versions if v.step <= bound[i]],
-                                                   what, use)
-                    chosen[i] = picks[i][0].step if picks[i][0] is not None else -1
+                    version, data = self._newest_intact(
+                        [v for v in versions if v.step <= bound[i]], what, use)
+                    picks[i] = (version, data if keep else None)
+                    chosen[i] = version.step if version is not None else -1
             agreed, same = self.ranks.agree_min(chosen)
             if (agreed < 0).any():
                 raise CheckpointNotFound(self._none_intact(*items[int(np.argmin(agreed))], step))
