@@ -8,7 +8,6 @@ import json
 import os
 import re
 import threading
-import time
 import weakref
 from pathlib import Path
 
@@ -24,15 +23,33 @@ from tests.conftest import optimizer_for, tiny_lm, train_step
 MB = 1 << 20
 
 
-class SlowStore:
-    """A LocalStore whose atomic writes take ``delay`` seconds; counts manifest appends."""
+class GatedStore:
+    """A LocalStore whose writer may write job j only once the producer has begun to
+    submit job j + ``lead`` (``announce``) or has finished: the writer can never run
+    ahead, so whether the queue fills up does not depend on thread timing. Counts
+    manifest appends."""
 
-    def __init__(self, root, delay):
-        self.inner, self.delay, self.appends = LocalStore(root), delay, 0
+    def __init__(self, root, lead: int) -> None:
+        self.inner, self.lead, self.appends = LocalStore(root), lead, 0
         self.url = self.inner.url
+        self._cv = threading.Condition()
+        self._announced, self._done = 0, False
+
+    def announce(self, step: int) -> None:
+        with self._cv:
+            self._announced = step
+            self._cv.notify_all()
+
+    def finish(self) -> None:
+        with self._cv:
+            self._done = True
+            self._cv.notify_all()
 
     def write_atomic(self, path, data):
-        time.sleep(self.delay)
+        step = int(re.search(r"@(\d+)", path).group(1))
+        with self._cv:
+            assert self._cv.wait_for(lambda: self._done or self._announced >= step + self.lead,
+                                     timeout=120)
         self.inner.write_atomic(path, data)
 
     def append(self, path, data):
@@ -50,15 +67,17 @@ def _job(step: int, nbytes: int = MB) -> StepJob:
 
 
 def test_submit_blocks_once_queue_bytes_are_pending(tmp_path):
-    store = SlowStore(tmp_path, delay=0.02)
+    store = GatedStore(tmp_path, lead=3)  # job j is written once job j + 3 is being submitted
     writer = Writer(store, queue_bytes=3 * MB)
     in_flight = []
     for step in range(1, 21):
-        writer.submit(_job(step))
+        store.announce(step)
+        writer.submit(_job(step))  # from step 4 on, returns only once job step - 3 committed
         in_flight.append(step - store.appends)
+    store.finish()
     writer.close()
-    assert max(in_flight) <= 3  # never more than queue_bytes of snapshots held
-    assert max(in_flight) == 3  # and the bound was reached: the test measured something
+    # never more than queue_bytes of snapshots held, and the bound was reached at every step
+    assert in_flight == [1, 2] + [3] * 18
     assert store.appends == 20
 
 
