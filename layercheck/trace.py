@@ -12,6 +12,8 @@ A trace is a folder::
         writes.parquet     one row per layer write: step, layer, bytes, reason, stall, persist
         recovery.parquet   optional: one row per measured recovery
         drill.json         optional: a recovery-fidelity drill (profiler drill)
+        costs.json         optional: what each checkpointing mechanism costs on the
+                           capturing machine (``layercheck.calibration``)
 
 ``layer`` columns are indices into ``manifest["layers"]``. Times are seconds,
 sizes bytes. ``read_trace`` validates everything and raises ``TraceError``
@@ -28,10 +30,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
 from .policy import Reason
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
-           "read_trace", "write_trace", "upgrade_manifest"]
+           "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness"]
 
 SCHEMA_VERSION = 1
 
@@ -75,6 +78,8 @@ class Trace:
     writes: pd.DataFrame
     recovery: pd.DataFrame | None = None
     drill: dict[str, Any] | None = None
+    costs: Calibration | None = None
+    """The machine's calibration (costs.json), where one was measured."""
 
     @property
     def name(self) -> str:
@@ -127,11 +132,45 @@ class Trace:
         s = self.steps
         return (s["forward_s"] + s["backward_s"] + s["optimizer_s"]).to_numpy(dtype=np.float64)
 
+    def weighted_staleness(self, written: np.ndarray | None = None) -> np.ndarray:
+        """S(t) per step for this trace's writes (or ``written``): see ``weighted_staleness``."""
+        written = self.write_matrix() if written is None else written
+        return weighted_staleness(written, self.layers["params"].to_numpy(dtype=np.float64))
+
+    def mean_weighted_staleness(self, written: np.ndarray | None = None) -> float:
+        """The run's average S(t) from the base checkpoint on (the paper's "observed
+        average staleness", and its matched-freshness interval); 0 without a base."""
+        series = self.weighted_staleness(written)
+        defined = series[~np.isnan(series)]
+        return float(defined.mean()) if defined.size else 0.0
+
     def _matrix(self, column: str) -> np.ndarray:
         out = np.zeros((self.num_steps, len(self.layer_names)), dtype=np.float64)
         d = self.drift
         out[d["step"].to_numpy() - 1, d["layer"].to_numpy()] = d[column].to_numpy()
         return out
+
+
+def last_written(written: np.ndarray) -> np.ndarray:
+    """Steps x layers: the newest step at or before t that wrote layer l (0: none yet),
+    from a steps x layers boolean write matrix (row t-1 is step t)."""
+    written = np.asarray(written, dtype=bool)
+    steps = np.arange(1, written.shape[0] + 1)
+    return np.maximum.accumulate(np.where(written, steps[:, None], 0), axis=0)
+
+
+def weighted_staleness(written: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """The one definition of staleness every part uses. Staleness of layer l at step t
+    is t minus the newest step at or before t that wrote it (a write at t counts: a
+    failure strikes after it). Weighted by parameters, S(t) = sum_l params_l *
+    staleness_l(t) / sum_l params_l: the average age, in steps, of a parameter that a
+    recovery at t would load. NaN before the base checkpoint (every layer written once)."""
+    last = last_written(written)
+    steps = np.arange(1, last.shape[0] + 1)
+    params = np.asarray(params, dtype=np.float64)
+    weights = params / params.sum() if params.sum() > 0 else np.full(len(params), 1 / len(params))
+    out = (steps[:, None] - last) @ weights
+    return np.where((last > 0).all(axis=1), out, np.nan)
 
 
 def upgrade_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -161,8 +200,14 @@ def read_trace(path: str | Path) -> Trace:
     tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES)
               for name in TABLES}
     drill = _read_json(root / "drill.json") if (root / "drill.json").exists() else None
+    costs = None
+    if (root / COSTS_FILE).exists():
+        try:
+            costs = read_calibration(root / COSTS_FILE)
+        except CalibrationError as exc:
+            raise TraceError(str(exc)) from None
     trace = Trace(manifest=manifest, steps=tables["steps"], drift=tables["drift"],
-                  writes=tables["writes"], recovery=tables["recovery"], drill=drill)
+                  writes=tables["writes"], recovery=tables["recovery"], drill=drill, costs=costs)
     _validate(trace, root)
     return trace
 
@@ -181,6 +226,8 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         frame[columns].to_parquet(root / f"{name}.parquet", index=False, compression="zstd")
     if trace.drill is not None:
         (root / "drill.json").write_text(json.dumps(_jsonable(trace.drill), indent=2) + "\n")
+    if trace.costs is not None:
+        write_calibration(trace.costs, root / COSTS_FILE)
     return root
 
 

@@ -62,17 +62,17 @@ def _latest(ckpt: Path) -> int:
     return read_manifest(LocalStore(ckpt, create=False)).latest_step() or 0
 
 
-def _kill_mid_run(ckpt: Path, out: Path, *args: str, after: int) -> int:
-    """Start a job, SIGKILL its whole process group once step ``after`` is
-    committed; returns the newest committed step at the kill."""
-    proc = subprocess.Popen(_command("--dir", str(ckpt), "--out", str(out), *args), env=_env(),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+def _kill_mid_run(ckpt: Path, out: Path, *args: str, at: int) -> int:
+    """Start a job that halts once step ``at`` is committed (``--halt-at``), wait until
+    every rank says so, SIGKILL its whole process group; the newest committed step."""
+    proc = subprocess.Popen(_command("--dir", str(ckpt), "--out", str(out), "--halt-at", str(at),
+                                     *args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     try:
-        while _latest(ckpt) < after:
-            assert proc.poll() is None, "the job ended before it could be killed"
-            assert time.monotonic() < deadline, "no progress within 300 s"
+        while not all((out / f"halted{r}").exists() for r in range(2)):
+            assert proc.poll() is None, f"the job ended before it halted at step {at}"
+            assert time.monotonic() < deadline, f"no rank reached step {at} within 300 s"
             time.sleep(0.05)
     finally:
         # torchrun starts each worker in a session of its own: kill them all at once
@@ -82,7 +82,6 @@ def _kill_mid_run(ckpt: Path, out: Path, *args: str, after: int) -> int:
             except ProcessLookupError:
                 pass
         proc.wait()
-    time.sleep(0.5)
     return _latest(ckpt)
 
 
@@ -107,16 +106,15 @@ def _descendants(root: int) -> list[int]:
 def test_sigkill_then_recover_equals_the_saved_shards_on_every_rank(tmp_path, stage):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     steps = 24
-    killed_at = _kill_mid_run(ckpt, out, "--steps", str(steps), "--stage", str(stage),
-                              "--step-sleep", "0.25", after=9)
-    assert 9 <= killed_at < steps
+    killed_at = _kill_mid_run(ckpt, out, "--steps", str(steps), "--stage", str(stage), at=9)
+    assert killed_at == 9
     _run("--dir", str(ckpt), "--out", str(out), "--steps", str(steps), "--stage", str(stage),
          "--check")
     ranks = _results(out)
     view = read_manifest(LocalStore(ckpt))
     for r in ranks:
         # resumed at the newest step every rank had committed; nothing replayed
-        assert killed_at <= r["restored_step"] < steps
+        assert r["restored_step"] == killed_at
         assert r["problems"] == [], r["problems"]
         assert r["global_steps"] == steps
         assert sorted(int(s) for s in r["losses"]) == list(range(r["restored_step"] + 1, steps + 1))

@@ -9,7 +9,9 @@ T into ``O/ds``; ``--ds-load`` starts from it instead of layercheck
 (``--ds-load-dir P``: from the DeepSpeed checkpoint in P, e.g. an export;
 ``--check-composite D``: then compare the loaded state with the composite of
 layercheck directory D at the loaded step). ``--stop-at T`` ends the job
-after step T (the LR schedule still spans ``--steps``). ``loaded`` and
+after step T (the LR schedule still spans ``--steps``); ``--halt-at T`` waits
+after step T until its checkpoint is committed, writes ``O/halted<r>`` (the
+step) and sleeps until it is killed. ``loaded`` and
 ``final`` in the report: the engine's counters, LRs and Adam step counts
 right after the restore or load, and at the end.
 Data depends only on (step, rank), never on the global RNG, so runs that
@@ -193,7 +195,7 @@ def main() -> int:
                     help="with --check-composite: every Adam step count must be this")
     ap.add_argument("--stop-at", type=int, default=0)
     ap.add_argument("--bf16", action="store_true", help="bf16 weights (fp32 masters)")
-    ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--halt-at", type=int, default=0)
     ap.add_argument("--check-drift", action="store_true")
     ap.add_argument("--sampling", type=int, default=1, help="LayerCheckConfig.drift_sampling")
     ap.add_argument("--sample-min", type=int, default=0,
@@ -255,8 +257,11 @@ def main() -> int:
         result["losses"][step] = float(loss.detach())
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
+        if lc is not None and step == args.halt_at:
+            lc.flush()  # the failure strikes once step T is committed on every rank
+            (out / f"halted{rank}").write_text(str(step))
+            while True:
+                time.sleep(3600)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]

@@ -1,0 +1,235 @@
+"""``costs.json``: what each checkpointing mechanism costs on one machine and model.
+
+Torch-free (the simulator reads it). ``python -m profiler calibrate`` measures
+the figures on the capture's own model and machine and writes them next to
+the trace; the simulator's cost model (``sim.costs.CostModel``) has exactly
+these fields, so a calibration is a cost model with its provenance.
+
+A ``costs.json``::
+
+    {"schema_version": 1, "name": "...", "description": "...",
+     "model": {...}, "machine": {...}, "full_bytes": 272882456,
+     "figures": {"save_gbps": {"value": 0.31, "source": "measured",
+                               "method": "engine.save_checkpoint of ... median of 3",
+                               "samples": [...], "bytes": 272882456, "seconds": 0.88}, ...}}
+
+Every figure in ``FIGURES`` must be present; each says where it came from
+(``SOURCES``) and how. Rates are decimal GB/s (1 GB = 1e9 bytes), times are
+seconds. ``samples`` (the raw repeats), ``bytes`` and ``seconds`` (what a
+rate was computed from) are optional.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Figure", "FigureSpec",
+           "Calibration", "CalibrationError", "read_calibration", "write_calibration"]
+
+SCHEMA_VERSION = 1
+COSTS_FILE = "costs.json"
+
+SOURCES = ("measured", "derived", "published", "fit", "assumed", "given")
+"""measured: timed on this machine by the profiler; derived: computed from
+measured or published figures; published: a number from a paper; fit: fitted
+to published figures; assumed: a stated parameter nobody measured here (say
+why in ``method``); given: set by the user (a command-line override)."""
+
+
+class CalibrationError(ValueError):
+    """A costs.json is missing, malformed or incomplete; the message says which part."""
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    unit: str
+    """'s', 'GB/s', 'steps' or '1' (a fraction or a probability)."""
+    used_by: str
+    """The strategies that use it."""
+    meaning: str
+
+
+FIGURES: dict[str, FigureSpec] = {
+    "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
+                                        "(process start, imports, model built), after a failure"),
+    "save_gbps": FigureSpec("GB/s", "deepspeed", "synchronous full save of model and optimizer "
+                                                 "(training stalls for all of it)"),
+    "load_fixed_s": FigureSpec("s", "deepspeed, checkfreq, gemini, lowdiff",
+                               "fixed part of loading a full checkpoint (open, metadata, placement)"),
+    "load_gbps": FigureSpec("GB/s", "deepspeed, gemini (storage tier), lowdiff (base)",
+                            "loading a full checkpoint saved synchronously"),
+    "snapshot_gbps": FigureSpec("GB/s", "checkfreq", "the blocking first phase of a two-phase "
+                                                     "save: the state copied to host memory"),
+    "persist_gbps": FigureSpec("GB/s", "checkfreq, gemini (storage tier), lowdiff",
+                               "the background second phase: host memory to storage"),
+    "async_load_gbps": FigureSpec("GB/s", "checkfreq", "loading a checkpoint written by the "
+                                                       "two-phase save"),
+    "host_copy_gbps": FigureSpec("GB/s", "gemini, lowdiff (full checkpoints)",
+                                 "a plain copy of the full state into host memory"),
+    "peer_gbps": FigureSpec("GB/s", "gemini", "the transfer of the in-memory copy to a peer "
+                                              "node's CPU memory (and back on recovery)"),
+    "peer_loss_probability": FigureSpec("1", "gemini", "chance that a failure also destroys the "
+                                                       "peer's copy (recovery from storage)"),
+    "diff_fraction": FigureSpec("1", "lowdiff", "one step's compressed gradient differential "
+                                                "as a fraction of a full checkpoint's bytes"),
+    "diff_batch": FigureSpec("steps", "lowdiff", "differentials written together in one batch"),
+    "diff_snapshot_gbps": FigureSpec("GB/s", "lowdiff", "compressing a step's gradient and "
+                                                        "copying the differential to host memory "
+                                                        "(differential bytes per second of stall)"),
+    "diff_replay_gbps": FigureSpec("GB/s", "lowdiff", "recovery: reading and applying "
+                                                      "differentials (differential bytes per second)"),
+    "tracking_fraction": FigureSpec("1", "layercheck", "drift tracking and bookkeeping per step, "
+                                                       "as a fraction of the step's compute"),
+    "lc_snapshot_gbps": FigureSpec("GB/s", "layercheck", "copying the chosen layers (weights and "
+                                                         "Adam moments) to host memory"),
+    "lc_write_gbps": FigureSpec("GB/s", "layercheck", "the background writer: layer files "
+                                                      "written, fsynced and committed"),
+    "lc_commit_s": FigureSpec("s", "layercheck", "committing one step's training state "
+                                                 "(state file, fsyncs, manifest line)"),
+    "lc_load_fixed_s": FigureSpec("s", "layercheck", "fixed part of a composite restore "
+                                                     "(manifest, plan)"),
+    "lc_load_gbps": FigureSpec("GB/s", "layercheck", "a composite restore: read, verify and "
+                                                     "apply every layer's newest version"),
+}
+"""Every figure of a calibration: name -> unit, users, meaning. The simulator's
+``CostModel`` has one field per entry."""
+
+_POSITIVE = {name for name, spec in FIGURES.items() if spec.unit in ("GB/s", "steps")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One number and its provenance."""
+
+    value: float
+    source: str
+    method: str
+    """How it was obtained, in words a reader can check (the API timed, repeats, size)."""
+    samples: tuple[float, ...] = ()
+    """Raw repeats (seconds), where measured."""
+    bytes: int | None = None
+    seconds: float | None = None
+    """What a rate was computed from: ``bytes / seconds / 1e9``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)) \
+                or not math.isfinite(self.value) or self.value < 0:
+            raise CalibrationError(f"value {self.value!r} must be a finite number >= 0")
+        if self.source not in SOURCES:
+            raise CalibrationError(f"source {self.source!r} must be one of {', '.join(SOURCES)}")
+        if not isinstance(self.method, str) or not self.method.strip():
+            raise CalibrationError("method must say how the figure was obtained")
+        object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": self.value, "source": self.source, "method": self.method}
+        if self.samples:
+            out["samples"] = list(self.samples)
+        for key in ("bytes", "seconds"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Figure":
+        known = {"value", "source", "method", "samples", "bytes", "seconds"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CalibrationError(f"unknown keys {unknown}; known: {sorted(known)}")
+        missing = sorted({"value", "source", "method"} - set(data))
+        if missing:
+            raise CalibrationError(f"missing {missing}")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """A complete set of ``FIGURES``, with where they were measured."""
+
+    name: str
+    description: str
+    figures: Mapping[str, Figure]
+    model: Mapping[str, Any] = field(default_factory=dict)
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    full_bytes: int | None = None
+    """The full checkpoint the rates were measured on (None: not measured here)."""
+
+    def __post_init__(self) -> None:
+        missing = [n for n in FIGURES if n not in self.figures]
+        if missing:
+            raise CalibrationError(f"{self.name}: missing figures {missing}; re-run "
+                                   "`python -m profiler calibrate`")
+        unknown = sorted(set(self.figures) - set(FIGURES))
+        if unknown:
+            raise CalibrationError(f"{self.name}: unknown figures {unknown}; known: {list(FIGURES)}")
+        for name in _POSITIVE:
+            if self.figures[name].value <= 0:
+                raise CalibrationError(f"{self.name}: {name} must be positive")
+        if self.figures["peer_loss_probability"].value > 1:
+            raise CalibrationError(f"{self.name}: peer_loss_probability must be in [0, 1]")
+        if self.figures["diff_batch"].value != int(self.figures["diff_batch"].value):
+            raise CalibrationError(f"{self.name}: diff_batch must be a whole number of steps")
+
+    def value(self, name: str) -> float:
+        return float(self.figures[name].value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "name": self.name,
+                "description": self.description, "model": dict(self.model),
+                "machine": dict(self.machine), "full_bytes": self.full_bytes,
+                "figures": {n: self.figures[n].to_dict() for n in FIGURES}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "costs.json") -> "Calibration":
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise CalibrationError(f"{where}: schema_version {version!r}; this layercheck reads "
+                                   f"{SCHEMA_VERSION} (re-run `python -m profiler calibrate`)")
+        figures = data.get("figures")
+        if not isinstance(figures, Mapping):
+            raise CalibrationError(f"{where}: 'figures' must be an object of figure records")
+        parsed = {}
+        for name, record in figures.items():
+            if not isinstance(record, Mapping):
+                raise CalibrationError(f"{where}: figures.{name} must be an object")
+            try:
+                parsed[name] = Figure.from_dict(record)
+            except (CalibrationError, TypeError) as exc:
+                raise CalibrationError(f"{where}: figures.{name}: {exc}") from None
+        try:
+            return cls(name=str(data.get("name", "")), description=str(data.get("description", "")),
+                       figures=parsed, model=data.get("model") or {},
+                       machine=data.get("machine") or {}, full_bytes=data.get("full_bytes"))
+        except CalibrationError as exc:
+            raise CalibrationError(f"{where}: {exc}") from None
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    """Load and validate ``path`` (a costs.json, or a trace folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / COSTS_FILE
+    if not path.is_file():
+        raise CalibrationError(f"{path}: no such costs file; measure one with "
+                               f"`python -m profiler calibrate --trace {path.parent}`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CalibrationError(f"{path}: cannot read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise CalibrationError(f"{path}: expected a JSON object")
+    return Calibration.from_dict(data, where=str(path))
+
+
+def write_calibration(calibration: Calibration, path: str | Path) -> Path:
+    """Write ``calibration`` to ``path`` (a file, or a folder that gets costs.json)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / COSTS_FILE
+    path.write_text(json.dumps(calibration.to_dict(), indent=2) + "\n")
+    return path
