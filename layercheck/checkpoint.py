@@ -33,7 +33,7 @@ from torch import nn
 
 from .config import LayerCheckConfig
 from .drift import DriftTracker
-from .errors import LayerCheckError, ModelMismatch
+from .errors import CheckpointNotFound, LayerCheckError, ModelMismatch
 from .format import MANIFEST, MODEL_CONFIG, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, read_manifest, seal_torn_tail
@@ -192,6 +192,7 @@ class LayerCheck:
         for problem in view.problems if self.ranks.is_coordinator else []:
             warnings.warn(f"layercheck: {problem}", stacklevel=2)
         if step is None and not view.states:
+            self._refuse_to_abandon(view)
             log.info("layercheck: %s holds no recoverable step; starting from step 0",
                      self.store.url)
             self._begin_timeline(0, view)
@@ -240,12 +241,25 @@ class LayerCheck:
         """A run that never called restore(): fine on an empty directory; on one
         holding checkpoints, starting over would abandon them, so refuse."""
         view = read_manifest(self.store, self.ranks.rank)
-        newest = view.latest_step()
+        self._refuse_to_abandon(view)
+        self._begin_timeline(0, view)
+
+    def _refuse_to_abandon(self, view: ManifestView) -> None:
+        """Starting at step 0 records ``resume 0``, which abandons every version in
+        ``view``: refuse unless there is none."""
+        url, newest = self.store.url, view.latest_step()
         if newest is not None:
             raise LayerCheckError(
-                f"{self.store.url} holds checkpoints up to step {newest}: call restore() before "
+                f"{url} holds checkpoints up to step {newest}: call restore() before "
                 "the first step() to resume from them, or use a new directory to start over")
-        self._begin_timeline(0, view)
+        steps = sorted(v.step for versions in view.versions.values() for v in versions)
+        if steps:
+            raise CheckpointNotFound(
+                f"{url} holds {len(steps)} layer versions (steps {steps[0]} to {steps[-1]}) but "
+                "no committed training state, so no step can be restored (a write that kept "
+                "failing held every state back); starting at step 0 would abandon them. Look "
+                f"with `python -m layercheck inspect {url}`, fix the storage, and to start over "
+                "move the directory aside or use a new one")
 
     # -- training --------------------------------------------------------------
     def step(self, extra: Mapping[str, Any] | None = None) -> StepReport:
