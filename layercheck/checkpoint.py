@@ -166,9 +166,13 @@ class LayerCheck:
             self._release()
 
     def _release(self) -> None:
-        """Give the directory back (its lock, which the coordinator alone holds)."""
-        if self.ranks.is_coordinator:
-            self.store.unlock()
+        """Give the directory back (its lock, which the coordinator alone holds) and
+        the ranks' own resources."""
+        try:
+            if self.ranks.is_coordinator:
+                self.store.unlock()
+        finally:
+            self.ranks.close()
 
     def flush(self) -> None:
         """Wait until everything submitted so far is committed."""

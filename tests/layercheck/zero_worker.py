@@ -274,6 +274,8 @@ def main() -> int:
             result["params"][name] = hashlib.sha256(
                 p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    # a process group alive at exit can abort the process (see ranks.ProcessGroupRanks.close)
+    dist.destroy_process_group()
     return 0
 
 
