@@ -53,7 +53,8 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     live.update({v.key: v for v in bases if v.step == base_step})
     ordered = sorted(live.values(), key=lambda v: (v.step, v.layer is None, v.layer or ""))
     kept = {f for v in live.values() for f in v.files}
-    doomed = [f for f in store.list("layers") + store.list("states") if f not in kept]
+    doomed = [f for f in store.list("layers", temporary=True) + store.list("states", temporary=True)
+              if f not in kept]  # temp files too: no writer runs while gc holds the lock
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
         manifest = encode_record(view.header) + b"".join(encode_record(v.to_record())

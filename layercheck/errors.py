@@ -5,7 +5,7 @@ import argparse
 from typing import NoReturn
 
 __all__ = ["one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
-           "WriteFailed", "DirectoryLocked"]
+           "WriteFailed", "DirectoryLocked", "NotARegularFile"]
 
 
 class LayerCheckError(RuntimeError):
@@ -29,7 +29,12 @@ class WriteFailed(LayerCheckError):
 
 
 class DirectoryLocked(LayerCheckError):
-    """Another process holds the checkpoint directory."""
+    """Another process, or another open LayerCheck of this one, holds the checkpoint directory."""
+
+
+class NotARegularFile(LayerCheckError):
+    """A symbolic link, FIFO, device or folder stands where the checkpoint has a regular
+    file; layercheck neither follows nor reads it."""
 
 
 def one_line(text: str) -> str:

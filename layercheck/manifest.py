@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .errors import CorruptVersion
+from .errors import CorruptVersion, NotARegularFile
 from .format import MANIFEST, Version, checksum, count, decode_line
 from .store import Store, check_relative
 
@@ -138,12 +138,16 @@ def read_verified(store: Store, version: Version) -> bytes:
     """The file's bytes, or CorruptVersion if missing, short, failing its checksum
     or not structured as a safetensors file (the manifest's checksum proves only
     that the file is what was recorded, not that what was recorded is sane)."""
-    try:
-        data = store.read(version.file)
-    except (FileNotFoundError, OSError) as exc:
+    try:  # never more than the committed size (a link to /dev/zero is refused anyway)
+        data = store.read(version.file, limit=version.bytes)
+    except (FileNotFoundError, NotARegularFile) as exc:
+        raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
+    except OSError as exc:
         raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
     if len(data) != version.bytes:
-        raise CorruptVersion(f"{version.file}: {len(data)} bytes on disk, {version.bytes} committed")
+        raise CorruptVersion(f"{version.file}: " + (
+            f"{len(data)} bytes on disk, {version.bytes} committed" if len(data) < version.bytes
+            else f"longer on disk than the {version.bytes} bytes committed"))
     if checksum(data) != version.checksum:
         raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
     check_structure(data, version.file)

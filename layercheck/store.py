@@ -10,11 +10,13 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
+import threading
 import uuid
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .errors import DirectoryLocked, LayerCheckError
+from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative"]
 
@@ -41,17 +43,22 @@ class Store(Protocol):
     durably (creating it), and an append that fails (ENOSPC, EIO) leaves the
     file as it was where the storage allows. Readers never see a partial
     ``write_atomic``. A crash mid-append can still leave a torn tail: see
-    ``manifest.seal_torn_tail``.
+    ``manifest.seal_torn_tail``. ``read`` returns the whole file, or with
+    ``limit`` at most its first ``limit + 1`` bytes (enough to tell that it is
+    longer); it reads only regular files, never through a link
+    (``NotARegularFile``). ``list`` names the files under ``prefix`` that a
+    commit can name, with ``temporary`` also the temp files of writes in
+    flight or cut short by a crash.
     """
 
     url: str
 
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def append(self, path: str, data: bytes) -> None: ...
-    def read(self, path: str) -> bytes: ...
+    def read(self, path: str, limit: int | None = None) -> bytes: ...
     def exists(self, path: str) -> bool: ...
     def size(self, path: str) -> int: ...
-    def list(self, prefix: str) -> list[str]: ...
+    def list(self, prefix: str, *, temporary: bool = False) -> list[str]: ...
     def delete(self, path: str) -> None: ...
     def lock(self) -> None: ...
     def unlock(self) -> None: ...
@@ -65,7 +72,7 @@ class LocalStore:
         self.url = str(self.root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
-        self._lock_fd: int | None = None
+        self._lock_key: tuple[int, int] | None = None
 
     def _path(self, path: str) -> Path:
         target = self.root / check_relative(path)
@@ -108,9 +115,9 @@ class LocalStore:
     def append(self, path: str, data: bytes) -> None:
         target = self._path(path)
         self._make_parents(target)
-        created = not target.exists()
-        # O_NOFOLLOW: a planted symlink must not make us append to a file elsewhere
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        created = not os.path.lexists(target)
+        # never through a planted link, nor into a FIFO or device
+        fd = _open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
             try:
@@ -124,56 +131,106 @@ class LocalStore:
         if created:
             _fsync_dir(target.parent)
 
-    def read(self, path: str) -> bytes:
-        return self._path(path).read_bytes()
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        fd = _open_regular(self._path(path), os.O_RDONLY)
+        try:  # the size when opened bounds the read: a file that grows is read as it was
+            size = os.fstat(fd).st_size
+            return _read_all(fd, size if limit is None else min(size, limit + 1))
+        finally:
+            os.close(fd)
 
     def exists(self, path: str) -> bool:
-        return self._path(path).exists()
+        return os.path.lexists(self._path(path))  # a link counts: reading it is refused
 
     def size(self, path: str) -> int:
-        return self._path(path).stat().st_size
+        return os.lstat(self._path(path)).st_size
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, temporary: bool = False) -> list[str]:
         folder = self._path(prefix)
         if not folder.is_dir():
             return []
-        # names layercheck could not have written (spaces, odd characters) are not ours
-        return sorted(f"{prefix}/{p.name}" for p in folder.iterdir()
-                      if p.is_file() and _SAFE_PATH.match(p.name))
+        # names layercheck could not have written (spaces, odd characters) are not ours;
+        # '.<name>.<hex>.tmp' is a write in flight (or cut short by a crash)
+        with os.scandir(folder) as entries:
+            return sorted(f"{prefix}/{e.name}" for e in entries
+                          if e.is_file(follow_symlinks=False) and _SAFE_PATH.match(e.name)
+                          and (temporary or not e.name.startswith(".")))
 
     def delete(self, path: str) -> None:
         self._path(path).unlink(missing_ok=True)
 
     def lock(self) -> None:
-        """Take an exclusive, process-wide lock on the directory (released by
-        ``unlock`` or when the process dies, even by SIGKILL)."""
+        """Take an exclusive lock on the directory, held by this process (not by the
+        children it forks) until ``unlock`` or its death, even by SIGKILL.
+
+        POSIX record locks (``lockf``): they belong to the process, so DataLoader
+        workers and other forked helpers of a killed trainer cannot keep the
+        directory locked (an ``flock`` belongs to the open file, which children
+        share). Their pitfall: closing any descriptor of the lock file drops the
+        process's lock, and a second lock in the same process would succeed. So
+        this process opens ``.lock`` once per directory (``_HELD``), and a second
+        ``lock()`` here is refused before it opens anything."""
         import fcntl
-        try:  # O_NOFOLLOW: a planted symlink must not make us truncate a file elsewhere
-            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise LayerCheckError(f"{self.root}/.lock is a symbolic link; layercheck never "
-                                  "follows it: delete it and try again") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
+        key = _identity(self.root)
+        with _HELD_GUARD:
+            if key in _HELD:
                 raise DirectoryLocked(
-                    f"{self.root} is in use by another process (pid {holder} holds "
-                    f"{self.root}/.lock); stop that process or point this one at another "
-                    "directory") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+                    f"{self.root} is already open in this process (a LayerCheck, gc or "
+                    "resume_checkpoint() that has not been closed): close() that one first, "
+                    "or use `with LayerCheck(...) as lc:`, which closes it")
+            try:
+                fd = _open_regular(self.root / ".lock", os.O_RDWR | os.O_CREAT)
+            except NotARegularFile:
+                raise LayerCheckError(f"{self.root}/.lock is a symbolic link or special file; "
+                                      "layercheck never follows it: delete it and try again"
+                                      ) from None
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)  # this process holds no lock on it (checked above)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise DirectoryLocked(
+                        f"{self.root} is in use by another process (pid {holder} holds "
+                        f"{self.root}/.lock); stop that process or point this one at another "
+                        "directory") from None
+                raise
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _HELD[key] = fd
+            self._lock_key = key
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        with _HELD_GUARD:
+            fd = _HELD.pop(self._lock_key, None) if self._lock_key is not None else None
+            self._lock_key = None
+            if fd is not None:
+                os.close(fd)
+
+
+_HELD: dict[tuple[int, int], int] = {}
+"""This process's directory locks: (device, inode) of the directory -> the lock file's
+descriptor (the only one this process has open on it; see ``LocalStore.lock``)."""
+_HELD_GUARD = threading.Lock()
+
+
+def _forget_locks_in_child() -> None:
+    """A forked child holds none of its parent's record locks: it forgets them, and
+    closes its copies of their descriptors (which drops nothing of the parent's)."""
+    for fd in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+def _identity(root: Path) -> tuple[int, int]:
+    info = os.stat(root)
+    return info.st_dev, info.st_ino
 
 
 class FsspecStore:
@@ -207,8 +264,9 @@ class FsspecStore:
             old = self.fs.cat_file(full) if self.fs.exists(full) else b""
             self.fs.pipe_file(full, old + data)
 
-    def read(self, path: str) -> bytes:
-        return self.fs.cat_file(self._path(path))
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        return self.fs.cat_file(self._path(path), start=0,
+                                end=None if limit is None else limit + 1)
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._path(path))
@@ -216,7 +274,7 @@ class FsspecStore:
     def size(self, path: str) -> int:
         return int(self.fs.size(self._path(path)))
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, temporary: bool = False) -> list[str]:
         full = self._path(prefix)
         if not self.fs.isdir(full):
             return []
@@ -262,6 +320,40 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """A descriptor of the regular file ``path``, never through a symbolic link, and
+    without blocking on a FIFO (NotARegularFile for anything but a regular file)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotARegularFile(f"{path} is a symbolic link; layercheck never follows one "
+                                  "where the checkpoint has a regular file") from None
+        if exc.errno == errno.ENXIO:  # a FIFO or device without its other end
+            raise NotARegularFile(f"{path} is a FIFO or device; layercheck reads and writes "
+                                  "only regular files there") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or \
+            stat.S_ISBLK(mode) else "not a regular file"
+        raise NotARegularFile(f"{path} is {kind}; layercheck reads and writes only regular files "
+                              "there")
+    return fd
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 26))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _cut_back(fd: int, size: int) -> None:

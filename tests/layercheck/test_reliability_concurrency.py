@@ -111,3 +111,92 @@ def test_two_processes_racing_for_a_fresh_directory_exactly_one_wins(tmp_path):
     view = read_manifest(LocalStore(tmp_path / "c"))
     assert view.problems == [] and sorted(view.states) == [1, 2, 3]
     assert view.resumes == [0]  # one timeline: the loser wrote nothing
+
+
+# -- the lock belongs to the process, not to what it forks (issue 13, item 8) --------------
+FORKING_TRAINER = r"""
+import os, signal, sys, time, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from layercheck import LayerCheck, LayerCheckConfig
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+lc = LayerCheck(model, opt, sys.argv[1], LayerCheckConfig(warmup_steps=1, base_threshold=0,
+                                                          embedding_threshold=0))
+lc.restore()
+loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=4, num_workers=2,
+                    persistent_workers=True, multiprocessing_context="fork")
+batches = iter(loader)
+for _ in range(3):
+    (x,) = next(batches)
+    model(x).sum().backward(); opt.step(); opt.zero_grad()
+    lc.step()
+lc.flush()
+read, write = os.pipe()
+helper = os.fork()
+if helper == 0:  # a forked helper that outlives its parent until told otherwise
+    os.close(write)
+    os.read(read, 1)
+    os._exit(0)
+workers = [w.pid for w in batches._workers]
+print("READY", helper, *workers, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_trainers_forked_children_do_not_keep_the_directory_locked(tmp_path):
+    """flock locks belong to the open file, which forked children share: a DataLoader's
+    workers and a forked helper kept a SIGKILLed trainer's directory locked, and an
+    immediate restart was refused naming the dead pid. The lock is the process's."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    trainer = subprocess.Popen([sys.executable, "-c", FORKING_TRAINER, str(tmp_path / "c")],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    children: list[int] = []
+    try:
+        line = trainer.stdout.readline()
+        assert line.startswith("READY"), line + trainer.stderr.read()
+        children = [int(pid) for pid in line.split()[1:]]
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+        assert all(_alive(pid) for pid in children)  # they still run: the point of the test
+        model, opt = _model()
+        with LayerCheck(model, opt, tmp_path / "c") as lc:  # at once, no waiting
+            assert lc.restore() == 3
+    finally:
+        trainer.kill()
+        trainer.wait()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_second_layercheck_in_the_same_process_is_told_so(tmp_path):
+    """Not 'another process (pid <its own pid>)': the holder is this process, and the
+    second opener must not release the first one's lock by failing."""
+    model, opt = _model()
+    with LayerCheck(model, opt, tmp_path / "c") as first:
+        first.restore()
+        with pytest.raises(DirectoryLocked) as info:
+            LayerCheck(model, opt, tmp_path / "c")
+        message = str(info.value)
+        assert "this process" in message and "another process" not in message
+        assert "close()" in message
+        # the first one still holds the directory against other processes
+        probe = subprocess.run([sys.executable, "-m", "layercheck", "gc", str(tmp_path / "c")],
+                               capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert probe.returncode == 2 and f"pid {os.getpid()}" in probe.stderr, probe.stderr
+    with LayerCheck(model, opt, tmp_path / "c") as again:  # released by close()
+        assert again.restore() == 0
