@@ -35,7 +35,7 @@ from .errors import CorruptVersion
 from .store import check_relative
 
 __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "checksum",
-           "layer_path", "state_path", "tensor_key", "sub_group", "optimizer_fields",
+           "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
            "drop_record", "count", "Shard", "Version", "layer_metadata", "state_metadata",
            "read_state_document"]
@@ -63,7 +63,7 @@ def checksum(data: bytes | memoryview) -> str:
 
 # -- file names --------------------------------------------------------------------
 def layer_path(layer: str, step: int, rank: int | None = None) -> str:
-    return f"layers/{_safe(layer)}@{step:09d}{_rank_suffix(rank)}.safetensors"
+    return f"layers/{layer_stem(layer)}@{step:09d}{_rank_suffix(rank)}.safetensors"
 
 
 def state_path(step: int, rank: int | None = None) -> str:
@@ -74,8 +74,16 @@ def _rank_suffix(rank: int | None) -> str:
     return "" if rank is None else f".rank{rank:05d}"
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "_"
+LAYER_STEM_MAX = 200
+"""The longest file-name stem of a layer: with '@<step>.rank<r>.safetensors' and the
+writer's '.<name>.<hex>.tmp' around it, a file name stays under 255 bytes."""
+
+
+def layer_stem(name: str) -> str:
+    """The part of a layer's file names that names the layer: ASCII letters, digits and
+    '._-', anything else '_'. Not injective ('enc 0' and 'enc_0' share one; on a
+    case-insensitive filesystem 'Enc' and 'enc' too): ``LayerMap`` refuses such pairs."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name) or "_"
 
 
 # -- tensor keys of a layer file ------------------------------------------------------
