@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
+__all__ = ["retryable", "one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
            "WriteFailed", "DirectoryLocked", "NotARegularFile"]
 
 
@@ -35,6 +35,13 @@ class DirectoryLocked(LayerCheckError):
 class NotARegularFile(LayerCheckError):
     """A symbolic link, FIFO, device or folder stands where the checkpoint has a regular
     file; layercheck neither follows nor reads it."""
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed write may succeed if tried again: a storage error (OSError: a
+    full disk, a lost mount) or a peer rank's (WriteFailed). Anything else fails the
+    same way at every try; ``on_error="warn"`` retries only what this says."""
+    return isinstance(exc, (OSError, WriteFailed))
 
 
 def one_line(text: str) -> str:

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from .commit import Commit
-from .errors import WriteFailed
+from .errors import WriteFailed, retryable
 from .format import (MANIFEST, Version, checksum, drop_record, encode_record, layer_metadata,
                      layer_path, state_path)
 from .retention import Retention
@@ -120,11 +120,22 @@ class Writer:
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:
-        if self._error is not None and self.on_error == "raise":
-            raise WriteFailed(f"a background checkpoint write failed ({self._error}); nothing of "
-                              "it was committed, every earlier step is still recoverable. "
-                              "Fix the storage (space, permissions) and resume with restore()"
-                              ) from self._error
+        if not self._stopped():
+            return
+        if retryable(self._error):
+            advice = "Fix the storage (space, permissions) and resume with restore()"
+        else:  # the same at every try: retrying, also under 'warn', cannot help
+            advice = ("It is not a storage error, so it is not retried: fix its cause and "
+                      "resume with restore()")
+        raise WriteFailed(f"a background checkpoint write failed ({self._error}); nothing of "
+                          f"it was committed, every earlier step is still recoverable. {advice}"
+                          ) from self._error
+
+    def _stopped(self) -> bool:
+        """Whether checkpointing has stopped: a failure under 'raise', or one that no
+        retry can fix (``errors.retryable``) under either policy."""
+        error = self._error
+        return error is not None and (self.on_error == "raise" or not retryable(error))
 
     def take_failed_layers(self) -> set[int]:
         """Layers whose write failed under on_error='warn' since the last call."""
@@ -148,7 +159,7 @@ class Writer:
             try:
                 # after a failure under 'raise' nothing more is written; ranks learn of
                 # each other's failures in the commit, so they all stop at the same job
-                if self._error is None or self.on_error == "warn":
+                if not self._stopped():
                     self._persist(job)
             finally:
                 # drop the snapshot now, not when the next job arrives: the queue's bound
@@ -232,9 +243,9 @@ class Writer:
         self._owed |= layers
         with self._cv:
             self._error = exc
-            if self.on_error == "warn":
+            if not self._stopped():
                 self._failed_layers |= layers
-        if self.on_error == "warn":
+        if not self._stopped():
             log.error("layercheck: writing %s at step %d failed: %s; nothing of step %d was "
                       "committed; training goes on and the layers are written again at the "
                       "next opportunity", what, job.step, exc, job.step)
