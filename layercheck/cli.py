@@ -99,8 +99,13 @@ def _run(args: argparse.Namespace) -> int:
         from .cleanup import collect_garbage
         report = collect_garbage(store, keep=args.keep, dry_run=args.dry_run)
         verb = "would remove" if args.dry_run else "removed"
+        for warning in report.skipped:
+            print(f"layercheck: warning: {one_line(warning)}", file=sys.stderr)
+        unverified = (f"; kept {len(report.skipped)} version{'s' * (len(report.skipped) != 1)} "
+                      "it could not verify" if report.skipped else "")
         print(f"kept steps {report.kept_steps} ({report.kept_files} files); {verb} "
-              f"{len(report.removed_files)} files, {report.freed_bytes / 2**20:.1f} MiB")
+              f"{len(report.removed_files)} files, {report.freed_bytes / 2**20:.1f} MiB"
+              f"{unverified}")
     return 0
 
 

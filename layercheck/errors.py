@@ -5,7 +5,7 @@ import argparse
 from typing import NoReturn
 
 __all__ = ["retryable", "one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
-           "WriteFailed", "DirectoryLocked", "NotARegularFile"]
+           "WriteFailed", "ReadFailed", "DirectoryLocked", "NotARegularFile"]
 
 
 class LayerCheckError(RuntimeError):
@@ -26,6 +26,11 @@ class CorruptVersion(LayerCheckError):
 
 class WriteFailed(LayerCheckError):
     """A background write failed; nothing of it was committed."""
+
+
+class ReadFailed(LayerCheckError):
+    """Reading a committed file failed with an I/O error: not damage, so nothing was
+    passed over in its favour; try again once the storage answers."""
 
 
 class DirectoryLocked(LayerCheckError):

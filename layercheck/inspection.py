@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CheckpointNotFound, CorruptVersion
+from .errors import CheckpointNotFound, CorruptVersion, ReadFailed
 from .format import MANIFEST, Version
 from .manifest import read_manifest, read_verified
 from .store import Store
@@ -52,7 +52,7 @@ def _damage(store: Store, version: Version, verify: bool) -> str | None:
         if verify:
             try:
                 read_verified(store, shard)
-            except CorruptVersion as exc:
+            except (CorruptVersion, ReadFailed) as exc:  # ReadFailed says it is not damage
                 return str(exc)
     return None
 

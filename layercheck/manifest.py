@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .errors import CorruptVersion, NotARegularFile
+from .errors import CorruptVersion, NotARegularFile, ReadFailed
 from .format import MANIFEST, Version, checksum, count, decode_line
 from .store import Store, check_relative
 
@@ -135,15 +135,18 @@ def seal_torn_tail(store: Store) -> bool:
 
 
 def read_verified(store: Store, version: Version) -> bytes:
-    """The file's bytes, or CorruptVersion if missing, short, failing its checksum
-    or not structured as a safetensors file (the manifest's checksum proves only
-    that the file is what was recorded, not that what was recorded is sane)."""
+    """The file's bytes, or CorruptVersion if missing, not a regular file, of another
+    size, failing its checksum or not structured as a safetensors file (the manifest's
+    checksum proves only that the file is what was recorded, not that what was
+    recorded is sane). An I/O error is not damage: ReadFailed."""
     try:  # never more than the committed size (a link to /dev/zero is refused anyway)
         data = store.read(version.file, limit=version.bytes)
-    except (FileNotFoundError, NotARegularFile) as exc:
-        raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
-    except OSError as exc:
-        raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotARegularFile) as exc:
+        raise CorruptVersion(f"{version.file}: missing, or not the file committed "
+                             f"({exc.__class__.__name__})") from None
+    except OSError as exc:  # EIO, EACCES, a timeout: the file may be intact
+        raise ReadFailed(f"{version.file}: cannot be read ({exc}): an I/O error, not damage, so "
+                         "nothing was passed over; try again once the storage answers") from None
     if len(data) != version.bytes:
         raise CorruptVersion(f"{version.file}: " + (
             f"{len(data)} bytes on disk, {version.bytes} committed" if len(data) < version.bytes

@@ -43,6 +43,8 @@ class Plan:
     state: Version
     sources: dict[str, Version]
     warnings: list[str] = field(default_factory=list)
+    passed_over: list[Version] = field(default_factory=list)
+    """Versions found damaged and passed over; ``warnings[i]`` says why of the i-th."""
 
     def staleness(self) -> dict[str, int]:
         return {name: self.step - v.step for name, v in self.sources.items()}
@@ -89,12 +91,14 @@ class Planner:
         self.ranks = ranks or Ranks()
         self.every_shard = every_shard
         self.warnings: list[str] = []
+        self.passed_over: list[Version] = []
         self.load_s = 0.0
 
     def plan(self, step: int | None = None, *, exact: bool = False,
              use: UseLayer | None = None) -> Plan:
         state, _ = self.state(step, exact=exact)
-        return Plan(state.step, state, self.layers(state.step, use), self.warnings)
+        return Plan(state.step, state, self.layers(state.step, use), self.warnings,
+                    self.passed_over)
 
     def state(self, step: int | None = None, *, exact: bool = False) -> tuple[Version, bytes]:
         """The newest intact training state at or before ``step`` (default: the
@@ -159,6 +163,7 @@ class Planner:
                 data = self._read(version)
             except CorruptVersion as exc:
                 self.warnings.append(f"{what}: skipping the version of step {version.step}: {exc}")
+                self.passed_over.append(version)
                 continue
             if use is not None:
                 tensors, _ = parse_safetensors(data, version.file)
