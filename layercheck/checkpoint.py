@@ -34,14 +34,14 @@ from torch import nn
 from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import CheckpointNotFound, LayerCheckError, ModelMismatch
-from .format import MANIFEST, MODEL_CONFIG, encode_record, header_record, resume_record
+from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, read_manifest, seal_torn_tail
 from .policy import Decision, Policy, PolicyState, Reason
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state
 from .retention import Retention
-from .snapshot import apply_state, capture_state
+from .snapshot import apply_state, capture_state, check_state
 from .source import LayerSource, ModuleSource, tensors_nbytes
 from .store import Store, open_store
 from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
@@ -204,11 +204,13 @@ class LayerCheck:
             return 0
         planner = Planner(self.store, view, ranks=self.ranks)
         state, data = planner.state(step, exact=exact)
+        tensors, doc = planner.together(lambda: self._read_state(state, data))
+        # everything is verified and checked against the live objects before anything changes
+        sources = planner.layers(state.step, use=lambda version, loaded: self.source.check(
+            self.layer_map.index[version.layer], loaded))
         plan_s = time.perf_counter() - start
-        sources = planner.layers(state.step, use=lambda version, tensors: self.source.apply(
-            self.layer_map.index[version.layer], tensors))
-        tensors, doc = read_state(self.store, state, data)
-        apply_state(tensors, doc, self.source.optimizer, self.scheduler)
+        planner.load_s = 0.0
+        planner.together(lambda: self._apply(planner, sources, tensors, doc))
         self.source.after_restore(doc["engine"], state.step)
         restore_s = time.perf_counter() - start - plan_s - planner.load_s
         rank = f"rank {self.ranks.rank}: " if self.ranks.sharded else ""
@@ -220,6 +222,18 @@ class LayerCheck:
         self.restored = RestoreReport(state.step, plan, plan_s, planner.load_s, restore_s,
                                       sum(v.bytes for v in sources.values()))
         return state.step
+
+    def _read_state(self, state: Version, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors, doc = read_state(self.store, state, data)
+        check_state(doc, self.source.optimizer, self.source.group_members())
+        return tensors, doc
+
+    def _apply(self, planner: Planner, sources: dict[str, Version], tensors: dict[str, Any],
+               doc: dict[str, Any]) -> None:
+        """Put the planned composite into the live objects (each version read again)."""
+        for name, version in sources.items():
+            self.source.apply(self.layer_map.index[name], planner.load(version))
+        apply_state(tensors, doc, self.source.optimizer, self.scheduler)
 
     def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
         """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``
@@ -294,7 +308,7 @@ class LayerCheck:
             snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
                                        tensors, tensors_nbytes(tensors)))
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
-                              self.source.engine_state())
+                              self.source.engine_state(), self.source.group_members())
         job = StepJob(step=t, layers=snaps, state=state,
                       nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
         self.writer.submit(job)

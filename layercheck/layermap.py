@@ -145,7 +145,8 @@ class LayerMap:
                 for l in self.layers]
 
     def check_signature(self, recorded: Sequence[Mapping[str, object]]) -> None:
-        """ModelMismatch unless ``recorded`` (from a checkpoint) describes this model's layers."""
+        """ModelMismatch unless ``recorded`` (from a checkpoint) describes this model's
+        layers: names, sizes and (where recorded) bytes, i.e. the dtype."""
         mine = {(l["name"], l["params"]) for l in self.signature()}
         theirs = {(str(l["name"]), int(l["params"])) for l in recorded}  # type: ignore[arg-type]
         if mine != theirs:
@@ -155,6 +156,14 @@ class LayerMap:
                 "the checkpoint was written for a different model: layers or sizes differ "
                 f"(in checkpoint only: {missing}; in this model only: {extra}); "
                 "load the same architecture, or use another checkpoint directory")
+        nbytes = {l.name: l.nbytes for l in self.layers}
+        for layer in recorded:
+            saved = layer.get("weight_bytes")
+            if saved is not None and int(saved) != nbytes[str(layer["name"])]:  # type: ignore[call-overload]
+                raise ModelMismatch(
+                    f"layer {layer['name']} has {nbytes[str(layer['name'])]} bytes of weights "
+                    f"here but {saved} in the checkpoint: another dtype (bf16 against fp32?); "
+                    "load the model in the dtype it was trained in")
 
     def _check_partition(self) -> None:
         seen: dict[str, str] = {}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .errors import CorruptVersion, NotARegularFile, ReadFailed
-from .format import MANIFEST, Version, checksum, count, decode_line
+from .format import MANIFEST, Version, checksum, count, decode_line, described
 from .store import Store, check_relative
 
 __all__ = ["ManifestView", "read_manifest", "seal_torn_tail", "read_verified", "check_structure"]
@@ -153,8 +153,26 @@ def read_verified(store: Store, version: Version) -> bytes:
             else f"longer on disk than the {version.bytes} bytes committed"))
     if checksum(data) != version.checksum:
         raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
-    check_structure(data, version.file)
+    _check_identity(check_structure(data, version.file), version)
     return data
+
+
+def _check_identity(metadata: dict[str, str], version: Version) -> None:
+    """CorruptVersion unless the file says it is ``version``'s: its layer (or a training
+    state), its step and, where recorded, its rank. A record naming another file, with
+    that file's checksum, must not put one layer's tensors into another."""
+    try:
+        layer, step, rank = described(metadata)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptVersion(f"{version.file}: its metadata does not say what it holds "
+                             f"({exc.__class__.__name__}: {exc})") from None
+    what = lambda l, s: f"layer {l} of step {s}" if l is not None else f"the training state of step {s}"  # noqa: E731
+    if (layer, step) != (version.layer, version.step):
+        raise CorruptVersion(f"{version.file}: holds {what(layer, step)}, but the manifest "
+                             f"names it as {what(version.layer, version.step)}")
+    if rank is not None and version.rank is not None and rank != version.rank:
+        raise CorruptVersion(f"{version.file}: holds rank {rank}'s shard, but the manifest names "
+                             f"it as rank {version.rank}'s")
 
 
 def check_structure(data: bytes, what: str) -> dict[str, str]:

@@ -184,12 +184,14 @@ class Writer:
             for snap in job.layers:
                 what = f"layer {snap.name}"
                 versions.append(self._write(layer_path(snap.name, job.step, rank), snap.tensors,
-                                            layer_metadata(snap.name, job.step), job.step,
+                                            layer_metadata(snap.name, job.step, rank), job.step,
                                             snap.name, snap.reason))
             committed = list(versions)
             if job.state is not None and not (self._owed - {s.index for s in job.layers}):
                 what = "the training state"
                 tensors, metadata = job.state
+                if rank is not None:
+                    metadata = {**metadata, "rank": str(rank)}
                 committed.append(self._write(state_path(job.step, rank), tensors, metadata,
                                              job.step, None, None))
             what = "the manifest"
