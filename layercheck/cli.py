@@ -84,9 +84,10 @@ def _run(args: argparse.Namespace) -> int:
         info = inspect_directory(store, verify=not args.quick)
         print(json.dumps(info, indent=2) if args.json else format_inspection(info))
     elif args.command == "plan":
-        from .manifest import read_manifest
+        from .manifest import read_consistent
         from .recovery import make_plan
-        plan = make_plan(store, read_manifest(store), args.step)
+        plan = read_consistent(store, lambda view: make_plan(store, view, args.step),
+                               suspects=lambda plan: plan.passed_over, finish=lambda plan: plan)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else _format_plan(plan))
     elif args.command == "export":
         from .export import export

@@ -14,13 +14,17 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
-from .errors import CorruptVersion, NotARegularFile, ReadFailed
+from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
 from .format import MANIFEST, Version, checksum, count, decode_line, described
 from .store import Store, check_relative
 
-__all__ = ["ManifestView", "read_manifest", "seal_torn_tail", "read_verified", "check_structure"]
+__all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "read_verified",
+           "check_structure"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -100,10 +104,15 @@ def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
     """Replay the store's manifest (as ``rank`` sees a sharded one). Damaged
     lines are skipped and listed in ``problems``; an absent manifest gives an
     empty view (no header)."""
+    return _replay(_manifest_bytes(store), rank)
+
+
+def _manifest_bytes(store: Store) -> bytes:
+    return store.read(MANIFEST) if store.exists(MANIFEST) else b""
+
+
+def _replay(data: bytes, rank: int | None) -> ManifestView:
     view = ManifestView(rank=rank)
-    if not store.exists(MANIFEST):
-        return view
-    data = store.read(MANIFEST)
     lines = data.split(b"\n")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -116,6 +125,57 @@ def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
         except Exception as exc:  # any damage to one line: skip it, say why
             view.problems.append(f"{MANIFEST} line {number}: skipped ({exc})")
     return view
+
+
+def read_consistent(store: Store, prepare: Callable[[ManifestView], T],
+                    suspects: Callable[[T], Iterable[Version]], finish: Callable[[T], R], *,
+                    attempts: int = 8) -> R:
+    """``finish(prepare(view))`` on a snapshot of the manifest, for readers that hold
+    no lock (``inspect``, ``plan``, ``export``) beside a trainer that may change the
+    directory meanwhile: append, retire versions (``keep_versions``: a drop record,
+    then the files) or start a new timeline (overwriting files of the abandoned one).
+
+    ``prepare`` reads and changes nothing; ``finish`` may write (an export folder).
+    What ``prepare`` found damaged (``suspects(prepared)``: the versions a plan
+    passed over, or an inspection found wrong) and damaged manifest lines are
+    believed only if they are still so in the manifest as it is now; otherwise both
+    run again on the new one, and ``finish`` never sees a result that is not
+    believed. An error (CorruptVersion, CheckpointNotFound) is believed once the
+    manifest did not change while it was found. So a reader never passes over, nor
+    reports as damaged, a version that was only retired, and never exports a
+    composite that was not recoverable. All of it under ``store.reading()``, so
+    a trainer's retention deletes no file meanwhile (its drop records still
+    appear): retries are for what that cannot hold off (a new timeline
+    overwriting abandoned files, an append in flight). LayerCheckError if the
+    directory changed under every one of ``attempts`` tries."""
+    with store.reading():  # a trainer's retention deletes no file meanwhile
+        return _consistent(store, prepare, suspects, finish, attempts)
+
+
+def _consistent(store: Store, prepare: Callable[[ManifestView], T],
+                suspects: Callable[[T], Iterable[Version]], finish: Callable[[T], R],
+                attempts: int) -> R:
+    data, failure = _manifest_bytes(store), None
+    for _ in range(attempts):
+        view = _replay(data, None)
+        try:
+            prepared = prepare(view)
+            suspected = set(suspects(prepared))
+            if not (view.problems or suspected):
+                return finish(prepared)
+            data = _manifest_bytes(store)
+            now = _replay(data, None)
+            if suspected <= set(now.all_versions()) and set(view.problems) <= set(now.problems):
+                return finish(prepared)  # still live, still damaged: so they are
+        except (CorruptVersion, CheckpointNotFound) as exc:
+            fresh = _manifest_bytes(store)
+            if fresh == data:  # nothing moved while it was found: so it is
+                raise
+            data, failure = fresh, exc
+    last = f"; the last try found: {failure}" if failure is not None else ""
+    raise LayerCheckError(f"{store.url} changed under each of {attempts} tries to read it (a "
+                          "running trainer starting a new timeline?): try again, or stop the "
+                          f"trainer{last}")
 
 
 def seal_torn_tail(store: Store) -> bool:

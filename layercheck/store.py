@@ -14,7 +14,8 @@ import stat
 import threading
 import uuid
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterator, Protocol, runtime_checkable
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
@@ -43,7 +44,11 @@ class Store(Protocol):
     durably (creating it), and an append that fails (ENOSPC, EIO) leaves the
     file as it was where the storage allows. Readers never see a partial
     ``write_atomic``. A crash mid-append can still leave a torn tail: see
-    ``manifest.seal_torn_tail``. ``read`` returns the whole file, or with
+    ``manifest.seal_torn_tail``. ``lock`` takes the directory for one writer;
+    ``reading()`` is held by a reader that takes no lock (inspect, plan, export)
+    while it reads, and ``delete_unread`` deletes only while no reader holds it
+    (False: nothing was deleted), so retention never pulls a file from under a
+    reader. ``read`` returns the whole file, or with
     ``limit`` at most its first ``limit + 1`` bytes (enough to tell that it is
     longer); it reads only regular files, never through a link
     (``NotARegularFile``). ``list`` names the files under ``prefix`` that a
@@ -60,6 +65,8 @@ class Store(Protocol):
     def size(self, path: str) -> int: ...
     def list(self, prefix: str, *, temporary: bool = False) -> list[str]: ...
     def delete(self, path: str) -> None: ...
+    def delete_unread(self, paths: list[str]) -> bool: ...
+    def reading(self) -> ContextManager[None]: ...
     def lock(self) -> None: ...
     def unlock(self) -> None: ...
 
@@ -158,6 +165,45 @@ class LocalStore:
 
     def delete(self, path: str) -> None:
         self._path(path).unlink(missing_ok=True)
+
+    def delete_unread(self, paths: list[str]) -> bool:
+        # readers hold a shared record lock on .readers (``reading``); the writer takes
+        # it exclusively for the moment it deletes, or leaves the files for later
+        import fcntl
+        fd = _open_regular(self.root / ".readers", os.O_RDWR | os.O_CREAT)
+        try:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return False
+                raise
+            for path in paths:
+                self.delete(path)
+            return True
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold off ``delete_unread`` (a trainer's retention) while a reader reads. A
+        directory where .readers cannot be made (read-only) has no writer to hold off."""
+        import fcntl
+        try:
+            fd = _open_regular(self.root / ".readers", os.O_RDONLY | os.O_CREAT)
+        except (PermissionError, FileNotFoundError, NotARegularFile):
+            yield
+            return
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            yield
+            return
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH)  # waits out a deletion in progress
+            yield
+        finally:
+            os.close(fd)
 
     def lock(self) -> None:
         """Take an exclusive lock on the directory, held by this process (not by the
@@ -285,6 +331,14 @@ class FsspecStore:
         full = self._path(path)
         if self.fs.exists(full):
             self.fs.rm_file(full)
+
+    def delete_unread(self, paths: list[str]) -> bool:
+        for path in paths:  # no cross-process coordination: one process per URL
+            self.delete(path)
+        return True
+
+    def reading(self) -> ContextManager[None]:
+        return nullcontext()
 
     def lock(self) -> None:
         pass

@@ -90,6 +90,7 @@ class Writer:
         self._error: BaseException | None = None
         self._failed_layers: set[int] = set()
         self._owed: set[int] = set()  # layers of failed jobs not committed since (writer thread)
+        self._unlinked: list[str] = []  # files of dropped versions a reader kept (writer thread)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="layercheck-crc")
         self._thread = threading.Thread(target=self._run, name="layercheck-writer", daemon=True)
         self._thread.start()
@@ -117,6 +118,7 @@ class Writer:
             self._jobs.put(None)
             self._thread.join()
         self._hasher.shutdown()
+        self._retire([])  # files a reader kept from retention; still read: gc's to delete
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:
@@ -215,18 +217,19 @@ class Writer:
                                                   version.bytes, elapsed))
 
     def _retire(self, versions: list[Version]) -> None:
-        """Drop superseded versions: their drop records first, then their files. A
-        failure here loses nothing (the versions stay, or their files become
-        leftovers for gc), so it is logged, never raised."""
-        if not versions:
-            return
+        """Drop superseded versions: their drop records first, then their files, once
+        no offline reader is reading (``Store.delete_unread``; until then they wait
+        here, and a run that ends first leaves them to gc). A failure here loses
+        nothing (the versions stay, or their files become leftovers for gc), so it
+        is logged, never raised."""
         try:
-            self.store.append(MANIFEST, b"".join(
-                encode_record(drop_record(v.key)) for v in versions))
-            for version in versions:
-                for file in version.files:
-                    self.store.delete(file)
-                self.bytes_dropped += version.total_bytes
+            if versions:
+                self.store.append(MANIFEST, b"".join(
+                    encode_record(drop_record(v.key)) for v in versions))
+                self.bytes_dropped += sum(v.total_bytes for v in versions)
+                self._unlinked += [f for v in versions for f in v.files]
+            if self._unlinked and self.store.delete_unread(self._unlinked):
+                self._unlinked = []
         except Exception as exc:
             log.warning("layercheck: retiring superseded versions failed (%s); they stay on "
                         "disk until `python -m layercheck gc`", exc)
