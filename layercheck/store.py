@@ -72,14 +72,32 @@ class Store(Protocol):
 
 
 class LocalStore:
-    """A local directory. Atomic writes: temp file, fsync, rename, fsync of the directory."""
+    """A local directory. Atomic writes: temp file, fsync, rename, fsync of the directory.
+
+    Writes and deletes go only into the directory this store was opened on: if it
+    is deleted or replaced meanwhile (``rm -rf``, and perhaps another run creating
+    it anew), they raise LayerCheckError (not a storage error: retrying is futile)."""
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         self.root = Path(root).resolve()
         self.url = str(self.root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
+        self._identity = _identity(self.root) if self.root.is_dir() else None
         self._lock_key: tuple[int, int] | None = None
+
+    def _writable(self, path: str) -> Path:
+        """``_path(path)``, once the directory is checked to be the one opened."""
+        try:
+            same = _identity(self.root) == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise LayerCheckError(
+                f"{self.root} was deleted or replaced after this process opened it; nothing "
+                "more is written there (another run may own it now): restore from a copy, or "
+                "start over in a new directory")
+        return self._path(path)
 
     def _path(self, path: str) -> Path:
         target = self.root / check_relative(path)
@@ -103,7 +121,7 @@ class LocalStore:
             _fsync_dir(path.parent)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        target = self._path(path)
+        target = self._writable(path)
         self._make_parents(target)
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -120,7 +138,7 @@ class LocalStore:
         _fsync_dir(target.parent)
 
     def append(self, path: str, data: bytes) -> None:
-        target = self._path(path)
+        target = self._writable(path)
         self._make_parents(target)
         created = not os.path.lexists(target)
         # never through a planted link, nor into a FIFO or device
@@ -164,7 +182,7 @@ class LocalStore:
                           and (temporary or not e.name.startswith(".")))
 
     def delete(self, path: str) -> None:
-        self._path(path).unlink(missing_ok=True)
+        self._writable(path).unlink(missing_ok=True)
 
     def delete_unread(self, paths: list[str]) -> bool:
         # readers hold a shared record lock on .readers (``reading``); the writer takes
@@ -217,7 +235,8 @@ class LocalStore:
         this process opens ``.lock`` once per directory (``_HELD``), and a second
         ``lock()`` here is refused before it opens anything."""
         import fcntl
-        key = _identity(self.root)
+        self._writable(".lock")
+        key = self._identity
         with _HELD_GUARD:
             if key in _HELD:
                 raise DirectoryLocked(
@@ -230,6 +249,14 @@ class LocalStore:
                 raise LayerCheckError(f"{self.root}/.lock is a symbolic link or special file; "
                                       "layercheck never follows it: delete it and try again"
                                       ) from None
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                raise LayerCheckError(
+                    f"{self.root} is read-only here ({exc.strerror}): training, restore and gc "
+                    "write to the checkpoint directory (its lock, the manifest); use a writable "
+                    "copy, or python -m layercheck inspect, plan or export, which only read it"
+                    ) from None
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -243,7 +270,7 @@ class LocalStore:
                 raise
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            _HELD[key] = fd
+            _HELD[key] = fd  # type: ignore[index]
             self._lock_key = key
 
     def unlock(self) -> None:
