@@ -118,13 +118,7 @@ def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:
         return _run_zero_capture(args, argv)
     if args.ranks is not None:
         raise ProfilerError("--ranks applies to a DeepSpeed capture: add --deepspeed zero3")
-    from .capture import capture
-    result = capture(_config(args), out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
-                     keep_history=args.keep_history, progress=not args.quiet,
-                     argv=["python -m profiler", *argv])
-    print(f"wrote {result.path}")
-    print(json.dumps(result.summary, indent=2, default=float))
-    return 0
+    return _capture(_config(args), args, argv)
 
 
 def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
@@ -140,9 +134,13 @@ def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
     resolve_model(zero.capture.model)  # a bad --model fails here, before any rank starts
     if world is None:
         return launch(argv, zero)
-    from .zerocapture import zero_capture
-    result = zero_capture(zero, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
-                          keep_history=args.keep_history, progress=not args.quiet, argv=argv)
+    return _capture(zero, args, argv)
+
+
+def _capture(spec: CaptureConfig | ZeroConfig, args: argparse.Namespace, argv: list[str]) -> int:
+    from .capture import capture
+    result = capture(spec, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
+                     keep_history=args.keep_history, progress=not args.quiet, argv=argv)
     if result is not None:  # rank 0
         print(f"wrote {result.path}")
         print(json.dumps(result.summary, indent=2, default=float))
@@ -156,7 +154,7 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         config = None
     result = drill(config, failures=args.failures, from_trace=args.from_trace, out=args.out,
-                   progress=not args.quiet, argv=["python -m profiler", *argv])
+                   progress=not args.quiet, argv=argv)
     print(f"wrote {result.path}")
     print(json.dumps(result.summary, indent=2, default=float))
     return 0

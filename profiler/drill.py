@@ -40,7 +40,7 @@ from .capture import capture
 from .config import CaptureConfig, DrillConfig
 from .errors import ProfilerError
 from .machine import resolve_device
-from .staleness import failure_steps, weighted_staleness
+from .staleness import failure_steps
 from .worker import write_job
 
 __all__ = ["drill", "DrillResult", "PAPER_FIDELITY"]
@@ -71,7 +71,7 @@ def drill(config: DrillConfig | None, *, failures: int = 1, from_trace: Path | N
         trace, dest = result.trace, result.path
         job = DrillConfig(capture=CaptureConfig.from_dict(trace.manifest["sources"]["capture"]),
                           failures=config.failures)
-    staleness = weighted_staleness(trace.write_matrix(), trace.layers["params"].to_numpy())
+    staleness = trace.weighted_staleness()
     steps = failure_steps(staleness, job.failures)
     device, _ = resolve_device(job.capture.device)
     failed = _failed_run(job.capture, device, steps, progress)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .config import CaptureConfig
-from .trainer import Trainer
+from .plainjob import PlainJob
 
 __all__ = ["run_job", "write_job"]
 
@@ -31,14 +31,12 @@ def write_job(path: Path, *, config: CaptureConfig, device: str, ckpt: Path, log
 
 
 def run_job(path: Path) -> int:
-    from layercheck import LayerCheck
     job = json.loads(Path(path).read_text())
-    config = CaptureConfig.from_dict(job["config"])
-    trainer = Trainer.prepare(config, job["device"])
+    config = CaptureConfig.from_dict(job["config"]).replace(device=job["device"])
+    trainer = PlainJob.prepare(config, say=lambda _: None)
     ckpt = Path(job["ckpt"])
-    with open(job["log"], "a") as log, LayerCheck(
-            trainer.model, trainer.optimizer, ckpt, config.layercheck_config(keep_versions=1),
-            scheduler=trainer.scheduler) as lc:
+    with open(job["log"], "a") as log, trainer.make_layercheck(
+            ckpt, config.layercheck_config(keep_versions=1)) as lc:
         start = lc.restore()
         _emit(log, "start", pid=os.getpid(), **_restore_fields(lc.restored))
         position = (lc.extra or {}).get("position", 0)
