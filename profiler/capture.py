@@ -6,8 +6,10 @@ no-op). Order of work: build the job, agree on the checkpoint folder (rank
 0's choice), rank 0 measures the storage bandwidth there, train ``steps``
 steps with the job's LayerCheck recording every phase, drift and write,
 wait for the last write, evaluate on held-out text, measure one real
-restore of the final step (every rank its shards), gather to rank 0.
-Rank 0 writes ``traces/<name>/``. The checkpoint directory is
+restore of the final step (every rank its shards), gather to rank 0, then
+calibrate (``profiler.calibrate``: what each checkpointing strategy's
+mechanism costs here; skipped with ``calibrate=False``). Rank 0 writes
+``traces/<name>/`` (and ``costs.json``). The checkpoint directory is
 scratch (a temporary folder unless ``ckpt`` is given) and is deleted at
 the end unless kept.
 
@@ -45,8 +47,8 @@ from .recorder import Recorder
 __all__ = ["capture", "CaptureResult", "TRACE_FILES", "summarize"]
 
 TRACE_FILES = ("manifest.json", "steps.parquet", "drift.parquet", "writes.parquet",
-               "recovery.parquet", "drill.json")
-"""Every file a capture (or a later drill) puts in a trace folder."""
+               "recovery.parquet", "drill.json", "costs.json", "validation.json")
+"""Every file a capture (or a later drill, calibration or validation) puts in a trace folder."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,12 @@ class _Run:
 def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
             ckpt: Path | None = None, keep_ckpt: bool = False, keep_history: bool = False,
             progress: bool = True, say: Callable[[str], None] = print,
-            argv: list[str] | None = None) -> CaptureResult | None:
+            argv: list[str] | None = None, calibrate: bool = True,
+            repeats: int | None = None) -> CaptureResult | None:
     """Run the job of ``spec`` and write its trace (contract in the module doc). A
     collective under ZeRO: rank 0 returns the ``CaptureResult``, the others None.
-    ``argv``: the arguments after ``python -m profiler`` (recorded as the command)."""
+    ``argv``: the arguments after ``python -m profiler`` (recorded as the command);
+    ``repeats``: the calibration's repeats per figure (default: its own)."""
     started = time.perf_counter()
     job = open_job(spec, say=say)
     ranks = job.ranks
@@ -99,6 +103,10 @@ def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
         machine = describe_machine(job.device, ckpt_dir) if ranks.leader else {}
         run = _train(job, ckpt_dir, progress and ranks.leader, keep_history)
         trace = _gather_trace(job, run, out.name, machine, argv)
+        costs = None
+        if calibrate:
+            from .calibrate import calibrate_job
+            costs = calibrate_job(job, trace, near=ckpt_dir.parent, say=say, repeats=repeats)
     except BaseException:
         if ranks.leader and scratch and not keep_ckpt:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -110,7 +118,12 @@ def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     _clear(out)
     write_trace(trace, out)
-    return CaptureResult(out, trace, {**summarize(trace), "wall_s": time.perf_counter() - started})
+    summary = summarize(trace)
+    if costs is not None:
+        from layercheck.calibration import write_calibration
+        write_calibration(costs, out)
+        summary["costs"] = {name: f.value for name, f in costs.figures.items()}
+    return CaptureResult(out, trace, {**summary, "wall_s": time.perf_counter() - started})
 
 
 def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run:

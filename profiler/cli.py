@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
                           "process per rank (starts torchrun, or runs as a rank under it)")
     cap.add_argument("--ranks", type=int, help="with --deepspeed: ranks to start (default 2; "
                      "under torchrun, its --nproc_per_node)")
+    cap.add_argument("--no-calibrate", action="store_true",
+                     help="skip the calibration (costs.json: what each checkpointing strategy's "
+                          "mechanism costs here); `python -m profiler calibrate` does it later")
+    _repeats_option(cap)
     cap.set_defaults(run=_run_capture)
     drill = sub.add_parser("drill", help="failure-free run vs a run killed and recovered")
     _job_options(drill)
@@ -75,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="use this captured trace as the failure-free run (its settings "
                             "define the job; model options are then ignored)")
     drill.set_defaults(run=_run_drill)
+    cal = sub.add_parser("calibrate", help="measure what each checkpointing strategy's "
+                         "mechanism costs on a captured trace's job: costs.json")
+    cal.add_argument("--trace", type=Path, required=True, help="a captured trace folder")
+    cal.add_argument("--scratch", type=Path, help="where the measured checkpoints are written "
+                     "(default: the temporary folder, where a capture writes its own)")
+    cal.add_argument("--quiet", action="store_true", help="no progress lines")
+    _repeats_option(cal)
+    cal.set_defaults(run=_run_calibrate)
     heat = sub.add_parser("heatmap", help="draw a trace's drift heatmap as a PNG")
     heat.add_argument("trace", type=Path)
     heat.add_argument("--png", type=Path, help="output (default docs/img/<trace name>-drift.png)")
@@ -83,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("job", type=Path)
     worker.set_defaults(run=_run_worker)
     return parser
+
+
+def _repeats_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, help="calibration: repeats of each timed mechanism "
+                   "(the median is kept; default 3)")
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
@@ -140,7 +157,8 @@ def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
 def _capture(spec: CaptureConfig | ZeroConfig, args: argparse.Namespace, argv: list[str]) -> int:
     from .capture import capture
     result = capture(spec, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
-                     keep_history=args.keep_history, progress=not args.quiet, argv=argv)
+                     keep_history=args.keep_history, progress=not args.quiet, argv=argv,
+                     calibrate=not args.no_calibrate, repeats=args.repeats)
     if result is not None:  # rank 0
         print(f"wrote {result.path}")
         print(json.dumps(result.summary, indent=2, default=float))
@@ -157,6 +175,30 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
                    progress=not args.quiet, argv=argv)
     print(f"wrote {result.path}")
     print(json.dumps(result.summary, indent=2, default=float))
+    return 0
+
+
+def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    """A ZeRO trace is calibrated under torchrun with its own world size (started here)."""
+    from layercheck.calibration import read_calibration
+    from layercheck.trace import read_trace
+
+    from .calibrate import calibrate_trace, job_spec
+    from .launch import launch, world_size
+    if args.repeats is not None and args.repeats < 1:
+        raise ProfilerError(f"repeats={args.repeats}: use an integer >= 1")
+    if args.scratch is not None and not args.scratch.is_dir():
+        raise ProfilerError(f"--scratch {args.scratch}: no such folder")
+    spec = job_spec(read_trace(args.trace), str(args.trace))
+    if isinstance(spec, ZeroConfig) and world_size() is None:
+        return launch(argv, spec)
+    say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    path = calibrate_trace(args.trace, repeats=args.repeats, scratch=args.scratch, say=say)
+    if path is not None:
+        costs = read_calibration(path)
+        print(f"wrote {path}")
+        for name, figure in costs.figures.items():
+            print(f"  {name:22s} {figure.value:12.6g}  {figure.source}")
     return 0
 
 

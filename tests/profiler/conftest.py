@@ -16,4 +16,5 @@ TINY = dict(model="tiny", steps=14, batch_size=4, seq_len=32, warmup_steps=3, sm
 @pytest.fixture(scope="session")
 def tiny_capture(tmp_path_factory):
     out = tmp_path_factory.mktemp("traces") / "tiny"
-    return capture(CaptureConfig(**TINY), out=out, progress=False, say=lambda _: None)
+    return capture(CaptureConfig(**TINY), out=out, progress=False, say=lambda _: None,
+                   calibrate=False)

@@ -26,7 +26,7 @@ from tests.profiler.conftest import TINY  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ["--model", "tiny", "--steps", str(TINY["steps"]), "--batch-size", str(TINY["batch_size"]),
        "--seq-len", str(TINY["seq_len"]), "--warmup-steps", str(TINY["warmup_steps"]),
-       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet"]
+       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet", "--no-calibrate"]
 
 
 def _free_port() -> int:
@@ -145,7 +145,7 @@ def test_python_m_profiler_starts_torchrun_itself(tmp_path):
     out = tmp_path / "self-launched"
     done = _run([sys.executable, "-m", "profiler", "capture", "--deepspeed", "zero3",
                  "--model", "tiny", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
-                 "--seq-len", "16", "--quiet", "--out", str(out)])
+                 "--seq-len", "16", "--quiet", "--no-calibrate", "--out", str(out)])
     assert "starting 2 ranks: torchrun --nproc_per_node 2 -m profiler capture" in done.stderr
     trace = read_trace(out)
     ds = trace.manifest["sources"]["deepspeed"]
