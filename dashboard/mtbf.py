@@ -13,26 +13,48 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.trace import Trace
-from sim import LIMIT, PRESETS, Scenario, simulate, sweep, sweep_figure
-from sim.workload import Workload
+from layercheck.calibration import FIGURES
+from sim import COST_MODELS, LIMIT, CostModel, Scenario, simulate, sweep, sweep_figure
+from sim.workload import LayerWrites
 
-from .whatif import Settings, replay_trace, weighted_staleness_series
+from .whatif import Settings, replay_trace
 
-__all__ = ["HOUR", "scenario_for", "strategies_table", "breakdown_figure", "curves",
+__all__ = ["HOUR", "TRACE_COSTS", "cost_options", "cost_model", "costs_frame", "scenario_for", "strategies_table", "breakdown_figure", "curves",
            "curves_figure", "threshold_table", "threshold_figure", "replayed_trace"]
 
 HOUR = 3600.0
-PARTS = {"useful_s": "useful compute", "checkpoint_stall_s": "checkpoint stall",
-         "lost_work_s": "lost work redone", "recovery_s": "recovery and restart"}
+PARTS = {"useful_s": "useful compute", "stale_s": "discarded by stale layers",
+         "checkpoint_stall_s": "checkpoint stall", "lost_work_s": "lost work redone",
+         "recovery_s": "recovery and restart"}
+TRACE_COSTS = "this trace's calibration (costs.json)"
 
 
-def scenario_for(trace: Trace) -> Scenario:
-    """A preset's own scenario (the paper's costs) for a shipped synthetic preset
-    trace; otherwise the trace's compute, layer sizes and writes with default costs."""
-    key = trace.name.lower().removesuffix("-synthetic")
-    if trace.kind == "synthetic" and key in PRESETS:
-        return Scenario.from_preset(key)
-    return Scenario.from_trace(trace)
+def cost_options(trace: Trace) -> list[str]:
+    """The cost models a trace can be simulated with, its own calibration first."""
+    return ([TRACE_COSTS] if trace.costs is not None else []) + list(COST_MODELS)
+
+
+def cost_model(trace: Trace, choice: str) -> CostModel:
+    """The cost model ``choice`` (one of ``cost_options``)."""
+    if choice == TRACE_COSTS:
+        return CostModel.from_calibration(trace.costs)
+    return CostModel.named(choice)
+
+
+def costs_frame(costs: CostModel) -> pd.DataFrame:
+    """Every figure of a cost model with its unit, source and method: where each cost came from."""
+    return pd.DataFrame([{"figure": name, "value": getattr(costs, name), "unit": spec.unit,
+                          "source": costs.provenance[name].source, "used by": spec.used_by,
+                          "method": costs.provenance[name].method}
+                         for name, spec in FIGURES.items()])
+
+
+def scenario_for(trace: Trace, *, costs: CostModel | None = None, **fields) -> Scenario:
+    """The trace's compute, layer sizes and writes, with ``costs`` (default: the trace's
+    own calibration, else the paper's server) and any other scenario fields."""
+    if costs is None:
+        costs = cost_model(trace, cost_options(trace)[0])
+    return Scenario.from_trace(trace, costs=costs, **fields)
 
 
 def strategies_table(scenario: Scenario, *, mtbf_s: float, seeds: int, window_s: float) -> pd.DataFrame:
@@ -91,22 +113,21 @@ def threshold_table(trace: Trace, scenario: Scenario, settings: Settings, thresh
         run = dataclasses.replace(scenario, workload=_workload(scenario, variant))
         row = simulate(run, mtbf_s=mtbf_s, strategies=["layercheck"], seeds=seeds,
                        window_s=window_s).iloc[0]
-        _, weighted = weighted_staleness_series(variant, variant.write_matrix())
+        weighted = variant.mean_weighted_staleness()
         rows.append({"base_threshold": float(k), "effective_ratio": row["effective_ratio"],
-                     "ci95": row["ci95"], "checkpoint_stall_s": row["checkpoint_stall_s"],
+                     "ci95": row["ci95"], "stale_s": row["stale_s"],
+                     "checkpoint_stall_s": row["checkpoint_stall_s"],
                      "lost_work_s": row["lost_work_s"], "bytes_written": row["bytes_written"],
                      "layer_writes": len(variant.writes),
-                     "mean_weighted_staleness": float(weighted.mean())})
+                     "mean_weighted_staleness": weighted})
     out = pd.DataFrame(rows)
     out["best"] = out["effective_ratio"] == out["effective_ratio"].max()
     return out
 
 
-def _workload(scenario: Scenario, trace: Trace) -> Workload:
+def _workload(scenario: Scenario, trace: Trace):
     """The scenario's workload with the variant's writes (compute stays the scenario's)."""
-    w = Workload.from_trace(trace)
-    return dataclasses.replace(scenario.workload, layercheck_bytes=w.layercheck_bytes,
-                               staleness=w.staleness, meta={**scenario.workload.meta, **w.meta})
+    return dataclasses.replace(scenario.workload, layers=LayerWrites.from_trace(trace))
 
 
 def threshold_figure(table: pd.DataFrame) -> go.Figure:

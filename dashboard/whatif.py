@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from layercheck.config import ConfigError, LayerCheckConfig
 from layercheck.policy import Policy
-from layercheck.trace import Trace
+from layercheck.trace import Trace, last_written
 
 from .fastreplay import Replayed, fast_replay
 
@@ -115,19 +115,12 @@ def replay_trace(trace: Trace, settings: Settings) -> Replayed:
     return fast_replay(policy_for(trace, settings), trace.drift_matrix(), lr_ratio(trace))
 
 
-def _staleness(writes: np.ndarray) -> np.ndarray:
-    """steps x layers: step - last write (the step itself before any write)."""
-    steps = np.arange(1, len(writes) + 1)[:, None]
-    last = np.maximum.accumulate(np.where(writes, steps, 0), axis=0)
-    return steps - last
-
-
 def weighted_staleness_series(trace: Trace, writes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(max over layers, parameter-weighted mean) staleness per step."""
-    stale = _staleness(writes)
-    params = trace.layers["params"].to_numpy(dtype=np.float64)
-    weights = params / params.sum() if params.sum() > 0 else np.full(len(params), 1 / len(params))
-    return stale.max(axis=1), stale @ weights
+    """(max over layers, parameter-weighted mean) staleness per step, NaN before the
+    base checkpoint (``layercheck.trace``'s one definition)."""
+    weighted = trace.weighted_staleness(writes)
+    oldest = (np.arange(1, len(writes) + 1) - last_written(writes).min(axis=1)).astype(np.float64)
+    return np.where(np.isnan(weighted), np.nan, oldest), weighted
 
 
 def outcome(trace: Trace, replayed: Replayed, settings: Settings) -> Outcome:
@@ -137,16 +130,15 @@ def outcome(trace: Trace, replayed: Replayed, settings: Settings) -> Outcome:
     checkpoints = int((per_step > 0).sum())
     opportunities = trace.num_steps // settings.interval
     max_s, weighted = weighted_staleness_series(trace, writes)
-    after = np.flatnonzero(writes.any(axis=1))
-    start = int(after[0]) if after.size else len(writes)
+    defined = ~np.isnan(weighted)
     reasons = replayed.reasons[writes]
     return Outcome(
         layer_writes=int(writes.sum()), checkpoints=checkpoints, total_bytes=float(per_step.sum()),
         mean_bytes_per_checkpoint=float(per_step.sum() / checkpoints) if checkpoints else 0.0,
         full_total_bytes=float(opportunities * trace.full_checkpoint_bytes),
-        max_staleness=int(max_s[start:].max()) if start < len(writes) else 0,
-        peak_weighted_staleness=float(weighted[start:].max()) if start < len(writes) else 0.0,
-        mean_weighted_staleness=float(weighted[start:].mean()) if start < len(writes) else 0.0,
+        max_staleness=int(max_s[defined].max()) if defined.any() else 0,
+        peak_weighted_staleness=float(weighted[defined].max()) if defined.any() else 0.0,
+        mean_weighted_staleness=float(weighted[defined].mean()) if defined.any() else 0.0,
         by_reason={name: int((reasons == i).sum()) for i, name in
                    enumerate(("base", "threshold", "smax"))})
 

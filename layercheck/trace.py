@@ -12,6 +12,8 @@ A trace is a folder::
         writes.parquet     one row per layer write: step, layer, bytes, reason, stall, persist
         recovery.parquet   optional: one row per measured recovery
         drill.json         optional: a recovery-fidelity drill (profiler drill)
+        costs.json         optional: what each checkpointing mechanism costs on the
+                           capturing machine (``layercheck.calibration``)
 
 ``layer`` columns are indices into ``manifest["layers"]``. Times are seconds,
 sizes bytes. ``read_trace`` validates everything and raises ``TraceError``
@@ -27,6 +29,8 @@ from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
+
+from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
            "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness"]
@@ -73,6 +77,8 @@ class Trace:
     writes: pd.DataFrame
     recovery: pd.DataFrame | None = None
     drill: dict[str, Any] | None = None
+    costs: Calibration | None = None
+    """The machine's calibration (costs.json), where one was measured."""
 
     @property
     def name(self) -> str:
@@ -193,8 +199,14 @@ def read_trace(path: str | Path) -> Trace:
     tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES)
               for name in TABLES}
     drill = _read_json(root / "drill.json") if (root / "drill.json").exists() else None
+    costs = None
+    if (root / COSTS_FILE).exists():
+        try:
+            costs = read_calibration(root / COSTS_FILE)
+        except CalibrationError as exc:
+            raise TraceError(str(exc)) from None
     trace = Trace(manifest=manifest, steps=tables["steps"], drift=tables["drift"],
-                  writes=tables["writes"], recovery=tables["recovery"], drill=drill)
+                  writes=tables["writes"], recovery=tables["recovery"], drill=drill, costs=costs)
     _validate(trace, root)
     return trace
 
@@ -213,6 +225,8 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         frame[columns].to_parquet(root / f"{name}.parquet", index=False, compression="zstd")
     if trace.drill is not None:
         (root / "drill.json").write_text(json.dumps(_jsonable(trace.drill), indent=2) + "\n")
+    if trace.costs is not None:
+        write_calibration(trace.costs, root / COSTS_FILE)
     return root
 
 

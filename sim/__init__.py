@@ -8,15 +8,16 @@ reference engine). See docs/sim.md.
 """
 from __future__ import annotations
 
-from .api import COLUMNS, DAY, LIMIT, PRESETS, Scenario, limit_ratio, simulate, sweep, sweep_figure
-from .costs import CostModel
+from .api import COLUMNS, DAY, ENGINES, LIMIT, PRESETS, Scenario, limit_ratio, simulate, sweep
+from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
 from .presets import REGIMES
-from .strategies import STRATEGIES
+from .report import figure as sweep_figure
+from .strategies import PROTOCOLS, STRATEGIES
 from .units import parse_duration
 from .workload import Workload
 
 __all__ = ["Scenario", "simulate", "sweep", "sweep_figure", "limit_ratio", "PRESETS", "COLUMNS",
-           "LIMIT", "DAY", "CostModel", "FailureModel", "SimError", "STRATEGIES", "REGIMES",
+           "LIMIT", "DAY", "ENGINES", "PROTOCOLS", "COST_MODELS", "CostModel", "FailureModel", "SimError", "STRATEGIES", "REGIMES",
            "Workload", "job_mtbf", "read_failure_log", "parse_duration"]

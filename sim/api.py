@@ -13,7 +13,6 @@ MTBFs.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -25,24 +24,28 @@ from scipy import stats
 from layercheck.trace import Trace
 
 from .costs import GB, CostModel
-from .engine import LaneResults, run_lanes, run_limit
+from .engine import RESULT_FIELDS, LaneResults, run_lanes, run_limit
 from .errors import SimError
 from .failures import FailureModel
 from .intervals import parse_interval, resolve_interval
-from .strategies import STRATEGIES, get_strategy
+from .reference import run_reference
+from .strategies import PROTOCOLS, STRATEGIES, Cadence, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
 from .workload import Workload
 
-__all__ = ["Scenario", "simulate", "sweep", "sweep_figure", "limit_ratio", "PRESETS",
-           "COLUMNS", "LIMIT", "DAY"]
+__all__ = ["Scenario", "simulate", "sweep", "limit_ratio", "PRESETS", "COLUMNS", "LIMIT", "DAY",
+           "ENGINES"]
 
 DAY = 86400.0
 LIMIT = "limit"
 """The strategy name of the perfect checkpointer's rows in ``sweep``."""
-COLUMNS = ("strategy", "effective_ratio", "ci95", "useful_s", "checkpoint_stall_s",
-           "lost_work_s", "recovery_s", "failures", "bytes_written")
+COLUMNS = ("strategy", "effective_ratio", "ci95", "useful_s", "stale_s", "checkpoint_stall_s",
+           "lost_work_s", "recovery_s", "failures", "bytes_written", "interval", "storage_interval")
 """The result columns (and the keys of every JSON row), in order."""
+ENGINES = ("fast", "simpy")
+"""fast: jumps from failure to failure (``sim.engine``); simpy: every step an event
+(``sim.reference``, the model to read and extend; slower)."""
 
 
 def _presets() -> tuple[str, ...]:
@@ -56,15 +59,21 @@ PRESETS: tuple[str, ...] = _presets()
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """Everything a run needs except the MTBF: the job, the costs, the failure
-    distribution, the rollback interval rule, the window and the seed."""
+    distribution, the protocol, the window, the seed and the accounting."""
 
     name: str
     workload: Workload
-    costs: CostModel = field(default_factory=CostModel)
+    costs: CostModel = field(default_factory=CostModel.paper_a100)
     failures: FailureModel = field(default_factory=FailureModel)
-    interval: str | int = "matched"
-    """Steps between rollback strategies' full checkpoints, or matched/young/daly.
-    'matched' needs a trace; without one it falls back to 'daly'."""
+    protocol: str = "matched"
+    """How often rollback strategies checkpoint (``strategies.PROTOCOLS``). 'matched'
+    needs a trace; without one, 'native'."""
+    interval: str | int | None = None
+    """Override: every rollback strategy checkpoints every ``interval`` steps (or at
+    Young's or Daly's interval), whatever the protocol."""
+    stale_as_useful: bool = False
+    """False: training whose updates a recovery discarded through stale layers
+    (``stale_s``) is not useful time. True: the paper's accounting, which counts it."""
     window_s: float = 30 * DAY
     """Wall-clock time each run covers (jobs run back to back within it)."""
     seed: int = 0
@@ -72,13 +81,15 @@ class Scenario:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "interval", parse_interval(self.interval))
+        if self.protocol not in PROTOCOLS:
+            raise SimError(f"protocol {self.protocol!r}: use one of {', '.join(PROTOCOLS)}")
         if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s)
                 and self.window_s > 0):
             raise SimError(f"window_s={self.window_s!r} must be a positive number of seconds")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimError(f"seed={self.seed!r} must be a non-negative integer")
-        if self.interval == "matched" and not self.workload.has_trace:
-            object.__setattr__(self, "interval", "daly")
+        if self.protocol == "matched" and not self.workload.has_trace:
+            object.__setattr__(self, "protocol", "native")
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "Scenario":
@@ -88,33 +99,38 @@ class Scenario:
 
     @classmethod
     def from_trace(cls, trace: Trace, *, costs: CostModel | None = None, **overrides: Any) -> "Scenario":
-        """A scenario on any valid trace: compute per step from its steps table,
-        layer bytes from its manifest, LayerCheck's writes from its writes table."""
-        workload = Workload.from_trace(trace)
-        fields_ = {"name": trace.name, "workload": workload, "costs": costs or CostModel(),
-                   "description": str(trace.manifest.get("description", ""))}
-        return cls(**{**fields_, **overrides})
+        """A scenario on any valid trace: compute per step from its steps table, layer
+        bytes from its manifest, LayerCheck's writes from its writes table, and (unless
+        ``costs`` is given) the trace's own calibration (costs.json)."""
+        return cls(**{"name": trace.name, "workload": Workload.from_trace(trace),
+                      "costs": costs or trace_costs(trace),
+                      "description": str(trace.manifest.get("description", "")), **overrides})
 
     @classmethod
     def custom(cls, *, iteration_s: float, iterations: int, checkpoint_gb: float = 106.6,
                checkpoint_s: float | None = None, costs: CostModel | None = None,
                **overrides: Any) -> "Scenario":
         """A what-if job without a trace: equal steps, a full checkpoint of
-        ``checkpoint_gb``; ``checkpoint_s`` (the time to write it) sets the write
+        ``checkpoint_gb``; ``checkpoint_s`` (the time to write it) sets the storage write
         bandwidth. LayerCheck needs a trace, so it is not available here."""
         if not (math.isfinite(checkpoint_gb) and checkpoint_gb > 0):
             raise SimError(f"checkpoint size {checkpoint_gb!r} GB must be positive")
-        costs = costs or CostModel()
+        costs = costs or CostModel.paper_a100()
         if checkpoint_s is not None:
-            costs = dataclasses.replace(costs, write_gbps=checkpoint_gb / checkpoint_s)
+            gbps = checkpoint_gb / checkpoint_s
+            costs = costs.with_overrides(save_gbps=gbps, persist_gbps=gbps)
         workload = Workload.custom(iteration_s=iteration_s, iterations=iterations,
                                    full_bytes=int(round(checkpoint_gb * GB)))
         return cls(**{"name": "custom", "workload": workload, "costs": costs,
-                      "interval": "daly", **overrides})
+                      "protocol": "native", **overrides})
 
     def available(self) -> tuple[str, ...]:
         """Strategies this scenario can run (LayerCheck needs a trace)."""
         return tuple(n for n, c in STRATEGIES.items() if self.workload.has_trace or not c.needs_trace)
+
+    def accounting(self) -> str:
+        return ("the paper's: stale layers' discarded updates count as useful" if self.stale_as_useful
+                else "stale layers' discarded updates (stale_s) are not useful time")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (what a report prints under "scenario")."""
@@ -122,44 +138,52 @@ class Scenario:
         return {"name": self.name, "kind": w.kind, "description": self.description,
                 "steps_per_job": w.steps, "mean_step_s": float(w.compute_s.mean()),
                 "full_checkpoint_bytes": int(w.full_bytes), "staleness_steps": w.staleness,
-                "interval": self.interval, "window_s": self.window_s, "seed": self.seed,
-                "failures": {"kind": self.failures.kind, "shape": self.failures.shape},
+                "protocol": self.protocol, "interval": self.interval,
+                "stale_as_useful": self.stale_as_useful, "accounting": self.accounting(),
+                "window_s": self.window_s, "seed": self.seed,
+                "failures": {"kind": self.failures.kind, "shape": self.failures.shape,
+                             "repeat": self.failures.repeat},
                 "costs": self.costs.to_dict()}
 
 
+def trace_costs(trace: Trace) -> CostModel:
+    """The trace's own calibration; a synthetic trace without one uses paper-a100."""
+    if trace.costs is not None:
+        return CostModel.from_calibration(trace.costs)
+    if trace.kind == "synthetic":
+        return CostModel.paper_a100()
+    raise SimError(f"trace {trace.name!r} has no costs.json (what each checkpointing mechanism "
+                   f"costs on the machine it was captured on): measure it with `python -m profiler "
+                   f"calibrate --trace traces/{trace.name}`, or choose a cost model with "
+                   "--costs paper-a100 (or --costs FILE)")
+
+
 def simulate(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequence[str] | None = None,
-             seeds: int = 10, window_s: float | None = None,
-             interval: str | int | None = None) -> pd.DataFrame:
-    """One row per strategy (``COLUMNS`` plus ``interval``): the effective ratio (useful
-    compute / wall clock) averaged over ``seeds`` runs with its 95% confidence
-    half-width, and the mean seconds per run that went to each use. ``mtbf_s`` may
-    be None only for a replayed failure log (played at its own rate)."""
-    frame = _run(scenario, [mtbf_s], strategies, seeds, window_s, interval, with_limit=False)
+             seeds: int = 10, window_s: float | None = None, interval: str | int | None = None,
+             engine: str = "fast") -> pd.DataFrame:
+    """One row per strategy (``COLUMNS``): the effective ratio (useful compute / wall
+    clock) averaged over ``seeds`` runs with its 95% confidence half-width, and the mean
+    seconds per run that went to each use. ``mtbf_s`` may be None only for a replayed
+    failure log (played at its own rate)."""
+    frame = _run(scenario, [mtbf_s], strategies, seeds, window_s, interval, engine, with_limit=False)
     return frame.drop(columns="mtbf_s").reset_index(drop=True)
 
 
 def sweep(scenario: Scenario, *, mtbf_s: Sequence[float], strategies: Sequence[str] | None = None,
           seeds: int = 10, window_s: float | None = None, interval: str | int | None = None,
-          limit: bool = True) -> pd.DataFrame:
-    """Long format: one row per (mtbf_s, strategy), columns ``mtbf_s`` + ``COLUMNS`` +
-    ``interval``. With ``limit`` the perfect checkpointer's rows (strategy 'limit':
-    free checkpoints, restart cost only) are included, simulated on the same failures."""
+          limit: bool = True, engine: str = "fast") -> pd.DataFrame:
+    """Long format: one row per (mtbf_s, strategy), columns ``mtbf_s`` + ``COLUMNS``. With
+    ``limit`` the perfect checkpointer's rows (strategy 'limit': free checkpoints,
+    restart cost only) are included, simulated on the same failures."""
     points = [float(m) for m in mtbf_s]
     if not points:
         raise SimError("sweep needs at least one MTBF")
-    return _run(scenario, points, strategies, seeds, window_s, interval, with_limit=limit)
+    return _run(scenario, points, strategies, seeds, window_s, interval, engine, with_limit=limit)
 
 
 def limit_ratio(scenario: Scenario, mtbf_s: float | np.ndarray) -> float | np.ndarray:
     """Closed-form perfect-checkpointer ratio e^(-restart/MTBF) (exponential failures)."""
     return limit_ratio_exponential(scenario.costs.restart_s, mtbf_s)
-
-
-def sweep_figure(df: pd.DataFrame, *, title: str | None = None):
-    """Effective ratio against MTBF, one line per strategy with its 95% band; the
-    'limit' rows drawn as a dashed black line."""
-    from .report import figure
-    return figure(df, title=title)
 
 
 # ---------------------------------------------------------------------------
@@ -189,62 +213,87 @@ def _failure_rows(scenario: Scenario, mtbfs: list[float | None], seeds: int, win
     return times, uniforms
 
 
-def _run(scenario, mtbfs, strategies, seeds, window_s, interval, *, with_limit) -> pd.DataFrame:
-    names = _check_strategies(scenario, strategies)
+def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:
     if isinstance(seeds, bool) or not isinstance(seeds, (int, np.integer)) or seeds < 1:
         raise SimError(f"seeds={seeds!r} must be a positive integer")
+    if engine not in ENGINES:
+        raise SimError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
     window = float(scenario.window_s if window_s is None else window_s)
     if not (math.isfinite(window) and window > 0):
         raise SimError(f"window_s={window_s!r} must be positive")
-    rule = scenario.interval if interval is None else parse_interval(interval)
     for m in mtbfs:
         if m is None and scenario.failures.kind != "log":
             raise SimError("mtbf is required (e.g. 0.5h) unless failures replay a log")
         if m is not None and not (math.isfinite(m) and m > 0):
             raise SimError(f"mtbf={m!r} must be a positive duration, e.g. 0.5h")
+    return window
+
+
+def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with_limit) -> pd.DataFrame:
+    names = _check_strategies(scenario, strategies)
+    window = _check_run(scenario, mtbfs, seeds, window_s, engine)
+    rule = scenario.interval if interval is None else parse_interval(interval)
     times, uniforms = _failure_rows(scenario, mtbfs, seeds, window)
     timelines, index, lane_t, lane_row, lane_key = [], {}, [], [], []
     for mi, mtbf in enumerate(mtbfs):
         for name in names:
-            steps = _interval_for(name, rule, scenario, mtbf)
-            if (name, steps) not in index:
-                index[(name, steps)] = len(timelines)
-                plan = get_strategy(name).plan(scenario.workload, scenario.costs, interval=steps or 1)
-                timelines.append(Timeline.build(plan))
+            cadence = _cadence(name, scenario, rule, mtbf)
+            if (name, cadence) not in index:
+                index[(name, cadence)] = len(timelines)
+                schedule = get_strategy(name).schedule(scenario.workload, scenario.costs, cadence)
+                timelines.append(Timeline.build(schedule))
             for i in range(seeds):
-                lane_t.append(index[(name, steps)])
+                lane_t.append(index[(name, cadence)])
                 lane_row.append(mi * seeds + i)
-                lane_key.append((mi, name, steps))
-    res = run_lanes(timelines, np.array(lane_t), times, np.array(lane_row), uniforms, window)
-    frame = _aggregate(res, lane_key, mtbfs, window)
+                lane_key.append((mi, name, cadence))
+    if engine == "simpy":
+        res = _run_reference(timelines, lane_t, lane_row, times, uniforms, window)
+    else:
+        res = run_lanes(timelines, np.array(lane_t), times, np.array(lane_row), uniforms, window)
+    frame = _aggregate(res, lane_key, mtbfs, window, scenario.stale_as_useful)
     if with_limit:
         lim = run_limit(times, window, scenario.costs.restart_s)
         keys = [(mi, LIMIT, None) for mi in range(len(mtbfs)) for _ in range(seeds)]
-        frame = pd.concat([frame, _aggregate(lim, keys, mtbfs, window)], ignore_index=True)
+        frame = pd.concat([frame, _aggregate(lim, keys, mtbfs, window, True)], ignore_index=True)
     frame.attrs["events"] = float(res.events.sum())
     return frame
 
 
-def _interval_for(name: str, rule, scenario: Scenario, mtbf) -> int | None:
-    if not STRATEGIES[name].uses_interval:
+def _run_reference(timelines, lane_t, lane_row, times, uniforms, window) -> LaneResults:
+    """Every lane event by event in SimPy (``sim.reference``), as engine results."""
+    totals = [run_reference(timelines[t].schedule, times[r], uniforms[r], window)
+              for t, r in zip(lane_t, lane_row)]
+    cols = {f: np.array([tot.get(f, 0.0) for tot in totals], dtype=np.float64) for f in RESULT_FIELDS}
+    return LaneResults(**cols)
+
+
+def _cadence(name: str, scenario: Scenario, rule, mtbf) -> Cadence | None:
+    strategy = STRATEGIES[name]()
+    if not strategy.rollback:
         return None
-    return resolve_interval(rule, scenario.workload, scenario.costs, mtbf)
+    mtbf = mtbf if mtbf is not None else scenario.failures.log_mtbf
+    steps = None if rule is None else resolve_interval(rule, scenario.workload, scenario.costs, mtbf)
+    return strategy.cadence(scenario.protocol, scenario.workload, scenario.costs, mtbf_s=mtbf,
+                            interval=steps)
 
 
-def _aggregate(res: LaneResults, keys: list, mtbfs: list, window: float) -> pd.DataFrame:
-    lanes = pd.DataFrame({"key": keys, "ratio": res.useful_s / window,
-                          **{f: getattr(res, f) for f in ("useful_s", "checkpoint_stall_s",
+def _aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
+               stale_as_useful: bool) -> pd.DataFrame:
+    useful = res.useful_s if stale_as_useful else res.useful_s - res.stale_s
+    lanes = pd.DataFrame({"key": keys, "ratio": useful / window, "useful_s": useful,
+                          **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s",
                                                           "lost_work_s", "recovery_s",
                                                           "failures", "bytes_written")}})
     rows = []
     for key, group in lanes.groupby("key", sort=False):
-        mi, name, steps = key
+        mi, name, cadence = key
         n, ratio = len(group), group["ratio"].to_numpy()
         half = float(stats.t.ppf(0.975, n - 1) * ratio.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
         row = {"mtbf_s": mtbfs[mi], "strategy": name, "effective_ratio": float(ratio.mean()),
                "ci95": half}
-        for f in COLUMNS[3:]:
+        for f in COLUMNS[3:-2]:
             row[f] = float(group[f].mean())
-        row["interval"] = steps
+        row["interval"] = cadence.every if cadence else None
+        row["storage_interval"] = cadence.storage_every if cadence else None
         rows.append(row)
-    return pd.DataFrame(rows, columns=["mtbf_s", *COLUMNS, "interval"])
+    return pd.DataFrame(rows, columns=["mtbf_s", *COLUMNS])

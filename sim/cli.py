@@ -2,6 +2,7 @@
 
     python -m sim --mtbf 0.5h                      table for the default preset
     python -m sim --mtbf 30m --json | --csv
+    python -m sim --trace traces/NAME --mtbf 1h    the trace's own costs.json
     python -m sim sweep --mtbf 0.01h..3h --points 20 --out runs/sweep
     python -m sim presets [--write]
 """
@@ -18,23 +19,34 @@ import numpy as np
 from layercheck.errors import one_line
 from layercheck.trace import TraceError, read_trace
 
-from .api import Scenario, simulate, sweep, sweep_figure
-from .costs import CostModel
+from layercheck.calibration import FIGURES
+
+from .api import ENGINES, Scenario, simulate, sweep
+from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
 from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
-from .strategies import STRATEGIES
+from .report import figure
+from .strategies import PROTOCOLS, STRATEGIES
 from .units import format_duration, parse_duration, parse_range
 
 __all__ = ["main"]
 
 COMMANDS = ("run", "sweep", "presets")
-COST_FLAGS = {"write_gbps": "storage write bandwidth, GB/s", "read_gbps": "storage read bandwidth, GB/s",
-              "host_copy_gbps": "GPU->host snapshot bandwidth, GB/s",
-              "peer_gbps": "GEMINI peer-memory bandwidth, GB/s",
-              "peer_loss_probability": "chance a failure also loses GEMINI's peer copy",
-              "layercheck_step_fraction": "LayerCheck's per-step cost as a fraction of compute",
-              "diff_fraction": "LowDiff's per-step diff as a fraction of a full checkpoint"}
+COST_FLAGS = {
+    "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
+                   "(synchronous saves, background persists and LayerCheck's writer)"),
+    "read_gbps": (("load_gbps", "async_load_gbps", "lc_load_gbps"), "storage read bandwidth during "
+                  "recovery, GB/s (every load)"),
+    "host_copy_gbps": (("snapshot_gbps", "host_copy_gbps", "lc_snapshot_gbps"),
+                       "copy to host memory, GB/s (every snapshot)"),
+    "peer_gbps": (("peer_gbps",), "GEMINI's transfer to a peer's memory, GB/s"),
+    "peer_loss_probability": (("peer_loss_probability",), "chance a failure also loses GEMINI's peer copy"),
+    "tracking_fraction": (("tracking_fraction",), "LayerCheck's drift tracking as a fraction of compute"),
+    "diff_fraction": (("diff_fraction",), "LowDiff's per-step diff as a fraction of a full checkpoint"),
+}
+"""Convenience overrides, each setting the cost figures it names; ``--cost NAME=VALUE``
+sets any one figure."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,16 +69,29 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     f.add_argument("--failures", choices=("exponential", "weibull", "log"), default=None)
     f.add_argument("--shape", type=float, default=0.7, help="Weibull shape (default 0.7)")
     f.add_argument("--failure-log", help="CSV of failure times (column time or time_s)")
+    f.add_argument("--log-once", action="store_true", help="play the failure log once from time 0, "
+                   "as written (no cycling, no random start; a real run killed at those times)")
     r = p.add_argument_group("run")
     r.add_argument("--strategies", help=f"comma list from {','.join(STRATEGIES)}")
     r.add_argument("--seeds", type=int, default=10)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--interval", help="rollback interval: steps, matched, young or daly")
+    r.add_argument("--protocol", choices=PROTOCOLS, help="rollback strategies' cadence: matched "
+                   "(the paper's matched freshness, default with a trace) or native (each as its "
+                   "authors designed it)")
+    r.add_argument("--interval", help="override: every rollback strategy every N steps (or young, daly)")
+    r.add_argument("--stale-as-useful", action="store_true", help="the paper's accounting: count "
+                   "training whose updates stale layers discarded (stale_s) as useful")
+    r.add_argument("--engine", choices=ENGINES, default="fast", help="fast (default) or simpy "
+                   "(every step an event: the model to read and extend; slower)")
     r.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
-    c = p.add_argument_group("costs")
+    c = p.add_argument_group("costs (default: the trace's costs.json; presets: paper-a100)")
+    c.add_argument("--costs", help=f"a cost model: {', '.join(COST_MODELS)}, or a costs.json file "
+                   "(or a trace folder holding one)")
     c.add_argument("--restart", help="restart time before loading, e.g. 30s")
-    for name, text in COST_FLAGS.items():
+    for name, (_, text) in COST_FLAGS.items():
         c.add_argument("--" + name.replace("_", "-"), type=float, help=text)
+    c.add_argument("--cost", action="append", default=[], metavar="FIGURE=VALUE",
+                   help=f"set one cost figure (repeatable): {', '.join(FIGURES)}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,13 +115,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _costs(args, base: CostModel) -> CostModel:
-    changes = {k: getattr(args, k) for k in COST_FLAGS if getattr(args, k) is not None}
+    """``base`` with the command line's cost overrides (marked given)."""
+    changes: dict[str, float] = {}
+    for flag, (figures, _) in COST_FLAGS.items():
+        if getattr(args, flag) is not None:
+            changes.update(dict.fromkeys(figures, getattr(args, flag)))
     if args.restart is not None:
         changes["restart_s"] = parse_duration(args.restart, what="--restart", allow_zero=True)
-    try:
-        return dataclasses.replace(base, **changes)
-    except SimError as exc:
-        raise SimError(str(exc).replace("CostModel.", "--").replace("_", "-")) from None
+    for item in args.cost:
+        name, _, value = item.partition("=")
+        if name.strip() not in FIGURES or not value:
+            raise SimError(f"--cost {item!r}: give FIGURE=VALUE with a figure from {', '.join(FIGURES)}")
+        try:
+            changes[name.strip()] = float(value)
+        except ValueError:
+            raise SimError(f"--cost {item!r}: {value!r} is not a number") from None
+    return base.with_overrides(**changes) if changes else base
 
 
 def _failure_model(args) -> FailureModel:
@@ -104,30 +138,37 @@ def _failure_model(args) -> FailureModel:
     if kind == "log":
         if not args.failure_log:
             raise SimError("--failures log needs --failure-log FILE.csv")
-        return FailureModel(kind="log", log_times=read_failure_log(args.failure_log))
+        return FailureModel(kind="log", log_times=read_failure_log(args.failure_log),
+                            repeat=not args.log_once)
     return FailureModel(kind=kind, shape=args.shape if kind == "weibull" else 1.0)
 
 
 def _scenario(args) -> Scenario:
     common = {"failures": _failure_model(args), "seed": args.seed,
-              "window_s": parse_duration(args.window, what="--window")}
+              "window_s": parse_duration(args.window, what="--window"),
+              "stale_as_useful": args.stale_as_useful}
     if args.interval is not None:
         common["interval"] = args.interval
+    if args.protocol is not None:
+        common["protocol"] = args.protocol
+    named = CostModel.named(args.costs) if args.costs else None
     if sum(x is not None for x in (args.preset, args.trace, args.iteration_time)) > 1:
         raise SimError("give one of --preset, --trace, --iteration-time")
     if args.trace:
         try:
-            scenario = Scenario.from_trace(read_trace(args.trace), **common)
+            trace = read_trace(args.trace)
         except TraceError as exc:
             raise SimError(f"--trace: {exc}") from None
+        scenario = Scenario.from_trace(trace, costs=named, **common)
     elif args.iteration_time:
         cost = parse_duration(args.checkpoint_cost, what="--checkpoint-cost") \
             if args.checkpoint_cost else None
         scenario = Scenario.custom(iteration_s=parse_duration(args.iteration_time, what="--iteration-time"),
                                    iterations=args.iterations, checkpoint_gb=args.checkpoint_gb,
-                                   checkpoint_s=cost, **common)
+                                   checkpoint_s=cost, costs=named, **common)
     else:
-        scenario = Scenario.from_preset(args.preset or DEFAULT_PRESET, **common)
+        extra = {"costs": named} if named else {}
+        scenario = Scenario.from_preset(args.preset or DEFAULT_PRESET, **common, **extra)
     return dataclasses.replace(scenario, costs=_costs(args, scenario.costs))
 
 
@@ -152,19 +193,19 @@ def _strategies(args):
 
 
 def _cmd_run(args) -> None:
-    from .report import table, to_csv, to_json
+    from .report import header, table, to_csv, to_json
     scenario = _scenario(args)
     mtbf = _mtbf(args, args.mtbf)
-    df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds)
-    info = {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds}
+    df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
+                  engine=args.engine)
+    info = {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds, "engine": args.engine}
     if args.json:
         print(to_json(df, info))
     elif args.csv:
         print(to_csv(df), end="")
     else:
         when = "log" if mtbf is None else format_duration(mtbf)
-        print(f"{scenario.name} ({scenario.workload.kind}), MTBF {when}, "
-              f"{format_duration(scenario.window_s)} window x {args.seeds} seeds")
+        print(header(scenario, mtbf=when, seeds=args.seeds))
         print(table(df))
 
 
@@ -177,13 +218,14 @@ def _cmd_sweep(args) -> None:
         raise SimError(f"--points={args.points} must be at least 2")
     scenario = _scenario(args)
     points = np.geomspace(low, high, args.points)
-    df = sweep(scenario, mtbf_s=points, strategies=_strategies(args), seeds=args.seeds)
+    df = sweep(scenario, mtbf_s=points, strategies=_strategies(args), seeds=args.seeds,
+               engine=args.engine)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    info = {**scenario.to_dict(), "seeds": args.seeds, "mtbf_s": points.tolist()}
+    info = {**scenario.to_dict(), "seeds": args.seeds, "mtbf_s": points.tolist(), "engine": args.engine}
     (out / "sweep.csv").write_text(to_csv(df, extra=("mtbf_s",)))
     (out / "sweep.json").write_text(to_json(df, info, extra=("mtbf_s",)) + "\n")
-    sweep_figure(df, title=f"{scenario.name}: effective ratio vs MTBF").write_html(
+    figure(df, title=f"{scenario.name}: effective ratio vs MTBF").write_html(
         out / "sweep.html", include_plotlyjs="cdn")
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.html'} "
           f"({len(points)} MTBFs x {df['strategy'].nunique()} strategies x {args.seeds} seeds)")

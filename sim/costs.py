@@ -1,124 +1,230 @@
-"""The machine and storage cost model: how long checkpoint traffic and restarts take.
+"""The cost model: what each checkpointing mechanism costs, and where each number came from.
 
-Every default is the paper's server (one node, 8x A100 40 GB, Lustre; LayerCheck,
-IEEE CLUSTER 2026, see ``shared/design/LAYERCHECK.md``) and says where its
-number comes from: a published figure, a fit to published figures, or a
-clearly labelled assumption. Bandwidths are decimal GB/s (1 GB = 1e9 bytes,
-as the paper's 106.6 GB for 7.6e9 parameters x 14 bytes).
+A ``CostModel`` has one field per figure of ``layercheck.calibration.FIGURES``
+and a ``provenance`` record for each (measured, derived, published, fit,
+assumed or given, with the method). Two kinds exist:
+
+- a **calibration**: ``costs.json`` written by ``python -m profiler calibrate``
+  next to a captured trace, every mechanism timed on that machine and model
+  (``CostModel.from_calibration``); a captured trace uses its own by default;
+- **paper-a100**: the paper's server (one node, 8x A100 40 GB, Lustre;
+  LayerCheck, IEEE CLUSTER 2026, see ``shared/design/LAYERCHECK.md``), built
+  from published figures (``CostModel.paper_a100``); the presets use it.
+
+Bandwidths are decimal GB/s (1 GB = 1e9 bytes, as the paper's 106.6 GB for
+7.6e9 parameters x 14 bytes). Overrides (``with_overrides``, the CLI's
+``--write-gbps`` ...) are marked ``given``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
+
+from layercheck.calibration import FIGURES, Calibration, CalibrationError, Figure, read_calibration
 
 from .errors import SimError
 
-__all__ = ["CostModel", "GB"]
+__all__ = ["CostModel", "GB", "COST_MODELS", "PAPER_A100"]
 
 GB = 1e9
+PAPER_A100 = "paper-a100"
+COST_MODELS = (PAPER_A100,)
+"""Named cost models (``--costs NAME``); anything else is a costs.json path."""
+
+_PAPER = "LayerCheck (IEEE CLUSTER 2026)"
+_PAPER_FIGURES: dict[str, Figure] = {
+    "restart_s": Figure(value=30.0, source="assumed", method=(
+        "relaunching 8 ranks on one server before any state is loaded (process start, CUDA "
+        "context, NCCL init); the paper's recovery times exclude it")),
+    "save_gbps": Figure(value=1.12, source="derived", method=(
+        f"{_PAPER}: LowDiff's Llama-3.2-1B run wrote 3,837 GB in 57.2 min end to end and was "
+        "write-bound (its checkpoint work exceeded an iteration): 3,837 GB / 3,432 s")),
+    "load_fixed_s": Figure(value=4.0, source="fit", method=(
+        f"{_PAPER}: LayerCheck recovers Qwen2.5-7B (106.6 GB) in 10 s and Llama-3.2-1B (17.3 GB) "
+        "in 5 s: 4.0 s + bytes / 17.9 GB/s (Qwen2.5-3B predicted 6.4 s, published 7 s)")),
+    "load_gbps": Figure(value=17.9, source="fit", method="see load_fixed_s: the same Lustre reads"),
+    "snapshot_gbps": Figure(value=100.0, source="assumed", method=(
+        "GPU -> pinned host memory: 8 GPUs x 12.5 GB/s, about half of PCIe 4.0 x16's 25 GB/s "
+        "per A100")),
+    "persist_gbps": Figure(value=1.12, source="derived", method="the same Lustre writes as save_gbps"),
+    "async_load_gbps": Figure(value=17.9, source="fit", method="the same Lustre reads as load_gbps"),
+    "host_copy_gbps": Figure(value=100.0, source="assumed", method=(
+        "the same GPU -> pinned host memory copy as snapshot_gbps")),
+    "peer_gbps": Figure(value=4.19, source="fit", method=(
+        f"{_PAPER}: GEMINI's per-iteration Qwen2.5-7B run took 747.9 min: 26.52 s per iteration "
+        "= 1.07 s snapshot + max(6.25 s compute, transfer), so its checkpoint traffic moved "
+        "106.6 GB in 25.45 s")),
+    "peer_loss_probability": Figure(value=0.05, source="assumed", method=(
+        "a failure that takes the node and its peer's copy together (correlated node failures); "
+        "the paper gives no figure and GEMINI's placement makes it rare")),
+    "diff_fraction": Figure(value=0.1, source="published", method=(
+        f"{_PAPER}'s storage table: LowDiff's per-iteration diff is 9.7% (7B), 10.7% (3B) and "
+        "12.2% (1B) of a full checkpoint once its full checkpoints are subtracted; presets use "
+        "their own")),
+    "diff_batch": Figure(value=2, source="derived", method=(
+        f"{_PAPER}'s storage table: 930 LowDiff writes in 1,692 iterations, 16 of them full "
+        "checkpoints, leave 1,692 / 914 = 1.85 iterations per batch")),
+    "diff_snapshot_gbps": Figure(value=100.0, source="assumed", method=(
+        "LowDiff reuses the gradients that compressed training already computed; only the "
+        "copy to host memory stalls, at snapshot_gbps")),
+    "diff_replay_gbps": Figure(value=22.9, source="fit", method=(
+        f"{_PAPER}: LowDiff recovers Qwen2.5-7B in 34 s against 10 s for the full load, 24 s "
+        "replaying 53 diffs of 10.37 GB (3B and 1B predicted 10.7 s and 4.9 s, published 11 s "
+        "and 5 s)")),
+    "tracking_fraction": Figure(value=0.0148, source="fit", method=(
+        f"{_PAPER}: so that the layercheck-sync failure-free Qwen2.5-7B preset run takes the "
+        "published 198.8 min (its synchronous layer writes alone take 196.2 min); with it "
+        "Llama-3.2-1B is predicted at 44.6 min, published 43.8 min")),
+    "lc_snapshot_gbps": Figure(value=100.0, source="assumed", method=(
+        "the same GPU -> pinned host memory copy as snapshot_gbps")),
+    "lc_write_gbps": Figure(value=1.12, source="derived", method="the same Lustre writes as save_gbps"),
+    "lc_commit_s": Figure(value=0.05, source="assumed", method=(
+        "one small training-state file and its manifest line, each fsynced, on Lustre")),
+    "lc_load_fixed_s": Figure(value=4.0, source="fit", method="see load_fixed_s (fit to LayerCheck's own recoveries)"),
+    "lc_load_gbps": Figure(value=17.9, source="fit", method="see load_fixed_s: LayerCheck's recoveries"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class CostModel:
-    """Seconds per byte of checkpoint traffic, and the fixed costs of a restart."""
+    """Seconds and bandwidths of every mechanism (meanings: ``layercheck.calibration.FIGURES``).
+    Defaults are the paper's server; ``provenance`` says where each value came from."""
 
     restart_s: float = 30.0
-    """Relaunching the job after a failure before any state is loaded (process
-    start, CUDA context, NCCL init). ASSUMPTION: the paper's recovery times
-    exclude it; half a minute for 8 ranks on one server. ``--restart``."""
-
+    save_gbps: float = 1.12
     load_fixed_s: float = 4.0
-    """Fixed part of loading a checkpoint (open, metadata, placement). FIT to the
-    paper's LayerCheck recovery times: 10 s for 106.6 GB (Qwen2.5-7B) and 5 s for
-    17.3 GB (Llama-3.2-1B) give 4.0 s + bytes / 17.9 GB/s (Qwen2.5-3B: 6.4 s
-    predicted, 7 s measured)."""
-
-    read_gbps: float = 17.9
-    """Storage read bandwidth during recovery. FIT, see ``load_fixed_s``."""
-
-    write_gbps: float = 1.12
-    """Storage (Lustre) write bandwidth of the node. DERIVED: LowDiff's
-    Llama-3.2-1B run wrote 3,837 GB in 57.2 min end to end and was write-bound
-    (its checkpoint work exceeded an iteration): 3,837 GB / 3,432 s."""
-
+    load_gbps: float = 17.9
+    snapshot_gbps: float = 100.0
+    persist_gbps: float = 1.12
+    async_load_gbps: float = 17.9
     host_copy_gbps: float = 100.0
-    """GPU -> pinned host memory snapshot bandwidth of the node (the stall of an
-    asynchronous checkpoint). ASSUMPTION: 8 GPUs x 12.5 GB/s, about half of PCIe
-    4.0 x16's 25 GB/s theoretical per A100."""
-
     peer_gbps: float = 4.19
-    """GEMINI's transfer to a peer's CPU memory (and back, on recovery). CALIBRATED
-    so GEMINI's failure-free Qwen2.5-7B run takes the paper's 747.9 min: 26.52 s per
-    iteration = 1.07 s snapshot + max(6.25 s compute, transfer), so the transfer
-    takes 25.45 s for 106.6 GB."""
-
-    diff_replay_gbps: float = 22.9
-    """LowDiff recovery: reading and applying differential checkpoints. FIT to the
-    paper: LowDiff's Qwen2.5-7B recovery is 34 s vs 10 s for the full load, the
-    24 s replaying 53 diffs of 10.37 GB (3B and 1B predicted 10.7 s and 4.9 s
-    vs 11 s and 5 s measured)."""
-
-    diff_fraction: float = 0.1
-    """LowDiff's compressed per-iteration diff as a fraction of the full
-    checkpoint. FROM the paper's storage table (7B 9.7%, 3B 10.7%, 1B 12.2% once
-    the full checkpoints are subtracted); presets use their own figure."""
-
-    diff_batch: int = 2
-    """LowDiff writes diffs in batches of this many iterations. FROM the paper's
-    storage table: 930 writes in 1,692 iterations, 16 of them full checkpoints,
-    leave 1,692 / 914 = 1.85 iterations per batch."""
-
-    layercheck_step_fraction: float = 0.118
-    """LayerCheck's per-step cost (drift tracking, metadata commit, layer-aligned
-    bookkeeping) as a fraction of the step's compute time. CALIBRATED so the
-    failure-free LayerCheck runs of the presets match the paper's 198.8 min
-    (Qwen2.5-7B: 11.8%) and 43.8 min (Llama-3.2-1B: 12.0%)."""
-
     peer_loss_probability: float = 0.05
-    """Chance that a failure also destroys the peer's in-memory GEMINI copy
-    (correlated node failures), forcing recovery from storage. ASSUMPTION: the
-    paper gives no figure; GEMINI's placement makes this rare."""
+    diff_fraction: float = 0.1
+    diff_batch: int = 2
+    diff_snapshot_gbps: float = 100.0
+    diff_replay_gbps: float = 22.9
+    tracking_fraction: float = 0.0148
+    lc_snapshot_gbps: float = 100.0
+    lc_write_gbps: float = 1.12
+    lc_commit_s: float = 0.05
+    lc_load_fixed_s: float = 4.0
+    lc_load_gbps: float = 17.9
+    name: str = PAPER_A100
+    description: str = "the paper's server: 1 node, 8x A100 40 GB, Lustre, DeepSpeed ZeRO-3"
+    provenance: Mapping[str, Figure] = field(default_factory=lambda: dict(_PAPER_FIGURES))
+    """Where each value came from; a value that differs from its record is marked given."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "diff_batch":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise SimError(f"CostModel.diff_batch={value!r} must be an integer >= 1")
-                continue
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise SimError(f"CostModel.{f.name}={value!r} must be a finite number >= 0")
-            if f.name.endswith("_gbps") and value == 0:
-                raise SimError(f"CostModel.{f.name}=0: a bandwidth must be positive (GB/s)")
+        for name in FIGURES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise SimError(f"CostModel.{name}={value!r} must be a finite number >= 0")
+        for name, spec in FIGURES.items():
+            if spec.unit in ("GB/s", "steps") and getattr(self, name) == 0:
+                raise SimError(f"CostModel.{name}=0 must be positive ({spec.unit})")
+        if self.diff_batch != int(self.diff_batch):
+            raise SimError(f"CostModel.diff_batch={self.diff_batch!r} must be a whole number of steps")
         if self.peer_loss_probability > 1:
             raise SimError(f"CostModel.peer_loss_probability={self.peer_loss_probability} "
                            "must be a probability in [0, 1]")
+        object.__setattr__(self, "diff_batch", int(self.diff_batch))
+        prov = dict(self.provenance)
+        for name in FIGURES:
+            record = prov.get(name)
+            if record is None or not math.isclose(record.value, getattr(self, name), rel_tol=1e-12):
+                prov[name] = Figure(value=getattr(self, name), source="given",
+                                    method="given by the user (an override of the cost model)")
+        object.__setattr__(self, "provenance", prov)
 
-    def write_s(self, nbytes: float) -> float:
-        return nbytes / (self.write_gbps * GB)
+    # -- construction ------------------------------------------------------------
+    @classmethod
+    def paper_a100(cls, **overrides: Any) -> "CostModel":
+        """The paper's server, every figure from a published number, a fit or a stated assumption."""
+        return cls().with_overrides(**overrides) if overrides else cls()
+
+    @classmethod
+    def from_calibration(cls, calibration: Calibration) -> "CostModel":
+        """The figures of a ``costs.json`` (``python -m profiler calibrate``)."""
+        return cls(**{n: calibration.figures[n].value for n in FIGURES}, name=calibration.name,
+                   description=calibration.description, provenance=dict(calibration.figures))
+
+    @classmethod
+    def named(cls, spec: str) -> "CostModel":
+        """``paper-a100``, or the path of a costs.json (or of a trace folder holding one)."""
+        if spec == PAPER_A100:
+            return cls.paper_a100()
+        if not Path(spec).exists():
+            raise SimError(f"--costs {spec!r}: neither a named cost model ({', '.join(COST_MODELS)}) "
+                           "nor a costs.json file or trace folder")
+        try:
+            return cls.from_calibration(read_calibration(spec))
+        except CalibrationError as exc:
+            raise SimError(str(exc)) from None
+
+    def with_overrides(self, **changes: Any) -> "CostModel":
+        """A copy with ``changes`` applied; each changed figure is marked ``given``."""
+        unknown = sorted(set(changes) - set(FIGURES))
+        if unknown:
+            raise SimError(f"unknown cost figures {unknown}; known: {list(FIGURES)}")
+        prov = {n: r for n, r in self.provenance.items() if n not in changes}
+        try:
+            return dataclasses.replace(self, **changes, provenance=prov)
+        except SimError as exc:
+            raise SimError(str(exc).replace("CostModel.", "--").replace("_", "-")) from None
+
+    # -- the mechanisms ------------------------------------------------------------
+    def save_s(self, nbytes: float) -> float:
+        """A synchronous full save (deepspeed): training waits for all of it."""
+        return nbytes / (self.save_gbps * GB)
 
     def snapshot_s(self, nbytes: float) -> float:
-        return nbytes / (self.host_copy_gbps * GB)
+        """The blocking first phase of a two-phase save (checkfreq)."""
+        return nbytes / (self.snapshot_gbps * GB)
 
-    def load_s(self, nbytes: float) -> float:
-        """Loading ``nbytes`` of checkpoint from storage (without the restart)."""
-        return self.load_fixed_s + nbytes / (self.read_gbps * GB)
+    def persist_s(self, nbytes: float) -> float:
+        """The background second phase: host memory to storage."""
+        return nbytes / (self.persist_gbps * GB)
+
+    def host_copy_s(self, nbytes: float) -> float:
+        return nbytes / (self.host_copy_gbps * GB)
 
     def peer_s(self, nbytes: float) -> float:
         return nbytes / (self.peer_gbps * GB)
 
-    def replay_s(self, nbytes: float) -> float:
-        return nbytes / (self.diff_replay_gbps * GB)
+    def load_s(self, nbytes: float) -> float:
+        """Loading a full checkpoint saved synchronously (without the restart)."""
+        return self.load_fixed_s + nbytes / (self.load_gbps * GB)
 
+    def async_load_s(self, nbytes: float) -> float:
+        return self.load_fixed_s + nbytes / (self.async_load_gbps * GB)
+
+    def peer_load_s(self, nbytes: float) -> float:
+        """Recovering GEMINI's copy from a peer's memory. The peer's DRAM is reached over
+        the same fabric as the storage servers and no training traffic competes during
+        recovery, so it is never slower than loading the same bytes from storage."""
+        return self.load_fixed_s + nbytes / (max(self.peer_gbps, self.load_gbps) * GB)
+
+    def lc_load_s(self, nbytes: float) -> float:
+        """A LayerCheck composite restore (plan, read, verify, apply)."""
+        return self.lc_load_fixed_s + nbytes / (self.lc_load_gbps * GB)
+
+    # -- reporting ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready: the name and every figure with its value, unit and provenance."""
+        return {"name": self.name, "description": self.description,
+                "figures": {n: {**self.provenance[n].to_dict(), "value": getattr(self, n),
+                                "unit": FIGURES[n].unit} for n in FIGURES}}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CostModel":
-        """Inverse of ``to_dict``; unknown keys are an error that lists the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SimError(f"unknown cost model keys {unknown}; known: {sorted(known)}")
-        return cls(**dict(data))
+    def sources(self) -> dict[str, int]:
+        """How many figures come from each kind of source (for a report's header)."""
+        out: dict[str, int] = {}
+        for name in FIGURES:
+            src = self.provenance[name].source
+            out[src] = out.get(src, 0) + 1
+        return out
+

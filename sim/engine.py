@@ -13,6 +13,8 @@ work + recovery, where useful is compute that was never rolled back, lost is
 compute rolled back by a failure, stall is everything else the job did while
 running (snapshots, synchronous writes, waiting for the writer), recovery is
 restart and loading (including recoveries cut short by another failure).
+``stale_s`` is the part of useful whose updates recoveries discarded through
+stale layers (``Schedule.stale_s``); the caller decides whether it counts.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from .timeline import Timeline
 
 __all__ = ["LaneResults", "run_lanes", "run_limit", "RESULT_FIELDS"]
 
-RESULT_FIELDS = ("useful_s", "checkpoint_stall_s", "lost_work_s", "recovery_s", "failures",
-                 "bytes_written", "events", "jobs", "rolled_back_steps")
+RESULT_FIELDS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s",
+                 "failures", "bytes_written", "events", "jobs", "rolled_back_steps")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class LaneResults:
     """Per-lane totals (arrays in lane order)."""
 
     useful_s: np.ndarray
+    stale_s: np.ndarray
+    """Part of useful_s whose updates a recovery discarded through stale layers."""
     checkpoint_stall_s: np.ndarray
     lost_work_s: np.ndarray
     recovery_s: np.ndarray
@@ -62,13 +66,22 @@ class _Stack:
         self.written = cat(lambda t: t.written)
         self.skip_at, self.wait_skip = cat(lambda t: t.skip_at), cat(lambda t: t.wait_skip)
         self.job_end = cat(lambda t: t.job_end)
-        self.recover = cat(lambda t: t.plan.recover)
-        self.recover_backup = cat(lambda t: t.plan.recover_backup if t.plan.recover_backup is not None
-                                  else t.plan.recover)
+        self.recover = cat(lambda t: t.schedule.recover)
+        self.recover_backup = cat(lambda t: t.schedule.recover_backup
+                                  if t.schedule.recover_backup is not None else t.schedule.recover)
+        self.stale_last, self.stale_weights = _stale_layers(timelines)
         shift = lambda s: s * self.big  # noqa: E731
         self.ready_key = np.concatenate([t.ready + shift(s) for s, t in enumerate(timelines)])
         self.commit_key, self.commit_pos = self._tier(timelines, "commit")
         self.backup_key, self.backup_pos = self._tier(timelines, "backup")
+
+    def stale(self, off: np.ndarray, c: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """``Schedule.stale_s(c, j)`` for every lane at once (0 where no layer is stale)."""
+        if self.stale_last is None:
+            return np.zeros(len(c))
+        since = np.maximum(self.stale_last[off + c], np.minimum(j, c)[:, None])
+        gone = self.work[(off + c)[:, None]] - self.work[off[:, None] + since]
+        return gone @ self.stale_weights
 
     def _tier(self, timelines, name):
         keys, pos = [], []
@@ -101,6 +114,20 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     return LaneResults(**{f: getattr(out, f)[inverse] for f in RESULT_FIELDS})
 
 
+def _stale_layers(timelines) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Every timeline's stale-layer table stacked like the timelines (a consistent
+    schedule's recovery point at c has every layer from c), with the layer weights."""
+    tables = [t.schedule.stale_last for t in timelines]
+    known = [i for i, table in enumerate(tables) if table is not None]
+    if not known:
+        return None, None
+    width = tables[known[0]].shape[1]
+    stacked = [table if table is not None else
+               np.repeat(np.arange(t.steps + 1)[:, None], width, axis=1)
+               for t, table in zip(timelines, tables)]
+    return np.concatenate(stacked).astype(np.int64), timelines[known[0]].schedule.stale_weights
+
+
 class _Lanes:
     """State and totals of every lane; ``advance`` processes segment k of a slice."""
 
@@ -112,7 +139,7 @@ class _Lanes:
         steps = np.array([t.steps for t in timelines])[strategy]
         self.end = self.off + steps
         self.job_s = st.job_end[self.off]
-        self.prob = np.array([t.plan.backup_probability for t in timelines])[strategy]
+        self.prob = np.array([t.schedule.backup_probability for t in timelines])[strategy]
         self.seg_off, self.count = seg_off[row], counts[row]
         self.pos = np.zeros(n, dtype=np.int64)
         self.backup = np.zeros(n, dtype=np.int64)
@@ -146,6 +173,7 @@ class _Lanes:
         c, recover_next, backup = self._commit(a, key, js, finish, u_flat, k)
         kept = np.where(fail, st.work[off + c] - st.work[gs], done)
         tot["useful_s"][a] += useful + kept
+        tot["stale_s"][a] += np.where(fail, st.stale(off, c, js), 0.0)
         tot["lost_work_s"][a] += done - kept
         tot["checkpoint_stall_s"][a] += stall + left - done
         tot["recovery_s"][a] += rec

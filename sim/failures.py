@@ -38,6 +38,9 @@ class FailureModel:
     """kind='log': failure times in seconds from the start of the log,
     ascending. The log's gaps repeat cyclically; each seed starts at a random
     gap; gaps are rescaled to the requested MTBF unless it is None."""
+    repeat: bool = True
+    """kind='log': False plays the log once, from time 0, exactly as written (every
+    seed alike): how a real run killed at those times is replayed."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("exponential", "weibull", "log"):
@@ -50,6 +53,11 @@ class FailureModel:
                 raise SimError("a failure log needs at least one failure time")
             if not np.all(np.isfinite(times)) or times[0] <= 0 or (np.diff(times) <= 0).any():
                 raise SimError("failure log times must be positive and strictly increasing")
+
+    @classmethod
+    def exact_log(cls, times_s) -> "FailureModel":
+        """Failures at exactly ``times_s`` seconds from the start, once."""
+        return cls(kind="log", log_times=tuple(float(t) for t in times_s), repeat=False)
 
     @property
     def log_mtbf(self) -> float | None:
@@ -84,6 +92,8 @@ class FailureModel:
         gaps = np.diff(np.concatenate(([0.0], np.asarray(self.log_times, dtype=float))))
         if mtbf_s is not None:
             gaps = gaps * (mtbf_s / gaps.mean())
+        if not self.repeat:
+            return _once(gaps)
         start = int(rng.integers(len(gaps)))
         state = {"at": start}
 
@@ -92,6 +102,18 @@ class FailureModel:
             state["at"] = (state["at"] + n) % len(gaps)
             return gaps[idx]
         return draw
+
+
+def _once(gaps: np.ndarray):
+    """A sampler that yields ``gaps`` once, then gaps that end every window."""
+    state = {"given": False}
+
+    def draw(n: int) -> np.ndarray:
+        if state["given"]:
+            return np.full(n, np.inf)
+        state["given"] = True
+        return np.concatenate((gaps, np.full(max(0, n - len(gaps)), np.inf)))
+    return draw
 
 
 def job_mtbf(gpu_mtbf_s: float, gpus: int) -> float:

@@ -1,4 +1,7 @@
-"""The interval of rollback strategies: fixed, Young, Daly, or matched freshness."""
+"""A fixed interval for every rollback strategy: a number of steps, or Young's or Daly's.
+
+Without one, each strategy's cadence follows the protocol (``Strategy.cadence``).
+"""
 from __future__ import annotations
 
 import math
@@ -10,14 +13,15 @@ from .workload import Workload
 
 __all__ = ["resolve_interval", "INTERVAL_RULES", "parse_interval"]
 
-INTERVAL_RULES = ("matched", "young", "daly")
-"""matched: LayerCheck's parameter-weighted average staleness on the same trace
-(the paper's comparison); young/daly: the optimal interval for the failure
-rate, with C = the time one full checkpoint takes to reach storage."""
+INTERVAL_RULES = ("young", "daly")
+"""The optimal interval for the failure rate, with C = the time one synchronous full
+checkpoint takes (``CostModel.save_s``)."""
 
 
-def parse_interval(value: str | int) -> str | int:
-    """``100`` -> 100 steps; ``matched``, ``young``, ``daly`` pass through."""
+def parse_interval(value: str | int | None) -> str | int | None:
+    """``100`` -> 100 steps; ``young`` and ``daly`` pass through; None: no override."""
+    if value is None:
+        return None
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 1:
             raise SimError(f"interval={value} must be at least 1 step")
@@ -27,8 +31,8 @@ def parse_interval(value: str | int) -> str | int:
         return text
     if text.isdigit() and int(text) >= 1:
         return int(text)
-    raise SimError(f"interval={value!r}: give a number of steps (e.g. 100) or one of "
-                   f"{', '.join(INTERVAL_RULES)}")
+    raise SimError(f"interval={value!r}: give a number of steps (e.g. 100), young or daly "
+                   "(or leave it out and choose --protocol matched or native)")
 
 
 def resolve_interval(rule: str | int, workload: Workload, costs: CostModel,
@@ -37,14 +41,9 @@ def resolve_interval(rule: str | int, workload: Workload, costs: CostModel,
     rule = parse_interval(rule)
     if isinstance(rule, int):
         return rule
-    if rule == "matched":
-        if workload.staleness is None:
-            raise SimError("interval 'matched' needs a trace (LayerCheck's staleness): use a "
-                           "preset or --trace, or give --interval STEPS, young or daly")
-        return max(1, round(workload.staleness))
     if mtbf_s is None:
         raise SimError(f"interval {rule!r} needs an MTBF")
-    checkpoint_s = costs.write_s(workload.full_bytes)
+    checkpoint_s = costs.save_s(workload.full_bytes)
     tau = (young_interval_s if rule == "young" else daly_interval_s)(checkpoint_s, mtbf_s)
     step_s = float(workload.compute_s.mean())
     return max(1, min(workload.steps, math.floor(tau / step_s + 0.5)))

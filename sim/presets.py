@@ -8,7 +8,9 @@ many layers, checkpoints and bytes as the paper's storage table reports. The
 trace is labelled kind="synthetic" and never stands in for a measurement.
 
 ``python -m sim presets --write`` regenerates traces/<preset>-synthetic/
-(deterministic for a seed); ``--calibrate`` re-fits the drift rates below.
+(deterministic for a seed), each with a costs.json of the paper's server
+(``paper-a100``, LowDiff's diff size from that model's storage figures);
+``calibrate(name)`` re-fits the drift rates below.
 """
 from __future__ import annotations
 
@@ -23,12 +25,14 @@ import pandas as pd
 
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import REASONS, Policy, replay
-from layercheck.trace import SCHEMA_VERSION, Trace, TraceError, read_trace, write_trace
+from layercheck.calibration import FIGURES, Calibration, Figure
+from layercheck.trace import (SCHEMA_VERSION, Trace, TraceError, last_written, read_trace,
+                              weighted_staleness, write_trace)
 
 from .architectures import ARCHITECTURES, BYTES_PER_PARAM
-from .costs import GB, CostModel
+from .costs import GB, PAPER_A100, CostModel
 from .errors import SimError
-from .workload import Workload, weighted_staleness
+from .workload import Workload
 
 __all__ = ["PRESET_NAMES", "DEFAULT_PRESET", "PUBLISHED", "REGIMES", "Regime", "build_trace",
            "preset_trace", "preset_scenario_fields", "TRACES_DIR", "trace_stats"]
@@ -127,12 +131,31 @@ def compute_seconds(name: str) -> float:
 
 
 def costs_for(name: str) -> CostModel:
-    """The paper's server; LowDiff's diff size from this model's storage figures
+    """The paper's server, with LowDiff's diff size from this model's storage figures
     (total minus its full checkpoints every 106 steps, per iteration)."""
     full_gb = ARCHITECTURES[name].total_params() * BYTES_PER_PARAM / GB
     fulls = len(range(106, ITERATIONS, 106))
-    diff = (PUBLISHED[name].lowdiff_total_gb - fulls * full_gb) / ITERATIONS / full_gb
-    return CostModel(diff_fraction=round(diff, 4))
+    pub = PUBLISHED[name].lowdiff_total_gb
+    diff = round((pub - fulls * full_gb) / ITERATIONS / full_gb, 4)
+    paper = CostModel.paper_a100()
+    record = Figure(value=diff, source="derived", method=(
+        f"{PAPER}: LowDiff wrote {pub:,.0f} GB for {name} in {ITERATIONS} iterations; minus "
+        f"{fulls} full checkpoints of {full_gb:.1f} GB, per iteration, over a full checkpoint"))
+    return CostModel(**{**_values(paper), "diff_fraction": diff},
+                     provenance={**paper.provenance, "diff_fraction": record})
+
+
+def _values(costs: CostModel) -> dict[str, float]:
+    return {n: getattr(costs, n) for n in FIGURES}
+
+
+def preset_calibration(name: str) -> Calibration:
+    """The costs.json of a preset: the paper's server (``costs_for``)."""
+    costs = costs_for(name)
+    return Calibration(name=PAPER_A100, description=costs.description,
+                       figures=dict(costs.provenance),
+                       model={"name": name, "hf_id": ARCHITECTURES[name].hf_id},
+                       machine={"description": costs.description})
 
 
 def _lr_ratio(steps: int) -> np.ndarray:
@@ -192,7 +215,8 @@ def _assemble(name, arch, layers, config, drift, lr, decisions, seed, intervals)
     drift_df = pd.DataFrame({"step": grid_step + 1, "layer": grid_layer,
                              "drift": drift.ravel(), "accumulator": acc.ravel()})
     manifest = _manifest(name, arch, layers, config, seed, written, intervals)
-    return Trace(manifest=manifest, steps=steps, drift=drift_df, writes=writes)
+    return Trace(manifest=manifest, steps=steps, drift=drift_df, writes=writes,
+                 costs=preset_calibration(name))
 
 
 def _manifest(name, arch, layers, config, seed, written, intervals) -> dict[str, Any]:
@@ -217,13 +241,13 @@ def _manifest(name, arch, layers, config, seed, written, intervals) -> dict[str,
 def _stats(written: np.ndarray, layers: list[dict]) -> dict[str, float]:
     nbytes = np.array([l["bytes"] for l in layers], dtype=np.float64)
     params = np.array([l["params"] for l in layers], dtype=np.float64)
-    base = int(np.argmax(written.all(axis=1))) if written.all(axis=1).any() else 0
-    idx = np.where(written, np.arange(1, written.shape[0] + 1)[:, None], 0)
-    age = (np.arange(1, written.shape[0] + 1)[:, None] - np.maximum.accumulate(idx, axis=0))[base:]
+    series = weighted_staleness(written, params)
+    defined = ~np.isnan(series)
+    age = np.arange(1, written.shape[0] + 1)[:, None] - last_written(written)
     return {"layer_writes": int(written.sum()), "checkpoints": int(written.any(axis=1).sum()),
             "total_gb": float((written * nbytes).sum() / GB),
-            "staleness": weighted_staleness(written, params),
-            "max_staleness": int(age.max()) if age.size else 0}
+            "staleness": float(series[defined].mean()) if defined.any() else 0.0,
+            "max_staleness": int(age[defined].max()) if defined.any() else 0}
 
 
 def trace_stats(trace: Trace) -> dict[str, float]:
@@ -253,8 +277,9 @@ def preset_scenario_fields(name: str) -> dict[str, Any]:
     if key.endswith("-synthetic"):
         key = key[: -len("-synthetic")]
     trace = preset_trace(key)
-    return {"name": key, "workload": Workload.from_trace(trace), "costs": costs_for(key),
-            "interval": "matched", "description": trace.manifest["description"]}
+    costs = CostModel.from_calibration(trace.costs) if trace.costs is not None else costs_for(key)
+    return {"name": key, "workload": Workload.from_trace(trace), "costs": costs,
+            "protocol": "matched", "description": trace.manifest["description"]}
 
 
 def write_presets(seed: int = 0, names: tuple[str, ...] = PRESET_NAMES) -> list[Path]:

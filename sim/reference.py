@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from .strategies import Plan
+from .strategies import Schedule
 
 __all__ = ["run_reference"]
 
 
 @dataclass
 class _State:
-    plan: Plan
+    schedule: Schedule
     uniforms: np.ndarray
     pos: int = 0
     reached: int = 0
@@ -36,16 +36,16 @@ class _State:
     writer_free: float = 0.0
     activity: tuple = ("stall", 0.0)
     tot: dict = field(default_factory=lambda: dict.fromkeys(
-        ("useful_s", "checkpoint_stall_s", "lost_work_s", "recovery_s", "failures",
+        ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s", "failures",
          "bytes_written", "jobs", "rolled_back_steps"), 0.0))
 
 
-def run_reference(plan: Plan, failure_times: np.ndarray, uniforms: np.ndarray,
+def run_reference(schedule: Schedule, failure_times: np.ndarray, uniforms: np.ndarray,
                   window_s: float) -> dict[str, float]:
-    """Totals of one run of ``plan`` against ``failure_times`` (ascending, < window_s);
-    ``uniforms[k] < plan.backup_probability`` means failure k destroyed the primary tier."""
+    """Totals of one run of ``schedule`` against ``failure_times`` (ascending, < window_s);
+    ``uniforms[k] < schedule.backup_probability`` means failure k destroyed the primary tier."""
     env = simpy.Environment()
-    st = _State(plan=plan, uniforms=np.asarray(uniforms))
+    st = _State(schedule=schedule, uniforms=np.asarray(uniforms))
     trainer = env.process(_train(env, st))
     env.process(_inject(env, trainer, failure_times))
     env.run(until=window_s)
@@ -79,7 +79,7 @@ def _recover(env, st: _State):
 
 
 def _jobs(env, st: _State):
-    p, n = st.plan, st.plan.steps
+    p, n = st.schedule, st.schedule.steps
     while True:
         for i in range(st.pos + 1, n + 1):
             st.activity = ("compute", env.now, i)
@@ -87,8 +87,6 @@ def _jobs(env, st: _State):
             st.tot["useful_s"] += p.compute[i]
             st.tot["bytes_written"] += p.bytes[i]
             st.reached = i
-            if p.commit_on_completion and p.commit[i]:
-                st.primary = i
             if i < n:
                 yield from _checkpoint(env, st, i)
         st.tot["jobs"] += 1
@@ -98,7 +96,7 @@ def _jobs(env, st: _State):
 
 
 def _checkpoint(env, st: _State, i: int):
-    p = st.plan
+    p = st.schedule
     start = env.now
     st.activity = ("stall", start)
     if p.persist[i] > 0 and st.writer_free > env.now:
@@ -108,7 +106,7 @@ def _checkpoint(env, st: _State, i: int):
     if p.persist[i] > 0:
         st.writer_free = env.now + p.persist[i]
         env.process(_persist(env, st, i, p.persist[i], st.generation, "primary"))
-    elif p.commit[i] and not p.commit_on_completion:
+    elif p.commit[i]:
         st.primary = i
     if p.backup is not None and np.isfinite(p.backup[i]):
         env.process(_persist(env, st, i, p.backup[i], st.generation, "backup"))
@@ -120,12 +118,12 @@ def _persist(env, st: _State, i: int, seconds: float, generation: int, tier: str
         return  # a failure (or the job's end) came first
     if tier == "backup":
         st.backup = max(st.backup, i)
-    elif st.plan.commit[i]:
+    elif st.schedule.commit[i]:
         st.primary = max(st.primary, i)
 
 
 def _fail(env, st: _State, k: int) -> None:
-    p = st.plan
+    p = st.schedule
     kind, start = st.activity[0], st.activity[1]
     partial = env.now - start
     in_recovery = kind == "recovery"
@@ -137,6 +135,7 @@ def _fail(env, st: _State, k: int) -> None:
     c = cb if lost_primary else max(st.primary, cb)
     from_backup = lost_primary or cb > st.primary
     recover = (p.recover_backup if from_backup and p.recover_backup is not None else p.recover)[c]
+    st.tot["stale_s"] += p.stale_s(c, st.pos)
     work = np.cumsum(p.compute)
     redone = work[st.reached] - work[c]
     st.tot["useful_s"] -= redone

@@ -1,4 +1,5 @@
-"""Results as a text table, JSON, CSV, and a Plotly figure."""
+"""Results as a text table (with a header that says which model is in force), JSON, CSV,
+and a Plotly figure."""
 from __future__ import annotations
 
 import json
@@ -8,23 +9,45 @@ from typing import Any
 import pandas as pd
 
 from .api import COLUMNS, LIMIT
+from .units import format_duration
 
-__all__ = ["table", "to_json", "to_csv", "figure"]
+__all__ = ["table", "header", "to_json", "to_csv", "figure"]
+
+
+def header(scenario: Any, *, mtbf: str, seeds: int) -> str:
+    """What the numbers below rest on: the job, the failures, the cost model and its
+    sources, the protocol and the accounting."""
+    costs = scenario.costs
+    sources = ", ".join(f"{n} {k}" for k, n in sorted(costs.sources().items(), key=lambda kv: -kv[1]))
+    interval = f", every rollback strategy every {scenario.interval} steps" if scenario.interval else ""
+    return "\n".join([
+        f"{scenario.name} ({scenario.workload.kind}), MTBF {mtbf}, "
+        f"{format_duration(scenario.window_s)} window x {seeds} seeds",
+        f"costs: {costs.name} ({costs.description}; figures: {sources})",
+        f"protocol: {scenario.protocol}{interval}; accounting: {scenario.accounting()}"])
 
 
 def table(df: pd.DataFrame) -> str:
     """A fixed-width table: ratio +- ci95, then where the time went (hours per run)."""
-    head = (f"{'strategy':<11} {'ratio':>7} {'+-95%':>7} {'useful h':>9} {'stall h':>8} "
-            f"{'lost h':>8} {'recov h':>8} {'failures':>9} {'written TB':>11} {'interval':>9}")
+    head = (f"{'strategy':<15} {'ratio':>7} {'+-95%':>7} {'useful h':>9} {'stale h':>8} "
+            f"{'stall h':>8} {'lost h':>8} {'recov h':>8} {'failures':>9} {'written TB':>11} "
+            f"{'interval':>9}")
     lines = [head, "-" * len(head)]
     for row in df.itertuples(index=False):
         ci = "" if row.ci95 is None or math.isnan(row.ci95) else f"{row.ci95:.4f}"
-        interval = "" if row.interval is None or pd.isna(row.interval) else str(int(row.interval))
-        lines.append(f"{row.strategy:<11} {row.effective_ratio:>7.4f} {ci:>7} "
-                     f"{row.useful_s / 3600:>9.1f} {row.checkpoint_stall_s / 3600:>8.1f} "
+        lines.append(f"{row.strategy:<15} {row.effective_ratio:>7.4f} {ci:>7} "
+                     f"{row.useful_s / 3600:>9.1f} {row.stale_s / 3600:>8.1f} "
+                     f"{row.checkpoint_stall_s / 3600:>8.1f} "
                      f"{row.lost_work_s / 3600:>8.1f} {row.recovery_s / 3600:>8.1f} "
-                     f"{row.failures:>9.1f} {row.bytes_written / 1e12:>11.2f} {interval:>9}")
+                     f"{row.failures:>9.1f} {row.bytes_written / 1e12:>11.2f} "
+                     f"{_interval(row.interval, row.storage_interval):>9}")
     return "\n".join(lines)
+
+
+def _interval(every: Any, storage: Any) -> str:
+    if every is None or pd.isna(every):
+        return ""
+    return str(int(every)) + ("" if storage is None or pd.isna(storage) else f"/{int(storage)}")
 
 
 def _clean(value: Any) -> Any:

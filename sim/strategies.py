@@ -1,12 +1,12 @@
 """Checkpointing strategies as small classes behind one base.
 
-A strategy turns a job (``Workload``) and a cost model into a ``Plan``: what
-checkpointing costs after each step and what a recovery costs from each
-position. The engines (``engine`` fast, ``reference`` SimPy) execute plans; no
-strategy knows about failures.
+A strategy turns a job (``Workload``), a cost model and a ``Cadence`` into a
+``Schedule``: what checkpointing costs after each step and what a recovery
+costs from each position. The engines (``engine`` fast, ``reference`` SimPy)
+execute schedules; no strategy knows about failures.
 
-Contract of ``Strategy.plan`` (the only public method; subclasses override
-the hooks, called in this order):
+Contract of ``Strategy.schedule`` (subclasses override the hooks, called in
+this order):
 
 1. ``_checkpoints(b)`` fills ``b.snap`` (training stalls this long after step
    i), ``b.persist`` (then the blocking background writer works this long; the
@@ -19,11 +19,19 @@ the hooks, called in this order):
    position j = 0..N from the primary tier (and ``_recovery_backup`` from the
    backup tier).
 
-Step N is the job's end: the training script's own final save commits it, the
-same for every strategy, so no strategy is charged a checkpoint there.
+``Strategy.cadence`` says how often a rollback strategy checkpoints under a
+protocol: ``matched`` (the paper's matched freshness), ``native`` (as its
+authors designed it: the ``_native`` hook) or a fixed interval.
+
+No strategy has a recovery point before its first durable checkpoint:
+position 0 (the job's start, the initial model) is where a failure before it
+resumes. Step N is the job's end: the training script's own final save
+commits it, the same for every strategy, so no strategy is charged a
+checkpoint there.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -31,13 +39,41 @@ import numpy as np
 
 from .costs import CostModel
 from .errors import SimError
+from .theory import daly_interval_s
 from .workload import Workload
 
-__all__ = ["Plan", "Strategy", "STRATEGIES", "get_strategy", "ROLLBACK"]
+__all__ = ["Cadence", "Schedule", "Strategy", "STRATEGIES", "get_strategy", "PROTOCOLS",
+           "CHECKFREQ_OVERHEAD"]
+
+PROTOCOLS = ("matched", "native")
+"""matched: rollback strategies checkpoint every ``round(staleness)`` steps, LayerCheck's
+mean parameter-weighted staleness on the same trace (the paper's comparison); native:
+each strategy as its authors designed it (``Strategy._native``)."""
+
+CHECKFREQ_OVERHEAD = 0.035
+"""CheckFreq tunes its interval so that checkpointing costs at most this share of
+training time: "bounding the runtime overhead within 3.5%" (Mohan et al., FAST 2021)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Cadence:
+    """How often a rollback strategy checkpoints, in steps."""
+
+    every: int
+    """The primary tier (deepspeed, checkfreq: full checkpoints; gemini: in-memory
+    copies; lowdiff: full checkpoints between its per-step differentials)."""
+    storage_every: int | None = None
+    """gemini's storage tier (its last resort)."""
+
+    def __post_init__(self) -> None:
+        for value in (self.every, self.storage_every):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < 1):
+                raise SimError(f"a checkpoint interval of {value!r} steps: use a whole number >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
     """A strategy's costs on one job; arrays have N+1 entries, index i = after step i."""
 
     strategy: str
@@ -47,24 +83,38 @@ class Plan:
     commit: np.ndarray
     bytes: np.ndarray
     recover: np.ndarray
-    commit_on_completion: bool = False
-    """True: step i is a recovery point as soon as its compute completes (LayerCheck:
-    the composite of the newest durable layer copies; no step is ever redone)."""
     backup: np.ndarray | None = None
     recover_backup: np.ndarray | None = None
     backup_probability: float = 0.0
     """Chance that a failure destroys the primary tier, forcing the backup."""
+    stale_last: np.ndarray | None = None
+    """(N+1) x layers: the step whose copy of each layer a recovery at position c loads
+    (LayerCheck's composite); None: a recovery loads a consistent state of step c."""
+    stale_weights: np.ndarray | None = None
+    """Each layer's share of the parameters (weights of ``stale_s``)."""
+    cadence: Cadence | None = None
 
     @property
     def steps(self) -> int:
         return int(self.compute.size - 1)
+
+    def stale_s(self, c: int, j: int) -> float:
+        """Training time whose updates a recovery at position c discards through stale
+        layers, when the run last resumed at j <= c: per layer, the compute of the steps
+        after its copy (or after j, where the restored layers equalled their copies) up to
+        c, weighted by its parameter share. 0 for a consistent recovery point."""
+        if self.stale_last is None or c == 0:
+            return 0.0
+        work = np.cumsum(self.compute)
+        since = np.maximum(self.stale_last[c], min(j, c))
+        return float((work[c] - work[since]) @ self.stale_weights)
 
 
 @dataclass(kw_only=True)
 class _Builder:
     workload: Workload
     costs: CostModel
-    interval: int
+    cadence: Cadence | None
     snap: np.ndarray
     persist: np.ndarray
     commit: np.ndarray
@@ -75,28 +125,58 @@ class _Builder:
     def steps(self) -> int:
         return self.workload.steps
 
+    @property
+    def full(self) -> float:
+        return float(self.workload.full_bytes)
+
     def every(self, k: int) -> np.ndarray:
         """Step numbers k, 2k, ... below N (step N is the job's end)."""
         return np.arange(k, self.steps, k)
 
 
 class Strategy:
-    """Base class: ``plan`` checks its inputs, delegates to the hooks, checks the result."""
+    """Base class: ``schedule`` checks its inputs, delegates to the hooks, checks the result."""
 
     name: ClassVar[str] = ""
-    uses_interval: ClassVar[bool] = False
-    """Whether ``interval`` (steps between full checkpoints) applies."""
+    label: ClassVar[str] = ""
+    """One line for reports: what the strategy models."""
+    rollback: ClassVar[bool] = False
+    """Whether it checkpoints on a cadence (and so rolls back to its last checkpoint)."""
     needs_trace: ClassVar[bool] = False
-    commit_on_completion: ClassVar[bool] = False
 
-    def plan(self, workload: Workload, costs: CostModel, *, interval: int = 1) -> Plan:
-        if isinstance(interval, bool) or not isinstance(interval, (int, np.integer)) or interval < 1:
-            raise SimError(f"{self.name}: interval={interval!r} must be a whole number of steps >= 1")
+    # -- cadence -----------------------------------------------------------------
+    def cadence(self, protocol: str, workload: Workload, costs: CostModel, *,
+                mtbf_s: float | None, interval: int | None = None) -> Cadence | None:
+        """How often this strategy checkpoints: every ``interval`` steps when given, else
+        by ``protocol``. None for strategies without a cadence."""
+        if not self.rollback:
+            return None
+        if interval is not None:
+            return self._fixed(int(interval), workload, costs, mtbf_s)
+        if protocol == "matched":
+            if workload.staleness is None:
+                raise SimError("protocol 'matched' needs a trace (LayerCheck's staleness): use a "
+                               "preset or --trace, or --protocol native, or --interval STEPS")
+            return self._fixed(max(1, round(workload.staleness)), workload, costs, mtbf_s)
+        if protocol == "native":
+            return self._native(workload, costs, mtbf_s)
+        raise SimError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
+
+    def _fixed(self, k: int, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
+        return Cadence(every=k)
+
+    def _native(self, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
+        raise NotImplementedError
+
+    # -- schedule ----------------------------------------------------------------
+    def schedule(self, workload: Workload, costs: CostModel, cadence: Cadence | None = None) -> Schedule:
+        if self.rollback and cadence is None:
+            raise SimError(f"{self.name} checkpoints on a cadence: give one (Strategy.cadence)")
         if self.needs_trace and not workload.has_trace:
             raise SimError(f"{self.name} needs a trace of layer writes: use a preset or --trace, "
                            "or leave it out with --strategies")
         n = workload.steps
-        b = _Builder(workload=workload, costs=costs, interval=int(interval),
+        b = _Builder(workload=workload, costs=costs, cadence=cadence,
                      snap=np.zeros(n + 1), persist=np.zeros(n + 1),
                      commit=np.zeros(n + 1, dtype=bool), bytes=np.zeros(n + 1))
         self._checkpoints(b)
@@ -105,14 +185,13 @@ class Strategy:
             array[0] = array[n] = 0
         if b.backup is not None:
             b.backup[0] = b.backup[n] = np.nan
-        recover = np.asarray(self._recovery(b), dtype=np.float64)
-        backup_recover = self._recovery_backup(b)
-        compute = np.concatenate(([0.0], workload.compute_s))
-        return Plan(strategy=self.name, compute=compute, snap=b.snap, persist=b.persist,
-                    commit=b.commit, bytes=b.bytes, recover=recover,
-                    commit_on_completion=self.commit_on_completion, backup=b.backup,
-                    recover_backup=backup_recover,
-                    backup_probability=self._backup_probability(b))
+        last, weights = self._stale(b)
+        return Schedule(strategy=self.name, compute=np.concatenate(([0.0], workload.compute_s)),
+                        snap=b.snap, persist=b.persist, commit=b.commit, bytes=b.bytes,
+                        recover=np.asarray(self._recovery(b), dtype=np.float64), backup=b.backup,
+                        recover_backup=self._recovery_backup(b),
+                        backup_probability=self._backup_probability(b),
+                        stale_last=last, stale_weights=weights, cadence=cadence)
 
     # hooks -------------------------------------------------------------------
     def _checkpoints(self, b: _Builder) -> None:
@@ -124,8 +203,7 @@ class Strategy:
     def _recovery(self, b: _Builder) -> np.ndarray:
         """Seconds to recover when resuming at position j (N+1 entries).
         Default: restart, then load a full checkpoint (or the initial model)."""
-        full = b.costs.restart_s + b.costs.load_s(b.workload.full_bytes)
-        return np.full(b.steps + 1, full)
+        return np.full(b.steps + 1, b.costs.restart_s + b.costs.load_s(b.full))
 
     def _recovery_backup(self, b: _Builder) -> np.ndarray | None:
         return None
@@ -133,62 +211,107 @@ class Strategy:
     def _backup_probability(self, b: _Builder) -> float:
         return 0.0
 
+    def _stale(self, b: _Builder) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """A recovery point's stale layers (LayerCheck's composite); none by default."""
+        return None, None
+
+
+def _daly_steps(checkpoint_s: float, workload: Workload, mtbf_s: float | None) -> int:
+    """Daly's optimal interval for a checkpoint taking ``checkpoint_s``, in steps."""
+    if mtbf_s is None:
+        raise SimError("a native cadence needs an MTBF (or a failure log)")
+    step_s = float(workload.compute_s.mean())
+    tau = daly_interval_s(checkpoint_s, mtbf_s)
+    return max(1, min(workload.steps, math.floor(tau / step_s + 0.5)))
+
 
 class NoCheckpoint(Strategy):
     """No checkpoints: a failure restarts the job from step 0."""
     name = "none"
+    label = "no checkpoints: a failure restarts the job"
 
 
 class DeepSpeed(Strategy):
-    """DeepSpeed default: a synchronous full checkpoint every ``interval`` steps;
-    training stalls for the whole write."""
+    """DeepSpeed default: a synchronous full checkpoint every ``every`` steps; training
+    stalls for the whole write. Native: Daly's interval for that write."""
     name = "deepspeed"
-    uses_interval = True
+    label = "synchronous full save (engine.save_checkpoint)"
+    rollback = True
+
+    def _native(self, workload, costs, mtbf_s) -> Cadence:
+        return Cadence(every=_daly_steps(costs.save_s(workload.full_bytes), workload, mtbf_s))
 
     def _checkpoints(self, b: _Builder) -> None:
-        at = b.every(b.interval)
-        b.snap[at] = b.costs.write_s(b.workload.full_bytes)
+        at = b.every(b.cadence.every)
+        b.snap[at] = b.costs.save_s(b.full)
         b.commit[at] = True
-        b.bytes[at] = b.workload.full_bytes
+        b.bytes[at] = b.full
 
 
 class CheckFreq(Strategy):
-    """CheckFreq: snapshot to host memory (stall), persist in the background;
-    the next snapshot waits for the previous persist."""
+    """CheckFreq: snapshot to host memory (stall), persist in the background; the next
+    snapshot waits for the previous persist. Native: the most frequent interval whose
+    stall stays within ``CHECKFREQ_OVERHEAD`` of training time."""
     name = "checkfreq"
-    uses_interval = True
+    label = "two-phase: snapshot to host, persist in background (dcp.async_save)"
+    rollback = True
+
+    def _native(self, workload, costs, mtbf_s) -> Cadence:
+        step_s, full = float(workload.compute_s.mean()), workload.full_bytes
+        snap, persist = costs.snapshot_s(full), costs.persist_s(full)
+        k = np.arange(1, workload.steps + 1)
+        overhead = (snap + np.maximum(0.0, persist - k * step_s)) / (k * step_s)
+        fits = np.flatnonzero(overhead <= CHECKFREQ_OVERHEAD)
+        return Cadence(every=int(k[fits[0]]) if fits.size else workload.steps)
 
     def _checkpoints(self, b: _Builder) -> None:
-        at, full = b.every(b.interval), b.workload.full_bytes
-        b.snap[at] = b.costs.snapshot_s(full)
-        b.persist[at] = b.costs.write_s(full)
+        at = b.every(b.cadence.every)
+        b.snap[at] = b.costs.snapshot_s(b.full)
+        b.persist[at] = b.costs.persist_s(b.full)
         b.commit[at] = True
-        b.bytes[at] = full
+        b.bytes[at] = b.full
+
+    def _recovery(self, b: _Builder) -> np.ndarray:
+        return np.full(b.steps + 1, b.costs.restart_s + b.costs.async_load_s(b.full))
 
 
 class Gemini(Strategy):
-    """GEMINI: every step to local and peer CPU memory (snapshot stall, then the
-    transfer to the peer in the background), storage every ``interval`` steps as
-    the last tier. Recovery from the peer's memory unless the failure took it."""
+    """GEMINI: copies to CPU memory (snapshot stall, then the transfer to a peer's memory
+    in the background) every ``every`` steps, storage every ``storage_every`` steps as the
+    last tier. Recovery from the peer's memory unless the failure took it too
+    (``peer_loss_probability``), then from storage. Native: in-memory copies as often as
+    the peer transfer keeps up with training; storage at Daly's interval."""
     name = "gemini"
-    uses_interval = True
+    label = "in-memory copies on a peer, storage as the last tier"
+    rollback = True
+
+    def _fixed(self, k, workload, costs, mtbf_s) -> Cadence:
+        return Cadence(every=k, storage_every=max(k, self._storage_every(workload, costs, mtbf_s)))
+
+    def _native(self, workload, costs, mtbf_s) -> Cadence:
+        transfer = costs.peer_s(workload.full_bytes)
+        k = max(1, math.ceil(transfer / float(workload.compute_s.mean()) - 1e-9))
+        return self._fixed(min(k, workload.steps), workload, costs, mtbf_s)
+
+    @staticmethod
+    def _storage_every(workload, costs, mtbf_s) -> int:
+        return _daly_steps(costs.persist_s(workload.full_bytes), workload, mtbf_s)
 
     def _checkpoints(self, b: _Builder) -> None:
-        at, full = b.every(1), b.workload.full_bytes
-        b.snap[at] = b.costs.snapshot_s(full)
-        b.persist[at] = b.costs.peer_s(full)
+        at = b.every(b.cadence.every)
+        b.snap[at] = b.costs.host_copy_s(b.full)
+        b.persist[at] = b.costs.peer_s(b.full)
         b.commit[at] = True
-        b.bytes[at] = full
+        b.bytes[at] = b.full
 
     def _backup(self, b: _Builder) -> None:
         b.backup = np.full(b.steps + 1, np.nan)
-        at = b.every(b.interval)
-        b.backup[at] = b.costs.write_s(b.workload.full_bytes)
-        b.bytes[at] += b.workload.full_bytes
+        at = b.every(b.cadence.storage_every)
+        b.backup[at] = b.costs.persist_s(b.full)
+        b.bytes[at] += b.full
 
     def _recovery(self, b: _Builder) -> np.ndarray:
-        c = b.costs
-        return np.full(b.steps + 1, c.restart_s + c.load_fixed_s + c.peer_s(b.workload.full_bytes))
+        return np.full(b.steps + 1, b.costs.restart_s + b.costs.peer_load_s(b.full))
 
     def _recovery_backup(self, b: _Builder) -> np.ndarray:
         return Strategy._recovery(self, b)
@@ -198,59 +321,85 @@ class Gemini(Strategy):
 
 
 class LowDiff(Strategy):
-    """LowDiff: a compressed gradient diff every step (snapshot stall), written in
-    batches of ``diff_batch`` steps, a full checkpoint every ``interval`` steps,
-    all through one background writer. Recovery loads the newest full checkpoint
-    and replays the diffs since it."""
+    """LowDiff: a compressed gradient differential every step (snapshot stall), written
+    in batches of ``diff_batch`` steps, a full checkpoint every ``every`` steps, all
+    through one background writer. Recovery loads the newest full checkpoint and
+    replays the differentials since it. Native: full checkpoints at Daly's interval."""
     name = "lowdiff"
-    uses_interval = True
+    label = "per-step compressed gradient differentials, batched, periodic full checkpoints"
+    rollback = True
+
+    def _native(self, workload, costs, mtbf_s) -> Cadence:
+        return Cadence(every=_daly_steps(costs.persist_s(workload.full_bytes), workload, mtbf_s))
 
     def _diff_bytes(self, b: _Builder) -> float:
-        return b.costs.diff_fraction * b.workload.full_bytes
+        return b.costs.diff_fraction * b.full
 
     def _checkpoints(self, b: _Builder) -> None:
-        c, full, diff = b.costs, b.workload.full_bytes, self._diff_bytes(b)
-        b.snap[b.every(1)] = c.snapshot_s(diff)
+        c, full, diff = b.costs, b.full, self._diff_bytes(b)
+        b.snap[b.every(1)] = diff / (c.diff_snapshot_gbps * 1e9)
         batches = b.every(c.diff_batch)
-        b.persist[batches] = c.write_s(diff * c.diff_batch)
+        b.persist[batches] = c.persist_s(diff * c.diff_batch)
         b.bytes[batches] = diff * c.diff_batch
-        fulls = b.every(b.interval)
-        b.snap[fulls] += c.snapshot_s(full)
-        b.persist[fulls] = c.write_s(full)  # a full checkpoint supersedes the batch
+        fulls = b.every(b.cadence.every)
+        b.snap[fulls] += c.host_copy_s(full)
+        b.persist[fulls] = c.persist_s(full)  # a full checkpoint supersedes the batch
         b.bytes[fulls] = full
         b.commit[batches] = True
         b.commit[fulls] = True
 
     def _recovery(self, b: _Builder) -> np.ndarray:
         positions = np.arange(b.steps + 1)
-        last_full = (positions // b.interval) * b.interval
+        last_full = (positions // b.cadence.every) * b.cadence.every
         replay = (positions - last_full) * self._diff_bytes(b)
         return Strategy._recovery(self, b) + replay / (b.costs.diff_replay_gbps * 1e9)
 
 
 class LayerCheck(Strategy):
-    """LayerCheck: after every step the per-step cost (drift, metadata), then a
-    snapshot of the layers the trace wrote at that step, persisted in the
-    background. Every completed step is a recovery point (the composite of the
-    newest durable layer copies): a failure loses only the step in flight."""
+    """LayerCheck as the library runs it: drift tracking on every step; from the base
+    checkpoint on, at every opportunity the layers the trace wrote are copied to host
+    memory (stall) and the background writer persists them and commits the step's
+    training state. A step is a recovery point once that state is durable; recovery
+    loads the composite of the newest copy of every layer, whose stale layers discard
+    the updates since their copy (``Schedule.stale_s``)."""
     name = "layercheck"
+    label = "layer-wise, background writer (the layercheck library)"
     needs_trace = True
-    commit_on_completion = True
+    synchronous: ClassVar[bool] = False
 
     def _checkpoints(self, b: _Builder) -> None:
-        c, writes = b.costs, np.concatenate(([0.0], b.workload.layercheck_bytes))
-        b.snap[1:] = c.layercheck_step_fraction * b.workload.compute_s
-        b.snap += writes / (c.host_copy_gbps * 1e9)
-        b.persist[:] = writes / (c.write_gbps * 1e9)
-        b.commit[:] = True
-        b.bytes[:] = writes
+        c, layers = b.costs, b.workload.layers
+        writes = np.concatenate(([0.0], layers.bytes_per_step))
+        commits = layers.commits()
+        b.snap[1:] = c.tracking_fraction * b.workload.compute_s
+        write = np.where(commits, writes / (c.lc_write_gbps * 1e9) + c.lc_commit_s, 0.0)
+        b.snap += np.where(commits, writes / (c.lc_snapshot_gbps * 1e9), 0.0)
+        if self.synchronous:
+            b.snap += write
+        else:
+            b.persist[:] = write
+        b.commit[:] = commits
+        b.bytes[:] = np.where(commits, writes, 0.0)
+
+    def _recovery(self, b: _Builder) -> np.ndarray:
+        return np.full(b.steps + 1, b.costs.restart_s + b.costs.lc_load_s(b.full))
+
+    def _stale(self, b: _Builder) -> tuple[np.ndarray, np.ndarray]:
+        return b.workload.layers.last, b.workload.layers.weights
+
+
+class LayerCheckSync(LayerCheck):
+    """LayerCheck as the paper's implementation ran it: the same layers, written
+    synchronously on the training thread (the paper's end-to-end times)."""
+    name = "layercheck-sync"
+    label = "layer-wise, synchronous writes (the paper's implementation)"
+    synchronous = True
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (NoCheckpoint, DeepSpeed, CheckFreq, Gemini, LowDiff, LayerCheck)}
+    cls.name: cls for cls in (NoCheckpoint, DeepSpeed, CheckFreq, Gemini, LowDiff, LayerCheck,
+                              LayerCheckSync)}
 """Every strategy by name, in report order."""
-
-ROLLBACK = tuple(name for name, cls in STRATEGIES.items() if cls.uses_interval)
 
 
 def get_strategy(name: str) -> Strategy:

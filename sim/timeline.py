@@ -1,4 +1,4 @@
-"""A plan's failure-free timeline, laid out as prefix sums for the fast engine.
+"""A schedule's failure-free timeline, laid out as prefix sums for the fast engine.
 
 One pass over the job's steps (the background writer's recurrence) gives,
 for every position i (steps 1..i done): when step i's compute ends
@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .strategies import Plan
+from .strategies import Schedule
 
 __all__ = ["Timeline"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Timeline:
-    """Failure-free timeline of one job under one plan (arrays indexed by position 0..N)."""
+    """Failure-free timeline of one job under one schedule (arrays indexed by position 0..N)."""
 
-    plan: Plan
+    schedule: Schedule
     ready: np.ndarray
     resume: np.ndarray
     work: np.ndarray
@@ -51,41 +51,39 @@ class Timeline:
 
     @property
     def steps(self) -> int:
-        return self.plan.steps
+        return self.schedule.steps
 
     @classmethod
-    def build(cls, plan: Plan) -> "Timeline":
-        ready, resume, wait, durable = _walk(plan)
-        n = plan.steps
-        skip_at, wait_skip = _first_persist_after(ready, wait, plan.persist)
+    def build(cls, schedule: Schedule) -> "Timeline":
+        ready, resume, wait, durable = _walk(schedule)
+        n = schedule.steps
+        skip_at, wait_skip = _first_persist_after(ready, wait, schedule.persist)
         job_end = ready[n] - resume - wait_skip
-        commit = plan.commit.copy()
+        commit = schedule.commit.copy()
         commit[n] = False
         at = np.flatnonzero(commit)
-        if plan.commit_on_completion:
-            durable = ready
         commit_time, commit_pos = _newest_by_time(durable[at], at)
         backup_time, backup_pos = np.empty(0), np.empty(0, dtype=np.int64)
-        if plan.backup is not None:
-            b_at = np.flatnonzero(np.isfinite(plan.backup))
-            b_done = ready[b_at] + wait[b_at] + plan.snap[b_at] + plan.backup[b_at]
+        if schedule.backup is not None:
+            b_at = np.flatnonzero(np.isfinite(schedule.backup))
+            b_done = ready[b_at] + wait[b_at] + schedule.snap[b_at] + schedule.backup[b_at]
             backup_time, backup_pos = _newest_by_time(b_done, b_at)
-        takes = (plan.snap > 0) | (plan.persist > 0) | plan.commit
-        if plan.backup is not None:
-            takes |= np.isfinite(plan.backup)
+        takes = (schedule.snap > 0) | (schedule.persist > 0) | schedule.commit
+        if schedule.backup is not None:
+            takes |= np.isfinite(schedule.backup)
         takes[0] = takes[n] = False
-        return cls(plan=plan, ready=ready, resume=resume, work=np.cumsum(plan.compute),
-                   checkpoints=np.cumsum(takes), written=np.cumsum(plan.bytes),
+        return cls(schedule=schedule, ready=ready, resume=resume, work=np.cumsum(schedule.compute),
+                   checkpoints=np.cumsum(takes), written=np.cumsum(schedule.bytes),
                    skip_at=skip_at, wait_skip=wait_skip, job_end=job_end,
                    commit_time=commit_time, commit_pos=commit_pos,
                    backup_time=backup_time, backup_pos=backup_pos)
 
 
-def _walk(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _walk(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The writer recurrence: a snapshot that persists waits until the writer is idle."""
-    n = plan.steps
+    n = schedule.steps
     ready, resume, wait, durable = (np.zeros(n + 1) for _ in range(4))
-    compute, snap, persist = plan.compute.tolist(), plan.snap.tolist(), plan.persist.tolist()
+    compute, snap, persist = schedule.compute.tolist(), schedule.snap.tolist(), schedule.persist.tolist()
     t, writer_free = 0.0, 0.0
     for i in range(1, n + 1):
         t += compute[i]

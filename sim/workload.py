@@ -7,15 +7,94 @@ jobs back to back until its wall-clock window ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from layercheck.trace import Trace
+from layercheck.trace import Trace, last_written
 
 from .errors import SimError
 
-__all__ = ["Workload"]
+__all__ = ["Workload", "LayerWrites"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerWrites:
+    """Which layer LayerCheck wrote at which step, and the layers' sizes (from a trace)."""
+
+    written: np.ndarray
+    """Boolean steps x layers: row t-1 is step t."""
+    nbytes: np.ndarray
+    """Bytes of one version of each layer (weights + Adam moments)."""
+    params: np.ndarray
+    """Parameters of each layer (the weights of staleness)."""
+    interval: int = 1
+    """LayerCheck's checkpoint interval: its training state commits every ``interval`` steps."""
+
+    def __post_init__(self) -> None:
+        written = np.asarray(self.written, dtype=bool)
+        nbytes = np.asarray(self.nbytes, dtype=np.float64)
+        params = np.asarray(self.params, dtype=np.float64)
+        if written.ndim != 2 or nbytes.shape != (written.shape[1],) or params.shape != nbytes.shape:
+            raise SimError("layer writes: written must be steps x layers, with one size and one "
+                           "parameter count per layer")
+        if (nbytes < 0).any() or (params < 0).any():
+            raise SimError("layer writes: sizes and parameter counts must be >= 0")
+        if isinstance(self.interval, bool) or not isinstance(self.interval, (int, np.integer)) \
+                or self.interval < 1:
+            raise SimError(f"layer writes: interval={self.interval!r} must be an integer >= 1")
+        for name, value in (("written", written), ("nbytes", nbytes), ("params", params)):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> "LayerWrites":
+        return cls(written=trace.write_matrix(), nbytes=trace.layer_bytes,
+                   params=trace.layers["params"].to_numpy(dtype=np.float64),
+                   interval=int((trace.manifest.get("config") or {}).get("interval", 1) or 1))
+
+    @property
+    def steps(self) -> int:
+        return int(self.written.shape[0])
+
+    @cached_property
+    def bytes_per_step(self) -> np.ndarray:
+        return self.written @ self.nbytes
+
+    @cached_property
+    def last(self) -> np.ndarray:
+        """(N+1) x layers: the newest step <= position i that wrote each layer (row 0: zeros)."""
+        last = last_written(self.written)
+        return np.vstack([np.zeros((1, last.shape[1]), dtype=last.dtype), last])
+
+    @property
+    def weights(self) -> np.ndarray:
+        total = self.params.sum()
+        return self.params / total if total > 0 else np.full(len(self.params), 1 / len(self.params))
+
+    @cached_property
+    def base_step(self) -> int | None:
+        """The first step at which every layer has a saved copy (the base checkpoint)."""
+        covered = (self.last[1:] > 0).all(axis=1)
+        return int(np.argmax(covered)) + 1 if covered.any() else None
+
+    @cached_property
+    def staleness(self) -> float:
+        """Mean parameter-weighted staleness from the base on (``layercheck.trace``'s definition)."""
+        if self.base_step is None:
+            return 0.0
+        steps = np.arange(self.base_step, self.steps + 1)
+        return float(((steps[:, None] - self.last[steps]) @ self.weights).mean())
+
+    def commits(self) -> np.ndarray:
+        """Boolean per position 0..N: LayerCheck commits its training state after step i
+        (every ``interval`` steps from the base checkpoint on)."""
+        out = np.zeros(self.steps + 1, dtype=bool)
+        if self.base_step is not None:
+            at = np.arange(self.base_step, self.steps + 1)
+            out[at[at % self.interval == 0]] = True
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,12 +107,8 @@ class Workload:
     """Useful time per step: forward + backward + optimizer (seconds, > 0)."""
     full_bytes: int
     """A full checkpoint: weights + fp32 master + two Adam moments of every layer."""
-    layercheck_bytes: np.ndarray | None = None
-    """Bytes LayerCheck writes after each step (0 where it writes nothing); None
-    without a trace (then LayerCheck cannot be simulated)."""
-    staleness: float | None = None
-    """LayerCheck's parameter-weighted average staleness over the run, in steps
-    (the paper's matched-freshness interval); None without a trace."""
+    layers: LayerWrites | None = None
+    """LayerCheck's writes; None without a trace (then LayerCheck cannot be simulated)."""
     kind: str = "custom"
     """captured, synthetic or custom."""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -49,13 +124,9 @@ class Workload:
         object.__setattr__(self, "compute_s", compute)
         if not (isinstance(self.full_bytes, (int, np.integer)) and self.full_bytes > 0):
             raise SimError(f"workload {self.name!r}: full_bytes must be a positive integer")
-        if self.layercheck_bytes is not None:
-            writes = np.asarray(self.layercheck_bytes, dtype=np.float64)
-            if writes.shape != compute.shape or (writes < 0).any():
-                raise SimError(f"workload {self.name!r}: layercheck_bytes must hold one "
-                               "non-negative entry per step")
-            writes.setflags(write=False)
-            object.__setattr__(self, "layercheck_bytes", writes)
+        if self.layers is not None and self.layers.steps != compute.size:
+            raise SimError(f"workload {self.name!r}: the layer writes cover {self.layers.steps} "
+                           f"steps, the job has {compute.size}")
 
     @property
     def steps(self) -> int:
@@ -63,7 +134,12 @@ class Workload:
 
     @property
     def has_trace(self) -> bool:
-        return self.layercheck_bytes is not None
+        return self.layers is not None
+
+    @property
+    def staleness(self) -> float | None:
+        """LayerCheck's mean parameter-weighted staleness (the matched-freshness interval)."""
+        return None if self.layers is None else self.layers.staleness
 
     @classmethod
     def custom(cls, *, iteration_s: float, iterations: int, full_bytes: int,
@@ -77,30 +153,9 @@ class Workload:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> "Workload":
-        """Compute per step from steps.parquet, layer bytes from the manifest, LayerCheck's
-        writes from writes.parquet, staleness from the writes and the layer sizes."""
-        layer_bytes = trace.layer_bytes
-        per_step = np.zeros(trace.num_steps, dtype=np.float64)
-        writes = trace.writes
-        np.add.at(per_step, writes["step"].to_numpy() - 1, writes["bytes"].to_numpy(np.float64))
-        params = trace.layers["params"].to_numpy(dtype=np.float64)
+        """Compute per step from steps.parquet, layer sizes from the manifest, LayerCheck's
+        writes from writes.parquet."""
+        layers = LayerWrites.from_trace(trace)
         return cls(name=trace.name, compute_s=trace.compute_seconds(),
-                   full_bytes=int(layer_bytes.sum()), layercheck_bytes=per_step,
-                   staleness=weighted_staleness(trace.write_matrix(), params),
-                   kind=trace.kind, meta={"layers": len(layer_bytes),
-                                          "layer_writes": int(len(writes))})
-
-
-def weighted_staleness(written: np.ndarray, params: np.ndarray) -> float:
-    """Mean over steps of the parameter-weighted staleness, counted from the first
-    step at which every layer has a saved copy (the base checkpoint); 0 if none."""
-    steps, layers = written.shape
-    covered = np.maximum.accumulate(written, axis=0).all(axis=1)
-    if not covered.any():
-        return 0.0
-    start = int(np.argmax(covered))
-    idx = np.where(written, np.arange(1, steps + 1)[:, None], 0)
-    last = np.maximum.accumulate(idx, axis=0)[start:]
-    age = np.arange(start + 1, steps + 1)[:, None] - last
-    weights = params / params.sum() if params.sum() > 0 else np.full(layers, 1.0 / layers)
-    return float((age @ weights).mean())
+                   full_bytes=int(trace.full_checkpoint_bytes), layers=layers, kind=trace.kind,
+                   meta={"layers": len(layers.nbytes), "layer_writes": int(layers.written.sum())})

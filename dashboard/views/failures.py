@@ -5,7 +5,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard import mtbf, ui, whatif
-from sim import SimError
+from sim import PROTOCOLS, SimError
 
 MTBF_HOURS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
 THRESHOLDS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
@@ -14,57 +14,86 @@ DAY = 86400.0
 ui.page("Failures", "How much wall-clock time goes to useful training at a failure rate, with "
         "LayerCheck and each alternative (the sim package, common random failures).")
 trace = ui.current_trace()
+options = mtbf.cost_options(trace)
 with st.sidebar:
     st.subheader("Simulation")
     hours = st.select_slider("MTBF (hours)", MTBF_HOURS, value=0.5, key="mtbf_h")
     seeds = st.slider("Seeds", 2, 20, 5, key="seeds")
     days = st.select_slider("Simulated window (days)", [1, 3, 7, 14, 30], value=7, key="window_d")
+    choice = st.selectbox("Cost model", options, key="cost_model",
+                          help="What each mechanism costs: the calibration measured on the "
+                               "machine that captured the trace, or the paper's A100/Lustre server.")
+    protocol = st.radio("Protocol", PROTOCOLS, key="protocol", horizontal=True,
+                        help="matched: rollback strategies checkpoint every (LayerCheck's mean "
+                             "staleness) steps, as the paper compares; native: each as its "
+                             "authors designed it.")
+    stale_useful = st.toggle("Count stale layers' discarded updates as useful (the paper's "
+                             "accounting)", value=False, key="stale_useful")
+
+if trace.costs is None and trace.kind == "captured":
+    st.warning(f"This trace has no costs.json, so the simulator uses the paper's A100/Lustre "
+               f"server, not the machine it was captured on. Measure that machine with "
+               f"`python -m profiler calibrate --trace traces/{trace.name}`.")
+fields = {"protocol": protocol, "stale_as_useful": stale_useful}
 
 
 @st.cache_data(show_spinner="Simulating...", max_entries=64)
-def _table(_trace, key, mtbf_s, seeds, window_s):
-    return mtbf.strategies_table(mtbf.scenario_for(_trace), mtbf_s=mtbf_s, seeds=seeds,
-                                 window_s=window_s)
+def _table(_trace, key, choice, fields, mtbf_s, seeds, window_s):
+    scenario = mtbf.scenario_for(_trace, costs=mtbf.cost_model(_trace, choice), **fields)
+    return mtbf.strategies_table(scenario, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
 
 
 @st.cache_data(show_spinner="Sweeping MTBF...", max_entries=16)
-def _curves(_trace, key, seeds, window_s):
+def _curves(_trace, key, choice, fields, seeds, window_s):
     points = np.geomspace(0.01, 10, 12) * mtbf.HOUR
-    return mtbf.curves(mtbf.scenario_for(_trace), mtbf_s=points, seeds=seeds, window_s=window_s)
+    scenario = mtbf.scenario_for(_trace, costs=mtbf.cost_model(_trace, choice), **fields)
+    return mtbf.curves(scenario, mtbf_s=points, seeds=seeds, window_s=window_s)
 
 
 @st.cache_data(show_spinner="Simulating thresholds...", max_entries=32)
-def _thresholds(_trace, key, settings, mtbf_s, seeds, window_s):
-    return mtbf.threshold_table(_trace, mtbf.scenario_for(_trace), whatif.Settings(**settings),
-                                THRESHOLDS, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
+def _thresholds(_trace, key, choice, fields, settings, mtbf_s, seeds, window_s):
+    scenario = mtbf.scenario_for(_trace, costs=mtbf.cost_model(_trace, choice), **fields)
+    return mtbf.threshold_table(_trace, scenario, whatif.Settings(**settings), THRESHOLDS,
+                                mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
 
 
 key = ui.trace_key(trace)
 try:
-    table = _table(trace, key, hours * mtbf.HOUR, seeds, days * DAY)
+    table = _table(trace, key, choice, fields, hours * mtbf.HOUR, seeds, days * DAY)
 except SimError as exc:
     st.error(f"The simulator cannot run this trace: {exc}")
     st.stop()
 best = table.loc[table["effective_ratio"].idxmax()]
 lc = table[table["strategy"] == "layercheck"]
-c1, c2, c3 = st.columns(3)
+c1, c2, c3, c4 = st.columns(4)
 c1.metric("Best strategy", best["strategy"], f"ratio {best['effective_ratio']:.3f}")
 if not lc.empty:
     c2.metric("LayerCheck effective ratio", f"{lc['effective_ratio'].iloc[0]:.3f}",
               f"+-{lc['ci95'].iloc[0]:.3f} (95%)", delta_color="off")
-c3.metric("Failures per window", f"{table['failures'].mean():.1f}")
+    c3.metric("Discarded by stale layers (stale_s)", f"{lc['stale_s'].iloc[0] / mtbf.HOUR:.1f} h",
+              "counted as useful" if stale_useful else "not counted as useful", delta_color="off")
+c4.metric("Failures per window", f"{table['failures'].mean():.1f}")
 ui.figure(mtbf.breakdown_figure(table, days * DAY), f"{trace.name}-breakdown-{hours}h", key="breakdown")
 st.dataframe(table, hide_index=True, width="stretch")
 ui.table_download(table, f"{trace.name}-strategies-{hours}h", key="strategies")
 
+costs = mtbf.cost_model(trace, choice)
+st.subheader("Where the costs come from")
+st.caption(f"Cost model **{costs.name}**: {costs.description}. Each figure is measured on the "
+           "capturing machine, derived, published, fitted or assumed, and says how.")
+cost_table = mtbf.costs_frame(costs)
+st.dataframe(cost_table, hide_index=True, width="stretch")
+ui.table_download(cost_table, f"{trace.name}-costs", key="costs")
+
 st.subheader("Across MTBFs")
-frame = _curves(trace, key, seeds, days * DAY)
+frame = _curves(trace, key, choice, fields, seeds, days * DAY)
 ui.figure(mtbf.curves_figure(frame, hours * mtbf.HOUR), f"{trace.name}-mtbf-sweep", key="sweep")
 ui.table_download(frame, f"{trace.name}-mtbf-sweep", key="sweep")
 
 st.subheader("Which threshold is best at this MTBF")
 settings = whatif.Settings.from_trace(trace)
-by_k = _thresholds(trace, key, dataclasses.asdict(settings), hours * mtbf.HOUR, seeds, days * DAY)
+by_k = _thresholds(trace, key, choice, fields, dataclasses.asdict(settings), hours * mtbf.HOUR,
+                   seeds, days * DAY)
 winner = by_k.loc[by_k["best"]].iloc[0]
 st.metric("Best base threshold", f"{winner['base_threshold']:g}",
           f"ratio {winner['effective_ratio']:.4f}", delta_color="off")

@@ -1,6 +1,7 @@
 """Tiny traces for the dashboard's tests: seeded drift, writes decided by the library's policy."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import REASONS, Policy, PolicyState
 from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
+from sim.presets import preset_calibration
 
 
 def make_trace(*, name: str = "tiny-captured", kind: str = "captured", steps: int = 400,
@@ -84,8 +86,10 @@ def traces_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     $LAYERCHECK_TRACES points at it."""
     root = tmp_path / "traces"
     write_trace(make_trace(), root / "tiny-captured")
-    write_trace(make_trace(name="qwen2.5-7b-synthetic", kind="synthetic", steps=300, seed=3,
-                           drill=False), root / "qwen2.5-7b-synthetic")
+    synthetic = make_trace(name="qwen2.5-7b-synthetic", kind="synthetic", steps=300, seed=3,
+                           drill=False)
+    write_trace(dataclasses.replace(synthetic, costs=preset_calibration("qwen2.5-7b")),
+                root / "qwen2.5-7b-synthetic")
     broken = root / "broken"
     broken.mkdir(parents=True)
     (broken / "manifest.json").write_text(json.dumps({"schema_version": 1, "name": "broken"}))

@@ -83,6 +83,30 @@ def test_failures_mtbf_changes_the_ratio(traces_dir):
     assert after["LayerCheck effective ratio"] != before["LayerCheck effective ratio"]
 
 
+def test_failures_says_where_costs_come_from_and_what_stale_layers_discard(traces_dir):
+    at = run("failures", seeds=2, window_d=1)
+    assert "no costs.json" in at.warning[0].value and "profiler calibrate" in at.warning[0].value
+    costs = at.dataframe[1].value
+    assert {"figure", "value", "source", "method"} <= set(costs.columns)
+    assert costs.set_index("figure").loc["load_gbps", "source"] == "fit"
+    assert metrics(at)["Discarded by stale layers (stale_s)"].endswith(" h")
+    honest = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
+    at.sidebar.toggle(key="stale_useful").set_value(True).run()
+    paper = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
+    assert honest["stale_s"] > 0
+    assert paper["effective_ratio"] == pytest.approx(honest["effective_ratio"] + honest["stale_s"] / 86400)
+    at.sidebar.radio(key="protocol").set_value("native").run()
+    assert not at.exception
+    strategies = at.dataframe[0].value.set_index("strategy")
+    assert strategies.loc["layercheck", "stale_s"] > 0
+
+
+def test_failures_uses_the_traces_own_calibration(traces_dir):
+    at = run("failures", seeds=2, window_d=1, trace_name="qwen2.5-7b-synthetic")
+    assert not at.warning
+    assert at.sidebar.selectbox(key="cost_model").value == "this trace's calibration (costs.json)"
+
+
 def test_fidelity_window_changes_the_deviation(traces_dir):
     at = run("fidelity")
     before = metrics(at)

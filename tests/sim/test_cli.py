@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from layercheck.calibration import FIGURES, read_calibration
 from sim.api import COLUMNS
 from sim.cli import main
 
@@ -24,10 +25,44 @@ def test_torch_free():
     assert result.returncode == 0, result.stderr
 
 
-def test_default_table():
+def test_default_table_says_what_it_rests_on():
     result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d")
     assert result.returncode == 0, result.stderr
-    assert "qwen2.5-7b" in result.stdout and "layercheck" in result.stdout and "gemini" in result.stdout
+    head = result.stdout.splitlines()[:3]
+    assert head[0].startswith("qwen2.5-7b (synthetic), MTBF 30m")
+    assert head[1].startswith("costs: paper-a100") and "fit" in head[1] and "assumed" in head[1]
+    assert head[2].startswith("protocol: matched") and "stale_s" in head[2]
+    assert "layercheck-sync" in result.stdout and "gemini" in result.stdout and "stale h" in result.stdout
+
+
+def test_json_carries_every_figures_provenance(capsys):
+    assert main(["--mtbf", "1h", "--json", "--seeds", "1", "--window", "1d", "--preset",
+                 "llama-3.2-1b", "--write-gbps", "3", "--cost", "lc_commit_s=0.2",
+                 "--protocol", "native", "--stale-as-useful"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    figures = data["scenario"]["costs"]["figures"]
+    assert set(figures) == set(FIGURES)
+    assert figures["save_gbps"] == {"value": 3.0, "source": "given", "unit": "GB/s",
+                                    "method": "given by the user (an override of the cost model)"}
+    assert figures["lc_commit_s"]["value"] == 0.2 and figures["load_gbps"]["source"] == "fit"
+    assert data["scenario"]["protocol"] == "native" and data["scenario"]["stale_as_useful"] is True
+
+
+def test_costs_file_engine_and_exact_log(tmp_path, capsys):
+    log = tmp_path / "failures.csv"
+    log.write_text("time\n2h\n5h\n")
+    args = ["--trace", "traces/llama-3.2-1b-synthetic", "--failure-log", str(log), "--log-once",
+            "--seeds", "2", "--window", "12h", "--strategies", "deepspeed,layercheck", "--json",
+            "--costs", "traces/qwen2.5-7b-synthetic"]
+    assert main(args) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert [r["failures"] for r in fast["rows"]] == [2.0, 2.0]
+    seven_b = read_calibration(ROOT / "traces/qwen2.5-7b-synthetic")
+    assert fast["scenario"]["costs"]["figures"]["diff_fraction"]["value"] == seven_b.value("diff_fraction")
+    assert main([*args, "--engine", "simpy"]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    for a, b in zip(fast["rows"], slow["rows"]):
+        assert a["effective_ratio"] == pytest.approx(b["effective_ratio"], rel=1e-9)
 
 
 def test_json_has_exactly_the_keys(capsys):
@@ -60,14 +95,20 @@ def test_sweep_writes_files(tmp_path, capsys):
                  "--preset", "llama-3.2-1b", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"sweep.csv", "sweep.json", "sweep.html"}
     rows = json.loads((out / "sweep.json").read_text())["rows"]
-    assert len(rows) == 3 * 7 and {r["strategy"] for r in rows} >= {"limit", "layercheck"}
+    assert len(rows) == 3 * 8 and {r["strategy"] for r in rows} >= {"limit", "layercheck"}
     assert "limit (perfect checkpointer)" in (out / "sweep.html").read_text()
 
 
 @pytest.mark.parametrize("args", [["--mtbf", "-1"], ["--mtbf", "5x"], ["--mtbf", "1h", "--trace", "/no/such"],
                                   ["--mtbf", "1h", "--strategies", "foo"], ["--mtbf", "1h", "--bogus"],
                                   ["--mtbf", "1h", "--trace", "traces"], ["sweep", "--mtbf", "3h..1h"],
-                                  ["--gpu-mtbf", "1000h"], ["--mtbf", "1h", "--seeds", "x"]])
+                                  ["--gpu-mtbf", "1000h"], ["--mtbf", "1h", "--seeds", "x"],
+                                  ["--mtbf", "1h", "--costs", "paper-h100"],
+                                  ["--mtbf", "1h", "--cost", "speed=3"],
+                                  ["--mtbf", "1h", "--cost", "save_gbps=fast"],
+                                  ["--mtbf", "1h", "--write-gbps", "0"],
+                                  ["--mtbf", "1h", "--protocol", "fair"],
+                                  ["--mtbf", "1h", "--engine", "turbo"]])
 def test_bad_input_is_one_line_exit_2(args):
     result = _run(*args)
     assert result.returncode == 2

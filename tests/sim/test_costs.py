@@ -1,26 +1,59 @@
+from dataclasses import fields
+
 import pytest
 
+from layercheck.calibration import FIGURES, Calibration, Figure, write_calibration
 from sim.costs import CostModel
 from sim.errors import SimError
 
 
+def test_fields_are_the_calibration_figures():
+    assert [f.name for f in fields(CostModel)][:len(FIGURES)] == list(FIGURES)
+
+
 def test_defaults_reproduce_the_papers_recovery_fit():
-    c = CostModel()
+    c = CostModel.paper_a100()
     assert c.load_s(106.6e9) == pytest.approx(10.0, abs=0.05)   # Qwen2.5-7B: 10 s
     assert c.load_s(17.3e9) == pytest.approx(5.0, abs=0.05)     # Llama-3.2-1B: 5 s
     assert c.load_s(43.2e9) == pytest.approx(7.0, abs=0.7)      # Qwen2.5-3B: 7 s
+    assert {c.provenance[n].source for n in FIGURES} <= {"published", "derived", "fit", "assumed"}
+    assert all(len(c.provenance[n].method) > 20 for n in FIGURES)
 
 
-@pytest.mark.parametrize("field,value,match", [("write_gbps", 0, "bandwidth"), ("restart_s", -1, ">= 0"),
+@pytest.mark.parametrize("field,value,match", [("save_gbps", 0, "positive"), ("restart_s", -1, ">= 0"),
                                                ("peer_loss_probability", 2, "probability"),
-                                               ("diff_batch", 0, ">= 1"), ("read_gbps", float("nan"), "finite")])
+                                               ("diff_batch", 0, "positive"),
+                                               ("load_gbps", float("nan"), "finite")])
 def test_rejects_bad_values(field, value, match):
     with pytest.raises(SimError, match=match):
         CostModel(**{field: value})
 
 
-def test_dict_round_trip_and_unknown_keys():
-    c = CostModel(restart_s=12.0)
-    assert CostModel.from_dict(c.to_dict()) == c
+def test_overrides_are_marked_given():
+    c = CostModel.paper_a100().with_overrides(restart_s=12.0)
+    assert c.restart_s == 12.0 and c.provenance["restart_s"].source == "given"
+    assert c.provenance["save_gbps"].source == "derived"
+    assert CostModel(restart_s=7.0).provenance["restart_s"].source == "given"
     with pytest.raises(SimError, match="known"):
-        CostModel.from_dict({"restart": 1})
+        CostModel.paper_a100().with_overrides(restart=1)
+    with pytest.raises(SimError, match="--save-gbps"):
+        CostModel.paper_a100().with_overrides(save_gbps=-1.0)
+
+
+def test_a_calibration_is_a_cost_model(tmp_path):
+    figures = {n: Figure(value=2.0 if FIGURES[n].unit != "1" else 0.25, source="measured",
+                         method=f"timed {n}") for n in FIGURES}
+    cal = Calibration(name="here", description="this machine", figures=figures)
+    c = CostModel.from_calibration(cal)
+    assert c.name == "here" and c.save_gbps == 2.0 and c.peer_loss_probability == 0.25
+    assert c.provenance["save_gbps"].method == "timed save_gbps"
+    assert c.to_dict()["figures"]["save_gbps"] == {"value": 2.0, "source": "measured",
+                                                   "method": "timed save_gbps", "unit": "GB/s"}
+    write_calibration(cal, tmp_path / "costs.json")
+    assert CostModel.named(str(tmp_path)) == c
+    assert CostModel.named("paper-a100") == CostModel.paper_a100()
+    with pytest.raises(SimError, match="neither"):
+        CostModel.named("paper-h100")
+    (tmp_path / "costs.json").write_text("{}")
+    with pytest.raises(SimError, match="schema_version"):
+        CostModel.named(str(tmp_path / "costs.json"))

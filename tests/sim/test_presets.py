@@ -9,7 +9,7 @@ from layercheck.trace import read_trace
 from sim.api import Scenario
 from sim.presets import (PRESET_NAMES, PUBLISHED, REGIMES, TRACES_DIR, build_trace, compute_seconds,
                          trace_stats)
-from sim.strategies import get_strategy
+from sim.strategies import Cadence, get_strategy
 from sim.timeline import Timeline
 
 
@@ -50,13 +50,29 @@ def test_traces_stay_small():
         assert size < 3e6
 
 
-@pytest.mark.parametrize("name,strategy,minutes", [("qwen2.5-7b", "layercheck", 198.8),
-                                                   ("qwen2.5-7b", "gemini", 747.9),
-                                                   ("llama-3.2-1b", "layercheck", 43.8)])
-def test_failure_free_times_match_the_paper(name, strategy, minutes):
+def _failure_free_minutes(name, strategy, every=1):
     scenario = Scenario.from_preset(name)
-    plan = get_strategy(strategy).plan(scenario.workload, scenario.costs, interval=1)
-    assert Timeline.build(plan).ready[-1] / 60 == pytest.approx(minutes, rel=0.01)
+    s = get_strategy(strategy)
+    cadence = Cadence(every=every, storage_every=1692) if s.rollback else None
+    return Timeline.build(s.schedule(scenario.workload, scenario.costs, cadence)).job_end[0] / 60
+
+
+def test_fits_reproduce_the_published_times_they_were_fitted_to():
+    """Inputs, not predictions: tracking_fraction was fitted to LayerCheck's 198.8 min and
+    peer_gbps to GEMINI's 747.9 min (Qwen2.5-7B, per-iteration checkpointing); this
+    checks the fits, and that the paper's end-to-end times stay reproducible."""
+    assert _failure_free_minutes("qwen2.5-7b", "layercheck-sync") == pytest.approx(198.8, rel=0.001)
+    assert _failure_free_minutes("qwen2.5-7b", "gemini") == pytest.approx(747.9, rel=0.01)
+
+
+def test_llama_end_to_end_time_is_predicted():
+    """A prediction: nothing was fitted to Llama-3.2-1B's published 43.8 min."""
+    assert _failure_free_minutes("llama-3.2-1b", "layercheck-sync") == pytest.approx(43.8, rel=0.025)
+
+
+def test_background_writes_cost_less_than_the_papers_synchronous_ones():
+    assert _failure_free_minutes("qwen2.5-7b", "layercheck") < _failure_free_minutes(
+        "qwen2.5-7b", "layercheck-sync") - 10
 
 
 def test_matched_freshness_is_the_papers_106():

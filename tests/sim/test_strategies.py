@@ -3,56 +3,124 @@ import pytest
 
 from sim.costs import CostModel
 from sim.errors import SimError
-from sim.strategies import STRATEGIES, get_strategy
-from sim.workload import Workload
+from sim.strategies import CHECKFREQ_OVERHEAD, STRATEGIES, Cadence, get_strategy
+from sim.theory import daly_interval_s
+from sim.workload import LayerWrites, Workload
 
-from .conftest import small_workload
+from .conftest import BASE_STEP, SMALL_COSTS, small_workload
 
 COSTS = CostModel()
+EVERY10 = Cadence(every=10, storage_every=20)
+
+
+def _schedule(name, workload=None, costs=COSTS, cadence=EVERY10):
+    strategy = get_strategy(name)
+    return strategy.schedule(workload or small_workload(), costs, cadence if strategy.rollback else None)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_no_charge_at_the_jobs_end(name):
-    plan = get_strategy(name).plan(small_workload(), COSTS, interval=5)
-    n = plan.steps
-    assert plan.snap[n] == plan.persist[n] == plan.bytes[n] == 0 and not plan.commit[n]
-    assert plan.recover.shape == (n + 1,) and (plan.recover >= COSTS.restart_s).all()
+    s = _schedule(name)
+    n = s.steps
+    assert s.snap[n] == s.persist[n] == s.bytes[n] == 0 and not s.commit[n]
+    assert s.recover.shape == (n + 1,) and (s.recover >= COSTS.restart_s).all()
 
 
 def test_deepspeed_stalls_for_the_write_checkfreq_for_the_snapshot():
-    w = small_workload()
-    ds = get_strategy("deepspeed").plan(w, COSTS, interval=10)
-    cf = get_strategy("checkfreq").plan(w, COSTS, interval=10)
+    ds, cf = _schedule("deepspeed"), _schedule("checkfreq")
     assert list(np.flatnonzero(ds.commit)) == [10, 20, 30]
     assert ds.snap[10] == pytest.approx(20e9 / 1.12e9) and ds.persist[10] == 0
     assert cf.snap[10] == pytest.approx(20e9 / 100e9) and cf.persist[10] == pytest.approx(20e9 / 1.12e9)
+    costs = COSTS.with_overrides(async_load_gbps=2.0)
+    assert _schedule("checkfreq", costs=costs).recover[5] == pytest.approx(30 + 4 + 10)
 
 
 def test_lowdiff_replays_diffs_since_the_full_checkpoint():
-    plan = get_strategy("lowdiff").plan(small_workload(), COSTS, interval=10)
-    replay = plan.recover - plan.recover[0]
+    s = _schedule("lowdiff")
+    replay = s.recover - s.recover[0]
     assert replay[10] == 0 and replay[14] == pytest.approx(4 * 0.1 * 20e9 / 22.9e9)
-    assert list(np.flatnonzero(plan.commit)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
-                                                 30, 32, 34, 36, 38]
+    assert list(np.flatnonzero(s.commit)) == list(range(2, 40, 2))
 
 
-def test_gemini_has_a_storage_tier():
-    plan = get_strategy("gemini").plan(small_workload(), COSTS, interval=10)
-    assert list(np.flatnonzero(np.isfinite(plan.backup))) == [10, 20, 30]
-    assert plan.backup_probability == COSTS.peer_loss_probability
-    assert plan.commit[1:-1].all()
+def test_gemini_tiers_are_ordered():
+    s = _schedule("gemini")
+    assert list(np.flatnonzero(np.isfinite(s.backup))) == [20]
+    assert list(np.flatnonzero(s.commit)) == [10, 20, 30]
+    assert s.backup_probability == COSTS.peer_loss_probability
+    # the paper's peer link (4.19 GB/s) is slower than its storage reads (17.9): never slower
+    assert (s.recover <= s.recover_backup).all()
+    fast_peer = _schedule("gemini", costs=COSTS.with_overrides(peer_gbps=50.0))
+    assert fast_peer.recover[0] == pytest.approx(30 + 4 + 20 / 50)
 
 
-def test_layercheck_needs_a_trace_and_commits_every_step():
+def test_layercheck_commits_only_from_the_base_checkpoint():
     custom = Workload.custom(iteration_s=1.0, iterations=10, full_bytes=10**9)
     with pytest.raises(SimError, match="needs a trace"):
-        get_strategy("layercheck").plan(custom, COSTS)
-    plan = get_strategy("layercheck").plan(small_workload(), COSTS)
-    assert plan.commit_on_completion and plan.commit[1:-1].all()
+        get_strategy("layercheck").schedule(custom, COSTS)
+    w = small_workload()
+    s = _schedule("layercheck", w, SMALL_COSTS)
+    assert not s.commit[:BASE_STEP].any() and s.commit[BASE_STEP:-1].all()
+    bytes_ = np.concatenate(([0.0], w.layers.bytes_per_step))
+    assert s.bytes[BASE_STEP] == 20e9 and (s.bytes[:BASE_STEP] == 0).all()
+    i = BASE_STEP + 1
+    assert s.persist[i] == pytest.approx(bytes_[i] / 2e9 + 0.4)       # writer + state commit
+    assert s.snap[1] == pytest.approx(0.05 * w.compute_s[0])          # tracking, from step 1
+    assert s.snap[i] == pytest.approx(0.05 * w.compute_s[i - 1] + bytes_[i] / 100e9)
+    sync = _schedule("layercheck-sync", w, SMALL_COSTS)
+    assert (sync.persist == 0).all()
+    np.testing.assert_allclose(sync.snap, s.snap + s.persist)
 
 
-def test_unknown_strategy_and_bad_interval():
+def test_layercheck_opportunities_follow_its_interval():
+    w = small_workload()
+    layers = LayerWrites(written=w.layers.written, nbytes=w.layers.nbytes, params=w.layers.params,
+                         interval=4)
+    w4 = Workload(name="w4", compute_s=w.compute_s, full_bytes=w.full_bytes, layers=layers)
+    s = _schedule("layercheck", w4, SMALL_COSTS)
+    assert list(np.flatnonzero(s.commit)) == [4, 8, 12, 16, 20, 24, 28, 32, 36]
+
+
+def test_stale_s_by_hand():
+    """Two layers, params 1:3. Layer 0 written at 2 and 5, layer 1 at 2 only; unit steps."""
+    written = np.zeros((8, 2), dtype=bool)
+    written[1] = True
+    written[4, 0] = True
+    layers = LayerWrites(written=written, nbytes=np.array([1.0, 3.0]), params=np.array([1.0, 3.0]))
+    w = Workload(name="hand", compute_s=np.ones(8), full_bytes=4, layers=layers)
+    s = get_strategy("layercheck").schedule(w, COSTS)
+    assert s.stale_s(6, 0) == pytest.approx(0.25 * 1 + 0.75 * 4)     # ages 1 and 4
+    assert s.stale_s(6, 4) == pytest.approx(0.25 * 1 + 0.75 * 2)     # layer 1 equal to its copy at 4
+    assert s.stale_s(2, 0) == 0 and s.stale_s(0, 0) == 0
+    assert _schedule("deepspeed", w).stale_s(6, 0) == 0
+
+
+def test_cadences_by_protocol():
+    w = small_workload(steps=400)
+    ds, cf, gem, low = (get_strategy(n) for n in ("deepspeed", "checkfreq", "gemini", "lowdiff"))
+    assert ds.cadence("matched", w, COSTS, mtbf_s=3600.0).every == round(w.staleness)
+    assert ds.cadence("native", w, COSTS, mtbf_s=3600.0, interval=7).every == 7
+    step = w.compute_s.mean()
+    daly = round(daly_interval_s(COSTS.save_s(20e9), 3600.0) / step)
+    assert ds.cadence("native", w, COSTS, mtbf_s=3600.0).every == daly
+    k = cf.cadence("native", w, COSTS, mtbf_s=3600.0).every
+
+    def overhead(k):
+        return (COSTS.snapshot_s(20e9) + max(0.0, COSTS.persist_s(20e9) - k * step)) / (k * step)
+    assert overhead(k) <= CHECKFREQ_OVERHEAD < overhead(k - 1)
+    g = gem.cadence("native", w, COSTS, mtbf_s=3600.0)
+    assert g.every == int(np.ceil(COSTS.peer_s(20e9) / step)) and g.storage_every >= g.every
+    assert low.cadence("native", w, COSTS, mtbf_s=3600.0).every == round(
+        daly_interval_s(COSTS.persist_s(20e9), 3600.0) / step)
+    assert get_strategy("layercheck").cadence("native", w, COSTS, mtbf_s=3600.0) is None
+    custom = Workload.custom(iteration_s=1.0, iterations=10, full_bytes=10**9)
+    with pytest.raises(SimError, match="needs a trace"):
+        ds.cadence("matched", custom, COSTS, mtbf_s=3600.0)
+
+
+def test_unknown_strategy_and_bad_cadence():
     with pytest.raises(SimError, match="choose from"):
         get_strategy("gemeni")
-    with pytest.raises(SimError, match="interval"):
-        get_strategy("deepspeed").plan(small_workload(), COSTS, interval=0)
+    with pytest.raises(SimError, match="whole number"):
+        Cadence(every=0)
+    with pytest.raises(SimError, match="cadence"):
+        get_strategy("deepspeed").schedule(small_workload(), COSTS)

@@ -18,7 +18,7 @@ YEAR = 365 * 86400.0
 def test_daly_closed_form(step, interval, checkpoint, restart, mtbf):
     """Synchronous periodic checkpointing under exponential failures: the simulated
     mean effective ratio is within 0.5% of e^(R/M) M (e^((T+C)/M) - 1) per segment."""
-    costs = CostModel(restart_s=restart, load_fixed_s=0.0, read_gbps=1e12)
+    costs = CostModel(restart_s=restart, load_fixed_s=0.0, load_gbps=1e12)
     scenario = Scenario.custom(iteration_s=step, iterations=10_000, checkpoint_gb=100.0,
                                checkpoint_s=checkpoint, costs=costs, interval=interval,
                                window_s=YEAR)
@@ -48,7 +48,7 @@ def test_expected_ratio_rises_with_mtbf(c, m1, factor, restart, interval):
 
 
 @pytest.mark.parametrize("strategy", ["none", "deepspeed", "checkfreq", "gemini", "lowdiff",
-                                      "layercheck"])
+                                      "layercheck", "layercheck-sync"])
 def test_simulated_ratio_rises_with_mtbf(strategy):
     """In expectation (not path by path: a longer gap can end just before a commit):
     the mean over seeds rises with the MTBF beyond its confidence intervals."""
