@@ -41,13 +41,11 @@ def calibrate_job(job: Any, trace: Trace | None, *, near: Path,
     """Measure every figure on ``job`` (contract in the module doc). ``trace``: the
     job's trace (rank 0; the others may pass None); ``near``: a folder on the
     storage the checkpoints go to (scratch space is made and removed there)."""
-    from .engine import end_one_rank_group
     from .mechanisms import MECHANISMS, Bench
     repeats = REPEATS if repeats is None else repeats
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ProfilerError(f"repeats={repeats!r}: use an integer >= 1")
     ranks = job.ranks
-    had_group = _distributed()
     folder = Path(ranks.from_leader(
         tempfile.mkdtemp(prefix="layercheck-calibrate-", dir=near) if ranks.leader else None))
     bench = Bench(job=job, trace=trace, folder=folder, repeats=repeats, say=say)
@@ -55,24 +53,20 @@ def calibrate_job(job: Any, trace: Trace | None, *, near: Path,
     started = time.perf_counter()
     try:
         for mechanism in MECHANISMS:
-            if ranks.leader:
-                say(f"calibrating: {mechanism.name} ({', '.join(mechanism.figures)})")
+            began = time.perf_counter()
+            bench.collective = mechanism.collective
             if mechanism.collective or ranks.leader:
                 figures.update(mechanism.measure(bench))
             ranks.barrier()
+            if ranks.leader:
+                say(f"calibrated {mechanism.name} in {time.perf_counter() - began:.1f} s: "
+                    f"{', '.join(mechanism.figures)}")
     finally:
         if ranks.leader:
             shutil.rmtree(folder, ignore_errors=True)
-        if not had_group:
-            end_one_rank_group()  # a plain job's engine started it; nothing else uses it
     if not ranks.leader:
         return None
     return _calibration(trace, figures, time.perf_counter() - started, repeats)
-
-
-def _distributed() -> bool:
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized()
 
 
 def _calibration(trace: Trace, figures: dict[str, Any], seconds: float,

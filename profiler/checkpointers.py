@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .state import TrainingState
+from .state import TrainingState, fsync_path
 
 __all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerCheckpointer",
            "CHECKPOINTERS", "Resume", "Saved", "folder_bytes"]
@@ -130,9 +130,9 @@ class FullCheckpointer(Checkpointer):
         meta = {k: str(v) for k, v in self.state.meta(step, position).items()}
         save_file({k: t.contiguous() for k, t in self.state.tensors().items()}, str(tmp),
                   metadata=meta)
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, final)
-        _fsync(final.parent)
+        fsync_path(final.parent)
 
     def _load_safetensors(self) -> Resume | None:
         from safetensors import safe_open
@@ -272,10 +272,3 @@ def _single_process() -> Iterator[None]:
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
     yield
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["deepspeed_available", "engine_for", "one_rank_group", "end_one_rank_group"]
+__all__ = ["deepspeed_available", "engine_for", "one_rank_group"]
 
 
 def deepspeed_available() -> bool:
@@ -27,25 +26,13 @@ def deepspeed_available() -> bool:
     return find_spec("deepspeed") is not None
 
 
-def one_rank_group() -> bool:
-    """Start torch.distributed with one rank where it is not running; True if
-    started here (``end_one_rank_group`` undoes it)."""
+def one_rank_group() -> None:
+    """Start torch.distributed with one rank where it is not running. It stays up for
+    the life of the process (DeepSpeed keeps its own handles on the group, so an
+    engine made later in the same process needs the same group)."""
     import torch.distributed as dist
-    if dist.is_initialized():
-        return False
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return True
-
-
-def end_one_rank_group() -> None:
-    """Tear down a group ``one_rank_group`` started, and DeepSpeed's handle on it
-    (so that a later engine in the same process starts cleanly)."""
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if "deepspeed.comm.comm" in sys.modules:
-        import deepspeed.comm.comm as ds_comm
-        ds_comm.cdb = None
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 @contextmanager
@@ -66,7 +53,8 @@ def _launcher_env() -> Iterator[None]:
 
 
 def engine_for(job: Any) -> Any:
-    """The DeepSpeed engine whose ``save_checkpoint`` saves ``job``'s state."""
+    """The DeepSpeed engine whose ``save_checkpoint`` saves ``job``'s state (made
+    once, then kept as ``job.engine``)."""
     if getattr(job, "engine", None) is not None:
         return job.engine
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -87,4 +75,5 @@ def engine_for(job: Any) -> Any:
     if engine.optimizer is not job.optimizer:
         raise RuntimeError("DeepSpeed wrapped the job's optimizer: its checkpoint would not "
                            "be the job's state; report this with the DeepSpeed version")
+    job.engine = engine
     return engine

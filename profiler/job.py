@@ -129,7 +129,10 @@ def open_job(spec: CaptureConfig | ZeroConfig, *, say: Callable[[str], None] = p
 
 def build_model_and_data(config: CaptureConfig, source: ModelSource | None = None
                          ) -> tuple[ModelSource, Any, Corpus, Dataset]:
-    """The model (train mode, weights fixed by the seed) and the data of ``config``."""
+    """The model (train mode, weights fixed by the seed) and the data of ``config``.
+    LayerCheck's drift kernels are loaded here too: a process pays that once, at
+    start-up, not inside its first step's drift time."""
+    _warm_drift_kernels()
     source = source or resolve_model(config.model)
     model, tokenizer = source.build(seed=config.seed, max_len=config.seq_len)
     corpus = load_corpus()
@@ -137,6 +140,14 @@ def build_model_and_data(config: CaptureConfig, source: ModelSource | None = Non
                             seq_len=config.seq_len, batch_size=config.batch_size,
                             seed=config.seed)
     return source, model, corpus, dataset
+
+
+def _warm_drift_kernels() -> None:
+    try:
+        from layercheck.kernels import warm
+    except ImportError:  # no numba: drift takes the torch path, nothing to load
+        return
+    warm()
 
 
 def adamw(model: torch.nn.Module, config: CaptureConfig, source: ModelSource

@@ -36,6 +36,9 @@ class PlainJob(Job):
     architecture: str
     num_params: int
     ranks: Ranks = Ranks()
+    engine: Any = None
+    """A world-size-1 DeepSpeed engine around the model, optimizer and scheduler,
+    once ``profiler.engine.engine_for`` has made one (for DeepSpeed's own checkpoint)."""
 
     @classmethod
     def prepare(cls, config: CaptureConfig, *, source: ModelSource | None = None,

@@ -10,12 +10,13 @@ tensors: loading into them (``dcp.load``, ``copy_``) restores the job.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["TrainingState", "MOMENTS"]
+__all__ = ["TrainingState", "MOMENTS", "fsync_path"]
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -72,6 +73,16 @@ class TrainingState:
                     state["step"] = torch.tensor(0.0)
                     for key in MOMENTS:
                         state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def fsync_path(path: "os.PathLike[str] | str") -> None:
+    """fsync a file or folder (the four lines of layercheck.store's own, which is
+    private to the store and takes the store's paths)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _persistent(model: torch.nn.Module, name: str) -> bool:

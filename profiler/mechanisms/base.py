@@ -35,6 +35,8 @@ class Bench:
     """Scratch space on the storage the checkpoints go to (the same path on every rank)."""
     repeats: int
     say: Callable[[str], None] = print
+    collective: bool = False
+    """Whether the mechanism measuring now runs on every rank (set by the caller)."""
     _single: Any = field(default=None, repr=False)
     _count: int = 0
 
@@ -67,13 +69,15 @@ class Bench:
                 f"unsharded state), not under the {self.job.ranks.world}-rank ZeRO engine")
 
     def scratch(self, name: str) -> Path:
-        """A fresh folder for one measurement (the same on every rank)."""
+        """A fresh folder for one measurement: made by rank 0 for every rank (a
+        barrier) while a collective mechanism runs, else by the one process."""
         self._count += 1
         path = self.folder / f"{self._count:02d}-{name}"
         if self.job.ranks.leader:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
-        self.job.ranks.barrier()
+        if self.collective:
+            self.job.ranks.barrier()
         return path
 
 

@@ -20,7 +20,7 @@ import torch
 
 from layercheck.calibration import Figure
 
-from ..state import TrainingState
+from ..state import TrainingState, fsync_path
 from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["Differential", "DENSITY", "BATCH"]
@@ -95,11 +95,7 @@ def _compress(grads: list[tuple[str, torch.Tensor]],
 def _write(path: os.PathLike, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
     save_file(tensors, str(path))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
 
 
 def _replay(path: os.PathLike, job: Any) -> None:

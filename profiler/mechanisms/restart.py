@@ -83,5 +83,7 @@ def spawn_worker(spec: Path, output: Path, threads: int | None, ranks: int = 1) 
     command = (torchrun_command(argv, ranks, _free_port()) if ranks > 1
                else [sys.executable, "-m", "profiler", *argv])
     with open(output, "w") as out:
+        # a session of its own: a torchrun probe's clean-up signals its process group,
+        # which must not be the capture's own ranks
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                env=worker_env(threads), cwd=str(ROOT))
+                                env=worker_env(threads), cwd=str(ROOT), start_new_session=True)

@@ -1,8 +1,6 @@
 """Calibration: every figure of costs.json measured (or stated) on the tiny model's job."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from layercheck.calibration import FIGURES, read_calibration
@@ -12,13 +10,9 @@ ASSUMED = {"peer_gbps", "peer_loss_probability", "diff_batch"}
 DERIVED = {"load_fixed_s"}
 
 
-@pytest.fixture(scope="module")
-def calibrated(tiny_capture, tmp_path_factory):
-    """``python -m profiler calibrate --trace`` on a copy of the tiny capture."""
-    folder = tmp_path_factory.mktemp("calibrated") / "tiny"
-    shutil.copytree(tiny_capture.path, folder)
-    assert main(["calibrate", "--trace", str(folder), "--repeats", "1", "--quiet"]) == 0
-    return folder
+@pytest.fixture
+def calibrated(calibrated_tiny):
+    return calibrated_tiny
 
 
 @pytest.mark.slow
