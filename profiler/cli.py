@@ -19,7 +19,7 @@ from typing import NoReturn, Sequence
 
 from layercheck.errors import one_line
 
-from .config import CaptureConfig, DrillConfig, ZeroConfig
+from .config import VALIDATED, CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError
 
 __all__ = ["main"]
@@ -87,6 +87,26 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--quiet", action="store_true", help="no progress lines")
     _repeats_option(cal)
     cal.set_defaults(run=_run_calibrate)
+    val = sub.add_parser("validate", help="the simulator's predictions against real runs "
+                         "killed at known times: validation.json")
+    val.add_argument("--trace", type=Path, required=True,
+                     help="a calibrated plain capture (its folder holds costs.json)")
+    val.add_argument("--window", default="600", help="wall-clock length of each strategy's "
+                     "real run (default 600 s; units s, m, h)")
+    val.add_argument("--mtbf", default="150", help="mean time between the failures drawn "
+                     "(default 150 s)")
+    val.add_argument("--seed", type=int, default=0, help="seeds the failure times (default 0)")
+    val.add_argument("--failures", type=Path, help="a failure log instead (CSV, one time per "
+                     "row, seconds from the start)")
+    val.add_argument("--interval", type=int, help="steps between deepspeed's and checkfreq's "
+                     "checkpoints (default: LayerCheck's mean staleness on the trace)")
+    val.add_argument("--strategies", default=",".join(VALIDATED),
+                     help=f"comma-separated, from {','.join(VALIDATED)} (default all)")
+    val.add_argument("--out", type=Path, help="the JSON (default TRACE/validation.json)")
+    val.add_argument("--scratch", type=Path, help="where the runs' checkpoints go "
+                     "(default: the temporary folder)")
+    val.add_argument("--quiet", action="store_true", help="no progress lines")
+    val.set_defaults(run=_run_validate)
     heat = sub.add_parser("heatmap", help="draw a trace's drift heatmap as a PNG")
     heat.add_argument("trace", type=Path)
     heat.add_argument("--png", type=Path, help="output (default docs/img/<trace name>-drift.png)")
@@ -200,6 +220,32 @@ def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
         for name, figure in costs.figures.items():
             print(f"  {name:22s} {figure.value:12.6g}  {figure.source}")
     return 0
+
+
+def _run_validate(args: argparse.Namespace, argv: list[str]) -> int:
+    from .validate import format_table, validate
+    config = _validation_config(args)
+    if args.scratch is not None and not args.scratch.is_dir():
+        raise ProfilerError(f"--scratch {args.scratch}: no such folder")
+    say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    result = validate(args.trace, config, out=args.out, scratch=args.scratch, say=say, argv=argv)
+    print(format_table(result.doc))
+    print(f"wrote {result.path}")
+    return 0
+
+
+def _validation_config(args: argparse.Namespace) -> ValidationConfig:
+    from sim import SimError, parse_duration, read_failure_log
+    try:
+        window = parse_duration(args.window, what="--window")
+        mtbf = parse_duration(args.mtbf, what="--mtbf")
+        failures = read_failure_log(args.failures) if args.failures is not None else None
+    except SimError as exc:
+        raise ProfilerError(str(exc)) from None
+    return ValidationConfig(window_s=window, mtbf_s=mtbf, seed=args.seed, failures_s=failures,
+                            interval=args.interval,
+                            strategies=tuple(s.strip() for s in args.strategies.split(",")
+                                             if s.strip()))
 
 
 def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:
