@@ -25,6 +25,7 @@ The measured effective ratio is ``(useful_s - stale_s) / window_s``.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -56,6 +57,8 @@ class Ledger:
     steps_done: int = 0
     resumed_at: list[int] = field(default_factory=list)
     """The step each recovery resumed at (0: the job's start)."""
+    compute_median_s: float = 0.0
+    """The median compute of the steps done in the window (the run's own pace)."""
 
     @property
     def effective_ratio(self) -> float:
@@ -83,13 +86,17 @@ def account(workers: Sequence[WorkerLog], *, window_s: float,
     for i, worker in enumerate(workers):
         if i > 0:
             book.down_since(workers[i - 1].killed, worker, end)
-        for event in worker.events:
+        for k, event in enumerate(worker.events):
             if event["time"] > end:
                 break
-            book.take(event, first=i == 0)
+            book.take(event, recovery=i > 0 and k == _first_resume(worker))
         if worker.killed is not None and worker.killed <= end:
             book.killed(worker, worker.killed)
     return book.close()
+
+
+def _first_resume(worker: WorkerLog) -> int | None:
+    return next((k for k, e in enumerate(worker.events) if e["event"] == "resumed"), None)
 
 
 @dataclass
@@ -100,13 +107,16 @@ class _Book:
     timeline: dict[int, float] = field(default_factory=dict)
     """Surviving steps of the current job: step -> compute seconds."""
     last_resume: int = 0
+    computes: list[float] = field(default_factory=list)
 
-    def take(self, event: dict[str, Any], *, first: bool) -> None:
+    def take(self, event: dict[str, Any], *, recovery: bool) -> None:
+        """``recovery``: the event is a new worker's resume after a failure."""
         kind, led = event["event"], self.ledger
         if kind == "resumed":
-            self._resumed(event, first)
+            self._resumed(event, recovery)
         elif kind == "step":
             self.timeline[int(event["step"])] = float(event["compute_s"])
+            self.computes.append(float(event["compute_s"]))
             led.checkpoint_stall_s += float(event["stall_s"])
             led.tracking_s += float(event.get("tracking_s", 0.0))
             led.steps_done += 1
@@ -114,14 +124,14 @@ class _Book:
             self._final()
             led.jobs_done += 1
 
-    def _resumed(self, event: dict[str, Any], first: bool) -> None:
+    def _resumed(self, event: dict[str, Any], recovery: bool) -> None:
         job, c = int(event["job"]), int(event["step"])
         if job != self.job:
             self._final()
             self.job = job
         gone = [s for s in self.timeline if s > c]
         self.ledger.lost_work_s += sum(self.timeline.pop(s) for s in gone)
-        if not first:
+        if recovery:
             self.ledger.resumed_at.append(c)
         if c > 0 and event.get("sources"):
             self.ledger.stale_s += self._stale(event["sources"], c)
@@ -153,13 +163,16 @@ class _Book:
         if killed is None or killed > end:
             return
         stop = min(end, worker.killed if worker.killed is not None else end)
-        ready = next((e["time"] for e in worker.events if e["event"] == "ready"), stop)
-        resumed = next((e["time"] for e in worker.events if e["event"] == "resumed"), stop)
-        ready, resumed = min(ready, stop), min(resumed, stop)
+        resumed = min(stop, next((e["time"] for e in worker.events if e["event"] == "resumed"),
+                                 stop))
+        ready = min(resumed, next((e["time"] for e in worker.events if e["event"] == "ready"),
+                                  resumed))
         self.ledger.restart_s += ready - killed
         self.ledger.load_s += resumed - ready
         self.ledger.recovery_s += resumed - killed
 
     def close(self) -> Ledger:
         self._final()
+        if self.computes:
+            self.ledger.compute_median_s = float(statistics.median(self.computes))
         return self.ledger

@@ -73,7 +73,10 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
         shutil.rmtree(root, ignore_errors=True)
     load["end"] = os.getloadavg()
     predicted = _predict(trace, calibration, times, interval, config)
-    doc = _document(trace, calibration, config, times, interval, measured, predicted, load, argv)
+    paced = {s: _predict(_at_pace(trace, _pace(trace, measured[s])), calibration, times, interval,
+                         config, strategies=[s])[s] for s in config.strategies}
+    doc = _document(trace, calibration, config, times, interval, measured, predicted, paced,
+                    load, argv)
     path = Path(out) if out else Path(trace_dir) / VALIDATION_FILE
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return ValidationResult(path, doc)
@@ -121,8 +124,27 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, interval: int,
     return ledger.to_dict()
 
 
+def _pace(trace: Trace, ledger: dict[str, Any]) -> float:
+    """The run's step time over the capture's (medians of compute)."""
+    import numpy as np
+    base = float(np.median(trace.compute_seconds()))
+    return ledger["compute_median_s"] / base if ledger["compute_median_s"] > 0 else 1.0
+
+
+def _at_pace(trace: Trace, factor: float) -> Trace:
+    """The trace with every step's compute scaled by ``factor``: a diagnostic that
+    separates the model's error from a machine that ran faster or slower than
+    during the capture (another job's load)."""
+    import dataclasses
+    steps = trace.steps.copy()
+    for column in ("forward_s", "backward_s", "optimizer_s"):
+        steps[column] = steps[column] * factor
+    return dataclasses.replace(trace, steps=steps)
+
+
 def _predict(trace: Trace, calibration: Any, times: tuple[float, ...], interval: int,
-             config: ValidationConfig) -> dict[str, dict[str, Any]]:
+             config: ValidationConfig, strategies: list[str] | None = None
+             ) -> dict[str, dict[str, Any]]:
     from sim import CostModel, FailureModel, Scenario, simulate
     if not times:
         failures = FailureModel.exact_log([config.window_s * 2])  # none inside the window
@@ -131,22 +153,24 @@ def _predict(trace: Trace, calibration: Any, times: tuple[float, ...], interval:
     scenario = Scenario.from_trace(trace, costs=CostModel.from_calibration(calibration),
                                    failures=failures, interval=interval)
     frame = simulate(scenario, mtbf_s=None, seeds=1, window_s=config.window_s,
-                     strategies=list(config.strategies))
+                     strategies=strategies or list(config.strategies))
     return {row["strategy"]: {k: _plain(v) for k, v in row.items()}
             for row in frame.to_dict(orient="records")}
 
 
 def _document(trace: Trace, calibration: Any, config: ValidationConfig, times: tuple[float, ...],
               interval: int, measured: dict[str, Any], predicted: dict[str, Any],
-              load: dict[str, Any], argv: list[str] | None) -> dict[str, Any]:
+              paced: dict[str, Any], load: dict[str, Any], argv: list[str] | None
+              ) -> dict[str, Any]:
     table = []
     for strategy in config.strategies:
-        m, p = measured[strategy], predicted[strategy]
+        m, p, q = measured[strategy], predicted[strategy], paced[strategy]
         table.append({"strategy": strategy, "measured_ratio": m["effective_ratio"],
                       "predicted_ratio": p["effective_ratio"],
-                      "relative_error": (p["effective_ratio"] - m["effective_ratio"])
-                      / m["effective_ratio"] if m["effective_ratio"] > 0 else float("nan"),
+                      "relative_error": _error(p, m),
                       "failures": m["failures"], "window_s": config.window_s,
+                      "pace": _pace(trace, m), "predicted_at_pace": q["effective_ratio"],
+                      "relative_error_at_pace": _error(q, m),
                       **{f"measured_{k}": m[k] for k in PARTS},
                       **{f"predicted_{k}": p.get(k) for k in PARTS}})
     return {"trace": trace.name, "window_s": config.window_s, "failures_s": list(times),
@@ -156,20 +180,30 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, times: t
             "command": "python -m profiler " + " ".join(argv) if argv else None,
             "load_average": load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "table": table, "measured": measured, "predicted": predicted,
+            "predicted_at_pace": paced,
             "method": ("measured: real runs of the trace's job killed with SIGKILL at the "
                        "failure times and restarted, accounted as the simulator does "
                        "(profiler/ledger.py); predicted: sim.simulate on the trace with its "
                        "costs.json and the same failure log (FailureModel.exact_log), window "
-                       "and interval")}
+                       "and interval; predicted_at_pace (a diagnostic): the same, with the "
+                       "trace's step times scaled by pace, the run's median step compute over "
+                       "the capture's, which separates the model's error from a machine that "
+                       "ran at another speed than during the capture")}
+
+
+def _error(predicted: dict[str, Any], measured: dict[str, Any]) -> float:
+    m = measured["effective_ratio"]
+    return (predicted["effective_ratio"] - m) / m if m > 0 else float("nan")
 
 
 def format_table(doc: dict[str, Any]) -> str:
     lines = [f"{'strategy':12s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
-             f"{'failures':>8s} {'window':>7s}"]
+             f"{'failures':>8s} {'window':>7s}   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}"]
     for row in doc["table"]:
         lines.append(f"{row['strategy']:12s} {row['measured_ratio']:9.4f} "
                      f"{row['predicted_ratio']:9.4f} {row['relative_error']:+8.2%} "
-                     f"{row['failures']:8d} {row['window_s']:6.0f}s")
+                     f"{row['failures']:8d} {row['window_s']:6.0f}s   {row['pace']:5.2f} "
+                     f"{row['predicted_at_pace']:8.4f} {row['relative_error_at_pace']:+8.2%}")
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ def test_a_rollback_run_by_hand():
     assert (led.restart_s, led.load_s, led.recovery_s) == pytest.approx((5.8, 1.0, 6.8))
     assert led.failures == 1 and led.resumed_at == [2] and led.stale_s == 0
     assert led.effective_ratio == pytest.approx(4.0 / 20.0)
+    assert led.compute_median_s == pytest.approx(1.0)  # the run's own pace
 
 
 def test_stale_layers_discard_the_steps_after_their_copy():
@@ -59,10 +60,13 @@ def test_a_finished_job_is_never_rolled_back_and_the_next_starts_at_step_one():
     w0 = WorkerLog(0.0, 9.0, [_resumed(0.0, 0, 0), _step(1.0, 0, 1), _step(2.0, 0, 2),
                               {"event": "job_done", "time": 2.1, "job": 0},
                               _resumed(2.2, 1, 0), _step(3.2, 1, 1)])
-    w1 = WorkerLog(9.0, None, [_resumed(12.0, 1, 0), _step(13.0, 1, 1)])
+    w1 = WorkerLog(9.0, None, [_resumed(12.0, 1, 0), _step(13.0, 1, 1),
+                               {"event": "job_done", "time": 13.1, "job": 1},
+                               _resumed(13.2, 2, 0)])
     led = account([w0, w1], window_s=20.0)
-    assert led.jobs_done == 1 and led.useful_s == pytest.approx(3.0)
-    assert led.resumed_at == [0] and led.lost_work_s == pytest.approx(1.0 + (9.0 - 3.2))
+    assert led.jobs_done == 2 and led.useful_s == pytest.approx(3.0)
+    assert led.resumed_at == [0]  # a recovery; the start of job 2 is not one
+    assert (led.restart_s, led.load_s) == (3.0, 0.0)  # no ready event: all of it restart and led.lost_work_s == pytest.approx(1.0 + (9.0 - 3.2))
 
 
 def test_a_worker_killed_while_restarting_extends_the_recovery():

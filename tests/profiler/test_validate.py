@@ -36,6 +36,8 @@ def test_a_short_validation_gives_a_sane_table(calibrated_tiny, tmp_path, capsys
         assert row["failures"] == 1 and row["window_s"] == WINDOW
         assert 0 < row["measured_ratio"] < 1 and 0 < row["predicted_ratio"] < 1
         assert math.isfinite(row["relative_error"])
+        # the diagnostic: the same prediction at the run's own step time
+        assert row["pace"] > 0 and 0 <= row["predicted_at_pace"] < 1
         parts = sum(row[f"measured_{k}"] for k in ("useful_s", "checkpoint_stall_s",
                                                    "lost_work_s", "recovery_s"))
         assert parts <= WINDOW + 0.5  # the rest: job switches, a step cut by the window
