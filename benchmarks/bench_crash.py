@@ -1,6 +1,7 @@
 """Crash consistency: SIGKILL a real training process at random moments, then recover.
 
     python benchmarks/bench_crash.py [--trials 200] [--seed 0] [--json docs/reliability-crash.json]
+                                     [--kill-after-commit] [--sabotage]
 
 Each trial forks a training process from this one (torch is imported once, so
 a trial costs training, not start-up) that trains with LayerCheck on a
@@ -9,7 +10,10 @@ restart from what earlier kills left: resume records, abandoned timelines,
 leftover temp files). The child flushes at random steps, and every 10 steps
 closes LayerCheck, runs ``gc`` and reopens. After a random delay it is killed
 with SIGKILL, wherever it is: computing, snapshotting, writing a layer or
-state file, appending to the manifest, collecting garbage, restoring. The
+state file, appending to the manifest, collecting garbage, restoring. With
+``--kill-after-commit`` the delay starts only once the child has committed a
+step of its own (it says so on a pipe), so every trial has something new to
+recover however slow the machine is (the CI tests use it). The
 child reports into shared memory the step whose commit last returned
 (``flush()`` or ``close()``) and what it was doing (a Store wrapper marks each
 storage operation), so the moment of every kill is known.
@@ -25,9 +29,10 @@ After each kill, checks (any failure is a violation; exit status 1):
 - composite mode (drift thresholds, small smax): every restored layer equals
   the committed file its plan names.
 
-``--sabotage`` makes the child's store write only half of a third of the
-layer files while reporting success: the checks must then report violations (the
-harness's own test that it can fail).
+``--sabotage`` makes the child's store write only half of every version of
+the head written after the base checkpoint, while reporting success: the checks
+must then report violations (the harness's own test that it can fail); with
+``--kill-after-commit`` they must in every trial whose child commits past the base.
 """
 from __future__ import annotations
 
@@ -129,9 +134,11 @@ class Shared:
 
 
 class PhaseStore:
-    """A LocalStore that marks, in shared memory, which storage operation runs."""
+    """A LocalStore that marks, in shared memory, which storage operation runs.
+    ``sabotage``: the first step after the base checkpoint; from it on, every
+    version of the head is written half (and reported whole)."""
 
-    def __init__(self, root: Path, shared: Shared, sabotage: bool) -> None:
+    def __init__(self, root: Path, shared: Shared, sabotage: int | None) -> None:
         self.inner, self.shared, self.sabotage = LocalStore(root), shared, sabotage
         self.url = self.inner.url
 
@@ -143,7 +150,8 @@ class PhaseStore:
                  if path.startswith("states/") else "manifest rewrite (gc)"
                  if path == "manifest.jsonl" else "other write")
         self._mark(phase)
-        if self.sabotage and phase == "layer file" and zlib.crc32(path.encode()) % 3 == 0:
+        if self.sabotage is not None and path.startswith("layers/head@") and int(
+                path.split("@")[1].split(".")[0]) >= self.sabotage:
             data = data[: len(data) // 2]  # a store that lies: half the file, reported whole
         self.inner.write_atomic(path, data)
         self._mark("idle")
@@ -162,11 +170,22 @@ class PhaseStore:
         return getattr(self.inner, name)
 
 
-def child(directory: Path, mode: str, shared: Shared, sabotage: bool, seed: int) -> None:
-    """Train forever (until killed), reporting progress into ``shared``."""
+def child(directory: Path, mode: str, shared: Shared, sabotage: bool, seed: int,
+          commits: int) -> None:
+    """Train forever (until killed), reporting progress into ``shared``, and its
+    first commit (a byte) on the pipe ``commits``."""
     rng = random.Random(seed)
     main = lambda phase: shared.set(1, MAIN_PHASES.index(phase))  # noqa: E731
-    store = PhaseStore(directory, shared, sabotage)
+
+    def committed(step: int) -> None:
+        nonlocal commits
+        shared.set(0, step)
+        if commits >= 0:
+            os.write(commits, b"c")
+            os.close(commits)
+            commits = -1
+
+    store = PhaseStore(directory, shared, config(mode).warmup_steps + 1 if sabotage else None)
     model, opt = build()
     main("restore")
     lc = LayerCheck(model, opt, store, config(mode))
@@ -183,11 +202,11 @@ def child(directory: Path, mode: str, shared: Shared, sabotage: bool, seed: int)
         if rng.random() < 0.3:
             main("flush")
             lc.flush()
-            shared.set(0, step)
+            committed(step)
         if step % GC_EVERY == 0:
             main("close")
             lc.close()
-            shared.set(0, step)
+            committed(step)
             main("gc")
             collect_garbage(store, keep=2)
             main("reopen+restore")
@@ -220,7 +239,7 @@ def check(directory: Path, mode: str, committed: int, reference: Reference) -> t
     if foreign:
         problems.append(f"manifest lines damaged other than by a torn append: {foreign}")
     try:
-        plan = make_plan(store, view, verify=True)
+        plan = make_plan(store, view)
         if plan.warnings:
             problems.append(f"plan fell back past damaged files: {plan.warnings}")
     except CheckpointNotFound as exc:
@@ -266,7 +285,8 @@ def _warm_drift_kernel() -> None:
     kernels.warm()
 
 
-def run(trials: int, seed: int, sabotage: bool, max_delay: float) -> dict:
+def run(trials: int, seed: int, sabotage: bool, max_delay: float,
+        after_commit: bool = False) -> dict:
     _warm_drift_kernel()
     rng = random.Random(seed)
     references = {"exact": Reference(), "composite": None}
@@ -279,8 +299,8 @@ def run(trials: int, seed: int, sabotage: bool, max_delay: float) -> dict:
             if trial % 20 == 0:  # a fresh chain of 20 trials; alternate modes per chain
                 mode = "exact" if (trial // 20) % 2 == 0 else "composite"
                 directory = workdir / f"chain{trial // 20}"
-            rows.append(_trial(directory, mode, rng, sabotage, max_delay, references[mode],
-                               main_phases, store_phases))
+            rows.append(_trial(directory, mode, rng, sabotage, max_delay, after_commit,
+                               references[mode], main_phases, store_phases))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     violations = [p for r in rows for p in r["violations"]]
@@ -293,20 +313,33 @@ def run(trials: int, seed: int, sabotage: bool, max_delay: float) -> dict:
             "seconds": round(time.perf_counter() - started, 1)}
 
 
-def _trial(directory, mode, rng, sabotage, max_delay, reference, main_phases, store_phases):
+def _trial(directory, mode, rng, sabotage, max_delay, after_commit, reference, main_phases,
+           store_phases):
     shared = Shared()
     shared.set(0, -1)
     floor = read_manifest(LocalStore(directory)).latest_step() or 0 if directory.exists() else 0
     child_seed = rng.randrange(2**31)
+    delay = rng.uniform(0.02, max_delay)
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the training process
         try:
-            child(directory, mode, shared, sabotage, child_seed)
+            os.close(read)
+            child(directory, mode, shared, sabotage, child_seed, write)
         except BaseException:  # noqa: BLE001 - say why, then die as the kill would
             traceback.print_exc()
         finally:
             os._exit(1)
-    time.sleep(rng.uniform(0.02, max_delay))
+    os.close(write)
+    try:
+        # a blocking read: one byte at the child's first commit, or EOF if it died first
+        if after_commit and not os.read(read, 1):
+            _, status = os.waitpid(pid, 0)
+            return {"restored": -1, "committed": -1, "violations": [
+                f"the child ended (status {status}) before its first commit"]}
+    finally:
+        os.close(read)
+    time.sleep(delay)
     os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     committed, main, store_op, step = shared.get()
@@ -326,10 +359,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-delay", type=float, default=1.5, help="kill within this many seconds")
     ap.add_argument("--sabotage", action="store_true", help="the store lies: checks must fail")
+    ap.add_argument("--kill-after-commit", action="store_true",
+                    help="start each trial's delay once the child has committed a step")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    result = run(args.trials, args.seed, args.sabotage, args.max_delay)
+    result = run(args.trials, args.seed, args.sabotage, args.max_delay, args.kill_after_commit)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.json:

@@ -184,9 +184,10 @@ def disk_write_bandwidth(folder: Path, nbytes: int) -> float:
 def writer_throughput(folder: Path, model, opt, layer_bytes: int) -> tuple[float, int]:
     """Bytes/s from first submit to last commit for a burst of real layer snapshots."""
     from layercheck.layermap import LayerMap
-    from layercheck.snapshot import capture_layer, tensors_nbytes
+    from layercheck.source import ModuleSource, tensors_nbytes
     lm = LayerMap.auto(model)
-    snaps = [capture_layer(lm, opt, i) for i in range(len(lm))]
+    source = ModuleSource(model, opt, lm)
+    snaps = [source.capture(i) for i in range(len(lm))]
     store = LocalStore(folder / "writer")
     writer = Writer(store, queue_bytes=4 << 30)
     total, jobs = 0, 0

@@ -2,6 +2,20 @@
 
     python benchmarks/bench_zero.py [--models minilm,tiny] [--segments 6] [--segment-steps 6]
                                     [--warmup 8] [--jobs 1] [--out docs/benchmarks-zero.json]
+    python benchmarks/bench_zero.py --drift-ratio [--rounds 12] [--turn-steps 5] [--warmup 3]
+                                    [--out docs/benchmarks-zero-drift.json]
+
+``--drift-ratio`` measures one thing in one job: drift tracking per step
+(``StepReport.drift_s``: the drift hook inside the optimizer step plus
+``take()``, the all-reduce of the sums included; an untimed barrier first, so
+that it does not time the other rank's step) of MiniLM under ZeRO-3 on 2
+ranks, against the same tracker and kernel on one rank (plain ``LayerCheck``
+with the profiler's plain trainer, in rank 0's process, while rank 1 waits).
+The two take turns of ``--turn-steps`` steps, ``--rounds`` times, the order
+alternating; each round gives one ratio (the ZeRO-3 turn's median step over
+the one-rank turn's), and the load average is recorded at every round. Thresholds are infinite and
+the warm-up longer than the run, so nothing is written: no background writer
+competes with the hook.
 
 A job is a real 2-rank DeepSpeed ZeRO-3 training run (torchrun, gloo,
 DeepSpeed's cpu accelerator, one thread per rank) of the profiler's job
@@ -149,22 +163,99 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- drift tracking: ZeRO-3 on 2 ranks against one rank, same kernel ------------------
+def drift_worker(args: argparse.Namespace) -> int:
+    """Every rank: a ZeRO-3 MiniLM job with ZeroLayerCheck; rank 0 also a plain
+    job with LayerCheck. Turns alternate; rank 0 writes per-step drift seconds."""
+    import math
+
+    import torch.distributed as dist
+    sys.path.insert(0, str(ROOT))
+    from layercheck import LayerCheck, LayerCheckConfig
+    from layercheck.zero import ZeroLayerCheck
+    from profiler.config import CaptureConfig, ZeroConfig
+    from profiler.trainer import Trainer
+    from profiler.zerojob import ZeroTrainer, init_distributed
+    rank, world = init_distributed()
+    steps = 2 * (args.warmup + args.rounds * args.turn_steps)
+    config = CaptureConfig(model="minilm", steps=steps, threads=THREADS)
+    # nothing is ever written: the drift hook and take() alone are measured
+    quiet = LayerCheckConfig(base_threshold=math.inf, embedding_threshold=math.inf,
+                             smax=10 ** 9, warmup_steps=10 ** 9)
+    root = Path(args.ckpt)
+    zero = ZeroTrainer.prepare(ZeroConfig(capture=config, ranks=world))
+    jobs = {"zero3": (zero, ZeroLayerCheck(zero.engine, str(root / "zero"), quiet,
+                                           scheduler=zero.scheduler))}
+    if rank == 0:
+        plain = Trainer.prepare(config, "cpu")
+        jobs["one_rank"] = (plain, LayerCheck(plain.model, plain.optimizer, root / "plain", quiet,
+                                              scheduler=plain.scheduler))
+    positions = dict.fromkeys(("zero3", "one_rank"), 0)
+
+    def turn(name: str, n: int) -> list[float]:
+        out = []
+        if name in jobs:  # rank 1 sits out the one-rank turns at the barrier below
+            trainer, lc = jobs[name]
+            for _ in range(n):
+                trainer.step(positions[name])
+                positions[name] += config.batch_size
+                if name == "zero3":
+                    # untimed: take()'s all-reduce must not time the other rank's step
+                    dist.barrier()
+                out.append(lc.step().drift_s)
+                assert lc.drift.fused_params > 0, "the fused kernel must serve both"
+        dist.barrier()
+        return out
+
+    for name in ("zero3", "one_rank"):
+        turn(name, args.warmup)  # numba compiles, kernel plans are built
+    rounds = []
+    for r in range(args.rounds):
+        row = {"round": r, "load": os.getloadavg()[0]}
+        for name in (("zero3", "one_rank") if r % 2 == 0 else ("one_rank", "zero3")):
+            row[name] = turn(name, args.turn_steps)
+        rounds.append(row)
+    for _, lc in jobs.values():
+        lc.close()
+    if rank == 0:
+        Path(args.result).write_text(json.dumps({"rounds": rounds, "ranks": world}))
+    return 0
+
+
+def run_drift_ratio(args: argparse.Namespace) -> dict:
+    scratch = Path(args.scratch or tempfile.gettempdir())
+    out = run_job("drift", ["--drift-ratio", "--rounds", str(args.rounds), "--turn-steps",
+                            str(args.turn_steps), "--warmup", str(args.warmup)], scratch)
+    rows = out["rounds"]
+    # medians of the turns: a load spike on this shared machine stretches single steps
+    ratios = [statistics.median(r["zero3"]) / statistics.median(r["one_rank"]) for r in rows]
+    loads = [r["load"] for r in rows]
+    return {"command": ("python benchmarks/bench_zero.py " + " ".join(sys.argv[1:])).strip(),
+            "date": time.strftime("%Y-%m-%d"), "wall_s": out["wall_s"],
+            "machine": machine(), "threads_per_rank": THREADS, "model": "minilm",
+            "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
+            "ratios": ratios, "load_min": min(loads), "load_max": max(loads),
+            "zero3_ms_median": 1e3 * statistics.median(x for r in rows for x in r["zero3"]),
+            "one_rank_ms_median": 1e3 * statistics.median(x for r in rows for x in r["one_rank"]),
+            "rounds": rows}
+
+
 # -- the driver --------------------------------------------------------------------
-def run_job(model: str, args: argparse.Namespace, scratch: Path) -> dict:
-    ckpt = Path(tempfile.mkdtemp(prefix=f"bench-zero-{model}-", dir=scratch))
+def run_job(name: str, worker_args: list[str], scratch: Path) -> dict:
+    """This file's worker under torchrun on 2 ranks: rank 0's result, and the wall time."""
+    ckpt = Path(tempfile.mkdtemp(prefix=f"bench-zero-{name}-", dir=scratch))
     result = ckpt.with_suffix(".json")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               str(Path(__file__).resolve()), "--worker", "--model", model,
-               "--segments", str(args.segments), "--segment-steps", str(args.segment_steps),
-               "--warmup", str(args.warmup), "--ckpt", str(ckpt), "--result", str(result)]
+               str(Path(__file__).resolve()), "--worker", *worker_args,
+               "--ckpt", str(ckpt), "--result", str(result)]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(THREADS),
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=7200)
         if done.returncode != 0:
-            raise RuntimeError(f"{model} failed:\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
         out = json.loads(result.read_text())
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -253,14 +344,31 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8, help="unmeasured steps first; LayerCheck's "
                     "warm-up, ending in its base checkpoint (default 8)")
     ap.add_argument("--jobs", type=int, default=1, help="repeat each model's job (default 1)")
-    ap.add_argument("--out", default="docs/benchmarks-zero.json")
+    ap.add_argument("--out", default=None, help="JSON results (default: "
+                    "docs/benchmarks-zero.json, or docs/benchmarks-zero-drift.json)")
+    ap.add_argument("--drift-ratio", action="store_true", help="drift tracking per step, ZeRO-3 "
+                    "on 2 ranks over one rank with the same kernel (see the module doc)")
+    ap.add_argument("--rounds", type=int, default=12, help="--drift-ratio: rounds (default 12)")
+    ap.add_argument("--turn-steps", type=int, default=5,
+                    help="--drift-ratio: steps per turn (default 5)")
     ap.add_argument("--scratch", default=None, help="folder for the checkpoints (default: temp)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--model", "--ckpt", "--result"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args)
+        return drift_worker(args) if args.drift_ratio else worker(args)
+    if args.drift_ratio:
+        args.warmup = 3 if "--warmup" not in sys.argv else args.warmup
+        doc = run_drift_ratio(args)
+        out = args.out or "docs/benchmarks-zero-drift.json"
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"drift tracking per step, ZeRO-3 (2 ranks) / one rank, same kernel, "
+              f"{len(doc['ratios'])} interleaved rounds: min {doc['ratio_min']:.3f}, median "
+              f"{doc['ratio_median']:.3f} (ZeRO-3 {doc['zero3_ms_median']:.1f} ms, one rank "
+              f"{doc['one_rank_ms_median']:.1f} ms, medians); load average "
+              f"{doc['load_min']:.1f}-{doc['load_max']:.1f}; wrote {out}")
+        return 0
     if min(args.segments, args.segment_steps, args.warmup, args.jobs) < 1:
         ap.error("--segments, --segment-steps, --warmup and --jobs must be at least 1")
     scratch = Path(args.scratch or tempfile.gettempdir())
@@ -269,7 +377,9 @@ def main() -> int:
     jobs, started = [], time.time()
     for _ in range(args.jobs):
         for model in models:
-            job = run_job(model, args, scratch)
+            job = run_job(model, ["--model", model, "--segments", str(args.segments),
+                                  "--segment-steps", str(args.segment_steps),
+                                  "--warmup", str(args.warmup)], scratch)
             loads = [l["load"] for l in job["loads"]]
             print(f"{model}: {job['wall_s']:.0f} s, load average {min(loads):.1f}-{max(loads):.1f}",
                   flush=True)
@@ -280,9 +390,10 @@ def main() -> int:
            "machine": machine(), "ranks": 2, "threads_per_rank": THREADS,
            "warmup": args.warmup, "segments": args.segments, "segment_steps": args.segment_steps,
            "jobs_per_model": args.jobs, "summary": summary, "jobs": jobs}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    out = args.out or "docs/benchmarks-zero.json"
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
     print(table(summary))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -33,14 +33,18 @@ from typing import Literal
 
 import numpy as np
 
-from layercheck.policy import REASONS, Policy
+from layercheck.policy import Policy, Reason
 
-from .replay_windows import thresholds, windowed
+from .replay_windows import windowed
 
-__all__ = ["NO_WRITE", "Replayed", "base_step", "fast_replay"]
+__all__ = ["NO_WRITE", "REPLAYED_REASONS", "Replayed", "base_step", "fast_replay"]
 
 NO_WRITE = -1
 """``Replayed.reasons`` value where a layer is not written at a step."""
+REPLAYED_REASONS = (Reason.BASE, Reason.THRESHOLD, Reason.SMAX)
+"""The reasons a replay decides (``Reason.RETRY`` follows failed writes, which
+a replay has none of)."""
+_LABELS = np.array([reason.label for reason in Reason], dtype=object)
 
 _U = np.finfo(np.float64).eps / 2
 _ROUNDING = 4.0
@@ -54,9 +58,9 @@ _MAX_EXACT = 4_000_000  # elements of exact re-summing before the windowed metho
 class Replayed:
     """The decisions of a whole run.
 
-    ``reasons[t-1, l]`` is ``NO_WRITE`` (-1) or an index into
-    ``layercheck.policy.REASONS`` (0 base, 1 threshold, 2 smax): the same as
-    ``Decision.reasons`` of the reference replay, laid out as steps x layers.
+    ``reasons[t-1, l]`` is ``NO_WRITE`` (-1) or a ``layercheck.policy.Reason``
+    value: the same as ``Decision.reasons`` of the reference replay, laid out
+    as steps x layers.
     ``method`` says which method produced it.
     """
 
@@ -68,6 +72,11 @@ class Replayed:
         """Boolean steps x layers: True where the layer is written."""
         return self.reasons != NO_WRITE
 
+    def labels(self, step: np.ndarray, layer: np.ndarray) -> np.ndarray:
+        """The reason labels ('base', 'threshold', 'smax') of the writes at rows
+        ``step`` (0-based) and columns ``layer``."""
+        return _LABELS[self.reasons[step, layer]]
+
     def decisions(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(step, layers, reasons)`` for every step, as ``Decision`` fields (for tests)."""
         out = []
@@ -78,11 +87,8 @@ class Replayed:
 
 
 def base_step(policy: Policy, num_steps: int) -> int | None:
-    """The step of the base checkpoint: the first opportunity at or after the
-    warm-up, or None when the run ends before it."""
-    k = policy.interval
-    step = max(k, -(-policy.warmup_steps // k) * k)
-    return step if step <= num_steps else None
+    """``policy.base_step``, or None when a run of ``num_steps`` ends before it."""
+    return policy.base_step if policy.base_step <= num_steps else None
 
 
 def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
@@ -112,7 +118,7 @@ def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
     base = base_step(policy, num_steps)
     if base is None:
         return Replayed(reasons=reasons, method=method)
-    reasons[base - 1] = REASONS.index("base")
+    reasons[base - 1] = Reason.BASE
     if base == num_steps:
         return Replayed(reasons=reasons, method=method)
     if method != "windowed":
@@ -138,7 +144,7 @@ def _certified(policy: Policy, d: np.ndarray, lr_ratio: np.ndarray, base: int) -
     np.cumsum(d, axis=1, out=g[:, 1:])
     if not np.isfinite(g[:, -1]).all():
         return None
-    k = np.ascontiguousarray(thresholds(policy, lr_ratio).T)
+    k = np.ascontiguousarray(policy.thresholds(lr_ratio).T)
     steps = np.arange(base + 1, base + n + 1)
     opp = steps % policy.interval == 0
     writes = _candidate(policy, g, k, opp, base)
@@ -205,7 +211,7 @@ def _verify(policy: Policy, d: np.ndarray, g: np.ndarray, k: np.ndarray, opp: np
     if not np.array_equal(want, writes):
         return None
     reasons = np.full(writes.shape, NO_WRITE, dtype=np.int8)
-    reasons[writes] = np.where(by_drift[writes], 1, 2)
+    reasons[writes] = np.where(by_drift[writes], Reason.THRESHOLD, Reason.SMAX)
     return reasons
 
 

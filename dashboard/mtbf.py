@@ -95,10 +95,9 @@ def replayed_trace(trace: Trace, settings: Settings) -> Trace:
     """The trace with its writes replaced by what ``settings`` would write."""
     replayed = replay_trace(trace, settings)
     step, layer = np.nonzero(replayed.writes)
-    reasons = np.array(["base", "threshold", "smax"], dtype=object)
     writes = pd.DataFrame({"step": (step + 1).astype(np.int64), "layer": layer.astype(np.int64),
                            "bytes": trace.layer_bytes[layer],
-                           "reason": reasons[replayed.reasons[step, layer]],
+                           "reason": replayed.labels(step, layer),
                            "stall_s": np.nan, "persist_s": np.nan})
     return dataclasses.replace(trace, writes=writes)
 

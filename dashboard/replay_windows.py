@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from layercheck.policy import Policy
+from layercheck.policy import Policy, Reason
 
-__all__ = ["thresholds", "windowed"]
+__all__ = ["windowed"]
 
 _NEVER = 1 << 60  # a deadline past any run (positions in windows stay far below it)
-
-
-def thresholds(policy: Policy, lr_ratio: np.ndarray) -> np.ndarray:
-    """K_l(t) for every step: the products ``Policy.thresholds`` forms, row by row."""
-    if not policy.lr_scaling:
-        return np.broadcast_to(policy.base, (len(lr_ratio), policy.num_layers))
-    with np.errstate(invalid="ignore"):
-        k = policy.base[None, :] * lr_ratio[:, None]
-    return np.where(np.isinf(policy.base)[None, :], np.inf, k)
 
 
 def windowed(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, base: int,
@@ -40,7 +31,7 @@ def windowed(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, base: int,
     steps = np.arange(base + 1, base + 1 + chunks * w).reshape(chunks, w)
     opp = (steps % policy.interval == 0) & (steps <= num_steps)
     # NaN where a step is no opportunity: ``acc >= nan`` is False even for acc = inf.
-    k = np.pad(thresholds(policy, lr_ratio[base:]), ((0, pad), (0, 0)))
+    k = np.pad(policy.thresholds(lr_ratio[base:]), ((0, pad), (0, 0)))
     k = np.where(opp.reshape(-1, 1), k, np.nan)
     # Chunk, layer, position: the cumulative sums run along the last (contiguous) axis.
     d = np.pad(drift[base:], ((0, pad), (0, 0))).reshape(chunks, w, num_layers)
@@ -69,7 +60,7 @@ def _window_tables(d: np.ndarray, k: np.ndarray, steps: np.ndarray, deadline: np
     window's end had l last been written at i."""
     chunks, layers, w = d.shape
     nxt = np.full((chunks, layers, w), w, dtype=np.int64)
-    why = np.ones((chunks, layers, w), dtype=np.int8)
+    why = np.full((chunks, layers, w), Reason.THRESHOLD, dtype=np.int8)
     tail = np.zeros((chunks, layers, w), dtype=np.float64)
     # Position of each row's Smax deadline inside its window (w or more: beyond it).
     forced = deadline - steps[:, :1]
@@ -80,7 +71,7 @@ def _window_tables(d: np.ndarray, k: np.ndarray, steps: np.ndarray, deadline: np
         at = np.where(by_drift.any(axis=-1), by_drift.argmax(axis=-1) + (i + 1), w)
         age_at = forced[:, i:i + 1]
         np.minimum(at, age_at, out=nxt[:, :, i])
-        why[:, :, i] = 2 - (at <= age_at)
+        why[:, :, i] = np.where(at <= age_at, Reason.THRESHOLD, Reason.SMAX)
         tail[:, :, i] = acc[..., -1]
     return nxt, why, tail
 
@@ -113,7 +104,7 @@ def _entries(d, k, steps, bits, last, tail, base: int, policy: Policy, num_steps
     hit = np.empty((layers, w), dtype=bool)
     due = np.full(layers, _deadlines(np.array([base]), policy, num_steps)[0], dtype=np.int64)
     entry = np.full((chunks, layers), w, dtype=np.int64)
-    entry_why = np.ones((chunks, layers), dtype=np.int8)
+    entry_why = np.full((chunks, layers), Reason.THRESHOLD, dtype=np.int8)
     row_at = np.arange(layers) * w
     for c in range(chunks):
         # [carry, d...] summed left to right continues the running sum exactly.
@@ -128,7 +119,7 @@ def _entries(d, k, steps, bits, last, tail, base: int, policy: Policy, num_steps
             buf[:, 0] = acc[:, -1]
             continue
         entry[c] = np.where(found, pos, w)
-        entry_why[c] = 2 - (at <= age_at)
+        entry_why[c] = np.where(at <= age_at, Reason.THRESHOLD, Reason.SMAX)
         end = last[c].reshape(-1).take(row_at + np.minimum(pos, w - 1))
         buf[:, 0] = np.where(found, tail[c].reshape(-1).take(row_at + end), acc[:, -1])
         written = steps[c, 0] + end

@@ -16,7 +16,7 @@ from layercheck.config import ConfigError, LayerCheckConfig
 from layercheck.policy import Policy
 from layercheck.trace import Trace, last_written
 
-from .fastreplay import Replayed, fast_replay
+from .fastreplay import REPLAYED_REASONS, Replayed, fast_replay
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
            "staleness_figure", "io_figure", "writes_figure", "summary_frame", "GB"]
@@ -139,8 +139,7 @@ def outcome(trace: Trace, replayed: Replayed, settings: Settings) -> Outcome:
         max_staleness=int(max_s[defined].max()) if defined.any() else 0,
         peak_weighted_staleness=float(weighted[defined].max()) if defined.any() else 0.0,
         mean_weighted_staleness=float(weighted[defined].mean()) if defined.any() else 0.0,
-        by_reason={name: int((reasons == i).sum()) for i, name in
-                   enumerate(("base", "threshold", "smax"))})
+        by_reason={r.label: int((reasons == r).sum()) for r in REPLAYED_REASONS})
 
 
 def summary_frame(result: Outcome) -> pd.DataFrame:
@@ -161,10 +160,9 @@ def written_trace_frame(trace: Trace, replayed: Replayed) -> pd.DataFrame:
     """The replay's writes as rows (step, layer, name, bytes, reason)."""
     step, layer = np.nonzero(replayed.writes)
     names = np.array(trace.layer_names, dtype=object)
-    reasons = np.array(["base", "threshold", "smax"], dtype=object)
     return pd.DataFrame({"step": step + 1, "layer": layer, "name": names[layer],
                          "bytes": trace.layer_bytes[layer],
-                         "reason": reasons[replayed.reasons[step, layer]]})
+                         "reason": replayed.labels(step, layer)})
 
 
 def _bins(n: int, most: int = 1500) -> int:
@@ -207,8 +205,9 @@ def io_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure
 def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
     """Layer writes per layer, split by reason."""
     fig = go.Figure()
-    for i, reason in enumerate(("base", "threshold", "smax")):
-        fig.add_bar(x=trace.layer_names, y=(replayed.reasons == i).sum(axis=0), name=reason)
+    for reason in REPLAYED_REASONS:
+        fig.add_bar(x=trace.layer_names, y=(replayed.reasons == reason).sum(axis=0),
+                    name=reason.label)
     fig.update_layout(barmode="stack", title="Layer writes per layer", yaxis_title="writes",
                       height=330, margin=dict(t=50, b=80), legend=dict(orientation="h", y=-0.45))
     return fig

@@ -215,6 +215,8 @@ def read_calibration(path: str | Path) -> Calibration:
     if not path.is_file():
         raise CalibrationError(f"{path}: no such costs file; measure one with "
                                f"`python -m profiler calibrate --trace {path.parent}`")
+    # the same reading as trace._read_json, with this module's error class (trace.py
+    # keeps its own: a costs file is optional in a trace and reports as TraceError there)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:

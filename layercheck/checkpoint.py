@@ -1,4 +1,4 @@
-"""LayerCheck: the object a training loop holds.
+"""LayerCheck: the object a training loop holds, on one rank or on each of many.
 
     lc = LayerCheck(model, optimizer, "ckpt/", LayerCheckConfig(), scheduler=scheduler)
     step = lc.restore()                  # 0 on a fresh directory, else the last completed step
@@ -7,10 +7,18 @@
         lc.step(extra={"epoch": epoch})  # once after every optimizer step
     lc.close()                           # waits for pending writes
 
-Call order: construct, then ``restore()`` once before training (it also
-marks where the new timeline starts), then ``step()`` after every optimizer
-step, then ``close()``. ``extra`` (JSON-serialisable) comes back in
-``lc.extra`` after ``restore()``: the place for the data position.
+Call order: construct, ``restore()`` once before training (it also marks
+where the new timeline starts), ``step()`` after every optimizer step,
+``close()``. ``extra`` (JSON-serialisable) comes back in ``lc.extra`` after
+``restore()``: the place for the data position.
+
+One lifecycle for every backend: drift (``DriftTracker``) -> decide
+(``Policy``) -> snapshot -> persist and commit (``Writer``) at every step;
+plan -> verify -> restore (``Planner``) at the start. Where the layers'
+tensors live is a ``source.LayerSource`` (default: the model's parameters and
+the optimizer's state), what ranks agree on a ``ranks.Ranks`` (default: one
+process). ``ZeroLayerCheck`` passes ZeRO's partitions and the process
+group's ranks; there, every method is a collective.
 """
 from __future__ import annotations
 
@@ -21,26 +29,26 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 from torch import nn
 
 from .config import LayerCheckConfig
 from .drift import DriftTracker
-from .errors import CheckpointNotFound, LayerCheckError
+from .errors import LayerCheckError, ModelMismatch
+from .format import MANIFEST, MODEL_CONFIG, encode_record, header_record, resume_record
 from .layermap import LayerMap
-from .manifest import (FORMAT, MANIFEST, ManifestView, encode_record, read_manifest,
-                       read_verified, seal_torn_tail)
-from .policy import REASONS, Decision, Policy, PolicyState
-from .recovery import iter_layers, make_plan, parse_safetensors
+from .manifest import ManifestView, read_manifest, seal_torn_tail
+from .policy import Decision, Policy, PolicyState, Reason
+from .ranks import Ranks
+from .recovery import Plan, Planner, read_state
 from .retention import Retention
-from .snapshot import apply_layer, apply_state, capture_layer, capture_state, tensors_nbytes
+from .snapshot import apply_state, capture_state
+from .source import LayerSource, ModuleSource, tensors_nbytes
 from .store import Store, open_store
 from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
 
 __all__ = ["LayerCheck", "StepReport", "RestoreReport"]
 
 log = logging.getLogger("layercheck")
-MODEL_CONFIG = "model_config.json"
 
 
 @dataclass(frozen=True)
@@ -69,33 +77,41 @@ class RestoreReport:
 
 
 class LayerCheck:
-    """Layer-wise checkpointing of a model + optimizer (+ scheduler) into ``directory``."""
+    """Layer-wise checkpointing of a model + optimizer (+ scheduler) into ``directory``.
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 directory: "str | Store", config: LayerCheckConfig | None = None, *,
-                 scheduler: Any = None, layer_map: LayerMap | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+    ``source`` and ``ranks`` are for backends (see the module doc): a backend
+    passes where its layers live and how its ranks agree, and gets the whole
+    lifecycle; ``model`` and ``optimizer`` are then the backend's own."""
+
+    def __init__(self, model: nn.Module, optimizer: Any, directory: "str | Store",
+                 config: LayerCheckConfig | None = None, *, scheduler: Any = None,
+                 layer_map: LayerMap | None = None,
+                 storage_options: Mapping[str, Any] | None = None,
+                 source: LayerSource | None = None, ranks: Ranks | None = None) -> None:
         self.config = config or LayerCheckConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.layer_map = layer_map or (LayerMap.explicit(model, self.config.layers)
-                                       if self.config.layers else LayerMap.auto(model))
+        self.layer_map = layer_map or LayerMap.for_model(model, self.config.layers)
+        self.source = source or ModuleSource(model, optimizer, self.layer_map)
+        self.ranks = ranks or Ranks()
         self.policy = Policy.from_config(self.config, self.layer_map.names, self.layer_map.kinds)
         self.state = PolicyState(policy=self.policy)
         self.lr_peak = self.config.lr_peak or max(
-            float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups)
+            float(g.get("initial_lr", g["lr"])) for g in self.source.optimizer.param_groups)
         self.store = open_store(directory, **dict(storage_options or {}))
-        self.store.lock()
         self._closed = False
+        if self.ranks.is_coordinator:
+            self.store.lock()
         try:
             self._init_directory()
         except BaseException:
-            self.store.unlock()
+            self._release()
             raise
-        self.drift = DriftTracker(optimizer, [[p for _, p in self.layer_map.parameters(i)]
-                                              for i in range(len(self.layer_map))],
-                                  sampling=self.config.drift_sampling)
+        self.drift = DriftTracker(self.source.optimizer, self.source.drift_layers(),
+                                  groups=self.source.drift_groups(),
+                                  sampling=self.config.drift_sampling,
+                                  reduce=self.ranks.all_reduce_sum)
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
-                             on_error=self.config.on_error)
+                             on_error=self.config.on_error, commit=self.ranks.commit())
         self.current_step = 0
         self.extra: dict[str, Any] | None = None
         self.last_report: StepReport | None = None
@@ -105,20 +121,38 @@ class LayerCheck:
 
     # -- lifecycle -----------------------------------------------------------
     def _init_directory(self) -> None:
-        if seal_torn_tail(self.store):
-            log.warning("layercheck: %s ended in a torn record (a crash mid-append); it is "
-                        "skipped, and new records start on a line of their own", MANIFEST)
-        view = read_manifest(self.store)
-        if view.header is not None:
-            self.layer_map.check_signature(view.header["layers"])
-            return
-        header = {"kind": "header", "format": FORMAT, "layers": self.layer_map.signature(),
-                  "config": self.config.to_dict(), "lr_peak": self.lr_peak,
-                  "created": time.time()}
+        """The coordinator creates the header once; every rank then checks that it
+        describes this model and this world size."""
+        view = None
+        if self.ranks.is_coordinator:
+            if seal_torn_tail(self.store):
+                log.warning("layercheck: %s ended in a torn record (a crash mid-append); it is "
+                            "skipped, and new records start on a line of their own", MANIFEST)
+            view = read_manifest(self.store, self.ranks.rank)
+            if view.header is None:
+                view.apply(self._write_header())
+        self.ranks.barrier()
+        if view is None:
+            view = read_manifest(self.store, self.ranks.rank)
+        if view.header is None:
+            raise LayerCheckError(f"{self.store.url}: rank {self.ranks.rank} cannot see the "
+                                  "manifest rank 0 wrote; the directory must be shared by all ranks")
+        self.layer_map.check_signature(view.header["layers"])
+        if view.world_size != self.ranks.world_size:
+            raise ModelMismatch(f"{self.store.url} was written by {view.world_size} ranks, this "
+                                f"job has {self.ranks.world_size}: resume at the same world size, "
+                                "or export it (python -m layercheck export) and load the export")
+
+    def _write_header(self) -> dict[str, Any]:
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "to_json_string"):
             self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
+        header = header_record(layers=self.layer_map.signature(), config=self.config.to_dict(),
+                               lr_peak=self.lr_peak,
+                               world_size=self.ranks.world_size if self.ranks.sharded else None,
+                               **self.source.header_facts())
         self.store.append(MANIFEST, encode_record(header))
+        return header
 
     def close(self) -> None:
         """Wait for every pending write to commit, then release the directory."""
@@ -132,8 +166,9 @@ class LayerCheck:
             self._release()
 
     def _release(self) -> None:
-        """Give the directory back (its lock)."""
-        self.store.unlock()
+        """Give the directory back (its lock, which the coordinator alone holds)."""
+        if self.ranks.is_coordinator:
+            self.store.unlock()
 
     def flush(self) -> None:
         """Wait until everything submitted so far is committed."""
@@ -146,73 +181,65 @@ class LayerCheck:
         self.close()
 
     # -- recovery --------------------------------------------------------------
-    def restore(self, step: int | None = None) -> int:
-        """Restore the composite state of ``step`` (default: the newest committed
-        step) into the live model, optimizer, scheduler and RNGs. Returns the
-        restored step t (0 when there is nothing to restore): train on from t+1."""
+    def restore(self, step: int | None = None, *, exact: bool = False) -> int:
+        """Restore the composite state of ``step`` (default: the newest step every
+        rank can recover; ``exact``: exactly ``step``, else CheckpointNotFound)
+        into the live model, optimizer, scheduler and RNGs. Returns the restored
+        step t (0 when there is nothing to restore): train on from t+1."""
         start = time.perf_counter()
-        view = read_manifest(self.store)
-        for problem in view.problems:
+        self.drift.take()  # sums of steps before a restore are of weights it replaces
+        view = read_manifest(self.store, self.ranks.rank)
+        for problem in view.problems if self.ranks.is_coordinator else []:
             warnings.warn(f"layercheck: {problem}", stacklevel=2)
-        try:
-            plan = make_plan(self.store, view, step, verify=False)
-        except CheckpointNotFound as exc:
-            if step is not None or view.states:
-                raise
-            log.info("layercheck: %s; starting from step 0", exc)
+        if step is None and not view.states:
+            log.info("layercheck: %s holds no recoverable step; starting from step 0",
+                     self.store.url)
             self._begin_timeline(0, view)
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
+        planner = Planner(self.store, view, ranks=self.ranks)
+        state, data = planner.state(step, exact=exact)
         plan_s = time.perf_counter() - start
-        load_s = restore_s = 0.0
-        for loaded in iter_layers(self.store, view, plan, self.layer_map.names):
-            load_s += loaded.load_s
-            t0 = time.perf_counter()
-            apply_layer(self.layer_map, self.optimizer, self.layer_map.index[loaded.name],
-                        loaded.tensors)
-            restore_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        tensors, metadata = parse_safetensors(read_verified(self.store, plan.state), plan.state.file)
-        doc = apply_state(tensors, metadata, self.optimizer, self.scheduler)
-        restore_s += time.perf_counter() - t0
-        for message in plan.warnings:
-            warnings.warn(f"layercheck: {message}", stacklevel=2)
+        sources = planner.layers(state.step, use=lambda version, tensors: self.source.apply(
+            self.layer_map.index[version.layer], tensors))
+        tensors, doc = read_state(self.store, state, data)
+        apply_state(tensors, doc, self.source.optimizer, self.scheduler)
+        self.source.after_restore(doc["engine"], state.step)
+        restore_s = time.perf_counter() - start - plan_s - planner.load_s
+        rank = f"rank {self.ranks.rank}: " if self.ranks.sharded else ""
+        for message in planner.warnings:
+            warnings.warn(f"layercheck: {rank}{message}", stacklevel=2)
         self.extra = doc.get("extra")
-        self._begin_timeline(plan.step, view, base_taken=True)
-        self.restored = RestoreReport(plan.step, plan, plan_s, load_s, restore_s,
-                                      sum(v.bytes for v in plan.sources.values()))
-        return plan.step
+        self._begin_timeline(state.step, view, base_taken=True)
+        plan = Plan(state.step, state, sources, planner.warnings)
+        self.restored = RestoreReport(state.step, plan, plan_s, planner.load_s, restore_s,
+                                      sum(v.bytes for v in sources.values()))
+        return state.step
 
     def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
-        """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``.
-        Restored layers equal their saved copies, so their drift starts at zero.
+        """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``
+        (restored layers equal their saved copies: their accumulators start at zero).
         ``view`` is the manifest as read before (nothing was written since); it is
         brought up to date in memory rather than read again."""
         self.writer.flush()
-        resume = {"kind": "resume", "step": step}
-        self._append(resume)
+        resume = resume_record(step)
+        if self.ranks.is_coordinator:
+            self.store.append(MANIFEST, encode_record(resume))
         view.apply(resume)
         self.current_step = step
         self.state = PolicyState(policy=self.policy)
         self.state.last_written[:] = step
         self.state.base_step = step if base_taken else None
-        self.drift.take()
         self.drift.resync()
         if self.config.keep_versions is not None:
             self.writer.retention = Retention(self.config.keep_versions, view)
         self._restore_called = True
-
-    def _append(self, record: dict[str, Any]) -> None:
-        """Append one manifest record (the writer appends the rest)."""
-        self.store.append(MANIFEST, encode_record(record))
-
-    def _read_manifest(self) -> ManifestView:
-        return read_manifest(self.store)
+        self.ranks.barrier()  # no rank writes into the new timeline before it is opened
 
     def _start_without_restore(self) -> None:
         """A run that never called restore(): fine on an empty directory; on one
         holding checkpoints, starting over would abandon them, so refuse."""
-        view = self._read_manifest()
+        view = read_manifest(self.store, self.ranks.rank)
         newest = view.latest_step()
         if newest is not None:
             raise LayerCheckError(
@@ -245,10 +272,11 @@ class LayerCheck:
     def _submit(self, t: int, decision: Decision, extra: Mapping[str, Any] | None) -> int:
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
-            tensors = capture_layer(self.layer_map, self.optimizer, index)
-            snaps.append(LayerSnapshot(index, self.layer_map.names[index], REASONS[reason],
+            tensors = self.source.capture(index)
+            snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
                                        tensors, tensors_nbytes(tensors)))
-        state = capture_state(t, self.optimizer, self.scheduler, extra)
+        state = capture_state(t, self.source.optimizer, self.scheduler, extra,
+                              self.source.engine_state())
         job = StepJob(step=t, layers=snaps, state=state,
                       nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
         self.writer.submit(job)
@@ -263,7 +291,8 @@ class LayerCheck:
         self._retry = set()
         self.state.mark_written(decision.step, extra)
         layers = np.concatenate([decision.layers, np.array(extra, dtype=np.int64)])
-        reasons = np.concatenate([decision.reasons, np.full(len(extra), 1, dtype=np.int64)])
+        reasons = np.concatenate([decision.reasons, np.full(len(extra), Reason.RETRY,
+                                                            dtype=np.int64)])
         order = np.argsort(layers, kind="stable")
         return Decision(decision.step, layers[order], reasons[order])
 

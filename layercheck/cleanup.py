@@ -6,10 +6,12 @@ unreferenced files, which the next run removes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .errors import CheckpointNotFound
-from .manifest import MANIFEST, ManifestView, Version, encode_record, read_manifest
+from .format import MANIFEST, Version, encode_record
+from .manifest import read_manifest
+from .policy import Reason
 from .recovery import make_plan
 from .store import Store
 
@@ -42,19 +44,13 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
         raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint")
     steps = sorted(view.states)[-keep:]
     live: dict[str, Version] = {}
-    # a sharded checkpoint is planned as every rank sees it: each rank verifies
-    # (and may fall back past) its own shards
-    for rank in range(view.world_size) if view.world_size > 1 else [None]:
-        ranked = read_manifest(store, rank) if rank is not None else view
-        for step in steps:
-            plan = make_plan(store, ranked, step, verify=True)
-            live[plan.state.key] = plan.state
-            live.update({v.key: v for v in plan.sources.values()})
-    base_step = min((v.step for vs in view.versions.values() for v in vs if v.reason == "base"),
-                    default=None)
-    for versions in view.versions.values():
-        live.update({v.key: v for v in versions if v.reason == "base" and v.step == base_step})
-    live = {key: _as_listed(view, v) for key, v in live.items()}
+    for step in steps:
+        plan = make_plan(store, view, step)
+        live[plan.state.key] = plan.state
+        live.update({v.key: v for v in plan.sources.values()})
+    bases = [v for vs in view.versions.values() for v in vs if v.reason == Reason.BASE.label]
+    base_step = min((v.step for v in bases), default=None)
+    live.update({v.key: v for v in bases if v.step == base_step})
     ordered = sorted(live.values(), key=lambda v: (v.step, v.layer is None, v.layer or ""))
     kept = {f for v in live.values() for f in v.files}
     doomed = [f for f in store.list("layers") + store.list("states") if f not in kept]
@@ -67,11 +63,3 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
             store.delete(path)
     return GcReport(kept_steps=steps, kept_files=len(live), removed_files=doomed,
                     freed_bytes=freed)
-
-
-def _as_listed(view: ManifestView, version: Version) -> Version:
-    """The version as rank 0 sees it (the form its record is rewritten in)."""
-    if not version.shards:
-        return version
-    first = version.shards[0]
-    return replace(version, file=first.file, bytes=first.bytes, checksum=first.checksum)

@@ -10,21 +10,15 @@ import json
 import sys
 from typing import Sequence
 
-from .errors import LayerCheckError, one_line
+from .errors import LayerCheckError, OneLineParser, one_line
+from .format import ADAM_STEPS, EXPORT_FORMATS
 
-__all__ = ["main"]
-
-FORMATS = ("hf", "deepspeed")  # export formats, as layercheck.export.FORMATS (kept torch-free here)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own, minus the usage block
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+__all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m layercheck", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m layercheck", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     p = sub.add_parser("inspect", help="layers, versions, staleness and bytes on disk")
     p.add_argument("directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -41,11 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hf: the newest step at or before this one; deepspeed: exactly this step "
                    "(default: the newest)")
     p.add_argument("--out", required=True, help="a new folder")
-    p.add_argument("--format", choices=FORMATS, default="hf",
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="hf",
                    help="hf: config.json + model.safetensors for from_pretrained (default); "
                    "deepspeed: a checkpoint engine.load_checkpoint loads (ZeroLayerCheck "
                    "directories, same world size)")
-    p.add_argument("--adam-step", choices=("global", "own"), default="global",
+    p.add_argument("--adam-step", choices=ADAM_STEPS, default="global",
                    help="deepspeed format: every Adam step count set to the exported step "
                    "(default), or each layer's own, as restore() gives")
     p = sub.add_parser("gc", help="delete versions no kept step needs")
@@ -86,13 +80,13 @@ def _run(args: argparse.Namespace) -> int:
     from .store import open_store
     store = open_store(args.directory, create=False)
     if args.command == "inspect":
-        from .inspect import format_inspection, inspect_directory
+        from .inspection import format_inspection, inspect_directory
         info = inspect_directory(store, verify=not args.quick)
         print(json.dumps(info, indent=2) if args.json else format_inspection(info))
     elif args.command == "plan":
         from .manifest import read_manifest
         from .recovery import make_plan
-        plan = make_plan(store, read_manifest(store), args.step, verify=True)
+        plan = make_plan(store, read_manifest(store), args.step)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else _format_plan(plan))
     elif args.command == "export":
         from .export import export

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from .errors import WriteFailed
-from .manifest import MANIFEST, Shard, Version, encode_record
+from .format import MANIFEST, Shard, Version, encode_record
 from .store import Store
 
 __all__ = ["Commit", "ShardedCommit", "all_gather_json"]

@@ -21,6 +21,12 @@ other dtypes, non-contiguous, no numba) takes the torch path: a handful of
 tensor, which would dominate a small model's step). Both give the same numbers
 (the same fp32 element arithmetic; only the summation order differs).
 
+One tracker for every backend (``layercheck.source``): the hook adds, per
+layer, sum |w(t) - w(t-1)| and sum |w(t)| over the tensors in the optimizer's
+parameter groups during that call (all of them, or under ZeRO-3 one flat
+partition per call); ``take()`` sums them over the ranks (``reduce``) and
+divides, so each rank gets the drift of the whole layer.
+
 With ``sampling=n``, tensors of at least SAMPLE_MIN elements are represented
 by one block of BLOCK elements out of every run of n * BLOCK (the same
 elements in w, m and v), which divides the memory traffic by n; d_l is then an
@@ -37,7 +43,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -106,30 +112,35 @@ class _Adam:
 
 
 class DriftTracker:
-    """Accumulates d_l for each layer over the optimizer steps since the last ``take``.
+    """d_l of each layer, step by step.
 
-    Contract: construct once; each ``optimizer.step()`` adds that step's drift
-    (the hook runs inside the step, before the LR scheduler moves the LR);
-    ``take()`` returns the summed drift, the LR of the last step, and resets;
-    ``resync()`` after the optimizer state was replaced (a restore).
-    ``fused=False`` keeps every tensor on the torch path (for comparisons);
-    ``fused_params`` tells how many parameters the last step measured with the
-    fused kernel.
+    Contract: construct once; each ``optimizer.step()`` adds its sums (the
+    hook runs inside the step, before the LR scheduler moves the LR); ``take()``
+    once per step, on every rank, returns d_l, the LR of the update and the
+    seconds spent, and resets; ``resync()`` after the optimizer state was
+    replaced (a restore). ``layers[i]``: layer i's tensors; those with a param
+    group (``groups``: id -> group; default the optimizer's) are tracked, the
+    rest are frozen (|w| measured once). ``reduce``: the (2, layers) sums ->
+    their sum over the ranks. ``fused=False`` keeps every tensor on the torch
+    path; ``fused_params``: tensors the last step measured with the kernel.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
-                 layers: Sequence[Sequence[nn.Parameter]], *, sampling: int = 1,
-                 fused: bool = True) -> None:
+                 layers: Sequence[Sequence[torch.Tensor]], *, groups: dict[int, dict] | None = None,
+                 sampling: int = 1, fused: bool = True,
+                 reduce: Callable[[np.ndarray], np.ndarray] = np.array) -> None:
         if sampling < 1:
             raise ValueError(f"sampling={sampling}: use 1 (every element) or more")
         self.sampling = sampling
         self.optimizer = optimizer
-        group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        self.reduce = reduce
+        group_of = groups if groups is not None else {
+            id(p): g for g in optimizer.param_groups for p in g["params"]}
         self._layers = [[self._entry(p, group_of[id(p)], i) for p in params if id(p) in group_of]
                         for i, params in enumerate(layers)]
         self._all = [e for entries in self._layers for e in entries]
-        self._frozen_l1 = [float(sum(float(p.detach().abs().sum()) for p in params
-                                     if id(p) not in group_of)) for params in layers]
+        self._frozen_l1 = np.array([float(sum(float(p.detach().abs().sum()) for p in params
+                                              if id(p) not in group_of)) for params in layers])
         self._adam = isinstance(optimizer, torch.optim.Adam)  # AdamW subclasses Adam
         self._fused = fused and self._adam
         self._plans: dict[tuple[int, ...], object] = {}
@@ -137,7 +148,8 @@ class DriftTracker:
         self._phase = 0
         self._previous: dict[int, torch.Tensor] = {}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-        self.drift = np.zeros(len(self._layers), dtype=np.float64)
+        self._sums = np.zeros((2, len(self._layers)), dtype=np.float64)
+        self._fused_now = 0
         self.lr = math.nan
         self.seconds = 0.0
         self.fused_params = 0
@@ -152,11 +164,18 @@ class DriftTracker:
         self._handle.remove()
 
     def take(self) -> tuple[np.ndarray, float, float]:
-        """(drift summed since the last take, LR of the last update, seconds spent)."""
-        out = (self.drift.copy(), self.lr, self.seconds)
-        self.drift[:] = 0.0
-        self.seconds = 0.0
-        return out
+        """(d_l of the step, LR of its update, seconds spent in the hook and here)."""
+        start = time.perf_counter()
+        moved, size = self.reduce(self._sums)
+        self._sums[:] = 0.0
+        total = size + self._frozen_l1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drift = np.where(total > 0, moved / np.where(total > 0, total, 1.0),
+                             np.where(moved > 0, np.inf, 0.0))
+        self._phase += 1
+        self.fused_params, self._fused_now = self._fused_now, 0
+        seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
+        return drift, self.lr, seconds
 
     def resync(self) -> None:
         """Forget the step counts read from the optimizer state (it was replaced)."""
@@ -172,25 +191,28 @@ class DriftTracker:
     # -- the hook ----------------------------------------------------------
     def _after_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
         start = time.perf_counter()
+        # what this call stepped: everything, or under ZeRO-3 one sub-group's partition
+        stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         with torch.no_grad():
-            updates = self._updates() if self._adam else {}
-            moved, size, done = self._fused_sums(updates)
+            updates = self._updates(stepped) if self._adam else {}
+            moved, size, done = self._fused_sums(stepped, updates)
             for i, entries in enumerate(self._layers):
-                m, s = self._layer_sums([e for e in entries if id(e) not in done], updates)
+                m, s = self._layer_sums([e for e in entries if id(e.param) in stepped
+                                         and id(e) not in done], updates)
                 moved[i] += m
                 size[i] += s
-        for i in range(len(self._layers)):
-            total = size[i] + self._frozen_l1[i]
-            self.drift[i] += moved[i] / total if total > 0 else (math.inf if moved[i] else 0.0)
-        self._phase += 1
+        self._sums[0] += moved
+        self._sums[1] += size
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
         self.seconds += time.perf_counter() - start
 
-    def _updates(self) -> dict[int, _Adam]:
-        """The update terms of each parameter that Adam moved in this step."""
+    def _updates(self, stepped: set[int]) -> dict[int, _Adam]:
+        """The update terms of each parameter that Adam moved in this call."""
         out: dict[int, _Adam] = {}
         terms: dict[tuple[int, int], _Adam] = {}
         for e in self._all:
+            if id(e.param) not in stepped:
+                continue
             # Adam skips a parameter without a gradient: it did not move this step
             state = self.optimizer.state.get(e.param)
             if e.param.grad is None or not state or "exp_avg" not in state:
@@ -225,13 +247,14 @@ class DriftTracker:
         return state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"]
 
     # -- the fused path (layercheck.kernels) -----------------------------------
-    def _fused_sums(self, updates: dict[int, _Adam]) -> tuple[np.ndarray, np.ndarray, set[int]]:
-        """Per-layer sums over the entries the kernel can read, and which those were."""
+    def _fused_sums(self, stepped: set[int],
+                    updates: dict[int, _Adam]) -> tuple[np.ndarray, np.ndarray, set[int]]:
+        """Per-layer sums over the stepped entries the kernel can read, and which those were."""
         moved, size = np.zeros(len(self._layers)), np.zeros(len(self._layers))
         chosen, ptr, terms = [], [], []
         kernels = _load_kernels() if self._fused else None
         for index, e in enumerate(self._all if kernels else ()):
-            if not _fusable(e.param):
+            if id(e.param) not in stepped or not _fusable(e.param):
                 continue
             t = updates.get(id(e.param))
             if t is None:
@@ -244,7 +267,7 @@ class DriftTracker:
                 chosen.append(index)
                 ptr.append((e.param.data_ptr(), m.data_ptr(), v.data_ptr()))
                 terms.append((t.eps_c, t.alpha, t.moved(1.0)))
-        self.fused_params = len(chosen)
+        self._fused_now += len(chosen)
         if not chosen:
             return moved, size, set()
         plan = self._plans.get(tuple(chosen))

@@ -9,8 +9,9 @@
 ``ZeroLayout`` rebuilds those objects (for ``torch.save``) from what a
 directory written by ``ZeroLayerCheck`` holds: every rank's shard of each
 planned layer version (fp32 master partitions ``master/sg<k>``, optimizer
-state ``optim/<field>/sg<k>``, buffers), step T's training state (optimizer
-hyper-parameters, LR scheduler, ``extra._deepspeed``) and the header's
+state ``optim/<field>/sg<k>``, buffers: ``layercheck.format``), step T's
+training state (optimizer hyper-parameters, LR scheduler, DeepSpeed's
+counters in ``engine``) and the header's
 ``zero`` facts (stage, sub-groups with their parameters and shapes, module
 keys, DeepSpeed config, and ``checkpoint``: module dtype and state_dict
 metadata, buffer names, tied parameters, loss scale, gradient clipping,
@@ -42,17 +43,15 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from .errors import LayerCheckError, ModelMismatch
+from .format import ADAM_STEPS, module_tensors, optimizer_fields, sub_group, tensor_key
 
-__all__ = ["ADAM_STEPS", "SubGroup", "ZeroFacts", "RankShards", "ZeroLayout", "Stage3Layout", "Stage12Layout",
-           "layout_for", "place_partition"]
-
-ADAM_STEPS = ("global", "own")
-"""Adam step counts in an export: all T (one consistent step), or each layer's own."""
+__all__ = ["SubGroup", "ZeroFacts", "RankShards", "ZeroLayout", "Stage3Layout", "Stage12Layout",
+           "layout_for", "place_partition", "partition_slices"]
 
 
 @dataclass(frozen=True)
@@ -163,17 +162,14 @@ class RankShards:
         self.rank = rank
         self.layers = layers
 
-    def _get(self, sg: SubGroup, key: str) -> torch.Tensor:
-        tensors = self.layers.get(sg.layer)
-        if tensors is None or key not in tensors:
+    def master(self, sg: SubGroup) -> torch.Tensor:
+        key = tensor_key("master", sub_group(sg.index))
+        master = self.layers.get(sg.layer, {}).get(key)
+        if master is None:
             raise ModelMismatch(f"layer {sg.layer}: rank {self.rank}'s shard has no {key}; the "
                                 "header and the shards disagree (another model or grouping?)")
-        return tensors[key]
-
-    def master(self, sg: SubGroup) -> torch.Tensor:
-        master = self._get(sg, f"master/sg{sg.index}")
         if master.dim() != 1 or master.numel() != sg.partition_numel:
-            raise ModelMismatch(f"layer {sg.layer}: rank {self.rank}'s master/sg{sg.index} has "
+            raise ModelMismatch(f"layer {sg.layer}: rank {self.rank}'s {key} has "
                                 f"shape {tuple(master.shape)}, the header says "
                                 f"({sg.partition_numel},)")
         return master
@@ -181,45 +177,47 @@ class RankShards:
     def optimizer_state(self, sg: SubGroup) -> dict[str, Any]:
         """The inner optimizer's state of this sub-group's flat partition, ``step``
         first as torch's Adam creates it (dict order carries no meaning when loading)."""
-        suffix = f"/sg{sg.index}"
-        fields = sorted(key[len("optim/"):-len(suffix)] for key in self.layers.get(sg.layer, {})
-                        if key.startswith("optim/") and key.endswith(suffix))
+        fields = optimizer_fields(self.layers.get(sg.layer, {}), sub_group(sg.index))
         if not fields:
             raise ModelMismatch(f"layer {sg.layer}: rank {self.rank}'s shard has no optimizer "
                                 f"state for sub-group {sg.index}")
-        fields.sort(key=lambda f: f != "step")
-        return {f: self._get(sg, f"optim/{f}{suffix}") for f in fields}
+        return {f: fields[f] for f in sorted(fields, key=lambda f: (f != "step", f))}
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        return {key[len("buffer/"):]: t for tensors in self.layers.values()
-                for key, t in tensors.items() if key.startswith("buffer/")}
+        return {name: t for tensors in self.layers.values()
+                for name, t in module_tensors(tensors, kinds=("buffer",)).items()}
+
+
+def partition_slices(facts: ZeroFacts, sg: SubGroup,
+                     rank: int) -> Iterator[tuple[str, int, int, int]]:
+    """(parameter, first element in it, first element in the partition, count)
+    of each slice of rank ``rank``'s partition of ``sg``.
+
+    ZeRO-3 partitions every parameter: rank r holds elements [r*p, (r+1)*p) of
+    each, p = ceil(numel / world), back to back. ZeRO-1/2 partition the group's
+    flat concatenation: rank r holds [r*P, (r+1)*P) of it, P = partition_numel."""
+    offset = 0
+    low, high = rank * sg.partition_numel, (rank + 1) * sg.partition_numel
+    for name, shape in sg.params:
+        numel = math.prod(shape)
+        if facts.stage == 3:
+            part = math.ceil(numel / facts.world_size)
+            yield name, rank * part, offset, max(0, min(part, numel - rank * part))
+            offset += part
+            continue
+        start, stop = max(offset, low), min(offset + numel, high)
+        if start < stop:
+            yield name, start - offset, start - low, stop - start
+        offset += numel
 
 
 def place_partition(facts: ZeroFacts, sg: SubGroup, rank: int, master: torch.Tensor,
                     full: Mapping[str, torch.Tensor]) -> None:
     """Copy the slices of rank ``rank``'s master partition of ``sg`` into the flat
     full weights they belong to (``full``: name -> 1-D tensor, any dtype; the copy
-    casts, as DeepSpeed's fp32 -> bit16 copy does).
-
-    ZeRO-3 partitions every parameter: rank r holds elements [r*p, (r+1)*p) of
-    each, p = ceil(numel / world), back to back. ZeRO-1/2 partition the group's
-    flat concatenation: rank r holds [r*P, (r+1)*P) of it, P = partition_numel."""
-    offset = 0
-    if facts.stage == 3:
-        for name, shape in sg.params:
-            numel = math.prod(shape)
-            part = math.ceil(numel / facts.world_size)
-            take = max(0, min(part, numel - rank * part))
-            full[name][rank * part:rank * part + take].copy_(master[offset:offset + take])
-            offset += part
-        return
-    low, high = rank * sg.partition_numel, (rank + 1) * sg.partition_numel
-    for name, shape in sg.params:
-        numel = math.prod(shape)
-        start, stop = max(offset, low), min(offset + numel, high)
-        if start < stop:
-            full[name][start - offset:stop - offset].copy_(master[start - low:stop - low])
-        offset += numel
+    casts, as DeepSpeed's fp32 -> bit16 copy does)."""
+    for name, at, start, n in partition_slices(facts, sg, rank):
+        full[name][at:at + n].copy_(master[start:start + n])
 
 
 class ZeroLayout:
@@ -393,15 +391,8 @@ class Stage12Layout(ZeroLayout):
 
     def _slice_mappings(self, sg: SubGroup, rank: int) -> OrderedDict:
         """``_param_slice_mappings``: where each parameter's slice lies in this partition."""
-        out: OrderedDict[str, Any] = OrderedDict()
-        low, high, offset = rank * sg.partition_numel, (rank + 1) * sg.partition_numel, 0
-        for name, shape in sg.params:
-            numel = math.prod(shape)
-            start, stop = max(offset, low), min(offset + numel, high)
-            if start < stop:
-                out[name] = self.fragment_address(numel=stop - start, start=start - low)
-            offset += numel
-        return out
+        return OrderedDict((name, self.fragment_address(numel=n, start=start))
+                           for name, _, start, n in partition_slices(self.facts, sg, rank))
 
     def _optimizer_state_dict(self, rank: int, shards: RankShards) -> dict[str, Any]:
         masters = [shards.master(sg) for sg in self.facts.sub_groups]
@@ -444,10 +435,10 @@ def _param_groups(doc: Mapping[str, Any], facts: ZeroFacts) -> list[dict[str, An
 
 
 def _engine_counters(doc: Mapping[str, Any], step: int) -> dict[str, int]:
-    engine = ((doc.get("extra") or {}).get("_deepspeed") or {})
+    engine = doc.get("engine") or {}
     if "global_steps" not in engine:
         raise LayerCheckError(f"the training state of step {step} lacks DeepSpeed's step counters "
-                              "(extra._deepspeed): it was not written by ZeroLayerCheck")
+                              "(its engine state): it was not written by ZeroLayerCheck")
     return {"skipped_steps": int(engine.get("skipped_steps", 0)),
             "global_steps": int(engine["global_steps"]),
             "global_samples": int(engine.get("global_samples", 0))}

@@ -1,7 +1,10 @@
-"""The library's errors. Each message says what went wrong and what to do."""
+"""The library's errors. Each message says what went wrong and what to do. Torch-free."""
 from __future__ import annotations
 
-__all__ = ["one_line", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
+import argparse
+from typing import NoReturn
+
+__all__ = ["one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
            "WriteFailed", "DirectoryLocked"]
 
 
@@ -33,3 +36,13 @@ def one_line(text: str) -> str:
     """``text`` with line breaks escaped, for the project's one-line CLI errors: an
     echoed argument or path may hold one. Torch-free, shared by every CLI."""
     return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse for the project's command lines: a bad argument is one line on
+    stderr (``<prog>: error: <message> (see --help)``, line breaks escaped) and
+    exit status 2, without the usage block. Pass it on as ``parser_class`` to
+    ``add_subparsers`` so that subcommands answer alike."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")

@@ -58,6 +58,12 @@ class LayerMap:
 
     # -- construction ------------------------------------------------------
     @classmethod
+    def for_model(cls, model: nn.Module,
+                  layers: Mapping[str, Sequence[str]] | None = None) -> "LayerMap":
+        """``explicit(model, layers)`` when layers are given, else ``auto(model)``."""
+        return cls.explicit(model, layers) if layers else cls.auto(model)
+
+    @classmethod
     def auto(cls, model: nn.Module) -> "LayerMap":
         """Detect the layers of ``model`` (see the module docstring)."""
         container = _block_container(model)

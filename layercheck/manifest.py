@@ -1,172 +1,26 @@
-"""The manifest: an append-only log of JSON records, the commit marker of everything.
+"""The manifest replayed: what is committed and live, and reading a committed file.
 
 A layer version or a step's training state exists only once its record is in
-the manifest; files without a record are leftovers. Each line carries a CRC of
-its own content, so a torn or garbled line is detected and skipped (with a
-problem reported), never half-trusted. Torch-free.
-
-Records (``kind``):
-- ``header``: the model's layers and the config, written once when the
-  directory is created.
-- ``layer``: one version of one layer (step, file, bytes, checksum).
-- ``state``: the small training state of a step (step, file, bytes,
-  checksum); appended after the step's layer records, it makes the step
-  recoverable.
-- ``resume``: training was restored to ``step``: everything recorded earlier
-  with a larger step belongs to an abandoned timeline and is ignored.
-- ``drop``: the version committed as ``file`` is retired (automatic
-  retention, ``keep_versions``); its file is deleted after this record.
-
-Sharded checkpoints (DeepSpeed ZeRO: every rank writes its own shard of a
-version) record ``shards`` instead of ``file``/``bytes``/``checksum``: one
-entry per rank, all in one line, so a version and a step commit on every
-rank at once or on none. A rank's view (``read_manifest(store, rank=r)``)
-sees each version as its own shard; ``drop`` names a sharded version by its
-rank-0 file.
+the manifest (``manifest.jsonl``; records in ``layercheck.format``); files
+without a record are leftovers. Each line carries a CRC of its own content,
+so a torn or garbled line is detected and skipped (with a problem reported),
+never half-trusted. A ``resume`` record abandons every later step of the
+timeline before it; a ``drop`` record retires a version. A rank's view of a
+sharded checkpoint (``read_manifest(store, rank=r)``) sees each version as
+its own shard. Torch-free.
 """
 from __future__ import annotations
 
 import json
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .errors import CorruptVersion
+from .format import MANIFEST, Version, checksum, count, decode_line
 from .store import Store, check_relative
 
-__all__ = ["MANIFEST", "FORMAT", "Shard", "Version", "ManifestView", "encode_record", "read_manifest",
-           "seal_torn_tail", "read_verified", "check_structure", "checksum", "layer_path", "state_path"]
-
-MANIFEST = "manifest.jsonl"
-FORMAT = "layercheck/1"
-
-
-def checksum(data: bytes | memoryview) -> str:
-    """The checksum stored in records: CRC-32 (zlib), as 'crc32:<8 hex>'.
-
-    CRC-32 catches every burst error up to 32 bits and any other corruption
-    with probability 1 - 2^-32, at about twice the speed of SHA-256 here, so
-    verification stays cheaper than the disk read it follows."""
-    return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
-
-
-def layer_path(layer: str, step: int, rank: int | None = None) -> str:
-    return f"layers/{_safe(layer)}@{step:09d}{_rank_suffix(rank)}.safetensors"
-
-
-def state_path(step: int, rank: int | None = None) -> str:
-    return f"states/{step:09d}{_rank_suffix(rank)}.safetensors"
-
-
-def _rank_suffix(rank: int | None) -> str:
-    return "" if rank is None else f".rank{rank:05d}"
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "_"
-
-
-def encode_record(record: dict[str, Any]) -> bytes:
-    """One manifest line: the record's JSON with a CRC of that JSON appended."""
-    body = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    crc = zlib.crc32(body.encode()) & 0xFFFFFFFF
-    return f'{{"crc":"{crc:08x}","r":{body}}}\n'.encode()
-
-
-def _decode_line(line: bytes) -> dict[str, Any]:
-    outer = json.loads(line)
-    body = json.dumps(outer["r"], sort_keys=True, separators=(",", ":"))
-    if f"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}" != outer["crc"]:
-        raise ValueError("record CRC mismatch")
-    record = outer["r"]
-    if not isinstance(record, dict) or "kind" not in record:
-        raise ValueError("record without kind")
-    return record
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One rank's file of a sharded version."""
-
-    file: str
-    bytes: int
-    checksum: str
-
-    @classmethod
-    def from_record(cls, record: Any) -> "Shard":
-        if not isinstance(record, dict):
-            raise ValueError("a shard must be an object {file, bytes, checksum}")
-        if not isinstance(record.get("file"), str) or not isinstance(record.get("checksum"), str):
-            raise ValueError("shard file and checksum must be strings")
-        return cls(check_relative(record["file"]), _count(record, "bytes"), record["checksum"])
-
-    def to_record(self) -> dict[str, Any]:
-        return {"file": self.file, "bytes": self.bytes, "checksum": self.checksum}
-
-
-@dataclass(frozen=True)
-class Version:
-    """A committed file: a layer version (``layer`` set) or a step's state (``layer`` None).
-
-    For a sharded version ``file``/``bytes``/``checksum`` are the shard of
-    the rank the manifest was read for, and ``shards`` lists every rank's."""
-
-    step: int
-    file: str
-    bytes: int
-    checksum: str
-    layer: str | None = None
-    reason: str | None = None
-    shards: tuple[Shard, ...] = ()
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any], rank: int | None = None) -> "Version":
-        """The version a record describes (as ``rank`` sees it, for a sharded
-        record; rank 0 when None); ValueError naming the field if malformed."""
-        layer = record.get("layer")
-        if record["kind"] == "layer" and not isinstance(layer, str):
-            raise ValueError(f"layer record with layer={layer!r}: a name is required")
-        shards: tuple[Shard, ...] = ()
-        if "shards" in record:
-            if not isinstance(record["shards"], list) or not record["shards"]:
-                raise ValueError("shards must be a non-empty list")
-            shards = tuple(Shard.from_record(s) for s in record["shards"])
-            if (rank or 0) >= len(shards):
-                raise ValueError(f"a version with {len(shards)} shards read as rank {rank}: "
-                                 "restore with the world size the checkpoint was written with")
-            own = shards[rank or 0]
-        else:
-            own = Shard.from_record(record)
-        return cls(step=_count(record, "step"), file=own.file, bytes=own.bytes,
-                   checksum=own.checksum, layer=layer, reason=record.get("reason"),
-                   shards=shards)
-
-    @property
-    def key(self) -> str:
-        """The name a ``drop`` record uses: the file, or rank 0's file if sharded."""
-        return self.shards[0].file if self.shards else self.file
-
-    @property
-    def files(self) -> list[str]:
-        """Every file of the version (all ranks' shards)."""
-        return [s.file for s in self.shards] if self.shards else [self.file]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.bytes for s in self.shards) if self.shards else self.bytes
-
-    def to_record(self) -> dict[str, Any]:
-        kind = "state" if self.layer is None else "layer"
-        record: dict[str, Any] = {"kind": kind, "step": self.step}
-        if self.shards:
-            record["shards"] = [s.to_record() for s in self.shards]
-        else:
-            record.update(file=self.file, bytes=self.bytes, checksum=self.checksum)
-        if self.layer is not None:
-            record["layer"] = self.layer
-            record["reason"] = self.reason
-        return record
+__all__ = ["ManifestView", "read_manifest", "seal_torn_tail", "read_verified", "check_structure"]
 
 
 @dataclass
@@ -213,7 +67,7 @@ class ManifestView:
             version = Version.from_record(record, self.rank)
             self.states[version.step] = version
         elif kind == "resume":
-            self._truncate(_count(record, "step"))
+            self._truncate(count(record, "step"))
         elif kind == "drop":
             self._drop(check_relative(record["file"]))
         else:
@@ -229,14 +83,6 @@ class ManifestView:
         for name, versions in self.versions.items():
             self.versions[name] = [v for v in versions if v.step <= step]
         self.states = {s: v for s, v in self.states.items() if s <= step}
-
-
-def _count(record: dict[str, Any], key: str) -> int:
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{record['kind']} record with {key}={value!r}: an integer >= 0 is "
-                         "required")
-    return value
 
 
 def _check_header(record: dict[str, Any]) -> dict[str, Any]:
@@ -266,7 +112,7 @@ def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
         try:
             if last:
                 raise ValueError("torn append: the last line has no newline")
-            view.apply(_decode_line(line))
+            view.apply(decode_line(line))
         except Exception as exc:  # any damage to one line: skip it, say why
             view.problems.append(f"{MANIFEST} line {number}: skipped ({exc})")
     return view
@@ -304,9 +150,10 @@ def read_verified(store: Store, version: Version) -> bytes:
     return data
 
 
-def check_structure(data: bytes, what: str) -> None:
-    """CorruptVersion unless ``data`` is laid out as a safetensors file: a JSON
-    header whose tensors tile the data section exactly. Cheap: no tensor is built."""
+def check_structure(data: bytes, what: str) -> dict[str, str]:
+    """The metadata of the safetensors file ``data``; CorruptVersion unless it is
+    laid out as one: a JSON header whose tensors tile the data section exactly.
+    Cheap: no tensor is built."""
     try:
         (n,) = struct.unpack("<Q", data[:8])
         if n > len(data) - 8:
@@ -321,5 +168,6 @@ def check_structure(data: bytes, what: str) -> None:
             end = stop
         if end != len(data) - 8 - n:
             raise ValueError(f"tensors cover {end} of {len(data) - 8 - n} data bytes")
+        return header.get("__metadata__") or {}
     except Exception as exc:  # every way a header can be malformed means 'corrupt'
         raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None

@@ -14,12 +14,16 @@ Contract, per optimizer step t = 1, 2, ... (after the step's update):
      ``K_l(t) = base_l * lr(t) / lr_peak`` (or ``base_l`` without LR scaling).
 3. A written layer gets ``A_l = 0`` and ``last_l = t``.
 
+(A fourth reason, ``retry``, is LayerCheck's own: under ``on_error="warn"``
+it rewrites at the next opportunity the layers whose write failed.)
+
 Staleness of layer l at step t is ``t - last_l`` (``last_l = 0`` before the
 base). It never exceeds ``smax + interval - 1`` because ``warmup_steps <=
 smax``.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -27,10 +31,21 @@ import numpy as np
 
 from .config import LayerCheckConfig
 
-__all__ = ["Policy", "PolicyState", "Decision", "REASONS", "replay"]
+__all__ = ["Policy", "PolicyState", "Decision", "Reason", "replay"]
 
-REASONS = ("base", "threshold", "smax")
-"""Why a layer was written; ``Decision.reasons`` holds indices into this."""
+
+class Reason(enum.IntEnum):
+    """Why a layer was written. ``Decision.reasons`` and the dashboard's replays
+    hold these values; traces and manifests hold their ``label``."""
+
+    BASE = 0
+    THRESHOLD = 1
+    SMAX = 2
+    RETRY = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,18 +83,27 @@ class Policy:
     def is_opportunity(self, step: int) -> bool:
         return step % self.interval == 0
 
-    def thresholds(self, lr_ratio: float) -> np.ndarray:
-        """K_l(t) for the given ``lr(t) / lr_peak``."""
+    @property
+    def base_step(self) -> int:
+        """The step of the base checkpoint of a run that starts at step 0: the
+        first opportunity at or after the warm-up."""
+        k = self.interval
+        return max(k, -(-self.warmup_steps // k) * k)
+
+    def thresholds(self, lr_ratio: "float | np.ndarray") -> np.ndarray:
+        """K_l(t) for ``lr_ratio = lr(t) / lr_peak``: one per layer for a number;
+        steps x layers for an array of one ratio per step (the same products)."""
+        ratio = np.asarray(lr_ratio, dtype=np.float64)[..., None]
         if not self.lr_scaling:
-            return self.base
+            return np.broadcast_to(self.base, ratio.shape[:-1] + self.base.shape)
         with np.errstate(invalid="ignore"):  # inf * 0 -> nan: an infinite K stays infinite
-            k = self.base * lr_ratio
+            k = self.base * ratio
         return np.where(np.isinf(self.base), np.inf, k)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Layers to write at ``step`` (indices, ascending) and why (indices into REASONS)."""
+    """Layers to write at ``step`` (indices, ascending) and why (``Reason`` values)."""
 
     step: int
     layers: np.ndarray
@@ -87,7 +111,7 @@ class Decision:
 
     @property
     def is_full(self) -> bool:
-        return bool(self.reasons.size) and bool((self.reasons == 0).all())
+        return bool(self.reasons.size) and bool((self.reasons == Reason.BASE).all())
 
 
 @dataclass(kw_only=True)
@@ -118,13 +142,13 @@ class PolicyState:
                 return Decision(step, empty, empty)
             self.base_step = step
             chosen = np.arange(policy.num_layers)
-            reasons = np.zeros(policy.num_layers, dtype=np.int64)
+            reasons = np.full(policy.num_layers, Reason.BASE, dtype=np.int64)
         else:
             by_drift = self.accumulators >= policy.thresholds(lr_ratio)
             by_age = (step - self.last_written) >= policy.smax
             mask = by_drift | by_age
             chosen = np.flatnonzero(mask)
-            reasons = np.where(by_drift[chosen], 1, 2).astype(np.int64)
+            reasons = np.where(by_drift[chosen], Reason.THRESHOLD, Reason.SMAX).astype(np.int64)
         self.mark_written(step, chosen)
         return Decision(step, chosen, reasons)
 

@@ -1,27 +1,38 @@
-"""Composite recovery: plan which version of each layer to use, then load it.
+"""Composite recovery: one planner for restore, export, gc, plan and the Trainer.
 
-The plan for step T: the newest committed training state at or before T (the
-resume point t), and for every layer the newest committed version at or
-before t whose checksum verifies. A corrupt version is passed over with a
-warning in favour of the one before it, down to the base checkpoint; a layer
-with no good version at all makes step t unrecoverable (CheckpointNotFound).
+The plan for step T: the newest committed training state at or before T that
+is intact (the resume point t), and for every layer the newest committed
+version at or before t that is intact (size, checksum and safetensors layout
+as committed). A damaged version is passed over, with a warning, down to the
+base checkpoint; a layer with no intact version makes t unrecoverable
+(CheckpointNotFound).
+
+A version sharded over ranks (DeepSpeed ZeRO) is intact when every rank's
+shard is. Live (``LayerCheck.restore``), each rank verifies its own shard and
+the ranks agree (``Ranks.agree_min``): all take the oldest version proposed,
+and a rank that proposed a newer one looks again at or below it. Offline
+(``make_plan``), one process verifies every shard. Both choose the same.
 """
 from __future__ import annotations
 
-import json
-import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable
 
+import numpy as np
 import torch
 from safetensors.torch import load as st_load
 
 from .errors import CheckpointNotFound, CorruptVersion
-from .manifest import ManifestView, Version, read_verified
+from .format import Version, read_state_document
+from .manifest import ManifestView, check_structure, read_verified
+from .ranks import Ranks
 from .store import Store
 
-__all__ = ["Plan", "make_plan", "parse_safetensors", "LoadedLayer", "iter_layers"]
+__all__ = ["Plan", "Planner", "make_plan", "parse_safetensors", "read_state"]
+
+UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
+"""Called with (chosen version, its tensors) as each layer is chosen."""
 
 
 @dataclass
@@ -47,74 +58,139 @@ class Plan:
 
 def parse_safetensors(data: bytes, what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata of a safetensors blob (no pickle); CorruptVersion if malformed."""
+    metadata = check_structure(data, what)
     try:
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8:8 + n])
-        metadata = header.get("__metadata__", {}) or {}
         return st_load(data), metadata
     except Exception as exc:  # a damaged file can fail in many ways; all mean 'corrupt'
         raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None
 
 
-def _newest_good(store: Store, versions: list[Version], verify: bool,
-                 warnings: list[str], what: str) -> tuple[Version, bytes | None]:
-    for version in sorted(versions, key=lambda v: v.step, reverse=True):
-        if not verify:
-            return version, None
-        try:
-            return version, read_verified(store, version)
-        except CorruptVersion as exc:
-            warnings.append(f"{what}: skipping the version of step {version.step}: {exc}")
-    raise CheckpointNotFound(f"{what}: no intact committed version"
-                             + (f" ({len(versions)} tried, all damaged)" if versions else ""))
+def read_state(store: Store, version: Version,
+               data: bytes | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, state document) of a committed training state (``data``: its
+    bytes, already verified; else read and verified now)."""
+    tensors, metadata = parse_safetensors(data if data is not None else
+                                          read_verified(store, version), version.file)
+    return tensors, read_state_document(metadata)
+
+
+class Planner:
+    """Chooses the composite of a step (see the module doc).
+
+    ``ranks``: the live ranks that must agree (default: one process);
+    ``every_shard``: verify every rank's shard, not only the view's own.
+    Call ``state`` first, then ``layers`` with its step (or ``plan`` for both).
+    ``warnings`` collects every fallback; ``load_s`` the seconds spent reading
+    and parsing layer versions."""
+
+    def __init__(self, store: Store, view: ManifestView, *, ranks: Ranks | None = None,
+                 every_shard: bool = False) -> None:
+        self.store, self.view = store, view
+        self.ranks = ranks or Ranks()
+        self.every_shard = every_shard
+        self.warnings: list[str] = []
+        self.load_s = 0.0
+
+    def plan(self, step: int | None = None, *, exact: bool = False,
+             use: UseLayer | None = None) -> Plan:
+        state, _ = self.state(step, exact=exact)
+        return Plan(state.step, state, self.layers(state.step, use), self.warnings)
+
+    def state(self, step: int | None = None, *, exact: bool = False) -> tuple[Version, bytes]:
+        """The newest intact training state at or before ``step`` (default: the
+        newest), or of exactly ``step`` (``exact``), and its verified bytes."""
+        view, url = self.view, self.store.url
+        if view.header is None:
+            raise CheckpointNotFound(f"{url}: not a layercheck checkpoint (no manifest header)")
+        if not view.states:
+            raise CheckpointNotFound(f"{url}: no recoverable step yet (training stopped before "
+                                     "the base checkpoint)")
+        exact = exact and step is not None
+        if exact and step not in view.states:
+            raise CheckpointNotFound(f"step {step} is not a recoverable step of {url} "
+                                     f"({_steps(view)}); pass one of them, or leave out --step "
+                                     "for the newest")
+        bound = view.latest_step() if step is None else step
+        if min(view.states) > bound:
+            raise CheckpointNotFound(f"no recoverable step at or before {bound}; the oldest is "
+                                     f"{min(view.states)}")
+        candidates = [v for s, v in view.states.items() if s <= bound and (s == step or not exact)]
+        ((state, data),) = self._agreed([("training state", candidates)], bound, keep=True)
+        return state, data  # type: ignore[return-value]
+
+    def layers(self, step: int, use: UseLayer | None = None) -> dict[str, Version]:
+        """Per layer (header order), its newest intact version at or before ``step``;
+        ``use`` gets each chosen version's tensors (again, should the ranks then
+        agree on an older one)."""
+        names = self.view.layer_names
+        items = [(f"layer {name}", [v for v in self.view.versions.get(name, []) if v.step <= step])
+                 for name in names]
+        picks = self._agreed(items, step, use)
+        return {name: version for name, (version, _) in zip(names, picks)}  # type: ignore[misc]
+
+    def _agreed(self, items: list[tuple[str, list[Version]]], step: int,
+                use: UseLayer | None = None, *,
+                keep: bool = False) -> list[tuple[Version | None, bytes | None]]:
+        """For each (what, its versions <= step): the newest version that every rank
+        has intact, and (``keep``) this rank's verified bytes of it; otherwise the
+        bytes are dropped as soon as read, so that a layer at a time is in memory."""
+        bound = np.full(len(items), step, dtype=np.int64)
+        chosen = np.full(len(items), -2, dtype=np.int64)
+        picks: list[tuple[Version | None, bytes | None]] = [(None, None)] * len(items)
+        while True:
+            for i, (what, versions) in enumerate(items):
+                if chosen[i] != bound[i]:
+                    version, data = self._newest_intact(
+                        [v for v in versions if v.step <= bound[i]], what, use)
+                    picks[i] = (version, data if keep else None)
+                    chosen[i] = version.step if version is not None else -1
+            agreed, same = self.ranks.agree_min(chosen)
+            if (agreed < 0).any():
+                raise CheckpointNotFound(self._none_intact(*items[int(np.argmin(agreed))], step))
+            if same:
+                return picks
+            bound = agreed
+
+    def _newest_intact(self, versions: list[Version], what: str,
+                       use: UseLayer | None) -> tuple[Version | None, bytes | None]:
+        start = time.perf_counter()
+        for version in sorted(versions, key=lambda v: v.step, reverse=True):
+            try:
+                data = self._read(version)
+            except CorruptVersion as exc:
+                self.warnings.append(f"{what}: skipping the version of step {version.step}: {exc}")
+                continue
+            if use is not None:
+                tensors, _ = parse_safetensors(data, version.file)
+                self.load_s += time.perf_counter() - start
+                use(version, tensors)
+            return version, data
+        return None, None
+
+    def _read(self, version: Version) -> bytes:
+        """The view's own file of ``version``, verified (with every other rank's
+        shard, under ``every_shard``)."""
+        for shard in version.per_rank() if self.every_shard else ():
+            if shard.file != version.file:
+                read_verified(self.store, shard)
+        return read_verified(self.store, version)
+
+    def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
+        if not versions:
+            return f"{what} has no committed version at or before step {step}"
+        where = " on every rank" if self.view.world_size > 1 else ""
+        return f"{what}: no committed version intact{where} ({len(versions)} tried, all damaged)"
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,
-              verify: bool = True) -> Plan:
-    """The composite plan for ``step`` (default: the newest committed step).
-
-    The training state is always verified (it is small); ``verify`` says
-    whether the layer versions are read and verified too."""
-    if view.header is None:
-        raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no manifest header)")
-    if not view.states:
-        raise CheckpointNotFound(f"{store.url}: no recoverable step yet (training stopped before "
-                                 "the base checkpoint)")
-    target = view.latest_step() if step is None else step
-    eligible = [v for s, v in view.states.items() if s <= target]
-    if not eligible:
-        raise CheckpointNotFound(f"no recoverable step at or before {target}; the oldest is "
-                                 f"{min(view.states)}")
-    warnings: list[str] = []
-    state, _ = _newest_good(store, eligible, True, warnings, "training state")
-    sources = {}
-    for name in view.layer_names:
-        versions = [v for v in view.versions.get(name, []) if v.step <= state.step]
-        if not versions:
-            raise CheckpointNotFound(f"layer {name} has no committed version at or before step "
-                                     f"{state.step}")
-        sources[name], _ = _newest_good(store, versions, verify, warnings, f"layer {name}")
-    return Plan(step=state.step, state=state, sources=sources, warnings=warnings)
+              exact: bool = False) -> Plan:
+    """The composite plan of ``step`` (default: the newest recoverable step; with
+    ``exact``, exactly ``step``), every rank's shard verified. Offline: nothing
+    is loaded, nothing agreed with anyone."""
+    return Planner(store, view, every_shard=True).plan(step, exact=exact)
 
 
-@dataclass
-class LoadedLayer:
-    name: str
-    version: Version
-    tensors: dict[str, torch.Tensor]
-    load_s: float
-
-
-def iter_layers(store: Store, view: ManifestView, plan: Plan,
-                layer_names: list[str]) -> Iterator[LoadedLayer]:
-    """Load each planned layer once, verified; a layer whose planned version
-    turns out corrupt now falls back to its next older intact version (and
-    the fallback is noted in ``plan.warnings``)."""
-    for name in layer_names:
-        start = time.perf_counter()
-        version = plan.sources[name]
-        candidates = [v for v in view.versions.get(name, []) if v.step <= version.step]
-        version, data = _newest_good(store, candidates, True, plan.warnings, f"layer {name}")
-        plan.sources[name] = version
-        tensors, _ = parse_safetensors(data, version.file)  # type: ignore[arg-type]
-        yield LoadedLayer(name, version, tensors, time.perf_counter() - start)
+def _steps(view: ManifestView) -> str:
+    steps = sorted(view.states)
+    return (f"recoverable steps: {', '.join(map(str, steps))}" if len(steps) <= 6 else
+            f"{len(steps)} recoverable steps from {steps[0]} to {steps[-1]}")

@@ -13,7 +13,9 @@ deleting its file, so a crash in between leaves only unreferenced files
 """
 from __future__ import annotations
 
-from .manifest import ManifestView, Version
+from .format import Version
+from .manifest import ManifestView
+from .policy import Reason
 
 __all__ = ["Retention"]
 
@@ -25,7 +27,7 @@ class Retention:
         if keep < 1:
             raise ValueError(f"keep_versions={keep}: keep at least the newest version (1)")
         self.keep = keep
-        self._layers = {name: [v for v in versions if v.reason != "base"]
+        self._layers = {name: [v for v in versions if v.reason != Reason.BASE.label]
                         for name, versions in view.versions.items()}
         self._states = sorted(view.states.values(), key=lambda v: v.step)
         self._floor = 0  # steps below this lost a version their composite used
@@ -36,7 +38,7 @@ class Retention:
         for version in versions:
             if version.layer is None:
                 self._states.append(version)
-            elif version.reason != "base":
+            elif version.reason != Reason.BASE.label:
                 live = self._layers.setdefault(version.layer, [])
                 live.append(version)
                 while len(live) > self.keep:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
+from .policy import Reason
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
            "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness"]
@@ -54,13 +55,13 @@ TABLES: dict[str, dict[str, str]] = {
 """Required columns and their types. steps: compute time per phase, the
 training-thread stall for checkpointing, loss and the step's learning rate
 (NaN where a synthetic trace has no such figure). writes.reason is one of
-base, threshold, smax."""
+``WRITE_REASONS`` (base, threshold, smax, retry)."""
 
 OPTIONAL_TABLES = ("recovery",)
 MANIFEST_KEYS = ("schema_version", "name", "kind", "description", "model", "layers",
                  "config", "lr_peak", "machine", "sources")
 LAYER_KEYS = ("name", "kind", "params", "bytes")
-WRITE_REASONS = ("base", "threshold", "smax")
+WRITE_REASONS = tuple(reason.label for reason in Reason)
 
 
 class TraceError(ValueError):

@@ -15,28 +15,20 @@ them) and restores the composite state; ``on_step_end`` (after
 ``optimizer.step()`` and ``lr_scheduler.step()``) calls ``LayerCheck.step()``;
 ``on_train_end`` waits for pending writes and releases the directory.
 
-Resume design: the Trainer's own flow, pointed at a checkpoint that layercheck
-assembles. Only the Trainer knows how to continue its data stream (the epoch
-to start in, the batches of it to skip, the seedable sampler's epoch), and it
-decides all of that from ``trainer_state.json`` before any callback runs, so
-``resume_checkpoint()`` writes a regular Trainer checkpoint folder,
-``<directory>/resume/checkpoint-<t>/``, for the newest recoverable step t:
-``trainer_state.json`` (rebuilt from the Trainer state that every committed
-step carries as extra state), ``config.json`` and ``model.safetensors`` (the
-composite weights, which ``_load_from_checkpoint`` requires). The Trainer loads
-them and skips exactly the batches of steps 1..t, as for its own checkpoints.
-It finds no ``optimizer.pt``, ``scheduler.pt`` or ``rng_state.pth`` there (layercheck
-writes no pickle), so it leaves those alone, and ``on_train_begin`` restores
-the composite of step t over everything with ``LayerCheck.restore(t)``:
-weights with their own Adam moments, optimizer hyper-parameters, LR scheduler
-and RNGs. As the Trainer does with ``rng_state.pth``, the RNG states are set
-again right before the first resumed step when the Trainer skipped batches of
-a partly trained epoch (fetching them moved the RNGs). The restored step must
-equal the Trainer's ``global_step``: a Trainer resumed at a step the directory
-cannot restore (say one of its own checkpoints at a step layercheck did not
-commit), or started fresh over a directory that holds checkpoints, is refused
-with an error that names the fix rather than silently mixed. (Resumed from its
-own checkpoint at a step layercheck committed, it gets that step's composite.)
+Resume design (the details: docs/trainer.md): the Trainer's own flow, pointed
+at a checkpoint that layercheck assembles. Only the Trainer knows how to
+continue its data stream, and it decides that from ``trainer_state.json``
+before any callback runs, so ``resume_checkpoint()`` writes a Trainer
+checkpoint folder ``<directory>/resume/checkpoint-<t>/`` for the newest
+recoverable step t (``trainer_state.json`` from the Trainer state every
+committed step carries as extra state, ``config.json``, the composite
+``model.safetensors``; no pickle), and ``on_train_begin`` restores the
+composite of exactly step t over everything with the same lifecycle as any
+loop (``LayerCheck.restore(t, exact=True)``). The RNG states are set again
+before the first resumed step when the Trainer skipped batches of a partly
+trained epoch. A Trainer resumed at a step the directory cannot restore, or
+started fresh over a directory that holds checkpoints, is refused with an
+error that names the fix rather than silently mixed.
 
 What resume does not carry: the Trainer's ``log_history`` (it grows with every
 log entry; each committed step would rewrite it whole), and the RNG draws of
@@ -46,25 +38,22 @@ Single-process training only (no DDP, DeepSpeed or FSDP through this callback).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
-from safetensors.torch import save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from .checkpoint import MODEL_CONFIG, LayerCheck
+from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
 from .errors import CheckpointNotFound, LayerCheckError
-from .export import composite_tensors
+from .export import composite, publish, write_model
 from .layermap import LayerMap
-from .manifest import read_manifest, read_verified
-from .recovery import make_plan, parse_safetensors
+from .manifest import read_manifest
+from .recovery import read_state
+from .snapshot import apply_rng, capture_rng
 from .store import LocalStore, Store, open_store
 
 __all__ = ["LayerCheckCallback", "TRAINER_STATE_KEY"]
@@ -102,7 +91,7 @@ class LayerCheckCallback(TrainerCallback):
         self.restored_step: int | None = None
         """The step the last ``train()`` started from (0: a fresh start)."""
         self._model: torch.nn.Module | None = None
-        self._rng_to_sync: dict[str, Any] | None = None
+        self._rng_to_sync: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
 
     # -- before train() --------------------------------------------------------
     def resume_checkpoint(self, into: "str | os.PathLike[str] | None" = None) -> str | None:
@@ -140,27 +129,24 @@ class LayerCheckCallback(TrainerCallback):
         if view.header is None or not view.states:
             return None
         if self._model is not None:
-            self._layer_map(self._model).check_signature(view.header["layers"])
-        plan = make_plan(store, view, verify=False)
+            layer_map = self.layer_map or LayerMap.for_model(self._model, self.config.layers)
+            layer_map.check_signature(view.header["layers"])
+        plan, tensors = composite(store, view)
         trainer_state = self._saved_trainer_state(store, plan)
         root = Path(into) if into is not None else self._default_resume_root(store)
         _claim(root)
-        staging = root / f".checkpoint-{plan.step}.partial"
-        staging.mkdir()
-        save_file(self._composite_weights(store, view, plan), staging / "model.safetensors",
-                  metadata={"format": "pt", "layercheck_step": str(plan.step)})
-        if store.exists(MODEL_CONFIG):
-            (staging / "config.json").write_bytes(store.read(MODEL_CONFIG))
-        TrainerState(**trainer_state).save_to_json(str(staging / "trainer_state.json"))
+
+        def build(staging: Path) -> None:
+            write_model(staging, store, plan.step, self._with_aliases(tensors))
+            TrainerState(**trainer_state).save_to_json(str(staging / "trainer_state.json"))
+
         target = root / f"checkpoint-{plan.step}"
-        staging.rename(target)
+        publish(target, build)
         return str(target)
 
-    def _composite_weights(self, store: Store, view: Any, plan: Any) -> dict[str, torch.Tensor]:
-        """Every parameter and persistent buffer of step ``plan.step``, under its name in
-        the model; a tied weight also under its second name (the Trainer loads by name
-        and would report the alias as missing)."""
-        tensors = composite_tensors(store, view, plan)
+    def _with_aliases(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The composite's weights and buffers, a tied weight also under its second
+        name (the Trainer loads by name and would report the alias as missing)."""
         if self._model is not None:
             owner = {p.data_ptr(): n for n, p in self._model.named_parameters()}
             for name, value in self._model.state_dict().items():
@@ -177,9 +163,8 @@ class LayerCheckCallback(TrainerCallback):
         return store.root / RESUME_FOLDER
 
     def _saved_trainer_state(self, store: Store, plan: Any) -> dict[str, Any]:
-        _, metadata = parse_safetensors(read_verified(store, plan.state), plan.state.file)
-        extra = json.loads(metadata["state"]).get("extra") or {}
-        saved = extra.get(TRAINER_STATE_KEY)
+        _, doc = read_state(store, plan.state)
+        saved = (doc.get("extra") or {}).get(TRAINER_STATE_KEY)
         if not isinstance(saved, dict):
             raise LayerCheckError(
                 f"{store.url}: step {plan.step} carries no Trainer state (it was not written by "
@@ -187,13 +172,6 @@ class LayerCheckCallback(TrainerCallback):
                 "give the callback a new directory")
         known = {f.name for f in dataclasses.fields(TrainerState)}
         return {k: v for k, v in saved.items() if k in known}
-
-    def _layer_map(self, model: torch.nn.Module) -> LayerMap:
-        if self.layer_map is not None:
-            return self.layer_map
-        if self.config.layers:
-            return LayerMap.explicit(model, self.config.layers)
-        return LayerMap.auto(model)
 
     # -- the Trainer's events ------------------------------------------------------
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -219,13 +197,13 @@ class LayerCheckCallback(TrainerCallback):
             raise
         self.layercheck = lc
         self.restored_step = state.global_step
-        self._rng_to_sync = (_rng_states() if state.global_step > 0 and _skips_batches(
+        self._rng_to_sync = (capture_rng() if state.global_step > 0 and _skips_batches(
             args, state, train_dataloader) else None)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:
         if self._rng_to_sync is not None:
-            _set_rng_states(self._rng_to_sync)
+            apply_rng(*self._rng_to_sync)
             self._rng_to_sync = None
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -258,18 +236,13 @@ class LayerCheckCallback(TrainerCallback):
             lc.restore()
             return
         try:
-            planned = make_plan(lc.store, view, trainer_step, verify=False).step
-        except CheckpointNotFound:
-            planned = None
-        if planned != trainer_step:
-            have = f"its newest step at or before it is {planned}" if planned is not None else \
-                "it holds no recoverable step at or before it"
+            lc.restore(trainer_step, exact=True)
+        except CheckpointNotFound as exc:
             raise LayerCheckError(
                 f"the Trainer resumed at step {trainer_step} but {where} cannot restore that "
-                f"step ({have}): resume with trainer.train(resume_from_checkpoint="
+                f"step ({exc}): resume with trainer.train(resume_from_checkpoint="
                 "callback.resume_checkpoint()), which points the Trainer at the step "
-                "layercheck restores")
-        lc.restore(trainer_step)
+                "layercheck restores") from None
 
 
 def _claim(root: Path) -> None:
@@ -325,19 +298,3 @@ def _skips_batches(args: TrainingArguments, state: TrainerState, dataloader: Any
     per_epoch = (max(batches // accumulation + int(batches % accumulation > 0), 1)
                  if batches else state.max_steps)
     return per_epoch > 0 and state.global_step % per_epoch > 0
-
-
-def _rng_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                              "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _set_rng_states(states: Mapping[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
-    if "cuda" in states:
-        torch.cuda.set_rng_state_all(states["cuda"])

@@ -25,7 +25,8 @@ from safetensors.torch import save as st_save
 
 from .commit import Commit
 from .errors import WriteFailed
-from .manifest import MANIFEST, Version, checksum, encode_record, layer_path, state_path
+from .format import (MANIFEST, Version, checksum, drop_record, encode_record, layer_metadata,
+                     layer_path, state_path)
 from .retention import Retention
 from .store import Store
 
@@ -172,9 +173,8 @@ class Writer:
             for snap in job.layers:
                 what = f"layer {snap.name}"
                 versions.append(self._write(layer_path(snap.name, job.step, rank), snap.tensors,
-                                            {"format": "layercheck-layer/1", "layer": snap.name,
-                                             "step": str(job.step)}, job.step, snap.name,
-                                            snap.reason))
+                                            layer_metadata(snap.name, job.step), job.step,
+                                            snap.name, snap.reason))
             committed = list(versions)
             if job.state is not None and not (self._owed - {s.index for s in job.layers}):
                 what = "the training state"
@@ -209,7 +209,7 @@ class Writer:
             return
         try:
             self.store.append(MANIFEST, b"".join(
-                encode_record({"kind": "drop", "file": v.key}) for v in versions))
+                encode_record(drop_record(v.key)) for v in versions))
             for version in versions:
                 for file in version.files:
                     self.store.delete(file)

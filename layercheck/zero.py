@@ -13,21 +13,16 @@
         lc.step()                       # every rank, after every engine.step()
     lc.close()
 
-What happens on each rank:
-- Drift is computed on the update path from this rank's flat fp32 partitions
-  and their Adam moments (the inner optimizer's step hook), and the per-layer
-  sums are all-reduced, so every rank sees the exact global drift and the
-  pure policy makes the same decision everywhere: a layer is written by all
-  ranks at the same step.
-- Each rank persists its own shard of a layer version (its fp32 master
-  partitions, exp_avg, exp_avg_sq and step counts): no gather. The version's
-  manifest record, naming every rank's shard, is appended by rank 0 only once
-  every rank's shard is durable (``commit.ShardedCommit``).
-- Recovery: every rank loads its shard of the newest committed version of
-  each layer (the ranks agree on the version, falling back together past a
-  shard that fails its checksum on any rank), restores fp32 masters and Adam
-  moments, and refreshes the module weights from them (DeepSpeed's own
-  ``safe_set_full_fp32_param`` would leave the 16-bit weights stale).
+``ZeroLayerCheck`` is ``LayerCheck`` (one lifecycle) with two adapters: the
+layer source is this rank's ZeRO partitions (``Partitions``: its fp32 masters,
+Adam moments and step counts, one shard per rank, no gather), and the ranks
+are the process group's (``ranks.ProcessGroupRanks``). So on every rank: the
+drift sums of its partitions are all-reduced (each rank sees the drift of
+whole layers and makes the same decisions); rank 0 commits a version once
+every rank's shard is durable (``commit.ShardedCommit``); a restore agrees on
+each layer's version across ranks (falling back together past a shard that
+is damaged on any rank), then refreshes the module weights from the masters
+(DeepSpeed's own ``safe_set_full_fp32_param`` would leave them stale).
 
 The optimizer's parameter groups must be layer-aligned (no group mixes two
 layers; ``groups.layer_aligned_param_groups`` builds them) so that a layer's
@@ -36,37 +31,49 @@ all ranks (one filesystem or object store).
 """
 from __future__ import annotations
 
-import time
-import warnings
-from typing import Any, Callable, Mapping
+import json
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-from .checkpoint import MODEL_CONFIG, LayerCheck, RestoreReport
-from .commit import ShardedCommit, all_gather_json
+from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
-from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch
+from .errors import LayerCheckError, ModelMismatch
+from .format import optimizer_fields, sub_group, tensor_key
 from .layermap import LayerMap
-from .manifest import (FORMAT, MANIFEST, ManifestView, Version, encode_record, read_manifest,
-                       read_verified, seal_torn_tail)
-from .policy import Policy, PolicyState
-from .recovery import Plan, parse_safetensors
-from .snapshot import apply_state, capture_state, tensors_nbytes
-from .store import open_store
-from .writer import Writer
+from .ranks import ProcessGroupRanks
+from .source import LayerSource, capture_optimizer_state, host, take
 
 __all__ = ["ZeroLayerCheck", "Partitions", "Stage3Partitions", "Stage12Partitions",
            "partitions_for"]
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+class ZeroLayerCheck(LayerCheck):
+    """Layer-wise checkpointing of a DeepSpeed ZeRO engine (see the module doc).
+
+    Every rank constructs one with the same directory and config, calls
+    ``restore()`` once, ``step()`` after every ``engine.step()`` and
+    ``close()``: they are collectives. ``scheduler`` defaults to the engine's."""
+
+    def __init__(self, engine: Any, directory: str, config: LayerCheckConfig | None = None, *,
+                 scheduler: Any = None, layer_map: LayerMap | None = None,
+                 storage_options: Mapping[str, Any] | None = None,
+                 timeout_s: float = 1800.0) -> None:
+        ranks = ProcessGroupRanks(timeout_s)
+        config = config or LayerCheckConfig()
+        layer_map = layer_map or LayerMap.for_model(engine.module, config.layers)
+        super().__init__(engine.module, engine.optimizer, directory, config,
+                         scheduler=scheduler if scheduler is not None else engine.lr_scheduler,
+                         layer_map=layer_map, storage_options=storage_options,
+                         source=partitions_for(engine, layer_map), ranks=ranks)
 
 
-class Partitions:
+class Partitions(LayerSource):
     """This rank's flat fp32 partitions ("sub-groups"), which layer each belongs
     to, their Adam state, and how the module weights are refreshed from them.
+    A layer version holds ``master/sg<k>`` and ``optim/<field>/sg<k>`` for each
+    of its sub-groups k, and its persistent buffers.
 
     Subclasses bind DeepSpeed's stage-specific attributes: ``flats`` (fp32
     master partitions, one per sub-group), ``members`` (the module parameters
@@ -76,11 +83,12 @@ class Partitions:
     flats: list[torch.Tensor]
     members: list[list[torch.nn.Parameter]]
     group_ids: list[int]
+    stage: int
 
-    def __init__(self, ds_optimizer: Any, layer_map: LayerMap) -> None:
-        self.ds = ds_optimizer
-        self.inner: torch.optim.Optimizer = ds_optimizer.optimizer
-        self.layer_map = layer_map
+    def __init__(self, engine: Any, layer_map: LayerMap) -> None:
+        self.engine, self.model, self.layer_map = engine, engine.module, layer_map
+        self.ds = engine.optimizer
+        self.optimizer: torch.optim.Optimizer = self.ds.optimizer
         self._bind()
         layer_of = {id(p): i for i in range(len(layer_map)) for _, p in layer_map.parameters(i)}
         self.layer_of: list[int] = []
@@ -96,6 +104,7 @@ class Partitions:
         self.of_layer = [[k for k, i in enumerate(self.layer_of) if i == layer]
                          for layer in range(len(layer_map))]
 
+    # -- the stage's hooks ----------------------------------------------------------
     def _bind(self) -> None:
         raise NotImplementedError
 
@@ -108,45 +117,62 @@ class Partitions:
         A collective: every rank calls it."""
         raise NotImplementedError
 
-    def group(self, k: int) -> dict:
-        return self.inner.param_groups[self.group_ids[k]]
+    # -- the LayerSource ------------------------------------------------------------
+    def drift_layers(self) -> list[list[torch.Tensor]]:
+        return [[self.flats[k] for k in ks] for ks in self.of_layer]
+
+    def drift_groups(self) -> dict[int, dict]:
+        # ZeRO-3 puts a flat partition into its param group only while stepping it
+        return {id(f): self.optimizer.param_groups[self.group_ids[k]]
+                for k, f in enumerate(self.flats)}
 
     def capture(self, i: int) -> dict[str, torch.Tensor]:
         """Host copies of layer ``i``'s shard on this rank."""
         out: dict[str, torch.Tensor] = {}
         for k in self.of_layer[i]:
-            out[f"master/sg{k}"] = _host(self.flats[k])
-            for key, value in self.inner.state.get(self.flats[k], {}).items():
-                if torch.is_tensor(value):
-                    out[f"optim/{key}/sg{k}"] = _host(value)
-                elif isinstance(value, (int, float)):
-                    out[f"optim/{key}/sg{k}"] = torch.tensor(float(value), dtype=torch.float64)
-        for name, b in self.layer_map.buffers(i):
-            out[f"buffer/{name}"] = _host(b)
-        return out
+            out[tensor_key("master", sub_group(k))] = host(self.flats[k])
+            out.update(capture_optimizer_state(self.optimizer.state.get(self.flats[k], {}),
+                                               sub_group(k)))
+        return {**out, **self._capture_buffers(i)}
 
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a loaded shard of layer ``i`` into the fp32 masters, the Adam state
-        and the module-dtype partitions (``refresh_module`` finishes the job)."""
+        and the module-dtype partitions (``after_restore`` finishes the job)."""
         layer = self.layer_map.names[i]
         with torch.no_grad():
             for k in self.of_layer[i]:
                 flat = self.flats[k]
-                master = _take(tensors, f"master/sg{k}", flat.shape, layer)
-                flat.copy_(master)
-                state = {}
-                for key, value in tensors.items():
-                    kind, _, rest = key.partition("/")
-                    field, _, owner = rest.partition("/")
-                    if kind == "optim" and owner == f"sg{k}":
-                        state[field] = value if field == "step" else value.to(flat.device)
+                flat.copy_(take(tensors, tensor_key("master", sub_group(k)), flat, layer))
+                state = {field: value if field == "step" else value.to(flat.device)
+                         for field, value in optimizer_fields(tensors, sub_group(k)).items()}
                 if not state:
                     raise ModelMismatch(f"layer {layer}: the saved shard has no optimizer state "
                                         f"for sub-group {k}")
-                self.inner.state[flat] = state
+                self.optimizer.state[flat] = state
                 self.low(k).copy_(flat)
-            for name, b in self.layer_map.buffers(i):
-                b.copy_(_take(tensors, f"buffer/{name}", b.shape, layer))
+        self._apply_buffers(i, tensors)
+
+    def header_facts(self) -> dict[str, Any]:
+        engine = self.engine
+        return {"zero": _jsonable({
+            "stage": self.stage, "sub_groups": self.describe(),
+            "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                             for g in self.optimizer.param_groups],
+            "module_keys": list(self.model.state_dict().keys()),
+            "ds_config": getattr(engine, "config", None),
+            "checkpoint": _checkpoint_facts(engine, self)})}
+
+    def engine_state(self) -> dict[str, Any]:
+        e = self.engine
+        return {"global_steps": int(e.global_steps), "global_samples": int(e.global_samples),
+                "skipped_steps": int(e.skipped_steps)}
+
+    def after_restore(self, engine: Mapping[str, Any] | None, step: int) -> None:
+        saved, e = engine or {}, self.engine
+        e.global_steps = int(saved.get("global_steps", step))
+        e.global_samples = int(saved.get("global_samples", step * e.train_batch_size()))
+        e.skipped_steps = int(saved.get("skipped_steps", 0))
+        self.refresh_module()
 
     def describe(self) -> list[dict[str, Any]]:
         """Per sub-group: layer, param group, hyper-parameters-free shape facts
@@ -213,355 +239,15 @@ class Stage12Partitions(Partitions):
 def partitions_for(engine: Any, layer_map: LayerMap) -> Partitions:
     """The ``Partitions`` of ``engine``'s ZeRO optimizer, by stage."""
     stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
-    ds = engine.optimizer
     if stage == 3:
-        return Stage3Partitions(ds, layer_map)
+        return Stage3Partitions(engine, layer_map)
     if stage in (1, 2):
-        parts = Stage12Partitions(ds, layer_map)
+        parts = Stage12Partitions(engine, layer_map)
         parts.stage = stage
         return parts
     raise LayerCheckError(f"the DeepSpeed engine runs ZeRO stage {stage}: ZeroLayerCheck needs "
                           "stage 1, 2 or 3 (for no ZeRO, use LayerCheck(engine.module, "
                           "engine.optimizer, ...))")
-
-
-def _take(tensors: Mapping[str, torch.Tensor], key: str, shape: torch.Size,
-          layer: str) -> torch.Tensor:
-    if key not in tensors:
-        raise ModelMismatch(f"layer {layer}: the saved shard has no {key}; it was written for a "
-                            "different model, optimizer grouping or world size")
-    value = tensors[key]
-    if value.shape != shape:
-        raise ModelMismatch(f"layer {layer}: {key} has shape {tuple(value.shape)} in the "
-                            f"checkpoint but {tuple(shape)} here; restore with the same world "
-                            "size and parameter groups")
-    return value
-
-
-class ZeroLayerCheck(LayerCheck):
-    """Layer-wise checkpointing of a DeepSpeed ZeRO engine (see the module doc).
-
-    Every rank constructs one with the same directory and config, calls
-    ``restore()`` once, ``step()`` after every ``engine.step()`` and
-    ``close()``: they are collectives."""
-
-    def __init__(self, engine: Any, directory: str, config: LayerCheckConfig | None = None, *,
-                 scheduler: Any = None, layer_map: LayerMap | None = None,
-                 storage_options: Mapping[str, Any] | None = None,
-                 timeout_s: float = 1800.0) -> None:
-        import datetime
-        import torch.distributed as dist
-        if not dist.is_initialized():
-            raise LayerCheckError("torch.distributed is not initialised: create ZeroLayerCheck "
-                                  "after deepspeed.initialize()")
-        self.config = config or LayerCheckConfig()
-        self.engine = engine
-        self.model = engine.module
-        self.optimizer = engine.optimizer
-        self.scheduler = scheduler if scheduler is not None else engine.lr_scheduler
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        timeout = datetime.timedelta(seconds=timeout_s)
-        # two CPU groups: one for the training thread, one for the writer thread
-        # (collectives of two threads must never share a group)
-        self._step_group = dist.new_group(backend="gloo", timeout=timeout)
-        self._commit_group = dist.new_group(backend="gloo", timeout=timeout)
-        self.layer_map = layer_map or (LayerMap.explicit(self.model, self.config.layers)
-                                       if self.config.layers else LayerMap.auto(self.model))
-        self.parts = partitions_for(engine, self.layer_map)
-        self.inner = self.parts.inner
-        self.policy = Policy.from_config(self.config, self.layer_map.names, self.layer_map.kinds)
-        self.state = PolicyState(policy=self.policy)
-        self.lr_peak = self.config.lr_peak or max(
-            float(g.get("initial_lr", g["lr"])) for g in self.inner.param_groups)
-        self.store = open_store(directory, **dict(storage_options or {}))
-        self._closed = False
-        if self.rank == 0:
-            self.store.lock()
-        try:
-            self._init_directory()
-        except BaseException:
-            if self.rank == 0:
-                self.store.unlock()
-            raise
-        self.drift = ShardedDrift(self.parts, reduce=self._all_reduce)
-        self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
-                             on_error=self.config.on_error,
-                             commit=ShardedCommit(self._commit_group, self.rank, self.world_size))
-        self.current_step = 0
-        self.extra = None
-        self.last_report = None
-        self.restored = None
-        self._restore_called = False
-        self._retry = set()
-
-    # -- collectives on the training thread ----------------------------------
-    def _all_reduce(self, sums: np.ndarray) -> np.ndarray:
-        import torch.distributed as dist
-        t = torch.tensor(sums, dtype=torch.float64)  # a copy: the caller's array stays its own
-        dist.all_reduce(t, group=self._step_group)
-        return t.numpy()
-
-    def _agree_min(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
-        """(elementwise minimum over ranks, whether every rank had exactly it)."""
-        import torch.distributed as dist
-        t = torch.from_numpy(np.asarray(values, dtype=np.int64).copy())
-        low, high = t.clone(), t.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self._step_group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self._step_group)
-        return low.numpy(), bool(torch.equal(low, high))
-
-    def _barrier(self) -> None:
-        import torch.distributed as dist
-        dist.barrier(group=self._step_group)
-
-    # -- lifecycle --------------------------------------------------------------
-    def _init_directory(self) -> None:
-        if self.rank == 0:
-            if seal_torn_tail(self.store):
-                warnings.warn(f"layercheck: {MANIFEST} ended in a torn record; it is skipped",
-                              stacklevel=3)
-            if read_manifest(self.store).header is None:
-                self._write_header()
-        self._barrier()
-        view = read_manifest(self.store, self.rank)
-        if view.header is None:
-            raise LayerCheckError(f"{self.store.url}: rank {self.rank} cannot see the manifest "
-                                  "rank 0 wrote; the directory must be shared by all ranks")
-        self.layer_map.check_signature(view.header["layers"])
-        if view.world_size != self.world_size:
-            raise ModelMismatch(f"{self.store.url} was written by {view.world_size} ranks, this job "
-                                f"has {self.world_size}: resume at the same world size, or export "
-                                "it (python -m layercheck export) and load the export")
-
-    def _write_header(self) -> None:
-        engine = self.engine
-        header = {"kind": "header", "format": FORMAT, "layers": self.layer_map.signature(),
-                  "config": self.config.to_dict(), "lr_peak": self.lr_peak,
-                  "created": time.time(), "world_size": self.world_size,
-                  "zero": {"stage": self.parts.stage,
-                           "sub_groups": self.parts.describe(),
-                           "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                            for g in self.inner.param_groups],
-                           "module_keys": list(self.model.state_dict().keys()),
-                           "ds_config": _jsonable(getattr(engine, "config", None)),
-                           "checkpoint": _checkpoint_facts(engine, self.parts)}}
-        config = getattr(self.model, "config", None)
-        if config is not None and hasattr(config, "to_json_string"):
-            self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
-        self.store.append(MANIFEST, encode_record(_jsonable(header)))
-
-    def _release(self) -> None:
-        if self.rank == 0:  # rank 0 alone holds the lock
-            self.store.unlock()
-
-    # -- recovery -----------------------------------------------------------------
-    def restore(self, step: int | None = None) -> int:
-        """Restore this rank's shard of the composite state of ``step`` (default:
-        the newest step every rank can recover) and refresh the module weights.
-        Returns the restored step t (0 on a fresh directory); a collective."""
-        start = time.perf_counter()
-        view = read_manifest(self.store, self.rank)
-        for problem in view.problems if self.rank == 0 else []:
-            warnings.warn(f"layercheck: {problem}", stacklevel=2)
-        if not view.states:
-            if step is not None:
-                raise CheckpointNotFound(f"{self.store.url}: no recoverable step yet")
-            self._begin_timeline(0, view)
-            self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
-            return 0
-        notes: list[str] = []
-        state, data = self._agreed_state(view, step, notes)
-        plan_s = time.perf_counter() - start
-        load_s, restore_s, sources = self._load_layers(view, state.step, notes)
-        t0 = time.perf_counter()
-        tensors, metadata = parse_safetensors(data, state.file)
-        doc = apply_state(tensors, metadata, self.inner, self.scheduler)
-        engine_state = (doc.get("extra") or {}).pop("_deepspeed", {})
-        self.engine.global_steps = int(engine_state.get("global_steps", state.step))
-        self.engine.global_samples = int(engine_state.get(
-            "global_samples", state.step * self.engine.train_batch_size()))
-        self.engine.skipped_steps = int(engine_state.get("skipped_steps", 0))
-        self.parts.refresh_module()
-        restore_s += time.perf_counter() - t0
-        for message in notes:
-            warnings.warn(f"layercheck: rank {self.rank}: {message}", stacklevel=2)
-        self.extra = (doc.get("extra") or {}).get("user")
-        self._begin_timeline(state.step, view, base_taken=True)
-        plan = Plan(step=state.step, state=state, sources=sources, warnings=notes)
-        self.restored = RestoreReport(state.step, plan, plan_s, load_s, restore_s,
-                                      sum(v.bytes for v in sources.values()))
-        return state.step
-
-    def _agreed_state(self, view: ManifestView, step: int | None,
-                      notes: list[str]) -> tuple[Version, bytes]:
-        """The newest step <= ``step`` whose training state every rank can read."""
-        bound = view.latest_step() if step is None else step
-        while True:
-            mine, data = _newest_intact([v for s, v in view.states.items() if s <= bound],
-                                        self.store, notes, "training state")
-            agreed, same = self._agree_min(np.array([mine.step if mine else -1]))
-            if agreed[0] < 0:
-                raise CheckpointNotFound(f"no recoverable step at or before {bound} on every rank")
-            if same:
-                return mine, data  # type: ignore[return-value]
-            bound = int(agreed[0])
-
-    def _load_layers(self, view: ManifestView, step: int,
-                     notes: list[str]) -> tuple[float, float, dict[str, Version]]:
-        """Load and apply every layer's newest intact shard <= ``step``, the ranks
-        agreeing on each layer's version; returns (load s, apply s, the versions)."""
-        names = self.layer_map.names
-        bound = np.full(len(names), step, dtype=np.int64)
-        chosen = np.full(len(names), -2, dtype=np.int64)
-        load_s = apply_s = 0.0
-        sources: dict[str, Version] = {}
-        while True:
-            for i, name in enumerate(names):
-                if chosen[i] == bound[i]:
-                    continue
-                t0 = time.perf_counter()
-                versions = [v for v in view.versions.get(name, []) if v.step <= bound[i]]
-                version, data = _newest_intact(versions, self.store, notes, f"layer {name}")
-                load_s += time.perf_counter() - t0
-                if version is None:
-                    chosen[i] = -1
-                    continue
-                t0 = time.perf_counter()
-                tensors, _ = parse_safetensors(data, version.file)
-                self.parts.apply(i, tensors)
-                apply_s += time.perf_counter() - t0
-                chosen[i] = version.step
-                sources[name] = version
-            agreed, same = self._agree_min(chosen)
-            if (agreed < 0).any():
-                missing = names[int(np.argmin(agreed))]
-                raise CheckpointNotFound(f"layer {missing} has no intact committed version at or "
-                                         f"before step {step} on every rank")
-            if same:
-                return load_s, apply_s, sources
-            bound = agreed
-
-    # -- training ------------------------------------------------------------------
-    def step(self, extra: Mapping[str, Any] | None = None):
-        """Account one ``engine.step()`` on this rank (a collective: all ranks call it)."""
-        return super().step(extra)
-
-    def _submit(self, t: int, decision, extra: Mapping[str, Any] | None) -> int:
-        from .policy import REASONS
-        from .writer import LayerSnapshot, StepJob
-        snaps = []
-        for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
-            tensors = self.parts.capture(index)
-            snaps.append(LayerSnapshot(index, self.layer_map.names[index], REASONS[reason],
-                                       tensors, tensors_nbytes(tensors)))
-        engine = self.engine
-        doc = {"user": dict(extra) if extra is not None else None,
-               "_deepspeed": {"global_steps": int(engine.global_steps),
-                              "global_samples": int(engine.global_samples),
-                              "skipped_steps": int(engine.skipped_steps)}}
-        state = capture_state(t, self.inner, self.scheduler, doc)
-        job = StepJob(step=t, layers=snaps, state=state,
-                      nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
-        self.writer.submit(job)
-        return job.nbytes
-
-    def _append(self, record: dict[str, Any]) -> None:
-        if self.rank == 0:  # rank 0 alone writes the manifest
-            super()._append(record)
-
-    def _read_manifest(self) -> ManifestView:
-        return read_manifest(self.store, self.rank)
-
-    def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
-        super()._begin_timeline(step, view, base_taken=base_taken)
-        self._barrier()  # no rank writes into the new timeline before rank 0 has opened it
-
-
-class ShardedDrift:
-    """Per-layer drift from this rank's flat partitions, exact over all ranks.
-
-    The inner optimizer's step hook runs after each flat partition's update
-    (ZeRO-3 steps one sub-group at a time; ZeRO-1/2 all at once) and adds,
-    for the partitions that were just updated, sum |w(t) - w(t-1)| and
-    sum |w(t)| per layer (the update-path formula of ``drift.py``, no weight
-    copy, float64 sums). ``take()`` all-reduces the two sums over the ranks
-    and returns d_l = moved / size: the same number on every rank, equal to
-    the drift of the whole unpartitioned layer. Call ``take`` once per
-    optimizer step (``step()`` does).
-    """
-
-    def __init__(self, parts: Partitions, *, reduce: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.parts = parts
-        self.reduce = reduce
-        self._layer_of = {id(f): parts.layer_of[k] for k, f in enumerate(parts.flats)}
-        self._sums = np.zeros((2, len(parts.of_layer)), dtype=np.float64)
-        self.lr = float("nan")
-        self.seconds = 0.0
-        self._handle = parts.inner.register_step_post_hook(self._after_step)
-
-    def remove(self) -> None:
-        self._handle.remove()
-
-    def resync(self) -> None:
-        """Nothing cached: step counts are read from the optimizer state each time."""
-
-    def take(self) -> tuple[np.ndarray, float, float]:
-        start = time.perf_counter()
-        moved, size = self.reduce(self._sums)
-        self._sums[:] = 0.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            drift = np.where(size > 0, moved / np.where(size > 0, size, 1.0),
-                             np.where(moved > 0, np.inf, 0.0))
-        seconds = self.seconds + time.perf_counter() - start
-        self.seconds = 0.0
-        return drift, self.lr, seconds
-
-    def _after_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
-        start = time.perf_counter()
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for flat in group["params"]:
-                    layer = self._layer_of.get(id(flat))
-                    state = optimizer.state.get(flat)
-                    if layer is None or flat.grad is None or not state or "exp_avg" not in state:
-                        continue
-                    moved, size = _adam_sums(optimizer, group, flat, state)
-                    self._sums[0, layer] += moved
-                    self._sums[1, layer] += size
-        self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
-        self.seconds += time.perf_counter() - start
-
-
-def _adam_sums(optimizer: torch.optim.Optimizer, group: Mapping[str, Any], w: torch.Tensor,
-               state: Mapping[str, Any]) -> tuple[float, float]:
-    """(sum |w(t) - w(t-1)|, sum |w(t)|) of one tensor just updated by Adam/AdamW,
-    from its moments (see ``drift.py`` for the derivation)."""
-    step = float(state["step"])
-    lr, eps = float(group["lr"]), float(group["eps"])
-    beta1, beta2 = (float(b) for b in group["betas"])
-    bc1, c = 1 - beta1 ** step, (1 - beta2 ** step) ** 0.5
-    v = state["max_exp_avg_sq"] if group.get("amsgrad") else state["exp_avg_sq"]
-    q = v.add(1e-30).sqrt_().add_(eps * c).reciprocal_().mul_(state["exp_avg"])
-    scale = lr / bc1 * c
-    wd = float(group.get("weight_decay", 0.0))
-    decoupled = group.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
-    shrink = 1.0
-    if wd and decoupled:
-        q.add_(w, alpha=lr * wd / scale)
-        shrink = 1 - lr * wd
-    moved = scale * float(q.abs_().sum(dtype=torch.float64)) / shrink
-    return moved, float(w.abs().sum(dtype=torch.float64))
-
-
-def _newest_intact(versions: list[Version], store: Any, notes: list[str],
-                   what: str) -> tuple[Version | None, bytes | None]:
-    """The newest of ``versions`` whose file (this rank's shard) verifies, and its bytes."""
-    for version in sorted(versions, key=lambda v: v.step, reverse=True):
-        try:
-            return version, read_verified(store, version)
-        except CorruptVersion as exc:
-            notes.append(f"{what}: skipping the version of step {version.step}: {exc}")
-    return None, None
 
 
 def _checkpoint_facts(engine: Any, parts: Partitions) -> dict[str, Any]:
@@ -590,15 +276,9 @@ def _checkpoint_facts(engine: Any, parts: Partitions) -> dict[str, Any]:
 
 
 def _jsonable(value: Any) -> Any:
-    """``value`` with tuples, sizes and numpy/torch scalars made plain JSON."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, torch.Size)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.generic,)):
-        return value.item()
-    if torch.is_tensor(value) and value.numel() == 1:
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    """``value`` as plain JSON: tuples and sizes as lists, numpy/torch scalars as
+    numbers, anything else JSON lacks as its str."""
+    def plain(v: Any) -> Any:
+        return v.item() if isinstance(v, np.generic) or (torch.is_tensor(v) and v.numel() == 1) \
+            else str(v)
+    return json.loads(json.dumps(value, default=plain))

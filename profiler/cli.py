@@ -15,9 +15,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
 
-from layercheck.errors import one_line
+from layercheck.errors import OneLineParser, one_line
 
 from .config import VALIDATED, CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError
@@ -25,11 +25,6 @@ from .errors import ProfilerError
 __all__ = ["main"]
 
 EXIT_BAD_INPUT = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not usage + message
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,9 +47,9 @@ def _bad_input(exc: BaseException) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m profiler", description="Capture real training traces "
-                     "with LayerCheck attached, and run recovery drills.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m profiler", description="Capture real training "
+                           "traces with LayerCheck attached, and run recovery drills.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     cap = sub.add_parser("capture", help="train with LayerCheck attached and write a trace")
     _job_options(cap)
     cap.add_argument("--ckpt", type=Path, help="checkpoint folder (default: a temporary one, "

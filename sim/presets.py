@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from layercheck.config import LayerCheckConfig
-from layercheck.policy import REASONS, Policy, replay
+from layercheck.policy import Policy, Reason, replay
 from layercheck.calibration import FIGURES, Calibration, Figure
 from layercheck.trace import (SCHEMA_VERSION, Trace, TraceError, last_written, read_trace,
                               weighted_staleness, write_trace)
@@ -203,7 +203,7 @@ def _assemble(name, arch, layers, config, drift, lr, decisions, seed, intervals)
     rows = []
     for d in decisions:
         written[d.step - 1, d.layers] = True
-        rows += [(d.step, int(l), layers[l]["bytes"], REASONS[r]) for l, r in zip(d.layers, d.reasons)]
+        rows += [(d.step, int(l), layers[l]["bytes"], Reason(r).label) for l, r in zip(d.layers, d.reasons)]
     writes = pd.DataFrame(rows, columns=["step", "layer", "bytes", "reason"])
     writes["stall_s"], writes["persist_s"] = np.nan, np.nan
     acc = np.zeros_like(drift)

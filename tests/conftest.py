@@ -1,13 +1,22 @@
-"""Shared fixtures: tiny real models and a deterministic training loop."""
+"""Shared fixtures: tiny real models and a deterministic training loop; the
+no-silent-skips policy (tests/skip_policy.py) for every run.
+
+Torch-free at import: the simulator's and the dashboard's tests run in an
+environment without torch, under this conftest too. The helpers below import
+torch when called.
+"""
 from __future__ import annotations
 
-import pytest
+from tests.skip_policy import SkipPolicy
 
-torch = pytest.importorskip("torch")
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(SkipPolicy.from_file(), "layercheck-skip-policy")
 
 
 def tiny_lm(*, tied: bool = True, layers: int = 3, seed: int = 0):
     """A small Qwen2 causal LM built from a config (random weights, real architecture)."""
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64,
@@ -17,6 +26,7 @@ def tiny_lm(*, tied: bool = True, layers: int = 3, seed: int = 0):
 
 
 def optimizer_for(model, *, lr: float = 1e-3, weight_decay: float = 0.01, total: int = 100):
+    import torch
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     warm = max(1, total // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -26,6 +36,7 @@ def optimizer_for(model, *, lr: float = 1e-3, weight_decay: float = 0.01, total:
 
 def train_step(model, opt, sched, *, vocab: int = 128) -> float:
     """One step on data drawn from the global RNG (so RNG restore matters)."""
+    import torch
     ids = torch.randint(0, vocab, (4, 12))
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()

@@ -204,12 +204,9 @@ def test_sim_sweep_malformed(option):
                                    "--out", out, *option])
 
 
-# -- profiler (when its CLI exists) -------------------------------------------------
+# -- profiler ---------------------------------------------------------------------
 def _profiler_main():
-    try:
-        from profiler.cli import main
-    except ImportError as exc:  # the profiler is being written; its CLI may not exist yet
-        pytest.skip(f"profiler CLI not importable yet: {exc}")
+    from profiler.cli import main
     return main
 
 
@@ -286,8 +283,6 @@ def test_an_argument_with_a_line_break_still_gives_one_line(cli, argv):
     ["profiler", "heatmap", "/nonexistent/trace"],
 ])
 def test_python_dash_m_entry_points(argv, tmp_path):
-    if argv[0] == "profiler" and not (ROOT / "profiler" / "__main__.py").exists():
-        pytest.skip("profiler has no __main__ yet")
     proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
                           cwd=tmp_path, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})

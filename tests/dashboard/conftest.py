@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from layercheck.config import LayerCheckConfig
-from layercheck.policy import REASONS, Policy, PolicyState
+from layercheck.policy import Policy, PolicyState, Reason
 from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
 from sim.presets import preset_calibration
 
@@ -41,7 +41,7 @@ def make_trace(*, name: str = "tiny-captured", kind: str = "captured", steps: in
         acc[step - 1] = state.accumulators
         for layer, reason in zip(decision.layers, decision.reasons):
             writes.append({"step": int(step), "layer": int(layer), "bytes": layers[layer]["bytes"],
-                           "reason": REASONS[reason], "stall_s": 1e-3, "persist_s": 5e-3})
+                           "reason": Reason(reason).label, "stall_s": 1e-3, "persist_s": 5e-3})
     compute = rng.uniform(0.09, 0.11, size=steps)
     step_frame = pd.DataFrame({"step": t, "forward_s": compute * 0.3, "backward_s": compute * 0.6,
                                "optimizer_s": compute * 0.1, "drift_s": 1e-5, "stall_s": 1e-3,

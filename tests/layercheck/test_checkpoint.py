@@ -134,7 +134,8 @@ def test_step_without_restore_on_a_used_directory_is_refused(tmp_path):
     opt, sched = optimizer_for(model)
     with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
         train_step(model, opt, sched)
-        lc.step()  # empty directory: no restore() needed
+        first = lc.step()  # empty directory: no restore() needed
+        assert (first.drift > 0).all()  # and the first step's drift counts
     with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
         train_step(model, opt, sched)
         with pytest.raises(LayerCheckError, match="call restore"):

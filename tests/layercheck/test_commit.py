@@ -15,7 +15,8 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from layercheck.commit import ShardedCommit, all_gather_json  # noqa: E402
 from layercheck.errors import WriteFailed  # noqa: E402
-from layercheck.manifest import MANIFEST, Shard, Version, encode_record, read_manifest  # noqa: E402
+from layercheck.format import MANIFEST, Shard, Version, encode_record  # noqa: E402
+from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 
 

@@ -1,29 +1,24 @@
-"""A real training process killed with SIGKILL mid-run, restarted, finishes as if nothing happened."""
+"""A real training process killed with SIGKILL mid-run, restarted: it resumes at the
+newest committed step (no replay, no fresh start) and finishes as if nothing happened."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
+from tests.layercheck.halting import HaltingRun
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "finetune_tiny.py"
 STEPS = 160
+KILL_AT = 90  # the child halts once this step is committed; the kill comes then
 
 
-def _run(ckpt, losses, **kw):
-    cmd = [sys.executable, str(SCRIPT), "--ckpt", str(ckpt), "--steps", str(STEPS),
-           "--losses", str(losses)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, **kw)
+def _args(ckpt, losses):
+    return ["--ckpt", str(ckpt), "--steps", str(STEPS), "--losses", str(losses)]
 
 
 def _losses(path):
@@ -35,27 +30,28 @@ def _losses(path):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
-    clean = _run(tmp_path / "clean", tmp_path / "clean.jsonl")
-    assert clean.wait(timeout=600) == 0
+def test_sigkill_mid_run_then_restart_resumes_at_the_committed_step(tmp_path):
+    clean = HaltingRun(SCRIPT, _args(tmp_path / "clean", tmp_path / "clean.jsonl"))
+    assert clean.wait() == 0
 
-    proc = _run(tmp_path / "ckpt", tmp_path / "crash.jsonl")
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if (tmp_path / "crash.jsonl").exists() and len(_losses(tmp_path / "crash.jsonl")) >= 90:
-            break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = max(_losses(tmp_path / "crash.jsonl"))
-    assert killed_at < STEPS
-    view = read_manifest(LocalStore(tmp_path / "ckpt"))
-    resume_from = view.latest_step()
-    assert resume_from is not None and resume_from <= killed_at
+    crash = HaltingRun(SCRIPT, _args(tmp_path / "ckpt", tmp_path / "crash.jsonl"),
+                       halt_at=KILL_AT)
+    assert crash.wait_for("restored")["step"] == 0
+    crash.wait_for("halted")
+    crash.kill()
+    assert crash.steps() == list(range(1, KILL_AT + 1))
+    committed = read_manifest(LocalStore(tmp_path / "ckpt")).latest_step()
+    assert committed == KILL_AT
 
-    again = _run(tmp_path / "ckpt", tmp_path / "crash.jsonl", stderr=subprocess.PIPE)
-    _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err.decode()[-2000:]
+    again = HaltingRun(SCRIPT, _args(tmp_path / "ckpt", tmp_path / "crash.jsonl"),
+                       stderr=open(tmp_path / "again.err", "wb"))
+    code = again.wait()
+    assert code == 0, (tmp_path / "again.err").read_text()[-2000:]
+    # restore() gave the newest committed step, and training went on from the next one
+    assert [e for e in again.events if e["event"] == "restored"] == [
+        {"event": "restored", "step": committed}]
+    assert again.steps() == list(range(committed + 1, STEPS + 1))
     resumed, reference = _losses(tmp_path / "crash.jsonl"), _losses(tmp_path / "clean.jsonl")
-    assert sorted(resumed) == list(range(1, STEPS + 1))
+    # the child halted inside lc.step(KILL_AT), before the loop logged that step's loss
+    assert sorted(resumed) == [s for s in range(1, STEPS + 1) if s != KILL_AT]
     assert abs(resumed[STEPS] - reference[STEPS]) <= 0.01 * reference[STEPS]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from layercheck import LayerCheck, LayerCheckConfig
 from layercheck import drift as drift_module
 from layercheck.drift import BLOCK, DriftTracker, _Entry, _fusable
 from layercheck.layermap import LayerMap
@@ -272,3 +273,141 @@ def test_rotating_blocks_cover_every_element_once_in_n_steps():
     for phase in range(sampling):
         entry.view(seen, phase).add_(1.0)
     assert torch.equal(seen[:n - 17], torch.ones(n - 17)) and not seen[n - 17:].any()
+
+
+# -- frozen parameters and LoRA adapters, through LayerCheck.step() -----------------------
+# d_l is over ALL elements of layer l: a frozen tensor does not move, but it is part of
+# the layer's size (mean |w|), and of what a layer version saves and restores.
+class LoRALinear(torch.nn.Module):
+    """A frozen base weight and bias plus a trainable low-rank update B A (LoRA)."""
+
+    def __init__(self, width: int, rank: int) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(width, width)
+        self.base.requires_grad_(False)
+        self.lora_a = torch.nn.Parameter(torch.randn(rank, width) / width ** 0.5)
+        self.lora_b = torch.nn.Parameter(torch.zeros(width, rank))  # LoRA's init: B A = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_a.T) @ self.lora_b.T
+
+
+class LoRANet(torch.nn.Module):
+    """A frozen embedding, LoRA blocks, a trainable norm and head."""
+
+    def __init__(self, vocab: int = 64, width: int = 32, rank: int = 4, blocks: int = 3) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.embed.requires_grad_(False)
+        self.blocks = torch.nn.ModuleList(LoRALinear(width, rank) for _ in range(blocks))
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        return self.head(self.norm(x))
+
+
+def _lora(seed: int):
+    torch.manual_seed(seed)
+    model = LoRANet()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2,
+                            weight_decay=0.1)
+    return model, opt
+
+
+def _lora_step(model, opt) -> None:
+    ids = torch.randint(0, 64, (4, 12))
+    logits = model(ids[:, :-1])
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 64), ids[:, 1:].reshape(-1)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _qwen_step(model, opt) -> None:
+    ids = torch.randint(0, 128, (2, 10))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _frozen_qwen(seed: int, optimizer_holds_frozen: bool):
+    torch.manual_seed(seed)
+    model = tiny_lm(tied=False)
+    model.model.layers[0].mlp.up_proj.weight.requires_grad_(False)
+    model.model.layers[1].post_attention_layernorm.weight.requires_grad_(False)
+    params = [p for p in model.parameters() if optimizer_holds_frozen or p.requires_grad]
+    return model, torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def _copy_reference(before: dict, model, lc) -> np.ndarray:
+    """mean |w(t) - w(t-1)| / mean |w(t)| over every element of each layer, frozen
+    ones included, from copies of the weights (float64)."""
+    params = dict(model.named_parameters())
+    out = []
+    for i in range(len(lc.layer_map)):
+        names = [n for n, _ in lc.layer_map.parameters(i)]
+        moved = sum(float((params[n].detach().double() - before[n].double()).abs().sum())
+                    for n in names)
+        size = sum(float(params[n].detach().double().abs().sum()) for n in names)
+        count = sum(params[n].numel() for n in names)
+        out.append((moved / count) / (size / count))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("case", ["frozen, outside the optimizer", "frozen, inside the optimizer",
+                                  "lora"])
+def test_step_reports_drift_relative_to_the_whole_layer_frozen_tensors_included(tmp_path, case):
+    if case == "lora":
+        model, opt = _lora(0)
+        train = _lora_step
+    else:
+        model, opt = _frozen_qwen(0, optimizer_holds_frozen=case.endswith("inside the optimizer"))
+        train = _qwen_step
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    with LayerCheck(model, opt, tmp_path / "c", LayerCheckConfig(warmup_steps=2)) as lc:
+        lc.restore()
+        # some layer holds frozen and trainable tensors together: the case that matters
+        assert any(frozen & names and names - frozen for names in
+                   ({n for n, _ in lc.layer_map.parameters(i)} for i in range(len(lc.layer_map))))
+        for _ in range(4):
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            train(model, opt)
+            report = lc.step()
+            np.testing.assert_allclose(report.drift, _copy_reference(before, model, lc),
+                                       rtol=1e-5)
+        assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if n in frozen)
+
+
+def test_lora_save_and_restore_round_trip_is_bit_for_bit(tmp_path):
+    """Every layer version holds the frozen tensors too: a model built from another seed
+    (other base weights) restores the trained one exactly and trains on identically."""
+    every_step = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+    model, opt = _lora(0)
+    with LayerCheck(model, opt, tmp_path / "c", every_step) as lc:
+        lc.restore()
+        for _ in range(5):
+            _lora_step(model, opt)
+            lc.step()
+    rng = torch.get_rng_state()
+    other, other_opt = _lora(1)
+    assert not torch.equal(other.blocks[0].base.weight, model.blocks[0].base.weight)
+    with LayerCheck(other, other_opt, tmp_path / "c", every_step) as lc:
+        assert lc.restore() == 5
+    for trained, restored in ((model, other), (opt, other_opt)):
+        a, b = trained.state_dict(), restored.state_dict()
+        if isinstance(trained, torch.optim.Optimizer):
+            a, b = a["state"], b["state"]
+            assert a.keys() == b.keys() and len(a) == 10  # 3 x (A, B), norm and head (w, b)
+            a = {f"{i}/{k}": v for i, s in a.items() for k, v in s.items()}
+            b = {f"{i}/{k}": v for i, s in b.items() for k, v in s.items()}
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert torch.equal(torch.get_rng_state(), rng)  # restored with the rest
+    for m, o in ((model, opt), (other, other_opt)):  # so the same batches follow
+        torch.set_rng_state(rng)
+        for _ in range(3):
+            _lora_step(m, o)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), other.parameters()))

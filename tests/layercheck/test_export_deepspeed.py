@@ -301,9 +301,16 @@ def test_a_shard_damaged_on_one_rank_makes_the_layer_fall_back_on_every_rank(run
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out2").exists()
 
 
-def test_the_command_line_offers_the_formats_export_knows():
+def test_the_command_line_offers_the_formats_export_knows(tmp_path):
     from layercheck import cli, export
-    assert cli.FORMATS == export.FORMATS
+    from layercheck.errors import LayerCheckError
+    from layercheck.format import EXPORT_FORMATS
+    from layercheck.store import LocalStore
+    commands = cli.build_parser()._subparsers._group_actions[0].choices
+    offered = next(a.choices for a in commands["export"]._actions if a.dest == "format")
+    assert tuple(offered) == EXPORT_FORMATS
+    with pytest.raises(LayerCheckError, match="hf, deepspeed"):  # and export names the same
+        export.export(LocalStore(tmp_path / "c"), tmp_path / "out", format="onnx")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from layercheck.errors import LayerCheckError
-from layercheck.manifest import MANIFEST, Version, encode_record, read_manifest
+from layercheck.format import MANIFEST, Version, encode_record
+from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore, check_relative, open_store
 
 

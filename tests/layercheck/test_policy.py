@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layercheck.config import ConfigError, LayerCheckConfig
-from layercheck.policy import Policy, PolicyState, replay
+from layercheck.policy import Policy, PolicyState, Reason, replay
 
 
 def _policy(n, *, base=1e-3, emb=1e-2, smax=50, warmup=5, interval=1, scaling=True):
@@ -38,8 +38,11 @@ def test_staleness_never_exceeds_smax_plus_interval(run, base):
     drift = _drift(seed, steps, layers)
     lr = np.random.default_rng(seed).uniform(0.05, 1.0, size=steps)
     for t in range(1, steps + 1):
+        # at step t, before its decision: the step a forced write happens at most
+        assert (state.staleness(t) <= smax + interval - 1).all()
         state.observe(t, drift[t - 1], lr[t - 1])
-        assert (state.staleness(t) <= smax + interval).all()
+        # after it (what a failure right after step t restores): one less, and no slack
+        assert (state.staleness(t) <= smax + interval - 2).all()
 
 
 @settings(max_examples=100, deadline=None)
@@ -68,7 +71,9 @@ def test_infinite_threshold_writes_only_what_smax_forces(run):
             base_done = True
         elif d.layers.size:
             assert (d.reasons == 2).all()  # smax
+            # at the first opportunity at which the age reaches smax, not one later
             assert (d.step - last[d.layers] >= smax).all()
+            assert (d.step - last[d.layers] < smax + interval).all()
         last[d.layers] = d.step
 
 
@@ -82,12 +87,123 @@ def test_threshold_scales_with_learning_rate():
     assert d.layers.size == 0
 
 
-def test_replay_is_deterministic():
-    policy = _policy(4)
-    drift = _drift(3, 200, 4)
-    a = replay(policy, drift, np.ones(200))
-    b = replay(policy, drift, np.ones(200))
-    assert [x.layers.tolist() for x in a] == [x.layers.tolist() for x in b]
+# -- exact ties: K and smax are inclusive bounds -----------------------------------------
+# Powers of two: every sum and product below is exact in binary floating point, so an
+# accumulator can equal K to the last bit.
+K = 2.0 ** -10
+
+
+@pytest.mark.parametrize("scaling,lr_ratio", [(True, 1.0), (True, 0.5), (True, 0.25),
+                                              (False, 1.0), (False, 0.5)])
+def test_an_accumulator_exactly_at_k_is_written(scaling, lr_ratio):
+    policy = _policy(2, base=K, emb=8 * K, smax=1000, warmup=1, scaling=scaling)
+    k = K * lr_ratio if scaling else K
+    state = PolicyState(policy=policy)
+    state.observe(1, np.zeros(2), lr_ratio)  # the base checkpoint
+    d = state.observe(2, np.array([0.0, k / 2]), lr_ratio)
+    assert d.layers.size == 0 and state.accumulators[1] == k / 2
+    d = state.observe(3, np.array([0.0, k / 2]), lr_ratio)  # A == K, to the last bit
+    assert d.layers.tolist() == [1] and d.reasons.tolist() == [1]
+    assert state.accumulators[1] == 0.0
+
+
+@pytest.mark.parametrize("scaling,lr_ratio", [(True, 0.5), (False, 1.0)])
+def test_an_accumulator_one_ulp_below_k_is_not_written(scaling, lr_ratio):
+    policy = _policy(2, base=K, emb=8 * K, smax=1000, warmup=1, scaling=scaling)
+    k = K * lr_ratio if scaling else K
+    state = PolicyState(policy=policy)
+    state.observe(1, np.zeros(2), lr_ratio)
+    d = state.observe(2, np.array([np.nextafter(8 * k, 0.0), np.nextafter(k, 0.0)]), lr_ratio)
+    assert d.layers.size == 0  # (the embedding's K is 8k)
+
+
+@pytest.mark.parametrize("smax,warmup,interval,writes", [
+    (7, 2, 1, [2, 9, 16, 23, 30]),   # the age reaches smax at 9: written at 9, not 10
+    (6, 3, 3, [3, 9, 15, 21, 27]),   # the age reaches smax on an opportunity
+    (7, 3, 3, [3, 12, 21, 30]),      # it reaches smax at 10, between opportunities
+    (1, 0, 1, list(range(1, 31))),   # smax 1: every step
+])
+def test_smax_forces_a_write_exactly_when_the_age_reaches_it(smax, warmup, interval, writes):
+    policy = _policy(2, base=math.inf, emb=math.inf, smax=smax, warmup=warmup,
+                     interval=interval)
+    decisions = replay(policy, np.full((30, 2), 1.0), np.ones(30))
+    assert [d.step for d in decisions if d.layers.size] == writes
+    assert all(d.reasons.tolist() == [2, 2] for d in decisions[writes[0]:] if d.layers.size)
+    # the staleness bound of the module doc is reached, not merely respected
+    state = PolicyState(policy=policy)
+    worst = 0
+    for t in range(1, 31):
+        state.observe(t, np.zeros(2), 1.0)
+        worst = max(worst, int(state.staleness(t).max()))
+    assert worst == max(b - a for a, b in zip([0, *writes], writes)) - 1
+
+
+# -- replay against a reference written out plainly ---------------------------------------
+def _reference_decisions(thresholds, smax, warmup, interval, scaling, drift, lr):
+    """The module contract for each layer on its own, in plain Python floats:
+    [(step, [(layer, reason), ...]), ...] for the steps that write something.
+    ``thresholds``: the base threshold of each layer."""
+    steps, layers = len(drift), len(thresholds)
+    acc, last, base_done, out = [0.0] * layers, [0] * layers, False, []
+    for t in range(1, steps + 1):
+        for l in range(layers):
+            acc[l] = acc[l] + float(drift[t - 1][l])
+        written = []
+        if t % interval == 0 and not base_done and t >= warmup:
+            base_done = True
+            written = [(l, "base") for l in range(layers)]
+        elif t % interval == 0 and base_done:
+            for l in range(layers):
+                b = thresholds[l]
+                k = b if not scaling or math.isinf(b) else b * float(lr[t - 1])
+                if acc[l] >= k:
+                    written.append((l, "threshold"))
+                elif t - last[l] >= smax:
+                    written.append((l, "smax"))
+        for l, _ in written:
+            acc[l], last[l] = 0.0, t
+        if written:
+            out.append((t, written))
+    return out
+
+
+def _replayed(policy, drift, lr):
+    return [(d.step, [(int(l), Reason(r).label) for l, r in zip(d.layers, d.reasons)])
+            for d in replay(policy, drift, lr) if d.layers.size]
+
+
+# drift in whole multiples of 2^-12 and thresholds of 2^-10 or 2^-9: exact ties are common
+dyadic_runs = st.tuples(st.integers(1, 5), st.integers(1, 80), st.integers(1, 30),
+                        st.integers(0, 30), st.integers(1, 5), st.integers(0, 2**31 - 1),
+                        st.booleans(), st.sampled_from([0.0, 2.0 ** -10, 2.0 ** -9, math.inf]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(dyadic_runs)
+def test_replay_equals_a_plain_reference_at_exact_ties(run):
+    layers, steps, smax, warmup, interval, seed, scaling, base = run
+    warmup = min(warmup, smax)
+    rng = np.random.default_rng(seed)
+    drift = rng.integers(0, 5, size=(steps, layers)) * 2.0 ** -12
+    lr = rng.choice([1.0, 0.5, 0.25], size=steps)
+    policy = _policy(layers, base=base, emb=2 * base, smax=smax, warmup=warmup,
+                     interval=interval, scaling=scaling)
+    thresholds = [2 * base] + [base] * (layers - 1)  # _policy: layer 0 is the embedding
+    assert _replayed(policy, drift, lr) == _reference_decisions(
+        thresholds, smax, warmup, interval, scaling, drift, lr)
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs, st.booleans())
+def test_replay_equals_a_plain_reference(run, scaling):
+    layers, steps, smax, warmup, interval, seed = run
+    warmup = min(warmup, smax)
+    drift = _drift(seed, steps, layers)
+    lr = np.random.default_rng(seed + 1).uniform(0.0, 1.0, size=steps)
+    policy = _policy(layers, smax=smax, warmup=warmup, interval=interval, scaling=scaling)
+    thresholds = [1e-2] + [1e-3] * (layers - 1)  # _policy's defaults: embedding, blocks
+    reference = _reference_decisions(thresholds, smax, warmup, interval, scaling, drift, lr)
+    assert _replayed(policy, drift, lr) == reference
 
 
 def test_per_layer_override_and_unknown_name():

@@ -1,13 +1,15 @@
 """Recovery falls back past damaged versions, and says so."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.errors import CheckpointNotFound
 from layercheck.manifest import read_manifest
-from layercheck.recovery import make_plan
+from layercheck.ranks import Ranks
+from layercheck.recovery import Planner, make_plan
 from layercheck.store import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
 
@@ -75,3 +77,35 @@ def test_every_version_damaged_is_an_error_not_a_silent_restore(ckpt):
         _flip(ckpt / v.file)
     with pytest.raises(CheckpointNotFound, match="model.norm"):
         make_plan(store, view)
+
+
+class _PeerLacks(Ranks):
+    """Two ranks, the other of which cannot read its shard of ``layer``'s newest
+    version: for the layers it proposes one version older."""
+
+    world_size = 2
+
+    def __init__(self, index: int, older: int) -> None:
+        self.index, self.older = index, older
+
+    def agree_min(self, values):
+        mine = np.array(values, dtype=np.int64)
+        theirs = mine.copy()
+        if len(theirs) > 1:  # the layers (a plan asks for the state alone first)
+            theirs[self.index] = min(theirs[self.index], self.older)
+        low = np.minimum(mine, theirs)
+        return low, bool(np.array_equal(mine, theirs))
+
+
+def test_live_ranks_agree_on_the_older_version_and_this_rank_loads_it_again(ckpt):
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    index = view.layer_names.index("model.layers.1")
+    loaded = []
+    planner = Planner(store, view, ranks=_PeerLacks(index, older=4))
+    plan = planner.plan(use=lambda version, tensors: loaded.append((version.layer, version.step)))
+    assert plan.step == 6 and plan.sources["model.layers.1"].step == 4
+    assert all(v.step == 6 for n, v in plan.sources.items() if n != "model.layers.1")
+    # each layer loaded once, model.layers.1 twice: its newest, then the agreed one
+    assert [s for n, s in loaded if n == "model.layers.1"] == [6, 4]
+    assert len(loaded) == len(view.layer_names) + 1

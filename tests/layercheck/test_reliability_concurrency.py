@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,8 @@ from layercheck.store import LocalStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A training process that trains a few steps, reports, then holds the directory.
+# A training process that says READY, waits for the go file, trains a few steps,
+# reports, then holds the directory.
 HOLDER = r"""
 import sys, time, torch
 from torch import nn
@@ -29,6 +29,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 go = sys.argv[2]
+print("READY", flush=True)
 while not __import__("os").path.exists(go):
     time.sleep(0.005)
 try:
@@ -67,6 +68,7 @@ def test_second_process_and_gc_are_refused_until_the_holder_dies(tmp_path):
     go.touch()
     holder = _holder(tmp_path / "c", go)
     try:
+        assert holder.stdout.readline() == "READY\n"
         line = holder.stdout.readline()
         assert line.startswith("HOLDING 3"), line + holder.stderr.read()
         model, opt = _model()
@@ -96,7 +98,8 @@ def test_two_processes_racing_for_a_fresh_directory_exactly_one_wins(tmp_path):
     go = tmp_path / "go"
     racers = [_holder(tmp_path / "c", go) for _ in range(2)]
     try:
-        time.sleep(0.5)
+        # both are at the start line (imports done) before the go: a real race
+        assert [r.stdout.readline() for r in racers] == ["READY\n"] * 2
         go.touch()
         lines = sorted(r.stdout.readline() for r in racers)
         assert lines[0].startswith("HOLDING 3"), lines

@@ -12,7 +12,8 @@ import torch
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.cli import main
 from layercheck.errors import LayerCheckError
-from layercheck.manifest import MANIFEST, encode_record, read_manifest
+from layercheck.format import MANIFEST, encode_record
+from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
 

@@ -8,6 +8,7 @@ mounting one.
 from __future__ import annotations
 
 import errno
+import math
 import logging
 import os
 import shutil
@@ -21,7 +22,8 @@ import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.errors import WriteFailed
-from layercheck.manifest import MANIFEST, encode_record, read_manifest
+from layercheck.format import MANIFEST, encode_record
+from layercheck.manifest import read_manifest
 from layercheck.recovery import make_plan
 from layercheck import store as store_module
 from layercheck.store import LocalStore
@@ -164,6 +166,29 @@ def test_warn_policy_survives_a_failed_base_checkpoint(tmp_path):
     opt, sched = optimizer_for(model, total=40)
     with LayerCheck(model, opt, tmp_path / "c", scheduler=sched) as again:
         assert again.restore() == 3
+
+
+def test_a_retried_write_is_recorded_as_a_retry_not_as_a_threshold_crossing(tmp_path):
+    """Under 'warn' the layers of a failed job are written again at the next
+    opportunity because the write failed, not because they drifted: their
+    versions say so, and the traces' reason counts stay honest."""
+    store = FaultyStore(tmp_path / "c")
+    store.fail("write_atomic", "layers/model.norm", errno.EIO, times=1)  # fails the base
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=40)
+    config = LayerCheckConfig(base_threshold=math.inf, embedding_threshold=math.inf,
+                              warmup_steps=2, on_error="warn")
+    with LayerCheck(model, opt, store, config, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(4):
+            train_step(model, opt, sched)
+            lc.step()
+            lc.flush()
+    _, view = _committed_steps(tmp_path / "c")
+    assert {name: [(v.step, v.reason) for v in versions]
+            for name, versions in view.versions.items()} == {
+        name: [(3, "retry")] for name in view.layer_names}
 
 
 def test_a_torn_manifest_append_never_swallows_the_next_commit(tmp_path):

@@ -8,7 +8,8 @@ import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.cli import main
-from layercheck.manifest import ManifestView, Version, read_manifest
+from layercheck.format import Version
+from layercheck.manifest import ManifestView, read_manifest
 from layercheck.retention import Retention
 from layercheck.store import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step

@@ -3,12 +3,8 @@ resume bit for bit, SIGKILL and restart, and the errors of misuse."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +23,7 @@ from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
+from tests.layercheck.halting import HaltingRun  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "finetune_trainer.py"
@@ -166,49 +163,43 @@ def test_a_url_directory_resumes_through_a_local_folder(tmp_path):
 
 # -- SIGKILL mid-run, restart -----------------------------------------------------------
 STEPS = 100
+KILL_AT = 50  # the child halts once this step is committed; the kill comes then
 
 
-def _example(ckpt: Path, log: Path, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, str(EXAMPLE), "--ckpt", str(ckpt), "--steps",
-                             str(STEPS), "--losses", str(log)], env=env, **kw)
+def _example(ckpt: Path, log: Path, **kw) -> HaltingRun:
+    return HaltingRun(EXAMPLE, ["--ckpt", str(ckpt), "--steps", str(STEPS), "--losses", str(log)],
+                      **kw)
 
 
 def _logged(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _committed(ckpt: Path) -> int:
-    if not (ckpt / "manifest.jsonl").exists():
-        return 0
-    return read_manifest(LocalStore(ckpt, create=False)).latest_step() or 0
-
-
 @pytest.mark.slow
 def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
     clean = _example(tmp_path / "clean", tmp_path / "clean.jsonl",
                      stdout=open(tmp_path / "clean.out", "wb"))
-    crash = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl", stdout=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while _committed(tmp_path / "ckpt") < 40 and time.time() < deadline:
-        assert crash.poll() is None, "the run ended before it was killed"
-        time.sleep(0.05)
-    os.kill(crash.pid, signal.SIGKILL)
-    crash.wait()
+    crash = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl", halt_at=KILL_AT,
+                     stdout=subprocess.DEVNULL)
+    assert crash.wait_for("restored")["step"] == 0
+    crash.wait_for("halted")
+    crash.kill()
     killed_at = max(e["step"] for e in _logged(tmp_path / "crash.jsonl"))
-    assert killed_at < STEPS, "the run finished before it was killed"
+    assert killed_at == KILL_AT - 1  # halted inside step 50's callback, before its log line
     store = LocalStore(tmp_path / "ckpt", create=False)
     view = read_manifest(store)
     resume_from = view.latest_step()
-    assert 40 <= resume_from <= killed_at
+    assert resume_from == KILL_AT
     # the composite is genuinely mixed: some layer comes from before the resume step
-    assert max(make_plan(store, view, verify=False).staleness().values()) > 0
+    assert max(make_plan(store, view).staleness().values()) > 0
 
     again = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl",
                      stdout=open(tmp_path / "again.out", "wb"), stderr=subprocess.PIPE)
-    _, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err.decode()[-3000:]
+    _, err = again.proc.communicate(timeout=300)
+    assert again.wait() == 0, err.decode()[-3000:]
     assert clean.wait(timeout=300) == 0
+    assert [e["step"] for e in again.events if e["event"] == "restored"] == [resume_from]
+    assert again.steps() == list(range(resume_from + 1, STEPS + 1))
     summary = json.loads((tmp_path / "again.out").read_text().splitlines()[-1])
     reference = json.loads((tmp_path / "clean.out").read_text().splitlines()[-1])
     assert summary["resumed_at"] == resume_from and summary["global_step"] == STEPS
@@ -218,7 +209,7 @@ def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
     assert [e["step"] for e in second] == list(range(resume_from + 1, STEPS + 1))
     clean_log = {e["step"]: e["loss"] for e in _logged(tmp_path / "clean.jsonl")}
     # before the failure both runs are the same computation, in separate processes
-    assert all(clean_log[e["step"]] == e["loss"] for e in log[:resume_from])
+    assert all(clean_log[e["step"]] == e["loss"] for e in log[:killed_at])
     for key in ("final_loss", "eval_loss"):
         assert abs(summary[key] - reference[key]) <= 0.01 * reference[key], (key, summary,
                                                                               reference)

@@ -1,28 +1,55 @@
-"""The background writer holds at most queue_bytes of snapshots, and nothing after."""
+"""The background writer holds at most queue_bytes of snapshots, and nothing after;
+a step commits its layers, then its state, or nothing."""
 from __future__ import annotations
 
+import errno
 import gc
-import time
+import json
+import os
+import re
+import threading
 import weakref
+from pathlib import Path
 
+import pytest
 import torch
 
+from layercheck import LayerCheck, LayerCheckConfig
 from layercheck import writer as writer_module
 from layercheck.store import LocalStore
 from layercheck.writer import LayerSnapshot, StepJob, Writer
+from tests.conftest import optimizer_for, tiny_lm, train_step
 
 MB = 1 << 20
 
 
-class SlowStore:
-    """A LocalStore whose atomic writes take ``delay`` seconds; counts manifest appends."""
+class GatedStore:
+    """A LocalStore whose writer may write job j only once the producer has begun to
+    submit job j + ``lead`` (``announce``) or has finished: the writer can never run
+    ahead, so whether the queue fills up does not depend on thread timing. Counts
+    manifest appends."""
 
-    def __init__(self, root, delay):
-        self.inner, self.delay, self.appends = LocalStore(root), delay, 0
+    def __init__(self, root, lead: int) -> None:
+        self.inner, self.lead, self.appends = LocalStore(root), lead, 0
         self.url = self.inner.url
+        self._cv = threading.Condition()
+        self._announced, self._done = 0, False
+
+    def announce(self, step: int) -> None:
+        with self._cv:
+            self._announced = step
+            self._cv.notify_all()
+
+    def finish(self) -> None:
+        with self._cv:
+            self._done = True
+            self._cv.notify_all()
 
     def write_atomic(self, path, data):
-        time.sleep(self.delay)
+        step = int(re.search(r"@(\d+)", path).group(1))
+        with self._cv:
+            assert self._cv.wait_for(lambda: self._done or self._announced >= step + self.lead,
+                                     timeout=120)
         self.inner.write_atomic(path, data)
 
     def append(self, path, data):
@@ -40,15 +67,17 @@ def _job(step: int, nbytes: int = MB) -> StepJob:
 
 
 def test_submit_blocks_once_queue_bytes_are_pending(tmp_path):
-    store = SlowStore(tmp_path, delay=0.02)
+    store = GatedStore(tmp_path, lead=3)  # job j is written once job j + 3 is being submitted
     writer = Writer(store, queue_bytes=3 * MB)
     in_flight = []
     for step in range(1, 21):
-        writer.submit(_job(step))
+        store.announce(step)
+        writer.submit(_job(step))  # from step 4 on, returns only once job step - 3 committed
         in_flight.append(step - store.appends)
+    store.finish()
     writer.close()
-    assert max(in_flight) <= 3  # never more than queue_bytes of snapshots held
-    assert max(in_flight) == 3  # and the bound was reached: the test measured something
+    # never more than queue_bytes of snapshots held, and the bound was reached at every step
+    assert in_flight == [1, 2] + [3] * 18
     assert store.appends == 20
 
 
@@ -73,3 +102,199 @@ def test_undrained_write_records_stay_bounded(tmp_path, monkeypatch):
     records = writer.drain_completed()
     writer.close()
     assert [r.step for r in records] == [8, 9, 10, 11, 12]  # the newest, in order
+
+
+# -- what a step commits, read from manifest.jsonl itself -------------------------------------
+# The paper's thresholds on a model that learns slowly (lr 1e-5): every step writes some
+# layers and not others, and smax forces the rest.
+REAL = dict(base_threshold=1e-3, embedding_threshold=1e-2, warmup_steps=3, smax=8)
+
+
+def _records(root: Path) -> list[dict]:
+    """Every intact record of ``root``'s manifest, in file order (a manifest line is
+    ``{"crc": ..., "r": record}``; a torn or garbled line is left out)."""
+    out = []
+    for line in (root / "manifest.jsonl").read_bytes().split(b"\n"):
+        try:
+            out.append(json.loads(line)["r"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+class Run:
+    """A tiny model trained with LayerCheck, remembering per step what the policy
+    decided (``decided[t]``: layer names) and the weights and Adam moments after the
+    step (``saved[t]``: name -> tensor), so that a restore can be checked against them."""
+
+    def __init__(self, directory, config: LayerCheckConfig, *, lr: float = 1e-5) -> None:
+        torch.manual_seed(0)
+        self.model = tiny_lm()
+        self.opt, self.sched = optimizer_for(self.model, lr=lr, total=40)
+        self.lc = LayerCheck(self.model, self.opt, directory, config, scheduler=self.sched)
+        assert self.lc.restore() == 0
+        self.names = self.lc.layer_map.names
+        self.params = {name: [n for n, _ in self.lc.layer_map.parameters(i)]
+                       for i, name in enumerate(self.names)}
+        self.decided: dict[int, set[str]] = {}
+        self.saved: dict[int, dict[str, torch.Tensor]] = {}
+
+    def step(self) -> int:
+        train_step(self.model, self.opt, self.sched)
+        report = self.lc.step()
+        self.decided[report.step] = {self.names[i] for i in report.decision.layers.tolist()}
+        self.saved[report.step] = _tensors(self.model, self.opt)
+        return report.step
+
+    def last_decided(self, layer: str, step: int) -> int | None:
+        return max((s for s, names in self.decided.items() if s <= step and layer in names),
+                   default=None)
+
+
+def _tensors(model, opt) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.named_parameters():
+        out[name] = p.detach().clone()
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in opt.state.get(p, {}):
+                out[f"{key}/{name}"] = opt.state[p][key].clone()
+    return out
+
+
+def _assert_restores_what_was_decided(run: Run, root: Path, expected_step: int, *,
+                                      torn: bool = False) -> None:
+    """A new process's view: a fresh model restores ``expected_step``, and every layer
+    holds exactly its weights and moments of the last step that decided to write it."""
+    model = tiny_lm(seed=7)
+    opt, sched = optimizer_for(model, lr=1e-5, total=40)
+    with LayerCheck(model, opt, root, LayerCheckConfig(**REAL), scheduler=sched) as again:
+        if torn:
+            with pytest.warns(UserWarning, match="manifest.jsonl line"):
+                assert again.restore() == expected_step
+        else:
+            assert again.restore() == expected_step
+    if expected_step == 0:
+        return
+    live = _tensors(model, opt)
+    for layer, names in run.params.items():
+        source = run.saved[run.last_decided(layer, expected_step)]
+        for name in names:
+            for key in (name, f"exp_avg/{name}", f"exp_avg_sq/{name}"):
+                assert torch.equal(live[key], source[key]), (layer, key)
+
+
+def test_a_steps_layer_records_precede_its_state_record(tmp_path):
+    run = Run(tmp_path / "c", LayerCheckConfig(**REAL))
+    for _ in range(20):
+        run.step()
+    run.lc.close()
+    records = [r for r in _records(tmp_path / "c") if r["kind"] in ("layer", "state")]
+    steps = sorted({r["step"] for r in records})
+    assert steps == list(range(3, 21))  # the base at 3, then a state every step
+    for step in steps:
+        where = [i for i, r in enumerate(records) if r["step"] == step]
+        block = [records[i] for i in where]
+        # one contiguous append: the step's layers, then its state, last
+        assert where == list(range(where[0], where[-1] + 1)), step
+        assert [r["kind"] for r in block] == ["layer"] * (len(block) - 1) + ["state"], step
+        assert {r["layer"] for r in block[:-1]} == run.decided[step]
+    sizes = {len(run.decided[s]) for s in steps[1:]}
+    assert 0 in sizes and max(sizes) < len(run.names)  # partial writes, and state-only steps
+
+
+@pytest.mark.parametrize("cut", ["after the first line", "inside the first line",
+                                 "inside the last line"])
+def test_a_power_cut_inside_a_steps_append_commits_nothing_of_that_step(tmp_path, cut):
+    """The manifest is cut where an append of step t stopped: whatever reached the
+    disk, step t is not recoverable and the restore is the step before, intact."""
+    root = tmp_path / "c"
+    run = Run(root, LayerCheckConfig(**REAL))
+    while True:
+        last = run.step()
+        if last > 6 and len(run.decided[last]) >= 2:
+            break
+    run.lc.close()
+    data = (root / "manifest.jsonl").read_bytes()
+    lines = data.splitlines(keepends=True)
+    block = [i for i, line in enumerate(lines)
+             if json.loads(line)["r"].get("step") == last and json.loads(line)["r"]["kind"]
+             in ("layer", "state")]
+    assert len(block) == len(run.decided[last]) + 1
+    first, final = lines[block[0]], lines[block[-1]]
+    keep = {"after the first line": b"".join(lines[:block[0] + 1]),
+            "inside the first line": b"".join(lines[:block[0]]) + first[:len(first) // 2],
+            "inside the last line": b"".join(lines[:block[-1]]) + final[:len(final) // 2]}[cut]
+    (root / "manifest.jsonl").write_bytes(keep)
+    _assert_restores_what_was_decided(run, root, last - 1, torn=cut != "after the first line")
+
+
+class HeldFailure:
+    """A LocalStore whose first layer-file write of a step >= ``from_step`` holds the
+    writer thread until ``release()`` and then fails with ENOSPC, as do the other layer
+    files of that step: training goes on meanwhile and hears of the failure only later."""
+
+    def __init__(self, root: Path, from_step: int) -> None:
+        self.inner, self.url = LocalStore(root), str(root)
+        self.from_step, self.step = from_step, None
+        self.reached, self._go = threading.Event(), threading.Event()
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        step = int(re.search(r"@(\d+)", path).group(1)) if path.startswith("layers/") else -1
+        if step >= self.from_step and self.step in (None, step):
+            if self.step is None:
+                self.step = step
+                self.reached.set()
+                self._go.wait(120)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        self.inner.write_atomic(path, data)
+
+    def release(self) -> None:
+        self._go.set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("then", ["stop", "go on"])
+@pytest.mark.parametrize("from_step", [3, 7], ids=["base", "later"])
+def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_path, from_step,
+                                                                          then):
+    """on_error='warn' at the paper's thresholds: a step's layer writes fail while the
+    next steps (which do not all rewrite those layers) are already queued. No state
+    may commit until the failed layers are written again: every committed step
+    restores exactly the layer versions its policy decided, and restore() works."""
+    root = tmp_path / "c"
+    store = HeldFailure(root, from_step)
+    run = Run(store, LayerCheckConfig(**REAL, on_error="warn"))
+    try:
+        while not any(run.decided.get(s) for s in range(from_step, run.lc.current_step + 1)):
+            run.step()
+        failed = run.lc.current_step  # its layer files fail once the writer gets to them
+        for _ in range(2):
+            run.step()  # queued behind the held job: no retry of the failed layers yet
+        assert store.reached.wait(120) and store.step == failed
+    finally:
+        store.release()
+    run.lc.flush()
+    # the guard matters here: a queued step carries a state but not every failed layer
+    assert any(run.decided[failed] - run.decided[s] for s in (failed + 1, failed + 2))
+    if then == "go on":
+        for _ in range(6):
+            run.step()  # the failed layers are written again at the next opportunity
+    run.lc.close()
+
+    records = _records(root)
+    header = next(r for r in records if r["kind"] == "header")
+    states = [r["step"] for r in records if r["kind"] == "state"]
+    for step in states:
+        for layer in (entry["name"] for entry in header["layers"]):
+            newest = max((r["step"] for r in records if r["kind"] == "layer"
+                          and r["layer"] == layer and r["step"] <= step), default=None)
+            assert newest is not None and newest == run.last_decided(layer, step), (
+                f"step {step} committed with {layer} of step {newest}, but the policy wrote "
+                f"it at step {run.last_decided(layer, step)}")
+    if then == "go on":
+        assert states[-1] == run.lc.current_step
+    else:
+        assert max(states, default=0) < failed
+    _assert_restores_what_was_decided(run, root, max(states, default=0))

@@ -9,7 +9,9 @@ T into ``O/ds``; ``--ds-load`` starts from it instead of layercheck
 (``--ds-load-dir P``: from the DeepSpeed checkpoint in P, e.g. an export;
 ``--check-composite D``: then compare the loaded state with the composite of
 layercheck directory D at the loaded step). ``--stop-at T`` ends the job
-after step T (the LR schedule still spans ``--steps``). ``loaded`` and
+after step T (the LR schedule still spans ``--steps``); ``--halt-at T`` waits
+after step T until its checkpoint is committed, writes ``O/halted<r>`` (the
+step) and sleeps until it is killed. ``loaded`` and
 ``final`` in the report: the engine's counters, LRs and Adam step counts
 right after the restore or load, and at the end.
 Data depends only on (step, rank), never on the global RNG, so runs that
@@ -78,10 +80,11 @@ def batch(step: int, rank: int) -> torch.Tensor:
 def check_restored(lc: ZeroLayerCheck) -> list[str]:
     """Every mismatch between the live state and the shards of this rank that
     the plan names (master, moments, step, module partition, full module weight)."""
-    view = read_manifest(open_store(lc.store.url), lc.rank)
+    view = read_manifest(open_store(lc.store.url), lc.ranks.rank)
     for name, version in lc.restored.plan.sources.items():  # the versions the ranks agreed on
         assert version.file == next(v.file for v in view.versions[name] if v.step == version.step)
-    return check_composite(lc.parts, lc.layer_map, lc.store.url, lc.rank, lc.restored.plan.sources)
+    return check_composite(lc.source, lc.layer_map, lc.store.url, lc.ranks.rank,
+                           lc.restored.plan.sources)
 
 
 def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
@@ -98,7 +101,7 @@ def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
         everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
         for k in parts.of_layer[i]:
             flat = parts.flats[k]
-            state = parts.inner.state[flat]
+            state = parts.optimizer.state[flat]
             pairs = [("master", flat, tensors[f"master/sg{k}"]),
                      ("exp_avg", state["exp_avg"], tensors[f"optim/exp_avg/sg{k}"]),
                      ("exp_avg_sq", state["exp_avg_sq"], tensors[f"optim/exp_avg_sq/sg{k}"]),
@@ -192,8 +195,11 @@ def main() -> int:
                     help="with --check-composite: every Adam step count must be this")
     ap.add_argument("--stop-at", type=int, default=0)
     ap.add_argument("--bf16", action="store_true", help="bf16 weights (fp32 masters)")
-    ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--halt-at", type=int, default=0)
     ap.add_argument("--check-drift", action="store_true")
+    ap.add_argument("--sampling", type=int, default=1, help="LayerCheckConfig.drift_sampling")
+    ap.add_argument("--sample-min", type=int, default=0,
+                    help="sample tensors of this many elements or more (drift.SAMPLE_MIN)")
     ap.add_argument("--misaligned", action="store_true",
                     help="one optimizer group for the whole model (must be refused)")
     args = ap.parse_args()
@@ -218,8 +224,14 @@ def main() -> int:
                 newest_versions(args.check_composite, start), args.expect_adam_step)
     else:
         config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
-                                  smax=args.smax, warmup_steps=2, interval=1)
+                                  smax=args.smax, warmup_steps=2, interval=1,
+                                  drift_sampling=args.sampling)
+        if args.sample_min:
+            import layercheck.drift
+            layercheck.drift.SAMPLE_MIN = args.sample_min
         lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
+        result["sub_groups"] = len(lc.source.flats)
+        result["sampled_tensors"] = sum(e.take < e.span for e in lc.drift._all)
         start = lc.restore()
         result["restored_step"] = start
         if start:
@@ -241,11 +253,15 @@ def main() -> int:
             report = lc.step(extra={"step": step})
             result.setdefault("drift", []).append(report.drift.tolist())
             result.setdefault("written", []).append(report.decision.layers.tolist())
+            result.setdefault("fused", []).append(lc.drift.fused_params)
         result["losses"][step] = float(loss.detach())
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
+        if lc is not None and step == args.halt_at:
+            lc.flush()  # the failure strikes once step T is committed on every rank
+            (out / f"halted{rank}").write_text(str(step))
+            while True:
+                time.sleep(3600)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]

@@ -53,7 +53,5 @@ def test_from_trace_takes_the_job_from_a_captured_trace(tiny_capture):
 
 def test_from_trace_refuses_a_synthetic_trace():
     synthetic = Path(__file__).resolve().parents[2] / "traces" / "qwen2.5-7b-synthetic"
-    if not synthetic.exists():
-        pytest.skip("no synthetic preset in traces/")
     with pytest.raises(ProfilerError, match="made by `python -m profiler capture`"):
         _load_failure_free(synthetic, 1)

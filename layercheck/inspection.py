@@ -1,11 +1,11 @@
 """What a checkpoint directory holds: layers, versions, staleness, bytes, damage. Torch-free."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from .errors import CorruptVersion
-from .manifest import MANIFEST, Shard, Version, read_manifest, read_verified
+from .errors import CheckpointNotFound, CorruptVersion
+from .format import MANIFEST, Version
+from .manifest import read_manifest, read_verified
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
@@ -19,7 +19,6 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
     file) fails its checksum or is not a safetensors file."""
     view = read_manifest(store)
     if view.header is None:
-        from .errors import CheckpointNotFound
         raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no {MANIFEST} "
                                  "with a header); point at the directory given to LayerCheck")
     newest = view.latest_step()
@@ -44,8 +43,7 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
 
 def _damage(store: Store, version: Version, verify: bool) -> str | None:
     """What is wrong with a committed file (any rank's shard), or None."""
-    shards = version.shards or (Shard(version.file, version.bytes, version.checksum),)
-    for shard in shards:
+    for shard in version.per_rank():
         if not store.exists(shard.file):
             return f"{shard.file}: committed but missing on disk"
         size = store.size(shard.file)
@@ -53,8 +51,7 @@ def _damage(store: Store, version: Version, verify: bool) -> str | None:
             return f"{shard.file}: {size} bytes on disk, {shard.bytes} committed"
         if verify:
             try:
-                read_verified(store, replace(version, file=shard.file, bytes=shard.bytes,
-                                             checksum=shard.checksum))
+                read_verified(store, shard)
             except CorruptVersion as exc:
                 return str(exc)
     return None

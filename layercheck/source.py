@@ -1,0 +1,140 @@
+"""Where a layer's tensors live: the adapter between LayerCheck and a backend.
+
+``LayerCheck`` owns the lifecycle for one rank and many; a ``LayerSource``
+answers what depends on where the tensors are: ``drift_layers()`` (per
+layer, the tensors the optimizer steps; ``drift_groups()`` names their param
+groups where the optimizer holds them only while stepping), ``capture(i)``
+(host copies of layer i, keyed as ``layercheck.format`` says), ``apply(i,
+tensors)`` (a loaded layer i back into the live tensors), and what the
+backend adds to the header (``header_facts``) and to every step's state
+(``engine_state``) and must redo once every layer is back (``after_restore``).
+
+Backends: ``ModuleSource`` (an ``nn.Module`` and its torch optimizer) and
+``layercheck.zero.Partitions`` (DeepSpeed ZeRO's flat fp32 partitions, one
+shard per rank). On restore, ``apply`` for every layer, then ``after_restore``
+once (a collective where the backend has ranks).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from .errors import ModelMismatch
+from .format import optimizer_fields, tensor_key
+from .layermap import LayerMap
+
+__all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
+           "capture_optimizer_state"]
+
+
+def host(t: torch.Tensor) -> torch.Tensor:
+    """A host-memory copy of ``t`` that the training loop can no longer change."""
+    return t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+
+
+def tensors_nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def take(tensors: Mapping[str, torch.Tensor], key: str, like: torch.Tensor,
+         layer: str) -> torch.Tensor:
+    """``tensors[key]``, or ModelMismatch when it is missing or not shaped like ``like``."""
+    if key not in tensors:
+        raise ModelMismatch(f"layer {layer}: the saved version has no {key}; the checkpoint was "
+                            "written for a different model, optimizer grouping or world size")
+    value = tensors[key]
+    if value.shape != like.shape:
+        raise ModelMismatch(f"layer {layer}: {key} has shape {tuple(value.shape)} in the "
+                            f"checkpoint but {tuple(like.shape)} here (a different model, "
+                            "parameter grouping or world size)")
+    return value
+
+
+def capture_optimizer_state(state: Mapping[str, Any], owner: str) -> dict[str, torch.Tensor]:
+    """Host copies of one tensor's optimizer state (scalars as float64 0-d tensors)."""
+    out = {}
+    for field, value in state.items():
+        if torch.is_tensor(value):
+            out[tensor_key("optim", owner, field)] = host(value)
+        elif isinstance(value, (int, float)):
+            out[tensor_key("optim", owner, field)] = torch.tensor(float(value), dtype=torch.float64)
+    return out
+
+
+class LayerSource:
+    """Where a model's layers live (the contract is in the module doc)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    """The torch optimizer that steps ``drift_layers()`` and holds their state."""
+    layer_map: LayerMap
+
+    def drift_layers(self) -> list[list[torch.Tensor]]:
+        raise NotImplementedError
+
+    def drift_groups(self) -> dict[int, dict] | None:
+        """``id(tensor) -> param group`` for the tensors of ``drift_layers()``;
+        None: the optimizer's ``param_groups`` hold them all the time."""
+        return None
+
+    def capture(self, i: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def _capture_buffers(self, i: int) -> dict[str, torch.Tensor]:
+        return {tensor_key("buffer", name): host(b) for name, b in self.layer_map.buffers(i)}
+
+    def _apply_buffers(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, b in self.layer_map.buffers(i):
+                b.copy_(take(tensors, tensor_key("buffer", name), b, self.layer_map.names[i]))
+
+    def header_facts(self) -> dict[str, Any]:
+        """Backend facts for the directory's header (JSON-ready)."""
+        return {}
+
+    def engine_state(self) -> dict[str, Any] | None:
+        """The backend's counters, saved with every step's training state."""
+        return None
+
+    def after_restore(self, engine: Mapping[str, Any] | None, step: int) -> None:
+        """Finish a restore of ``step``: every layer and the optimizer's
+        hyper-parameters are back; ``engine`` is what ``engine_state`` gave then."""
+
+
+class ModuleSource(LayerSource):
+    """A plain ``nn.Module`` and its torch optimizer, in one process: a layer
+    version holds ``param/<name>``, the optimizer state of each parameter
+    (``optim/<field>/<name>``) and the layer's persistent buffers."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 layer_map: LayerMap) -> None:
+        self.model, self.optimizer, self.layer_map = model, optimizer, layer_map
+
+    def drift_layers(self) -> list[list[torch.Tensor]]:
+        return [[p for _, p in self.layer_map.parameters(i)] for i in range(len(self.layer_map))]
+
+    def capture(self, i: int) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.layer_map.parameters(i):
+            out[tensor_key("param", name)] = host(p)
+            out.update(capture_optimizer_state(self.optimizer.state.get(p, {}), name))
+        return {**out, **self._capture_buffers(i)}
+
+    def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        layer = self.layer_map.names[i]
+        groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        with torch.no_grad():
+            for name, p in self.layer_map.parameters(i):
+                p.copy_(take(tensors, tensor_key("param", name), p, layer))
+                if id(p) in groups:
+                    on_device = groups[id(p)].get("capturable") or groups[id(p)].get("fused")
+                    # the loaded tensors are fresh and ours: adopt them rather than copy
+                    self.optimizer.state[p] = {
+                        field: value if field == "step" and not on_device else value.to(p.device)
+                        for field, value in optimizer_fields(tensors, name).items()}
+        self._apply_buffers(i, tensors)
