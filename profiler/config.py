@@ -180,6 +180,8 @@ class CaptureConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaptureConfig":
+        # the shape of layercheck.config.LayerCheckConfig.from_dict, with this
+        # package's error class (the library does not know ProfilerError)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
