@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import CheckpointNotFound, ReadFailed
-from .format import MANIFEST, Version, encode_record
-from .manifest import read_manifest
+from .format import MANIFEST, Version
+from .manifest import encode_manifest, read_manifest
 from .policy import Reason
 from .recovery import make_plan
 from .store import Store
@@ -66,15 +66,12 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     bases = [v for vs in view.versions.values() for v in vs if v.reason == Reason.BASE.label]
     base_step = min((v.step for v in bases), default=None)
     live.update({v.key: v for v in bases if v.step == base_step})
-    ordered = sorted(live.values(), key=lambda v: (v.step, v.layer is None, v.layer or ""))
     kept = {f for v in live.values() for f in v.files}
     doomed = [f for f in store.list("layers", temporary=True) + store.list("states", temporary=True)
               if f not in kept]  # temp files too: no writer runs while gc holds the lock
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
-        manifest = encode_record(view.header) + b"".join(encode_record(v.to_record())
-                                                         for v in ordered)
-        store.write_atomic(MANIFEST, manifest)
+        store.write_atomic(MANIFEST, encode_manifest(view.header, live.values()))
         for path in doomed:
             store.delete(path)
     return GcReport(kept_steps=steps, kept_files=len(live), removed_files=doomed,

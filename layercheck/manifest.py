@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
-from .format import MANIFEST, Version, checksum, count, decode_line, described
+from .format import MANIFEST, Version, checksum, count, decode_line, described, encode_record
 from .store import Store, check_relative
 
-__all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "read_verified",
-           "check_structure"]
+__all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
+           "encode_manifest", "read_verified", "check_structure"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,6 +38,8 @@ class ManifestView:
     """Per step, its committed training state."""
     problems: list[str] = field(default_factory=list)
     """Lines that were skipped, each with the reason (torn, bad CRC, bad path)."""
+    skipped: list[bytes] = field(default_factory=list)
+    """Those lines as they are in the manifest."""
     resumes: list[int] = field(default_factory=list)
     rank: int | None = None
     """The rank whose shards ``versions`` and ``states`` show (sharded checkpoints)."""
@@ -124,7 +126,31 @@ def _replay(data: bytes, rank: int | None) -> ManifestView:
             view.apply(decode_line(line))
         except Exception as exc:  # any damage to one line: skip it, say why
             view.problems.append(f"{MANIFEST} line {number}: skipped ({exc})")
+            view.skipped.append(line)
     return view
+
+
+def encode_manifest(header: dict[str, Any], versions: Iterable[Version]) -> bytes:
+    """A whole manifest: the header, then ``versions`` by step, each step's state last."""
+    ordered = sorted(versions, key=lambda v: (v.step, v.layer is None, v.layer or ""))
+    return encode_record(header) + b"".join(encode_record(v.to_record()) for v in ordered)
+
+
+def compact(store: Store) -> int:
+    """Rewrite the manifest with only what replaying it keeps: the header, the live
+    versions and, as they are, the lines it skips (so ``inspect`` still reports
+    them). Replaying the result gives the same header, versions and states;
+    records of retired versions, drop and resume records are gone. Atomic
+    (``write_atomic``): a crash leaves the old manifest or the new one, never a
+    mix. Call only where nothing else appends meanwhile (the directory's
+    writer, from the thread that appends). Returns the size it now has."""
+    view = read_manifest(store)
+    if view.header is None:
+        raise LayerCheckError(f"{store.url}: no header to keep, so the manifest is not compacted")
+    data = encode_manifest(view.header, view.all_versions()) + b"".join(
+        line + b"\n" for line in view.skipped)
+    store.write_atomic(MANIFEST, data)
+    return len(data)
 
 
 def read_consistent(store: Store, prepare: Callable[[ManifestView], T],

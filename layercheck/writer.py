@@ -27,6 +27,7 @@ from .commit import Commit
 from .errors import WriteFailed, retryable
 from .format import (MANIFEST, Version, checksum, drop_record, encode_record, layer_metadata,
                      layer_path, state_path)
+from .manifest import compact
 from .retention import Retention
 from .store import Store
 
@@ -37,6 +38,11 @@ log = logging.getLogger("layercheck")
 MAX_RECORDS = 10_000
 """WriteRecords kept for ``drain_completed``; a loop that never drains keeps
 only the newest this many (bounded memory over any run length)."""
+
+COMPACT_BYTES = 1 << 18
+"""Under retention the manifest is compacted (``manifest.compact``) once it passes this
+size, or twice its size after the last compaction: it stays bounded however long the
+run, and restore and inspect replay little."""
 
 
 @dataclass
@@ -91,6 +97,7 @@ class Writer:
         self._failed_layers: set[int] = set()
         self._owed: set[int] = set()  # layers of failed jobs not committed since (writer thread)
         self._unlinked: list[str] = []  # files of dropped versions a reader kept (writer thread)
+        self._compact_at = COMPACT_BYTES  # manifest size that calls for compaction (writer thread)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="layercheck-crc")
         self._thread = threading.Thread(target=self._run, name="layercheck-writer", daemon=True)
         self._thread.start()
@@ -217,15 +224,17 @@ class Writer:
                                                   version.bytes, elapsed))
 
     def _retire(self, versions: list[Version]) -> None:
-        """Drop superseded versions: their drop records first, then their files, once
-        no offline reader is reading (``Store.delete_unread``; until then they wait
-        here, and a run that ends first leaves them to gc). A failure here loses
-        nothing (the versions stay, or their files become leftovers for gc), so it
-        is logged, never raised."""
+        """Drop superseded versions: their drop records first (compacting the manifest
+        once it is large), then their files, once no offline reader is reading
+        (``Store.delete_unread``; until then they wait here, and a run that ends
+        first leaves them to gc). A failure here loses nothing (the versions stay,
+        or their files become leftovers for gc), so it is logged, never raised."""
         try:
             if versions:
                 self.store.append(MANIFEST, b"".join(
                     encode_record(drop_record(v.key)) for v in versions))
+                if self.store.size(MANIFEST) > self._compact_at:
+                    self._compact_at = max(COMPACT_BYTES, 2 * compact(self.store))
                 self.bytes_dropped += sum(v.total_bytes for v in versions)
                 self._unlinked += [f for v in versions for f in v.files]
             if self._unlinked and self.store.delete_unread(self._unlinked):
