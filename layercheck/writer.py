@@ -170,6 +170,11 @@ class Writer:
                 # each other's failures in the commit, so they all stop at the same job
                 if not self._stopped():
                     self._persist(job)
+            except Exception as exc:  # a bug, not storage: stop, never die leaving flush() waiting
+                with self._cv:
+                    self._error = RuntimeError(f"the writer thread failed ({exc!r})")
+                log.error("layercheck: the writer thread failed at step %d (%r); checkpointing "
+                          "stops", job.step, exc)
             finally:
                 # drop the snapshot now, not when the next job arrives: the queue's bound
                 # must be the whole of what the writer holds

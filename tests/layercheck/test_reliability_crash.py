@@ -38,6 +38,19 @@ def test_random_sigkills_never_lose_a_committed_step(tmp_path):
 
 
 @pytest.mark.slow
+def test_random_sigkills_under_retention_and_warn_never_lose_a_committed_step(tmp_path):
+    """Issue 13: the harness also runs with keep_versions=1 and on_error='warn', where
+    retention retires versions and deletes their files at every step, and the
+    manifest is compacted (at 16 KiB here): kills land there too."""
+    proc, result = _bench(tmp_path, "--trials", "6", "--seed", "3", "--max-delay", "1.0",
+                          "--kill-after-commit", "--retention")
+    assert result["retention"] and result["violations"] == 0, result["violation_examples"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum(result["killed_while_main"].values()) == 6
+    assert min(result["restored_steps"]) > 0
+
+
+@pytest.mark.slow
 def test_the_harness_reports_a_store_that_lies(tmp_path):
     proc, result = _bench(tmp_path, "--trials", "3", "--seed", "7", "--sabotage",
                           "--kill-after-commit")

@@ -341,3 +341,41 @@ def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy
     assert "not retried" in message
     with pytest.raises(WriteFailed):
         lc.close()
+
+
+def test_a_bug_in_the_writer_thread_stops_checkpointing_instead_of_hanging(tmp_path):
+    """An exception outside the storage calls (here in retention's bookkeeping, as a
+    mutation of it did) killed the writer thread, and the next flush() waited
+    forever: a trainer that hangs. It stops checkpointing with the error instead."""
+    from layercheck.errors import WriteFailed
+
+    class BrokenRetention:
+        def committed(self, versions):
+            raise IndexError("pop from an empty list")
+
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=40)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                           keep_versions=1, on_error="warn")
+    lc = LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched)
+    lc.restore()
+    lc.writer.retention = BrokenRetention()
+    outcome: list[BaseException] = []
+
+    def train():
+        try:
+            for _ in range(4):
+                train_step(model, opt, sched)
+                lc.step()
+            lc.flush()
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=train, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "flush() hung after the writer thread failed"
+    assert isinstance(outcome[0], WriteFailed) and "pop from an empty list" in str(outcome[0])
+    with pytest.raises(WriteFailed):
+        lc.close()
