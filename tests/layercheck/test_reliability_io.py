@@ -308,19 +308,6 @@ def test_real_full_disk_warn_policy_recovers_when_space_returns(tiny_fs, caplog)
 
 
 # -- a read-only directory, and a directory deleted under a running writer (issue 13) -------
-def _ckpt(root, steps=4, **config):
-    torch.manual_seed(0)
-    model = tiny_lm()
-    opt, sched = optimizer_for(model, total=40)
-    lc = LayerCheck(model, opt, root, LayerCheckConfig(**EVERY_STEP, **config), scheduler=sched)
-    lc.restore()
-    for _ in range(steps):
-        train_step(model, opt, sched)
-        lc.step()
-    lc.flush()
-    return lc, model, opt, sched
-
-
 READ_ONLY_CHILD = r"""
 import fcntl, json, os, sys
 import layercheck.cleanup, layercheck.export, layercheck.inspection, layercheck.recovery
@@ -357,7 +344,7 @@ def test_a_read_only_directory_is_read_by_the_offline_commands_and_refused_clear
     import tempfile
     base = Path(tempfile.mkdtemp(prefix="layercheck-read-only-"))  # a path 'nobody' may walk
     try:
-        lc, *_ = _ckpt(base / "c")
+        lc, *_ = _run(base / "c", 4)
         lc.close()
         out = base / "out"
         out.mkdir()
@@ -395,9 +382,9 @@ def test_a_directory_deleted_under_a_running_writer_stops_checkpointing(tmp_path
     (raise), and recreate folders and append records in the other run's directory.
     It stops, under either policy, saying what happened, and writes nothing there."""
     root = tmp_path / "c"
-    lc, model, opt, sched = _ckpt(root, on_error=on_error)
+    lc, model, opt, sched = _run(root, 4, on_error=on_error)
     shutil.rmtree(root)
-    other, _, _, _ = _ckpt(root, steps=2)  # a new run in a new directory of the same name
+    other, _, _, _ = _run(root, 2)  # a new run in a new directory of the same name
     mine = (root / MANIFEST).read_bytes()
     with pytest.raises(WriteFailed, match="deleted or replaced") as info:
         for _ in range(3):
