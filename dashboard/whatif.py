@@ -16,7 +16,7 @@ from layercheck.config import ConfigError, LayerCheckConfig
 from layercheck.policy import Policy
 from layercheck.trace import Trace, last_written
 
-from .fastreplay import REPLAYED_REASONS, Replayed, fast_replay
+from layercheck.fastreplay import REPLAYED_REASONS, Replayed, fast_replay
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
            "staleness_figure", "io_figure", "writes_figure", "summary_frame", "GB"]
