@@ -100,12 +100,13 @@ def _train(trainer: Trainer, ckpt_dir: Path, progress: bool,
         bar.close()
         lc.flush()
         recorder.writes(lc.drain_writes())
-        lc_dict, lr_peak = lc.config.to_dict(), lc.lr_peak
+        lc_dict, lr_peak, sizes = lc.config.to_dict(), lc.lr_peak, lc.policy.sizes
     finally:
         lc.close()
     metric = trainer.evaluate()
     recorder.restore(_measure_restore(trainer, ckpt_dir))
-    return recorder, {"config": lc_dict, "lr_peak": lr_peak}, metric, lc.writer.bytes_dropped
+    return (recorder, {"config": lc_dict, "lr_peak": lr_peak, "sizes": sizes}, metric,
+            lc.writer.bytes_dropped)
 
 
 def _measure_restore(trainer: Trainer, ckpt_dir: Path) -> Any:
@@ -127,6 +128,9 @@ def _trace(trainer: Trainer, recorder: Recorder, name: str, lc: dict[str, Any],
     sizes = recorder.layer_bytes()
     layers = [{"name": l.name, "kind": l.kind, "params": l.numel, "bytes": sizes[i]}
               for i, l in enumerate(layer_map)]
+    if lc["sizes"] is not None:  # what a write budget charged (tensor bytes, no file header)
+        for layer, state_bytes in zip(layers, lc["sizes"]):
+            layer["state_bytes"] = int(state_bytes)
     config = trainer.config
     manifest = {
         "schema_version": SCHEMA_VERSION, "name": name, "kind": "captured",
