@@ -140,47 +140,86 @@ class _LaneTable:
 
 def _walk(lt: _LaneTable, drift: np.ndarray, lr_ratio: np.ndarray,
           num_policies: int) -> tuple[np.ndarray, np.ndarray]:
-    """Advance every lane through steps 1..T (the reference's arithmetic, lane-wise)."""
+    """Advance every lane through steps 1..T (the reference's arithmetic, lane-wise).
+
+    Per step: add the drift, compare with K(t) and the Smax deadline, reset what is
+    written. What changes only at a few steps (which lanes have an opportunity,
+    which are past their base checkpoint) is looked up, not recomputed."""
     steps, lanes = drift.shape[0], len(lt.layer)
     groups = len(lt.group_budget)
     d = np.ascontiguousarray(drift[:, lt.layer])            # row t-1: every lane's d(t)
-    reasons = np.full((steps, lanes), NO_WRITE, dtype=np.int8)
+    written = np.zeros((steps, lanes), dtype=bool)
+    by_threshold = np.zeros((steps, lanes), dtype=bool)
     k_scale = np.ones((steps, num_policies))
     acc = np.zeros(lanes)
-    last = np.zeros(lanes, dtype=np.int64)
+    due = lt.smax.copy()                                     # the Smax deadline: last write + smax
     level = np.zeros(groups + 1, dtype=np.int64)             # the last entry: no budget, level 0
     spent = np.zeros(groups)
-    unscaled = ~lt.scaled
-    infinite = np.isinf(lt.base)
+    unscaled, infinite = ~lt.scaled, np.isinf(lt.base)
+    any_unscaled, any_infinite = bool(unscaled.any()), bool(infinite.any())
+    started = np.zeros(lanes, dtype=bool)                    # past the base checkpoint
+    base_steps = set(lt.base_step.tolist())
+    openings = _Openings(lt.interval)
     k = np.empty(lanes)
     for t in range(1, steps + 1):
         acc += d[t - 1]
-        np.multiply(lt.base, lr_ratio[t - 1], out=k)
-        if unscaled.any():
+        ratio = lr_ratio[t - 1]
+        np.multiply(lt.base, ratio, out=k)
+        if any_unscaled:
             k[unscaled] = lt.base[unscaled]
-        if infinite.any():
+        if any_infinite and not ratio > 0:
             k[infinite] = np.inf                          # inf * 0 -> nan: an infinite K stays infinite
-        scale = budget.scale(level)
-        k *= scale[lt.group]
-        opportunity = t % lt.interval == 0
-        selective = opportunity & (t > lt.base_step)
-        by_drift = acc >= k
-        write = ((by_drift | (t - last >= lt.smax)) & selective)
-        at_base = t == lt.base_step
-        write |= at_base
-        if write.any():
-            row = reasons[t - 1]
-            row[write] = np.where(by_drift[write], Reason.THRESHOLD, Reason.SMAX)
-            row[at_base] = Reason.BASE
-            acc[write] = 0.0
-            last[write] = t
         if groups:
-            k_scale[t - 1, lt.group_policy] = scale[:groups]
-            settle = (t % lt.group_interval == 0) & (t > lt.group_base)
-            if settle.any():
-                charged = write & ~at_base & (lt.group < groups)   # the base is not charged
-                spent += np.bincount(lt.group[charged], weights=lt.size[charged], minlength=groups)
-                over = budget.debt(spent, lt.group_budget, t - lt.group_base)
-                level[:groups] = np.where(settle, budget.next_level(level[:groups], over),
-                                          level[:groups])
+            scale = budget.scale(level)
+            k *= scale[lt.group]
+        by_drift = acc >= k
+        write = (by_drift | (due <= t)) & openings.at(t) & started
+        at_base = None
+        if t in base_steps:
+            at_base = lt.base_step == t
+            write |= at_base
+            started |= at_base
+        written[t - 1] = write
+        by_threshold[t - 1] = by_drift
+        acc[write] = 0.0
+        due[write] = t + lt.smax[write]
+        if groups:
+            _settle(lt, t, write, at_base, scale, level, spent, k_scale[t - 1])
+    reasons = np.where(written, np.where(by_threshold, Reason.THRESHOLD, Reason.SMAX),
+                       NO_WRITE).astype(np.int8)
+    inside = lt.base_step <= steps
+    reasons[lt.base_step[inside] - 1, np.flatnonzero(inside)] = Reason.BASE
     return reasons, k_scale
+
+
+class _Openings:
+    """Which lanes have an opportunity at step t (``t % interval == 0``), cached
+    per set of intervals that divide t: a grid has few intervals."""
+
+    def __init__(self, interval: np.ndarray) -> None:
+        self.interval = interval
+        self.values = sorted(set(interval.tolist()))
+        self.cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def at(self, t: int) -> np.ndarray:
+        key = tuple(v for v in self.values if t % v == 0)
+        mask = self.cache.get(key)
+        if mask is None:
+            mask = self.cache[key] = np.isin(self.interval, key)
+        return mask
+
+
+def _settle(lt: _LaneTable, t: int, write: np.ndarray, at_base: np.ndarray | None,
+            scale: np.ndarray, level: np.ndarray, spent: np.ndarray, k_row: np.ndarray) -> None:
+    """The write budgets' accounts after step t (``layercheck.budget``), in place."""
+    groups = len(lt.group_budget)
+    k_row[lt.group_policy] = scale[:groups]
+    settle = (t % lt.group_interval == 0) & (t > lt.group_base)
+    if not settle.any():
+        return
+    charged = write & (lt.group < groups)
+    if at_base is not None:
+        charged &= ~at_base                                   # the base is not charged
+    spent += np.bincount(lt.group[charged], weights=lt.size[charged], minlength=groups)
+    over = budget.debt(spent, lt.group_budget, t - lt.group_base)
+    level[:groups] = np.where(settle, budget.next_level(level[:groups], over), level[:groups])

@@ -42,7 +42,7 @@ from .policy import Reason
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
            "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness",
-           "weigh_staleness", "ADDED_COLUMNS"]
+           "ADDED_COLUMNS"]
 
 SCHEMA_VERSION = 2
 
@@ -201,11 +201,7 @@ def weighted_staleness(written: np.ndarray, params: np.ndarray) -> np.ndarray:
     staleness_l(t) / sum_l params_l: the average age, in steps, of a parameter that a
     recovery at t would load. NaN before the base checkpoint (every layer written once).
     ``written`` may be a stack (..., steps, layers): one series per run."""
-    return weigh_staleness(last_written(written), params)
-
-
-def weigh_staleness(last: np.ndarray, params: np.ndarray) -> np.ndarray:
-    """``weighted_staleness`` from ``last_written``'s answer (for callers that hold it)."""
+    last = last_written(written)
     steps = np.arange(1, last.shape[-2] + 1)
     params = np.asarray(params, dtype=np.float64)
     weights = params / params.sum() if params.sum() > 0 else np.full(len(params), 1 / len(params))
