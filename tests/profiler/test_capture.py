@@ -146,3 +146,34 @@ def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(tiny_capt
     assert len(set(trace.k_scale())) > 2                       # the controller did act
     charged = trace.write_matrix()[4:] @ sizes                  # steps after the base (step 3)
     assert charged.sum() / (steps - 3) <= lc.write_budget * 1.05
+
+
+def test_a_recommended_setting_writes_the_bytes_the_tuner_predicted(tmp_path, capsys):
+    """Tune on a capture, run the recommendation for real with --config: checkpoint
+    decisions do not change training, so the drift is the same and the run writes
+    exactly the layers, and the bytes, the tuner predicted."""
+    import json
+
+    from profiler.cli import main as profiler
+    from sim.cli import main as sim
+    from sim.frontier import evaluate
+    job = ["--model", "tiny", "--steps", "40", "--batch-size", "4", "--seq-len", "32",
+           "--threads", "1", "--quiet"]
+    assert profiler(["capture", *job, "--warmup-steps", "3", "--smax", "30",
+                     "--out", str(tmp_path / "first")]) == 0
+    first = read_trace(tmp_path / "first")
+    budget_gb = 0.6 * first.writes["bytes"].sum() / 1e9
+    capsys.readouterr()
+    assert sim(["tune", "--trace", str(tmp_path / "first"), "--costs", "paper-a100", "--mtbf", "1h",
+                "--max-gb", f"{budget_gb:.6f}", "--json", "--seeds", "2", "--window", "1d"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    config = LayerCheckConfig.from_dict(advice["config"])
+    predicted = evaluate(first, [config]).written(0)
+    assert config != LayerCheckConfig.from_dict(first.manifest["config"])
+    assert profiler(["capture", *job, "--config", json.dumps(advice["config"]),
+                     "--out", str(tmp_path / "second")]) == 0
+    second = read_trace(tmp_path / "second")
+    np.testing.assert_array_equal(second.drift_matrix(), first.drift_matrix())
+    np.testing.assert_array_equal(second.write_matrix(), predicted)
+    assert int(second.writes["bytes"].sum()) == advice["recommended"]["bytes_written"] <= budget_gb * 1e9
+    assert len(second.writes) == advice["recommended"]["layer_writes"]
