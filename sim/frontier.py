@@ -33,11 +33,15 @@ from .api import Scenario, simulate_writes
 from .errors import SimError
 from .workload import LayerWrites
 
-__all__ = ["Grid", "Evaluation", "evaluate", "rate", "paper_default", "recorded_config",
-           "config_line", "write_bandwidth", "SETTING_COLUMNS", "PAPER_STEPS"]
+__all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "paper_default", "recorded_config",
+           "config_line", "write_bandwidth", "describe", "SETTING_COLUMNS", "PAPER_STEPS",
+           "BASE_THRESHOLDS", "EMBEDDING_THRESHOLDS"]
 
 PAPER_STEPS = 1692
 """The paper's run length: its warm-up (200) and Smax (1000) are for runs this long."""
+BASE_THRESHOLDS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, math.inf)
+"""The default grid's base thresholds: half decades (rounded to 3), then Smax only."""
+EMBEDDING_THRESHOLDS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 SETTING_COLUMNS = ("base_threshold", "embedding_threshold", "smax", "interval", "warmup_steps")
 
 
@@ -73,16 +77,15 @@ class Grid:
             raise SimError(f"grid: {exc}") from None
 
     @classmethod
-    def for_trace(cls, trace: Trace, *, thresholds: int = 10) -> "Grid":
-        """The default grid for a trace: ``thresholds`` base thresholds log-spaced from
-        1e-5 to 1e-1 with ``inf`` last (Smax only), five embedding thresholds 1e-3 ..
-        1e-1, four Smax values log-spaced over a decade up to the larger of the
-        recorded and the paper's (scaled to the run), intervals 1 and 4: 400 settings."""
+    def for_trace(cls, trace: Trace) -> "Grid":
+        """The default grid for a trace (400 settings): ``BASE_THRESHOLDS`` (1e-5 to
+        1e-1 in half decades, then inf: Smax only), ``EMBEDDING_THRESHOLDS``, four Smax
+        values log-spaced over a decade up to the larger of the recorded and the
+        paper's (scaled to the run), intervals 1 and 4."""
         recorded, paper = recorded_config(trace), paper_default(trace.num_steps)
         high = max(recorded.smax, paper.smax, 1)
         smax = tuple(int(s) for s in np.unique(np.round(np.geomspace(max(1, high / 10), high, 4))))
-        ks = tuple(float(k) for k in np.geomspace(1e-5, 1e-1, thresholds - 1)) + (math.inf,)
-        return cls(base_thresholds=ks, embedding_thresholds=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+        return cls(base_thresholds=BASE_THRESHOLDS, embedding_thresholds=EMBEDDING_THRESHOLDS,
                    smax=smax, intervals=(1, 4), warmup_steps=recorded.warmup_steps,
                    lr_scaling=recorded.lr_scaling)
 

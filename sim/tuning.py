@@ -209,8 +209,10 @@ def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: flo
 
 
 def _row(table: pd.DataFrame, result: Evaluation, row: int) -> dict[str, Any]:
+    """A row's numbers, with its index in the evaluation (``row``)."""
     out = describe(table.loc[row])
     out.update(describe(result.detail([row]).loc[row]))
+    out["row"] = row
     return out
 
 
@@ -276,4 +278,7 @@ def _limit(flag: str, limit: float) -> str:
 
 
 def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e12:.2f} TB" if nbytes >= 1e12 else f"{nbytes / 1e9:.1f} GB"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= size:
+            return f"{nbytes / size:.{2 if unit == 'TB' else 1}f} {unit}"
+    return f"{nbytes / 1e3:.1f} kB"
