@@ -67,6 +67,29 @@ def test_plan_matches_newest_versions(ckpt, capsys):
     assert early["step"] == 10 and all(l["source_step"] <= 10 for l in early["layers"])
 
 
+def test_plan_says_what_budget_mode_does_on_resume(tmp_path, capsys):
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=20)
+    cfg = LayerCheckConfig(warmup_steps=2, smax=10, write_budget=5e5)
+    with LayerCheck(model, opt, tmp_path / "ckpt", cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(6):
+            train_step(model, opt, sched)
+            lc.step()
+    assert main(["plan", str(tmp_path / "ckpt"), "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["budget"]
+    assert budget["bytes_per_step"] == 5e5 and budget["account_from_step"] == 6
+    assert budget["k_scale"] == 1.0
+    assert main(["plan", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert "budget mode: at most 0.5 MB per step after step 6" in out and "Smax still" in out
+
+
+def test_plan_without_a_budget_says_nothing_of_one(ckpt, capsys):
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    assert "budget" not in json.loads(capsys.readouterr().out)
+
+
 def test_export_loads_with_from_pretrained(ckpt, tmp_path, capsys):
     from transformers import Qwen2ForCausalLM
     path = ckpt
