@@ -18,7 +18,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_torch_free():
-    code = ("import sys, sim, sim.__main__, sim.cli, sim.api, sim.reference, sim.report, sim.presets; "
+    code = ("import sys, sim, sim.__main__, sim.cli, sim.api, sim.reference, sim.report, sim.presets, "
+            "sim.frontier, sim.tuning, layercheck.lanes, layercheck.budget; "
             "sim.simulate(sim.Scenario.from_preset('llama-3.2-1b', window_s=3600.0), mtbf_s=600.0, seeds=1); "
             "assert 'torch' not in sys.modules, 'sim imported torch'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
