@@ -15,7 +15,7 @@ from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.cli import main
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,14 +68,7 @@ def test_plan_matches_newest_versions(ckpt, capsys):
 
 
 def test_plan_says_what_budget_mode_does_on_resume(tmp_path, capsys):
-    model = tiny_lm()
-    opt, sched = optimizer_for(model, total=20)
-    cfg = LayerCheckConfig(warmup_steps=2, smax=10, write_budget=5e5)
-    with LayerCheck(model, opt, tmp_path / "ckpt", cfg, scheduler=sched) as lc:
-        lc.restore()
-        for _ in range(6):
-            train_step(model, opt, sched)
-            lc.step()
+    checkpointed_run(tmp_path / "ckpt", LayerCheckConfig(warmup_steps=2, smax=10, write_budget=5e5), 6)
     assert main(["plan", str(tmp_path / "ckpt"), "--json"]) == 0
     budget = json.loads(capsys.readouterr().out)["budget"]
     assert budget["bytes_per_step"] == 5e5 and budget["account_from_step"] == 6
