@@ -15,14 +15,13 @@ import plotly.graph_objects as go
 from layercheck.config import LayerCheckConfig
 from layercheck.trace import Trace
 from sim.api import Scenario
-from sim.frontier import SETTING_COLUMNS, Evaluation, config_line, rate, write_bandwidth
+from sim.frontier import Evaluation, config_line, rate, write_bandwidth
 from sim.tuning import Budgets, Recommendation, evaluate_with_references, recommend
 
 from .whatif import GB, Outcome, Settings
 
 __all__ = ["frontier", "rate_front", "frontier_figure", "front_frame", "settings_for",
-           "advise", "recommendation_frame", "slider_values", "budgets_from_form", "config_line",
-           "SETTING_COLUMNS"]
+           "advise", "recommendation_frame", "slider_values", "budgets_from_form", "config_line"]
 
 
 def frontier(trace: Trace, scenario: Scenario) -> Evaluation:

@@ -73,7 +73,7 @@ class Grid:
                                            self.smax, self.intervals)):
                 for value in values:
                     self._config(*first[:knob], value, *first[knob + 1:])
-        except ConfigError as exc:
+        except (ConfigError, TypeError, ValueError) as exc:
             raise SimError(f"grid: {exc}") from None
 
     @classmethod

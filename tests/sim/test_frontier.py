@@ -83,6 +83,7 @@ def test_default_grid_is_400_settings_and_brings_warmup_to_smax():
     (dict(intervals=()), "intervals is empty"),
     (dict(base_thresholds=(-1.0,)), "base_threshold=-1.0 must be a number >= 0"),
     (dict(smax=(0,)), "smax=0 must be an integer >= 1"),
+    (dict(base_thresholds=("often",)), "grid: could not convert string to float"),
 ])
 def test_bad_grids_say_the_fix(change, words):
     with pytest.raises(SimError, match=words.replace("(", r"\(").replace(")", r"\)")):
