@@ -81,7 +81,7 @@ def test_json_carries_a_config_the_library_and_profiler_take(minilm):
 
 @pytest.mark.parametrize("budgets,words", [
     (dict(max_bytes=0.5e9), "--max-gb 0.5 binds: no setting meets it; the least any of the 108 "
-                            "settings gives is 1.0 GB"),
+                            "settings gives is 975.1 MB (base_threshold inf"),
     (dict(max_staleness=3), "--max-staleness 3 binds: no setting meets it; the least any of the "
                             "108 settings gives is 4 steps"),
     (dict(max_bytes=3e9, max_staleness=100), "--max-gb 3 and --max-staleness 100 cannot both hold: "
