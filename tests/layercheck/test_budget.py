@@ -1,6 +1,9 @@
 """layercheck.budget: the write budget's controller keeps the rate, Smax keeps the staleness."""
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -8,7 +11,9 @@ from hypothesis import strategies as st
 
 from layercheck import budget
 from layercheck.config import ConfigError, LayerCheckConfig
+from layercheck.lanes import replay_many
 from layercheck.policy import Policy, PolicyState, replay
+from layercheck.trace import last_written, read_trace
 
 
 def _run(steps=3000, layers=8, seed=0):
@@ -102,3 +107,35 @@ def test_config_and_policy_say_what_is_missing():
     cfg = LayerCheckConfig(write_budget=5e8)
     sized = Policy.from_config(cfg, ["a", "b"], ["block", "block"], sizes=[10, 20])
     assert sized.write_budget == 5e8 and sized.sizes.tolist() == [10.0, 20.0]
+
+
+@pytest.mark.parametrize("name", ["minilm-1000steps", "qwen2.5-7b-synthetic"])
+def test_budget_mode_on_the_shipped_capture_and_the_7b_preset(name):
+    """The shipped traces' own drift, their recorded setting at half what it writes per
+    step: within 3% of the budget, staleness still bounded by Smax, and the lanes twin
+    takes the same decisions with the same factors."""
+    trace = read_trace(Path(__file__).resolve().parents[2] / "traces" / name)
+    config = LayerCheckConfig.from_dict(trace.manifest["config"])
+    kinds, sizes = list(trace.layers["kind"]), trace.budget_sizes
+    drift, lr = trace.drift_matrix(), np.nan_to_num(trace.lr_ratio(), nan=1.0)
+
+    def written(policy):
+        out = np.zeros(drift.shape, dtype=bool)
+        decisions = replay(policy, drift, lr)
+        for d in decisions:
+            out[d.step - 1, d.layers] = True
+        return out, decisions
+
+    free = Policy.from_config(config, trace.layer_names, kinds, sizes=sizes)
+    base = free.base_step
+    target = 0.5 * (written(free)[0][base:] @ sizes).sum() / (trace.num_steps - base)
+    held = Policy.from_config(dataclasses.replace(config, write_budget=target), trace.layer_names,
+                              kinds, sizes=sizes)
+    got, decisions = written(held)
+    rate = (got[base:] @ sizes).sum() / (trace.num_steps - base)
+    assert target * 0.9 <= rate <= target * 1.03
+    oldest = np.arange(1, trace.num_steps + 1)[base:, None] - last_written(got)[base:]
+    assert oldest.max() <= held.smax + held.interval - 1
+    twin = replay_many([held], drift, lr).replayed(0)
+    np.testing.assert_array_equal(twin.reasons >= 0, got)
+    np.testing.assert_array_equal(twin.k_scale, [d.k_scale for d in decisions])
