@@ -62,10 +62,12 @@ from typing import Callable, NamedTuple, Sequence
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["CHUNK", "SUM_BLOCK", "TINY", "PER_THREAD", "Extent", "FusedPass", "warm"]
+__all__ = ["CHUNK", "SUM_BLOCK", "TINY", "PER_THREAD", "PREFETCH_RUNS", "Extent", "FusedPass",
+           "warm"]
 
 CHUNK = 1 << 16
 """Elements of address range per segment: the unit whose sums are kept apart
@@ -78,6 +80,14 @@ PER_THREAD = 1 << 18
 """Elements a thread must have to read before a pass takes it on: below
 that, waking a helper costs more than it saves (a small model's pass stays
 on the calling thread)."""
+PREFETCH_RUNS = 8
+"""Sampled runs requested from memory ahead of the one being summed. A sampled
+block is 256 bytes of each 4 KiB page, and the hardware prefetchers stop at
+page boundaries: without asking ahead, the pass would wait for memory at
+every block (on MiniLM, one thread, asking ahead made the sampled pass about
+1.4x faster)."""
+_LINE = 64
+"""Bytes per cache line."""
 _PIECES_PER_THREAD = 4
 """Pieces per thread a pass is cut into, so that a late or preempted thread
 leaves work for the others instead of making them wait at the end."""
@@ -244,6 +254,31 @@ def _f32_at(typingctx, address):
     return sig, codegen
 
 
+@intrinsic
+def _prefetch(typingctx, address):
+    """Ask for the cache line at an integer address (a hint: never faults)."""
+    sig = types.void(types.int64)
+
+    def codegen(context, builder, signature, args):
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch", [byte_ptr], ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]))
+        # read, keep in all cache levels, data cache
+        builder.call(fn, [builder.inttoptr(args[0], byte_ptr), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(cache=True)
+def _prefetch_run(pw, pm, pv, nbytes):
+    for b in range(0, nbytes, _LINE):
+        _prefetch(pw + b)
+        if pm:
+            _prefetch(pm + b)
+            _prefetch(pv + b)
+
+
 # error_model="numpy": IEEE division (no Python zero-check branch, which
 # would keep the loops scalar). No fast-math for the element arithmetic.
 @njit(error_model="numpy", cache=True)
@@ -302,7 +337,14 @@ def _sums(ptr, eps_c, alpha, seg, first, last, phase, out):
         pw, pm, pv = ptr[k, 0], ptr[k, 1], ptr[k, 2]
         moved = 0.0
         size = 0.0
-        for r in range(lo + (phase * take) % span, hi, span):
+        first = lo + (phase * take) % span
+        ahead = PREFETCH_RUNS * span if take < span else 0  # exact runs stream by themselves
+        for r in range(first, min(first + ahead, hi), span):
+            _prefetch_run(pw + 4 * r, pm + 4 * r if pm else 0, pv + 4 * r, 4 * take)
+        for r in range(first, hi, span):
+            if r + ahead < hi and ahead:
+                q = r + ahead
+                _prefetch_run(pw + 4 * q, pm + 4 * q if pm else 0, pv + 4 * q, 4 * take)
             a, c = _run_sums(pw + 4 * r, pm + 4 * r if pm else 0, pv + 4 * r,
                              min(take, hi - r), eps_c[k], alpha[k])
             moved += a
