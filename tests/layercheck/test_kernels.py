@@ -60,6 +60,24 @@ def test_sums_do_not_depend_on_how_many_threads_share_the_pass(sampled, monkeypa
         np.testing.assert_allclose(size[0], np.abs(w).sum(), rtol=1e-6)
 
 
+def test_sampled_passes_over_n_phases_sum_to_the_exact_pass():
+    """drift_sampling=n's stated bound: phases 0..n-1 read each element of the
+    sampled prefix (whole runs) exactly once, in the exact pass's own 64-element
+    blocks, so their sums add up to the exact pass's over that prefix: equal up
+    to the float64 accumulation order, far inside the 63 u block bound."""
+    span, take = 16 * kernels.SUM_BLOCK, kernels.SUM_BLOCK
+    sizes = [3 * kernels.CHUNK + 5 * span + 17, 40 * span]  # a tail beyond the last whole run
+    arrays, ptr, eps_c, alpha = _inputs(sizes)
+    prefix = [n // span * span for n in sizes]
+    exact = kernels.FusedPass([(n, n, n) for n in prefix]).run(ptr, eps_c, alpha, 0, 1)
+    plan = kernels.FusedPass([(n, span, take) for n in sizes])
+    phases = [plan.run(ptr, eps_c, alpha, phase, 2) for phase in range(span // take)]
+    for got, want in zip(np.sum(phases, axis=0), exact):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    # each phase alone is a 1/16 sample: it differs from every other phase
+    assert len({float(moved[0]) for moved, _ in phases}) == span // take
+
+
 def test_every_element_is_read_by_exactly_one_piece():
     # |w| = 1 everywhere: size counts the elements each entry's pieces read
     sizes = [5 * kernels.CHUNK + 3, 1, kernels.CHUNK, 2 * kernels.PER_THREAD + 17]
