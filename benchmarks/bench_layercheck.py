@@ -9,7 +9,7 @@ Every ratio is measured side by side in this one run (this machine is noisy):
 the disk's sequential write and read bandwidth are measured right before the
 writer's throughput and the restore they are compared with.
 
-Drift (``drift_ratio``, also part of the full run): on the profiler's capture
+Drift (``--drift-ratio``, a run of its own): on the profiler's capture
 job (MiniLM-L6 masked LM, batch 8, ``--seqs`` tokens), the exact pass against
 its physical reference, one plain torch read of the same w, m and v
 (``ReadFloor``: ``.sum()`` of each, no arithmetic), measured in the same
@@ -425,8 +425,8 @@ def main() -> None:
     ap.add_argument("--drift-ratio", action="store_true",
                     help="only the drift pass against a plain read (see the module doc)")
     ap.add_argument("--seqs", default="64,128",
-                    help="tokens per sequence of the drift runs (comma-separated; empty: none)")
-    ap.add_argument("--repeats", type=int, default=20, help="drift passes alone, per variant")
+                    help="--drift-ratio: tokens per sequence of each run (comma-separated)")
+    ap.add_argument("--repeats", type=int, default=20, help="--drift-ratio: passes alone, per variant")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's, one per core)")
     ap.add_argument("--out", default=None, help="JSON results (default: docs/benchmarks-layercheck.json, "
@@ -436,14 +436,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    seqs = [int(x) for x in args.seqs.split(",") if x.strip()]
+    try:
+        seqs = [int(x) for x in args.seqs.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--seqs {args.seqs!r}: give token counts separated by commas, e.g. 64,128")
+    if min(seqs + [args.repeats, args.steps or 1]) < 1 or not seqs:
+        ap.error("--seqs, --steps and --repeats must be at least 1")
     print(f"load average at start: {os.getloadavg()}", flush=True)
     command = ("python benchmarks/bench_layercheck.py " + " ".join(sys.argv[1:])).strip()
-    drift = []
-    for seq in seqs if args.drift_ratio or args.model != "tiny" else ():
-        drift.append(drift_ratio(seq, args.steps or 30, args.repeats))
-        print_drift_ratio(drift[-1])
     if args.drift_ratio:
+        drift = []
+        for seq in seqs:
+            drift.append(drift_ratio(seq, args.steps or 30, args.repeats))
+            print_drift_ratio(drift[-1])
         out = args.out or "docs/benchmarks-drift.json"
         Path(out).write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d"),
                                          "machine": machine(), "drift": drift}, indent=1) + "\n")
@@ -472,8 +477,7 @@ def main() -> None:
                   flush=True)
     out = args.out or "docs/benchmarks-layercheck.json"
     Path(out).write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d"),
-                                     "machine": machine(), "results": results,
-                                     "drift_ratio": drift}, indent=2) + "\n")
+                                     "machine": machine(), "results": results}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
