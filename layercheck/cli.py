@@ -84,11 +84,15 @@ def _run(args: argparse.Namespace) -> int:
         info = inspect_directory(store, verify=not args.quick)
         print(json.dumps(info, indent=2) if args.json else format_inspection(info))
     elif args.command == "plan":
-        from .manifest import read_consistent
+        from .manifest import read_consistent, read_manifest
         from .recovery import make_plan
         plan = read_consistent(store, lambda view: make_plan(store, view, args.step),
                                suspects=lambda plan: plan.passed_over, finish=lambda plan: plan)
-        print(json.dumps(plan.to_dict(), indent=2) if args.json else _format_plan(plan))
+        info = plan.to_dict()
+        budget = ((read_manifest(store).header or {}).get("config") or {}).get("write_budget")
+        if budget is not None:
+            info["budget"] = _budget_on_resume(float(budget), plan.step)
+        print(json.dumps(info, indent=2) if args.json else _format_plan(info))
     elif args.command == "export":
         from .export import export
         plan = export(store, args.out, step=args.step, format=args.format,
@@ -110,11 +114,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_plan(plan) -> str:
-    info = plan.to_dict()
+def _budget_on_resume(write_budget: float, step: int) -> dict:
+    """What budget mode does after a restore of ``step`` (``layercheck.budget``)."""
+    from .budget import STEPS_PER_DOUBLING
+    return {"bytes_per_step": write_budget, "account_from_step": step, "k_scale": 1.0,
+            "note": (f"budget mode: at most {write_budget / 1e6:,.3g} MB per step after step "
+                     f"{step}, where a resumed run starts its account, every threshold at its "
+                     f"base value (K factor 1); then K moves by 2^(1/{STEPS_PER_DOUBLING}) per "
+                     "opportunity, up while over the budget, down while under; Smax still "
+                     "forces writes")}
+
+
+def _format_plan(info: dict) -> str:
     lines = [f"recover step {info['step']} ({info['bytes'] / 2**20:.1f} MiB to read)",
              f"{'layer':<32} {'from step':>9} {'stale':>6} {'reason':>9}"]
     lines += [f"{l['layer']:<32} {l['source_step']:>9} {l['staleness']:>6} {l['reason'] or '-':>9}"
               for l in info["layers"]]
     lines += [f"WARNING: {w}" for w in info["warnings"]]
+    if "budget" in info:
+        lines.append(info["budget"]["note"])
     return "\n".join(lines)
