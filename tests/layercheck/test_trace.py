@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +10,6 @@ import pytest
 from layercheck.trace import (ADDED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, last_written,
                               read_trace, weighted_staleness, write_trace)
 
-SHIPPED = Path(__file__).resolve().parents[2] / "traces"
 
 
 def small_trace(steps: int = 6, *, k_scale=None, state_bytes=None) -> Trace:
@@ -36,22 +34,18 @@ def small_trace(steps: int = 6, *, k_scale=None, state_bytes=None) -> Trace:
     return Trace(manifest=manifest, steps=pd.DataFrame(frame), drift=drift, writes=writes)
 
 
-def test_version_1_traces_still_read_with_fixed_thresholds():
-    raw = json.loads((SHIPPED / "minilm-1000steps" / "manifest.json").read_text())
-    assert raw["schema_version"] == 1                    # shipped as written then
-    trace = read_trace(SHIPPED / "minilm-1000steps")
-    assert trace.manifest["schema_version"] == SCHEMA_VERSION == 2
-    assert (trace.k_scale() == 1.0).all()
-    np.testing.assert_array_equal(trace.budget_sizes, trace.layer_bytes)   # no state_bytes then
-
-
-def test_a_version_1_folder_on_disk_reads(tmp_path):
+def test_a_version_1_folder_on_disk_reads_with_fixed_thresholds(tmp_path):
     path = write_trace(small_trace(), tmp_path / "t")
     steps = pd.read_parquet(path / "steps.parquet").drop(columns="k_scale")
     steps.to_parquet(path / "steps.parquet")
     manifest = json.loads((path / "manifest.json").read_text())
-    (path / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 1}))
-    assert (read_trace(path).k_scale() == 1.0).all()
+    layers = [{k: v for k, v in layer.items() if k != "state_bytes"} for layer in manifest["layers"]]
+    (path / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 1,
+                                                    "layers": layers}))
+    trace = read_trace(path)
+    assert trace.manifest["schema_version"] == SCHEMA_VERSION == 2
+    assert (trace.k_scale() == 1.0).all()
+    np.testing.assert_array_equal(trace.budget_sizes, trace.layer_bytes)   # no state_bytes then
     (path / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 2}))
     with pytest.raises(TraceError, match=r"missing columns \['k_scale'\]"):
         read_trace(path)                                  # version 2 must have it

@@ -1,4 +1,5 @@
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +142,7 @@ def test_tune_json(capsys):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--trace", "traces/minilm-1000steps", "--mtbf", "1h"],
+    (["--trace", "{uncalibrated}", "--mtbf", "1h"],
      "has no costs.json (what each checkpointing mechanism costs"),
     (["--preset", "qwen2.5-7b", "--mtbf", "1h", "--max-gb", "50"], "--max-gb 50 binds"),
     (["--preset", "qwen2.5-7b", "--mtbf", "1h", "--max-gb", "300", "--max-staleness", "150"],
@@ -150,7 +151,11 @@ def test_tune_json(capsys):
     (["--preset", "qwen2.5-7b", "--max-gb", "500"], "give --mtbf"),
     (["--iteration-time", "6s", "--mtbf", "1h"], "tune replays a trace's drift"),
 ])
-def test_tune_bad_or_infeasible_budgets_are_one_line_and_exit_2(args, words, capsys):
+def test_tune_bad_or_infeasible_budgets_are_one_line_and_exit_2(args, words, capsys, tmp_path):
+    uncalibrated = tmp_path / "minilm-uncalibrated"     # a capture made with --no-calibrate
+    shutil.copytree("traces/minilm-1000steps", uncalibrated,
+                    ignore=shutil.ignore_patterns("costs.json"))
+    args = [a.format(uncalibrated=uncalibrated) for a in args]
     assert main(["tune", *args, "--seeds", "2", "--window", "1d"]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1

@@ -143,9 +143,13 @@ def test_the_line_to_paste_builds_the_same_config(config):
 def test_write_bandwidth_says_where_it_comes_from(minilm):
     preset = read_trace(TRACES_DIR / "qwen2.5-7b-synthetic")
     assert write_bandwidth(preset) == (1.12e9, "costs.json lc_write_gbps (derived)")
-    value, source = write_bandwidth(minilm)
+    value, source = write_bandwidth(minilm)          # the shipped capture is calibrated
+    assert value == minilm.costs.figures["lc_write_gbps"].value * 1e9
+    assert source == "costs.json lc_write_gbps (measured)"
+    uncalibrated = dataclasses.replace(minilm, costs=None)
+    value, source = write_bandwidth(uncalibrated)
     assert value == minilm.manifest["machine"]["write_bytes_per_s"] and "measured" in source
-    bare = dataclasses.replace(minilm, manifest={**minilm.manifest, "machine": {}})
+    bare = dataclasses.replace(uncalibrated, manifest={**minilm.manifest, "machine": {}})
     with pytest.raises(SimError, match="--costs"):
         write_bandwidth(bare)
     scenario = Scenario.from_trace(bare, costs=CostModel.paper_a100())

@@ -76,7 +76,7 @@ def test_json_carries_a_config_the_library_and_profiler_take(minilm):
     assert base is not None and mode.write_budget == pytest.approx(
         min((20e9 - trace.full_checkpoint_bytes) / (trace.num_steps - base),
             0.2 * out["write_bandwidth"]["bytes_per_s"] * trace.compute_seconds().mean()), rel=1e-3)
-    assert out["write_bandwidth"]["source"].startswith("the capture's measured")
+    assert out["write_bandwidth"]["source"] == "costs.json lc_write_gbps (measured)"
 
 
 @pytest.mark.parametrize("budgets,words", [
