@@ -96,6 +96,11 @@ class DTensorShards(ModuleSource):
         self.world_size = world_size
         self.shard_dims = {name: _shard_dim(name, p, world_size)
                            for i in range(len(layer_map)) for name, p in layer_map.parameters(i)}
+        params = {id(p) for i in range(len(layer_map)) for _, p in layer_map.parameters(i)}
+        if any(id(p) not in params for g in optimizer.param_groups for p in g["params"]):
+            raise LayerCheckError("the optimizer steps tensors that are not the model's "
+                                  "parameters: fully_shard replaces every parameter with a "
+                                  "DTensor, so create the optimizer after fully_shard")
 
     def capture(self, i: int) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}

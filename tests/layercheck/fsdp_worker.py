@@ -145,8 +145,13 @@ def refusals(args: argparse.Namespace) -> dict:
     """What FsdpLayerCheck refuses, each with its message."""
     out = {}
     for name, shard, directory in (("unsharded", False, args.dir + "-unsharded"),
+                                   ("optimizer_first", True, args.dir + "-optimizer-first"),
                                    ("world_size", True, args.dir)):
         model, optimizer, scheduler = build(args.steps, shard=shard)
+        if name == "optimizer_first":  # an optimizer over the parameters before fully_shard
+            model = tiny_lm(tied=True, layers=3, seed=0)
+            optimizer = torch.optim.AdamW(model.parameters())
+            fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
         try:
             FsdpLayerCheck(model, optimizer, directory, LayerCheckConfig(), scheduler=scheduler)
             out[name] = None

@@ -192,6 +192,7 @@ def test_another_world_size_and_an_unsharded_model_are_refused_with_the_fix(kill
     assert "written by 2 ranks, this job has 1" in refused["world_size"]
     assert "--format dcp" in refused["world_size"] and "reshards" in refused["world_size"]
     assert "fully_shard(model, mesh=mesh)" in refused["unsharded"]
+    assert "create the optimizer after fully_shard" in refused["optimizer_first"]
 
 
 def test_dcp_export_needs_an_fsdp_directory(tmp_path, capsys):
