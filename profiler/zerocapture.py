@@ -1,4 +1,9 @@
-"""``capture --deepspeed zero3``: the capture of ``capture.py`` inside a DeepSpeed ZeRO-3 engine.
+"""``capture --deepspeed zero3`` (and ``--fsdp``): the capture of ``capture.py`` on several ranks.
+
+The job is a DeepSpeed ZeRO-3 engine (``zerojob.ZeroTrainer``) or, with
+``--fsdp``, the same job under PyTorch FSDP2 (``fsdpjob.FsdpTrainer``); the
+trainer makes its own LayerCheck (``make_layercheck``) and describes its
+setup (``setup``); everything else here is the same for both.
 
 Every rank (one process under torchrun) calls ``zero_capture``. Order of
 work: build the job (``ZeroTrainer``: the plain capture's job, its batch
@@ -24,7 +29,8 @@ What the figures mean in a ZeRO trace:
 - ``recovery``: the slowest rank's plan/load/restore seconds, and the bytes
   of every rank's shards.
 - ``manifest.sources.deepspeed``: stage, ranks, backend, the DeepSpeed config
-  and version, how it was launched, and each rank's median step.
+  and version, how it was launched, and each rank's median step
+  (``manifest.sources.fsdp`` under ``--fsdp``: ranks, units, backend).
 """
 from __future__ import annotations
 
@@ -50,13 +56,14 @@ from .machine import describe_machine
 from .models import resolve_model
 from .recorder import Recorder
 from .trainer import PhaseTimes
+from .fsdpjob import FsdpTrainer, init_fsdp
 from .zerojob import ZeroTrainer, init_distributed
 
 __all__ = ["zero_capture", "default_zero_name"]
 
 
 def default_zero_name(zero: ZeroConfig, label: str) -> str:
-    return f"{label}-{zero.deepspeed}-{zero.capture.steps}steps"
+    return f"{label}-{zero.backend}-{zero.capture.steps}steps"
 
 
 @dataclass
@@ -89,7 +96,8 @@ def zero_capture(zero: ZeroConfig, *, out: Path | None = None, ckpt: Path | None
     writes the trace and returns its ``CaptureResult``; the other ranks return None."""
     started = time.perf_counter()
     source = resolve_model(zero.capture.model)
-    rank, world = init_distributed()
+    trainer_class = FsdpTrainer if zero.fsdp else ZeroTrainer
+    rank, world = init_fsdp() if zero.fsdp else init_distributed()
     if world != zero.ranks:
         raise ProfilerError(f"torchrun started {world} ranks but --ranks is {zero.ranks}: "
                             "drop --ranks, or give torchrun --nproc_per_node "
@@ -99,7 +107,7 @@ def zero_capture(zero: ZeroConfig, *, out: Path | None = None, ckpt: Path | None
         threads=zero.capture.threads or torch.get_num_threads()))
     if rank == 0:
         say(zero.capture.scaling_note)
-    trainer = ZeroTrainer.prepare(zero, source=source)
+    trainer = trainer_class.prepare(zero, source=source)
     out = Path(out) if out else Path("traces") / default_zero_name(zero, source.label)
     scratch = ckpt is None
     ckpt_dir = _shared_folder(ckpt)
@@ -137,19 +145,16 @@ def _machine(ckpt_dir: Path, zero: ZeroConfig) -> dict[str, Any]:
 
 def _train(trainer: ZeroTrainer, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run:
     from tqdm import tqdm
-
-    from layercheck.zero import ZeroLayerCheck
     config = trainer.config
-    lc = ZeroLayerCheck(trainer.engine, str(ckpt_dir),
-                        config.layercheck_config(keep_versions=None if keep_history else 1),
-                        scheduler=trainer.scheduler)
+    lc = trainer.make_layercheck(ckpt_dir, config.layercheck_config(
+        keep_versions=None if keep_history else 1))
     steps: list[_Step] = []
     writes: list[list[Any]] = []
     try:
         if lc.restore() != 0:
             raise FileExistsError(f"{ckpt_dir} already holds a checkpoint: a capture starts "
                                   "fresh, so give an empty --ckpt folder")
-        bar = tqdm(total=config.steps, desc=f"capture {trainer.source.label} (ZeRO-3, rank 0)",
+        bar = tqdm(total=config.steps, desc=f"capture {trainer.source.label} ({trainer.zero.backend}, rank 0)",
                    unit="step", disable=not progress, mininterval=2.0, file=sys.stderr)
         position = 0
         for _ in range(config.steps):
@@ -182,9 +187,7 @@ def _rows(records: list[Any]) -> list[list[Any]]:
 def _measure_restore(trainer: ZeroTrainer, ckpt_dir: Path) -> dict[str, Any]:
     """Every rank restores its shards of the newest committed step into the live
     engine (training is over): a real recovery's plan, load and restore times."""
-    from layercheck.zero import ZeroLayerCheck
-    with ZeroLayerCheck(trainer.engine, str(ckpt_dir), trainer.config.layercheck_config(),
-                        scheduler=trainer.scheduler) as lc:
+    with trainer.make_layercheck(ckpt_dir, trainer.config.layercheck_config()) as lc:
         lc.restore()
         r = lc.restored
     return {"step": r.step, "plan_s": r.plan_s, "load_s": r.load_s, "restore_s": r.restore_s,
@@ -243,7 +246,6 @@ def _merge_restores(per_rank: list[dict[str, Any]]) -> Any:
 
 def _trace(trainer: ZeroTrainer, recorder: Recorder, run: _Run, name: str,
            machine: dict[str, Any], argv: list[str] | None, ranks: dict[str, Any]) -> Trace:
-    import deepspeed
     tables = recorder.tables()
     sizes = recorder.layer_bytes()
     layers = [{**layer, "bytes": sizes[i]} for i, layer in enumerate(run.layers)]
@@ -251,13 +253,12 @@ def _trace(trainer: ZeroTrainer, recorder: Recorder, run: _Run, name: str,
     by_profiler = os.environ.get(LAUNCHED_BY_PROFILER) == "1"
     args = " ".join(argv or [])
     torchrun = f"torchrun --nproc_per_node {zero.ranks} -m profiler {args}"
+    setup, key, details = trainer.setup()
     manifest = {
         "schema_version": SCHEMA_VERSION, "name": name, "kind": "captured",
         "description": (
             f"Captured by `{'python -m profiler ' + args if by_profiler else torchrun}`: a "
-            f"DeepSpeed ZeRO-{zero.stage} capture on {zero.ranks} ranks (processes, gloo, "
-            f"CPU; {config.threads} thread(s) each), ZeroLayerCheck writing one shard per "
-            f"rank. {trainer.source.label} ({trainer.num_params:,} parameters) trained "
+            f"{setup}. {trainer.source.label} ({trainer.num_params:,} parameters) trained "
             f"{config.steps} steps as a {trainer.source.objective} LM on Python's own "
             f"documentation, each step's {config.batch_size} sequences split "
             f"{zero.micro_batch} per rank. Step times are rank 0's; drift is each whole "
@@ -270,16 +271,9 @@ def _trace(trainer: ZeroTrainer, recorder: Recorder, run: _Run, name: str,
         "sources": {"data": trainer.corpus.describe(), "dataset": trainer.dataset.describe(),
                     "capture": config.to_dict(), "layercheck_scaling": config.scaling_note,
                     "command": "python -m profiler " + args if by_profiler else torchrun,
-                    "deepspeed": {"capture": f"DeepSpeed ZeRO-{zero.stage}, {zero.ranks} ranks",
-                                  "stage": zero.stage, "ranks": zero.ranks, "backend": "gloo",
-                                  "accelerator": "cpu", "version": deepspeed.__version__,
-                                  "ds_config": zero.ds_config(),
-                                  "integration": "layercheck.zero.ZeroLayerCheck",
-                                  "micro_batch_per_rank": zero.micro_batch,
-                                  "launched_by": "python -m profiler (started torchrun)"
-                                  if by_profiler else "torchrun",
-                                  "torchrun_equivalent": torchrun,
-                                  "step_times": "rank 0's", **ranks},
+                    key: {**details, "launched_by": "python -m profiler (started torchrun)"
+                          if by_profiler else "torchrun",
+                          "torchrun_equivalent": torchrun, "step_times": "rank 0's", **ranks},
                     "pruned_superseded_bytes": run.pruned,
                     "captured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         "evaluation": {"name": trainer.metric_name, "value": run.metric},

@@ -173,6 +173,25 @@ class ZeroTrainer:
             self.engine.train()
         return total / count
 
+    def make_layercheck(self, directory: Any, config: Any) -> Any:
+        """The LayerCheck of this kind of job, on every rank (a collective)."""
+        from layercheck.zero import ZeroLayerCheck
+        return ZeroLayerCheck(self.engine, str(directory), config, scheduler=self.scheduler)
+
+    def setup(self) -> tuple[str, str, dict[str, Any]]:
+        """What a trace says about the setup: its description's words, the key of
+        ``manifest.sources`` that details it, and the details."""
+        import deepspeed
+        zero = self.zero
+        return (f"DeepSpeed ZeRO-{zero.stage} capture on {zero.ranks} ranks (processes, gloo, "
+                f"CPU; {self.config.threads} thread(s) each), ZeroLayerCheck writing one shard "
+                "per rank", "deepspeed",
+                {"capture": f"DeepSpeed ZeRO-{zero.stage}, {zero.ranks} ranks",
+                 "stage": zero.stage, "ranks": zero.ranks, "backend": "gloo",
+                 "accelerator": "cpu", "version": deepspeed.__version__,
+                 "ds_config": zero.ds_config(), "integration": "layercheck.zero.ZeroLayerCheck",
+                 "micro_batch_per_rank": zero.micro_batch})
+
     @property
     def metric_name(self) -> str:
         kind = "masked-LM" if self.source.objective == "masked" else "next-token"

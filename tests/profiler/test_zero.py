@@ -8,8 +8,6 @@ rounding: the ZeRO capture must train the plain capture's job, step by step.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,31 +19,8 @@ pytest.importorskip("deepspeed")
 from layercheck import LayerCheckConfig  # noqa: E402
 from layercheck.trace import TABLES, read_trace  # noqa: E402
 from profiler.cli import main  # noqa: E402
-from tests.profiler.conftest import TINY  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-JOB = ["--model", "tiny", "--steps", str(TINY["steps"]), "--batch-size", str(TINY["batch_size"]),
-       "--seq-len", str(TINY["seq_len"]), "--warmup-steps", str(TINY["warmup_steps"]),
-       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "LOCAL_RANK", "WORLD_SIZE")}
-    return {**env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-
-
-def _run(command: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+from tests.layercheck.torchrun import free_port  # noqa: E402
+from tests.profiler.conftest import JOB, TINY, run_command as _run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +29,7 @@ def zero_out(tmp_path_factory) -> Path:
     (no DS_ACCELERATOR, no OMP_NUM_THREADS: the profiler must cope)."""
     out = tmp_path_factory.mktemp("zero") / "tiny-zero3"
     done = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                  "-m", "profiler", "capture", "--deepspeed", "zero3", *JOB, "--out", str(out)])
     assert done.stdout.count(f"wrote {out}") == 1  # rank 0 only
     return out

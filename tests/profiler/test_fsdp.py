@@ -1,0 +1,84 @@
+"""The FSDP2 capture, for real: two ranks under torchrun (gloo, CPU), FsdpLayerCheck on each.
+
+The capture runs the tiny model with the settings of the plain ``tiny_capture``
+fixture, typed as a user would under torchrun. The tiny model has no dropout,
+so the two runs compute the same numbers up to float rounding: the FSDP2
+capture must train the plain capture's job, step by step, and decide the
+same writes.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from layercheck.trace import read_trace
+from profiler.cli import main
+from tests.layercheck.torchrun import free_port
+from tests.profiler.conftest import JOB, run_command
+
+
+@pytest.fixture(scope="module")
+def fsdp_out(tmp_path_factory):
+    """``torchrun --nproc_per_node 2 -m profiler capture --fsdp ...``, typed by hand."""
+    out = tmp_path_factory.mktemp("fsdp") / "tiny-fsdp"
+    done = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                        "-m", "profiler", "capture", "--fsdp", *JOB, "--out", str(out)])
+    assert done.stdout.count(f"wrote {out}") == 1  # rank 0 only
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp_trace(fsdp_out):
+    return read_trace(fsdp_out)
+
+
+@pytest.mark.slow
+def test_fsdp_capture_trains_the_plain_capture_job(fsdp_trace, tiny_capture):
+    """Same weights, batches, optimizer and schedule: the batch split over two ranks,
+    FSDP2's gradient averaging and sharding change only float rounding."""
+    plain = tiny_capture.trace
+    assert fsdp_trace.layer_names == plain.layer_names
+    np.testing.assert_allclose(fsdp_trace.steps["lr"], plain.steps["lr"], rtol=1e-12)
+    np.testing.assert_allclose(fsdp_trace.steps["loss"], plain.steps["loss"], atol=2e-5)
+    np.testing.assert_allclose(fsdp_trace.drift_matrix(), plain.drift_matrix(), rtol=1e-4)
+    assert np.array_equal(fsdp_trace.write_matrix(), plain.write_matrix())
+    # a version's bytes are both ranks' shards of the same tensors, plus a second header
+    sizes = {l["name"]: l["bytes"] for l in plain.manifest["layers"]}
+    for layer in fsdp_trace.manifest["layers"]:
+        assert abs(layer["bytes"] - sizes[layer["name"]]) <= 0.02 * sizes[layer["name"]] + 1024
+
+
+@pytest.mark.slow
+def test_fsdp_trace_records_the_setup_and_a_measured_restore(fsdp_trace):
+    m = fsdp_trace.manifest
+    assert m["name"] == "tiny-fsdp" and "PyTorch FSDP2 capture on 2 ranks" in m["description"]
+    fsdp = m["sources"]["fsdp"]
+    assert (fsdp["ranks"], fsdp["backend"], fsdp["micro_batch_per_rank"]) == (2, "gloo", 2)
+    assert fsdp["integration"] == "layercheck.fsdp.FsdpLayerCheck"
+    blocks = [u for u in fsdp["units"] if u["unit"]]
+    assert len(blocks) == 4 and all(u["layers"] == [u["unit"]] for u in blocks)
+    assert fsdp["launched_by"] == "torchrun" and len(fsdp["median_step_s_per_rank"]) == 2
+    assert m["sources"]["command"].startswith("torchrun --nproc_per_node 2 -m profiler capture")
+    rec = fsdp_trace.recovery
+    assert rec["bytes"].iloc[0] == fsdp_trace.full_checkpoint_bytes  # both ranks' shards
+    assert (rec[["load_s", "restore_s"]] > 0).all(axis=None)
+
+
+@pytest.mark.slow
+def test_a_drill_refuses_an_fsdp_trace(fsdp_out, capsys):
+    assert main(["drill", "--from", str(fsdp_out)]) == 2
+    assert "an FSDP2 capture" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["capture", "--fsdp", "--deepspeed", "zero3"], "give one"),
+    (["capture", "--fsdp", "--batch-size", "3"], "does not split evenly over 2 ranks"),
+    (["capture", "--fsdp", "--device", "cuda"], "FSDP captures run on the CPU"),
+])
+def test_bad_fsdp_input_is_one_line_and_exit_2_before_any_rank_starts(args, words, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "starting" not in err
