@@ -44,7 +44,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
-import torch.distributed as dist
 
 from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
@@ -148,10 +147,10 @@ class DTensorShards(ModuleSource):
         alias a parameter (tied weights), and the units."""
         names = {id(p): n for i in range(len(self.layer_map))
                  for n, p in self.layer_map.parameters(i)}
-        buffers = {id(b): n for i in range(len(self.layer_map)) for n, b in self.layer_map.buffers(i)}
-        aliases = {key: names.get(id(v), buffers.get(id(v)))
-                   for key, v in self.model.state_dict(keep_vars=True).items()
-                   if names.get(id(v), buffers.get(id(v), key)) != key}
+        known = {**{id(b): n for i in range(len(self.layer_map))
+                    for n, b in self.layer_map.buffers(i)}, **names}
+        aliases = {key: known[id(v)] for key, v in self.model.state_dict(keep_vars=True).items()
+                   if id(v) in known and known[id(v)] != key}
         params = {name: {"shape": list(p.shape), "dim": self.shard_dims[name],
                          "dtype": str(p.dtype).removeprefix("torch.")}
                   for i in range(len(self.layer_map)) for name, p in self.layer_map.parameters(i)}
@@ -195,7 +194,4 @@ def _shard_dim(name: str, p: torch.Tensor, world_size: int) -> int:
     if not isinstance(placement, Shard):
         raise LayerCheckError(f"parameter {name} is placed {placement}: FsdpLayerCheck needs "
                               "Shard placements (fully_shard's)")
-    if dist.get_rank() != mesh.get_local_rank():
-        raise LayerCheckError(f"rank {dist.get_rank()} is coordinate {mesh.get_local_rank()} of "
-                              f"the mesh of {name}: use a mesh in rank order")
     return int(placement.dim)
