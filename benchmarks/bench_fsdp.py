@@ -44,13 +44,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_zero import _free_port, machine  # the same machine record and launcher port
+from bench_zero import machine, run_job  # the same machine record and torchrun launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "layercheck", "dcp_save", "dcp_async_save")
@@ -268,29 +267,6 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def run_job(args: argparse.Namespace, scratch: Path) -> dict:
-    ckpt = Path(tempfile.mkdtemp(prefix="bench-fsdp-", dir=scratch))
-    result = ckpt.with_suffix(".json")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               str(Path(__file__).resolve()), "--worker", "--rounds", str(args.rounds),
-               "--turn-steps", str(args.turn_steps), "--warmup", str(args.warmup),
-               "--ckpt", str(ckpt), "--result", str(result)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT)}
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=7200)
-        if done.returncode != 0:
-            raise RuntimeError(f"the job failed:\n{done.stderr[-4000:]}")
-        out = json.loads(result.read_text())
-    finally:
-        shutil.rmtree(ckpt, ignore_errors=True)
-        result.unlink(missing_ok=True)
-    out["wall_s"] = time.perf_counter() - started
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=8, help="rounds of turns (default 8)")
@@ -309,7 +285,8 @@ def main() -> int:
         ap.error("--rounds, --turn-steps and --warmup must be at least 1")
     scratch = Path(args.scratch or tempfile.gettempdir())
     scratch.mkdir(parents=True, exist_ok=True)
-    out = run_job(args, scratch)
+    out = run_job("fsdp", ["--rounds", str(args.rounds), "--turn-steps", str(args.turn_steps),
+                           "--warmup", str(args.warmup)], scratch, script=Path(__file__))
     summary = summarize(out, args.turn_steps)
     loads = [x for r in out["rounds"] for x in (r["load"], r["load_after"])]
     doc = {"command": ("python benchmarks/bench_fsdp.py " + " ".join(sys.argv[1:])).strip(),

@@ -46,6 +46,7 @@ from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import parse_safetensors  # noqa: E402
 from layercheck.store import open_store  # noqa: E402
 from tests.conftest import tiny_lm  # noqa: E402
+from tests.layercheck.torchrun import newest_versions  # noqa: E402
 
 VOCAB = 128
 
@@ -71,13 +72,6 @@ def build(steps: int, *, shard: bool = True):
 def batch(step: int, rank: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randint(0, VOCAB, (2, 16), generator=g)
-
-
-def newest_versions(url: str, step: int) -> dict:
-    """Per layer, its newest committed version at or before ``step`` (the composite)."""
-    view = read_manifest(open_store(url))
-    return {name: max((v for v in view.versions[name] if v.step <= step), key=lambda v: v.step)
-            for name in view.layer_names}
 
 
 def check_composite(model, optimizer, layer_map, url: str, sources: dict) -> list[str]:

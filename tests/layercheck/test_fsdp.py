@@ -22,7 +22,7 @@ from layercheck.dcpcheckpoint import FsdpFacts, fqn
 from layercheck.errors import CorruptVersion, LayerCheckError
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
-from tests.layercheck.torchrun import Torchrun
+from tests.layercheck.torchrun import Torchrun, damage_newest_shard
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 JOB = Torchrun(Path(__file__).with_name("fsdp_worker.py"))
@@ -120,12 +120,7 @@ def test_hf_export_of_an_fsdp_directory_is_the_whole_model(threshold_zero, tmp_p
 def test_a_corrupt_shard_on_one_rank_makes_both_ranks_fall_back(killed, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     shutil.copytree(killed["ckpt"], ckpt)
-    view = read_manifest(LocalStore(ckpt))
-    newest, older = view.versions["model.layers.1"][-1], view.versions["model.layers.1"][-2]
-    damaged = ckpt / newest.shards[1].file
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    damaged.write_bytes(bytes(data))
+    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
     JOB.run("--dir", str(ckpt), "--out", str(out), "--steps", str(STEPS + 2), "--check")
     rank0, rank1 = JOB.results(out)
     for r in (rank0, rank1):

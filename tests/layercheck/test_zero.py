@@ -17,7 +17,7 @@ HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 # test_export_deepspeed imports ROOT and the helpers below from here
-from tests.layercheck.torchrun import ROOT, Torchrun  # noqa: E402,F401
+from tests.layercheck.torchrun import ROOT, Torchrun, damage_newest_shard  # noqa: E402,F401
 
 WORKER = Path(__file__).with_name("zero_worker.py")
 JOB = Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"})
@@ -123,12 +123,7 @@ def test_threshold_zero_recovery_is_deepspeeds_own_save_and_load_bit_for_bit(tmp
 def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back_together(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     _run("--dir", str(ckpt), "--out", str(out), "--steps", "12")
-    view = read_manifest(LocalStore(ckpt))
-    newest, older = view.versions["model.layers.1"][-1], view.versions["model.layers.1"][-2]
-    damaged = ckpt / newest.shards[1].file
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    damaged.write_bytes(bytes(data))
+    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
     _run("--dir", str(ckpt), "--out", str(out), "--steps", "14", "--check")
     rank0, rank1 = _results(out)
     for r in (rank0, rank1):

@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from layercheck.format import Version
 from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.store import LocalStore, open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +74,23 @@ class Torchrun:
                     pass
             proc.wait()
         return latest(ckpt)
+
+
+def damage_newest_shard(ckpt: Path, layer: str, rank: int) -> tuple[Version, Version]:
+    """Flip a bit in ``rank``'s shard of ``layer``'s newest version; (newest, the one before)."""
+    versions = read_manifest(LocalStore(ckpt)).versions[layer]
+    damaged = ckpt / versions[-1].shards[rank].file
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    return versions[-1], versions[-2]
+
+
+def newest_versions(url: str, step: int) -> dict[str, Version]:
+    """Per layer, its newest committed version at or before ``step`` (the composite)."""
+    view = read_manifest(open_store(url))
+    return {name: max((v for v in view.versions[name] if v.step <= step), key=lambda v: v.step)
+            for name in view.layer_names}
 
 
 def latest(ckpt: Path) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,30 @@ def run_command(command: list[str], timeout: float = 600) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+def assert_trains_the_plain_job(trace, plain) -> None:
+    """A multi-rank capture of the tiny model recorded the plain capture's job: the
+    same layers and learning rates, and the same numbers up to float rounding (a
+    wrong gradient, such as DeepSpeed's default clipping at norm 1 or both ranks on
+    the same rows, shows from step 2 or 3 on at ~1e-3; rounding stays below 1e-6),
+    so the same writes."""
+    import numpy as np
+    assert trace.layer_names == plain.layer_names
+    np.testing.assert_allclose(trace.steps["lr"], plain.steps["lr"], rtol=1e-12)
+    np.testing.assert_allclose(trace.steps["loss"], plain.steps["loss"], atol=2e-5)
+    np.testing.assert_allclose(trace.drift_matrix(), plain.drift_matrix(), rtol=1e-4)
+    assert np.array_equal(trace.write_matrix(), plain.write_matrix())
+
+
+def torchrun_capture(out: Path, *options: str) -> None:
+    """``torchrun --nproc_per_node 2 -m profiler capture <options> <JOB> --out <out>``,
+    typed by hand; rank 0 alone says that it wrote the trace."""
+    from tests.layercheck.torchrun import free_port
+    done = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                        "-m", "profiler", "capture", *options, *JOB, "--out", str(out)])
+    assert done.stdout.count(f"wrote {out}") == 1
 
 
 @pytest.fixture(scope="session")

@@ -8,25 +8,18 @@ same writes.
 """
 from __future__ import annotations
 
-import sys
-
-import numpy as np
 import pytest
 
 from layercheck.trace import read_trace
 from profiler.cli import main
-from tests.layercheck.torchrun import free_port
-from tests.profiler.conftest import JOB, run_command
+from tests.profiler.conftest import assert_trains_the_plain_job, torchrun_capture
 
 
 @pytest.fixture(scope="module")
 def fsdp_out(tmp_path_factory):
     """``torchrun --nproc_per_node 2 -m profiler capture --fsdp ...``, typed by hand."""
     out = tmp_path_factory.mktemp("fsdp") / "tiny-fsdp"
-    done = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                        "-m", "profiler", "capture", "--fsdp", *JOB, "--out", str(out)])
-    assert done.stdout.count(f"wrote {out}") == 1  # rank 0 only
+    torchrun_capture(out, "--fsdp")
     return out
 
 
@@ -40,11 +33,7 @@ def test_fsdp_capture_trains_the_plain_capture_job(fsdp_trace, tiny_capture):
     """Same weights, batches, optimizer and schedule: the batch split over two ranks,
     FSDP2's gradient averaging and sharding change only float rounding."""
     plain = tiny_capture.trace
-    assert fsdp_trace.layer_names == plain.layer_names
-    np.testing.assert_allclose(fsdp_trace.steps["lr"], plain.steps["lr"], rtol=1e-12)
-    np.testing.assert_allclose(fsdp_trace.steps["loss"], plain.steps["loss"], atol=2e-5)
-    np.testing.assert_allclose(fsdp_trace.drift_matrix(), plain.drift_matrix(), rtol=1e-4)
-    assert np.array_equal(fsdp_trace.write_matrix(), plain.write_matrix())
+    assert_trains_the_plain_job(fsdp_trace, plain)
     # a version's bytes are both ranks' shards of the same tensors, plus a second header
     sizes = {l["name"]: l["bytes"] for l in plain.manifest["layers"]}
     for layer in fsdp_trace.manifest["layers"]:
