@@ -19,7 +19,7 @@ competes with the hook.
 
 A job is a real 2-rank DeepSpeed ZeRO-3 training run (torchrun, gloo,
 DeepSpeed's cpu accelerator, one thread per rank) of the profiler's job
-(``profiler.zerojob.ZeroTrainer``): MiniLM-L6 masked-LM fine-tuning on
+(``profiler.zerojob.ZeroJob``): MiniLM-L6 masked-LM fine-tuning on
 Python's documentation, or the profiler's tiny Qwen2 causal LM; batch 8 x 64
 tokens, 4 sequences per rank. Each job holds three engines of the same
 model, one per variant, each training on from the same start:
@@ -123,7 +123,7 @@ class Variant:
 def worker(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
     from profiler.config import CaptureConfig, ZeroConfig
-    from profiler.zerojob import ZeroTrainer, init_distributed
+    from profiler.zerojob import ZeroJob, init_distributed
     rank, world = init_distributed()
     steps = args.warmup + args.segments * args.segment_steps
     config = CaptureConfig(model=args.model, steps=steps, warmup_steps=args.warmup,
@@ -132,7 +132,7 @@ def worker(args: argparse.Namespace) -> int:
     variants = []
     for name in VARIANTS:
         (root / name).mkdir(parents=True, exist_ok=True)
-        trainer = ZeroTrainer.prepare(ZeroConfig(capture=config, ranks=world))
+        trainer = ZeroJob.prepare(ZeroConfig(capture=config, ranks=world), say=lambda _: None)
         variants.append(Variant(name, trainer, root / name, args.warmup))
     rows: dict[str, list] = {v.name: [] for v in variants}
     drains: dict[str, list] = {v.name: [] for v in variants}

@@ -54,7 +54,9 @@ class FigureSpec:
 
 FIGURES: dict[str, FigureSpec] = {
     "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
-                                        "(process start, imports, model built), after a failure"),
+                                        "(process start, imports, model built from its initial "
+                                        "weights), after a failure; all a resume at the job's "
+                                        "start costs"),
     "save_gbps": FigureSpec("GB/s", "deepspeed", "synchronous full save of model and optimizer "
                                                  "(training stalls for all of it)"),
     "load_fixed_s": FigureSpec("s", "deepspeed, checkfreq, gemini, lowdiff",

@@ -1,11 +1,29 @@
 """``python -m profiler capture``: real training with LayerCheck attached, recorded as a trace.
 
-Order of work: resolve the device, build the job (``Trainer``), measure the
-storage bandwidth where the checkpoints go, train ``steps`` steps with
-LayerCheck recording every phase, drift and write, wait for the last write,
-evaluate on held-out text, measure one real restore of the final step, and
-write ``traces/<name>/``. The checkpoint directory is scratch (a temporary
-folder unless ``ckpt`` is given) and is deleted at the end unless kept.
+One pipeline for every job (``profiler.job``: a plain process, or a rank of a
+DeepSpeed ZeRO-3 or a PyTorch FSDP2 job under torchrun; at world size 1
+every collective is a no-op). Order of work: build the job, agree on the checkpoint folder (rank
+0's choice), rank 0 measures the storage bandwidth there, train ``steps``
+steps with the job's LayerCheck recording every phase, drift and write,
+wait for the last write, evaluate on held-out text, measure one real
+restore of the final step (every rank its shards), gather to rank 0, then
+calibrate (``profiler.calibrate``: what each checkpointing strategy's
+mechanism costs here; skipped with ``calibrate=False``). Rank 0 writes
+``traces/<name>/`` (and ``costs.json``). The checkpoint directory is
+scratch (a temporary folder unless ``ckpt`` is given) and is deleted at
+the end unless kept.
+
+What the figures mean when the job has several ranks:
+
+- ``steps``: rank 0's phase times (the ranks wait for each other inside
+  collectives, so rank 0's step is the job's step); ``drift_s`` is the drift
+  hook plus what ``lc.step()`` adds (on several ranks the all-reduce of the sums);
+  ``loss`` is the whole batch's mean loss (every rank's share summed).
+- ``drift``: the drift of each whole layer (the same on every rank).
+- ``writes``: one row per layer version; ``bytes`` is every rank's shard
+  together, ``persist_s`` rank 0's submit-to-commit time.
+- ``recovery``: the slowest rank's plan/load/restore seconds, and the bytes
+  of every rank's shards.
 """
 from __future__ import annotations
 
@@ -21,16 +39,16 @@ import numpy as np
 
 from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
 
-from .config import CaptureConfig
-from .machine import describe_machine, resolve_device
-from .models import resolve_model
+from .config import CaptureConfig, ZeroConfig
+from .job import Job, PhaseTimes, open_job
+from .machine import describe_machine
 from .recorder import Recorder
-from .trainer import Trainer
 
-__all__ = ["capture", "CaptureResult", "default_name", "TRACE_FILES"]
+__all__ = ["capture", "CaptureResult", "TRACE_FILES", "summarize"]
 
 TRACE_FILES = ("manifest.json", "steps.parquet", "drift.parquet", "writes.parquet",
-               "recovery.parquet", "drill.json")
+               "recovery.parquet", "drill.json", "costs.json", "validation.json")
+"""Every file a capture (or a later drill, calibration or validation) puts in a trace folder."""
 
 
 @dataclass(frozen=True)
@@ -40,109 +58,197 @@ class CaptureResult:
     summary: dict[str, Any]
 
 
-def default_name(config: CaptureConfig, label: str) -> str:
-    return f"{label}-{config.steps}steps"
+@dataclass
+class _Step:
+    times: PhaseTimes
+    share: float
+    report: Any
+    before: np.ndarray
+    hook_s: float | None
+    lc_s: float
 
 
-def capture(config: CaptureConfig, *, out: Path | None = None, ckpt: Path | None = None,
-            keep_ckpt: bool = False, keep_history: bool = False, progress: bool = True,
-            say: Callable[[str], None] = print, argv: list[str] | None = None) -> CaptureResult:
-    """Run the job of ``config`` and write its trace (contract in the module doc)."""
+@dataclass
+class _Run:
+    """One rank's record of the training."""
+
+    steps: list[_Step]
+    writes: list[list[Any]]
+    """[step, layer, name, reason, bytes, persist_s] of this rank's shard of each version."""
+    layers: list[dict[str, Any]]
+    lc: dict[str, Any]
+    pruned: int
+    metric: float
+    restore: dict[str, Any]
+
+
+def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
+            ckpt: Path | None = None, keep_ckpt: bool = False, keep_history: bool = False,
+            progress: bool = True, say: Callable[[str], None] = print,
+            argv: list[str] | None = None, calibrate: bool = True,
+            repeats: int | None = None) -> CaptureResult | None:
+    """Run the job of ``spec`` and write its trace (contract in the module doc). A
+    collective under ZeRO: rank 0 returns the ``CaptureResult``, the others None.
+    ``argv``: the arguments after ``python -m profiler`` (recorded as the command);
+    ``repeats``: the calibration's repeats per figure (default: its own)."""
     started = time.perf_counter()
-    source = resolve_model(config.model)  # bad input fails here, before torch loads
-    import torch
-    device, note = resolve_device(config.device)
-    if note:
-        print(note, file=sys.stderr)
-    config = config.replace(threads=config.threads or torch.get_num_threads())
-    say(config.scaling_note)
-    trainer = Trainer.prepare(config, device, source=source)
-    out = Path(out) if out else Path("traces") / default_name(config, trainer.source.label)
+    job = open_job(spec, say=say)
+    ranks = job.ranks
+    out = Path(out) if out else Path("traces") / job.default_name()
     scratch = ckpt is None
-    ckpt_dir = Path(ckpt) if ckpt else Path(tempfile.mkdtemp(prefix="layercheck-capture-"))
+    ckpt_dir = Path(ranks.from_leader(
+        str(ckpt) if ckpt else tempfile.mkdtemp(prefix="layercheck-capture-")
+        if ranks.leader else None))
     try:
-        machine = describe_machine(device, ckpt_dir)
-        recorder, lc_dict, metric, pruned = _train(trainer, ckpt_dir, progress, keep_history)
-        trace = _trace(trainer, recorder, out.name, lc_dict, machine, metric, argv, pruned)
-    finally:
-        if scratch and not keep_ckpt:
+        machine = describe_machine(job.device, ckpt_dir) if ranks.leader else {}
+        run = _train(job, ckpt_dir, progress and ranks.leader, keep_history)
+        trace = _gather_trace(job, run, out.name, machine, argv)
+        costs = None
+        if calibrate:
+            from .calibrate import calibrate_job
+            costs = calibrate_job(job, trace, near=ckpt_dir.parent, say=say, repeats=repeats)
+    except BaseException:
+        if ranks.leader and scratch and not keep_ckpt:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
+        raise
+    ranks.barrier()  # every rank is done with the folder
+    if not ranks.leader:
+        return None
+    if scratch and not keep_ckpt:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     _clear(out)
     write_trace(trace, out)
-    return CaptureResult(out, trace, {**summarize(trace), "wall_s": time.perf_counter() - started})
+    summary = summarize(trace)
+    if costs is not None:
+        from layercheck.calibration import write_calibration
+        write_calibration(costs, out)
+        summary["costs"] = {name: f.value for name, f in costs.figures.items()}
+    return CaptureResult(out, trace, {**summary, "wall_s": time.perf_counter() - started})
 
 
-def _train(trainer: Trainer, ckpt_dir: Path, progress: bool,
-           keep_history: bool) -> tuple[Recorder, dict[str, Any], float, int]:
-    from layercheck import LayerCheck
+def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run:
     from tqdm import tqdm
-    config = trainer.config
-    lc = LayerCheck(trainer.model, trainer.optimizer, ckpt_dir,
-                    config.layercheck_config(keep_versions=None if keep_history else 1),
-                    scheduler=trainer.scheduler)
-    recorder = Recorder(len(lc.layer_map))
+    config = job.config
+    lc = job.make_layercheck(ckpt_dir, config.layercheck_config(
+        keep_versions=None if keep_history else 1))
+    steps: list[_Step] = []
+    writes: list[list[Any]] = []
     try:
         if lc.restore() != 0:
             raise FileExistsError(f"{ckpt_dir} already holds a checkpoint: a capture starts "
                                   "fresh, so give an empty --ckpt folder")
-        bar = tqdm(total=config.steps, desc=f"capture {trainer.source.label}", unit="step",
+        label = job.source.label + (f" ({job.setup}, rank 0)" if job.setup else "")
+        bar = tqdm(total=config.steps, desc=f"capture {label}", unit="step",
                    disable=not progress, mininterval=2.0, file=sys.stderr)
         position = 0
         for _ in range(config.steps):
-            loss, times = trainer.step(position)
+            share, times = job.step(position)
             position += config.batch_size
             before = lc.state.accumulators.copy()
+            hook_s = job.drift_in_optimizer(lc)
+            t0 = time.perf_counter()
             report = lc.step(extra={"position": position})
-            recorder.step(times, loss, report, before)
-            recorder.writes(lc.drain_writes())
+            steps.append(_Step(times, share, report, before, hook_s, time.perf_counter() - t0))
+            writes.extend(_rows(lc.drain_writes()))
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.set_postfix(loss=f"{share:.3f}", refresh=False)
         bar.close()
         lc.flush()
-        recorder.writes(lc.drain_writes())
-        lc_dict, lr_peak = lc.config.to_dict(), lc.lr_peak
+        writes.extend(_rows(lc.drain_writes()))
+        lc_dict = {"config": lc.config.to_dict(), "lr_peak": lc.lr_peak}
+        layers = [{"name": l.name, "kind": l.kind, "params": l.numel} for l in lc.layer_map]
     finally:
         lc.close()
-    metric = trainer.evaluate()
-    recorder.restore(_measure_restore(trainer, ckpt_dir))
-    return recorder, {"config": lc_dict, "lr_peak": lr_peak}, metric, lc.writer.bytes_dropped
+    metric = job.evaluate()
+    return _Run(steps, writes, layers, lc_dict, lc.writer.bytes_dropped, metric,
+                _measure_restore(job, ckpt_dir))
 
 
-def _measure_restore(trainer: Trainer, ckpt_dir: Path) -> Any:
+def _rows(records: list[Any]) -> list[list[Any]]:
+    return [[r.step, r.layer, r.name, r.reason, r.bytes, r.persist_s] for r in records]
+
+
+def _measure_restore(job: Job, ckpt_dir: Path) -> dict[str, Any]:
     """Restore the newest committed step into the job's own model and optimizer
-    (training is over): a real recovery's plan, load and restore times."""
-    from layercheck import LayerCheck
-    with LayerCheck(trainer.model, trainer.optimizer, ckpt_dir, trainer.config.layercheck_config(),
-                    scheduler=trainer.scheduler) as lc:
+    (training is over; every rank its shards): a real recovery's plan, load and
+    restore times."""
+    with job.make_layercheck(ckpt_dir, job.config.layercheck_config()) as lc:
         lc.restore()
-        return lc.restored
+        r = lc.restored
+    return {"step": r.step, "plan_s": r.plan_s, "load_s": r.load_s, "restore_s": r.restore_s,
+            "bytes": r.bytes}
 
 
-def _trace(trainer: Trainer, recorder: Recorder, name: str, lc: dict[str, Any],
-           machine: dict[str, Any], metric: float, argv: list[str] | None,
-           pruned: int) -> Trace:
+# -- rank 0 assembles the trace -------------------------------------------------
+def _gather_trace(job: Job, run: _Run, name: str, machine: dict[str, Any],
+                  argv: list[str] | None) -> Trace | None:
+    """A collective: every rank sends its part; rank 0 returns the trace."""
+    losses = job.ranks.sum([s.share for s in run.steps])
+    step_s = [s.times.compute_s + s.lc_s for s in run.steps]
+    parts = job.ranks.gather({"writes": run.writes, "restore": run.restore,
+                              "median_step_s": float(np.median(step_s))})
+    if not job.ranks.leader:
+        return None
+    recorder = Recorder(len(run.layers))
+    for s, loss in zip(run.steps, losses):
+        recorder.step(s.times, loss, s.report, s.before, drift_in_optimizer_s=s.hook_s)
+    recorder.writes(_merge_writes([p["writes"] for p in parts]))
+    recorder.restore(_merge_restores([p["restore"] for p in parts]))
+    return _trace(job, recorder, run, name, machine, argv,
+                  [p["median_step_s"] for p in parts])
+
+
+def _merge_writes(per_rank: list[list[list[Any]]]) -> list[Any]:
+    """One WriteRecord per layer version: bytes of every rank's shard, rank 0's persist time."""
+    from layercheck.writer import WriteRecord
+    keys = [sorted((w[0], w[1]) for w in rows) for rows in per_rank]
+    if any(k != keys[0] for k in keys):
+        raise RuntimeError("the ranks committed different layer versions; ZeroLayerCheck "
+                           "and FsdpLayerCheck guarantee they do not, so this is a bug: report it")
+    total: dict[tuple[int, int], int] = {}
+    for rows in per_rank:
+        for w in rows:
+            total[(w[0], w[1])] = total.get((w[0], w[1]), 0) + int(w[4])
+    return [WriteRecord(step, layer, name, reason, total[(step, layer)], persist_s)
+            for step, layer, name, reason, _, persist_s in per_rank[0]]
+
+
+def _merge_restores(per_rank: list[dict[str, Any]]) -> Any:
+    from layercheck.checkpoint import RestoreReport
+    if len({r["step"] for r in per_rank}) != 1:
+        raise RuntimeError(f"the ranks restored different steps: {[r['step'] for r in per_rank]}")
+    return RestoreReport(per_rank[0]["step"], None,
+                         *(max(r[k] for r in per_rank) for k in ("plan_s", "load_s", "restore_s")),
+                         sum(int(r["bytes"]) for r in per_rank))
+
+
+def _trace(job: Job, recorder: Recorder, run: _Run, name: str, machine: dict[str, Any],
+           argv: list[str] | None, median_step_s: list[float]) -> Trace:
+    """The one manifest builder: the job's own words come from ``job.manifest_parts``."""
     tables = recorder.tables()
-    from layercheck.layermap import LayerMap
-    layer_map = LayerMap.auto(trainer.model)
     sizes = recorder.layer_bytes()
-    layers = [{"name": l.name, "kind": l.kind, "params": l.numel, "bytes": sizes[i]}
-              for i, l in enumerate(layer_map)]
-    config = trainer.config
+    layers = [{**layer, "bytes": sizes.get(i, 0)} for i, layer in enumerate(run.layers)]
+    config, source, command = job.config, job.source, job.command(argv)
+    parts = job.manifest_parts(argv)
+    if job.ranks.world > 1:
+        parts["sources"].setdefault(job.sources_key, {})["median_step_s_per_rank"] = median_step_s
+    shown = f"`{command}`" if command else "`python -m profiler capture`"
     manifest = {
         "schema_version": SCHEMA_VERSION, "name": name, "kind": "captured",
-        "description": (f"Captured by `python -m profiler capture`: {trainer.source.label} "
-                        f"({trainer.num_params:,} parameters) trained {config.steps} steps "
-                        f"as a {trainer.source.objective} LM on Python's own documentation, "
-                        f"on {machine['device']}. {config.scaling_note}."),
-        "model": {**trainer.source.describe(), "parameters": trainer.num_params,
-                  "architecture": type(trainer.model).__name__},
-        "layers": layers, "config": lc["config"], "lr_peak": lc["lr_peak"], "machine": machine,
-        "sources": {"data": trainer.corpus.describe(), "dataset": trainer.dataset.describe(),
+        "description": (f"Captured by {shown}: {parts['setup']}{source.label} "
+                        f"({job.num_params:,} parameters) trained {config.steps} steps as a "
+                        f"{source.objective} LM on Python's own documentation{parts['detail']}. "
+                        f"{config.scaling_note}."),
+        "model": {**source.describe(), "parameters": job.num_params,
+                  "architecture": job.architecture, **parts["model"]},
+        "layers": layers, "config": run.lc["config"], "lr_peak": run.lc["lr_peak"],
+        "machine": {**machine, **parts["machine"]},
+        "sources": {"data": job.corpus.describe(), "dataset": job.dataset.describe(),
                     "capture": config.to_dict(), "layercheck_scaling": config.scaling_note,
-                    "command": " ".join(argv) if argv else None,
-                    "pruned_superseded_bytes": pruned,
+                    "command": command, **parts["sources"],
+                    "pruned_superseded_bytes": run.pruned,
                     "captured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
-        "evaluation": {"name": trainer.metric_name, "value": metric},
+        "evaluation": {"name": job.metric_name, "value": run.metric},
     }
     return Trace(manifest=manifest, **tables)
 

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from layercheck.errors import OneLineParser, one_line
 
-from .config import CaptureConfig, DrillConfig, ZeroConfig
+from .config import VALIDATED, CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError
 
 __all__ = ["main"]
@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
                           "rank under it)")
     cap.add_argument("--ranks", type=int, help="with --deepspeed or --fsdp: ranks to start "
                      "(default 2; under torchrun, its --nproc_per_node)")
+    cap.add_argument("--no-calibrate", action="store_true",
+                     help="skip the calibration (costs.json: what each checkpointing strategy's "
+                          "mechanism costs here); `python -m profiler calibrate` does it later")
+    _repeats_option(cap)
     cap.set_defaults(run=_run_capture)
     drill = sub.add_parser("drill", help="failure-free run vs a run killed and recovered")
     _job_options(drill)
@@ -75,6 +79,34 @@ def _parser() -> argparse.ArgumentParser:
                        help="use this captured trace as the failure-free run (its settings "
                             "define the job; model options are then ignored)")
     drill.set_defaults(run=_run_drill)
+    cal = sub.add_parser("calibrate", help="measure what each checkpointing strategy's "
+                         "mechanism costs on a captured trace's job: costs.json")
+    cal.add_argument("--trace", type=Path, required=True, help="a captured trace folder")
+    cal.add_argument("--scratch", type=Path, help="where the measured checkpoints are written "
+                     "(default: the temporary folder, where a capture writes its own)")
+    cal.add_argument("--quiet", action="store_true", help="no progress lines")
+    _repeats_option(cal)
+    cal.set_defaults(run=_run_calibrate)
+    val = sub.add_parser("validate", help="the simulator's predictions against real runs "
+                         "killed at known times: validation.json")
+    val.add_argument("--trace", type=Path, required=True,
+                     help="a calibrated plain capture (its folder holds costs.json)")
+    val.add_argument("--window", default="600", help="wall-clock length of each strategy's "
+                     "real run (default 600 s; units s, m, h)")
+    val.add_argument("--mtbf", default="150", help="mean time between the failures drawn "
+                     "(default 150 s)")
+    val.add_argument("--seed", type=int, default=0, help="seeds the failure times (default 0)")
+    val.add_argument("--failures", type=Path, help="a failure log instead (CSV, one time per "
+                     "row, seconds from the start)")
+    val.add_argument("--interval", type=int, help="steps between deepspeed's and checkfreq's "
+                     "checkpoints (default: LayerCheck's mean staleness on the trace)")
+    val.add_argument("--strategies", default=",".join(VALIDATED),
+                     help=f"comma-separated, from {','.join(VALIDATED)} (default all)")
+    val.add_argument("--out", type=Path, help="the JSON (default TRACE/validation.json)")
+    val.add_argument("--scratch", type=Path, help="where the runs' checkpoints go "
+                     "(default: the temporary folder)")
+    val.add_argument("--quiet", action="store_true", help="no progress lines")
+    val.set_defaults(run=_run_validate)
     heat = sub.add_parser("heatmap", help="draw a trace's drift heatmap as a PNG")
     heat.add_argument("trace", type=Path)
     heat.add_argument("--png", type=Path, help="output (default docs/img/<trace name>-drift.png)")
@@ -83,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("job", type=Path)
     worker.set_defaults(run=_run_worker)
     return parser
+
+
+def _repeats_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, help="calibration: repeats of each timed mechanism "
+                   "(the median is kept; default 3)")
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
@@ -121,13 +158,7 @@ def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ranks is not None:
         raise ProfilerError("--ranks applies to a multi-rank capture: add --deepspeed zero3 "
                             "or --fsdp")
-    from .capture import capture
-    result = capture(_config(args), out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
-                     keep_history=args.keep_history, progress=not args.quiet,
-                     argv=["python -m profiler", *argv])
-    print(f"wrote {result.path}")
-    print(json.dumps(result.summary, indent=2, default=float))
-    return 0
+    return _capture(_config(args), args, argv)
 
 
 def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
@@ -144,9 +175,14 @@ def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
     resolve_model(zero.capture.model)  # a bad --model fails here, before any rank starts
     if world is None:
         return launch(argv, zero)
-    from .zerocapture import zero_capture
-    result = zero_capture(zero, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
-                          keep_history=args.keep_history, progress=not args.quiet, argv=argv)
+    return _capture(zero, args, argv)
+
+
+def _capture(spec: CaptureConfig | ZeroConfig, args: argparse.Namespace, argv: list[str]) -> int:
+    from .capture import capture
+    result = capture(spec, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
+                     keep_history=args.keep_history, progress=not args.quiet, argv=argv,
+                     calibrate=not args.no_calibrate, repeats=args.repeats)
     if result is not None:  # rank 0
         print(f"wrote {result.path}")
         print(json.dumps(result.summary, indent=2, default=float))
@@ -160,10 +196,60 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         config = None
     result = drill(config, failures=args.failures, from_trace=args.from_trace, out=args.out,
-                   progress=not args.quiet, argv=["python -m profiler", *argv])
+                   progress=not args.quiet, argv=argv)
     print(f"wrote {result.path}")
     print(json.dumps(result.summary, indent=2, default=float))
     return 0
+
+
+def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
+    """A ZeRO trace is calibrated under torchrun with its own world size (started here)."""
+    from layercheck.calibration import read_calibration
+    from layercheck.trace import read_trace
+
+    from .calibrate import calibrate_trace, job_spec
+    from .launch import launch, world_size
+    if args.repeats is not None and args.repeats < 1:
+        raise ProfilerError(f"repeats={args.repeats}: use an integer >= 1")
+    if args.scratch is not None and not args.scratch.is_dir():
+        raise ProfilerError(f"--scratch {args.scratch}: no such folder")
+    spec = job_spec(read_trace(args.trace), str(args.trace))
+    if isinstance(spec, ZeroConfig) and world_size() is None:
+        return launch(argv, spec)
+    say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    path = calibrate_trace(args.trace, repeats=args.repeats, scratch=args.scratch, say=say)
+    if path is not None:
+        costs = read_calibration(path)
+        print(f"wrote {path}")
+        for name, figure in costs.figures.items():
+            print(f"  {name:22s} {figure.value:12.6g}  {figure.source}")
+    return 0
+
+
+def _run_validate(args: argparse.Namespace, argv: list[str]) -> int:
+    from .validate import format_table, validate
+    config = _validation_config(args)
+    if args.scratch is not None and not args.scratch.is_dir():
+        raise ProfilerError(f"--scratch {args.scratch}: no such folder")
+    say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    result = validate(args.trace, config, out=args.out, scratch=args.scratch, say=say, argv=argv)
+    print(format_table(result.doc))
+    print(f"wrote {result.path}")
+    return 0
+
+
+def _validation_config(args: argparse.Namespace) -> ValidationConfig:
+    from sim import SimError, parse_duration, read_failure_log
+    try:
+        window = parse_duration(args.window, what="--window")
+        mtbf = parse_duration(args.mtbf, what="--mtbf")
+        failures = read_failure_log(args.failures) if args.failures is not None else None
+    except SimError as exc:
+        raise ProfilerError(str(exc)) from None
+    return ValidationConfig(window_s=window, mtbf_s=mtbf, seed=args.seed, failures_s=failures,
+                            interval=args.interval,
+                            strategies=tuple(s.strip() for s in args.strategies.split(",")
+                                             if s.strip()))
 
 
 def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:

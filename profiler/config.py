@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from .errors import ProfilerError
 
-__all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "PAPER", "ZERO_STAGES"]
+__all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
+           "ZERO_STAGES", "VALIDATED"]
 
 PAPER = {"steps": 1692, "warmup_steps": 200, "smax": 1000, "threshold": 1e-3,
          "embedding_factor": 10.0}
@@ -179,6 +180,8 @@ class CaptureConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaptureConfig":
+        # the shape of layercheck.config.LayerCheckConfig.from_dict, with this
+        # package's error class (the library does not know ProfilerError)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -273,6 +276,55 @@ class ZeroConfig:
                 "train_micro_batch_size_per_gpu": self.micro_batch,
                 "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
                 "steps_per_print": 10 ** 9, "zero_optimization": {"stage": self.stage}}
+
+
+VALIDATED = ("deepspeed", "checkfreq", "layercheck")
+"""The strategies a validation runs for real (``profiler.checkpointers``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationConfig:
+    """Predictions against real killed runs (``python -m profiler validate``)."""
+
+    window_s: float = 600.0
+    """Wall-clock seconds each strategy's real run lasts (from the first worker's
+    start of training)."""
+
+    mtbf_s: float = 150.0
+    """Mean time between the failures drawn (exponential gaps) when no log is given."""
+
+    seed: int = 0
+    """Seeds the failure times drawn from ``mtbf_s``."""
+
+    failures_s: tuple[float, ...] | None = None
+    """A failure log: seconds from the start, ascending (overrides mtbf_s and seed)."""
+
+    interval: int | None = None
+    """Steps between the full checkpoints of deepspeed and checkfreq. None: the
+    paper's matched freshness, LayerCheck's mean parameter-weighted staleness on
+    the trace, rounded (at least 1)."""
+
+    strategies: tuple[str, ...] = VALIDATED
+    """Which strategies to run: some of deepspeed, checkfreq, layercheck."""
+
+    def __post_init__(self) -> None:
+        _positive_float("window_s", self.window_s)
+        _positive_float("mtbf_s", self.mtbf_s)
+        _int_at_least("seed", self.seed, 0)
+        if self.interval is not None:
+            _positive_int("interval", self.interval)
+        unknown = [s for s in self.strategies if s not in VALIDATED]
+        if unknown or not self.strategies:
+            raise ProfilerError(f"strategies {list(self.strategies)}: choose from "
+                                f"{', '.join(VALIDATED)}")
+        if self.failures_s is not None:
+            times = list(self.failures_s)
+            if any(not isinstance(t, (int, float)) or not math.isfinite(t) for t in times) or \
+                    any(b <= a for a, b in zip(times, times[1:])) or (times and times[0] <= 0):
+                raise ProfilerError("failure times must be positive seconds, strictly increasing")
+            if times and times[-1] >= self.window_s:
+                raise ProfilerError(f"a failure at {times[-1]} s is not inside the {self.window_s} s "
+                                    "window: raise --window or drop the late failures")
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -40,8 +40,8 @@ from .capture import capture
 from .config import CaptureConfig, DrillConfig
 from .errors import ProfilerError
 from .machine import resolve_device
-from .staleness import failure_steps, weighted_staleness
-from .worker import write_job
+from .staleness import failure_steps
+from .worker import EventReader, write_job
 
 __all__ = ["drill", "DrillResult", "PAPER_FIDELITY"]
 
@@ -67,11 +67,12 @@ def drill(config: DrillConfig | None, *, failures: int = 1, from_trace: Path | N
         dest = Path(out) if out else Path(from_trace)
     else:
         assert config is not None
-        result = capture(config.capture, out=out, progress=progress, argv=argv)
+        # no calibration: the drill measures fidelity (`profiler calibrate` can follow)
+        result = capture(config.capture, out=out, progress=progress, argv=argv, calibrate=False)
         trace, dest = result.trace, result.path
         job = DrillConfig(capture=CaptureConfig.from_dict(trace.manifest["sources"]["capture"]),
                           failures=config.failures)
-    staleness = weighted_staleness(trace.write_matrix(), trace.layers["params"].to_numpy())
+    staleness = trace.weighted_staleness()
     steps = failure_steps(staleness, job.failures)
     device, _ = resolve_device(job.capture.device)
     failed = _failed_run(job.capture, device, steps, progress)
@@ -115,11 +116,11 @@ def _failed_run(config: CaptureConfig, device: str, steps: list[int],
         log = root / "events.jsonl"
         bar = tqdm(total=config.steps, desc="drill: failed run", unit="step",
                    disable=not progress, mininterval=2.0, file=sys.stderr)
-        reader = _EventReader(log)
+        reader = EventReader(log)
         killed_at: list[float] = []
         for i, halt in enumerate([*steps, None]):
             job = write_job(root / f"job{i}.json", config=config, device=device,
-                            ckpt=root / "ckpt", log=log, halt_at=halt)
+                            root=root / "ckpt", log=log, halt_at=halt)
             _run_segment(job, root / f"worker{i}.log", halt, reader, bar)
             if halt is not None:
                 killed_at.append(time.time())
@@ -127,7 +128,7 @@ def _failed_run(config: CaptureConfig, device: str, steps: list[int],
         return _collect(reader.events, killed_at)
 
 
-def _run_segment(job: Path, stderr_path: Path, halt: int | None, reader: "_EventReader",
+def _run_segment(job: Path, stderr_path: Path, halt: int | None, reader: EventReader,
                  bar: Any) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
@@ -155,28 +156,9 @@ def _run_segment(job: Path, stderr_path: Path, halt: int | None, reader: "_Event
             time.sleep(POLL_S)
 
 
-class _EventReader:
-    """Reads the workers' JSON-lines log as it grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.events = path, 0, []
-
-    def poll(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        new = [json.loads(line) for line in complete.splitlines() if line.strip()]
-        self.events.extend(new)
-        return new
-
-
 def _collect(events: list[dict[str, Any]], killed_at: list[float]) -> _FailedRun:
     losses: dict[int, float] = {}
-    starts = [e for e in events if e["event"] == "start"]
+    starts = [e for e in events if e["event"] == "resumed"]
     for e in events:
         if e["event"] == "step":
             losses[e["step"]] = e["loss"]  # a replayed step (if any) keeps its newest loss

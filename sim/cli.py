@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from layercheck.errors import one_line
+from layercheck.errors import OneLineParser, one_line
 from layercheck.trace import TraceError, read_trace
 
 from layercheck.calibration import FIGURES
@@ -47,11 +47,6 @@ COST_FLAGS = {
 }
 """Convenience overrides, each setting the cost figures it names; ``--cost NAME=VALUE``
 sets any one figure."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
@@ -95,8 +90,8 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="python -m sim", description="LayerCheck failure simulator (docs/sim.md)")
-    sub = top.add_subparsers(dest="command", parser_class=_Parser)
+    top = OneLineParser(prog="python -m sim", description="LayerCheck failure simulator (docs/sim.md)")
+    sub = top.add_subparsers(dest="command", parser_class=OneLineParser)
     run = sub.add_parser("run", help="one MTBF: a table, --json or --csv (the default command)")
     run.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
     out = run.add_mutually_exclusive_group()

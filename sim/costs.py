@@ -37,8 +37,8 @@ COST_MODELS = (PAPER_A100,)
 _PAPER = "LayerCheck (IEEE CLUSTER 2026)"
 _PAPER_FIGURES: dict[str, Figure] = {
     "restart_s": Figure(value=30.0, source="assumed", method=(
-        "relaunching 8 ranks on one server before any state is loaded (process start, CUDA "
-        "context, NCCL init); the paper's recovery times exclude it")),
+        "relaunching 8 ranks on one server up to a model built from its initial weights "
+        "(process start, CUDA context, NCCL init); the paper's recovery times exclude it")),
     "save_gbps": Figure(value=1.12, source="derived", method=(
         f"{_PAPER}: LowDiff's Llama-3.2-1B run wrote 3,837 GB in 57.2 min end to end and was "
         "write-bound (its checkpoint work exceeded an iteration): 3,837 GB / 3,432 s")),

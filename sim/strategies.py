@@ -24,8 +24,9 @@ protocol: ``matched`` (the paper's matched freshness), ``native`` (as its
 authors designed it: the ``_native`` hook) or a fixed interval.
 
 No strategy has a recovery point before its first durable checkpoint:
-position 0 (the job's start, the initial model) is where a failure before it
-resumes. Step N is the job's end: the training script's own final save
+position 0 (the job's start) is where a failure before it resumes, and
+resuming there costs only the restart (``restart_s`` builds the model from
+its initial weights; there is no checkpoint to load). Step N is the job's end: the training script's own final save
 commits it, the same for every strategy, so no strategy is charged a
 checkpoint there.
 """
@@ -186,10 +187,13 @@ class Strategy:
         if b.backup is not None:
             b.backup[0] = b.backup[n] = np.nan
         last, weights = self._stale(b)
+        recover, recover_backup = self._recovery(b), self._recovery_backup(b)
+        for array in (recover, recover_backup):
+            if array is not None:  # the job's start: the restarted process built its initial model
+                array[0] = costs.restart_s
         return Schedule(strategy=self.name, compute=np.concatenate(([0.0], workload.compute_s)),
                         snap=b.snap, persist=b.persist, commit=b.commit, bytes=b.bytes,
-                        recover=np.asarray(self._recovery(b), dtype=np.float64), backup=b.backup,
-                        recover_backup=self._recovery_backup(b),
+                        recover=recover, backup=b.backup, recover_backup=recover_backup,
                         backup_probability=self._backup_probability(b),
                         stale_last=last, stale_weights=weights, cadence=cadence)
 
@@ -201,8 +205,9 @@ class Strategy:
         """Optionally fill ``b.backup`` (a non-blocking second tier)."""
 
     def _recovery(self, b: _Builder) -> np.ndarray:
-        """Seconds to recover when resuming at position j (N+1 entries).
-        Default: restart, then load a full checkpoint (or the initial model)."""
+        """Seconds to recover when resuming at position j (N+1 entries; position 0, the
+        job's start, costs the restart alone whatever this returns). Default: restart,
+        then load a full checkpoint."""
         return np.full(b.steps + 1, b.costs.restart_s + b.costs.load_s(b.full))
 
     def _recovery_backup(self, b: _Builder) -> np.ndarray | None:
@@ -351,8 +356,10 @@ class LowDiff(Strategy):
     def _recovery(self, b: _Builder) -> np.ndarray:
         positions = np.arange(b.steps + 1)
         last_full = (positions // b.cadence.every) * b.cadence.every
-        replay = (positions - last_full) * self._diff_bytes(b)
-        return Strategy._recovery(self, b) + replay / (b.costs.diff_replay_gbps * 1e9)
+        replay = (positions - last_full) * self._diff_bytes(b) / (b.costs.diff_replay_gbps * 1e9)
+        # before the first full checkpoint the diffs replay onto the initial model
+        load = np.where(last_full > 0, b.costs.load_s(b.full), 0.0)
+        return b.costs.restart_s + load + replay
 
 
 class LayerCheck(Strategy):

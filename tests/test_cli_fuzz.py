@@ -242,6 +242,10 @@ def test_profiler_capture_malformed(option):
         st.sampled_from(["manifest.json", "steps.parquet"]), garbage, min_size=1).map(
         _garbage_folder)),
     st.tuples(st.just(["drill", *PROFILER_BASE, "--failures"]), bad_count | st.just("0")),
+    st.tuples(st.sampled_from([["calibrate", "--trace"], ["validate", "--trace"]]),
+              missing_path | st.dictionaries(
+                  st.sampled_from(["manifest.json", "steps.parquet", "costs.json"]), garbage,
+                  min_size=1).map(_garbage_folder)),
 ))
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])

@@ -19,8 +19,8 @@ TINY = dict(model="tiny", steps=14, batch_size=4, seq_len=32, warmup_steps=3, sm
             threads=1, eval_sequences=8)
 JOB = ["--model", "tiny", "--steps", str(TINY["steps"]), "--batch-size", str(TINY["batch_size"]),
        "--seq-len", str(TINY["seq_len"]), "--warmup-steps", str(TINY["warmup_steps"]),
-       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet"]
-"""``TINY`` as typed on the command line."""
+       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet", "--no-calibrate"]
+"""``TINY`` as typed on the command line (no calibration: its own tests calibrate)."""
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -64,4 +64,18 @@ def torchrun_capture(out: Path, *options: str) -> None:
 @pytest.fixture(scope="session")
 def tiny_capture(tmp_path_factory):
     out = tmp_path_factory.mktemp("traces") / "tiny"
-    return capture(CaptureConfig(**TINY), out=out, progress=False, say=lambda _: None)
+    return capture(CaptureConfig(**TINY), out=out, progress=False, say=lambda _: None,
+                   calibrate=False)
+
+
+@pytest.fixture(scope="session")
+def calibrated_tiny(tiny_capture, tmp_path_factory):
+    """A copy of the tiny capture with its costs.json, by
+    ``python -m profiler calibrate --trace`` (one repeat per figure)."""
+    import shutil
+
+    from profiler.cli import main
+    folder = tmp_path_factory.mktemp("calibrated") / "tiny"
+    shutil.copytree(tiny_capture.path, folder)
+    assert main(["calibrate", "--trace", str(folder), "--repeats", "1", "--quiet"]) == 0
+    return folder

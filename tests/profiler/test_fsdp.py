@@ -71,3 +71,35 @@ def test_bad_fsdp_input_is_one_line_and_exit_2_before_any_rank_starts(args, word
     assert main(args) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1 and "starting" not in err
+
+
+@pytest.mark.slow
+def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp_out, tmp_path):
+    """``python -m profiler calibrate`` starts torchrun with the capture's world size and
+    times DCP's save and FsdpLayerCheck on both ranks, the rest on rank 0 alone."""
+    import shutil
+    import sys
+
+    from layercheck.calibration import read_calibration
+    from tests.profiler.conftest import run_command
+    folder = tmp_path / "tiny-fsdp"
+    shutil.copytree(fsdp_out, folder)
+    done = run_command([sys.executable, "-m", "profiler", "calibrate", "--trace", str(folder),
+                        "--repeats", "1", "--quiet"])
+    assert "starting 2 ranks" in done.stderr and done.stdout.count("wrote") == 1
+    costs = read_calibration(folder)
+    figures = costs.figures
+    assert "under the capture's FSDP2 sharded job on 2 ranks" in figures["save_gbps"].method
+    assert "torch.distributed.checkpoint.save" in figures["save_gbps"].method
+    assert "FsdpLayerCheck on 2 ranks" in figures["lc_write_gbps"].method
+    assert "torchrun of 2 ranks building the FSDP2 job" in figures["restart_s"].method
+    assert "not under the 2-rank FSDP2 job" in figures["snapshot_gbps"].method
+    trace = read_trace(folder)
+    assert figures["lc_load_gbps"].bytes == trace.full_checkpoint_bytes
+    assert all(f.value > 0 for f in figures.values() if f.source == "measured")
+
+
+@pytest.mark.slow
+def test_a_validation_refuses_an_fsdp_trace(fsdp_out, capsys):
+    assert main(["validate", "--trace", str(fsdp_out), "--quiet"]) == 2
+    assert "an FSDP2 capture" in capsys.readouterr().err

@@ -110,7 +110,7 @@ def test_python_m_profiler_starts_torchrun_itself(tmp_path):
     out = tmp_path / "self-launched"
     done = _run([sys.executable, "-m", "profiler", "capture", "--deepspeed", "zero3",
                  "--model", "tiny", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
-                 "--seq-len", "16", "--quiet", "--out", str(out)])
+                 "--seq-len", "16", "--quiet", "--repeats", "1", "--out", str(out)])
     assert "starting 2 ranks: torchrun --nproc_per_node 2 -m profiler capture" in done.stderr
     trace = read_trace(out)
     ds = trace.manifest["sources"]["deepspeed"]
@@ -118,6 +118,15 @@ def test_python_m_profiler_starts_torchrun_itself(tmp_path):
     assert trace.manifest["sources"]["command"].startswith("python -m profiler capture --deepspeed")
     assert trace.manifest["machine"]["threads_per_rank"] == max(1, (os.cpu_count() or 1) // 2)
     assert trace.num_steps == 3 and len(trace.writes) >= len(trace.layer_names)
+    # calibrated by default: DeepSpeed's save and LayerCheck under the ZeRO-3 engine on both
+    # ranks, the rest single-process on rank 0, and the methods say which
+    from layercheck.calibration import read_calibration
+    costs = read_calibration(out)
+    assert "under the capture's ZeRO-3 engine on 2 ranks" in costs.figures["save_gbps"].method
+    assert "ZeroLayerCheck on 2 ranks" in costs.figures["lc_write_gbps"].method
+    assert "single process on rank 0" in costs.figures["snapshot_gbps"].method
+    assert "torchrun of 2 ranks" in costs.figures["restart_s"].method
+    assert costs.figures["lc_load_gbps"].bytes == trace.full_checkpoint_bytes
 
 
 @pytest.mark.parametrize("args, words", [

@@ -26,6 +26,15 @@ def test_no_charge_at_the_jobs_end(name):
     assert s.recover.shape == (n + 1,) and (s.recover >= COSTS.restart_s).all()
 
 
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_resuming_at_the_jobs_start_costs_only_the_restart(name):
+    """No checkpoint to load: the restarted process built the initial model."""
+    s = _schedule(name)
+    assert s.recover[0] == COSTS.restart_s and (s.recover[1:] > COSTS.restart_s).all()
+    if s.recover_backup is not None:
+        assert s.recover_backup[0] == COSTS.restart_s
+
+
 def test_deepspeed_stalls_for_the_write_checkfreq_for_the_snapshot():
     ds, cf = _schedule("deepspeed"), _schedule("checkfreq")
     assert list(np.flatnonzero(ds.commit)) == [10, 20, 30]
@@ -37,8 +46,10 @@ def test_deepspeed_stalls_for_the_write_checkfreq_for_the_snapshot():
 
 def test_lowdiff_replays_diffs_since_the_full_checkpoint():
     s = _schedule("lowdiff")
-    replay = s.recover - s.recover[0]
-    assert replay[10] == 0 and replay[14] == pytest.approx(4 * 0.1 * 20e9 / 22.9e9)
+    replay = s.recover - COSTS.restart_s - COSTS.load_s(20e9)
+    assert replay[10] == pytest.approx(0, abs=1e-9) and replay[14] == pytest.approx(4 * 0.1 * 20e9 / 22.9e9)
+    # before the first full checkpoint the diffs replay onto the initial model
+    assert s.recover[4] == pytest.approx(COSTS.restart_s + 4 * 0.1 * 20e9 / 22.9e9)
     assert list(np.flatnonzero(s.commit)) == list(range(2, 40, 2))
 
 
@@ -50,7 +61,7 @@ def test_gemini_tiers_are_ordered():
     # the paper's peer link (4.19 GB/s) is slower than its storage reads (17.9): never slower
     assert (s.recover <= s.recover_backup).all()
     fast_peer = _schedule("gemini", costs=COSTS.with_overrides(peer_gbps=50.0))
-    assert fast_peer.recover[0] == pytest.approx(30 + 4 + 20 / 50)
+    assert fast_peer.recover[5] == pytest.approx(30 + 4 + 20 / 50)
 
 
 def test_layercheck_commits_only_from_the_base_checkpoint():

@@ -1,0 +1,107 @@
+"""The base of every measurement, and what each one gets (``Bench``).
+
+Contract: ``Mechanism.measure(bench)`` returns its ``figures`` (a dict of
+``layercheck.calibration.Figure``), measured on the bench's job, machine and
+scratch folder. A ``collective`` mechanism runs on every rank of a ZeRO or
+FSDP2 job at once (the real implementation is a collective there:
+DeepSpeed's own checkpoint or DCP's save, ZeroLayerCheck or
+FsdpLayerCheck); the others run on rank 0 alone, on ``bench.single()``: the
+job itself in one process, or on several ranks a plain job of the same
+model and settings (full, unsharded state), and say so.
+"""
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from layercheck.calibration import Figure
+
+__all__ = ["Bench", "Mechanism", "rate_figure", "timed", "GB"]
+
+GB = 1e9
+"""Rates are decimal GB/s, as ``layercheck.calibration`` says."""
+
+
+@dataclass(eq=False)
+class Bench:
+    job: Any
+    """The capture's job (under ZeRO: this rank's part of it)."""
+    trace: Any
+    """The capture's trace (rank 0; None elsewhere)."""
+    folder: Path
+    """Scratch space on the storage the checkpoints go to (the same path on every rank)."""
+    repeats: int
+    say: Callable[[str], None] = print
+    collective: bool = False
+    """Whether the mechanism measuring now runs on every rank (set by the caller)."""
+    _single: Any = field(default=None, repr=False)
+    _count: int = 0
+
+    @property
+    def zero(self) -> bool:
+        return self.job.ranks.world > 1
+
+    @property
+    def full_bytes(self) -> int:
+        """The trace's full checkpoint: one version of every layer (weights + Adam moments)."""
+        return int(self.trace.full_checkpoint_bytes)
+
+    def single(self) -> Any:
+        """The job single-process mechanisms are measured on (rank 0 only), with its
+        optimizer state made by one real step."""
+        if self._single is None:
+            if not self.zero:
+                self._single = self.job
+            else:
+                from ..plainjob import PlainJob
+                self._single = PlainJob.prepare(self.job.config, say=lambda _: None)
+                self._single.step(0)
+        return self._single
+
+    def where(self) -> str:
+        """How single-process figures relate to the job, for their ``method``."""
+        if not self.zero:
+            return "in the capture's process, on its model and optimizer state"
+        return (f"single process on rank 0 (a plain job of the same model and settings, full "
+                f"unsharded state), not under the {self.job.ranks.world}-rank {self.job.setup} "
+                "job")
+
+    def scratch(self, name: str) -> Path:
+        """A fresh folder for one measurement: made by rank 0 for every rank (a
+        barrier) while a collective mechanism runs, else by the one process."""
+        self._count += 1
+        path = self.folder / f"{self._count:02d}-{name}"
+        if self.job.ranks.leader:
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+        if self.collective:
+            self.job.ranks.barrier()
+        return path
+
+
+class Mechanism:
+    name = ""
+    figures: tuple[str, ...] = ()
+    collective = False
+
+    def measure(self, bench: Bench) -> dict[str, Figure]:
+        raise NotImplementedError
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def rate_figure(nbytes: int, samples: list[float], method: str) -> Figure:
+    """A measured rate: ``nbytes`` over the median of ``samples`` seconds."""
+    seconds = statistics.median(samples)
+    return Figure(value=nbytes / seconds / GB, source="measured",
+                  method=f"{method}; {nbytes:,} bytes over the median of {len(samples)} "
+                         f"repeat(s), {seconds:.3f} s",
+                  samples=tuple(samples), bytes=int(nbytes), seconds=seconds)

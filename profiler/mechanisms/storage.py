@@ -1,0 +1,122 @@
+"""Whole-state checkpoints: DeepSpeed's synchronous save, CheckFreq's two phases, a host copy.
+
+Each times the very ``profiler.checkpointers`` object a validation run
+drives, so the cost model and the killed runs share one implementation.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from layercheck.calibration import Figure
+
+from ..checkpointers import FullCheckpointer, TwoPhaseCheckpointer, folder_bytes
+from ..state import TrainingState
+from .base import GB, Bench, Mechanism, rate_figure, timed
+
+__all__ = ["FullSave", "TwoPhase", "HostCopy", "PEER_GBPS", "PEER_LOSS"]
+
+PEER_GBPS = 1.25
+"""GEMINI's link to a peer's CPU memory: ASSUMED 10 Gb/s Ethernet (1.25 GB/s)."""
+PEER_LOSS = 0.05
+"""Chance a failure also takes the peer's copy: ASSUMED (the paper gives none)."""
+
+
+class FullSave(Mechanism):
+    """deepspeed: a synchronous full save of model and optimizer, and its load."""
+
+    name = "full save"
+    figures = ("save_gbps", "load_fixed_s", "load_gbps")
+    collective = True
+
+    def measure(self, bench: Bench) -> dict[str, Figure]:
+        ranks = bench.job.ranks
+        ckpt = FullCheckpointer(bench.job, bench.scratch("full"))
+        saves, loads, sizes = [], [], []
+        for i in range(bench.repeats):
+            ranks.barrier()
+            saved = ckpt.save(i + 1, 0)
+            saves.append(ranks.max(saved.stall_s))
+            sizes.append(saved.bytes)
+            ranks.barrier()
+            loads.append(ranks.max(timed(ckpt.load)[0]))
+        held = "sharded job" if ckpt.sharded else "engine"
+        where = (f"under the capture's {bench.job.setup} {held} on {ranks.world} ranks "
+                 "(the slowest rank's seconds, every rank's files)" if bench.zero
+                 else "a world-size-1 engine (ZeRO stage 0, fp32) around the capture's own "
+                      "model, optimizer and scheduler" if ckpt.engine is not None
+                 else "the capture's own model and optimizer state")
+        nbytes = int(statistics.median(sizes)) if ranks.leader else 0
+        save = rate_figure(nbytes, saves, f"{ckpt.method}, {where}; bytes = the tag folder")
+        load = rate_figure(nbytes, loads, "engine.load_checkpoint of that save into the live "
+                           "engine (module, optimizer, scheduler)" if ckpt.engine is not None
+                           else "torch.distributed.checkpoint.load of that save into the live "
+                           "shards, every rank its own" if ckpt.sharded
+                           else "the safetensors file read and copied into the live tensors")
+        fixed = Figure(value=0.0, source="derived",
+                       method="folded into load_gbps: the whole load (open, unpickle, copy into "
+                              "place) is timed and divided by its bytes")
+        return {"save_gbps": save, "load_fixed_s": fixed, "load_gbps": load}
+
+
+class TwoPhase(Mechanism):
+    """checkfreq: snapshot to host memory (blocking), persist in the background, load."""
+
+    name = "two-phase save"
+    figures = ("snapshot_gbps", "persist_gbps", "async_load_gbps")
+
+    def measure(self, bench: Bench) -> dict[str, Figure]:
+        job = bench.single()
+        ckpt = TwoPhaseCheckpointer(job, bench.scratch("two-phase"))
+        snaps, persists, loads, sizes = [], [], [], []
+        copied = TrainingState(job.model, job.optimizer, job.scheduler).nbytes()
+        for i in range(bench.repeats):
+            saved = ckpt.save(i + 1, 0)
+            snaps.append(saved.stall_s)
+            persists.append(ckpt.wait())
+            sizes.append(folder_bytes(ckpt.durable()[-1]))
+            loads.append(timed(ckpt.load)[0])
+        written = int(statistics.median(sizes))
+        where = bench.where()
+        return {
+            "snapshot_gbps": rate_figure(copied, snaps, f"the blocking part of {ckpt.method} "
+                                         f"(weights, Adam moments, steps), {where}"),
+            "persist_gbps": rate_figure(written, persists, "the rest of that async_save: from "
+                                        "its return to its future's completion (DCP's files "
+                                        "and .metadata written, fsynced)"),
+            "async_load_gbps": rate_figure(written, loads, "torch.distributed.checkpoint.load "
+                                           "of that save into the live tensors, then the "
+                                           "scheduler"),
+        }
+
+
+class HostCopy(Mechanism):
+    """gemini: a copy of the full state into preallocated host memory; the peer is assumed."""
+
+    name = "host copy"
+    figures = ("host_copy_gbps", "peer_gbps", "peer_loss_probability")
+
+    def measure(self, bench: Bench) -> dict[str, Figure]:
+        job = bench.single()
+        tensors = list(TrainingState(job.model, job.optimizer, job.scheduler).tensors().values())
+        buffers = [torch.empty_like(t, device="cpu") for t in tensors]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+
+        def copy() -> None:
+            for b, t in zip(buffers, tensors):
+                b.copy_(t)
+        copy()  # first touch of the buffers' pages is allocation, not copying
+        samples = [timed(copy)[0] for _ in range(bench.repeats)]
+        return {
+            "host_copy_gbps": rate_figure(nbytes, samples, "Tensor.copy_ of every state "
+                                          "tensor (weights, Adam moments, steps) into "
+                                          f"preallocated host buffers, {bench.where()}"),
+            "peer_gbps": Figure(value=PEER_GBPS, source="assumed",
+                                method="no peer node on one machine: a 10 Gb/s Ethernet link "
+                                       f"to the peer's CPU memory, {PEER_GBPS} GB/s"),
+            "peer_loss_probability": Figure(
+                value=PEER_LOSS, source="assumed",
+                method="the paper gives no figure; GEMINI places the copy on another node, so "
+                       "a failure rarely takes both (correlated node failures): 5%"),
+        }

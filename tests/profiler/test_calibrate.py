@@ -1,0 +1,68 @@
+"""Calibration: every figure of costs.json measured (or stated) on the tiny model's job."""
+from __future__ import annotations
+
+import pytest
+
+from layercheck.calibration import FIGURES, read_calibration
+from profiler.cli import main
+
+ASSUMED = {"peer_gbps", "peer_loss_probability", "diff_batch"}
+DERIVED = {"load_fixed_s"}
+
+
+@pytest.fixture
+def calibrated(calibrated_tiny):
+    return calibrated_tiny
+
+
+@pytest.mark.slow
+def test_every_figure_is_there_with_its_source_and_method(calibrated, capsys):
+    costs = read_calibration(calibrated)
+    assert set(costs.figures) == set(FIGURES)
+    for name, figure in costs.figures.items():
+        expected = "assumed" if name in ASSUMED else "derived" if name in DERIVED else "measured"
+        assert figure.source == expected, name
+        assert len(figure.method) > 40, name
+        if FIGURES[name].unit == "GB/s" and figure.source == "measured":
+            assert figure.value == pytest.approx(figure.bytes / figure.seconds / 1e9), name
+    assert costs.name == "tiny" and costs.full_bytes > 0
+    assert costs.model["label"] == "tiny" and "path" not in costs.model
+
+
+@pytest.mark.slow
+def test_the_figures_are_what_this_job_costs(calibrated, tiny_capture):
+    costs = read_calibration(calibrated)
+    trace = tiny_capture.trace
+    value = costs.value
+    assert value("restart_s") > 1  # a new interpreter importing torch and transformers
+    assert value("peer_gbps") == 1.25 and value("peer_loss_probability") == 0.05
+    assert value("diff_batch") == 2
+    # a differential keeps 1% of the entries: values (4 bytes) and int32 indices
+    assert 0.01 * 8 / 12 * 0.9 < value("diff_fraction") < 0.01 * 8 / 12 * 1.3
+    assert value("tracking_fraction") == pytest.approx(
+        trace.steps["drift_s"].sum() / trace.compute_seconds().sum())
+    assert costs.figures["lc_load_gbps"].bytes == trace.full_checkpoint_bytes
+    for name in ("save_gbps", "load_gbps", "snapshot_gbps", "persist_gbps", "async_load_gbps",
+                 "host_copy_gbps", "lc_write_gbps", "lc_load_gbps"):
+        # one full state: weights + two Adam moments, within headers and step counters
+        assert costs.figures[name].bytes == pytest.approx(trace.full_checkpoint_bytes, rel=0.2), name
+
+
+@pytest.mark.parametrize("args, words", [
+    (["calibrate", "--trace", "/no/such/trace"], "no such trace folder"),
+    (["calibrate", "--trace", "traces/qwen2.5-7b-synthetic"], "not a trace made by"),
+    (["calibrate", "--trace", "traces/minilm-1000steps", "--repeats", "0"], "repeats=0"),
+    (["calibrate", "--trace", "traces/minilm-1000steps", "--scratch", "/no/such"], "no such folder"),
+])
+def test_bad_calibrate_input_is_one_line_and_exit_2(args, words, capsys, monkeypatch):
+    from pathlib import Path
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_needs_a_trace(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["calibrate"])
+    assert exit_.value.code == 2 and "--trace" in capsys.readouterr().err

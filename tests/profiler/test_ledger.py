@@ -1,0 +1,83 @@
+"""The ledger of a real run: the simulator's accounting applied to workers' event logs, by hand."""
+from __future__ import annotations
+
+import pytest
+
+from profiler.ledger import WorkerLog, account
+
+
+def _step(t, job, step, compute=1.0, stall=0.0, tracking=0.0):
+    return {"event": "step", "time": t, "job": job, "step": step, "compute_s": compute,
+            "stall_s": stall, "tracking_s": tracking}
+
+
+def _resumed(t, job, step, sources=None):
+    return {"event": "resumed", "time": t, "job": job, "step": step, "sources": sources or {}}
+
+
+def test_a_rollback_run_by_hand():
+    # worker 0: time 0 at t=100; steps of 1 s compute, a 0.5 s save after step 2
+    w0 = WorkerLog(90.0, 104.2, [
+        {"event": "ready", "time": 99.0}, _resumed(100.0, 0, 0), _step(101.0, 0, 1),
+        _step(102.5, 0, 2, stall=0.5), _step(103.5, 0, 3)])
+    # killed at 104.2 (0.7 s into step 4); the next worker is ready at 110, resumes step 2 at 111
+    w1 = WorkerLog(104.2, None, [
+        {"event": "ready", "time": 110.0}, _resumed(111.0, 0, 2), _step(112.0, 0, 3),
+        _step(113.0, 0, 4), _step(120.5, 0, 5)])  # step 5 ends after the window
+    led = account([w0, w1], window_s=20.0)
+    assert led.useful_s == pytest.approx(4.0)  # steps 1, 2 of worker 0; 3, 4 of worker 1
+    assert led.lost_work_s == pytest.approx(1.0 + 0.7)  # step 3 rolled back, 0.7 s in flight
+    assert led.checkpoint_stall_s == pytest.approx(0.5)
+    assert (led.restart_s, led.load_s, led.recovery_s) == pytest.approx((5.8, 1.0, 6.8))
+    assert led.failures == 1 and led.resumed_at == [2] and led.stale_s == 0
+    assert led.effective_ratio == pytest.approx(4.0 / 20.0)
+    assert led.compute_median_s == pytest.approx(1.0)  # the run's own pace
+
+
+def test_stale_layers_discard_the_steps_after_their_copy():
+    shares = {"a": 0.25, "b": 0.75}
+    w0 = WorkerLog(0.0, 10.0, [_resumed(1.0, 0, 0), *[_step(1.0 + s, 0, s) for s in range(1, 8)]])
+    # resumes at 6 from a composite: layer a's copy is of step 3, b's of step 6
+    w1 = WorkerLog(10.0, None, [{"event": "ready", "time": 11.0},
+                                _resumed(12.0, 0, 6, {"a": 3, "b": 6}), _step(13.0, 0, 7)])
+    led = account([w0, w1], window_s=15.0, shares=shares)
+    assert led.stale_s == pytest.approx(0.25 * 3)  # a's updates of steps 4, 5, 6
+    assert led.useful_s == pytest.approx(7.0) and led.lost_work_s == pytest.approx(1.0 + 2.0)
+
+
+def test_a_second_recovery_does_not_discard_twice():
+    shares = {"a": 1.0}
+    w0 = WorkerLog(0.0, 10.0, [_resumed(0.0, 0, 0), *[_step(float(s), 0, s) for s in range(1, 7)]])
+    w1 = WorkerLog(10.0, 20.0, [_resumed(11.0, 0, 5, {"a": 2}), _step(12.0, 0, 6),
+                                _step(13.0, 0, 7)])
+    w2 = WorkerLog(20.0, None, [_resumed(21.0, 0, 7, {"a": 2})])
+    led = account([w0, w1, w2], window_s=30.0, shares=shares)
+    # first recovery: steps 3..5 discarded; second: only 6..7 (the job last resumed at 5)
+    assert led.stale_s == pytest.approx(3.0 + 2.0)
+
+
+def test_a_finished_job_is_never_rolled_back_and_the_next_starts_at_step_one():
+    w0 = WorkerLog(0.0, 9.0, [_resumed(0.0, 0, 0), _step(1.0, 0, 1), _step(2.0, 0, 2),
+                              {"event": "job_done", "time": 2.1, "job": 0},
+                              _resumed(2.2, 1, 0), _step(3.2, 1, 1)])
+    w1 = WorkerLog(9.0, None, [_resumed(12.0, 1, 0), _step(13.0, 1, 1),
+                               {"event": "job_done", "time": 13.1, "job": 1},
+                               _resumed(13.2, 2, 0)])
+    led = account([w0, w1], window_s=20.0)
+    assert led.jobs_done == 2 and led.useful_s == pytest.approx(3.0)
+    assert led.resumed_at == [0]  # a recovery; the start of job 2 is not one
+    assert (led.restart_s, led.load_s) == (3.0, 0.0)  # no ready event: all of it restart and led.lost_work_s == pytest.approx(1.0 + (9.0 - 3.2))
+
+
+def test_a_worker_killed_while_restarting_extends_the_recovery():
+    w0 = WorkerLog(0.0, 5.0, [_resumed(0.0, 0, 0), _step(1.0, 0, 1)])
+    w1 = WorkerLog(5.0, 8.0, [])  # killed before it was ready
+    w2 = WorkerLog(8.0, None, [{"event": "ready", "time": 9.0}, _resumed(10.0, 0, 0)])
+    led = account([w0, w1, w2], window_s=12.0)
+    assert led.failures == 2 and led.recovery_s == pytest.approx(5.0)
+    assert led.restart_s == pytest.approx(3.0 + 1.0) and led.load_s == pytest.approx(1.0)
+
+
+def test_no_time_zero_without_a_start():
+    with pytest.raises(ValueError, match="never started"):
+        account([WorkerLog(0.0, 1.0, [])], window_s=10.0)
