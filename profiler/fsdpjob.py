@@ -24,7 +24,6 @@ LR schedule, loss) and the same batch split, loss scaling and
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ import torch
 from torch import nn
 
 from .config import ZeroConfig
-from .job import PhaseTimes, adamw, predicted_tokens
+from .job import adamw
 from .models import ModelSource
 from .zerojob import ZeroJob
 
@@ -84,23 +83,13 @@ class FsdpJob(ZeroJob):
     def optimizer(self) -> torch.optim.Optimizer:
         return self.adam
 
-    def step(self, position: int) -> tuple[float, PhaseTimes]:
-        """One optimizer step on the batch at data ``position``; returns this rank's
-        share of the batch's mean loss and this rank's phase times (``optimizer_s``:
-        the optimizer and LR scheduler steps and zeroing the gradients)."""
-        batch = self.dataset.batch_at(position)
-        total = predicted_tokens(batch["labels"], self.source.objective)
-        mine = self._share(batch)
-        t0 = time.perf_counter()
-        summed = self._token_loss_sum(mine)
-        t1 = time.perf_counter()
-        (summed * (self.zero.ranks / total)).backward()
-        t2 = time.perf_counter()
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def update(self) -> None:
         self.adam.step()
         self.scheduler.step()
         self.adam.zero_grad(set_to_none=True)
-        t3 = time.perf_counter()
-        return float(summed.detach()) / total, PhaseTimes(t1 - t0, t2 - t1, t3 - t2)
 
     def make_layercheck(self, directory: Any, config: Any) -> Any:
         from layercheck.fsdp import FsdpLayerCheck

@@ -159,18 +159,26 @@ class ZeroJob(Job):
     def step(self, position: int) -> tuple[float, PhaseTimes]:
         """One optimizer step on the batch at data ``position``; returns this rank's
         share of the batch's mean loss and this rank's phase times (``optimizer_s``:
-        ``engine.step()``, which also steps the LR scheduler and zeroes the gradients)."""
+        ``update()``: under DeepSpeed ``engine.step()``, which also steps the LR scheduler
+        and zeroes the gradients)."""
         batch = self.dataset.batch_at(position)
         total = predicted_tokens(batch["labels"], self.source.objective)
         mine = self._share(batch)
         t0 = time.perf_counter()
         summed = self._token_loss_sum(mine)
         t1 = time.perf_counter()
-        self.engine.backward(summed * (self.zero.ranks / total))
+        self.backward(summed * (self.zero.ranks / total))
         t2 = time.perf_counter()
-        self.engine.step()
+        self.update()
         t3 = time.perf_counter()
         return float(summed.detach()) / total, PhaseTimes(t1 - t0, t2 - t1, t3 - t2)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def update(self) -> None:
+        """The optimizer and LR scheduler steps, and zeroing the gradients."""
+        self.engine.step()
 
     @torch.no_grad()
     def evaluate(self) -> float:
