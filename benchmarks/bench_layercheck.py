@@ -1,15 +1,26 @@
-"""Library benchmarks: drift overhead, stall vs bytes, write throughput, restore vs raw read, bytes saved.
+"""Library benchmarks: drift against a plain read, stall vs bytes, write throughput, restore vs raw read, bytes saved.
 
-    python benchmarks/bench_layercheck.py [--model minilm|tiny|both] [--steps 60] [--out docs/benchmarks-layercheck.json]
+    python benchmarks/bench_layercheck.py [--model minilm|tiny|both] [--steps 60] [--threads N]
+                                          [--out docs/benchmarks-layercheck.json]
+    python benchmarks/bench_layercheck.py --drift-ratio [--seqs 64,128] [--steps 30] [--repeats 20]
+                                          [--threads N] [--out docs/benchmarks-drift.json]
 
 Every ratio is measured side by side in this one run (this machine is noisy):
 the disk's sequential write and read bandwidth are measured right before the
-writer's throughput and the restore they are compared with; the drift
-variants (fused exact, torch-foreach exact, sampled with fixed blocks, and a
-pure read of w, m and v that no exact pass can beat) ride along on the same
-optimizer steps, in an order that rotates every step. The drift overhead is
-also measured without LayerCheck at larger batches (--drift-batches), since
-its cost is per parameter while the step's compute grows with the tokens.
+writer's throughput and the restore they are compared with.
+
+Drift (``--drift-ratio``, a run of its own): on the profiler's capture
+job (MiniLM-L6 masked LM, batch 8, ``--seqs`` tokens), the exact pass against
+its physical reference, one plain torch read of the same w, m and v
+(``ReadFloor``: ``.sum()`` of each, no arithmetic), measured in the same
+process: inside real training steps (all variants ride on the optimizer's
+step post-hook, in an order that rotates every step, so that none always
+runs first, right after the optimizer) and alone (back to back outside
+training, interleaved, ``--repeats`` times). Each step and each repeat gives
+one ratio; min and median are printed with the load average, and each
+variant's share of the step's compute. Variants: the exact tracker with
+torch's thread count (the default), the same held to one thread, and
+``drift_sampling=16``.
 """
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,11 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.drift import DriftTracker
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
-from layercheck.writer import LayerSnapshot, StepJob, Writer
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's layercheck and profiler, whatever is installed
+
+from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
+from layercheck.drift import DriftTracker  # noqa: E402
+from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.store import LocalStore  # noqa: E402
+from layercheck.writer import LayerSnapshot, StepJob, Writer  # noqa: E402
 
 
 def minilm():
@@ -86,27 +101,45 @@ class ReadFloor:
         return None, float("nan"), out
 
 
+class OneThread(DriftTracker):
+    """The exact tracker held to one thread: what the helper thread buys."""
+
+    @staticmethod
+    def _threads() -> int:
+        return 1
+
+
 class Riders:
     """Drift variants measured on the same optimizer steps: one step post-hook
     runs them in an order that rotates every step (no variant always runs first,
     right after the optimizer, or always last, before the next forward)."""
 
-    def __init__(self, opt, layers, sampling):
-        self.variants = {"exact": DriftTracker(opt, layers, sampling=1),
-                         "foreach": DriftTracker(opt, layers, sampling=1, fused=False),
-                         "floor": ReadFloor(opt)}
-        if sampling > 1:
-            self.variants["fixed"] = FixedBlocks(opt, layers, sampling=sampling)
+    def __init__(self, opt, variants: dict):
+        self.variants = variants
         for v in self.variants.values():
             if hasattr(v, "remove"):
                 v.remove()  # the rotating hook below calls them
         self._turn = 0
+        self.first = None
         self._handle = opt.register_step_post_hook(self._after_step)
 
+    @classmethod
+    def of_library(cls, opt, layers, sampling):
+        """The exact tracker (fused kernel), its torch fallback, the plain read and,
+        when sampling, the old fixed blocks."""
+        variants = {"exact": DriftTracker(opt, layers, sampling=1),
+                    "foreach": DriftTracker(opt, layers, sampling=1, fused=False),
+                    "floor": ReadFloor(opt)}
+        if sampling > 1:
+            variants["fixed"] = FixedBlocks(opt, layers, sampling=sampling)
+        return cls(opt, variants)
+
     def _after_step(self, opt, *args):
-        order = list(self.variants.values())
+        order = list(self.variants.items())
         k = self._turn % len(order)
-        for v in order[k:] + order[:k]:
+        order = order[k:] + order[:k]
+        self.first = order[0][0]
+        for _, v in order:
             v._after_step(opt, *args)
         self._turn += 1
 
@@ -134,7 +167,7 @@ def train(name, build, steps, cfg, directory):
     with LayerCheck(model, opt, directory, cfg, scheduler=sched) as lc:
         lc.restore()
         # the other drift variants ride along on the same steps, for cost and accuracy
-        riders = Riders(opt, layer_params(model), cfg.drift_sampling)
+        riders = Riders.of_library(opt, layer_params(model), cfg.drift_sampling)
         for _ in range(steps):
             ids = torch.randint(0, vocab, (batch, seq), generator=gen)
             t0 = time.perf_counter()
@@ -231,31 +264,106 @@ def accumulated_err(rows, key, window) -> float | None:
     return float(np.max(np.abs(e / x - 1)))
 
 
-def drift_at_batch(build, batch: int, steps: int) -> dict:
-    """Drift variants' cost next to the step's compute, without LayerCheck, at ``batch``."""
-    model, _, seq, vocab = build()
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01)
-    riders = Riders(opt, layer_params(model), 1)
-    gen = torch.Generator().manual_seed(0)
+def _ratios(values) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def drift_ratio(seq: int, steps: int, repeats: int, sampling: int = 16, warmup: int = 3) -> dict:
+    """The exact pass against one plain torch read of the same tensors, on the
+    capture job at ``seq`` tokens: in ``steps`` training steps and ``repeats``
+    times alone (see the module doc)."""
+    from profiler.config import CaptureConfig
+    from profiler.plainjob import PlainJob
+    trainer = PlainJob.prepare(CaptureConfig(model="minilm", seq_len=seq, steps=warmup + steps,
+                                             threads=torch.get_num_threads()), say=lambda _: None)
+    opt, batch = trainer.optimizer, trainer.config.batch_size
+    layers = layer_params(trainer.model)
+    variants = {"exact": DriftTracker(opt, layers), "exact_1thread": OneThread(opt, layers),
+                "sampled": DriftTracker(opt, layers, sampling=sampling), "read": ReadFloor(opt)}
+    riders = Riders(opt, variants)
     rows = []
-    for _ in range(steps):
-        ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    for step in range(warmup + steps):  # the warm-up steps compile the kernel, build plans
         t0 = time.perf_counter()
-        loss_of(model, ids).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        trainer.step(step * batch)
         elapsed = time.perf_counter() - t0
         taken = riders.take()
-        rows.append({"train_s": elapsed - sum(s for _, _, s in taken.values()),
-                     **{f"{k}_s": v[2] for k, v in taken.items()}})
+        if step >= warmup:
+            rows.append({"step_s": elapsed - sum(s for _, _, s in taken.values()),
+                         "first": riders.first, "load": os.getloadavg()[0],
+                         **{f"{k}_s": v[2] for k, v in taken.items()}})
     riders.remove()
-    steady = rows[max(2, len(rows) // 4):]
-    out = {"batch": batch, "seq": seq, "steps": steps,
-           "step_s_median": statistics.median(r["train_s"] for r in steady)}
-    for k in ("exact", "foreach", "floor"):
-        out[f"{k}_s_median"] = statistics.median(r[f"{k}_s"] for r in steady)
-        out[f"{k}_overhead"] = out[f"{k}_s_median"] / out["step_s_median"]
+    alone = _alone(variants, opt, repeats)
+    ms = {k: 1e3 * statistics.median(r[f"{k}_s"] for r in rows) for k in variants}
+    loads = [r["load"] for r in rows] + [a["load"] for a in alone]
+    return {
+        "model": "minilm", "batch": batch, "seq": seq, "steps": steps, "repeats": repeats,
+        "sampling": sampling, "threads": torch.get_num_threads(),
+        "in_step": {
+            "exact_over_read": _ratios([r["exact_s"] / r["read_s"] for r in rows]),
+            "exact_1thread_over_read": _ratios([r["exact_1thread_s"] / r["read_s"] for r in rows]),
+            "sampled_over_read": _ratios([r["sampled_s"] / r["read_s"] for r in rows]),
+            "ms_median": ms, "step_ms_median": 1e3 * statistics.median(r["step_s"] for r in rows),
+            "share_of_step": {k: _ratios([r[f"{k}_s"] / r["step_s"] for r in rows]) for k in variants},
+            # right after optimizer.step(), torch's OpenMP threads may still hold the cores
+            "ms_median_when_first": {k: _median_ms(r[f"{k}_s"] for r in rows if r["first"] == k)
+                                     for k in variants},
+            "ms_median_otherwise": {k: _median_ms(r[f"{k}_s"] for r in rows if r["first"] != k)
+                                    for k in variants}},
+        "alone": {
+            "exact_over_read": _ratios([a["exact_s"] / a["read_s"] for a in alone]),
+            "exact_1thread_over_read": _ratios([a["exact_1thread_s"] / a["read_s"] for a in alone]),
+            "ms_median": {k: 1e3 * statistics.median(a[f"{k}_s"] for a in alone) for k in variants},
+            "ms_min": {k: 1e3 * min(a[f"{k}_s"] for a in alone) for k in variants}},
+        "load": {"min": min(loads), "max": max(loads)},
+        "provisional": max(loads) > QUIET_LOAD,
+        "rows": rows, "alone_rows": alone}
+
+
+def _median_ms(seconds) -> float:
+    seconds = list(seconds)
+    return 1e3 * statistics.median(seconds) if seconds else float("nan")
+
+
+QUIET_LOAD = 2.0
+"""A 1-minute load average above this (on 2 cores) marks a run provisional."""
+
+
+def _alone(variants: dict, opt, repeats: int) -> list[dict]:
+    """Each variant's pass back to back, outside training, in rotating order."""
+    for p in (p for g in opt.param_groups for p in g["params"]):
+        if p.grad is None:  # the trackers measure what an optimizer step moved
+            p.grad = torch.zeros_like(p)
+    names = list(variants)
+    out = []
+    for r in range(repeats):
+        row = {"load": os.getloadavg()[0]}
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            variants[name]._after_step(opt)
+            variants[name].take()
+            row[f"{name}_s"] = time.perf_counter() - t0
+        out.append(row)
     return out
+
+
+def print_drift_ratio(d: dict) -> None:
+    i, a = d["in_step"], d["alone"]
+    share = i["share_of_step"]
+    print(f"drift, MiniLM capture job, batch {d['batch']} x {d['seq']}, {d['threads']} torch threads: "
+          f"exact / plain read of w, m, v: in the step min {i['exact_over_read']['min']:.2f}, median "
+          f"{i['exact_over_read']['median']:.2f} ({d['steps']} steps; exact {i['ms_median']['exact']:.1f} ms, "
+          f"read {i['ms_median']['read']:.1f} ms, medians); alone min {a['exact_over_read']['min']:.2f}, "
+          f"median {a['exact_over_read']['median']:.2f} ({d['repeats']} repeats; exact "
+          f"{a['ms_median']['exact']:.1f} ms, read {a['ms_median']['read']:.1f} ms)", flush=True)
+    print(f"  share of the step ({i['step_ms_median']:.0f} ms, median): exact "
+          f"{100 * share['exact']['median']:.2f}%, sampled ({d['sampling']}) "
+          f"{100 * share['sampled']['median']:.2f}% (min {100 * share['sampled']['min']:.2f}%), read "
+          f"{100 * share['read']['median']:.2f}%; exact on one thread / read: in the step median "
+          f"{i['exact_1thread_over_read']['median']:.2f}, alone {a['exact_1thread_over_read']['median']:.2f}; "
+          f"right after the optimizer / otherwise: exact {i['ms_median_when_first']['exact']:.1f} / "
+          f"{i['ms_median_otherwise']['exact']:.1f} ms, read {i['ms_median_when_first']['read']:.1f} / "
+          f"{i['ms_median_otherwise']['read']:.1f} ms; load average {d['load']['min']:.1f}-{d['load']['max']:.1f}"
+          + (" (provisional: not a quiet machine)" if d["provisional"] else ""), flush=True)
 
 
 def bench(name, build, steps, tmp: Path, sampling: int | None) -> dict:
@@ -272,6 +380,7 @@ def bench(name, build, steps, tmp: Path, sampling: int | None) -> dict:
         if f"{key}_s" in steady[0]:
             out[f"{key}_s_median"] = statistics.median(r[f"{key}_s"] for r in steady)
             out[f"{key}_overhead"] = out[f"{key}_s_median"] / out["step_s_median"]
+    out["exact_over_floor"] = _ratios([r["exact_drift_s"] / r["read_floor_s"] for r in steady])
     out["foreach_max_rel_diff"] = max(r["foreach_rel_diff"] for r in rows)
     out["drift_sampling"] = cfg.drift_sampling
     out["sampled_drift_max_rel_err"] = max(r["drift_rel_err"] for r in rows)
@@ -310,21 +419,47 @@ def bench(name, build, steps, tmp: Path, sampling: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["minilm", "tiny", "both"], default="both")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--drift-batches", default="8,32",
-                    help="MiniLM batch sizes for the drift-only runs (comma-separated; empty: none)")
-    ap.add_argument("--drift-steps", type=int, default=24, help="steps of each drift-only run")
-    ap.add_argument("--out", default="docs/benchmarks-layercheck.json")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps of each LayerCheck run (default 60), or with --drift-ratio of "
+                         "each drift run (default 30)")
+    ap.add_argument("--drift-ratio", action="store_true",
+                    help="only the drift pass against a plain read (see the module doc)")
+    ap.add_argument("--seqs", default="64,128",
+                    help="--drift-ratio: tokens per sequence of each run (comma-separated)")
+    ap.add_argument("--repeats", type=int, default=20, help="--drift-ratio: passes alone, per variant")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's, one per core)")
+    ap.add_argument("--out", default=None, help="JSON results (default: docs/benchmarks-layercheck.json, "
+                                                "or docs/benchmarks-drift.json)")
     ap.add_argument("--drift-sampling", type=int, default=None,
                     help="LayerCheckConfig.drift_sampling for the run (default: the library's)")
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        seqs = [int(x) for x in args.seqs.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--seqs {args.seqs!r}: give token counts separated by commas, e.g. 64,128")
+    if min(seqs + [args.repeats, args.steps or 1]) < 1 or not seqs:
+        ap.error("--seqs, --steps and --repeats must be at least 1")
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    command = ("python benchmarks/bench_layercheck.py " + " ".join(sys.argv[1:])).strip()
+    if args.drift_ratio:
+        drift = []
+        for seq in seqs:
+            drift.append(drift_ratio(seq, args.steps or 30, args.repeats))
+            print_drift_ratio(drift[-1])
+        out = args.out or "docs/benchmarks-drift.json"
+        Path(out).write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d"),
+                                         "machine": machine(), "drift": drift}, indent=1) + "\n")
+        print(f"wrote {out}")
+        return
     builders = {"tiny": tiny, "minilm": minilm}
     names = ["tiny", "minilm"] if args.model == "both" else [args.model]
     results = []
-    print(f"load average at start: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for name in names:
-            results.append(bench(name, builders[name], args.steps, Path(tmp), args.drift_sampling))
+            results.append(bench(name, builders[name], args.steps or 60, Path(tmp), args.drift_sampling))
             r = results[-1]
             print(f"{name}: step {r['step_s_median']*1e3:.1f} ms, drift {r['drift_s_median']*1e3:.2f} ms "
                   f"({100*r['drift_overhead']:.2f}%; exact {100*r['exact_drift_overhead']:.2f}%, "
@@ -335,34 +470,29 @@ def main() -> None:
             print(f"{name}: drift exact fused {r['exact_drift_s_median']*1e3:.2f} ms "
                   f"({100*r['exact_drift_overhead']:.2f}%), foreach {r['foreach_drift_s_median']*1e3:.2f} ms "
                   f"({100*r['foreach_drift_overhead']:.2f}%), read floor {r['read_floor_s_median']*1e3:.2f} ms "
-                  f"({100*r['read_floor_overhead']:.2f}%); sampled accumulated err over 50 steps: "
+                  f"({100*r['read_floor_overhead']:.2f}%); exact / read per step: min "
+                  f"{r['exact_over_floor']['min']:.2f}, median {r['exact_over_floor']['median']:.2f}; "
+                  f"load average {os.getloadavg()[0]:.1f}; sampled accumulated err over 50 steps: "
                   f"rotating {r['sampled_accumulated_50_max_rel_err']}, fixed {r['fixed_accumulated_50_max_rel_err']}",
                   flush=True)
-    by_batch = []
-    if "minilm" in names:
-        for batch in [int(b) for b in args.drift_batches.split(",") if b.strip()]:
-            by_batch.append(drift_at_batch(minilm, batch, args.drift_steps))
-            b = by_batch[-1]
-            print(f"minilm batch {batch}: step {b['step_s_median']*1e3:.0f} ms, drift exact fused "
-                  f"{b['exact_s_median']*1e3:.2f} ms ({100*b['exact_overhead']:.2f}%), foreach "
-                  f"{b['foreach_s_median']*1e3:.2f} ms ({100*b['foreach_overhead']:.2f}%), read floor "
-                  f"{b['floor_s_median']*1e3:.2f} ms ({100*b['floor_overhead']:.2f}%)", flush=True)
-    Path(args.out).write_text(json.dumps({"machine": machine(), "results": results,
-                                          "drift_by_batch": by_batch}, indent=2) + "\n")
+    out = args.out or "docs/benchmarks-layercheck.json"
+    Path(out).write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d"),
+                                     "machine": machine(), "results": results}, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 def machine() -> dict:
-    out = {"torch": torch.__version__, "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+    import platform
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    out = {"cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "python": platform.python_version(),
            "numba": None, "load_average_at_end": os.getloadavg()}
     try:
         import numba
     except ImportError:
         return out
     out["numba"] = numba.__version__
-    try:
-        out["numba_threading_layer"] = numba.threading_layer()
-    except ValueError:  # no parallel kernel ran
-        pass
     return out
 
 

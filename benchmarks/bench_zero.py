@@ -13,7 +13,12 @@ ranks, against the same tracker and kernel on one rank (plain ``LayerCheck``
 with the profiler's plain trainer, in rank 0's process, while rank 1 waits).
 The two take turns of ``--turn-steps`` steps, ``--rounds`` times, the order
 alternating; each round gives one ratio (the ZeRO-3 turn's median step over
-the one-rank turn's), and the load average is recorded at every round. Thresholds are infinite and
+the one-rank turn's), and the load average is recorded at every round. Each
+step also times the pass's physical reference right after it: one plain
+torch read (``.sum()``) of the w, m and v that the rank's pass reads (under
+ZeRO-3 its fp32 partitions and their moments), so that each job also gives
+the ratio of ``bench_layercheck.py --drift-ratio``, drift over a plain read,
+per step. Thresholds are infinite and
 the warm-up longer than the run, so nothing is written: no background writer
 competes with the hook.
 
@@ -174,8 +179,8 @@ def drift_worker(args: argparse.Namespace) -> int:
     from layercheck import LayerCheck, LayerCheckConfig
     from layercheck.zero import ZeroLayerCheck
     from profiler.config import CaptureConfig, ZeroConfig
-    from profiler.trainer import Trainer
-    from profiler.zerojob import ZeroTrainer, init_distributed
+    from profiler.plainjob import PlainJob
+    from profiler.zerojob import ZeroJob, init_distributed
     rank, world = init_distributed()
     steps = 2 * (args.warmup + args.rounds * args.turn_steps)
     config = CaptureConfig(model="minilm", steps=steps, threads=THREADS)
@@ -183,17 +188,17 @@ def drift_worker(args: argparse.Namespace) -> int:
     quiet = LayerCheckConfig(base_threshold=math.inf, embedding_threshold=math.inf,
                              smax=10 ** 9, warmup_steps=10 ** 9)
     root = Path(args.ckpt)
-    zero = ZeroTrainer.prepare(ZeroConfig(capture=config, ranks=world))
+    zero = ZeroJob.prepare(ZeroConfig(capture=config, ranks=world), say=lambda _: None)
     jobs = {"zero3": (zero, ZeroLayerCheck(zero.engine, str(root / "zero"), quiet,
                                            scheduler=zero.scheduler))}
     if rank == 0:
-        plain = Trainer.prepare(config, "cpu")
+        plain = PlainJob.prepare(config, say=lambda _: None)
         jobs["one_rank"] = (plain, LayerCheck(plain.model, plain.optimizer, root / "plain", quiet,
                                               scheduler=plain.scheduler))
     positions = dict.fromkeys(("zero3", "one_rank"), 0)
 
-    def turn(name: str, n: int) -> list[float]:
-        out = []
+    def turn(name: str, n: int) -> tuple[list[float], list[float], list[float]]:
+        drift, hook, read = [], [], []
         if name in jobs:  # rank 1 sits out the one-rank turns at the barrier below
             trainer, lc = jobs[name]
             for _ in range(n):
@@ -202,10 +207,12 @@ def drift_worker(args: argparse.Namespace) -> int:
                 if name == "zero3":
                     # untimed: take()'s all-reduce must not time the other rank's step
                     dist.barrier()
-                out.append(lc.step().drift_s)
+                hook.append(lc.drift.seconds)  # the pass alone, inside engine.step()
+                drift.append(lc.step().drift_s)  # + take(): under ZeRO-3 the all-reduce
                 assert lc.drift.fused_params > 0, "the fused kernel must serve both"
+                read.append(plain_read_s(lc))
         dist.barrier()
-        return out
+        return drift, hook, read
 
     for name in ("zero3", "one_rank"):
         turn(name, args.warmup)  # numba compiles, kernel plans are built
@@ -213,13 +220,29 @@ def drift_worker(args: argparse.Namespace) -> int:
     for r in range(args.rounds):
         row = {"round": r, "load": os.getloadavg()[0]}
         for name in (("zero3", "one_rank") if r % 2 == 0 else ("one_rank", "zero3")):
-            row[name] = turn(name, args.turn_steps)
+            row[name], row[f"{name}_hook"], row[f"{name}_read"] = turn(name, args.turn_steps)
         rounds.append(row)
     for _, lc in jobs.values():
         lc.close()
     if rank == 0:
         Path(args.result).write_text(json.dumps({"rounds": rounds, "ranks": world}))
     return 0
+
+
+def plain_read_s(lc) -> float:
+    """Seconds of one plain torch read of the tensors this rank's drift pass
+    reads: each w (a parameter, or under ZeRO an fp32 partition), exp_avg and
+    exp_avg_sq, ``.sum()`` of each."""
+    import torch
+    state = lc.source.optimizer.state
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for tensors in lc.source.drift_layers():
+            for t in tensors:
+                s = state.get(t)
+                if s and "exp_avg" in s:
+                    t.sum(), s["exp_avg"].sum(), s["exp_avg_sq"].sum()
+    return time.perf_counter() - t0
 
 
 def run_drift_ratio(args: argparse.Namespace) -> dict:
@@ -230,6 +253,9 @@ def run_drift_ratio(args: argparse.Namespace) -> dict:
     # medians of the turns: a load spike on this shared machine stretches single steps
     ratios = [statistics.median(r["zero3"]) / statistics.median(r["one_rank"]) for r in rows]
     loads = [r["load"] for r in rows]
+    over_read = {f"{name}{part}": [d / x for r in rows
+                                   for d, x in zip(r[f"{name}{part}"], r[f"{name}_read"])]
+                 for name in ("zero3", "one_rank") for part in ("", "_hook")}
     return {"command": ("python benchmarks/bench_zero.py " + " ".join(sys.argv[1:])).strip(),
             "date": time.strftime("%Y-%m-%d"), "wall_s": out["wall_s"],
             "machine": machine(), "threads_per_rank": THREADS, "model": "minilm",
@@ -237,6 +263,14 @@ def run_drift_ratio(args: argparse.Namespace) -> dict:
             "ratios": ratios, "load_min": min(loads), "load_max": max(loads),
             "zero3_ms_median": 1e3 * statistics.median(x for r in rows for x in r["zero3"]),
             "one_rank_ms_median": 1e3 * statistics.median(x for r in rows for x in r["one_rank"]),
+            # drift over one plain read of the same tensors, per step (bench_layercheck's ratio);
+            # "_hook": the pass inside the step alone, without take()'s all-reduce
+            **{f"{name}_over_read_{f.__name__}": f(v) for name, v in over_read.items()
+               for f in (min, statistics.median)},
+            "zero3_read_ms_median": 1e3 * statistics.median(
+                x for r in rows for x in r["zero3_read"]),
+            "one_rank_read_ms_median": 1e3 * statistics.median(
+                x for r in rows for x in r["one_rank_read"]),
             "rounds": rows}
 
 
@@ -367,8 +401,13 @@ def main() -> int:
         print(f"drift tracking per step, ZeRO-3 (2 ranks) / one rank, same kernel, "
               f"{len(doc['ratios'])} interleaved rounds: min {doc['ratio_min']:.3f}, median "
               f"{doc['ratio_median']:.3f} (ZeRO-3 {doc['zero3_ms_median']:.1f} ms, one rank "
-              f"{doc['one_rank_ms_median']:.1f} ms, medians); load average "
-              f"{doc['load_min']:.1f}-{doc['load_max']:.1f}; wrote {out}")
+              f"{doc['one_rank_ms_median']:.1f} ms, medians); drift / plain read of the same "
+              f"w, m, v per step: ZeRO-3 min {doc['zero3_over_read_min']:.2f}, median "
+              f"{doc['zero3_over_read_median']:.2f} (the pass alone: median "
+              f"{doc['zero3_hook_over_read_median']:.2f}; read {doc['zero3_read_ms_median']:.1f} ms), "
+              f"one rank min {doc['one_rank_over_read_min']:.2f}, median "
+              f"{doc['one_rank_over_read_median']:.2f} (read {doc['one_rank_read_ms_median']:.1f} ms); "
+              f"load average {doc['load_min']:.1f}-{doc['load_max']:.1f}; wrote {out}")
         return 0
     if min(args.segments, args.segment_steps, args.warmup, args.jobs) < 1:
         ap.error("--segments, --segment-steps, --warmup and --jobs must be at least 1")

@@ -293,13 +293,19 @@ class DriftTracker:
         eps_c, alpha, factor = np.array(terms).T
         raw_moved, raw_size = plan.run(np.array(ptr, dtype=np.int64), eps_c.astype(np.float32),
                                        alpha.astype(np.float32), self._phase % self.sampling,
-                                       torch.get_num_threads())
+                                       self._threads())
         entries = [self._all[i] for i in chosen]
         layer = np.array([e.layer for e in entries])
         scale = np.array([e.scale for e in entries])
         moved += np.bincount(layer, raw_moved * factor * scale, minlength=len(moved))
         size += np.bincount(layer, raw_size * scale, minlength=len(size))
         return moved, size, {id(e) for e in entries}
+
+    @staticmethod
+    def _threads() -> int:
+        """Threads the kernel may use: torch's own count, so that the pass takes
+        the cores training uses and no more (see layercheck.kernels, Threads)."""
+        return torch.get_num_threads()
 
     # -- the torch path ----------------------------------------------------------
     def _layer_sums(self, entries: list[_Entry], updates: dict[int, _Adam]) -> tuple[float, float]:

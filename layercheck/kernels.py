@@ -1,7 +1,7 @@
-"""Fused drift sums: one pass over w, exp_avg and exp_avg_sq (numba; optional).
+"""Drift sums in one streaming pass over w, exp_avg and exp_avg_sq (numba; optional).
 
-Contract. ``FusedPass(extents).run(ptr, eps_c, alpha, phase)`` returns, for
-each entry k (one parameter), the two sums that ``DriftTracker`` needs:
+Contract. ``FusedPass(extents).run(ptr, eps_c, alpha, phase, threads)`` returns,
+for each entry k (one parameter), the two sums that ``DriftTracker`` needs:
 
     moved[k] = sum |(1 / (sqrt(v + TINY) + eps_c[k])) * m + alpha[k] * w|
     size[k]  = sum |w|
@@ -11,10 +11,10 @@ element arithmetic is strict IEEE fp32 in the same order as the foreach path
 (+TINY, sqrt, +eps_c, reciprocal, *m, +alpha w; no fast-math), so an element's
 value is the one the foreach path computes up to one rounding (torch may fuse
 the last multiply-add). Only the summation order is free: fp32 partial sums
-over runs of at most SUM_BLOCK elements (relative error <= (SUM_BLOCK-1) u =
-3.8e-6 in any order, all terms being >= 0), accumulated in float64 per
-segment, and segments summed in a fixed order: the result does not depend on
-the number of threads.
+over consecutive blocks of at most SUM_BLOCK elements (relative error <=
+(SUM_BLOCK-1) u = 3.8e-6 in any order, all terms being >= 0), accumulated in
+float64 per segment, and segments summed in a fixed order: the result does
+not depend on the number of threads.
 
 Inputs (the caller checks them; nothing here can):
 ``ptr[k] = (w, m, v)`` addresses of contiguous CPU fp32 tensors of
@@ -25,37 +25,72 @@ An extent ``(numel, span, take)`` with ``take < span`` is sampled: of the first
 consecutive elements starting at ``(phase * take) % span`` (a block that
 rotates with ``phase``); ``take == span`` measures every element.
 
+Streaming. The pass walks each tensor from start to end in blocks of
+SUM_BLOCK elements addressed from the tensor's base (no slices, no per-run
+array objects), and each block's loop vectorises: on a 2-core Xeon its
+arithmetic (one sqrt and one division per element) runs at about 1.1 cycles
+per element, under the time the memory takes to deliver the three tensors,
+so the pass costs about one plain read of them.
+
+Threads. A pass runs on the calling thread and on up to ``threads - 1``
+helper threads of this module (plain Python threads; the kernel releases the
+GIL), which pull pieces of the pass until none is left: a helper that the OS
+has not yet scheduled leaves its pieces to the others instead of holding
+everyone up. Between passes the helpers block on a queue, so after a pass
+the cores go straight back to torch. Numba's own parallel layers are not
+used, for three reasons measured on numba 0.68: their threads are a third
+pool beside torch's OpenMP threads on the same cores; the GNU OpenMP layer
+aborts any process forked after it ran ("fork() called from a process
+already using GNU OpenMP"); and a serial twin compiled from the same
+function with ``cache=True`` shares the parallel kernel's cache entry
+(numba's cache index does not key on ``parallel``), so the "serial" twin
+that a forked child was meant to run loaded the parallel code. Here there
+is one compiled kernel, and a process forked after a pass hires its own
+helpers on its first pass (its parent's threads do not exist in it).
+
 Zero-copy: the kernel views the tensors' memory through their addresses (one
-call for the whole model; a call per tensor would cost a parallel launch
-each). This module needs numba; ``layercheck.drift`` imports it on first use
-and keeps its torch path where the import fails.
+call for the whole model, or for a piece of it). This module needs numba;
+``layercheck.drift`` imports it on first use and keeps its torch path where
+the import fails.
 """
 from __future__ import annotations
 
 import os
+import queue
 import threading
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numba
 import numpy as np
-from numba import njit, prange, types
+from llvmlite import ir
+from numba import njit, types
 from numba.extending import intrinsic
 
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    # numba's GNU OpenMP layer aborts any process forked after it ran ("fork() called
-    # from a process already using GNU OpenMP"), which would kill DataLoader workers
-    # and forked trainers; the workqueue layer is fork-safe (one caller at a time,
-    # which a training loop's hook is)
-    numba.config.THREADING_LAYER = "workqueue"
-
-__all__ = ["CHUNK", "SUM_BLOCK", "TINY", "Extent", "FusedPass"]
+__all__ = ["CHUNK", "SUM_BLOCK", "TINY", "PER_THREAD", "PREFETCH_RUNS", "Extent", "FusedPass",
+           "warm"]
 
 CHUNK = 1 << 16
-"""Elements per segment: 768 KiB of w, m and v, a unit of work for one thread."""
+"""Elements of address range per segment: the unit whose sums are kept apart
+(768 KiB of w, m and v when exact)."""
 SUM_BLOCK = 64
 """Elements per fp32 partial sum (bounds its relative error by 63 u)."""
 TINY = np.float32(1e-30)
 """Added to v before sqrt, as the torch path does (see drift._TINY): no result changes."""
+PER_THREAD = 1 << 18
+"""Elements a thread must have to read before a pass takes it on: below
+that, waking a helper costs more than it saves (a small model's pass stays
+on the calling thread)."""
+PREFETCH_RUNS = 8
+"""Sampled runs requested from memory ahead of the one being summed. A sampled
+block is 256 bytes of each 4 KiB page, and the hardware prefetchers stop at
+page boundaries: without asking ahead, the pass would wait for memory at
+every block (on MiniLM, one thread, asking ahead made the sampled pass about
+1.4x faster)."""
+_LINE = 64
+"""Bytes per cache line."""
+_PIECES_PER_THREAD = 4
+"""Pieces per thread a pass is cut into, so that a late or preempted thread
+leaves work for the others instead of making them wait at the end."""
 
 
 class Extent(NamedTuple):
@@ -65,70 +100,137 @@ class Extent(NamedTuple):
 
 
 class FusedPass:
-    """Segment and job tables for a fixed list of extents (built once, run every step)."""
+    """The segments of a fixed list of extents (built once, run every step).
+
+    One ``run`` at a time per instance (its result buffer is reused); two
+    instances may run at once from two threads."""
 
     def __init__(self, extents: Sequence[tuple[int, int, int]]) -> None:
         extents = [Extent(*e) for e in extents]
         segments = [s for k, e in enumerate(extents) for s in _segments(k, e)]
         self.entries = len(extents)
-        self.numel = np.array([e.numel for e in extents], dtype=np.int64)
         self.seg = np.array(segments, dtype=np.int64).reshape(-1, 5)
-        self.jobs = _jobs(self.seg)
+        read = (self.seg[:, 2] - self.seg[:, 1]) * self.seg[:, 4] // np.maximum(self.seg[:, 3], 1)
+        self._cost = np.cumsum(read + SUM_BLOCK)  # a segment's fixed cost counts a little
+        self._cuts: dict[int, np.ndarray] = {}
         self._out = np.zeros((len(self.seg), 2))
 
     def run(self, ptr: np.ndarray, eps_c: np.ndarray, alpha: np.ndarray,
             phase: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
-        """(moved, size) per entry, float64; see the module doc."""
-        _parallel_or_serial()(ptr, self.numel, eps_c, alpha, self.seg, self.jobs, phase,
-                              self._out, threads)
+        """(moved, size) per entry, float64; see the module doc. ``threads``: at
+        most this many threads, the caller's included (the caller passes
+        torch's own count, so the pass never uses more cores than training)."""
+        if len(self.seg):
+            cuts = self._pieces(threads)
+            if len(cuts) == 2:
+                _sums(ptr, eps_c, alpha, self.seg, 0, len(self.seg), phase, self._out)
+            else:
+                def piece(i: int) -> None:
+                    _sums(ptr, eps_c, alpha, self.seg, cuts[i], cuts[i + 1], phase, self._out)
+                _crew().run(len(cuts) - 1, piece, helpers=min(threads, len(cuts) - 1) - 1)
         k = self.seg[:, 0]
         return (np.bincount(k, self._out[:, 0], minlength=self.entries),
                 np.bincount(k, self._out[:, 1], minlength=self.entries))
 
-
-_PARALLEL_PID: int | None = None
-"""The process whose numba threads ran the parallel kernel (None: not yet)."""
-
-
-def _parallel_or_serial():
-    """The parallel kernel, or in a process forked after its parent ran it, the
-    serial twin: numba's threading layers are not fork-safe (a forked child
-    that re-enters them can hang), and a child must never hang in a hook.
-    Both compute the same sums: summation order is fixed per segment."""
-    global _PARALLEL_PID
-    if _PARALLEL_PID is None:
-        _PARALLEL_PID = os.getpid()
-    if _PARALLEL_PID != os.getpid():
-        return _run_serial
-    return _run_parallel
+    def _pieces(self, threads: int) -> np.ndarray:
+        """Segment indices that cut the pass into pieces of about equal cost."""
+        total = int(self._cost[-1]) if len(self._cost) else 0
+        threads = max(1, min(threads, total // PER_THREAD))
+        cuts = self._cuts.get(threads)
+        if cuts is None:
+            pieces = 1 if threads == 1 else threads * _PIECES_PER_THREAD
+            inner = np.searchsorted(self._cost, total * np.arange(1, pieces) / pieces, side="right")
+            cuts = self._cuts[threads] = np.unique(np.concatenate(
+                [[0], inner, [len(self.seg)]])).astype(np.int64)
+        return cuts
 
 
-_PARALLEL_LOCK = threading.Lock()
-"""The workqueue layer takes one parallel call at a time: two trackers stepping
-from two threads must queue, not crash the process."""
+# -- the helper threads ------------------------------------------------------------
+class _Call:
+    """One pass cut into pieces: whoever is free takes the next piece."""
+
+    def __init__(self, pieces: int, work: Callable[[int], None]) -> None:
+        self._pieces, self._work = pieces, work
+        self._next = 0
+        self._open = pieces
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def work(self) -> None:
+        while True:
+            with self._lock:
+                i, self._next = self._next, self._next + 1
+            if i >= self._pieces:
+                return
+            try:
+                self._work(i)
+            except BaseException as exc:  # re-raised on the calling thread by wait()
+                self._error = self._error or exc
+            finally:
+                with self._lock:
+                    self._open -= 1
+                    if self._open == 0:
+                        self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
 
 
-def _run_parallel(ptr, numel, eps_c, alpha, seg, jobs, phase, out, threads):
-    with _PARALLEL_LOCK:
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-        _fused_sums(ptr, numel, eps_c, alpha, seg, jobs, phase, out)
+class _Crew:
+    """A process's helper threads: they wait on a queue (blocking, not spinning)
+    and join whatever pass is queued."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def run(self, pieces: int, work: Callable[[int], None], helpers: int) -> None:
+        """Run ``work(i)`` for every piece i, here and on up to ``helpers`` helpers."""
+        call = _Call(pieces, work)
+        self._hire(helpers)
+        for _ in range(helpers):
+            self._calls.put(call)
+        call.work()
+        call.wait()
+
+    def _hire(self, helpers: int) -> None:
+        with self._lock:
+            while len(self._threads) < helpers:
+                t = threading.Thread(target=self._serve, daemon=True,
+                                     name=f"layercheck-drift-{len(self._threads) + 1}")
+                t.start()
+                self._threads.append(t)
+
+    def _serve(self) -> None:
+        while True:
+            self._calls.get().work()
 
 
-def _run_serial(ptr, numel, eps_c, alpha, seg, jobs, phase, out, threads):
-    _fused_sums_serial(ptr, numel, eps_c, alpha, seg, jobs, phase, out)
+_CREW: _Crew | None = None
+
+
+def _crew() -> _Crew:
+    """This process's helpers; a forked child hires its own (its parent's
+    threads were not copied into it, and their locks may be held)."""
+    global _CREW
+    if _CREW is None or _CREW.pid != os.getpid():
+        _CREW = _Crew()
+    return _CREW
 
 
 def warm() -> None:
-    """Compile (or load from the cache) both kernels now, e.g. before forking
+    """Compile (or load from the cache) the kernel now, e.g. before forking
     workers, so that no process pays the JIT inside a training step."""
-    w = np.ones(64, dtype=np.float32)
-    m, v = np.zeros(64, dtype=np.float32), np.zeros(64, dtype=np.float32)
+    w = np.ones(SUM_BLOCK, dtype=np.float32)
+    m, v = np.zeros_like(w), np.zeros_like(w)
     ptr = np.array([[w.ctypes.data, m.ctypes.data, v.ctypes.data]], dtype=np.int64)
-    plan = FusedPass([Extent(64, 64, 64)])
-    args = (ptr, plan.numel, np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32),
-            plan.seg, plan.jobs, 0, plan._out)
-    _fused_sums(*args)
-    _fused_sums_serial(*args)
+    FusedPass([Extent(w.size, w.size, w.size)]).run(
+        ptr, np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32), 0, 1)
 
 
 def _segments(k: int, e: Extent) -> list[tuple[int, int, int, int, int]]:
@@ -141,21 +243,7 @@ def _segments(k: int, e: Extent) -> list[tuple[int, int, int, int, int]]:
     return [(k, lo, min(lo + step, stop), e.span, e.take) for lo in range(0, stop, step)]
 
 
-def _jobs(seg: np.ndarray) -> np.ndarray:
-    """Consecutive segments grouped into jobs of about CHUNK elements read, so that
-    threads get equal work however small the tensors (job j = seg[jobs[j]:jobs[j+1]])."""
-    cost = (seg[:, 2] - seg[:, 1]) * seg[:, 4] // np.maximum(seg[:, 3], 1) + 256
-    starts, acc = [0], 0
-    for i, c in enumerate(cost.tolist()):
-        acc += c
-        if acc >= CHUNK:
-            starts.append(i + 1)
-            acc = 0
-    if starts[-1] != len(seg):
-        starts.append(len(seg))
-    return np.array(starts, dtype=np.int64)
-
-
+# -- the kernel ----------------------------------------------------------------------
 @intrinsic
 def _f32_at(typingctx, address):
     """The fp32 pointer at an integer address (the zero-copy view's base)."""
@@ -164,6 +252,31 @@ def _f32_at(typingctx, address):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
     return sig, codegen
+
+
+@intrinsic
+def _prefetch(typingctx, address):
+    """Ask for the cache line at an integer address (a hint: never faults)."""
+    sig = types.void(types.int64)
+
+    def codegen(context, builder, signature, args):
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch", [byte_ptr], ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]))
+        # read, keep in all cache levels, data cache
+        builder.call(fn, [builder.inttoptr(args[0], byte_ptr), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(cache=True)
+def _prefetch_run(pw, pm, pv, nbytes):
+    for b in range(0, nbytes, _LINE):
+        _prefetch(pw + b)
+        if pm:
+            _prefetch(pm + b)
+            _prefetch(pv + b)
 
 
 # error_model="numpy": IEEE division (no Python zero-check branch, which
@@ -175,57 +288,66 @@ def _moved_term(w, m, v, eps_c, alpha):
 
 # reassoc lets LLVM vectorise the fp32 block sums (in lanes); it applies to
 # these additions only: _moved_term is compiled, and keeps its flags, apart.
-# Loops index slices from 0: indices LLVM can prove non-negative need no
-# wrap-around check, which would otherwise keep the loops scalar.
+# Each block is a fresh array view from its own address, indexed from 0: LLVM
+# can then prove the indices non-negative and drops the wrap-around checks
+# that would keep the loop scalar.
 @njit(fastmath={"reassoc"}, error_model="numpy", cache=True)
-def _adam_run(w, m, v, eps_c, alpha):
-    moved = 0.0
-    size = 0.0
-    for b in range(0, w.size, SUM_BLOCK):
-        bm = np.float32(0.0)
-        bs = np.float32(0.0)
-        for i in range(b, min(b + SUM_BLOCK, w.size)):
-            bm += _moved_term(w[i], m[i], v[i], eps_c, alpha)
-            bs += abs(w[i])
-        moved += bm
-        size += bs
+def _adam_block(pw, pm, pv, n, eps_c, alpha):
+    w = numba.carray(_f32_at(pw), n)
+    m = numba.carray(_f32_at(pm), n)
+    v = numba.carray(_f32_at(pv), n)
+    moved = np.float32(0.0)
+    size = np.float32(0.0)
+    for i in range(n):
+        moved += _moved_term(w[i], m[i], v[i], eps_c, alpha)
+        size += abs(w[i])
     return moved, size
 
 
 @njit(fastmath={"reassoc"}, error_model="numpy", cache=True)
-def _abs_run(w):
-    size = 0.0
-    for b in range(0, w.size, SUM_BLOCK):
-        bs = np.float32(0.0)
-        for i in range(b, min(b + SUM_BLOCK, w.size)):
-            bs += abs(w[i])
-        size += bs
+def _abs_block(pw, n):
+    w = numba.carray(_f32_at(pw), n)
+    size = np.float32(0.0)
+    for i in range(n):
+        size += abs(w[i])
     return size
 
 
-@njit(parallel=True, error_model="numpy", cache=True, nogil=True)
-def _fused_sums(ptr, numel, eps_c, alpha, seg, jobs, phase, out):
-    for j in prange(jobs.size - 1):
-        for s in range(jobs[j], jobs[j + 1]):
-            k, lo, hi, span, take = seg[s, 0], seg[s, 1], seg[s, 2], seg[s, 3], seg[s, 4]
-            w = numba.carray(_f32_at(ptr[k, 0]), numel[k])
-            first = lo + (phase * take) % span
-            moved = 0.0
-            size = 0.0
-            if ptr[k, 1] == 0:
-                for r in range(first, hi, span):
-                    size += _abs_run(w[r:min(r + take, hi)])
-            else:
-                m = numba.carray(_f32_at(ptr[k, 1]), numel[k])
-                v = numba.carray(_f32_at(ptr[k, 2]), numel[k])
-                for r in range(first, hi, span):
-                    end = min(r + take, hi)
-                    a, b = _adam_run(w[r:end], m[r:end], v[r:end], eps_c[k], alpha[k])
-                    moved += a
-                    size += b
-            out[s, 0] = moved
-            out[s, 1] = size
+@njit(error_model="numpy", cache=True)
+def _run_sums(pw, pm, pv, n, eps_c, alpha):
+    """float64 sums over the n elements at byte addresses pw, pm, pv (pm = 0: |w| only)."""
+    moved = 0.0
+    size = 0.0
+    if pm == 0:
+        for b in range(0, n, SUM_BLOCK):
+            size += _abs_block(pw + 4 * b, min(SUM_BLOCK, n - b))
+        return moved, size
+    for b in range(0, n, SUM_BLOCK):
+        a, c = _adam_block(pw + 4 * b, pm + 4 * b, pv + 4 * b, min(SUM_BLOCK, n - b), eps_c, alpha)
+        moved += a
+        size += c
+    return moved, size
 
 
-_fused_sums_serial = njit(error_model="numpy", cache=True, nogil=True)(_fused_sums.py_func)
-"""The same kernel on one thread, without numba's threading layer (fork-safe)."""
+@njit(error_model="numpy", cache=True, nogil=True)
+def _sums(ptr, eps_c, alpha, seg, first, last, phase, out):
+    """out[s] = (moved, size) of segments first..last-1 (see the module doc)."""
+    for s in range(first, last):
+        k, lo, hi, span, take = seg[s, 0], seg[s, 1], seg[s, 2], seg[s, 3], seg[s, 4]
+        pw, pm, pv = ptr[k, 0], ptr[k, 1], ptr[k, 2]
+        moved = 0.0
+        size = 0.0
+        first = lo + (phase * take) % span
+        ahead = PREFETCH_RUNS * span if take < span else 0  # exact runs stream by themselves
+        for r in range(first, min(first + ahead, hi), span):
+            _prefetch_run(pw + 4 * r, pm + 4 * r if pm else 0, pv + 4 * r, 4 * take)
+        for r in range(first, hi, span):
+            if r + ahead < hi and ahead:
+                q = r + ahead
+                _prefetch_run(pw + 4 * q, pm + 4 * q if pm else 0, pv + 4 * q, 4 * take)
+            a, c = _run_sums(pw + 4 * r, pm + 4 * r if pm else 0, pv + 4 * r,
+                             min(take, hi - r), eps_c[k], alpha[k])
+            moved += a
+            size += c
+        out[s, 0] = moved
+        out[s, 1] = size

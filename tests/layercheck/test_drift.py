@@ -156,6 +156,31 @@ def test_fused_and_torch_paths_agree(opt_cls, wd, amsgrad, sampling):
 
 
 @needs_numba
+@pytest.mark.parametrize("torch_threads", [1, 2])
+def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, monkeypatch):
+    """Numba must not fight torch for the cores: the kernel's crew is sized by
+    torch's own thread count, the calling thread included."""
+    from layercheck import kernels
+    hired = []
+    run = kernels._Crew.run
+    monkeypatch.setattr(kernels._Crew, "run", lambda self, pieces, work, helpers:
+                        hired.append(helpers) or run(self, pieces, work, helpers=helpers))
+    parts = _flat_parts([4 * kernels.PER_THREAD])  # enough to be worth several threads
+    opt = torch.optim.AdamW(parts, lr=1e-3)
+    tracker = DriftTracker(opt, [parts])
+    before = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    try:
+        _flat_loss(parts, torch.Generator().manual_seed(0)).backward()
+        opt.step()
+    finally:
+        torch.set_num_threads(before)
+    tracker.take()
+    assert tracker.fused_params == 1
+    assert hired == ([] if torch_threads == 1 else [torch_threads - 1])
+
+
+@needs_numba
 @pytest.mark.parametrize("sampling", [1, 16])
 def test_flat_partitions_match_copy_reference(sampling):
     parts = _flat_parts([300_007, 65_536, 17])
