@@ -1,13 +1,13 @@
 """The LayerCheck dashboard (``streamlit run dashboard/app.py``).
 
 Torch-free: it reads traces (``layercheck.trace``), re-decides them with the
-library's pure policy (``layercheck.policy``; ``dashboard.fastreplay`` is its
-vectorised twin) and runs the simulator (``sim``). Views are thin scripts in
+library's pure policy (``layercheck.policy``; ``layercheck.fastreplay`` and
+``layercheck.lanes`` are its vectorised twins) and runs the simulator (``sim``). Views are thin scripts in
 ``dashboard/views/`` over the pure modules here, which return numbers, tables
 and Plotly figures:
 
 - ``driftmap``: view 1, accumulator heatmap and drift rates;
-- ``whatif`` (+ ``fastreplay``, ``replay_windows``): view 2;
+- ``whatif``: view 2;
 - ``mtbf``: view 3, over ``sim``;
 - ``fidelity``: view 4, drill.json;
 - ``catalog``, ``downloads``: view 5, traces and uploads; CSV and HTML bytes;

@@ -16,10 +16,10 @@ from layercheck.config import ConfigError, LayerCheckConfig
 from layercheck.policy import Policy
 from layercheck.trace import Trace, last_written
 
-from .fastreplay import REPLAYED_REASONS, Replayed, fast_replay
+from layercheck.fastreplay import REPLAYED_REASONS, Replayed, base_step, fast_replay
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
-           "staleness_figure", "io_figure", "writes_figure", "summary_frame", "GB"]
+           "staleness_figure", "io_figure", "writes_figure", "budget_figure", "summary_frame", "GB"]
 
 GB = 1e9
 
@@ -41,6 +41,8 @@ class Settings:
     """A checkpoint opportunity every ``interval`` steps."""
     lr_scaling: bool = True
     """Scale thresholds by lr(t) / lr_peak (the paper's rule)."""
+    write_budget: float | None = None
+    """Budget mode: bytes per step after the base checkpoint (``layercheck.budget``)."""
 
     def __post_init__(self) -> None:
         self.config()  # raises ConfigError with the fix
@@ -49,7 +51,7 @@ class Settings:
         return LayerCheckConfig(base_threshold=self.base_threshold,
                                 embedding_threshold=self.embedding_threshold, smax=self.smax,
                                 warmup_steps=self.warmup_steps, interval=self.interval,
-                                lr_scaling=self.lr_scaling)
+                                lr_scaling=self.lr_scaling, write_budget=self.write_budget)
 
     @classmethod
     def from_trace(cls, trace: Trace) -> "Settings":
@@ -57,7 +59,8 @@ class Settings:
         missing ones at the library's defaults)."""
         cfg = trace.manifest.get("config") or {}
         known = {f: cfg[f] for f in ("base_threshold", "embedding_threshold", "smax",
-                                     "warmup_steps", "interval", "lr_scaling") if f in cfg}
+                                     "warmup_steps", "interval", "lr_scaling", "write_budget")
+                 if f in cfg}
         for key in ("base_threshold", "embedding_threshold"):
             if key in known:
                 known[key] = float(known[key])  # "inf" in JSON
@@ -84,6 +87,9 @@ class Outcome:
     mean_weighted_staleness: float
     """Parameter-weighted average staleness: its peak and its mean over steps after the base."""
     by_reason: dict[str, int]
+    bytes_per_step: float = 0.0
+    """Bytes written per step after the base checkpoint (the base not counted, as a
+    write budget counts)."""
 
     @property
     def io_saving(self) -> float:
@@ -100,7 +106,7 @@ def policy_for(trace: Trace, settings: Settings) -> Policy:
     config = LayerCheckConfig(**{**settings.config().to_dict(), "thresholds": thresholds,
                                  "base_threshold": settings.base_threshold,
                                  "embedding_threshold": settings.embedding_threshold})
-    return Policy.from_config(config, names, list(trace.layers["kind"]))
+    return Policy.from_config(config, names, list(trace.layers["kind"]), sizes=trace.budget_sizes)
 
 
 def lr_ratio(trace: Trace) -> np.ndarray:
@@ -132,6 +138,8 @@ def outcome(trace: Trace, replayed: Replayed, settings: Settings) -> Outcome:
     max_s, weighted = weighted_staleness_series(trace, writes)
     defined = ~np.isnan(weighted)
     reasons = replayed.reasons[writes]
+    base = base_step(policy_for(trace, settings), trace.num_steps)
+    after = trace.num_steps - base if base is not None else 0
     return Outcome(
         layer_writes=int(writes.sum()), checkpoints=checkpoints, total_bytes=float(per_step.sum()),
         mean_bytes_per_checkpoint=float(per_step.sum() / checkpoints) if checkpoints else 0.0,
@@ -139,7 +147,8 @@ def outcome(trace: Trace, replayed: Replayed, settings: Settings) -> Outcome:
         max_staleness=int(max_s[defined].max()) if defined.any() else 0,
         peak_weighted_staleness=float(weighted[defined].max()) if defined.any() else 0.0,
         mean_weighted_staleness=float(weighted[defined].mean()) if defined.any() else 0.0,
-        by_reason={r.label: int((reasons == r).sum()) for r in REPLAYED_REASONS})
+        by_reason={r.label: int((reasons == r).sum()) for r in REPLAYED_REASONS},
+        bytes_per_step=float(per_step[base:].sum() / after) if after > 0 else 0.0)
 
 
 def summary_frame(result: Outcome) -> pd.DataFrame:
@@ -152,6 +161,7 @@ def summary_frame(result: Outcome) -> pd.DataFrame:
             ("max staleness (steps)", result.max_staleness),
             ("peak weighted staleness (steps)", result.peak_weighted_staleness),
             ("mean weighted staleness (steps)", result.mean_weighted_staleness),
+            ("bytes per step after the base", result.bytes_per_step),
             *((f"writes by {k}", v) for k, v in result.by_reason.items())]
     return pd.DataFrame(rows, columns=["quantity", "value"])
 
@@ -210,4 +220,26 @@ def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
                     name=reason.label)
     fig.update_layout(barmode="stack", title="Layer writes per layer", yaxis_title="writes",
                       height=330, margin=dict(t=50, b=80), legend=dict(orientation="h", y=-0.45))
+    return fig
+
+
+def budget_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure:
+    """Budget mode: bytes written since the base against the budget's allowance, and
+    the factor the controller put on every threshold (right axis)."""
+    per_step = replayed.writes @ trace.layer_bytes.astype(np.float64)
+    base = base_step(policy_for(trace, settings), trace.num_steps) or trace.num_steps
+    steps = np.arange(1, trace.num_steps + 1)
+    spent = np.where(steps > base, np.cumsum(np.where(steps > base, per_step, 0.0)), np.nan)
+    allowance = np.where(steps > base, (steps - base) * (settings.write_budget or 0.0), np.nan)
+    b = _bins(len(steps))
+    fig = go.Figure()
+    fig.add_scatter(x=steps[::b], y=spent[::b] / GB, name="written since the base", mode="lines")
+    fig.add_scatter(x=steps[::b], y=allowance[::b] / GB, name="budget x steps", mode="lines",
+                    line=dict(dash="dash", color="black"))
+    fig.add_scatter(x=steps[::b], y=replayed.k_scales()[::b], name="K factor (right)",
+                    mode="lines", yaxis="y2", line=dict(color="grey", width=1))
+    fig.update_layout(title="Budget mode: bytes against the budget, and the K factor",
+                      xaxis_title="step", yaxis_title="GB since the base checkpoint",
+                      yaxis2=dict(title="K factor", overlaying="y", side="right", type="log"),
+                      height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
     return fig

@@ -23,6 +23,7 @@ there, every method is a collective.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -54,7 +55,8 @@ log = logging.getLogger("layercheck")
 
 @dataclass(frozen=True)
 class StepReport:
-    """What ``step()`` did: the decision, the drift added, and its costs."""
+    """What ``step()`` did: the decision, the drift added, and its costs; ``k_scale``:
+    the write budget's factor on every threshold at this step (1 without one)."""
 
     step: int
     decision: Decision
@@ -63,6 +65,7 @@ class StepReport:
     drift_s: float
     stall_s: float
     bytes_queued: int
+    k_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -201,8 +204,13 @@ class LayerCheck:
         planner = Planner(self.store, view, ranks=self.ranks)
         state, data = planner.state(step, exact=exact)
         plan_s = time.perf_counter() - start
-        sources = planner.layers(state.step, use=lambda version, tensors: self.source.apply(
-            self.layer_map.index[version.layer], tensors))
+        sizes = np.zeros(len(self.layer_map))
+
+        def use(version, tensors):
+            index = self.layer_map.index[version.layer]
+            sizes[index] = tensors_nbytes(tensors)
+            self.source.apply(index, tensors)
+        sources = planner.layers(state.step, use=use)
         tensors, doc = read_state(self.store, state, data)
         apply_state(tensors, doc, self.source.optimizer, self.scheduler)
         self.source.after_restore(doc["engine"], state.step)
@@ -212,6 +220,8 @@ class LayerCheck:
             warnings.warn(f"layercheck: {rank}{message}", stacklevel=2)
         self.extra = doc.get("extra")
         self._begin_timeline(state.step, view, base_taken=True)
+        if self.config.write_budget is not None:  # the budget counts from here, in these sizes
+            self._set_sizes(sizes)
         plan = Plan(state.step, state, sources, planner.warnings)
         self.restored = RestoreReport(state.step, plan, plan_s, planner.load_s, restore_s,
                                       sum(v.bytes for v in sources.values()))
@@ -266,9 +276,17 @@ class LayerCheck:
         queued = 0
         if self.policy.is_opportunity(t) and self.state.base_step is not None:
             queued = self._submit(t, decision, extra)
-        report = StepReport(t, decision, drift, lr, drift_s, time.perf_counter() - start, queued)
+        report = StepReport(t, decision, drift, lr, drift_s, time.perf_counter() - start, queued,
+                            decision.k_scale)
         self.last_report = report
         return report
+
+    def _set_sizes(self, local: np.ndarray) -> None:
+        """Give the policy each layer's bytes (summed over the ranks' shards): what a
+        write budget charges. Every rank calls it at the same step."""
+        sizes = np.round(self.ranks.all_reduce_sum(np.asarray(local, dtype=np.float64)))
+        self.policy = dataclasses.replace(self.policy, sizes=sizes)
+        self.state.policy = self.policy
 
     def _submit(self, t: int, decision: Decision, extra: Mapping[str, Any] | None) -> int:
         snaps = []
@@ -276,6 +294,10 @@ class LayerCheck:
             tensors = self.source.capture(index)
             snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
                                        tensors, tensors_nbytes(tensors)))
+        if t == self.state.base_step:  # every layer, just captured: its size for a budget
+            local = np.zeros(len(self.layer_map))
+            local[[snap.index for snap in snaps]] = [snap.nbytes for snap in snaps]
+            self._set_sizes(local)
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
                               self.source.engine_state())
         job = StepJob(step=t, layers=snaps, state=state,
@@ -295,7 +317,7 @@ class LayerCheck:
         reasons = np.concatenate([decision.reasons, np.full(len(extra), Reason.RETRY,
                                                             dtype=np.int64)])
         order = np.argsort(layers, kind="stable")
-        return Decision(decision.step, layers[order], reasons[order])
+        return Decision(decision.step, layers[order], reasons[order], decision.k_scale)
 
     # -- introspection ---------------------------------------------------------
     def drain_writes(self) -> list[WriteRecord]:

@@ -88,8 +88,13 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "plan":
         from .manifest import read_manifest
         from .recovery import make_plan
-        plan = make_plan(store, read_manifest(store), args.step)
-        print(json.dumps(plan.to_dict(), indent=2) if args.json else _format_plan(plan))
+        view = read_manifest(store)
+        plan = make_plan(store, view, args.step)
+        info = plan.to_dict()
+        budget = ((view.header or {}).get("config") or {}).get("write_budget")
+        if budget is not None:
+            info["budget"] = _budget_on_resume(float(budget), plan.step)
+        print(json.dumps(info, indent=2) if args.json else _format_plan(info))
     elif args.command == "export":
         from .export import export
         plan = export(store, args.out, step=args.step, format=args.format,
@@ -106,11 +111,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_plan(plan) -> str:
-    info = plan.to_dict()
+def _budget_on_resume(write_budget: float, step: int) -> dict:
+    """What budget mode does after a restore of ``step`` (``layercheck.budget``)."""
+    from .budget import STEPS_PER_DOUBLING
+    return {"bytes_per_step": write_budget, "account_from_step": step, "k_scale": 1.0,
+            "note": (f"budget mode: at most {write_budget / 1e6:,.3g} MB per step after step "
+                     f"{step}, where a resumed run starts its account, every threshold at its "
+                     f"base value (K factor 1); then K moves by 2^(1/{STEPS_PER_DOUBLING}) per "
+                     "opportunity, up while over the budget, down while under; Smax still "
+                     "forces writes")}
+
+
+def _format_plan(info: dict) -> str:
     lines = [f"recover step {info['step']} ({info['bytes'] / 2**20:.1f} MiB to read)",
              f"{'layer':<32} {'from step':>9} {'stale':>6} {'reason':>9}"]
     lines += [f"{l['layer']:<32} {l['source_step']:>9} {l['staleness']:>6} {l['reason'] or '-':>9}"
               for l in info["layers"]]
     lines += [f"WARNING: {w}" for w in info["warnings"]]
+    if "budget" in info:
+        lines.append(info["budget"]["note"])
     return "\n".join(lines)

@@ -56,6 +56,16 @@ class LayerCheckConfig:
     change how often layers are written (the paper's rule; our choice of
     normalisation)."""
 
+    write_budget: float | None = None
+    """Budget mode (``layercheck.budget``): at most this many bytes written per
+    optimizer step on average, counted from the base checkpoint on (the base
+    itself is not counted). A controller scales every threshold up or down by
+    one factor, starting from the thresholds above, so that the run stays within
+    it; ``smax`` still forces writes, so staleness stays bounded. For a share of
+    your storage's write bandwidth W (bytes/s) at S seconds per step, use
+    ``share * W * S`` (``python -m sim tune --max-write-share`` does this from a
+    trace). None (default): fixed thresholds, the paper's rule."""
+
     lr_peak: float | None = None
     """The learning rate at which thresholds equal their base values. None:
     the largest ``initial_lr`` (set by torch LR schedulers) or ``lr`` of the
@@ -103,6 +113,11 @@ class LayerCheckConfig:
             raise ConfigError(
                 f"warmup_steps={self.warmup_steps} exceeds smax={self.smax}: no layer may be "
                 "older than smax, so shorten the warm-up or raise smax")
+        if self.write_budget is not None and (
+                isinstance(self.write_budget, bool) or not isinstance(self.write_budget, (int, float))
+                or not (math.isfinite(self.write_budget) and self.write_budget > 0)):
+            raise ConfigError(f"write_budget={self.write_budget!r} must be a positive number of "
+                              "bytes per step (e.g. 2e9 for 2 GB), or None for fixed thresholds")
         if self.lr_peak is not None and not (math.isfinite(self.lr_peak) and self.lr_peak > 0):
             raise ConfigError(f"lr_peak={self.lr_peak!r} must be a positive number, or None "
                               "to take it from the optimizer")

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from . import budget
 from .config import LayerCheckConfig
 
 __all__ = ["Policy", "PolicyState", "Decision", "Reason", "replay"]
@@ -58,13 +59,29 @@ class Policy:
     warmup_steps: int
     interval: int
     lr_scaling: bool
+    write_budget: float | None = None
+    """Bytes per step after the base checkpoint (``layercheck.budget``); None: fixed thresholds."""
+    sizes: np.ndarray | None = None
+    """Bytes of one version of each layer, as a write budget counts them. Needed
+    only with a budget, from its first opportunity after the base checkpoint on
+    (``LayerCheck`` takes them from the base checkpoint's snapshots)."""
+
+    def __post_init__(self) -> None:
+        if self.sizes is not None:
+            sizes = np.array(self.sizes, dtype=np.float64)
+            if sizes.shape != self.base.shape or not (np.isfinite(sizes).all() and (sizes >= 0).all()
+                                                      and (sizes == np.round(sizes)).all()):
+                raise ValueError(f"sizes must hold one whole byte count >= 0 per layer "
+                                 f"({len(self.base)}), got {self.sizes!r}")
+            sizes.setflags(write=False)
+            object.__setattr__(self, "sizes", sizes)
 
     @classmethod
     def from_config(cls, config: LayerCheckConfig, names: Sequence[str],
-                    kinds: Sequence[str]) -> "Policy":
+                    kinds: Sequence[str], sizes: Sequence[float] | None = None) -> "Policy":
         """Thresholds for layers ``names`` of ``kinds`` ('embedding' gets the
         embedding threshold), per-layer overrides applied; unknown override
-        names are an error that lists the real ones."""
+        names are an error that lists the real ones. ``sizes``: see the field."""
         unknown = sorted(set(config.thresholds) - set(names))
         if unknown:
             raise KeyError(f"thresholds name layers {unknown} that the model does not have; "
@@ -74,7 +91,9 @@ class Policy:
                                   else config.base_threshold)
             for name, kind in zip(names, kinds)], dtype=np.float64)
         return cls(base=base, smax=config.smax, warmup_steps=config.warmup_steps,
-                   interval=config.interval, lr_scaling=config.lr_scaling)
+                   interval=config.interval, lr_scaling=config.lr_scaling,
+                   write_budget=config.write_budget,
+                   sizes=None if sizes is None else np.asarray(sizes, dtype=np.float64))
 
     @property
     def num_layers(self) -> int:
@@ -103,11 +122,14 @@ class Policy:
 
 @dataclass(frozen=True)
 class Decision:
-    """Layers to write at ``step`` (indices, ascending) and why (``Reason`` values)."""
+    """Layers to write at ``step`` (indices, ascending) and why (``Reason`` values);
+    ``k_scale``: the write budget's factor on every threshold at this step (1
+    without a budget)."""
 
     step: int
     layers: np.ndarray
     reasons: np.ndarray
+    k_scale: float = 1.0
 
     @property
     def is_full(self) -> bool:
@@ -116,12 +138,17 @@ class Decision:
 
 @dataclass(kw_only=True)
 class PolicyState:
-    """The running state of a Policy: accumulators and the step each layer was last written."""
+    """The running state of a Policy: accumulators, the step each layer was last
+    written, and the write budget's account (``level``, ``spent``)."""
 
     policy: Policy
     accumulators: np.ndarray = field(default=None)  # type: ignore[assignment]
     last_written: np.ndarray = field(default=None)  # type: ignore[assignment]
     base_step: int | None = None
+    level: int = 0
+    """The write budget's level: thresholds are scaled by ``budget.scale(level)``."""
+    spent: float = 0.0
+    """Bytes the write budget has charged since the base checkpoint."""
 
     def __post_init__(self) -> None:
         n = self.policy.num_layers
@@ -135,22 +162,41 @@ class PolicyState:
         self.accumulators += drift
         empty = np.empty(0, dtype=np.int64)
         policy = self.policy
+        k_scale = self.k_scale
         if not policy.is_opportunity(step):
-            return Decision(step, empty, empty)
+            return Decision(step, empty, empty, k_scale)
         if self.base_step is None:
             if step < policy.warmup_steps:
-                return Decision(step, empty, empty)
+                return Decision(step, empty, empty, k_scale)
             self.base_step = step
             chosen = np.arange(policy.num_layers)
             reasons = np.full(policy.num_layers, Reason.BASE, dtype=np.int64)
         else:
-            by_drift = self.accumulators >= policy.thresholds(lr_ratio)
+            by_drift = self.accumulators >= policy.thresholds(lr_ratio) * k_scale
             by_age = (step - self.last_written) >= policy.smax
             mask = by_drift | by_age
             chosen = np.flatnonzero(mask)
             reasons = np.where(by_drift[chosen], Reason.THRESHOLD, Reason.SMAX).astype(np.int64)
         self.mark_written(step, chosen)
-        return Decision(step, chosen, reasons)
+        if policy.write_budget is not None and step > self.base_step:
+            self._settle(step, chosen)
+        return Decision(step, chosen, reasons, k_scale)
+
+    @property
+    def k_scale(self) -> float:
+        """The factor on every threshold now (1.0 without a write budget)."""
+        return float(budget.scale(self.level)) if self.policy.write_budget is not None else 1.0
+
+    def _settle(self, step: int, chosen: np.ndarray) -> None:
+        """Charge this opportunity's writes to the budget and move its level."""
+        sizes = self.policy.sizes
+        if sizes is None:
+            raise ValueError("a write budget needs the layers' sizes (Policy.sizes): give "
+                             "Policy.from_config(..., sizes=bytes of one version of each layer)")
+        # Whole byte counts: every partial sum is exact, so any replay's order gives this total.
+        self.spent += float(sizes[chosen].sum())
+        over = budget.debt(self.spent, self.policy.write_budget, step - self.base_step)
+        self.level = int(budget.next_level(self.level, over))
 
     def mark_written(self, step: int, layers: Iterable[int]) -> None:
         idx = np.asarray(list(layers) if not isinstance(layers, np.ndarray) else layers,
@@ -165,7 +211,8 @@ class PolicyState:
 def replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray) -> list[Decision]:
     """Reference replay over a whole run: ``drift[t-1, l]`` and ``lr_ratio[t-1]``
     for steps t = 1..T. Returns the decision at every step (empty when nothing
-    is written). Plain and step by step: the yardstick for faster twins."""
+    is written). Plain and step by step: the yardstick for faster twins
+    (``layercheck.fastreplay``, ``layercheck.lanes``)."""
     drift = np.asarray(drift, dtype=np.float64)
     if drift.ndim != 2 or drift.shape[1] != policy.num_layers:
         raise ValueError(f"drift must be steps x {policy.num_layers} layers, got {drift.shape}")

@@ -7,7 +7,8 @@ A trace is a folder::
     traces/<name>/
         manifest.json      schema_version, name, kind, description, model, layers,
                            config, lr_peak, machine, sources
-        steps.parquet      one row per optimizer step 1..T
+        steps.parquet      one row per optimizer step 1..T (k_scale: the write
+                           budget's factor on every threshold at that step)
         drift.parquet      one row per (step, layer): d_l(t) and the accumulator A_l after it
         writes.parquet     one row per layer write: step, layer, bytes, reason, stall, persist
         recovery.parquet   optional: one row per measured recovery
@@ -18,6 +19,12 @@ A trace is a folder::
 ``layer`` columns are indices into ``manifest["layers"]``. Times are seconds,
 sizes bytes. ``read_trace`` validates everything and raises ``TraceError``
 with a message that says what is wrong and where.
+
+Versions: 1 (the first); 2 adds ``steps.k_scale`` (``ADDED_COLUMNS``) and the
+optional per-layer ``state_bytes``. Older traces are read and upgraded in
+memory (a column a version added gets the value it had before: ``k_scale`` 1,
+fixed thresholds); a trace newer than this code is an error that says to
+upgrade.
 """
 from __future__ import annotations
 
@@ -34,9 +41,10 @@ from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibra
 from .policy import Reason
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
-           "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness"]
+           "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness",
+           "ADDED_COLUMNS"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TRACE_KINDS = ("captured", "synthetic")
 """captured: measured by ``python -m profiler capture``; synthetic: generated to
@@ -45,7 +53,7 @@ match published aggregates (a preset), never to be mistaken for a measurement.""
 TABLES: dict[str, dict[str, str]] = {
     "steps": {"step": "int64", "forward_s": "float64", "backward_s": "float64",
               "optimizer_s": "float64", "drift_s": "float64", "stall_s": "float64",
-              "loss": "float64", "lr": "float64"},
+              "loss": "float64", "lr": "float64", "k_scale": "float64"},
     "drift": {"step": "int64", "layer": "int64", "drift": "float64", "accumulator": "float64"},
     "writes": {"step": "int64", "layer": "int64", "bytes": "int64", "reason": "str",
                "stall_s": "float64", "persist_s": "float64"},
@@ -54,13 +62,20 @@ TABLES: dict[str, dict[str, str]] = {
 }
 """Required columns and their types. steps: compute time per phase, the
 training-thread stall for checkpointing, loss and the step's learning rate
-(NaN where a synthetic trace has no such figure). writes.reason is one of
-``WRITE_REASONS`` (base, threshold, smax, retry)."""
+(NaN where a synthetic trace has no such figure), and ``k_scale``: the factor
+the write budget put on every threshold at that step (``layercheck.budget``;
+1 without one), so that K_l(t) = base_l * lr(t) / lr_peak * k_scale(t).
+writes.reason is one of ``WRITE_REASONS`` (base, threshold, smax, retry)."""
+
+ADDED_COLUMNS: dict[tuple[str, str], tuple[int, float]] = {("steps", "k_scale"): (2, 1.0)}
+"""(table, column) -> (the schema version that added it, its value in older traces)."""
 
 OPTIONAL_TABLES = ("recovery",)
 MANIFEST_KEYS = ("schema_version", "name", "kind", "description", "model", "layers",
                  "config", "lr_peak", "machine", "sources")
 LAYER_KEYS = ("name", "kind", "params", "bytes")
+"""Required per layer. Optional: ``state_bytes``, the tensor bytes of one version (what
+a write budget counts; ``bytes`` is one version on disk, with the file's header)."""
 WRITE_REASONS = tuple(reason.label for reason in Reason)
 
 
@@ -80,6 +95,13 @@ class Trace:
     drill: dict[str, Any] | None = None
     costs: Calibration | None = None
     """The machine's calibration (costs.json), where one was measured."""
+
+    def __post_init__(self) -> None:
+        # A frame built by code written for an older schema lacks the newer columns.
+        for (table, column), (_, value) in ADDED_COLUMNS.items():
+            frame = getattr(self, table)
+            if frame is not None and column not in frame.columns:
+                object.__setattr__(self, table, frame.assign(**{column: value}))
 
     @property
     def name(self) -> str:
@@ -101,6 +123,18 @@ class Trace:
     @property
     def layer_bytes(self) -> np.ndarray:
         return np.array([layer["bytes"] for layer in self.manifest["layers"]], dtype=np.int64)
+
+    @property
+    def budget_sizes(self) -> np.ndarray:
+        """Bytes of one version of each layer as a write budget counts them: the
+        recorded ``state_bytes`` where every layer has one, else ``bytes``."""
+        layers = self.manifest["layers"]
+        key = "state_bytes" if all("state_bytes" in layer for layer in layers) else "bytes"
+        return np.array([layer[key] for layer in layers], dtype=np.int64)
+
+    def k_scale(self) -> np.ndarray:
+        """The write budget's factor on every threshold, per step (ones without a budget)."""
+        return self.steps["k_scale"].to_numpy(dtype=np.float64)
 
     @property
     def num_steps(self) -> int:
@@ -153,10 +187,11 @@ class Trace:
 
 def last_written(written: np.ndarray) -> np.ndarray:
     """Steps x layers: the newest step at or before t that wrote layer l (0: none yet),
-    from a steps x layers boolean write matrix (row t-1 is step t)."""
+    from a steps x layers boolean write matrix (row t-1 is step t). A stack of
+    them (..., steps, layers) gives a stack of answers."""
     written = np.asarray(written, dtype=bool)
-    steps = np.arange(1, written.shape[0] + 1)
-    return np.maximum.accumulate(np.where(written, steps[:, None], 0), axis=0)
+    steps = np.arange(1, written.shape[-2] + 1)
+    return np.maximum.accumulate(np.where(written, steps[:, None], 0), axis=-2)
 
 
 def weighted_staleness(written: np.ndarray, params: np.ndarray) -> np.ndarray:
@@ -164,27 +199,29 @@ def weighted_staleness(written: np.ndarray, params: np.ndarray) -> np.ndarray:
     is t minus the newest step at or before t that wrote it (a write at t counts: a
     failure strikes after it). Weighted by parameters, S(t) = sum_l params_l *
     staleness_l(t) / sum_l params_l: the average age, in steps, of a parameter that a
-    recovery at t would load. NaN before the base checkpoint (every layer written once)."""
+    recovery at t would load. NaN before the base checkpoint (every layer written once).
+    ``written`` may be a stack (..., steps, layers): one series per run."""
     last = last_written(written)
-    steps = np.arange(1, last.shape[0] + 1)
+    steps = np.arange(1, last.shape[-2] + 1)
     params = np.asarray(params, dtype=np.float64)
     weights = params / params.sum() if params.sum() > 0 else np.full(len(params), 1 / len(params))
     out = (steps[:, None] - last) @ weights
-    return np.where((last > 0).all(axis=1), out, np.nan)
+    return np.where((last > 0).all(axis=-1), out, np.nan)
 
 
 def upgrade_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    """Bring an older manifest to SCHEMA_VERSION (there is no older one yet);
-    a newer one is an error that says to upgrade layercheck."""
+    """Bring an older manifest to SCHEMA_VERSION (a copy; the tables are upgraded
+    by ``read_trace``); a newer one is an error that says to upgrade layercheck."""
     version = manifest.get("schema_version")
-    if not isinstance(version, int):
+    if isinstance(version, bool) or not isinstance(version, int):
         raise TraceError(f"manifest.json: schema_version must be an integer, got {version!r}")
     if version > SCHEMA_VERSION:
         raise TraceError(f"manifest.json: schema_version {version} is newer than this "
                          f"layercheck reads ({SCHEMA_VERSION}); upgrade layercheck")
     if version < 1:
         raise TraceError(f"manifest.json: schema_version {version} is not a trace version")
-    return manifest
+    # Version 2 added only a column (ADDED_COLUMNS) and an optional layer key.
+    return {**manifest, "schema_version": SCHEMA_VERSION}
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -196,8 +233,8 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{root}: no such trace folder")
     if not root.is_dir():
         raise TraceError(f"{root}: a trace is a folder holding manifest.json and Parquet tables")
-    manifest = _read_manifest(root / "manifest.json")
-    tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES)
+    manifest, version = _read_manifest(root / "manifest.json")
+    tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES, version=version)
               for name in TABLES}
     drill = _read_json(root / "drill.json") if (root / "drill.json").exists() else None
     costs = None
@@ -243,18 +280,20 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path) -> tuple[dict[str, Any], int]:
+    """The manifest upgraded to SCHEMA_VERSION, and the version it was written with."""
     if not path.exists():
         raise TraceError(f"{path.parent}: not a trace (no manifest.json); "
                          "make one with `python -m profiler capture`")
-    manifest = upgrade_manifest(_read_json(path))
+    raw = _read_json(path)
+    manifest = upgrade_manifest(raw)
     missing = [key for key in MANIFEST_KEYS if key not in manifest]
     if missing:
         raise TraceError(f"{path}: missing keys {missing}")
-    return manifest
+    return manifest, raw["schema_version"]
 
 
-def _read_table(root: Path, name: str, *, required: bool) -> pd.DataFrame | None:
+def _read_table(root: Path, name: str, *, required: bool, version: int) -> pd.DataFrame | None:
     path = root / f"{name}.parquet"
     if not path.exists():
         if required:
@@ -264,6 +303,9 @@ def _read_table(root: Path, name: str, *, required: bool) -> pd.DataFrame | None
         frame = pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise TraceError(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
+    for (table, column), (added, value) in ADDED_COLUMNS.items():
+        if table == name and version < added and column not in frame.columns:
+            frame[column] = value
     missing = [c for c in TABLES[name] if c not in frame.columns]
     if missing:
         raise TraceError(f"{path}: missing columns {missing}; required: {list(TABLES[name])}")
@@ -284,8 +326,10 @@ def _validate(trace: Trace, root: Path) -> None:
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict) or any(k not in layer for k in LAYER_KEYS):
             raise TraceError(f"{root}/manifest.json: layers[{i}] needs keys {list(LAYER_KEYS)}")
-        if not (isinstance(layer["bytes"], int) and layer["bytes"] > 0):
-            raise TraceError(f"{root}/manifest.json: layers[{i}].bytes must be a positive integer")
+        for key in ("bytes", "state_bytes"):
+            value = layer.get(key, 1)
+            if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
+                raise TraceError(f"{root}/manifest.json: layers[{i}].{key} must be a positive integer")
     lr_peak = m.get("lr_peak")
     if not isinstance(lr_peak, (int, float)) or not math.isfinite(lr_peak) or lr_peak <= 0:
         raise TraceError(f"{root}/manifest.json: lr_peak must be a positive number, got {lr_peak!r}")
@@ -306,6 +350,9 @@ def _validate(trace: Trace, root: Path) -> None:
         if bad.any():
             raise TraceError(f"{root}/{name}.parquet: step {int(frame['step'][bad].iloc[0])} "
                              f"outside {first}..{len(steps)}")
+    k_scale = trace.steps["k_scale"].to_numpy(dtype=np.float64)
+    if not (np.isfinite(k_scale) & (k_scale > 0)).all():
+        raise TraceError(f"{root}/steps.parquet: k_scale must be a positive number at every step")
     if (trace.writes["bytes"] < 0).any():
         raise TraceError(f"{root}/writes.parquet: negative bytes")
     bad_reason = ~trace.writes["reason"].isin(WRITE_REASONS)

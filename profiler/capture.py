@@ -155,7 +155,8 @@ def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run
         bar.close()
         lc.flush()
         writes.extend(_rows(lc.drain_writes()))
-        lc_dict = {"config": lc.config.to_dict(), "lr_peak": lc.lr_peak}
+        lc_dict = {"config": lc.config.to_dict(), "lr_peak": lc.lr_peak,
+                   "sizes": lc.policy.sizes}
         layers = [{"name": l.name, "kind": l.kind, "params": l.numel} for l in lc.layer_map]
     finally:
         lc.close()
@@ -228,6 +229,9 @@ def _trace(job: Job, recorder: Recorder, run: _Run, name: str, machine: dict[str
     tables = recorder.tables()
     sizes = recorder.layer_bytes()
     layers = [{**layer, "bytes": sizes.get(i, 0)} for i, layer in enumerate(run.layers)]
+    if run.lc["sizes"] is not None:  # what a write budget charged (tensor bytes, no file header)
+        for layer, state_bytes in zip(layers, run.lc["sizes"]):
+            layer["state_bytes"] = int(state_bytes)
     config, source, command = job.config, job.source, job.command(argv)
     parts = job.manifest_parts(argv)
     if job.ranks.world > 1:

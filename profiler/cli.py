@@ -136,6 +136,10 @@ def _job_options(p: argparse.ArgumentParser) -> None:
                    "scaled to the run length)")
     p.add_argument("--warmup-steps", type=int, help="LayerCheck warm-up (default: the paper's "
                    "200, scaled to the run length)")
+    p.add_argument("--config", dest="layercheck", type=_layercheck_config, metavar="JSON",
+                   help="a whole LayerCheckConfig as JSON: a file, or the object itself (e.g. "
+                   "what `python -m sim tune --json` prints under config); replaces --threshold, "
+                   "--smax and --warmup-steps")
     p.add_argument("--device", default=d.device, help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -143,11 +147,30 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _layercheck_config(text: str) -> dict:
+    """--config: a JSON object, inline or in a file."""
+    source = text if text.lstrip().startswith("{") else None
+    if source is None:
+        try:
+            source = Path(text).read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a JSON object nor a readable "
+                                             f"file ({exc.strerror})") from None
+    try:
+        data = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("give a JSON object of LayerCheckConfig fields, "
+                                         'e.g. {"base_threshold": 0.002, "smax": 500}')
+    return data
+
+
 def _config(args: argparse.Namespace) -> CaptureConfig:
     return CaptureConfig(model=args.model, steps=args.steps, batch_size=args.batch_size,
                          seq_len=args.seq_len, lr=args.lr, threshold=args.threshold,
                          smax=args.smax, warmup_steps=args.warmup_steps, device=args.device,
-                         seed=args.seed, threads=args.threads)
+                         seed=args.seed, threads=args.threads, layercheck=args.layercheck)
 
 
 def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:

@@ -86,6 +86,13 @@ class CaptureConfig:
     eval_sequences: int = 64
     """Held-out sequences for the final evaluation metric."""
 
+    layercheck: Mapping[str, Any] | None = None
+    """A whole ``LayerCheckConfig`` as a dict (its ``to_dict()``; ``--config``), e.g.
+    the line ``python -m sim tune`` recommends. It replaces ``threshold``,
+    ``smax`` and ``warmup_steps`` (give one or the other), except that the
+    capture keeps its own retention (``keep_versions``): scratch space, not a
+    decision. None: those three fields and the paper's defaults."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ProfilerError("model must be minilm, tiny or a model folder path")
@@ -113,7 +120,24 @@ class CaptureConfig:
         _int_at_least("seed", self.seed, 0)
         if self.threads is not None:
             _positive_int("threads", self.threads)
+        if self.layercheck is not None:
+            given = [f for f in ("threshold", "smax", "warmup_steps") if getattr(self, f) is not None]
+            if given:
+                raise ProfilerError(f"--config gives the whole LayerCheckConfig: drop "
+                                    f"{', '.join('--' + f.replace('_', '-') for f in given)}, or "
+                                    "set them inside the config")
+            self._given()  # a bad config fails here, with LayerCheckConfig's message
         self._check_layercheck_schedule()
+
+    def _given(self) -> Any:
+        """The ``layercheck`` dict as a LayerCheckConfig (None when not given)."""
+        if self.layercheck is None:
+            return None
+        from layercheck.config import ConfigError, LayerCheckConfig
+        try:
+            return LayerCheckConfig.from_dict(self.layercheck)
+        except (ConfigError, TypeError) as exc:
+            raise ProfilerError(f"--config: {exc}") from None
 
     def _check_layercheck_schedule(self) -> None:
         if self.resolved_warmup >= self.steps:
@@ -132,23 +156,36 @@ class CaptureConfig:
 
     @property
     def resolved_warmup(self) -> int:
+        if self.layercheck is not None:
+            return self._given().warmup_steps
         if self.warmup_steps is not None:
             return self.warmup_steps
         return max(1, round(PAPER["warmup_steps"] * self.scale))
 
     @property
     def resolved_smax(self) -> int:
+        if self.layercheck is not None:
+            return self._given().smax
         if self.smax is not None:
             return self.smax
         return max(self.resolved_warmup, 1, round(PAPER["smax"] * self.scale))
 
     @property
     def resolved_threshold(self) -> float:
+        if self.layercheck is not None:
+            return self._given().base_threshold
         return PAPER["threshold"] if self.threshold is None else float(self.threshold)
 
     @property
     def scaling_note(self) -> str:
         """One line: which LayerCheck settings are the paper's, scaled or given."""
+        if self.layercheck is not None:
+            given = self._given()
+            return (f"LayerCheck: given by --config: threshold {given.base_threshold:g} (embeddings "
+                    f"{given.embedding_threshold:g}), warmup_steps {given.warmup_steps}, smax "
+                    f"{given.smax}, interval {given.interval}"
+                    + (f", write_budget {given.write_budget:g} bytes/step"
+                       if given.write_budget is not None else ""))
         parts = [f"threshold {self.resolved_threshold:g} (embeddings "
                  f"{self.resolved_threshold * PAPER['embedding_factor']:g})"
                  + (" [paper]" if self.threshold is None else " [given]")]
@@ -169,6 +206,8 @@ class CaptureConfig:
         of times: tens of GB for MiniLM otherwise); recovering the newest step,
         which is what a drill does, needs no more."""
         from layercheck import LayerCheckConfig
+        if self.layercheck is not None:
+            return dataclasses.replace(self._given(), keep_versions=keep_versions)
         k = self.resolved_threshold
         return LayerCheckConfig(base_threshold=k, embedding_threshold=k * PAPER["embedding_factor"],
                                 warmup_steps=self.resolved_warmup, smax=self.resolved_smax,
@@ -176,7 +215,10 @@ class CaptureConfig:
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.layercheck is not None:
+            out["layercheck"] = self._given().to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaptureConfig":

@@ -47,7 +47,8 @@ class Recorder:
             "step": report.step, "forward_s": times.forward_s, "backward_s": times.backward_s,
             # the drift hook runs inside optimizer.step(): it is LayerCheck's cost, not compute
             "optimizer_s": max(0.0, times.optimizer_s - inside),
-            "drift_s": report.drift_s, "stall_s": report.stall_s, "loss": loss, "lr": report.lr})
+            "drift_s": report.drift_s, "stall_s": report.stall_s, "loss": loss, "lr": report.lr,
+            "k_scale": report.k_scale})
         self._drift.append(np.asarray(report.drift, dtype=np.float64))
         self._acc.append(np.asarray(accumulators_before, dtype=np.float64) + report.drift)
 

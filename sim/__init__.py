@@ -8,7 +8,8 @@ reference engine). See docs/sim.md.
 """
 from __future__ import annotations
 
-from .api import COLUMNS, DAY, ENGINES, LIMIT, PRESETS, Scenario, limit_ratio, simulate, sweep
+from .api import (COLUMNS, DAY, ENGINES, LIMIT, PRESETS, Scenario, limit_ratio, simulate,
+                  simulate_writes, sweep)
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
@@ -18,6 +19,6 @@ from .strategies import PROTOCOLS, STRATEGIES
 from .units import parse_duration
 from .workload import Workload
 
-__all__ = ["Scenario", "simulate", "sweep", "sweep_figure", "limit_ratio", "PRESETS", "COLUMNS",
+__all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "sweep_figure", "limit_ratio", "PRESETS", "COLUMNS",
            "LIMIT", "DAY", "ENGINES", "PROTOCOLS", "COST_MODELS", "CostModel", "FailureModel", "SimError", "STRATEGIES", "REGIMES",
            "Workload", "job_mtbf", "read_failure_log", "parse_duration"]

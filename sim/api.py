@@ -13,6 +13,7 @@ MTBFs.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -32,10 +33,10 @@ from .reference import run_reference
 from .strategies import PROTOCOLS, STRATEGIES, Cadence, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
-from .workload import Workload
+from .workload import LayerWrites, Workload
 
-__all__ = ["Scenario", "simulate", "sweep", "limit_ratio", "PRESETS", "COLUMNS", "LIMIT", "DAY",
-           "ENGINES"]
+__all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "limit_ratio", "PRESETS", "COLUMNS",
+           "LIMIT", "DAY", "ENGINES"]
 
 DAY = 86400.0
 LIMIT = "limit"
@@ -179,6 +180,31 @@ def sweep(scenario: Scenario, *, mtbf_s: Sequence[float], strategies: Sequence[s
     if not points:
         raise SimError("sweep needs at least one MTBF")
     return _run(scenario, points, strategies, seeds, window_s, interval, engine, with_limit=limit)
+
+
+def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf_s: float,
+                    seeds: int = 10, window_s: float | None = None,
+                    strategy: str = "layercheck") -> pd.DataFrame:
+    """LayerCheck under each of several write patterns (``variants``: what other
+    settings would write on the scenario's job), all on the same failures: one row per
+    variant, in order, columns ``COLUMNS`` (``strategy`` is the variant's index). The
+    tuner's way to put an effective ratio on many settings in one engine run."""
+    if strategy not in ("layercheck", "layercheck-sync"):
+        raise SimError(f"simulate_writes runs LayerCheck's strategies, not {strategy!r}")
+    if not variants:
+        raise SimError("simulate_writes needs at least one write pattern")
+    window = _check_run(scenario, [mtbf_s], seeds, window_s, "fast")
+    times, uniforms = _failure_rows(scenario, [mtbf_s], seeds, window)
+    timelines = []
+    for layers in variants:
+        workload = dataclasses.replace(scenario.workload, layers=layers)
+        timelines.append(Timeline.build(get_strategy(strategy).schedule(workload, scenario.costs)))
+    lane_t = np.repeat(np.arange(len(variants)), seeds)
+    res = run_lanes(timelines, lane_t, times, np.tile(np.arange(seeds), len(variants)), uniforms,
+                    window)
+    frame = _aggregate(res, [(0, int(v), None) for v in lane_t], [mtbf_s], window,
+                       scenario.stale_as_useful)
+    return frame.drop(columns="mtbf_s").reset_index(drop=True)
 
 
 def limit_ratio(scenario: Scenario, mtbf_s: float | np.ndarray) -> float | np.ndarray:

@@ -5,6 +5,8 @@
     python -m sim --trace traces/NAME --mtbf 1h    the trace's own costs.json
     python -m sim sweep --mtbf 0.01h..3h --points 20 --out runs/sweep
     python -m sim presets [--write]
+    python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
+                       [--max-write-share 0.05] [--json]     the best LayerCheck setting
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from .units import format_duration, parse_duration, parse_range
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets")
+COMMANDS = ("run", "sweep", "presets", "tune")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -103,6 +105,16 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--points", type=int, default=20, help="MTBF points, log-spaced")
     sw.add_argument("--out", default="runs/sweep", help="output folder")
     _scenario_args(sw)
+    tu = sub.add_parser("tune", help="the LayerCheck setting with the best effective ratio "
+                        "within your budgets, and the LayerCheckConfig line to paste")
+    tu.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
+    b = tu.add_argument_group("budgets (each optional; an infeasible one is named)")
+    b.add_argument("--max-gb", type=float, help="GB written over the run, base checkpoint included")
+    b.add_argument("--max-staleness", type=float, help="no layer older than this many steps")
+    b.add_argument("--max-write-share", type=float, help="share of the storage's write bandwidth "
+                   "(the trace's costs.json, else the capture's measured one), e.g. 0.05")
+    tu.add_argument("--json", action="store_true")
+    _scenario_args(tu)
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -238,13 +250,39 @@ def _cmd_presets(args) -> None:
               f"{pub.total_gb:.0f})  staleness avg {s['staleness']:.0f} max {s['max_staleness']}")
 
 
+def _cmd_tune(args) -> None:
+    import json
+
+    from .tuning import Budgets, recommend
+    if args.iteration_time:
+        raise SimError("tune replays a trace's drift: give --trace traces/NAME or --preset, "
+                       "not --iteration-time")
+    budgets = Budgets(max_bytes=None if args.max_gb is None else args.max_gb * 1e9,
+                      max_staleness=args.max_staleness, max_write_share=args.max_write_share)
+    scenario = _scenario(args)
+    trace = _tune_trace(args)
+    mtbf = _mtbf(args, args.mtbf)
+    if mtbf is None:
+        raise SimError("tune needs --mtbf (a failure log has no single rate to tune for)")
+    advice = recommend(trace, scenario, budgets, mtbf_s=mtbf, seeds=args.seeds)
+    print(json.dumps(advice.to_dict(), indent=2, default=float) if args.json else advice.text())
+
+
+def _tune_trace(args):
+    from .presets import preset_trace
+    if args.trace:
+        return read_trace(args.trace)
+    return preset_trace(args.preset or DEFAULT_PRESET)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
     args = _parser().parse_args(argv)
     try:
-        {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets}[args.command](args)
+        {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
+         "tune": _cmd_tune}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ def header(scenario: Any, *, mtbf: str, seeds: int) -> str:
     return "\n".join([
         f"{scenario.name} ({scenario.workload.kind}), MTBF {mtbf}, "
         f"{format_duration(scenario.window_s)} window x {seeds} seeds",
-        f"costs: {costs.name} ({costs.description}; figures: {sources})",
+        f"costs: {costs.name} ({costs.description.rstrip('.')}; figures: {sources})",
         f"protocol: {scenario.protocol}{interval}; accounting: {scenario.accounting()}"])
 
 

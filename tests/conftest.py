@@ -44,3 +44,18 @@ def train_step(model, opt, sched, *, vocab: int = 128) -> float:
     sched.step()
     opt.zero_grad(set_to_none=True)
     return float(loss.detach())
+
+
+def checkpointed_run(directory, config, steps: int, *, total: int = 20):
+    """A fresh tiny model trained ``steps`` steps with LayerCheck(``config``) into
+    ``directory``; returns the closed LayerCheck and its step reports."""
+    from layercheck import LayerCheck
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=total)
+    reports = []
+    with LayerCheck(model, opt, directory, config, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(steps):
+            train_step(model, opt, sched)
+            reports.append(lc.step())
+    return lc, reports

@@ -82,3 +82,57 @@ def test_slider_changes_the_numbers_and_screenshot(server, tmp_path):
         page.screenshot(path=str(out), full_page=False)
         browser.close()
     assert out.stat().st_size > 10_000
+
+
+def _chromium(playwright):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+    return playwright.chromium.launch(executable_path=chromium, args=ARGS)
+
+
+def _text(page, selector: str) -> str:
+    return page.locator(selector).first.inner_text()
+
+
+def test_budget_moves_the_recommendation_and_a_click_applies_a_point(server, tmp_path):
+    """The What-if page's lower half in a real browser: a budget typed into the form
+    changes the recommended config; clicking a point of the frontier puts it on the
+    sliders. Saves the frontier's picture ($DASHBOARD_FRONTIER_SCREENSHOT: the docs')."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    code = '[data-testid="stCode"]'
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1300})
+        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page.wait_for_selector(code, timeout=120_000)
+        before = _text(page, code)
+        assert before.startswith("LayerCheckConfig(")
+        shown = page.locator('[data-testid="stMetric"]', has_text="Recommended writes").first.locator(
+            '[data-testid="stMetricValue"]').inner_text()          # e.g. "76.3 MB"
+        value, unit = shown.split()
+        gb = float(value.replace(",", "")) * {"B": 1e-9, "kB": 1e-6, "MB": 1e-3, "GB": 1, "TB": 1e3, "PB": 1e6}[unit]
+        page.get_by_label("Max GB written over the run (0: none)").fill(f"{gb / 3:.6g}")
+        page.get_by_role("button", name="Recommend", exact=True).click()
+        page.wait_for_function(
+            "([sel, old]) => { const e = document.querySelector(sel); return e && e.innerText !== old }",
+            arg=[code, before], timeout=120_000)
+        assert _text(page, code) != before
+        chart = page.locator('[data-testid="stPlotlyChart"]').filter(
+            has_text="Every setting").first
+        chart.scroll_into_view_if_needed()
+        page.wait_for_timeout(1500)
+        out = Path(os.environ.get("DASHBOARD_FRONTIER_SCREENSHOT", tmp_path / "frontier.png"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        chart.screenshot(path=str(out))
+        assert out.stat().st_size > 10_000
+        writes = page.locator('[data-testid="stMetric"]', has_text="Layer writes").first
+        old = writes.locator('[data-testid="stMetricValue"]').inner_text()
+        points = chart.locator(".scatterlayer .trace").nth(1).locator(".points path")
+        points.last.click(force=True)                     # the freshest point on the front
+        page.wait_for_function(
+            "([sel, old]) => { const e = document.querySelector(sel); return e && e.innerText !== old }",
+            arg=['[data-testid="stMetric"] [data-testid="stMetricValue"]', old], timeout=60_000)
+        assert int(writes.locator('[data-testid="stMetricValue"]').inner_text().replace(",", "")) \
+            > int(old.replace(",", ""))
+        browser.close()

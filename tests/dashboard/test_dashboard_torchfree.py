@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["dashboard", "dashboard.fastreplay", "dashboard.replay_windows", "dashboard.whatif",
+MODULES = ["dashboard", "layercheck.fastreplay", "layercheck.replay_windows", "layercheck.lanes",
+           "layercheck.budget", "dashboard.whatif", "dashboard.tuning", "sim.frontier", "sim.tuning",
            "dashboard.driftmap", "dashboard.fidelity", "dashboard.mtbf", "dashboard.catalog",
            "dashboard.downloads", "dashboard.ui"]
 

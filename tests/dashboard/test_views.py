@@ -153,3 +153,52 @@ def test_upload_of_a_broken_trace_in_the_app(traces_dir, tmp_path):
     from layercheck.trace import TraceError
     with pytest.raises(TraceError, match="missing keys"):
         load(unpack_upload([("mine.zip", buf.getvalue())], into=tmp_path))
+
+
+def test_whatif_frontier_point_goes_to_the_sliders(traces_dir):
+    at = run("whatif")
+    assert "no costs.json" in at.caption[-1].value or any("no costs.json" in c.value for c in at.caption)
+    at.selectbox(key="front_pick").select_index(1).run()   # the second fewest bytes on the front
+    chosen = at.dataframe[0].value.iloc[1]
+    at.button(key="use_front").click().run()
+    assert not at.exception
+    assert at.sidebar.select_slider(key="k_base").value == pytest.approx(chosen["base_threshold"])
+    assert at.sidebar.slider(key="smax").value == chosen["smax"]
+    assert at.sidebar.slider(key="interval").value == chosen["interval"]
+    assert int(metrics(at)["Layer writes"].replace(",", "")) == chosen["layer_writes"]
+
+
+def test_whatif_moving_a_budget_changes_the_recommendation(traces_dir):
+    at = run("whatif")
+    free = at.code[0].value
+    assert free.startswith("LayerCheckConfig(")
+    gb = float(metrics(at)["Recommended writes"].split()[0])
+    unit = metrics(at)["Recommended writes"].split()[1]
+    at.number_input(key="budget_gb").set_value({"MB": gb / 1e3, "kB": gb / 1e6}.get(unit, gb) / 3)
+    at.button(key="FormSubmitter:tune_form-Recommend").click().run()
+    assert not at.exception
+    assert at.code[0].value != free
+    at.number_input(key="budget_gb").set_value(1e-6)
+    at.button(key="FormSubmitter:tune_form-Recommend").click().run()
+    assert "--max-gb 1e-06 binds" in at.error[0].value
+    at.number_input(key="budget_gb").set_value(0.0)
+    at.number_input(key="budget_stale").set_value(60)
+    at.button(key="FormSubmitter:tune_form-Recommend").click().run()
+    assert not at.error
+    assert int(metrics(at)["Recommended max staleness"].split()[0]) <= 60
+    at.button(key="use_rec").click().run()
+    assert int(metrics(at)["Max staleness"].split()[0]) <= 60
+
+
+def test_whatif_budget_mode_holds_the_rate(traces_dir):
+    at = run("whatif")
+    free = metrics(at)
+    at.sidebar.toggle(key="budget_on").set_value(True).run()
+    budget = at.sidebar.number_input(key="budget_mb").value
+    at.sidebar.number_input(key="budget_mb").set_value(budget / 2).run()
+    assert not at.exception
+    held = metrics(at)
+    assert int(held["Layer writes"].replace(",", "")) < int(free["Layer writes"].replace(",", ""))
+    delta = next(m.delta for m in at.metric if m.label == "Written per step after the base")
+    assert float(delta.split("%")[0]) <= 5.0          # at most 5% over the budget
+    assert at.get("plotly_chart")                      # the budget figure among the charts

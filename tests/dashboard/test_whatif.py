@@ -58,3 +58,16 @@ def test_figures_and_tables(trace):
     frame = whatif.written_trace_frame(trace, r)
     assert list(frame["step"]) == list(trace.writes["step"])
     assert set(whatif.summary_frame(whatif.outcome(trace, r, s))["quantity"]) >= {"layer writes", "total GB"}
+
+
+def test_budget_mode_replays_the_controller_and_keeps_the_rate(trace):
+    free = whatif.Settings.from_trace(trace)
+    rate = whatif.outcome(trace, whatif.replay_trace(trace, free), free).bytes_per_step
+    held = whatif.Settings(**{**free.__dict__, "write_budget": rate / 3})
+    replayed = whatif.replay_trace(trace, held)
+    assert replayed.method == "lanes" and len(set(replayed.k_scales())) > 2
+    out = whatif.outcome(trace, replayed, held)
+    assert out.bytes_per_step <= held.write_budget * 1.05
+    assert out.max_staleness <= held.smax
+    fig = whatif.budget_figure(trace, replayed, held)
+    assert [t.name for t in fig.data] == ["written since the base", "budget x steps", "K factor (right)"]

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 
 def _state(model, opt):
@@ -141,3 +141,29 @@ def test_step_without_restore_on_a_used_directory_is_refused(tmp_path):
         with pytest.raises(LayerCheckError, match="call restore"):
             lc.step()
     assert read_manifest(LocalStore(tmp_path / "c")).latest_step() == 1  # nothing abandoned
+
+
+def test_a_write_budget_sizes_its_layers_at_the_base_and_after_a_restore(tmp_path):
+    """The budget charges each layer's tensor bytes: taken from the base checkpoint's
+    snapshots on a fresh run, from the loaded versions after a restore (whose step
+    the account then starts at), so a resumed run stays in budget mode."""
+    cfg = LayerCheckConfig(warmup_steps=2, smax=20, write_budget=1e5)
+    lc, reports = checkpointed_run(tmp_path / "ckpt", cfg, 8)
+    scales = [r.k_scale for r in reports]
+    fresh = lc.policy.sizes.copy()
+    expected = [sum(p.numel() * 4 * 3 + 4 for _, p in lc.layer_map.parameters(i))
+                for i in range(len(lc.layer_map))]   # fp32 weight + two Adam moments + step
+    np.testing.assert_array_equal(fresh, expected)
+    assert scales[:3] == [1.0, 1.0, 1.0] and scales[-1] != 1.0   # moves after the base (step 2)
+    model = tiny_lm(seed=0)
+    opt, sched = optimizer_for(model, total=20)
+    with LayerCheck(model, opt, tmp_path / "ckpt", cfg, scheduler=sched) as lc:
+        assert lc.policy.sizes is None
+        step = lc.restore()
+        np.testing.assert_array_equal(lc.policy.sizes, fresh)
+        assert lc.state.base_step == step and lc.state.level == 0
+        train_step(model, opt, sched)
+        assert lc.step().k_scale == 1.0
+        train_step(model, opt, sched)
+        lc.step()
+        assert lc.state.spent >= 0 and lc.state.level != 0

@@ -15,7 +15,7 @@ from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.cli import main
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,22 @@ def test_plan_matches_newest_versions(ckpt, capsys):
     assert main(["plan", str(path), "--step", "10", "--json"]) == 0
     early = json.loads(capsys.readouterr().out)
     assert early["step"] == 10 and all(l["source_step"] <= 10 for l in early["layers"])
+
+
+def test_plan_says_what_budget_mode_does_on_resume(tmp_path, capsys):
+    checkpointed_run(tmp_path / "ckpt", LayerCheckConfig(warmup_steps=2, smax=10, write_budget=5e5), 6)
+    assert main(["plan", str(tmp_path / "ckpt"), "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["budget"]
+    assert budget["bytes_per_step"] == 5e5 and budget["account_from_step"] == 6
+    assert budget["k_scale"] == 1.0
+    assert main(["plan", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert "budget mode: at most 0.5 MB per step after step 6" in out and "Smax still" in out
+
+
+def test_plan_without_a_budget_says_nothing_of_one(ckpt, capsys):
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    assert "budget" not in json.loads(capsys.readouterr().out)
 
 
 def test_export_loads_with_from_pretrained(ckpt, tmp_path, capsys):

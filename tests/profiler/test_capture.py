@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from layercheck import LayerCheckConfig
-from layercheck.trace import TABLES, read_trace, write_trace
+from layercheck.trace import SCHEMA_VERSION, TABLES, read_trace, write_trace
 from tests.profiler.conftest import TINY
 
 
@@ -21,7 +21,7 @@ def test_trace_round_trips_through_read_trace(tiny_capture, tmp_path):
 
 def test_manifest_describes_model_config_and_machine(tiny_capture):
     m = tiny_capture.trace.manifest
-    assert m["schema_version"] == 1 and m["kind"] == "captured"
+    assert m["schema_version"] == SCHEMA_VERSION and m["kind"] == "captured"
     assert [l["name"] for l in m["layers"]] == (
         ["model.embed_tokens", *[f"model.layers.{i}" for i in range(4)], "model.norm", "lm_head"])
     lc = LayerCheckConfig.from_dict(m["config"])
@@ -112,3 +112,68 @@ def test_replaying_the_policy_over_the_trace_gives_the_recorded_writes(tiny_capt
     for d in replay(policy, trace.drift_matrix(), trace.lr_ratio()):
         decided[d.step - 1, d.layers] = True
     assert np.array_equal(decided, trace.write_matrix())
+
+
+def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(tiny_capture, tmp_path):
+    """Budget mode on a real run: the trace records the factor the controller put on
+    K at every step and the sizes it charged; the torch-free replay, given the
+    drift, takes the same decisions and the same factors; the realised rate is
+    the budget's."""
+    from layercheck.fastreplay import fast_replay
+    from layercheck.policy import Policy, replay
+    from profiler.capture import capture
+    from profiler.config import CaptureConfig
+    free = tiny_capture.trace
+    per_step = free.writes.loc[free.writes["reason"] != "base", "bytes"].sum() / (TINY["steps"] - 3)
+    lc = LayerCheckConfig(base_threshold=1e-3, embedding_threshold=1e-2, warmup_steps=3,
+                          smax=30, write_budget=0.5 * per_step)
+    steps = 80
+    config = CaptureConfig(**{**TINY, "steps": steps, "warmup_steps": None, "smax": None},
+                           layercheck=lc.to_dict())
+    trace = capture(config, out=tmp_path / "budget", progress=False, say=lambda _: None).trace
+    assert LayerCheckConfig.from_dict(trace.manifest["config"]).write_budget == lc.write_budget
+    sizes = trace.budget_sizes
+    assert all("state_bytes" in layer for layer in trace.manifest["layers"])
+    assert (sizes <= trace.layer_bytes).all()                  # tensors, without the file header
+    policy = Policy.from_config(lc, trace.layer_names, trace.layers["kind"].tolist(), sizes=sizes)
+    decided = np.zeros_like(trace.write_matrix())
+    for d in replay(policy, trace.drift_matrix(), trace.lr_ratio()):
+        decided[d.step - 1, d.layers] = True
+        assert d.k_scale == trace.k_scale()[d.step - 1]
+    assert np.array_equal(decided, trace.write_matrix())
+    twin = fast_replay(policy, trace.drift_matrix(), trace.lr_ratio())
+    assert np.array_equal(twin.writes, decided) and np.array_equal(twin.k_scales(), trace.k_scale())
+    assert len(set(trace.k_scale())) > 2                       # the controller did act
+    charged = trace.write_matrix()[4:] @ sizes                  # steps after the base (step 3)
+    assert charged.sum() / (steps - 3) <= lc.write_budget * 1.05
+
+
+def test_a_recommended_setting_writes_the_bytes_the_tuner_predicted(tmp_path, capsys):
+    """Tune on a capture, run the recommendation for real with --config: checkpoint
+    decisions do not change training, so the drift is the same and the run writes
+    exactly the layers, and the bytes, the tuner predicted."""
+    import json
+
+    from profiler.cli import main as profiler
+    from sim.cli import main as sim
+    from sim.frontier import evaluate
+    job = ["--model", "tiny", "--steps", "40", "--batch-size", "4", "--seq-len", "32",
+           "--threads", "1", "--quiet"]
+    assert profiler(["capture", *job, "--warmup-steps", "3", "--smax", "30",
+                     "--out", str(tmp_path / "first")]) == 0
+    first = read_trace(tmp_path / "first")
+    budget_gb = 0.6 * first.writes["bytes"].sum() / 1e9
+    capsys.readouterr()
+    assert sim(["tune", "--trace", str(tmp_path / "first"), "--costs", "paper-a100", "--mtbf", "1h",
+                "--max-gb", f"{budget_gb:.6f}", "--json", "--seeds", "2", "--window", "1d"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    config = LayerCheckConfig.from_dict(advice["config"])
+    predicted = evaluate(first, [config]).written(0)
+    assert config != LayerCheckConfig.from_dict(first.manifest["config"])
+    assert profiler(["capture", *job, "--config", json.dumps(advice["config"]),
+                     "--out", str(tmp_path / "second")]) == 0
+    second = read_trace(tmp_path / "second")
+    np.testing.assert_array_equal(second.drift_matrix(), first.drift_matrix())
+    np.testing.assert_array_equal(second.write_matrix(), predicted)
+    assert int(second.writes["bytes"].sum()) == advice["recommended"]["bytes_written"] <= budget_gb * 1e9
+    assert len(second.writes) == advice["recommended"]["layer_writes"]

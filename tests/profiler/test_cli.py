@@ -22,9 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
     (["drill", "--model", "tiny", "--failures", "0"], "failures=0"),
     (["drill", "--from", "/no/such/trace"], "no such trace folder"),
     (["frobnicate"], "invalid choice"),
+    (["capture", "--config", "{not json"], "not valid JSON"),
+    (["capture", "--config", "/no/such/config.json"], "neither a JSON object nor a readable file"),
+    (["capture", "--config", '{"smax": 0}'], "--config: smax=0 must be an integer >= 1"),
+    (["capture", "--config", '{"treshold": 1}'], "unknown LayerCheckConfig keys ['treshold']"),
+    (["capture", "--config", '{"smax": 50}', "--smax", "40"], "drop --smax"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
-    if args[0] == "frobnicate" or "many" in args:  # argparse's own errors exit
+    argparse_error = args[0] == "frobnicate" or "many" in args or "{not json" in args \
+        or "/no/such/config.json" in args
+    if argparse_error:  # argparse's own errors exit
         with pytest.raises(SystemExit) as exited:
             main(args)
         code = exited.value.code

@@ -1,4 +1,5 @@
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_torch_free():
-    code = ("import sys, sim, sim.__main__, sim.cli, sim.api, sim.reference, sim.report, sim.presets; "
+    code = ("import sys, sim, sim.__main__, sim.cli, sim.api, sim.reference, sim.report, sim.presets, "
+            "sim.frontier, sim.tuning, layercheck.lanes, layercheck.budget; "
             "sim.simulate(sim.Scenario.from_preset('llama-3.2-1b', window_s=3600.0), mtbf_s=600.0, seeds=1); "
             "assert 'torch' not in sys.modules, 'sim imported torch'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -120,3 +122,40 @@ def test_malformed_trace(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     result = _run("--mtbf", "1h", "--trace", str(tmp_path))
     assert result.returncode == 2 and "not valid JSON" in result.stderr
+
+
+def test_tune_prints_the_best_setting_and_the_line_to_paste(capsys):
+    assert main(["tune", "--preset", "qwen2.5-7b", "--mtbf", "0.5h", "--max-gb", "500",
+                 "--seeds", "2", "--window", "2d"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("qwen2.5-7b-synthetic: MTBF 30m, 2 seeds, costs paper-a100")
+    assert "budgets: --max-gb 500" in out and "paper default" in out
+    assert "    LayerCheckConfig(base_threshold=" in out
+
+
+def test_tune_json(capsys):
+    assert main(["tune", "--trace", "traces/minilm-1000steps", "--costs", "paper-a100", "--mtbf",
+                 "1h", "--max-write-share", "0.05", "--json", "--seeds", "2", "--window", "2d"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["recommended"]["write_share"] <= 0.05 and out["costs"] == "paper-a100"
+    assert out["config_line"].startswith("LayerCheckConfig(") and out["grid_size"] == 400
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--trace", "{uncalibrated}", "--mtbf", "1h"],
+     "has no costs.json (what each checkpointing mechanism costs"),
+    (["--preset", "qwen2.5-7b", "--mtbf", "1h", "--max-gb", "50"], "--max-gb 50 binds"),
+    (["--preset", "qwen2.5-7b", "--mtbf", "1h", "--max-gb", "300", "--max-staleness", "150"],
+     "cannot both hold"),
+    (["--preset", "qwen2.5-7b", "--mtbf", "1h", "--max-write-share", "5"], "--max-write-share must"),
+    (["--preset", "qwen2.5-7b", "--max-gb", "500"], "give --mtbf"),
+    (["--iteration-time", "6s", "--mtbf", "1h"], "tune replays a trace's drift"),
+])
+def test_tune_bad_or_infeasible_budgets_are_one_line_and_exit_2(args, words, capsys, tmp_path):
+    uncalibrated = tmp_path / "minilm-uncalibrated"     # a capture made with --no-calibrate
+    shutil.copytree("traces/minilm-1000steps", uncalibrated,
+                    ignore=shutil.ignore_patterns("costs.json"))
+    args = [a.format(uncalibrated=uncalibrated) for a in args]
+    assert main(["tune", *args, "--seeds", "2", "--window", "1d"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1

@@ -1,12 +1,14 @@
-"""A vectorised twin of ``layercheck.policy.replay``: the same decisions, fast.
+"""A vectorised twin of ``layercheck.policy.replay`` for one setting: the same decisions, fast.
 
 The what-if view re-decides a whole run on every slider move, so the replay
 must answer in well under 100 ms on a 31-layer x 10,000-step trace
 (``benchmarks/bench_dashboard.py``). The reference replay walks the run step
-by step in Python; this twin does the arithmetic on whole arrays.
+by step in Python; this twin does the arithmetic on whole arrays. Torch-free,
+next to the policy, so that the dashboard and the simulator's tuner
+(``sim.frontier``) share it; ``layercheck.lanes`` replays many settings at once.
 
 Exactness is the contract: ``fast_replay`` returns, for every input, the
-decisions ``layercheck.policy.replay`` makes (``tests/dashboard/
+decisions ``layercheck.policy.replay`` makes (``tests/layercheck/
 test_fastreplay.py`` checks it on many random runs). The policy compares a
 running float64 sum ``A_l`` (reset to 0.0 at a write, one step's drift added
 at a time) with ``K_l(t) = base_l * lr(t) / lr_peak``. Two methods:
@@ -23,7 +25,7 @@ right as the policy sums. A candidate that passes every check is the
 reference's answer (by induction over steps: each decision is the policy's,
 given the earlier ones). One that fails falls back to:
 
-``windowed`` (``dashboard.replay_windows``): exact by construction for any
+``windowed`` (``layercheck.replay_windows``): exact by construction for any
 input (NaN, inf and negative drift too), slower.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from layercheck.policy import Policy, Reason
+from .policy import Policy, Reason
 
 from .replay_windows import windowed
 
@@ -66,6 +68,9 @@ class Replayed:
 
     reasons: np.ndarray
     method: str = "certified"
+    k_scale: np.ndarray | None = None
+    """Per step, the write budget's factor on every threshold (``Decision.k_scale``);
+    None without a budget (then 1 throughout)."""
 
     @property
     def writes(self) -> np.ndarray:
@@ -85,6 +90,10 @@ class Replayed:
             out.append((t, layers, row[layers].astype(np.int64)))
         return out
 
+    def k_scales(self) -> np.ndarray:
+        """``k_scale`` per step, ones without a budget."""
+        return np.ones(len(self.reasons)) if self.k_scale is None else self.k_scale
+
 
 def base_step(policy: Policy, num_steps: int) -> int | None:
     """``policy.base_step``, or None when a run of ``num_steps`` ends before it."""
@@ -101,6 +110,9 @@ def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
     certified method and falls back to the windowed one; naming a method is for
     tests and benchmarks (``certified`` still falls back when it cannot certify).
     ``window`` (1..62) tunes the windowed method; it never changes the answer.
+    A policy with a write budget is replayed by ``layercheck.lanes`` (its
+    thresholds depend on the writes before, so the steps are walked); ``method``
+    is then ``lanes``.
     """
     drift = np.ascontiguousarray(drift, dtype=np.float64)
     lr_ratio = np.asarray(lr_ratio, dtype=np.float64)
@@ -113,6 +125,9 @@ def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
         raise ValueError(f"method={method!r}: use 'auto', 'certified' or 'windowed'")
     if not 1 <= window <= 62:
         raise ValueError(f"window={window} must be in 1..62 (window positions are bits of an int64)")
+    if policy.write_budget is not None:
+        from .lanes import replay_many  # lanes builds on this module's Replayed
+        return replay_many([policy], drift, lr_ratio).replayed(0)
     num_steps, num_layers = drift.shape
     reasons = np.full((num_steps, num_layers), NO_WRITE, dtype=np.int8)
     base = base_step(policy, num_steps)

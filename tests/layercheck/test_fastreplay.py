@@ -1,4 +1,4 @@
-"""dashboard.fastreplay decides exactly what layercheck.policy.replay decides."""
+"""layercheck.fastreplay decides exactly what layercheck.policy.replay decides."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dashboard.fastreplay import NO_WRITE, base_step, fast_replay
+from layercheck.fastreplay import NO_WRITE, base_step, fast_replay
 from layercheck.policy import Policy, replay
 
 # Values that make ties likely (sums of them hit thresholds exactly or within
