@@ -1,7 +1,7 @@
 """Crash consistency: SIGKILL a real training process at random moments, then recover.
 
     python benchmarks/bench_crash.py [--trials 200] [--seed 0] [--json docs/reliability-crash.json]
-                                     [--kill-after-commit] [--sabotage]
+                                     [--kill-after-commit] [--sabotage] [--retention]
 
 Each trial forks a training process from this one (torch is imported once, so
 a trial costs training, not start-up) that trains with LayerCheck on a
@@ -29,6 +29,11 @@ After each kill, checks (any failure is a violation; exit status 1):
 - composite mode (drift thresholds, small smax): every restored layer equals
   the committed file its plan names.
 
+``--retention`` runs every child with ``keep_versions=1`` and ``on_error="warn"``
+(retention retires versions and deletes files at every step) and a 16 KiB
+manifest compaction threshold, so kills also land in retirements and
+compactions; the checks are the same.
+
 ``--sabotage`` makes the child's store write only half of every version of
 the head written after the base checkpoint, while reporting success: the checks
 must then report violations (the harness's own test that it can fail); with
@@ -41,6 +46,7 @@ import json
 import mmap
 import os
 import random
+import select
 import shutil
 import signal
 import struct
@@ -70,8 +76,8 @@ WIDTH, BLOCKS, BATCH = 192, 6, 16
 GC_EVERY = 10
 MAIN_PHASES = ["start", "compute", "step/snapshot", "flush", "close", "gc", "reopen+restore",
                "restore"]
-STORE_PHASES = ["idle", "layer file", "state file", "manifest append", "manifest rewrite (gc)",
-                "delete (gc)", "other write"]
+STORE_PHASES = ["idle", "layer file", "state file", "manifest append",
+                "manifest rewrite (gc, compaction)", "delete (gc, retention)", "other write"]
 TORN_IS_NOT = ("CRC", "refusing", "malformed", "unknown record kind", "required")
 # shared memory slots (int64): committed step, main phase, store phase, current step
 SLOTS = struct.Struct("<4q")
@@ -116,10 +122,16 @@ def fingerprint(model: Net, opt: torch.optim.Optimizer) -> int:
     return crc
 
 
+RETENTION: dict = {}
+"""``--retention``: the config's retention and error policy (forked children inherit it)."""
+
+
 def config(mode: str) -> LayerCheckConfig:
     if mode == "exact":
-        return LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2, smax=50)
-    return LayerCheckConfig(base_threshold=2e-3, embedding_threshold=2e-2, warmup_steps=3, smax=6)
+        return LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2, smax=50,
+                                **RETENTION)
+    return LayerCheckConfig(base_threshold=2e-3, embedding_threshold=2e-2, warmup_steps=3, smax=6,
+                            **RETENTION)
 
 
 class Shared:
@@ -147,7 +159,7 @@ class PhaseStore:
 
     def write_atomic(self, path: str, data: bytes) -> None:
         phase = ("layer file" if path.startswith("layers/") else "state file"
-                 if path.startswith("states/") else "manifest rewrite (gc)"
+                 if path.startswith("states/") else "manifest rewrite (gc, compaction)"
                  if path == "manifest.jsonl" else "other write")
         self._mark(phase)
         if self.sabotage is not None and path.startswith("layers/head@") and int(
@@ -162,9 +174,15 @@ class PhaseStore:
         self._mark("idle")
 
     def delete(self, path: str) -> None:
-        self._mark("delete (gc)")
+        self._mark("delete (gc, retention)")
         self.inner.delete(path)
         self._mark("idle")
+
+    def delete_unread(self, paths: list[str]) -> bool:
+        self._mark("delete (gc, retention)")
+        deleted = self.inner.delete_unread(paths)
+        self._mark("idle")
+        return deleted
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -286,8 +304,12 @@ def _warm_drift_kernel() -> None:
 
 
 def run(trials: int, seed: int, sabotage: bool, max_delay: float,
-        after_commit: bool = False) -> dict:
+        after_commit: bool = False, retention: bool = False) -> dict:
     _warm_drift_kernel()
+    if retention:
+        from layercheck import writer
+        RETENTION.update(keep_versions=1, on_error="warn")
+        writer.COMPACT_BYTES = 16 << 10
     rng = random.Random(seed)
     references = {"exact": Reference(), "composite": None}
     workdir = Path(tempfile.mkdtemp(prefix="bench-crash-"))
@@ -304,7 +326,7 @@ def run(trials: int, seed: int, sabotage: bool, max_delay: float,
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     violations = [p for r in rows for p in r["violations"]]
-    return {"trials": trials, "seed": seed, "sabotage": sabotage,
+    return {"trials": trials, "seed": seed, "sabotage": sabotage, "retention": retention,
             "violations": len(violations), "violation_examples": violations[:10],
             "killed_while_main": dict(main_phases), "killed_while_store": dict(store_phases),
             "restored_steps": [r["restored"] for r in rows],
@@ -332,11 +354,12 @@ def _trial(directory, mode, rng, sabotage, max_delay, after_commit, reference, m
             os._exit(1)
     os.close(write)
     try:
-        # a blocking read: one byte at the child's first commit, or EOF if it died first
-        if after_commit and not os.read(read, 1):
+        # one byte at the child's first commit, or EOF if it died first, or nothing: it hangs
+        if after_commit and not (select.select([read], [], [], 120)[0] and os.read(read, 1)):
+            os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
             return {"restored": -1, "committed": -1, "violations": [
-                f"the child ended (status {status}) before its first commit"]}
+                f"the child did not commit within 120 s (status {status}: it ended or hung)"]}
     finally:
         os.close(read)
     time.sleep(delay)
@@ -361,10 +384,13 @@ def main() -> int:
     ap.add_argument("--sabotage", action="store_true", help="the store lies: checks must fail")
     ap.add_argument("--kill-after-commit", action="store_true",
                     help="start each trial's delay once the child has committed a step")
+    ap.add_argument("--retention", action="store_true",
+                    help="keep_versions=1, on_error='warn', compaction at 16 KiB")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    result = run(args.trials, args.seed, args.sabotage, args.max_delay, args.kill_after_commit)
+    result = run(args.trials, args.seed, args.sabotage, args.max_delay, args.kill_after_commit,
+                 args.retention)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.json:

@@ -16,7 +16,8 @@ from layercheck.config import ConfigError, LayerCheckConfig
 from layercheck.policy import Policy
 from layercheck.trace import Trace, last_written
 
-from layercheck.fastreplay import REPLAYED_REASONS, Replayed, base_step, fast_replay
+from layercheck.fastreplay import base_step, fast_replay
+from layercheck.replayed import REPLAYED_REASONS, Replayed
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
            "staleness_figure", "io_figure", "writes_figure", "budget_figure", "summary_frame", "GB"]

@@ -35,15 +35,15 @@ from torch import nn
 
 from .config import LayerCheckConfig
 from .drift import DriftTracker
-from .errors import LayerCheckError, ModelMismatch
-from .format import MANIFEST, MODEL_CONFIG, encode_record, header_record, resume_record
+from .errors import CheckpointNotFound, LayerCheckError, ModelMismatch
+from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, read_manifest, seal_torn_tail
 from .policy import Decision, Policy, PolicyState, Reason
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state
 from .retention import Retention
-from .snapshot import apply_state, capture_state
+from .snapshot import apply_state, capture_state, check_state
 from .source import LayerSource, ModuleSource, tensors_nbytes
 from .store import Store, open_store
 from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
@@ -170,9 +170,13 @@ class LayerCheck:
             self._release()
 
     def _release(self) -> None:
-        """Give the directory back (its lock, which the coordinator alone holds)."""
-        if self.ranks.is_coordinator:
-            self.store.unlock()
+        """Give the directory back (its lock, which the coordinator alone holds) and
+        the ranks' own resources."""
+        try:
+            if self.ranks.is_coordinator:
+                self.store.unlock()
+        finally:
+            self.ranks.close()
 
     def flush(self) -> None:
         """Wait until everything submitted so far is committed."""
@@ -196,6 +200,7 @@ class LayerCheck:
         for problem in view.problems if self.ranks.is_coordinator else []:
             warnings.warn(f"layercheck: {problem}", stacklevel=2)
         if step is None and not view.states:
+            self._refuse_to_abandon(view)
             log.info("layercheck: %s holds no recoverable step; starting from step 0",
                      self.store.url)
             self._begin_timeline(0, view)
@@ -203,16 +208,18 @@ class LayerCheck:
             return 0
         planner = Planner(self.store, view, ranks=self.ranks)
         state, data = planner.state(step, exact=exact)
-        plan_s = time.perf_counter() - start
+        tensors, doc = planner.together(lambda: self._read_state(state, data))
         sizes = np.zeros(len(self.layer_map))
 
-        def use(version, tensors):
+        def check(version: Version, loaded: dict[str, Any]) -> None:
             index = self.layer_map.index[version.layer]
-            sizes[index] = tensors_nbytes(tensors)
-            self.source.apply(index, tensors)
-        sources = planner.layers(state.step, use=use)
-        tensors, doc = read_state(self.store, state, data)
-        apply_state(tensors, doc, self.source.optimizer, self.scheduler)
+            self.source.check(index, loaded)
+            sizes[index] = tensors_nbytes(loaded)
+        # everything is verified and checked against the live objects before anything changes
+        sources = planner.layers(state.step, use=check)
+        plan_s = time.perf_counter() - start
+        planner.load_s = 0.0
+        planner.together(lambda: self._apply(planner, sources, tensors, doc))
         self.source.after_restore(doc["engine"], state.step)
         restore_s = time.perf_counter() - start - plan_s - planner.load_s
         rank = f"rank {self.ranks.rank}: " if self.ranks.sharded else ""
@@ -226,6 +233,18 @@ class LayerCheck:
         self.restored = RestoreReport(state.step, plan, plan_s, planner.load_s, restore_s,
                                       sum(v.bytes for v in sources.values()))
         return state.step
+
+    def _read_state(self, state: Version, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors, doc = read_state(self.store, state, data)
+        check_state(doc, self.source.optimizer, self.source.group_members())
+        return tensors, doc
+
+    def _apply(self, planner: Planner, sources: dict[str, Version], tensors: dict[str, Any],
+               doc: dict[str, Any]) -> None:
+        """Put the planned composite into the live objects (each version read again)."""
+        for name, version in sources.items():
+            self.source.apply(self.layer_map.index[name], planner.load(version))
+        apply_state(tensors, doc, self.source.optimizer, self.scheduler)
 
     def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
         """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``
@@ -251,12 +270,25 @@ class LayerCheck:
         """A run that never called restore(): fine on an empty directory; on one
         holding checkpoints, starting over would abandon them, so refuse."""
         view = read_manifest(self.store, self.ranks.rank)
-        newest = view.latest_step()
+        self._refuse_to_abandon(view)
+        self._begin_timeline(0, view)
+
+    def _refuse_to_abandon(self, view: ManifestView) -> None:
+        """Starting at step 0 records ``resume 0``, which abandons every version in
+        ``view``: refuse unless there is none."""
+        url, newest = self.store.url, view.latest_step()
         if newest is not None:
             raise LayerCheckError(
-                f"{self.store.url} holds checkpoints up to step {newest}: call restore() before "
+                f"{url} holds checkpoints up to step {newest}: call restore() before "
                 "the first step() to resume from them, or use a new directory to start over")
-        self._begin_timeline(0, view)
+        steps = sorted(v.step for versions in view.versions.values() for v in versions)
+        if steps:
+            raise CheckpointNotFound(
+                f"{url} holds {len(steps)} layer versions (steps {steps[0]} to {steps[-1]}) but "
+                "no committed training state, so no step can be restored (a write that kept "
+                "failing held every state back); starting at step 0 would abandon them. Look "
+                f"with `python -m layercheck inspect {url}`, fix the storage, and to start over "
+                "move the directory aside or use a new one")
 
     # -- training --------------------------------------------------------------
     def step(self, extra: Mapping[str, Any] | None = None) -> StepReport:
@@ -299,7 +331,7 @@ class LayerCheck:
             local[[snap.index for snap in snaps]] = [snap.nbytes for snap in snaps]
             self._set_sizes(local)
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
-                              self.source.engine_state())
+                              self.source.engine_state(), self.source.group_members())
         job = StepJob(step=t, layers=snaps, state=state,
                       nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
         self.writer.submit(job)

@@ -3,14 +3,19 @@
 Crash-safe by order: the new manifest (only live records) replaces the old one
 atomically first; files are deleted after. A crash in between leaves
 unreferenced files, which the next run removes.
+
+Nothing it could not verify is deleted: a version the plan passes over as
+damaged stays (file and record), reported in ``skipped``; an I/O error while
+verifying (``ReadFailed``: not damage) stops gc before it deletes anything.
+With no recoverable step there is nothing to keep a version for: gc refuses.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .errors import CheckpointNotFound
-from .format import MANIFEST, Version, encode_record
-from .manifest import read_manifest
+from .errors import CheckpointNotFound, ReadFailed
+from .format import MANIFEST, Version
+from .manifest import encode_manifest, read_manifest
 from .policy import Reason
 from .recovery import make_plan
 from .store import Store
@@ -24,6 +29,8 @@ class GcReport:
     kept_files: int
     removed_files: list[str]
     freed_bytes: int
+    skipped: list[str] = field(default_factory=list)
+    """Versions kept because they failed verification, each with the reason."""
 
 
 def collect_garbage(store: Store, *, keep: int = 1, dry_run: bool = False) -> GcReport:
@@ -34,6 +41,8 @@ def collect_garbage(store: Store, *, keep: int = 1, dry_run: bool = False) -> Gc
     store.lock()
     try:
         return _collect(store, keep, dry_run)
+    except ReadFailed as exc:
+        raise ReadFailed(f"{exc}; gc stopped and nothing was deleted") from None
     finally:
         store.unlock()
 
@@ -42,24 +51,28 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     view = read_manifest(store)
     if view.header is None:
         raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint")
+    if not view.states:
+        raise CheckpointNotFound(f"{store.url}: no recoverable step yet, so gc deletes nothing "
+                                 "(see `python -m layercheck inspect`)")
     steps = sorted(view.states)[-keep:]
     live: dict[str, Version] = {}
+    skipped: dict[str, str] = {}
     for step in steps:
         plan = make_plan(store, view, step)
         live[plan.state.key] = plan.state
         live.update({v.key: v for v in plan.sources.values()})
+        live.update({v.key: v for v in plan.passed_over})  # damaged: kept, never deleted
+        skipped.update(zip((v.key for v in plan.passed_over), plan.warnings))
     bases = [v for vs in view.versions.values() for v in vs if v.reason == Reason.BASE.label]
     base_step = min((v.step for v in bases), default=None)
     live.update({v.key: v for v in bases if v.step == base_step})
-    ordered = sorted(live.values(), key=lambda v: (v.step, v.layer is None, v.layer or ""))
     kept = {f for v in live.values() for f in v.files}
-    doomed = [f for f in store.list("layers") + store.list("states") if f not in kept]
+    doomed = [f for f in store.list("layers", temporary=True) + store.list("states", temporary=True)
+              if f not in kept]  # temp files too: no writer runs while gc holds the lock
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
-        manifest = encode_record(view.header) + b"".join(encode_record(v.to_record())
-                                                         for v in ordered)
-        store.write_atomic(MANIFEST, manifest)
+        store.write_atomic(MANIFEST, encode_manifest(view.header, live.values()))
         for path in doomed:
             store.delete(path)
     return GcReport(kept_steps=steps, kept_files=len(live), removed_files=doomed,
-                    freed_bytes=freed)
+                    freed_bytes=freed, skipped=list(skipped.values()))

@@ -86,12 +86,12 @@ def _run(args: argparse.Namespace) -> int:
         info = inspect_directory(store, verify=not args.quick)
         print(json.dumps(info, indent=2) if args.json else format_inspection(info))
     elif args.command == "plan":
-        from .manifest import read_manifest
+        from .manifest import read_consistent, read_manifest
         from .recovery import make_plan
-        view = read_manifest(store)
-        plan = make_plan(store, view, args.step)
+        plan = read_consistent(store, lambda view: make_plan(store, view, args.step),
+                               suspects=lambda plan: plan.passed_over, finish=lambda plan: plan)
         info = plan.to_dict()
-        budget = ((view.header or {}).get("config") or {}).get("write_budget")
+        budget = ((read_manifest(store).header or {}).get("config") or {}).get("write_budget")
         if budget is not None:
             info["budget"] = _budget_on_resume(float(budget), plan.step)
         print(json.dumps(info, indent=2) if args.json else _format_plan(info))
@@ -106,8 +106,13 @@ def _run(args: argparse.Namespace) -> int:
         from .cleanup import collect_garbage
         report = collect_garbage(store, keep=args.keep, dry_run=args.dry_run)
         verb = "would remove" if args.dry_run else "removed"
+        for warning in report.skipped:
+            print(f"layercheck: warning: {one_line(warning)}", file=sys.stderr)
+        unverified = (f"; kept {len(report.skipped)} version{'s' * (len(report.skipped) != 1)} "
+                      "it could not verify" if report.skipped else "")
         print(f"kept steps {report.kept_steps} ({report.kept_files} files); {verb} "
-              f"{len(report.removed_files)} files, {report.freed_bytes / 2**20:.1f} MiB")
+              f"{len(report.removed_files)} files, {report.freed_bytes / 2**20:.1f} MiB"
+              f"{unverified}")
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .errors import WriteFailed
+from .errors import LayerCheckError, WriteFailed, retryable
 from .format import MANIFEST, Shard, Version, encode_record
 from .store import Store
 
@@ -53,15 +53,19 @@ class ShardedCommit(Commit):
     def commit(self, store: Store, step: int, versions: list[Version],
                error: BaseException | None) -> list[Version]:
         mine = {"step": step, "error": None if error is None else f"{type(error).__name__}: {error}",
+                "retryable": error is None or retryable(error),
                 "versions": [{"layer": v.layer, "file": v.file, "bytes": v.bytes,
                               "checksum": v.checksum} for v in versions]}
         everyone = all_gather_json(mine, self.group, self.world_size)
         failed = [(r, d["error"]) for r, d in enumerate(everyone) if d["error"] is not None]
         if failed:
-            if error is not None:
+            # every rank must judge alike whether the job is retried (errors.retryable)
+            final = [(r, d["error"]) for r, d in enumerate(everyone) if not d["retryable"]]
+            if error is not None and (not final or not retryable(error)):
                 raise error
-            rank, reason = failed[0]
-            raise WriteFailed(f"rank {rank} could not write its shard of step {step} ({reason})")
+            rank, reason = (final or failed)[0]
+            raise (LayerCheckError if final else WriteFailed)(
+                f"rank {rank} could not write its shard of step {step} ({reason})")
         merged = self._merge(step, versions, everyone)
         outcome = None
         if self.rank == 0:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
-           "WriteFailed", "DirectoryLocked"]
+__all__ = ["retryable", "one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
+           "WriteFailed", "ReadFailed", "DirectoryLocked", "NotARegularFile"]
 
 
 class LayerCheckError(RuntimeError):
@@ -28,8 +28,25 @@ class WriteFailed(LayerCheckError):
     """A background write failed; nothing of it was committed."""
 
 
+class ReadFailed(LayerCheckError):
+    """Reading a committed file failed with an I/O error: not damage, so nothing was
+    passed over in its favour; try again once the storage answers."""
+
+
 class DirectoryLocked(LayerCheckError):
-    """Another process holds the checkpoint directory."""
+    """Another process, or another open LayerCheck of this one, holds the checkpoint directory."""
+
+
+class NotARegularFile(LayerCheckError):
+    """A symbolic link, FIFO, device or folder stands where the checkpoint has a regular
+    file; layercheck neither follows nor reads it."""
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed write may succeed if tried again: a storage error (OSError: a
+    full disk, a lost mount) or a peer rank's (WriteFailed). Anything else fails the
+    same way at every try; ``on_error="warn"`` retries only what this says."""
+    return isinstance(exc, (OSError, WriteFailed))
 
 
 def one_line(text: str) -> str:

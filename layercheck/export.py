@@ -44,7 +44,7 @@ from .dcpcheckpoint import FsdpFacts, assemble, dcp_state, fqn, save_dcp
 from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
 from .errors import CheckpointNotFound, LayerCheckError
 from .format import EXPORT_FORMATS, MODEL_CONFIG, module_tensors
-from .manifest import ManifestView, read_manifest, read_verified
+from .manifest import ManifestView, read_consistent, read_verified
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
 
@@ -71,20 +71,26 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
     """Write the composite model of ``step`` (the newest step at or before it;
     default newest) to folder ``out``."""
     target = _empty_target(out)
-    view = read_manifest(store)
-    if view.header is not None and "zero" in view.header:
-        plan, tensors = _zero_model(store, view, step)
-    elif view.header is not None and "fsdp" in view.header:
-        plan, tensors = _fsdp_model(store, view, step)
-    else:
-        plan, tensors = composite(store, view, step)
 
-    def build(staging: Path) -> None:
-        write_model(staging, store, plan.step, tensors)
-        _write_plan(staging, plan)
+    def prepare(view: ManifestView) -> tuple[Plan, dict[str, torch.Tensor]]:
+        if view.header is not None and "zero" in view.header:
+            return _zero_model(store, view, step)
+        if view.header is not None and "fsdp" in view.header:
+            return _fsdp_model(store, view, step)
+        return composite(store, view, step)
 
-    publish(target, build)
-    return plan
+    def finish(prepared: tuple[Plan, dict[str, torch.Tensor]]) -> Plan:
+        plan, tensors = prepared
+
+        def build(staging: Path) -> None:
+            write_model(staging, store, plan.step, tensors)
+            _write_plan(staging, plan)
+
+        publish(target, build)
+        return plan
+
+    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
+                           finish=finish)
 
 
 def write_model(folder: Path, store: Store, step: int, tensors: dict[str, torch.Tensor]) -> None:
@@ -113,33 +119,41 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
     rank's training state verifies at) as a DeepSpeed checkpoint folder ``out``
     (see the module doc; the layout per ZeRO stage is ``dscheckpoint``'s)."""
     target = _empty_target(out)
-    view = read_manifest(store)
-    if view.header is None:
-        raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no manifest header)")
-    facts = ZeroFacts.from_header(view.header, store.url)
     package = _import_deepspeed()
-    plan = make_plan(store, view, step, exact=True)
-    _check_world(plan, facts)
-    _, doc = read_state(store, plan.state)
-    layout = layout_for(facts, doc, plan.step, adam_step)
-    tag = f"global_step{plan.step}"
 
-    def build(staging: Path) -> None:
-        folder = staging / tag
-        folder.mkdir()
-        for rank in range(facts.world_size):
-            shards = _rank_shards(store, plan, rank)
-            for name, obj in layout.rank_files(rank, shards).items():
+    def prepare(view: ManifestView) -> tuple[Plan, ZeroFacts, Any]:
+        if view.header is None:
+            raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no manifest "
+                                     "header)")
+        facts = ZeroFacts.from_header(view.header, store.url)
+        plan = make_plan(store, view, step, exact=True)
+        _check_world(plan, facts)
+        _, doc = read_state(store, plan.state)
+        return plan, facts, layout_for(facts, doc, plan.step, adam_step)
+
+    def finish(prepared: tuple[Plan, ZeroFacts, Any]) -> Plan:
+        plan, facts, layout = prepared
+        tag = f"global_step{plan.step}"
+
+        def build(staging: Path) -> None:  # reads every shard again: one rank at a time
+            folder = staging / tag
+            folder.mkdir()
+            for rank in range(facts.world_size):
+                shards = _rank_shards(store, plan, rank)
+                for name, obj in layout.rank_files(rank, shards).items():
+                    torch.save(obj, folder / name)
+                del shards
+            for name, obj in layout.final_files().items():
                 torch.save(obj, folder / name)
-            del shards
-        for name, obj in layout.final_files().items():
-            torch.save(obj, folder / name)
-        (staging / "latest").write_text(tag)
-        _copy_recovery_scripts(package, staging)
-        _write_plan(staging, plan)
+            (staging / "latest").write_text(tag)
+            _copy_recovery_scripts(package, staging)
+            _write_plan(staging, plan)
 
-    publish(target, build)
-    return plan
+        publish(target, build)
+        return plan
+
+    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
+                           finish=finish)
 
 
 def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = None) -> Plan:
@@ -147,18 +161,25 @@ def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = 
     rank's training state verifies at) as a DCP checkpoint folder ``out``
     (see the module doc; the layout is ``dcpcheckpoint``'s)."""
     target = _empty_target(out)
-    view = read_manifest(store)
-    facts = FsdpFacts.from_header(view.header, store.url)
-    plan = make_plan(store, view, step, exact=True)
-    _, doc = read_state(store, plan.state)
-    state = dcp_state(assemble(store, plan, facts), facts, doc)
 
-    def build(staging: Path) -> None:
-        save_dcp(state, staging)
-        _write_plan(staging, plan)
+    def prepare(view: ManifestView) -> tuple[Plan, dict[str, Any]]:
+        facts = FsdpFacts.from_header(view.header, store.url)
+        plan = make_plan(store, view, step, exact=True)
+        _, doc = read_state(store, plan.state)
+        return plan, dcp_state(assemble(store, plan, facts), facts, doc)
 
-    publish(target, build)
-    return plan
+    def finish(prepared: tuple[Plan, dict[str, Any]]) -> Plan:
+        plan, state = prepared
+
+        def build(staging: Path) -> None:
+            save_dcp(state, staging)
+            _write_plan(staging, plan)
+
+        publish(target, build)
+        return plan
+
+    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
+                           finish=finish)
 
 
 def _fsdp_model(store: Store, view: ManifestView,

@@ -30,23 +30,16 @@ input (NaN, inf and negative drift too), slower.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from .lanes import replay_many
 from .policy import Policy, Reason
-
 from .replay_windows import windowed
+from .replayed import NO_WRITE, Replayed
 
-__all__ = ["NO_WRITE", "REPLAYED_REASONS", "Replayed", "base_step", "fast_replay"]
-
-NO_WRITE = -1
-"""``Replayed.reasons`` value where a layer is not written at a step."""
-REPLAYED_REASONS = (Reason.BASE, Reason.THRESHOLD, Reason.SMAX)
-"""The reasons a replay decides (``Reason.RETRY`` follows failed writes, which
-a replay has none of)."""
-_LABELS = np.array([reason.label for reason in Reason], dtype=object)
+__all__ = ["base_step", "fast_replay"]
 
 _U = np.finfo(np.float64).eps / 2
 _ROUNDING = 4.0
@@ -54,45 +47,6 @@ _ROUNDING = 4.0
 sums are of at most T non-negative terms, each rounded once (a relative error
 of at most u), so (3T + 2) u G bounds it; 4 leaves margin."""
 _MAX_EXACT = 4_000_000  # elements of exact re-summing before the windowed method is cheaper
-
-
-@dataclass(frozen=True, kw_only=True)
-class Replayed:
-    """The decisions of a whole run.
-
-    ``reasons[t-1, l]`` is ``NO_WRITE`` (-1) or a ``layercheck.policy.Reason``
-    value: the same as ``Decision.reasons`` of the reference replay, laid out
-    as steps x layers.
-    ``method`` says which method produced it.
-    """
-
-    reasons: np.ndarray
-    method: str = "certified"
-    k_scale: np.ndarray | None = None
-    """Per step, the write budget's factor on every threshold (``Decision.k_scale``);
-    None without a budget (then 1 throughout)."""
-
-    @property
-    def writes(self) -> np.ndarray:
-        """Boolean steps x layers: True where the layer is written."""
-        return self.reasons != NO_WRITE
-
-    def labels(self, step: np.ndarray, layer: np.ndarray) -> np.ndarray:
-        """The reason labels ('base', 'threshold', 'smax') of the writes at rows
-        ``step`` (0-based) and columns ``layer``."""
-        return _LABELS[self.reasons[step, layer]]
-
-    def decisions(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(step, layers, reasons)`` for every step, as ``Decision`` fields (for tests)."""
-        out = []
-        for t, row in enumerate(self.reasons, start=1):
-            layers = np.flatnonzero(row != NO_WRITE)
-            out.append((t, layers, row[layers].astype(np.int64)))
-        return out
-
-    def k_scales(self) -> np.ndarray:
-        """``k_scale`` per step, ones without a budget."""
-        return np.ones(len(self.reasons)) if self.k_scale is None else self.k_scale
 
 
 def base_step(policy: Policy, num_steps: int) -> int | None:
@@ -126,7 +80,6 @@ def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
     if not 1 <= window <= 62:
         raise ValueError(f"window={window} must be in 1..62 (window positions are bits of an int64)")
     if policy.write_budget is not None:
-        from .lanes import replay_many  # lanes builds on this module's Replayed
         return replay_many([policy], drift, lr_ratio).replayed(0)
     num_steps, num_layers = drift.shape
     reasons = np.full((num_steps, num_layers), NO_WRITE, dtype=np.int8)

@@ -17,8 +17,13 @@ bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
 timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
 sharded, is retired).
 
+A file's safetensors metadata says what it is (``layer_metadata``: layer, step
+and, sharded, rank; a training state's document its step): a record that names
+another layer's, step's or rank's file is not believed (``described``).
+
 Training state: RNG tensors and the state document (metadata ``state``,
-format ``layercheck-state/2``): step, param_groups, scheduler, rng scalars,
+format ``layercheck-state/2``): step, param_groups (hyper-parameters), group_members
+(which parameters each group holds; absent before it was recorded), scheduler, rng scalars,
 ``extra`` (the user's) and ``engine`` (the backend's counters; None for a
 plain module). ``layercheck-state/1`` of ZeroLayerCheck held both in
 ``extra`` as ``{"user", "_deepspeed"}``: ``read_state_document`` reads it.
@@ -35,9 +40,9 @@ from .errors import CorruptVersion
 from .store import check_relative
 
 __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "checksum",
-           "layer_path", "state_path", "tensor_key", "sub_group", "optimizer_fields",
+           "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
-           "drop_record", "count", "Shard", "Version", "layer_metadata", "state_metadata",
+           "drop_record", "count", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
            "read_state_document"]
 
 MANIFEST = "manifest.jsonl"
@@ -64,7 +69,7 @@ def checksum(data: bytes | memoryview) -> str:
 
 # -- file names --------------------------------------------------------------------
 def layer_path(layer: str, step: int, rank: int | None = None) -> str:
-    return f"layers/{_safe(layer)}@{step:09d}{_rank_suffix(rank)}.safetensors"
+    return f"layers/{layer_stem(layer)}@{step:09d}{_rank_suffix(rank)}.safetensors"
 
 
 def state_path(step: int, rank: int | None = None) -> str:
@@ -75,8 +80,16 @@ def _rank_suffix(rank: int | None) -> str:
     return "" if rank is None else f".rank{rank:05d}"
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "_"
+LAYER_STEM_MAX = 200
+"""The longest file-name stem of a layer: with '@<step>.rank<r>.safetensors' and the
+writer's '.<name>.<hex>.tmp' around it, a file name stays under 255 bytes."""
+
+
+def layer_stem(name: str) -> str:
+    """The part of a layer's file names that names the layer: ASCII letters, digits and
+    '._-', anything else '_'. Not injective ('enc 0' and 'enc_0' share one; on a
+    case-insensitive filesystem 'Enc' and 'enc' too): ``LayerMap`` refuses such pairs."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name) or "_"
 
 
 # -- tensor keys of a layer file ------------------------------------------------------
@@ -190,6 +203,9 @@ class Version:
     layer: str | None = None
     reason: str | None = None
     shards: tuple[Shard, ...] = ()
+    rank: int | None = None
+    """The rank whose shard ``file`` is (None: unsharded); not recorded, it is the
+    shard's place in ``shards``."""
 
     @classmethod
     def from_record(cls, record: dict[str, Any], rank: int | None = None) -> "Version":
@@ -211,7 +227,7 @@ class Version:
             own = Shard.from_record(record)
         return cls(step=count(record, "step"), file=own.file, bytes=own.bytes,
                    checksum=own.checksum, layer=layer, reason=record.get("reason"),
-                   shards=shards)
+                   shards=shards, rank=(rank or 0) if shards else None)
 
     @property
     def key(self) -> str:
@@ -229,8 +245,8 @@ class Version:
 
     def per_rank(self) -> list["Version"]:
         """Every rank's file as a version of its own (just this one if unsharded)."""
-        return [Version(self.step, s.file, s.bytes, s.checksum, self.layer, self.reason)
-                for s in self.shards] if self.shards else [self]
+        return [Version(self.step, s.file, s.bytes, s.checksum, self.layer, self.reason, rank=r)
+                for r, s in enumerate(self.shards)] if self.shards else [self]
 
     def to_record(self) -> dict[str, Any]:
         kind = "state" if self.layer is None else "layer"
@@ -246,8 +262,19 @@ class Version:
 
 
 # -- safetensors metadata and the state document --------------------------------------------
-def layer_metadata(layer: str, step: int) -> dict[str, str]:
-    return {"format": "layercheck-layer/1", "layer": layer, "step": str(step)}
+def layer_metadata(layer: str, step: int, rank: int | None = None) -> dict[str, str]:
+    """What a layer file says it holds: the layer, the step and (sharded) the rank."""
+    metadata = {"format": "layercheck-layer/1", "layer": layer, "step": str(step)}
+    return metadata if rank is None else {**metadata, "rank": str(rank)}
+
+
+def described(metadata: Mapping[str, str]) -> tuple[str | None, int, int | None]:
+    """What a committed file's metadata says it is: (its layer, None for a training
+    state; its step; its rank, None where not recorded). ValueError if unreadable."""
+    rank = int(metadata["rank"]) if "rank" in metadata else None
+    if str(metadata.get("format", "")).startswith("layercheck-layer/"):
+        return metadata["layer"], int(metadata["step"]), rank
+    return None, int(json.loads(metadata["state"])["step"]), rank
 
 
 def state_metadata(document: dict[str, Any], default: Any) -> dict[str, str]:
@@ -260,6 +287,12 @@ def state_metadata(document: dict[str, Any], default: Any) -> dict[str, str]:
                         f"JSON-serialisable ({exc}); keep extra state to numbers, strings, "
                         "lists and dicts") from None
     return {"format": STATE_FORMAT, "state": text}
+
+
+def group_members(names: list[str]) -> str:
+    """What the state document records of an optimizer parameter group
+    (``group_members``, one per group): a checksum of its parameters' names."""
+    return checksum("\n".join(sorted(names)).encode())
 
 
 def read_state_document(metadata: Mapping[str, str]) -> dict[str, Any]:

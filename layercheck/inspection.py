@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CheckpointNotFound, CorruptVersion
+from .errors import CheckpointNotFound, CorruptVersion, ReadFailed
 from .format import MANIFEST, Version
 from .manifest import read_manifest, read_verified
 from .store import Store
@@ -16,13 +16,28 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
 
     ``problems`` lists the damage: skipped manifest lines, and every committed
     file that is missing or of the wrong size, or (``verify``, which reads every
-    file) fails its checksum or is not a safetensors file."""
+    file) fails its checksum or is not a safetensors file. Safe beside a running
+    trainer: it describes the manifest as it was read, and reports as damage only
+    what is still committed once it is done (a trainer retires a version, drop
+    record first, before deleting its file; a torn last line may be an append in
+    flight)."""
+    with store.reading():  # a trainer's retention deletes no file meanwhile
+        return _inspect(store, verify)
+
+
+def _inspect(store: Store, verify: bool) -> dict[str, Any]:
     view = read_manifest(store)
     if view.header is None:
         raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no {MANIFEST} "
                                  "with a header); point at the directory given to LayerCheck")
     newest = view.latest_step()
-    damage = [d for v in view.all_versions() if (d := _damage(store, v, verify))]
+    found = [(v, d) for v in view.all_versions() if (d := _damage(store, v, verify))]
+    problems = list(view.problems)
+    if found or problems:
+        now = read_manifest(store)
+        live = set(now.all_versions())
+        problems = [p for p in problems if p in now.problems]
+        found = [(v, d) for v, d in found if v in live]
     layers = []
     for layer in view.header["layers"]:
         versions = view.versions.get(layer["name"], [])
@@ -37,8 +52,16 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
         "directory": store.url, "world_size": view.world_size, "newest_step": newest, "recoverable_steps": len(view.states),
         "oldest_step": min(view.states) if view.states else None,
         "layers": layers, "layer_versions": sum(len(v) for v in view.versions.values()),
-        "bytes_on_disk": sum(store.size(f) for f in files),
-        "config": view.header.get("config"), "problems": [*view.problems, *damage]}
+        "bytes_on_disk": sum(_on_disk(store, f) for f in files),
+        "config": view.header.get("config"), "problems": [*problems, *(d for _, d in found)]}
+
+
+def _on_disk(store: Store, path: str) -> int:
+    """Bytes of ``path``; 0 if it went since it was listed (a trainer retired it)."""
+    try:
+        return store.size(path)
+    except FileNotFoundError:
+        return 0
 
 
 def _damage(store: Store, version: Version, verify: bool) -> str | None:
@@ -52,7 +75,7 @@ def _damage(store: Store, version: Version, verify: bool) -> str | None:
         if verify:
             try:
                 read_verified(store, shard)
-            except CorruptVersion as exc:
+            except (CorruptVersion, ReadFailed) as exc:  # ReadFailed says it is not damage
                 return str(exc)
     return None
 

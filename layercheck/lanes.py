@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from . import budget
-from .fastreplay import NO_WRITE, Replayed
+from .replayed import NO_WRITE, Replayed
 from .policy import Policy, Reason
 
 __all__ = ["Lanes", "replay_many"]

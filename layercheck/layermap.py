@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .errors import ModelMismatch
+from .format import LAYER_STEM_MAX, layer_stem
 
 __all__ = ["Layer", "LayerMap", "numel"]
 
@@ -55,6 +56,7 @@ class LayerMap:
         self._buffers = dict(_persistent_buffers(model))
         self.index = {layer.name: i for i, layer in enumerate(self.layers)}
         self._check_partition()
+        self._check_file_names()
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -143,7 +145,8 @@ class LayerMap:
                 for l in self.layers]
 
     def check_signature(self, recorded: Sequence[Mapping[str, object]]) -> None:
-        """ModelMismatch unless ``recorded`` (from a checkpoint) describes this model's layers."""
+        """ModelMismatch unless ``recorded`` (from a checkpoint) describes this model's
+        layers: names, sizes and (where recorded) bytes, i.e. the dtype."""
         mine = {(l["name"], l["params"]) for l in self.signature()}
         theirs = {(str(l["name"]), int(l["params"])) for l in recorded}  # type: ignore[arg-type]
         if mine != theirs:
@@ -153,6 +156,14 @@ class LayerMap:
                 "the checkpoint was written for a different model: layers or sizes differ "
                 f"(in checkpoint only: {missing}; in this model only: {extra}); "
                 "load the same architecture, or use another checkpoint directory")
+        nbytes = {l.name: l.nbytes for l in self.layers}
+        for layer in recorded:
+            saved = layer.get("weight_bytes")
+            if saved is not None and int(saved) != nbytes[str(layer["name"])]:  # type: ignore[call-overload]
+                raise ModelMismatch(
+                    f"layer {layer['name']} has {nbytes[str(layer['name'])]} bytes of weights "
+                    f"here but {saved} in the checkpoint: another dtype (bf16 against fp32?); "
+                    "load the model in the dtype it was trained in")
 
     def _check_partition(self) -> None:
         seen: dict[str, str] = {}
@@ -165,6 +176,23 @@ class LayerMap:
         missing = sorted(set(self._params) - seen.keys())
         if missing:
             raise ModelMismatch(f"parameters without a layer: {missing[:3]}")
+
+    def _check_file_names(self) -> None:
+        """Every layer's files get a name of their own (``format.layer_stem``), checked
+        now rather than at the base checkpoint, hundreds of steps in."""
+        fix = ("name the layers yourself: LayerCheckConfig(layers={'short_name': "
+               "['parameter.prefix', ...], ...})")
+        seen: dict[str, str] = {}
+        for name in self.names:
+            stem = layer_stem(name)
+            if len(stem) > LAYER_STEM_MAX:
+                raise ModelMismatch(f"layer {name[:60]!r}... is too long a name for a file "
+                                    f"({len(stem)} characters, at most {LAYER_STEM_MAX}): {fix}")
+            other = seen.setdefault(stem.lower(), name)  # lower: case-insensitive filesystems
+            if other != name:
+                raise ModelMismatch(f"layers {other!r} and {name!r} would share the file name "
+                                    f"{layer_stem(other)!r} (files keep ASCII letters, digits "
+                                    f"and '._-' and may ignore case): {fix}")
 
 
 def numel(p: torch.Tensor) -> int:

@@ -14,13 +14,17 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
-from .errors import CorruptVersion
-from .format import MANIFEST, Version, checksum, count, decode_line
+from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
+from .format import MANIFEST, Version, checksum, count, decode_line, described, encode_record
 from .store import Store, check_relative
 
-__all__ = ["ManifestView", "read_manifest", "seal_torn_tail", "read_verified", "check_structure"]
+__all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
+           "encode_manifest", "read_verified", "check_structure"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -34,6 +38,8 @@ class ManifestView:
     """Per step, its committed training state."""
     problems: list[str] = field(default_factory=list)
     """Lines that were skipped, each with the reason (torn, bad CRC, bad path)."""
+    skipped: list[bytes] = field(default_factory=list)
+    """Those lines as they are in the manifest."""
     resumes: list[int] = field(default_factory=list)
     rank: int | None = None
     """The rank whose shards ``versions`` and ``states`` show (sharded checkpoints)."""
@@ -100,10 +106,15 @@ def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
     """Replay the store's manifest (as ``rank`` sees a sharded one). Damaged
     lines are skipped and listed in ``problems``; an absent manifest gives an
     empty view (no header)."""
+    return _replay(_manifest_bytes(store), rank)
+
+
+def _manifest_bytes(store: Store) -> bytes:
+    return store.read(MANIFEST) if store.exists(MANIFEST) else b""
+
+
+def _replay(data: bytes, rank: int | None) -> ManifestView:
     view = ManifestView(rank=rank)
-    if not store.exists(MANIFEST):
-        return view
-    data = store.read(MANIFEST)
     lines = data.split(b"\n")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -115,7 +126,82 @@ def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
             view.apply(decode_line(line))
         except Exception as exc:  # any damage to one line: skip it, say why
             view.problems.append(f"{MANIFEST} line {number}: skipped ({exc})")
+            view.skipped.append(line)
     return view
+
+
+def encode_manifest(header: dict[str, Any], versions: Iterable[Version]) -> bytes:
+    """A whole manifest: the header, then ``versions`` by step, each step's state last."""
+    ordered = sorted(versions, key=lambda v: (v.step, v.layer is None, v.layer or ""))
+    return encode_record(header) + b"".join(encode_record(v.to_record()) for v in ordered)
+
+
+def compact(store: Store) -> int:
+    """Rewrite the manifest with only what replaying it keeps: the header, the live
+    versions and, as they are, the lines it skips (so ``inspect`` still reports
+    them). Replaying the result gives the same header, versions and states;
+    records of retired versions, drop and resume records are gone. Atomic
+    (``write_atomic``): a crash leaves the old manifest or the new one, never a
+    mix. Call only where nothing else appends meanwhile (the directory's
+    writer, from the thread that appends). Returns the size it now has."""
+    view = read_manifest(store)
+    if view.header is None:
+        raise LayerCheckError(f"{store.url}: no header to keep, so the manifest is not compacted")
+    data = encode_manifest(view.header, view.all_versions()) + b"".join(
+        line + b"\n" for line in view.skipped)
+    store.write_atomic(MANIFEST, data)
+    return len(data)
+
+
+def read_consistent(store: Store, prepare: Callable[[ManifestView], T],
+                    suspects: Callable[[T], Iterable[Version]], finish: Callable[[T], R], *,
+                    attempts: int = 8) -> R:
+    """``finish(prepare(view))`` on a snapshot of the manifest, for readers that hold
+    no lock (``inspect``, ``plan``, ``export``) beside a trainer that may change the
+    directory meanwhile: append, retire versions (``keep_versions``: a drop record,
+    then the files) or start a new timeline (overwriting files of the abandoned one).
+
+    ``prepare`` reads and changes nothing; ``finish`` may write (an export folder).
+    What ``prepare`` found damaged (``suspects(prepared)``: the versions a plan
+    passed over, or an inspection found wrong) and damaged manifest lines are
+    believed only if they are still so in the manifest as it is now; otherwise both
+    run again on the new one, and ``finish`` never sees a result that is not
+    believed. An error (CorruptVersion, CheckpointNotFound) is believed once the
+    manifest did not change while it was found. So a reader never passes over, nor
+    reports as damaged, a version that was only retired, and never exports a
+    composite that was not recoverable. All of it under ``store.reading()``, so
+    a trainer's retention deletes no file meanwhile (its drop records still
+    appear): retries are for what that cannot hold off (a new timeline
+    overwriting abandoned files, an append in flight). LayerCheckError if the
+    directory changed under every one of ``attempts`` tries."""
+    with store.reading():  # a trainer's retention deletes no file meanwhile
+        return _consistent(store, prepare, suspects, finish, attempts)
+
+
+def _consistent(store: Store, prepare: Callable[[ManifestView], T],
+                suspects: Callable[[T], Iterable[Version]], finish: Callable[[T], R],
+                attempts: int) -> R:
+    data, failure = _manifest_bytes(store), None
+    for _ in range(attempts):
+        view = _replay(data, None)
+        try:
+            prepared = prepare(view)
+            suspected = set(suspects(prepared))
+            if not (view.problems or suspected):
+                return finish(prepared)
+            data = _manifest_bytes(store)
+            now = _replay(data, None)
+            if suspected <= set(now.all_versions()) and set(view.problems) <= set(now.problems):
+                return finish(prepared)  # still live, still damaged: so they are
+        except (CorruptVersion, CheckpointNotFound) as exc:
+            fresh = _manifest_bytes(store)
+            if fresh == data:  # nothing moved while it was found: so it is
+                raise
+            data, failure = fresh, exc
+    last = f"; the last try found: {failure}" if failure is not None else ""
+    raise LayerCheckError(f"{store.url} changed under each of {attempts} tries to read it (a "
+                          "running trainer starting a new timeline?): try again, or stop the "
+                          f"trainer{last}")
 
 
 def seal_torn_tail(store: Store) -> bool:
@@ -135,19 +221,44 @@ def seal_torn_tail(store: Store) -> bool:
 
 
 def read_verified(store: Store, version: Version) -> bytes:
-    """The file's bytes, or CorruptVersion if missing, short, failing its checksum
-    or not structured as a safetensors file (the manifest's checksum proves only
-    that the file is what was recorded, not that what was recorded is sane)."""
-    try:
-        data = store.read(version.file)
-    except (FileNotFoundError, OSError) as exc:
-        raise CorruptVersion(f"{version.file}: cannot be read ({exc.__class__.__name__})") from None
+    """The file's bytes, or CorruptVersion if missing, not a regular file, of another
+    size, failing its checksum or not structured as a safetensors file (the manifest's
+    checksum proves only that the file is what was recorded, not that what was
+    recorded is sane). An I/O error is not damage: ReadFailed."""
+    try:  # never more than the committed size (a link to /dev/zero is refused anyway)
+        data = store.read(version.file, limit=version.bytes)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotARegularFile) as exc:
+        raise CorruptVersion(f"{version.file}: missing, or not the file committed "
+                             f"({exc.__class__.__name__})") from None
+    except OSError as exc:  # EIO, EACCES, a timeout: the file may be intact
+        raise ReadFailed(f"{version.file}: cannot be read ({exc}): an I/O error, not damage, so "
+                         "nothing was passed over; try again once the storage answers") from None
     if len(data) != version.bytes:
-        raise CorruptVersion(f"{version.file}: {len(data)} bytes on disk, {version.bytes} committed")
+        raise CorruptVersion(f"{version.file}: " + (
+            f"{len(data)} bytes on disk, {version.bytes} committed" if len(data) < version.bytes
+            else f"longer on disk than the {version.bytes} bytes committed"))
     if checksum(data) != version.checksum:
         raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
-    check_structure(data, version.file)
+    _check_identity(check_structure(data, version.file), version)
     return data
+
+
+def _check_identity(metadata: dict[str, str], version: Version) -> None:
+    """CorruptVersion unless the file says it is ``version``'s: its layer (or a training
+    state), its step and, where recorded, its rank. A record naming another file, with
+    that file's checksum, must not put one layer's tensors into another."""
+    try:
+        layer, step, rank = described(metadata)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptVersion(f"{version.file}: its metadata does not say what it holds "
+                             f"({exc.__class__.__name__}: {exc})") from None
+    what = lambda l, s: f"layer {l} of step {s}" if l is not None else f"the training state of step {s}"  # noqa: E731
+    if (layer, step) != (version.layer, version.step):
+        raise CorruptVersion(f"{version.file}: holds {what(layer, step)}, but the manifest "
+                             f"names it as {what(version.layer, version.step)}")
+    if rank is not None and version.rank is not None and rank != version.rank:
+        raise CorruptVersion(f"{version.file}: holds rank {rank}'s shard, but the manifest names "
+                             f"it as rank {version.rank}'s")
 
 
 def check_structure(data: bytes, what: str) -> dict[str, str]:

@@ -50,6 +50,9 @@ class Ranks:
         """How the writer thread commits a job."""
         return Commit()
 
+    def close(self) -> None:
+        """Release what these ranks made for themselves (after the last collective)."""
+
 
 class ProcessGroupRanks(Ranks):
     """The ranks of the default torch.distributed process group."""
@@ -85,3 +88,10 @@ class ProcessGroupRanks(Ranks):
 
     def commit(self) -> Commit:
         return ShardedCommit(self._commit_group, self.rank, self.world_size)
+
+    def close(self) -> None:
+        # a gloo group still alive at interpreter exit can abort the process ("terminate
+        # called without an active exception": its threads are torn down unjoined)
+        for group in (self._step_group, self._commit_group):
+            if group in dist.distributed_c10d._world.pg_map:
+                dist.destroy_process_group(group)

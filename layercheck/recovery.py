@@ -11,19 +11,26 @@ A version sharded over ranks (DeepSpeed ZeRO) is intact when every rank's
 shard is. Live (``LayerCheck.restore``), each rank verifies its own shard and
 the ranks agree (``Ranks.agree_min``): all take the oldest version proposed,
 and a rank that proposed a newer one looks again at or below it. Offline
-(``make_plan``), one process verifies every shard. Both choose the same.
+(``make_plan``), one process verifies every shard. Both choose the same. An
+error on one rank (an I/O error, a model that does not fit) is raised on
+every rank, so none is left waiting in a collective.
+
+A live restore plans everything (every version verified, and checked
+against the live model by ``use``) before it changes anything, then loads
+the chosen versions again to apply them (``load``, under ``together``): a
+restore that fails leaves the model as it was.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
 from safetensors.torch import load as st_load
 
-from .errors import CheckpointNotFound, CorruptVersion
+from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
 from .format import Version, read_state_document
 from .manifest import ManifestView, check_structure, read_verified
 from .ranks import Ranks
@@ -32,7 +39,11 @@ from .store import Store
 __all__ = ["Plan", "Planner", "make_plan", "parse_safetensors", "read_state"]
 
 UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
-"""Called with (chosen version, its tensors) as each layer is chosen."""
+"""Called with (chosen version, its tensors) as each layer is chosen; it may refuse
+the plan (ModelMismatch) or pass the version over (CorruptVersion)."""
+T = TypeVar("T")
+_FAILED = -3
+"""What a rank proposes in an agreement when it failed: every rank then raises."""
 
 
 @dataclass
@@ -43,6 +54,8 @@ class Plan:
     state: Version
     sources: dict[str, Version]
     warnings: list[str] = field(default_factory=list)
+    passed_over: list[Version] = field(default_factory=list)
+    """Versions found damaged and passed over; ``warnings[i]`` says why of the i-th."""
 
     def staleness(self) -> dict[str, int]:
         return {name: self.step - v.step for name, v in self.sources.items()}
@@ -89,12 +102,14 @@ class Planner:
         self.ranks = ranks or Ranks()
         self.every_shard = every_shard
         self.warnings: list[str] = []
+        self.passed_over: list[Version] = []
         self.load_s = 0.0
 
     def plan(self, step: int | None = None, *, exact: bool = False,
              use: UseLayer | None = None) -> Plan:
         state, _ = self.state(step, exact=exact)
-        return Plan(state.step, state, self.layers(state.step, use), self.warnings)
+        return Plan(state.step, state, self.layers(state.step, use), self.warnings,
+                    self.passed_over)
 
     def state(self, step: int | None = None, *, exact: bool = False) -> tuple[Version, bytes]:
         """The newest intact training state at or before ``step`` (default: the
@@ -138,18 +153,48 @@ class Planner:
         chosen = np.full(len(items), -2, dtype=np.int64)
         picks: list[tuple[Version | None, bytes | None]] = [(None, None)] * len(items)
         while True:
-            for i, (what, versions) in enumerate(items):
-                if chosen[i] != bound[i]:
-                    version, data = self._newest_intact(
-                        [v for v in versions if v.step <= bound[i]], what, use)
-                    picks[i] = (version, data if keep else None)
-                    chosen[i] = version.step if version is not None else -1
+            failure = None
+            try:
+                for i, (what, versions) in enumerate(items):
+                    if chosen[i] != bound[i]:
+                        version, data = self._newest_intact(
+                            [v for v in versions if v.step <= bound[i]], what, use)
+                        picks[i] = (version, data if keep else None)
+                        chosen[i] = version.step if version is not None else -1
+            except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+                failure, chosen[:] = exc, _FAILED
             agreed, same = self.ranks.agree_min(chosen)
+            self._raise_together(failure, agreed)
             if (agreed < 0).any():
                 raise CheckpointNotFound(self._none_intact(*items[int(np.argmin(agreed))], step))
             if same:
                 return picks
             bound = agreed
+
+    def together(self, work: Callable[[], T]) -> T:
+        """``work()`` on every rank; if it raises on any rank, it raises on all."""
+        failure, result = None, None
+        try:
+            result = work()
+        except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+            failure = exc
+        agreed, _ = self.ranks.agree_min(np.array([_FAILED if failure else 0], dtype=np.int64))
+        self._raise_together(failure, agreed)
+        return result  # type: ignore[return-value]
+
+    def _raise_together(self, failure: BaseException | None, agreed: np.ndarray) -> None:
+        if failure is not None:
+            raise failure
+        if (agreed == _FAILED).any():
+            raise LayerCheckError("another rank failed to restore (its error says why); this "
+                                  "rank stops with it")
+
+    def load(self, version: Version) -> dict[str, torch.Tensor]:
+        """The tensors of a planned version (this rank's file), read and verified again."""
+        start = time.perf_counter()
+        tensors, _ = parse_safetensors(read_verified(self.store, version), version.file)
+        self.load_s += time.perf_counter() - start
+        return tensors
 
     def _newest_intact(self, versions: list[Version], what: str,
                        use: UseLayer | None) -> tuple[Version | None, bytes | None]:
@@ -159,6 +204,7 @@ class Planner:
                 data = self._read(version)
             except CorruptVersion as exc:
                 self.warnings.append(f"{what}: skipping the version of step {version.step}: {exc}")
+                self.passed_over.append(version)
                 continue
             if use is not None:
                 tensors, _ = parse_safetensors(data, version.file)

@@ -19,7 +19,7 @@ import torch
 from .errors import ModelMismatch
 from .format import state_metadata
 
-__all__ = ["capture_state", "apply_state", "capture_rng", "apply_rng"]
+__all__ = ["capture_state", "check_state", "apply_state", "capture_rng", "apply_rng"]
 
 
 def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -50,15 +50,18 @@ def apply_rng(tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, Any]) -
 
 
 def capture_state(step: int, optimizer: torch.optim.Optimizer, scheduler: Any,
-                  extra: Mapping[str, Any] | None, engine: Mapping[str, Any] | None = None
+                  extra: Mapping[str, Any] | None, engine: Mapping[str, Any] | None = None,
+                  members: list[str] | None = None
                   ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of the small per-step training state; ``engine``: the
-    backend's counters (``LayerSource.engine_state``)."""
+    backend's counters (``LayerSource.engine_state``); ``members``: per parameter
+    group, ``format.group_members`` of the parameters it holds."""
     tensors, rng = capture_rng()
     doc = {
         "step": step,
         "param_groups": [{k: v for k, v in g.items() if k != "params"}
                          for g in optimizer.param_groups],
+        "group_members": members,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "extra": dict(extra) if extra is not None else None,
         "engine": dict(engine) if engine is not None else None,
@@ -75,14 +78,34 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
-def apply_state(tensors: Mapping[str, torch.Tensor], doc: Mapping[str, Any],
-                optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    """Restore RNG, optimizer hyper-parameters and scheduler from a training state's
-    tensors and document (``format.read_state_document``)."""
+def check_state(doc: Mapping[str, Any], optimizer: torch.optim.Optimizer,
+                members: list[str] | None = None) -> None:
+    """ModelMismatch unless ``apply_state`` fits ``optimizer``, whose groups hold
+    ``members`` (``capture_state``'s); changes nothing. Hyper-parameters and the LR
+    scheduler's per-group state go back by position, so every group must hold the
+    parameters it held (torch's own load_state_dict refuses other sizes)."""
     groups = doc["param_groups"]
     if len(groups) != len(optimizer.param_groups):
         raise ModelMismatch(f"the checkpoint's optimizer has {len(groups)} parameter groups, "
                             f"this one {len(optimizer.param_groups)}; build the optimizer as before")
+    saved = doc.get("group_members")
+    if saved is None or members is None:
+        return  # recorded since issue 13; older states are taken by position
+    for i, (mine, theirs) in enumerate(zip(members, saved)):
+        if mine != theirs:
+            raise ModelMismatch(
+                f"optimizer parameter group {i} holds other parameters than it did in the "
+                "checkpoint (groups reordered or split another way); its learning rate, weight "
+                "decay and scheduler state would go to the wrong parameters: build the "
+                "optimizer's groups as before (same order, same parameters)")
+
+
+def apply_state(tensors: Mapping[str, torch.Tensor], doc: Mapping[str, Any],
+                optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    """Restore RNG, optimizer hyper-parameters and scheduler from a training state's
+    tensors and document (``format.read_state_document``)."""
+    check_state(doc, optimizer)
+    groups = doc["param_groups"]
     for live, saved in zip(optimizer.param_groups, groups):
         for key, value in saved.items():
             live[key] = tuple(value) if isinstance(live.get(key), tuple) else value

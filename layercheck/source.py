@@ -4,10 +4,14 @@
 answers what depends on where the tensors are: ``drift_layers()`` (per
 layer, the tensors the optimizer steps; ``drift_groups()`` names their param
 groups where the optimizer holds them only while stepping), ``capture(i)``
-(host copies of layer i, keyed as ``layercheck.format`` says), ``apply(i,
-tensors)`` (a loaded layer i back into the live tensors), and what the
+(host copies of layer i, keyed as ``layercheck.format`` says), ``check(i,
+tensors)`` (ModelMismatch unless a loaded layer i fits the live tensors: keys,
+shapes, dtypes; nothing is copied), ``apply(i, tensors)`` (it back into the
+live tensors), and what the
 backend adds to the header (``header_facts``) and to every step's state
 (``engine_state``) and must redo once every layer is back (``after_restore``).
+A restore checks every layer before it applies the first, so one that fails
+leaves the live model as it was.
 
 Backends: ``ModuleSource`` (an ``nn.Module`` and its torch optimizer),
 ``layercheck.zero.Partitions`` (DeepSpeed ZeRO's flat fp32 partitions, one
@@ -23,7 +27,7 @@ import torch
 from torch import nn
 
 from .errors import ModelMismatch
-from .format import optimizer_fields, tensor_key
+from .format import group_members, optimizer_fields, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -41,7 +45,8 @@ def tensors_nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
 
 def take(tensors: Mapping[str, torch.Tensor], key: str, like: torch.Tensor,
          layer: str) -> torch.Tensor:
-    """``tensors[key]``, or ModelMismatch when it is missing or not shaped like ``like``."""
+    """``tensors[key]``, or ModelMismatch when it is missing or not shaped like ``like``
+    or of another dtype (a copy would cast it silently)."""
     if key not in tensors:
         raise ModelMismatch(f"layer {layer}: the saved version has no {key}; the checkpoint was "
                             "written for a different model, optimizer grouping or world size")
@@ -50,6 +55,10 @@ def take(tensors: Mapping[str, torch.Tensor], key: str, like: torch.Tensor,
         raise ModelMismatch(f"layer {layer}: {key} has shape {tuple(value.shape)} in the "
                             f"checkpoint but {tuple(like.shape)} here (a different model, "
                             "parameter grouping or world size)")
+    if value.dtype != like.dtype:
+        raise ModelMismatch(f"layer {layer}: {key} is {value.dtype} in the checkpoint but "
+                            f"{like.dtype} here: load the model in the dtype it was trained in "
+                            "(its optimizer state was saved for that dtype)")
     return value
 
 
@@ -86,16 +95,29 @@ class LayerSource:
     def capture(self, i: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """ModelMismatch unless ``apply(i, tensors)`` fits; copies nothing."""
+        raise NotImplementedError
+
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
     def _capture_buffers(self, i: int) -> dict[str, torch.Tensor]:
         return {tensor_key("buffer", name): host(b) for name, b in self.layer_map.buffers(i)}
 
-    def _apply_buffers(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, b in self.layer_map.buffers(i):
-                b.copy_(take(tensors, tensor_key("buffer", name), b, self.layer_map.names[i]))
+    def _buffers(self, i: int, tensors: Mapping[str, torch.Tensor]
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(live buffer, its saved value) of layer ``i``, each checked (``take``)."""
+        return [(b, take(tensors, tensor_key("buffer", name), b, self.layer_map.names[i]))
+                for name, b in self.layer_map.buffers(i)]
+
+    def group_members(self) -> list[str]:
+        """Per param group of ``optimizer``, ``format.group_members`` of its parameters
+        (recorded with every step's state; a restore into other groups is refused)."""
+        names = {id(p): n for i in range(len(self.layer_map))
+                 for n, p in self.layer_map.parameters(i)}
+        return [group_members([names.get(id(p), f"#{j}") for j, p in enumerate(g["params"])])
+                for g in self.optimizer.param_groups]
 
     def header_facts(self) -> dict[str, Any]:
         """Backend facts for the directory's header (JSON-ready)."""
@@ -129,16 +151,25 @@ class ModuleSource(LayerSource):
             out.update(capture_optimizer_state(self.optimizer.state.get(p, {}), name))
         return {**out, **self._capture_buffers(i)}
 
+    def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._placed(i, tensors)
+
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
-        layer = self.layer_map.names[i]
+        pairs = self._placed(i, tensors)
         groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
         with torch.no_grad():
-            for name, p in self.layer_map.parameters(i):
-                p.copy_(take(tensors, tensor_key("param", name), p, layer))
-                if id(p) in groups:
-                    on_device = groups[id(p)].get("capturable") or groups[id(p)].get("fused")
-                    # the loaded tensors are fresh and ours: adopt them rather than copy
-                    self.optimizer.state[p] = {
-                        field: value if field == "step" and not on_device else value.to(p.device)
-                        for field, value in optimizer_fields(tensors, name).items()}
-        self._apply_buffers(i, tensors)
+            for live, saved in pairs:
+                live.copy_(saved)
+        for name, p in self.layer_map.parameters(i):
+            if id(p) in groups:
+                on_device = groups[id(p)].get("capturable") or groups[id(p)].get("fused")
+                # the loaded tensors are fresh and ours: adopt them rather than copy
+                self.optimizer.state[p] = {
+                    field: value if field == "step" and not on_device else value.to(p.device)
+                    for field, value in optimizer_fields(tensors, name).items()}
+
+    def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        layer = self.layer_map.names[i]
+        return [(p, take(tensors, tensor_key("param", name), p, layer))
+                for name, p in self.layer_map.parameters(i)] + self._buffers(i, tensors)

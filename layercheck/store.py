@@ -10,11 +10,14 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
+import threading
 import uuid
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterator, Protocol, runtime_checkable
 
-from .errors import DirectoryLocked, LayerCheckError
+from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative"]
 
@@ -41,31 +44,60 @@ class Store(Protocol):
     durably (creating it), and an append that fails (ENOSPC, EIO) leaves the
     file as it was where the storage allows. Readers never see a partial
     ``write_atomic``. A crash mid-append can still leave a torn tail: see
-    ``manifest.seal_torn_tail``.
+    ``manifest.seal_torn_tail``. ``lock`` takes the directory for one writer;
+    ``reading()`` is held by a reader that takes no lock (inspect, plan, export)
+    while it reads, and ``delete_unread`` deletes only while no reader holds it
+    (False: nothing was deleted), so retention never pulls a file from under a
+    reader. ``read`` returns the whole file, or with
+    ``limit`` at most its first ``limit + 1`` bytes (enough to tell that it is
+    longer); it reads only regular files, never through a link
+    (``NotARegularFile``). ``list`` names the files under ``prefix`` that a
+    commit can name, with ``temporary`` also the temp files of writes in
+    flight or cut short by a crash.
     """
 
     url: str
 
     def write_atomic(self, path: str, data: bytes) -> None: ...
     def append(self, path: str, data: bytes) -> None: ...
-    def read(self, path: str) -> bytes: ...
+    def read(self, path: str, limit: int | None = None) -> bytes: ...
     def exists(self, path: str) -> bool: ...
     def size(self, path: str) -> int: ...
-    def list(self, prefix: str) -> list[str]: ...
+    def list(self, prefix: str, *, temporary: bool = False) -> list[str]: ...
     def delete(self, path: str) -> None: ...
+    def delete_unread(self, paths: list[str]) -> bool: ...
+    def reading(self) -> ContextManager[None]: ...
     def lock(self) -> None: ...
     def unlock(self) -> None: ...
 
 
 class LocalStore:
-    """A local directory. Atomic writes: temp file, fsync, rename, fsync of the directory."""
+    """A local directory. Atomic writes: temp file, fsync, rename, fsync of the directory.
+
+    Writes and deletes go only into the directory this store was opened on: if it
+    is deleted or replaced meanwhile (``rm -rf``, and perhaps another run creating
+    it anew), they raise LayerCheckError (not a storage error: retrying is futile)."""
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         self.root = Path(root).resolve()
         self.url = str(self.root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
-        self._lock_fd: int | None = None
+        self._identity = _identity(self.root) if self.root.is_dir() else None
+        self._lock_key: tuple[int, int] | None = None
+
+    def _writable(self, path: str) -> Path:
+        """``_path(path)``, once the directory is checked to be the one opened."""
+        try:
+            same = _identity(self.root) == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise LayerCheckError(
+                f"{self.root} was deleted or replaced after this process opened it; nothing "
+                "more is written there (another run may own it now): restore from a copy, or "
+                "start over in a new directory")
+        return self._path(path)
 
     def _path(self, path: str) -> Path:
         target = self.root / check_relative(path)
@@ -89,7 +121,7 @@ class LocalStore:
             _fsync_dir(path.parent)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        target = self._path(path)
+        target = self._writable(path)
         self._make_parents(target)
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -106,11 +138,11 @@ class LocalStore:
         _fsync_dir(target.parent)
 
     def append(self, path: str, data: bytes) -> None:
-        target = self._path(path)
+        target = self._writable(path)
         self._make_parents(target)
-        created = not target.exists()
-        # O_NOFOLLOW: a planted symlink must not make us append to a file elsewhere
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        created = not os.path.lexists(target)
+        # never through a planted link, nor into a FIFO or device
+        fd = _open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
             try:
@@ -124,56 +156,154 @@ class LocalStore:
         if created:
             _fsync_dir(target.parent)
 
-    def read(self, path: str) -> bytes:
-        return self._path(path).read_bytes()
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        fd = _open_regular(self._path(path), os.O_RDONLY)
+        try:  # the size when opened bounds the read: a file that grows is read as it was
+            size = os.fstat(fd).st_size
+            return _read_all(fd, size if limit is None else min(size, limit + 1))
+        finally:
+            os.close(fd)
 
     def exists(self, path: str) -> bool:
-        return self._path(path).exists()
+        return os.path.lexists(self._path(path))  # a link counts: reading it is refused
 
     def size(self, path: str) -> int:
-        return self._path(path).stat().st_size
+        return os.lstat(self._path(path)).st_size
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, temporary: bool = False) -> list[str]:
         folder = self._path(prefix)
         if not folder.is_dir():
             return []
-        # names layercheck could not have written (spaces, odd characters) are not ours
-        return sorted(f"{prefix}/{p.name}" for p in folder.iterdir()
-                      if p.is_file() and _SAFE_PATH.match(p.name))
+        # names layercheck could not have written (spaces, odd characters) are not ours;
+        # '.<name>.<hex>.tmp' is a write in flight (or cut short by a crash)
+        with os.scandir(folder) as entries:
+            return sorted(f"{prefix}/{e.name}" for e in entries
+                          if e.is_file(follow_symlinks=False) and _SAFE_PATH.match(e.name)
+                          and (temporary or not e.name.startswith(".")))
 
     def delete(self, path: str) -> None:
-        self._path(path).unlink(missing_ok=True)
+        self._writable(path).unlink(missing_ok=True)
+
+    def delete_unread(self, paths: list[str]) -> bool:
+        # readers hold a shared record lock on .readers (``reading``); the writer takes
+        # it exclusively for the moment it deletes, or leaves the files for later
+        import fcntl
+        fd = _open_regular(self.root / ".readers", os.O_RDWR | os.O_CREAT)
+        try:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return False
+                raise
+            for path in paths:
+                self.delete(path)
+            return True
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold off ``delete_unread`` (a trainer's retention) while a reader reads. A
+        directory where .readers cannot be made (read-only) has no writer to hold off."""
+        import fcntl
+        try:
+            fd = _open_regular(self.root / ".readers", os.O_RDONLY | os.O_CREAT)
+        except (PermissionError, FileNotFoundError, NotARegularFile):
+            yield
+            return
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            yield
+            return
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH)  # waits out a deletion in progress
+            yield
+        finally:
+            os.close(fd)
 
     def lock(self) -> None:
-        """Take an exclusive, process-wide lock on the directory (released by
-        ``unlock`` or when the process dies, even by SIGKILL)."""
+        """Take an exclusive lock on the directory, held by this process (not by the
+        children it forks) until ``unlock`` or its death, even by SIGKILL.
+
+        POSIX record locks (``lockf``): they belong to the process, so DataLoader
+        workers and other forked helpers of a killed trainer cannot keep the
+        directory locked (an ``flock`` belongs to the open file, which children
+        share). Their pitfall: closing any descriptor of the lock file drops the
+        process's lock, and a second lock in the same process would succeed. So
+        this process opens ``.lock`` once per directory (``_HELD``), and a second
+        ``lock()`` here is refused before it opens anything."""
         import fcntl
-        try:  # O_NOFOLLOW: a planted symlink must not make us truncate a file elsewhere
-            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise LayerCheckError(f"{self.root}/.lock is a symbolic link; layercheck never "
-                                  "follows it: delete it and try again") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
+        self._writable(".lock")
+        key = self._identity
+        with _HELD_GUARD:
+            if key in _HELD:
                 raise DirectoryLocked(
-                    f"{self.root} is in use by another process (pid {holder} holds "
-                    f"{self.root}/.lock); stop that process or point this one at another "
-                    "directory") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+                    f"{self.root} is already open in this process (a LayerCheck, gc or "
+                    "resume_checkpoint() that has not been closed): close() that one first, "
+                    "or use `with LayerCheck(...) as lc:`, which closes it")
+            try:
+                fd = _open_regular(self.root / ".lock", os.O_RDWR | os.O_CREAT)
+            except NotARegularFile:
+                raise LayerCheckError(f"{self.root}/.lock is a symbolic link or special file; "
+                                      "layercheck never follows it: delete it and try again"
+                                      ) from None
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                raise LayerCheckError(
+                    f"{self.root} is read-only here ({exc.strerror}): training, restore and gc "
+                    "write to the checkpoint directory (its lock, the manifest); use a writable "
+                    "copy, or python -m layercheck inspect, plan or export, which only read it"
+                    ) from None
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)  # this process holds no lock on it (checked above)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise DirectoryLocked(
+                        f"{self.root} is in use by another process (pid {holder} holds "
+                        f"{self.root}/.lock); stop that process or point this one at another "
+                        "directory") from None
+                raise
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _HELD[key] = fd  # type: ignore[index]
+            self._lock_key = key
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        with _HELD_GUARD:
+            fd = _HELD.pop(self._lock_key, None) if self._lock_key is not None else None
+            self._lock_key = None
+            if fd is not None:
+                os.close(fd)
+
+
+_HELD: dict[tuple[int, int], int] = {}
+"""This process's directory locks: (device, inode) of the directory -> the lock file's
+descriptor (the only one this process has open on it; see ``LocalStore.lock``)."""
+_HELD_GUARD = threading.Lock()
+
+
+def _forget_locks_in_child() -> None:
+    """A forked child holds none of its parent's record locks: it forgets them, and
+    closes its copies of their descriptors (which drops nothing of the parent's)."""
+    for fd in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+def _identity(root: Path) -> tuple[int, int]:
+    info = os.stat(root)
+    return info.st_dev, info.st_ino
 
 
 class FsspecStore:
@@ -207,8 +337,9 @@ class FsspecStore:
             old = self.fs.cat_file(full) if self.fs.exists(full) else b""
             self.fs.pipe_file(full, old + data)
 
-    def read(self, path: str) -> bytes:
-        return self.fs.cat_file(self._path(path))
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        return self.fs.cat_file(self._path(path), start=0,
+                                end=None if limit is None else limit + 1)
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._path(path))
@@ -216,7 +347,7 @@ class FsspecStore:
     def size(self, path: str) -> int:
         return int(self.fs.size(self._path(path)))
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, temporary: bool = False) -> list[str]:
         full = self._path(prefix)
         if not self.fs.isdir(full):
             return []
@@ -227,6 +358,14 @@ class FsspecStore:
         full = self._path(path)
         if self.fs.exists(full):
             self.fs.rm_file(full)
+
+    def delete_unread(self, paths: list[str]) -> bool:
+        for path in paths:  # no cross-process coordination: one process per URL
+            self.delete(path)
+        return True
+
+    def reading(self) -> ContextManager[None]:
+        return nullcontext()
 
     def lock(self) -> None:
         pass
@@ -262,6 +401,40 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """A descriptor of the regular file ``path``, never through a symbolic link, and
+    without blocking on a FIFO (NotARegularFile for anything but a regular file)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotARegularFile(f"{path} is a symbolic link; layercheck never follows one "
+                                  "where the checkpoint has a regular file") from None
+        if exc.errno == errno.ENXIO:  # a FIFO or device without its other end
+            raise NotARegularFile(f"{path} is a FIFO or device; layercheck reads and writes "
+                                  "only regular files there") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or \
+            stat.S_ISBLK(mode) else "not a regular file"
+        raise NotARegularFile(f"{path} is {kind}; layercheck reads and writes only regular files "
+                              "there")
+    return fd
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 26))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _cut_back(fd: int, size: int) -> None:

@@ -24,9 +24,10 @@ import torch
 from safetensors.torch import save as st_save
 
 from .commit import Commit
-from .errors import WriteFailed
+from .errors import WriteFailed, retryable
 from .format import (MANIFEST, Version, checksum, drop_record, encode_record, layer_metadata,
                      layer_path, state_path)
+from .manifest import compact
 from .retention import Retention
 from .store import Store
 
@@ -37,6 +38,11 @@ log = logging.getLogger("layercheck")
 MAX_RECORDS = 10_000
 """WriteRecords kept for ``drain_completed``; a loop that never drains keeps
 only the newest this many (bounded memory over any run length)."""
+
+COMPACT_BYTES = 1 << 18
+"""Under retention the manifest is compacted (``manifest.compact``) once it passes this
+size, or twice its size after the last compaction: it stays bounded however long the
+run, and restore and inspect replay little."""
 
 
 @dataclass
@@ -90,6 +96,8 @@ class Writer:
         self._error: BaseException | None = None
         self._failed_layers: set[int] = set()
         self._owed: set[int] = set()  # layers of failed jobs not committed since (writer thread)
+        self._unlinked: list[str] = []  # files of dropped versions a reader kept (writer thread)
+        self._compact_at = COMPACT_BYTES  # manifest size that calls for compaction (writer thread)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="layercheck-crc")
         self._thread = threading.Thread(target=self._run, name="layercheck-writer", daemon=True)
         self._thread.start()
@@ -117,14 +125,26 @@ class Writer:
             self._jobs.put(None)
             self._thread.join()
         self._hasher.shutdown()
+        self._retire([])  # files a reader kept from retention; still read: gc's to delete
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:
-        if self._error is not None and self.on_error == "raise":
-            raise WriteFailed(f"a background checkpoint write failed ({self._error}); nothing of "
-                              "it was committed, every earlier step is still recoverable. "
-                              "Fix the storage (space, permissions) and resume with restore()"
-                              ) from self._error
+        if not self._stopped():
+            return
+        if retryable(self._error):
+            advice = "Fix the storage (space, permissions) and resume with restore()"
+        else:  # the same at every try: retrying, also under 'warn', cannot help
+            advice = ("It is not a storage error, so it is not retried: fix its cause and "
+                      "resume with restore()")
+        raise WriteFailed(f"a background checkpoint write failed ({self._error}); nothing of "
+                          f"it was committed, every earlier step is still recoverable. {advice}"
+                          ) from self._error
+
+    def _stopped(self) -> bool:
+        """Whether checkpointing has stopped: a failure under 'raise', or one that no
+        retry can fix (``errors.retryable``) under either policy."""
+        error = self._error
+        return error is not None and (self.on_error == "raise" or not retryable(error))
 
     def take_failed_layers(self) -> set[int]:
         """Layers whose write failed under on_error='warn' since the last call."""
@@ -148,8 +168,13 @@ class Writer:
             try:
                 # after a failure under 'raise' nothing more is written; ranks learn of
                 # each other's failures in the commit, so they all stop at the same job
-                if self._error is None or self.on_error == "warn":
+                if not self._stopped():
                     self._persist(job)
+            except Exception as exc:  # a bug, not storage: stop, never die leaving flush() waiting
+                with self._cv:
+                    self._error = RuntimeError(f"the writer thread failed ({exc!r})")
+                log.error("layercheck: the writer thread failed at step %d (%r); checkpointing "
+                          "stops", job.step, exc)
             finally:
                 # drop the snapshot now, not when the next job arrives: the queue's bound
                 # must be the whole of what the writer holds
@@ -173,12 +198,14 @@ class Writer:
             for snap in job.layers:
                 what = f"layer {snap.name}"
                 versions.append(self._write(layer_path(snap.name, job.step, rank), snap.tensors,
-                                            layer_metadata(snap.name, job.step), job.step,
+                                            layer_metadata(snap.name, job.step, rank), job.step,
                                             snap.name, snap.reason))
             committed = list(versions)
             if job.state is not None and not (self._owed - {s.index for s in job.layers}):
                 what = "the training state"
                 tensors, metadata = job.state
+                if rank is not None:
+                    metadata = {**metadata, "rank": str(rank)}
                 committed.append(self._write(state_path(job.step, rank), tensors, metadata,
                                              job.step, None, None))
             what = "the manifest"
@@ -202,18 +229,21 @@ class Writer:
                                                   version.bytes, elapsed))
 
     def _retire(self, versions: list[Version]) -> None:
-        """Drop superseded versions: their drop records first, then their files. A
-        failure here loses nothing (the versions stay, or their files become
-        leftovers for gc), so it is logged, never raised."""
-        if not versions:
-            return
+        """Drop superseded versions: their drop records first (compacting the manifest
+        once it is large), then their files, once no offline reader is reading
+        (``Store.delete_unread``; until then they wait here, and a run that ends
+        first leaves them to gc). A failure here loses nothing (the versions stay,
+        or their files become leftovers for gc), so it is logged, never raised."""
         try:
-            self.store.append(MANIFEST, b"".join(
-                encode_record(drop_record(v.key)) for v in versions))
-            for version in versions:
-                for file in version.files:
-                    self.store.delete(file)
-                self.bytes_dropped += version.total_bytes
+            if versions:
+                self.store.append(MANIFEST, b"".join(
+                    encode_record(drop_record(v.key)) for v in versions))
+                if self.store.size(MANIFEST) > self._compact_at:
+                    self._compact_at = max(COMPACT_BYTES, 2 * compact(self.store))
+                self.bytes_dropped += sum(v.total_bytes for v in versions)
+                self._unlinked += [f for v in versions for f in v.files]
+            if self._unlinked and self.store.delete_unread(self._unlinked):
+                self._unlinked = []
         except Exception as exc:
             log.warning("layercheck: retiring superseded versions failed (%s); they stay on "
                         "disk until `python -m layercheck gc`", exc)
@@ -232,9 +262,9 @@ class Writer:
         self._owed |= layers
         with self._cv:
             self._error = exc
-            if self.on_error == "warn":
+            if not self._stopped():
                 self._failed_layers |= layers
-        if self.on_error == "warn":
+        if not self._stopped():
             log.error("layercheck: writing %s at step %d failed: %s; nothing of step %d was "
                       "committed; training goes on and the layers are written again at the "
                       "next opportunity", what, job.step, exc, job.step)

@@ -40,7 +40,7 @@ import torch
 from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
 from .errors import LayerCheckError, ModelMismatch
-from .format import optimizer_fields, sub_group, tensor_key
+from .format import group_members, optimizer_fields, sub_group, tensor_key
 from .layermap import LayerMap
 from .ranks import ProcessGroupRanks
 from .source import LayerSource, capture_optimizer_state, host, take
@@ -61,12 +61,16 @@ class ZeroLayerCheck(LayerCheck):
                  storage_options: Mapping[str, Any] | None = None,
                  timeout_s: float = 1800.0) -> None:
         ranks = ProcessGroupRanks(timeout_s)
-        config = config or LayerCheckConfig()
-        layer_map = layer_map or LayerMap.for_model(engine.module, config.layers)
-        super().__init__(engine.module, engine.optimizer, directory, config,
-                         scheduler=scheduler if scheduler is not None else engine.lr_scheduler,
-                         layer_map=layer_map, storage_options=storage_options,
-                         source=partitions_for(engine, layer_map), ranks=ranks)
+        try:
+            config = config or LayerCheckConfig()
+            layer_map = layer_map or LayerMap.for_model(engine.module, config.layers)
+            super().__init__(engine.module, engine.optimizer, directory, config,
+                             scheduler=scheduler if scheduler is not None else engine.lr_scheduler,
+                             layer_map=layer_map, storage_options=storage_options,
+                             source=partitions_for(engine, layer_map), ranks=ranks)
+        except BaseException:
+            ranks.close()
+            raise
 
 
 class Partitions(LayerSource):
@@ -135,22 +139,45 @@ class Partitions(LayerSource):
                                                sub_group(k)))
         return {**out, **self._capture_buffers(i)}
 
+    def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._placed(i, tensors)
+
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a loaded shard of layer ``i`` into the fp32 masters, the Adam state
         and the module-dtype partitions (``after_restore`` finishes the job)."""
-        layer = self.layer_map.names[i]
+        masters, buffers = self._placed(i, tensors)
         with torch.no_grad():
-            for k in self.of_layer[i]:
+            for k, saved in masters:
                 flat = self.flats[k]
-                flat.copy_(take(tensors, tensor_key("master", sub_group(k)), flat, layer))
-                state = {field: value if field == "step" else value.to(flat.device)
-                         for field, value in optimizer_fields(tensors, sub_group(k)).items()}
-                if not state:
-                    raise ModelMismatch(f"layer {layer}: the saved shard has no optimizer state "
-                                        f"for sub-group {k}")
-                self.optimizer.state[flat] = state
+                flat.copy_(saved)
+                self.optimizer.state[flat] = {
+                    field: value if field == "step" else value.to(flat.device)
+                    for field, value in optimizer_fields(tensors, sub_group(k)).items()}
                 self.low(k).copy_(flat)
-        self._apply_buffers(i, tensors)
+            for live, saved in buffers:
+                live.copy_(saved)
+
+    def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
+                ) -> tuple[list[tuple[int, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """(sub-group, saved master) of layer ``i``'s shard and (live, saved) buffers,
+        each checked; ModelMismatch if a sub-group has no optimizer state."""
+        layer = self.layer_map.names[i]
+        masters = []
+        for k in self.of_layer[i]:
+            masters.append((k, take(tensors, tensor_key("master", sub_group(k)), self.flats[k],
+                                    layer)))
+            if not optimizer_fields(tensors, sub_group(k)):
+                raise ModelMismatch(f"layer {layer}: the saved shard has no optimizer state "
+                                    f"for sub-group {k}")
+        return masters, self._buffers(i, tensors)
+
+    def group_members(self) -> list[str]:
+        # ZeRO-3 holds a group's flat partitions in it only while stepping: by sub-group
+        names = {id(p): n for i in range(len(self.layer_map))
+                 for n, p in self.layer_map.parameters(i)}
+        return [group_members([names.get(id(p), "?") for k, g in enumerate(self.group_ids)
+                               if g == group for p in self.members[k]])
+                for group in range(len(self.optimizer.param_groups))]
 
     def header_facts(self) -> dict[str, Any]:
         engine = self.engine

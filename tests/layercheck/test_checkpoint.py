@@ -143,6 +143,39 @@ def test_step_without_restore_on_a_used_directory_is_refused(tmp_path):
     assert read_manifest(LocalStore(tmp_path / "c")).latest_step() == 1  # nothing abandoned
 
 
+def test_restore_refuses_layer_versions_without_any_state(tmp_path):
+    """Layer versions but no committed training state (one layer fails under 'warn'
+    from the base checkpoint on, while later steps commit the others): restore() must
+    not silently start over at step 0, which would abandon every version; it says
+    what is there and what to do. So must a step() without restore()."""
+    from layercheck.errors import CheckpointNotFound
+    from tests.layercheck.test_retention import FullForOneLayer
+    root = tmp_path / "c"
+    store = FullForOneLayer(root, "model.layers.1", 2)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                           thresholds={"model.layers.1": math.inf}, on_error="warn")
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    with LayerCheck(model, opt, store, cfg, scheduler=sched) as lc:
+        lc.restore()
+        try:
+            for _ in range(4):  # the base (2) fails late; 3 and 4 go without the layer
+                train_step(model, opt, sched)
+                lc.step()
+            assert store.reached.wait(120)
+        finally:
+            store.release()
+    before = (root / "manifest.jsonl").read_bytes()
+    view = read_manifest(LocalStore(root))
+    assert view.versions["model.layers.0"] and not view.states
+    for start in ("restore", "step"):
+        with LayerCheck(model, opt, root, cfg, scheduler=sched) as lc:
+            with pytest.raises(CheckpointNotFound, match="no committed training state") as info:
+                lc.restore() if start == "restore" else lc.step()
+        assert "python -m layercheck inspect" in str(info.value)
+    assert (root / "manifest.jsonl").read_bytes() == before  # no resume 0 appended
+
+
 def test_a_write_budget_sizes_its_layers_at_the_base_and_after_a_restore(tmp_path):
     """The budget charges each layer's tensor bytes: taken from the base checkpoint's
     snapshots on a fresh run, from the loaded versions after a restore (whose step

@@ -114,9 +114,12 @@ def test_gc_keeps_what_the_newest_step_needs(ckpt, tmp_path, capsys):
     assert main(["plan", str(path), "--json"]) == 0
     before = json.loads(capsys.readouterr().out)
     n_before = len(list(path.rglob("*.safetensors")))
+    leftover = path / "layers" / ".model.norm@000000031.safetensors.0badf00d.tmp"
+    leftover.write_bytes(b"a write a crash cut short")  # not listed, but gc removes it
     assert main(["gc", str(path)]) == 0
     assert "removed" in capsys.readouterr().out
     assert len(list(path.rglob("*.safetensors"))) < n_before
+    assert not leftover.exists()
     assert main(["plan", str(path), "--json"]) == 0
     after = json.loads(capsys.readouterr().out)
     assert after["layers"] == before["layers"] and after["warnings"] == []

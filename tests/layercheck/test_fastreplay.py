@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from layercheck.fastreplay import NO_WRITE, base_step, fast_replay
+from layercheck.fastreplay import base_step, fast_replay
+from layercheck.replayed import NO_WRITE
 from layercheck.policy import Policy, replay
 
 # Values that make ties likely (sums of them hit thresholds exactly or within

@@ -70,3 +70,66 @@ def test_explicit_map_longest_prefix_wins_and_gaps_are_errors():
         LayerMap.explicit(model, {"body": ["model"]})
     with pytest.raises(ModelMismatch, match="match no parameter"):
         LayerMap.explicit(model, {"all": ["model", "lm_head"], "ghost": ["nothing"]})
+
+
+# -- every layer has a file name of its own (issue 13, items 2 and 9) ----------------------
+def _dict_model(*names: str) -> nn.Module:
+    return nn.ModuleDict({name: nn.Linear(4, 4) for name in names})
+
+
+@pytest.mark.parametrize("a,b", [("enc 0", "enc_0"), ("Enc", "enc"), ("schicht_ü", "schicht_ö")])
+def test_layer_names_that_share_a_file_name_are_refused_when_the_map_is_built(a, b):
+    """'enc 0' and 'enc_0' were both written to layers/enc_0@N: one overwrote the other,
+    restore found 'all damaged' and a drop of one deleted the other. Names that differ
+    only in case share a file on a case-insensitive filesystem."""
+    with pytest.raises(ModelMismatch) as info:
+        LayerMap.auto(_dict_model(a, b))
+    message = str(info.value)
+    assert repr(a) in message and repr(b) in message and "layers=" in message
+    with pytest.raises(ModelMismatch, match="share the file name"):
+        LayerMap.explicit(_dict_model("x", "y"), {a: ["x"], b: ["y"]})
+
+
+def test_a_name_too_long_for_a_file_is_refused_when_the_map_is_built():
+    long = "block_" + "x" * 300
+    with pytest.raises(ModelMismatch, match="too long") as info:
+        LayerMap.auto(_dict_model(long, "other"))
+    assert long[:40] in str(info.value)
+
+
+def test_a_non_ascii_module_name_is_checkpointed_from_the_base_checkpoint_on(tmp_path):
+    """'schicht_ü' passed every check until the base checkpoint, 200 steps in, where the
+    store refused its file name: under 'raise' the error said to fix the storage, under
+    'warn' nothing was ever committed. Its file name is ASCII."""
+    from layercheck import LayerCheck, LayerCheckConfig
+    from layercheck.format import layer_path
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.schicht_ü = nn.Linear(4, 4)
+            self.kopf = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.kopf(self.schicht_ü(x))
+
+    assert layer_path("schicht_ü", 3).isascii()
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = LayerCheckConfig(warmup_steps=2, base_threshold=0, embedding_threshold=0)
+    with LayerCheck(model, opt, tmp_path / "c", cfg) as lc:
+        assert lc.layer_map.names == ["schicht_ü", "kopf"]
+        lc.restore()
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            lc.step()
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(1)
+    again = Net()
+    with LayerCheck(again, torch.optim.AdamW(again.parameters(), lr=1e-2), tmp_path / "c",
+                    cfg) as lc:
+        assert lc.restore() == 3
+    for name, value in again.named_parameters():
+        assert torch.equal(value, expected[name]), name

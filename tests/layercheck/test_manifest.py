@@ -5,7 +5,7 @@ import pytest
 
 from layercheck.errors import LayerCheckError
 from layercheck.format import MANIFEST, Version, encode_record
-from layercheck.manifest import read_manifest
+from layercheck.manifest import compact, read_manifest
 from layercheck.store import LocalStore, check_relative, open_store
 
 
@@ -75,3 +75,63 @@ def test_open_store_kinds(tmp_path):
     mem.append("m.jsonl", b"a\n")
     mem.append("m.jsonl", b"b\n")
     assert mem.read("m.jsonl") == b"a\nb\n"
+
+
+def _replayed(view):
+    return (view.header, {n: [(v.step, v.file, v.bytes) for v in vs]
+                          for n, vs in view.versions.items() if vs},
+            {s: v.file for s, v in view.states.items()}, len(view.problems))
+
+
+def test_compaction_replays_to_the_same_versions_and_keeps_damaged_lines(tmp_path):
+    """Records of retired and abandoned versions, drop and resume records go; what
+    replay keeps stays, and so do damaged lines (inspect still reports them)."""
+    store = LocalStore(tmp_path)
+    header = {"kind": "header", "layers": [{"name": "a", "kind": "block", "params": 1},
+                                           {"name": "b", "kind": "block", "params": 1}]}
+    _write(store, header, _layer(1), _layer(1, "b"), _state(1), _layer(2), _state(2),
+           {"kind": "drop", "file": _state(1)["file"]}, _layer(3), _state(3),
+           {"kind": "resume", "step": 2}, tail=b"garbage that is not json\n")
+    _write(store, _layer(3, "b"), _state(3), {"kind": "drop", "file": _layer(1)["file"]})
+    before = read_manifest(store)
+    size = compact(store)
+    after = read_manifest(store)
+    assert _replayed(after) == _replayed(before)
+    assert size == store.size(MANIFEST) < len(encode_record(header)) + 5 * len(
+        encode_record(_layer(3, "b"))) + len(b"garbage that is not json\n")
+    assert b"garbage that is not json\n" in store.read(MANIFEST)
+
+
+def _train_every_step(path, steps):
+    import torch
+    from layercheck import LayerCheck, LayerCheckConfig
+    from tests.conftest import optimizer_for, tiny_lm, train_step
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=steps)
+    config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                              keep_versions=1)
+    with LayerCheck(model, opt, path, config, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(steps):
+            train_step(model, opt, sched)
+            lc.step()
+    return LocalStore(path)
+
+
+def test_under_retention_the_manifest_is_compacted_while_training(tmp_path, monkeypatch):
+    """keep_versions=1 with every layer written every step: the manifest grew by each
+    version's record and its drop record forever (issue 13: 18 MiB after 15,000 steps),
+    and every restore replayed it all. Now it stays near its compaction size, and
+    replays to exactly what the same run's uncompacted manifest does."""
+    from layercheck import writer
+    monkeypatch.setattr(writer, "COMPACT_BYTES", 1 << 40)
+    grown = _train_every_step(tmp_path / "grown", 40)
+    monkeypatch.setattr(writer, "COMPACT_BYTES", 8 << 10)
+    kept = _train_every_step(tmp_path / "kept", 40)
+    assert grown.size(MANIFEST) > 5 * kept.size(MANIFEST)
+    assert kept.size(MANIFEST) < 2 * (8 << 10)
+    view, reference = read_manifest(kept), read_manifest(grown)
+    assert view.latest_step() == 40 and view.problems == []
+    assert _replayed(view)[1:] == _replayed(reference)[1:]
+    assert view.header["layers"] == reference.header["layers"]

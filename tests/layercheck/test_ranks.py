@@ -23,3 +23,35 @@ def test_one_process_agrees_with_itself():
 def test_process_group_ranks_need_a_process_group():
     with pytest.raises(LayerCheckError, match="after deepspeed.initialize"):
         ProcessGroupRanks()
+
+
+def test_close_destroys_the_process_groups_it_made(tmp_path):
+    """A gloo process group still alive when the interpreter exits can abort the process
+    ("terminate called without an active exception": its threads are torn down
+    unjoined), which turns a finished job into a failed one. LayerCheck made two groups
+    of its own; close() destroys them (here a real one-process group)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from layercheck import LayerCheck, LayerCheckConfig
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    try:
+        ranks = ProcessGroupRanks()
+        mine = [ranks._step_group, ranks._commit_group]
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        lc = LayerCheck(model, opt, tmp_path / "c", LayerCheckConfig(warmup_steps=1),
+                        ranks=ranks)
+        assert lc.restore() == 0
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            lc.step()
+        lc.close()
+        live = dist.distributed_c10d._world.pg_map
+        assert not [g for g in mine if g in live]
+        assert dist.is_initialized()  # the default group is the job's, not ours
+    finally:
+        dist.destroy_process_group()

@@ -109,3 +109,88 @@ def test_live_ranks_agree_on_the_older_version_and_this_rank_loads_it_again(ckpt
     # each layer loaded once, model.layers.1 twice: its newest, then the agreed one
     assert [s for n, s in loaded if n == "model.layers.1"] == [6, 4]
     assert len(loaded) == len(view.layer_names) + 1
+
+
+# -- a file is checked for what it says it is, and nothing is touched before all is (item 7) --
+def _rewrite(ckpt, old, new_record):
+    """Replace the manifest record of ``old`` (a committed Version) by ``new_record``."""
+    from layercheck.format import decode_line, encode_record
+    lines = (ckpt / "manifest.jsonl").read_bytes().splitlines(keepends=True)
+    out = []
+    for line in lines:
+        record = decode_line(line)
+        out.append(encode_record(new_record) if record.get("file") == old.file
+                   and record.get("layer") == old.layer else line)
+    (ckpt / "manifest.jsonl").write_bytes(b"".join(out))
+
+
+def _live(model, opt):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return ({n: p.detach().clone() for n, p in model.named_parameters()},
+            {(names[id(p)], k): v.clone() for p, s in opt.state.items() for k, v in s.items()})
+
+
+def test_a_record_naming_another_layers_file_is_passed_over(ckpt):
+    """The record of model.layers.2 at step 6 names model.layers.0's file (its checksum
+    verifies): the file's own metadata says whose and which step it is, so the
+    version is passed over and model.layers.2 restores from step 5."""
+    from safetensors.torch import load_file
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    other, mine = view.versions["model.layers.0"][-1], view.versions["model.layers.2"][-1]
+    forged = {**mine.to_record(), "file": other.file, "bytes": other.bytes,
+              "checksum": other.checksum}
+    _rewrite(ckpt, mine, forged)
+    plan = make_plan(store, read_manifest(store))
+    assert plan.step == 6 and plan.sources["model.layers.2"].step == 5
+    assert any("model.layers.0" in w and "model.layers.2" in w for w in plan.warnings)
+    model = tiny_lm(seed=4)
+    opt, sched = optimizer_for(model, total=20)
+    with LayerCheck(model, opt, ckpt, scheduler=sched) as lc:
+        with pytest.warns(UserWarning, match="model.layers.2"):
+            assert lc.restore() == 6
+    params = dict(model.named_parameters())
+    for key, value in load_file(ckpt / view.versions["model.layers.2"][-2].file).items():
+        if key.startswith("param/"):
+            assert torch.equal(params[key[6:]], value), key
+
+
+def test_a_version_from_another_step_is_passed_over(ckpt):
+    """A record whose file holds the same layer but of another step (a stale copy
+    renamed into place, with a checksum to match) is not that step's version."""
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    older, mine = view.versions["model.norm"][-2], view.versions["model.norm"][-1]
+    _rewrite(ckpt, mine, {**mine.to_record(), "file": older.file, "bytes": older.bytes,
+                          "checksum": older.checksum})
+    plan = make_plan(store, read_manifest(store))
+    assert plan.sources["model.norm"].step == older.step
+    assert any("step" in w and "model.norm" in w for w in plan.warnings)
+
+
+def test_a_restore_that_fails_leaves_the_model_and_optimizer_untouched(ckpt):
+    """The last layer's newest version is well formed and checksummed but shaped for
+    another model: restore refuses, and had copied the earlier layers into the live
+    model by then. Now every version is planned and checked against the model first."""
+    from safetensors.torch import save
+    from layercheck.errors import ModelMismatch
+    from layercheck.format import checksum, layer_metadata
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    norm = view.versions["model.norm"][-1]
+    data = save({"param/model.norm.weight": torch.ones(16)},
+                metadata=layer_metadata("model.norm", norm.step))
+    (ckpt / norm.file).write_bytes(data)
+    _rewrite(ckpt, norm, {**norm.to_record(), "bytes": len(data), "checksum": checksum(data)})
+    model = tiny_lm(seed=4)
+    opt, sched = optimizer_for(model, total=20)
+    train_step(model, opt, sched)  # live optimizer state too
+    before = _live(model, opt)
+    with LayerCheck(model, opt, ckpt, scheduler=sched) as lc:
+        with pytest.raises(ModelMismatch, match="model.norm"):
+            lc.restore()
+    after = _live(model, opt)
+    for part in (0, 1):
+        assert before[part].keys() == after[part].keys()
+        for key in before[part]:
+            assert torch.equal(before[part][key], after[part][key]), key

@@ -173,7 +173,7 @@ def test_symlinked_manifest_is_never_appended_to(ckpt, tmp_path):
     shutil.move(ckpt / MANIFEST, victim)
     (ckpt / MANIFEST).symlink_to(victim)
     before = victim.read_bytes()
-    with pytest.raises(OSError):
+    with pytest.raises(LayerCheckError, match="symbolic link"):
         LocalStore(ckpt).append(MANIFEST, b"x\n")
     assert victim.read_bytes() == before
 
@@ -289,3 +289,56 @@ def test_a_layer_file_that_is_not_safetensors_but_has_the_right_checksum(ckpt):
         with pytest.warns(UserWarning, match="evil.safetensors: not a valid safetensors file"):
             assert lc.restore() == 4
         assert lc.restored.plan.sources["model.norm"].step == 3
+
+
+# -- links and special files where a regular file belongs (issue 13, item 10) ----------------
+# Each command runs in a child with 1 GiB of address space and a deadline: reading
+# /dev/zero whole, or opening a FIFO that no one writes, must fail there, not here.
+def _cli_bounded(*argv: str) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+    limit = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, "
+             "1 << 30)); sys.argv = ['layercheck', *sys.argv[1:]]; "
+             "runpy.run_module('layercheck', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", limit, *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo"])
+def test_a_manifest_that_is_not_a_regular_file_is_one_line_exit_2(ckpt, kind):
+    import os
+    (ckpt / MANIFEST).unlink()
+    if kind == "fifo":
+        os.mkfifo(ckpt / MANIFEST)
+    else:
+        (ckpt / MANIFEST).symlink_to("/dev/zero")
+    for command in ("inspect", "plan"):
+        done = _cli_bounded(command, str(ckpt))
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.count("\n") == 1 and MANIFEST in done.stderr, done.stderr
+        assert "regular file" in done.stderr or "symbolic link" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "link to a copy", "fifo"])
+def test_a_layer_file_that_is_not_a_regular_file_is_passed_over(ckpt, kind):
+    import os
+    view = read_manifest(LocalStore(ckpt))
+    newest = view.versions["model.layers.1"][-1]
+    path = ckpt / newest.file
+    copy = ckpt.parent / "copy.safetensors"
+    shutil.copyfile(path, copy)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero" if kind == "link to /dev/zero" else copy)
+    done = _cli_bounded("plan", str(ckpt), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads(done.stdout)
+    source = next(l for l in plan["layers"] if l["layer"] == "model.layers.1")
+    assert source["source_step"] < newest.step  # never read through the link, never hung
+    assert any(newest.file in w for w in plan["warnings"])
+    done = _cli_bounded("inspect", str(ckpt), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any(newest.file in p for p in json.loads(done.stdout)["problems"])

@@ -30,6 +30,7 @@ from layercheck.store import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
 
 EVERY_STEP = dict(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+ROOT_DIR = Path(__file__).resolve().parents[2]
 
 
 class FaultyStore:
@@ -304,3 +305,94 @@ def test_real_full_disk_warn_policy_recovers_when_space_returns(tiny_fs, caplog)
     assert view.latest_step() == lc.current_step
     assert view.problems == []
     assert make_plan(LocalStore(tiny_fs / "c"), view).warnings == []
+
+
+# -- a read-only directory, and a directory deleted under a running writer (issue 13) -------
+READ_ONLY_CHILD = r"""
+import fcntl, json, os, sys
+import layercheck.cleanup, layercheck.export, layercheck.inspection, layercheck.recovery
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.cli import main
+from tests.conftest import optimizer_for, tiny_lm
+root, out, report = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model = tiny_lm()
+opt, sched = optimizer_for(model)
+if os.geteuid() == 0:  # root ignores file modes: become nobody (everything is imported)
+    os.setgid(65534); os.setuid(65534)
+result = {}
+try:
+    LayerCheck(model, opt, root, scheduler=sched)
+    result["open"] = "opened"
+except Exception as exc:
+    result["open"] = f"{type(exc).__name__}: {exc}"
+for argv in (["inspect", root, "--json"], ["plan", root, "--json"], ["export", root, "--out", out],
+             ["gc", root]):
+    sys.stdout = open(os.devnull, "w")
+    result[argv[0]] = main(argv)
+    sys.stdout = sys.__stdout__
+os.write(report, json.dumps(result).encode())
+"""
+
+
+def test_a_read_only_directory_is_read_by_the_offline_commands_and_refused_clearly(tmp_path):
+    """restore needs to write (its lock, a resume record): on a read-only directory
+    LayerCheck says so instead of a PermissionError traceback; inspect, plan and export
+    only read, and work; gc, which deletes, is one line and exit 2."""
+    import json
+    import stat
+    import sys
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="layercheck-read-only-"))  # a path 'nobody' may walk
+    try:
+        lc, *_ = _run(base / "c", 4)
+        lc.close()
+        out = base / "out"
+        out.mkdir()
+        for folder in (base, out):
+            folder.chmod(0o777)
+        for path in [base / "c", *(base / "c").rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o555)
+        before = {p: p.stat().st_mtime_ns for p in (base / "c").rglob("*")}
+        read, write = os.pipe()
+        done = subprocess.run([sys.executable, "-c", READ_ONLY_CHILD, str(base / "c"),
+                               str(out / "model"), str(write)], pass_fds=(write,),
+                              capture_output=True, text=True, cwd=ROOT_DIR,
+                              env={**os.environ, "PYTHONPATH": str(ROOT_DIR)})
+        os.close(write)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(os.read(read, 1 << 16))
+        os.close(read)
+        assert result["open"].startswith("LayerCheckError") and "read-only" in result["open"]
+        assert "python -m layercheck" in result["open"]
+        assert (result["inspect"], result["plan"], result["export"], result["gc"]) == (0, 0, 0, 2)
+        assert (out / "model" / "model.safetensors").exists()
+        assert {p: p.stat().st_mtime_ns for p in (base / "c").rglob("*")} == before
+    finally:
+        for path in [base, *base.rglob("*")]:
+            if path.is_dir():
+                path.chmod(stat.S_IRWXU)
+        shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_a_directory_deleted_under_a_running_writer_stops_checkpointing(tmp_path, on_error):
+    """The directory is deleted (rm -rf) while training runs, and another run creates it
+    anew. The first writer would retry forever (warn), or say to fix the storage
+    (raise), and recreate folders and append records in the other run's directory.
+    It stops, under either policy, saying what happened, and writes nothing there."""
+    root = tmp_path / "c"
+    lc, model, opt, sched = _run(root, 4, on_error=on_error)
+    shutil.rmtree(root)
+    other, _, _, _ = _run(root, 2)  # a new run in a new directory of the same name
+    mine = (root / MANIFEST).read_bytes()
+    with pytest.raises(WriteFailed, match="deleted or replaced") as info:
+        for _ in range(3):
+            train_step(model, opt, sched)
+            lc.step()
+        lc.flush()
+    assert "not retried" in str(info.value)
+    with pytest.raises(WriteFailed):
+        lc.close()
+    assert (root / MANIFEST).read_bytes() == mine  # the new run's directory is untouched
+    other.close()

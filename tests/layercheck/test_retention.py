@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -27,8 +28,8 @@ def test_keeps_the_newest_and_the_base_and_drops_states_that_lost_a_version():
     assert r.committed([_v("a", 3), _v(None, 3)]) == []
     assert r.committed([_v(None, 4)]) == []
     dropped = r.committed([_v("a", 5), _v(None, 5)])
-    # a@3 is superseded; steps 3 and 4 used a@3, so their states go; step 1 keeps base
-    assert [(v.layer, v.step) for v in dropped] == [("a", 3), (None, 1), (None, 3), (None, 4)]
+    # a@3 is superseded; steps 3 and 4 used a@3, so their states go (first); step 1 keeps base
+    assert [(v.layer, v.step) for v in dropped] == [(None, 1), (None, 3), (None, 4), ("a", 3)]
 
 
 def test_keep_must_be_positive():
@@ -76,3 +77,100 @@ def test_config_rejects_zero_keep():
     from layercheck.config import ConfigError
     with pytest.raises(ConfigError, match="keep_versions"):
         LayerCheckConfig(keep_versions=0)
+
+
+# -- retention never costs the newest recoverable step (issue 13, item 1) ------------------
+EVERY = dict(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+
+
+def _params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+class FullForOneLayer:
+    """A LocalStore that has no room for ``layer`` from step ``from_step`` on (ENOSPC at
+    every write of it). The first failing write holds the writer thread until
+    ``release()``, so that the steps the training thread queues meanwhile go without
+    that layer, as they do when a failure is noticed late."""
+
+    def __init__(self, root, layer: str, from_step: int) -> None:
+        import threading
+        self.inner, self.url = LocalStore(root), str(root)
+        self.prefix, self.from_step = f"layers/{layer}@", from_step
+        self.reached, self._go = threading.Event(), threading.Event()
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        import errno
+        import os
+        if path.startswith(self.prefix) and int(path[len(self.prefix):].split(".")[0]) >= \
+                self.from_step:
+            if not self.reached.is_set():
+                self.reached.set()
+                self._go.wait(120)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        self.inner.write_atomic(path, data)
+
+    def release(self) -> None:
+        self._go.set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_layer_that_keeps_failing_under_warn_never_costs_the_newest_recoverable_step(tmp_path):
+    """keep_versions=1, on_error='warn', no room for one block from step 8 on. Its write
+    at step 10 fails while steps 11 and 12 are queued without it: they commit their
+    other layers and hold their states back (a committed step needs every layer).
+    Retention must not retire step 9, nor a version step 9 uses: no newer state has
+    committed, and none ever will while the disk stays full for that layer."""
+    root = tmp_path / "c"
+    store = FullForOneLayer(root, "model.layers.1", 8)
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=40)
+    # every layer at every step, but model.layers.1 only when smax forces it (6, 10, 14)
+    cfg = LayerCheckConfig(**EVERY, smax=4, thresholds={"model.layers.1": math.inf},
+                           keep_versions=1, on_error="warn")
+    lc = LayerCheck(model, opt, store, cfg, scheduler=sched)
+    lc.restore()
+    after = {}
+    for _ in range(9):
+        train_step(model, opt, sched)
+        after[lc.step().step] = _params(model)
+    lc.flush()
+    try:
+        for _ in range(3):  # 10 (held, then fails), 11 and 12 (queued without the layer)
+            train_step(model, opt, sched)
+            lc.step()
+        assert store.reached.wait(120)
+    finally:
+        store.release()
+    for _ in range(4):  # 13..16: the retries fail too
+        train_step(model, opt, sched)
+        lc.step()
+    lc.close()
+    view = read_manifest(LocalStore(root))
+    assert sorted(view.states) == [9]
+    assert (root / view.states[9].file).exists()
+    assert view.versions["model.layers.0"][-1].step > 9  # later layers did commit
+    again = tiny_lm(seed=3)
+    opt2, sched2 = optimizer_for(again, total=40)
+    with LayerCheck(again, opt2, root, cfg, scheduler=sched2) as lc2:
+        assert lc2.restore() == 9
+    for name, value in _params(again).items():  # model.layers.1 as forced at step 6
+        assert torch.equal(value, after[6 if "layers.1." in name else 9][name]), name
+
+
+def test_retention_retires_nothing_until_a_newer_state_commits():
+    """The rule itself: layer versions beyond the newest committed state do not count
+    towards keep; what they supersede stays until their state commits."""
+    r = Retention(1, ManifestView())
+    assert r.committed([_v("a", 1, "base"), _v(None, 1)]) == []
+    assert r.committed([_v("a", 2), _v(None, 2)]) == []
+    assert r.committed([_v("a", 3)]) == []  # step 3's state held back
+    assert r.committed([_v("a", 4)]) == []  # and step 4's
+    dropped = r.committed([_v("a", 5), _v(None, 5)])
+    # states first: a reader that sees part of this append never sees a state whose
+    # layer version is already gone
+    assert [(v.layer, v.step) for v in dropped] == [(None, 1), (None, 2), ("a", 2), ("a", 3),
+                                                    ("a", 4)]

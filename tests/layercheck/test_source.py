@@ -37,3 +37,37 @@ def test_a_version_of_another_model_is_refused_naming_layer_and_key():
         source.apply(i, {})
     with pytest.raises(ModelMismatch, match="has shape \\(3,\\) in the checkpoint"):
         source.apply(i, {"param/model.norm.weight": torch.zeros(3)})
+
+
+def test_another_dtype_is_refused_before_anything_is_copied(tmp_path):
+    """An fp32 checkpoint restored into a bf16 model was cast silently, its fp32 Adam
+    moments left beside bf16 weights, and the first opt.step() failed obscurely. The
+    header's bytes per layer refuse it when LayerCheck opens the directory; a header
+    without them (an older directory) still refuses it, tensor by tensor, before the
+    first byte is copied."""
+    from layercheck import LayerCheck, LayerCheckConfig
+    from layercheck.format import MANIFEST, decode_line, encode_record
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1)
+    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(2):
+            train_step(model, opt, sched)
+            lc.step()
+    half = tiny_lm(seed=3).to(torch.bfloat16)
+    hopt, hsched = optimizer_for(half)
+    with pytest.raises(ModelMismatch, match="dtype"):
+        LayerCheck(half, hopt, tmp_path / "c", cfg, scheduler=hsched)
+    lines = (tmp_path / "c" / MANIFEST).read_bytes().splitlines(keepends=True)
+    header = decode_line(lines[0])
+    for layer in header["layers"]:
+        del layer["weight_bytes"]
+    (tmp_path / "c" / MANIFEST).write_bytes(encode_record(header) + b"".join(lines[1:]))
+    before = {n: p.detach().clone() for n, p in half.named_parameters()}
+    with LayerCheck(half, hopt, tmp_path / "c", cfg, scheduler=hsched) as lc:
+        with pytest.raises(ModelMismatch, match="dtype"):
+            lc.restore()
+    for name, p in half.named_parameters():
+        assert p.dtype == torch.bfloat16 and torch.equal(p, before[name]), name

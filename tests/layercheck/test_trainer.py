@@ -247,6 +247,19 @@ def test_a_directory_of_another_model_is_refused_before_the_trainer_loads_it(tra
         callback.resume_checkpoint()
 
 
+def test_a_directory_of_another_dtype_is_refused_before_the_trainer_loads_it(trained, tmp_path):
+    """Issue 13 item 6 on the Trainer path: an fp32 directory resumed into a bf16 model
+    was cast silently; it is refused, naming the dtype, before anything is loaded."""
+    model = tiny_llama().to(torch.bfloat16)
+    before = [p.detach().clone() for p in model.parameters()]
+    callback = LayerCheckCallback(_copy(trained, tmp_path), EVERY_STEP)
+    Trainer(model, arguments(tmp_path / "out", steps=8), train_dataset=Tokens(),
+            callbacks=[callback])
+    with pytest.raises(ModelMismatch, match=r"another dtype \(bf16 against fp32\?\)"):
+        callback.resume_checkpoint()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_a_trainer_resumed_at_a_step_the_directory_cannot_restore_is_refused(trained, tmp_path):
     folder = LayerCheckCallback(_copy(trained, tmp_path), EVERY_STEP).resume_checkpoint()
     other = LayerCheckCallback(tmp_path / "other", EVERY_STEP)  # not the directory of that folder

@@ -298,3 +298,84 @@ def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_pa
     else:
         assert max(states, default=0) < failed
     _assert_restores_what_was_decided(run, root, max(states, default=0))
+
+
+class BrokenSerialiser:
+    """A LocalStore whose layer-file writes fail with something that is not a storage
+    error (as a tensor that safetensors refuses, or a refused file name, would): the
+    same failure at every try."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner, self.url = LocalStore(root), str(root)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        if path.startswith("layers/model.layers.1@"):
+            raise ValueError("cannot serialise this tensor")
+        self.inner.write_atomic(path, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy(tmp_path,
+                                                                                on_error):
+    """'warn' retries storage errors (a disk may empty, a mount come back); a failure that
+    is the same at every try was retried forever and nothing was ever committed, and
+    under 'raise' its message said to fix the storage. Both now stop, saying what it is."""
+    from layercheck.errors import WriteFailed
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=40)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                           on_error=on_error)
+    lc = LayerCheck(model, opt, BrokenSerialiser(tmp_path / "c"), cfg, scheduler=sched)
+    lc.restore()
+    with pytest.raises(WriteFailed) as info:
+        for _ in range(6):
+            train_step(model, opt, sched)
+            lc.step()
+        lc.flush()
+    message = str(info.value)
+    assert "cannot serialise this tensor" in message and "fix the storage" not in message.lower()
+    assert "not retried" in message
+    with pytest.raises(WriteFailed):
+        lc.close()
+
+
+def test_a_bug_in_the_writer_thread_stops_checkpointing_instead_of_hanging(tmp_path):
+    """An exception outside the storage calls (here in retention's bookkeeping, as a
+    mutation of it did) killed the writer thread, and the next flush() waited
+    forever: a trainer that hangs. It stops checkpointing with the error instead."""
+    from layercheck.errors import WriteFailed
+
+    class BrokenRetention:
+        def committed(self, versions):
+            raise IndexError("pop from an empty list")
+
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=40)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                           keep_versions=1, on_error="warn")
+    lc = LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched)
+    lc.restore()
+    lc.writer.retention = BrokenRetention()
+    outcome: list[BaseException] = []
+
+    def train():
+        try:
+            for _ in range(4):
+                train_step(model, opt, sched)
+                lc.step()
+            lc.flush()
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=train, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "flush() hung after the writer thread failed"
+    assert isinstance(outcome[0], WriteFailed) and "pop from an empty list" in str(outcome[0])
+    with pytest.raises(WriteFailed):
+        lc.close()

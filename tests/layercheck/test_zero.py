@@ -145,3 +145,25 @@ def test_misaligned_groups_and_another_world_size_are_refused_with_the_fix(tmp_p
     text = _run("--dir", str(ckpt), "--out", str(tmp_path / "o3"), "--steps", "6", ranks=1,
                 ok=False)
     assert "written by 2 ranks, this job has 1" in text
+
+
+def test_retention_dtype_and_group_order_under_zero(tmp_path):
+    """Issue 13's attacks on the ZeRO path. keep_versions=1 with 'warn': every rank's
+    shards of retired versions go, the newest step stays whole. Resumed into bf16
+    weights, or with the parameter groups in another order, the job is refused with
+    the fix on every rank before anything changes: the directory is as it was."""
+    ckpt = tmp_path / "c"
+    _run("--dir", str(ckpt), "--out", str(tmp_path / "o1"), "--stage", "2", "--steps", "8",
+         "--threshold", "0", "--keep-versions", "1", "--on-error", "warn")
+    store = LocalStore(ckpt, create=False)
+    view = read_manifest(store)
+    assert view.latest_step() == 8 and view.problems == []
+    live = {f for v in view.all_versions() for f in v.files}
+    assert all(len(vs) <= 2 for vs in view.versions.values())  # the base and the newest
+    assert set(store.list("layers")) | set(store.list("states")) == live  # both ranks' shards
+    manifest = (ckpt / "manifest.jsonl").read_bytes()
+    for flag, needle in (("--bf16", "dtype"), ("--reverse-groups", "parameter group")):
+        text = _run("--dir", str(ckpt), "--out", str(tmp_path / flag), "--stage", "2",
+                    "--steps", "10", flag, ok=False)
+        assert needle in text, text[-3000:]
+        assert (ckpt / "manifest.jsonl").read_bytes() == manifest

@@ -47,7 +47,8 @@ from tests.layercheck.torchrun import newest_versions  # noqa: E402
 VOCAB = 128
 
 
-def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False):
+def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False,
+          reverse_groups: bool = False):
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
@@ -64,6 +65,8 @@ def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False):
         model = Qwen2ForCausalLM(config)
     groups = (model.parameters() if misaligned
               else layer_aligned_param_groups(model, weight_decay=0.01))
+    if reverse_groups:
+        groups = groups[::-1]
     optimizer = torch.optim.AdamW(groups, lr=3e-3)
     warm = 3
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -196,12 +199,17 @@ def main() -> int:
                     help="sample tensors of this many elements or more (drift.SAMPLE_MIN)")
     ap.add_argument("--misaligned", action="store_true",
                     help="one optimizer group for the whole model (must be refused)")
+    ap.add_argument("--reverse-groups", action="store_true",
+                    help="the layer-aligned groups in reverse order (must be refused at restore)")
+    ap.add_argument("--keep-versions", type=int, default=None)
+    ap.add_argument("--on-error", default="raise")
     args = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    engine, scheduler = build(args.stage, args.steps, args.misaligned, args.bf16)
+    engine, scheduler = build(args.stage, args.steps, args.misaligned, args.bf16,
+                              args.reverse_groups)
     result: dict = {"rank": rank, "losses": {}}
     if args.ds_load or args.ds_load_dir:
         path, _ = engine.load_checkpoint(args.ds_load_dir or str(out / "ds"))
@@ -219,7 +227,8 @@ def main() -> int:
     else:
         config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
                                   smax=args.smax, warmup_steps=2, interval=1,
-                                  drift_sampling=args.sampling)
+                                  drift_sampling=args.sampling, keep_versions=args.keep_versions,
+                                  on_error=args.on_error)
         if args.sample_min:
             import layercheck.drift
             layercheck.drift.SAMPLE_MIN = args.sample_min
@@ -268,6 +277,8 @@ def main() -> int:
             result["params"][name] = hashlib.sha256(
                 p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    # a process group alive at exit can abort the process (see ranks.ProcessGroupRanks.close)
+    dist.destroy_process_group()
     return 0
 
 

@@ -1,0 +1,118 @@
+"""Garbage collection never deletes what it could not verify, and says what it kept."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.cleanup import collect_garbage
+from layercheck.errors import LayerCheckError
+from layercheck.format import MANIFEST
+from layercheck.manifest import read_manifest
+from layercheck.recovery import make_plan
+from layercheck.store import LocalStore
+from tests.conftest import optimizer_for, tiny_lm, train_step
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    model = tiny_lm()
+    opt, sched = optimizer_for(model, total=20)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2)
+    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(6):
+            train_step(model, opt, sched)
+            lc.step()
+    return tmp_path / "c"
+
+
+class FlakyReads:
+    """A LocalStore whose first ``times`` reads of ``path`` fail with EIO (a storage
+    hiccup: the file is intact)."""
+
+    def __init__(self, root, path: str, times: int = 1) -> None:
+        self.inner, self.url = LocalStore(root), str(root)
+        self.path, self.left = path, times
+
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        if path == self.path and self.left > 0:
+            self.left -= 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        return self.inner.read(path, limit)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_transient_read_error_is_not_damage_and_gc_deletes_nothing(ckpt):
+    """gc read the newest version of a layer, got EIO, took it for corruption, planned
+    with the older version and deleted the newest, intact one."""
+    view = read_manifest(LocalStore(ckpt))
+    newest = view.versions["model.layers.1"][-1]
+    before = (ckpt / MANIFEST).read_bytes()
+    files = sorted(p.name for p in (ckpt / "layers").iterdir())
+    with pytest.raises(LayerCheckError, match="I/O error") as info:
+        collect_garbage(FlakyReads(ckpt, newest.file))
+    assert "nothing was deleted" in str(info.value) and newest.file in str(info.value)
+    assert (ckpt / MANIFEST).read_bytes() == before
+    assert sorted(p.name for p in (ckpt / "layers").iterdir()) == files
+    # and restore or plan do not pass over it either: they stop, saying what happened
+    with pytest.raises(LayerCheckError, match="I/O error"):
+        make_plan(FlakyReads(ckpt, newest.file), view)
+    report = collect_garbage(LocalStore(ckpt))  # the storage answers again
+    assert report.kept_steps == [6] and report.skipped == []
+    assert make_plan(LocalStore(ckpt), read_manifest(LocalStore(ckpt))).sources[
+        "model.layers.1"].step == newest.step
+
+
+def test_gc_keeps_a_version_it_found_damaged_and_reports_it(ckpt, capsys):
+    """A damaged newest version is passed over by the plan, but gc does not delete it
+    (nor its record): it may be the only copy of that step, for whoever repairs it."""
+    from layercheck.cli import main
+    view = read_manifest(LocalStore(ckpt))
+    newest = view.versions["model.layers.1"][-1]
+    data = bytearray((ckpt / newest.file).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (ckpt / newest.file).write_bytes(bytes(data))
+    assert main(["gc", str(ckpt)]) == 0
+    captured = capsys.readouterr()
+    assert "kept 1 version it could not verify" in captured.out
+    assert newest.file in captured.err and "checksum" in captured.err
+    assert (ckpt / newest.file).exists()
+    after = read_manifest(LocalStore(ckpt))
+    assert newest in after.versions["model.layers.1"]
+    assert len(after.versions["model.layers.1"]) < len(view.versions["model.layers.1"])
+
+
+def test_gc_deletes_nothing_where_no_step_is_recoverable(tmp_path, capsys):
+    """Layer versions without any committed state (a layer failing under 'warn' since
+    the base checkpoint): no kept step needs them, but no newer state has superseded
+    them either. gc refuses, as retention retires nothing without a newer state."""
+    import math
+    from layercheck.cli import main
+    from tests.layercheck.test_retention import FullForOneLayer
+    root = tmp_path / "c"
+    store = FullForOneLayer(root, "model.layers.1", 2)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                           thresholds={"model.layers.1": math.inf}, on_error="warn")
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    with LayerCheck(model, opt, store, cfg, scheduler=sched) as lc:
+        lc.restore()
+        try:
+            for _ in range(4):
+                train_step(model, opt, sched)
+                lc.step()
+            assert store.reached.wait(120)
+        finally:
+            store.release()
+    files = sorted(p.name for p in (root / "layers").iterdir())
+    assert files
+    assert main(["gc", str(root)]) == 2
+    assert "no recoverable step" in capsys.readouterr().err
+    assert sorted(p.name for p in (root / "layers").iterdir()) == files

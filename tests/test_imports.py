@@ -1,0 +1,82 @@
+"""The import structure: one way between the packages, and no cycles between modules.
+
+Every ``import`` counts, including those inside functions: an import deferred
+into a function to dodge a cycle is still a cycle in the design.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("layercheck", "profiler", "sim", "dashboard")
+FORBIDDEN = {
+    "layercheck": {"profiler", "sim", "dashboard"},   # the library needs nothing of ours
+    "sim": {"profiler", "dashboard"},                 # torch-free, reads traces
+    "dashboard": {"profiler"},                        # torch-free, reads traces and sim
+    "profiler": {"dashboard"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that ``name`` imports (a package's ``__init__`` only when
+    it is imported by name, not as the parent of a submodule)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            submodules = {f"{origin}.{alias.name}" for alias in node.names} & modules.keys()
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(origin)                      # names defined in the module itself
+    return {target for target in found if target in modules and target != name}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_packages_import_one_way(graph):
+    wrong = sorted(f"{name} imports {target}" for name, targets in graph.items()
+                   for target in targets
+                   if target.split(".")[0] in FORBIDDEN[name.split(".")[0]])
+    assert not wrong
+
+
+def test_no_module_imports_itself_through_others(graph):
+    cycles, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for target in sorted(graph[node]):
+            if target in path:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(node)
+
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    # a package's __init__ re-exporting its modules is not a cycle of the design
+    real = [c for c in cycles if not any("." not in m for m in c)]
+    assert not real, "\n".join(" -> ".join(c) for c in real)
