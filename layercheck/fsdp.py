@@ -109,6 +109,14 @@ class DTensorShards(ModuleSource):
             out.update(capture_optimizer_state({k: local(v) for k, v in state.items()}, name))
         return {**out, **self._capture_buffers(i)}
 
+    def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Refuse what ``apply`` would, before anything is touched: each parameter's
+        saved slice against its local shard (not the whole DTensor), and the buffers."""
+        layer = self.layer_map.names[i]
+        for name, p in self.layer_map.parameters(i):
+            take(tensors, tensor_key("param", name), local(p), layer)
+        self._buffers(i, tensors)
+
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a loaded shard of layer ``i`` into the local tensors of its parameters
         and make each one's optimizer state: the loaded tensors, adopted as the
@@ -121,7 +129,8 @@ class DTensorShards(ModuleSource):
                 shard.copy_(take(tensors, tensor_key("param", name), shard, layer))
                 if id(p) in groups:
                     self.optimizer.state[p] = self._state(p, name, tensors, groups[id(p)], layer)
-        self._apply_buffers(i, tensors)
+            for live, saved in self._buffers(i, tensors):
+                live.copy_(saved)
 
     @staticmethod
     def _state(p: torch.Tensor, name: str, tensors: Mapping[str, torch.Tensor],
