@@ -275,13 +275,14 @@ def run_drift_ratio(args: argparse.Namespace) -> dict:
 
 
 # -- the driver --------------------------------------------------------------------
-def run_job(name: str, worker_args: list[str], scratch: Path) -> dict:
-    """This file's worker under torchrun on 2 ranks: rank 0's result, and the wall time."""
+def run_job(name: str, worker_args: list[str], scratch: Path, script: Path | None = None) -> dict:
+    """``script``'s worker (default: this file's) under torchrun on 2 ranks: rank 0's
+    result, and the wall time."""
     ckpt = Path(tempfile.mkdtemp(prefix=f"bench-zero-{name}-", dir=scratch))
     result = ckpt.with_suffix(".json")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               str(Path(__file__).resolve()), "--worker", *worker_args,
+               str((script or Path(__file__)).resolve()), "--worker", *worker_args,
                "--ckpt", str(ckpt), "--result", str(result)]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(THREADS),
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .config import ConfigError, LayerCheckConfig
 
 __all__ = ["LayerCheck", "LayerCheckConfig", "ConfigError", "LayerMap", "LayerCheckError",
-           "ZeroLayerCheck", "LayerCheckCallback", "layer_aligned_param_groups"]
+           "ZeroLayerCheck", "FsdpLayerCheck", "LayerCheckCallback", "layer_aligned_param_groups"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -21,6 +21,7 @@ _LAZY = {
     "LayerMap": "layercheck.layermap",
     "LayerCheckError": "layercheck.errors",
     "ZeroLayerCheck": "layercheck.zero",
+    "FsdpLayerCheck": "layercheck.fsdp",
     "LayerCheckCallback": "layercheck.trainer",
     "layer_aligned_param_groups": "layercheck.groups",
 }
@@ -28,6 +29,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from .checkpoint import LayerCheck
     from .errors import LayerCheckError
+    from .fsdp import FsdpLayerCheck
     from .groups import layer_aligned_param_groups
     from .layermap import LayerMap
     from .trainer import LayerCheckCallback

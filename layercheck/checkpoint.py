@@ -18,7 +18,8 @@ plan -> verify -> restore (``Planner``) at the start. Where the layers'
 tensors live is a ``source.LayerSource`` (default: the model's parameters and
 the optimizer's state), what ranks agree on a ``ranks.Ranks`` (default: one
 process). ``ZeroLayerCheck`` passes ZeRO's partitions and the process
-group's ranks; there, every method is a collective.
+group's ranks, ``FsdpLayerCheck`` FSDP2's DTensor shards and the same ranks;
+there, every method is a collective.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ class LayerCheck:
         if view.world_size != self.ranks.world_size:
             raise ModelMismatch(f"{self.store.url} was written by {view.world_size} ranks, this "
                                 f"job has {self.ranks.world_size}: resume at the same world size, "
-                                "or export it (python -m layercheck export) and load the export")
+                                f"or {self.source.resize_advice}")
 
     def _write_header(self) -> dict[str, Any]:
         config = getattr(self.model, "config", None)

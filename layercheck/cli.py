@@ -28,17 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory")
     p.add_argument("--step", type=_step, help="recover at or before this step (default newest)")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("export", help="write the composite state of a step as a model folder "
-                       "or a DeepSpeed checkpoint")
+    p = sub.add_parser("export", help="write the composite state of a step as a model folder, "
+                       "a DeepSpeed or a DCP checkpoint")
     p.add_argument("directory")
     p.add_argument("--step", type=_step,
-                   help="hf: the newest step at or before this one; deepspeed: exactly this step "
-                   "(default: the newest)")
+                   help="hf: the newest step at or before this one; deepspeed, dcp: exactly this "
+                   "step (default: the newest)")
     p.add_argument("--out", required=True, help="a new folder")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="hf",
                    help="hf: config.json + model.safetensors for from_pretrained (default); "
                    "deepspeed: a checkpoint engine.load_checkpoint loads (ZeroLayerCheck "
-                   "directories, same world size)")
+                   "directories, same world size); dcp: a torch.distributed.checkpoint that "
+                   "dcp.load reads into an FSDP2 model and optimizer (FsdpLayerCheck "
+                   "directories, any world size)")
     p.add_argument("--adam-step", choices=ADAM_STEPS, default="global",
                    help="deepspeed format: every Adam step count set to the exported step "
                    "(default), or each layer's own, as restore() gives")

@@ -25,7 +25,10 @@ One tracker for every backend (``layercheck.source``): the hook adds, per
 layer, sum |w(t) - w(t-1)| and sum |w(t)| over the tensors in the optimizer's
 parameter groups during that call (all of them, or under ZeRO-3 one flat
 partition per call); ``take()`` sums them over the ranks (``reduce``) and
-divides, so each rank gets the drift of the whole layer.
+divides, so each rank gets the drift of the whole layer. The tracker keys
+parameters and optimizer state as the optimizer does, and reads their
+elements through ``local``: a DTensor (an FSDP2 parameter or Adam moment)
+hands over its local shard, so each rank reads only what it holds.
 
 With ``sampling=n``, tensors of at least SAMPLE_MIN elements are represented
 by one block of BLOCK elements out of every run of n * BLOCK (the same
@@ -49,7 +52,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["DriftTracker", "SAMPLE_MIN", "BLOCK"]
+__all__ = ["DriftTracker", "SAMPLE_MIN", "BLOCK", "local"]
 
 BLOCK = 64
 """Elements per sampled block (256 bytes of fp32: whole cache lines)."""
@@ -60,6 +63,12 @@ _kernels: ModuleType | bool | None = None
 """layercheck.kernels once imported; False where numba is missing or fails to
 import; None before the first try (numba takes a second or more to import, so
 only a tracker that steps pays for it)."""
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The elements of ``t`` this process holds: a DTensor's local shard, else ``t``."""
+    to_local = getattr(t, "to_local", None)  # DTensor's; a plain tensor has none
+    return to_local() if to_local is not None else t
 
 
 def _load_kernels() -> ModuleType | None:
@@ -92,9 +101,14 @@ class _Entry:
         first = (phase * self.take) % self.span
         return t.view(-1)[:rows * self.span].view(rows, self.span)[:, first:first + self.take]
 
+    @property
+    def data(self) -> torch.Tensor:
+        """The parameter's elements in this process (fetched anew: FSDP2 may swap them)."""
+        return local(self.param)
+
     def extent(self) -> tuple[int, int, int]:
         """(numel, span, take): a ``layercheck.kernels.Extent``."""
-        return self.param.numel(), self.span, self.take
+        return self.data.numel(), self.span, self.take
 
 
 @dataclass(frozen=True)
@@ -139,7 +153,7 @@ class DriftTracker:
         self._layers = [[self._entry(p, group_of[id(p)], i) for p in params if id(p) in group_of]
                         for i, params in enumerate(layers)]
         self._all = [e for entries in self._layers for e in entries]
-        self._frozen_l1 = np.array([float(sum(float(p.detach().abs().sum()) for p in params
+        self._frozen_l1 = np.array([float(sum(float(local(p).detach().abs().sum()) for p in params
                                               if id(p) not in group_of)) for params in layers])
         self._adam = isinstance(optimizer, torch.optim.Adam)  # AdamW subclasses Adam
         self._fused = fused and self._adam
@@ -157,7 +171,7 @@ class DriftTracker:
             warnings.warn(f"layercheck: drift for {type(optimizer).__name__} is measured by "
                           "keeping a copy of the previous weights (exact, one extra model copy "
                           "in memory); Adam and AdamW need no copy", stacklevel=3)
-            self._previous = {id(e.param): e.param.detach().clone() for e in self._all}
+            self._previous = {id(e.param): e.data.detach().clone() for e in self._all}
         self._handle = optimizer.register_step_post_hook(self._after_step)
 
     def remove(self) -> None:
@@ -166,9 +180,9 @@ class DriftTracker:
     def take(self) -> tuple[np.ndarray, float, float]:
         """(d_l of the step, LR of its update, seconds spent in the hook and here)."""
         start = time.perf_counter()
-        moved, size = self.reduce(self._sums)
+        self._sums[1] += self._frozen_l1  # before the reduce: each rank holds its shard of them
+        moved, total = self.reduce(self._sums)
         self._sums[:] = 0.0
-        total = size + self._frozen_l1
         with np.errstate(divide="ignore", invalid="ignore"):
             drift = np.where(total > 0, moved / np.where(total > 0, total, 1.0),
                              np.where(moved > 0, np.inf, 0.0))
@@ -182,9 +196,9 @@ class DriftTracker:
         self._steps.clear()
 
     def _entry(self, p: nn.Parameter, group: dict, layer: int) -> _Entry:
-        n = p.numel()
+        n = local(p).numel()
         span = BLOCK * self.sampling
-        if self.sampling == 1 or n < SAMPLE_MIN or not p.is_contiguous():
+        if self.sampling == 1 or n < SAMPLE_MIN or not local(p).is_contiguous():
             return _Entry(p, group, layer, n, n, 1.0)
         return _Entry(p, group, layer, span, BLOCK, n / (n // span * BLOCK))
 
@@ -242,9 +256,12 @@ class DriftTracker:
             return _Adam(eps * c, lr * wd / scale, scale, 1 - lr * wd)
         return _Adam(eps * c, 0.0, scale, 1.0)
 
+    def _first_moment(self, e: _Entry) -> torch.Tensor:
+        return local(self.optimizer.state[e.param]["exp_avg"])
+
     def _second_moment(self, e: _Entry) -> torch.Tensor:
         state = self.optimizer.state[e.param]
-        return state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"]
+        return local(state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"])
 
     # -- the fused path (layercheck.kernels) -----------------------------------
     def _fused_sums(self, stepped: set[int],
@@ -254,18 +271,18 @@ class DriftTracker:
         chosen, ptr, terms = [], [], []
         kernels = _load_kernels() if self._fused else None
         for index, e in enumerate(self._all if kernels else ()):
-            if id(e.param) not in stepped or not _fusable(e.param):
+            if id(e.param) not in stepped or not _fusable(e.data):
                 continue
             t = updates.get(id(e.param))
             if t is None:
                 chosen.append(index)
-                ptr.append((e.param.data_ptr(), 0, 0))
+                ptr.append((e.data.data_ptr(), 0, 0))
                 terms.append((0.0, 0.0, 0.0))
                 continue
-            m, v = self.optimizer.state[e.param]["exp_avg"], self._second_moment(e)
+            m, v = self._first_moment(e), self._second_moment(e)
             if _fusable(m) and _fusable(v):
                 chosen.append(index)
-                ptr.append((e.param.data_ptr(), m.data_ptr(), v.data_ptr()))
+                ptr.append((e.data.data_ptr(), m.data_ptr(), v.data_ptr()))
                 terms.append((t.eps_c, t.alpha, t.moved(1.0)))
         self._fused_now += len(chosen)
         if not chosen:
@@ -295,7 +312,7 @@ class DriftTracker:
         """(sum |w(t) - w(t-1)|, sum |w(t)|) over a layer's trainable parameters."""
         if not entries:
             return 0.0, 0.0
-        size = self._abs_sum([e.view(e.param, self._phase) for e in entries],
+        size = self._abs_sum([e.view(e.data, self._phase) for e in entries],
                              [e.scale for e in entries])
         if not self._adam:
             return sum(self._copy_delta(e) for e in entries if e.param.grad is not None), size
@@ -315,10 +332,9 @@ class DriftTracker:
         torch._foreach_sqrt_(buf)
         torch._foreach_add_(buf, t.eps_c)
         torch._foreach_reciprocal_(buf)
-        torch._foreach_mul_(buf, [e.view(self.optimizer.state[e.param]["exp_avg"], self._phase)
-                                  for e in batch])
+        torch._foreach_mul_(buf, [e.view(self._first_moment(e), self._phase) for e in batch])
         if t.alpha:
-            torch._foreach_add_(buf, [e.view(e.param, self._phase) for e in batch], alpha=t.alpha)
+            torch._foreach_add_(buf, [e.view(e.data, self._phase) for e in batch], alpha=t.alpha)
         return t.moved(self._scaled_abs_sum(buf, flat, [e.scale for e in batch]))
 
     def _abs_sum(self, tensors: list[torch.Tensor], scales: list[float]) -> float:
@@ -351,9 +367,9 @@ class DriftTracker:
 
     def _copy_delta(self, e: _Entry) -> float:
         previous = self._previous[id(e.param)]
-        (buf,), flat = self._buffers([e.view(e.param, self._phase)])
+        (buf,), flat = self._buffers([e.view(e.data, self._phase)])
         buf.sub_(e.view(previous, self._phase))
-        previous.copy_(e.param)
+        previous.copy_(e.data)
         return self._scaled_abs_sum([buf], flat, [e.scale])
 
 

@@ -1,11 +1,12 @@
-"""Export the composite state of a step: a model folder, or a DeepSpeed checkpoint.
+"""Export the composite state of a step: a model folder, a DeepSpeed or a DCP checkpoint.
 
 ``export_model`` (``--format hf``) writes ``config.json`` (the Hugging Face
 config recorded when the checkpoint was created, if the model had one) and
 ``model.safetensors`` (every parameter and persistent buffer under its name in
 the model), so ``AutoModel*.from_pretrained(out)`` loads it. From a ZeRO
 directory the weights are assembled from every rank's fp32 master partitions,
-cast to the module's dtype.
+cast to the module's dtype; from an FSDP2 directory, joined from every
+rank's slices.
 
 ``export_deepspeed`` (``--format deepspeed``) writes, from a directory written
 by ``ZeroLayerCheck``, the folder ``engine.save_checkpoint(out)`` would have
@@ -15,6 +16,13 @@ written at step T had the composite been the live state (``latest``,
 parameter groups. The files are torch.save pickles, DeepSpeed's own format;
 nothing in the layercheck directory is unpickled (safetensors and JSON only).
 It runs offline (one process, no torch.distributed) and needs deepspeed.
+
+``export_dcp`` (``--format dcp``) writes, from a directory written by
+``FsdpLayerCheck``, a torch.distributed.checkpoint folder of the composite of
+step T: the model and optimizer state dicts as ``get_state_dict`` lays them
+out, the LR scheduler and the step (``dcpcheckpoint``), which ``dcp.load``
+reads into a fresh FSDP2 model and optimizer at any world size. Offline, one
+process.
 
 Either folder appears whole or not at all (built beside it, then renamed).
 A ``layercheck_plan.json`` in it records which step each layer came from.
@@ -32,6 +40,7 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import save_file
 
+from .dcpcheckpoint import FsdpFacts, assemble, dcp_state, fqn, save_dcp
 from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
 from .errors import CheckpointNotFound, LayerCheckError
 from .format import EXPORT_FORMATS, MODEL_CONFIG, module_tensors
@@ -39,7 +48,8 @@ from .manifest import ManifestView, read_consistent, read_verified
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
 
-__all__ = ["export", "export_model", "export_deepspeed", "composite", "write_model", "publish"]
+__all__ = ["export", "export_model", "export_deepspeed", "export_dcp", "composite", "write_model",
+           "publish"]
 
 
 def export(store: Store, out: str | os.PathLike[str], *, step: int | None = None,
@@ -51,6 +61,8 @@ def export(store: Store, out: str | os.PathLike[str], *, step: int | None = None
         return export_model(store, out, step=step)
     if format == "deepspeed":
         return export_deepspeed(store, out, step=step, adam_step=adam_step)
+    if format == "dcp":
+        return export_dcp(store, out, step=step)
     raise LayerCheckError(f"unknown export format {format!r}: use one of "
                           f"{', '.join(EXPORT_FORMATS)}")
 
@@ -63,6 +75,8 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
     def prepare(view: ManifestView) -> tuple[Plan, dict[str, torch.Tensor]]:
         if view.header is not None and "zero" in view.header:
             return _zero_model(store, view, step)
+        if view.header is not None and "fsdp" in view.header:
+            return _fsdp_model(store, view, step)
         return composite(store, view, step)
 
     def finish(prepared: tuple[Plan, dict[str, torch.Tensor]]) -> Plan:
@@ -140,6 +154,42 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
 
     return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
                            finish=finish)
+
+
+def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = None) -> Plan:
+    """Write the composite of exactly ``step`` (default: the newest step every
+    rank's training state verifies at) as a DCP checkpoint folder ``out``
+    (see the module doc; the layout is ``dcpcheckpoint``'s)."""
+    target = _empty_target(out)
+
+    def prepare(view: ManifestView) -> tuple[Plan, dict[str, Any]]:
+        facts = FsdpFacts.from_header(view.header, store.url)
+        plan = make_plan(store, view, step, exact=True)
+        _, doc = read_state(store, plan.state)
+        return plan, dcp_state(assemble(store, plan, facts), facts, doc)
+
+    def finish(prepared: tuple[Plan, dict[str, Any]]) -> Plan:
+        plan, state = prepared
+
+        def build(staging: Path) -> None:
+            save_dcp(state, staging)
+            _write_plan(staging, plan)
+
+        publish(target, build)
+        return plan
+
+    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
+                           finish=finish)
+
+
+def _fsdp_model(store: Store, view: ManifestView,
+                step: int | None) -> tuple[Plan, dict[str, torch.Tensor]]:
+    """The composite model of an FSDP2 directory: whole weights joined from every
+    rank's slices, and rank 0's buffers, under their state-dict names."""
+    facts = FsdpFacts.from_header(view.header, store.url)
+    plan = make_plan(store, view, step)
+    whole = assemble(store, plan, facts, moments=False)
+    return plan, {fqn(n): t for n, t in {**whole.weights, **whole.buffers}.items()}
 
 
 def _check_world(plan: Plan, facts: ZeroFacts) -> None:

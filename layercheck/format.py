@@ -12,7 +12,7 @@ as float64 0-d tensors), ``buffer/<name>``; ``<owner>`` is a parameter name, or
 
 Manifest records, one per line as ``{"crc": <crc32 of the JSON>, "r": record}``:
 ``header`` (layers, config, lr_peak; a sharded job's ``world_size`` and backend
-facts, e.g. ``zero``), ``layer``/``state`` (a committed version: step, file,
+facts, e.g. ``zero`` or ``fsdp``), ``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
 timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
 sharded, is retired).
@@ -49,9 +49,10 @@ MANIFEST = "manifest.jsonl"
 MODEL_CONFIG = "model_config.json"
 FORMAT = "layercheck/1"
 STATE_FORMAT = "layercheck-state/2"
-EXPORT_FORMATS = ("hf", "deepspeed")
+EXPORT_FORMATS = ("hf", "deepspeed", "dcp")
 """``export --format``: ``hf``, a model folder for evaluation (the default);
-``deepspeed``, a DeepSpeed checkpoint."""
+``deepspeed``, a DeepSpeed checkpoint; ``dcp``, a torch.distributed.checkpoint
+of an FSDP2 job's model and optimizer."""
 ADAM_STEPS = ("global", "own")
 """Adam step counts in a DeepSpeed export: all T (one consistent step), or each layer's own."""
 T = TypeVar("T")

@@ -62,7 +62,8 @@ class ProcessGroupRanks(Ranks):
     def __init__(self, timeout_s: float = 1800.0) -> None:
         if not dist.is_initialized():
             raise LayerCheckError("torch.distributed is not initialised: create ZeroLayerCheck "
-                                  "after deepspeed.initialize()")
+                                  "after deepspeed.initialize(), FsdpLayerCheck after "
+                                  "dist.init_process_group() and fully_shard")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         timeout = datetime.timedelta(seconds=timeout_s)
         # two CPU groups: one for the training thread, one for the writer thread

@@ -13,9 +13,10 @@ backend adds to the header (``header_facts``) and to every step's state
 A restore checks every layer before it applies the first, so one that fails
 leaves the live model as it was.
 
-Backends: ``ModuleSource`` (an ``nn.Module`` and its torch optimizer) and
+Backends: ``ModuleSource`` (an ``nn.Module`` and its torch optimizer),
 ``layercheck.zero.Partitions`` (DeepSpeed ZeRO's flat fp32 partitions, one
-shard per rank). On restore, ``apply`` for every layer, then ``after_restore``
+shard per rank) and ``layercheck.fsdp.DTensorShards`` (FSDP2's DTensor
+shards, one per rank). On restore, ``apply`` for every layer, then ``after_restore``
 once (a collective where the backend has ranks).
 """
 from __future__ import annotations
@@ -79,6 +80,9 @@ class LayerSource:
     optimizer: torch.optim.Optimizer
     """The torch optimizer that steps ``drift_layers()`` and holds their state."""
     layer_map: LayerMap
+
+    resize_advice = "export it (python -m layercheck export) and load the export"
+    """How to go on at another world size, for the error that refuses one."""
 
     def drift_layers(self) -> list[list[torch.Tensor]]:
         raise NotImplementedError

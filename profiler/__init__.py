@@ -3,6 +3,7 @@
     python -m profiler capture [--model minilm|tiny|PATH] [--steps N] ...
     python -m profiler capture --deepspeed zero3 [--ranks 2] ...   (starts torchrun)
     torchrun --nproc_per_node 2 -m profiler capture --deepspeed zero3 ...
+    python -m profiler capture --fsdp [--ranks 2] ...              (PyTorch FSDP2)
     python -m profiler drill   [same options] [--failures N] [--from TRACE]
     python -m profiler calibrate --trace TRACE [--repeats N]
     python -m profiler validate  --trace TRACE [--window 600] [--mtbf 150] [--seed 0]
@@ -15,8 +16,9 @@ machine); ``calibrate`` measures it for an existing capture; ``drill`` adds
 adds ``validation.json`` (the simulator's predictions against real runs
 SIGKILLed at the times of a failure log).
 With ``--deepspeed zero3`` the same job trains inside a DeepSpeed ZeRO-3
-engine, one process per rank, with ``layercheck.zero.ZeroLayerCheck``; rank 0
-writes the trace, in the same format.
+engine, one process per rank, with ``layercheck.zero.ZeroLayerCheck``, and
+with ``--fsdp`` under PyTorch FSDP2 with ``layercheck.fsdp.FsdpLayerCheck``;
+rank 0 writes the trace, in the same format.
 """
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ job (the end of ``capture``, or a job rebuilt from a trace by ``calibrate``)
 in a scratch folder beside the checkpoints, and returns the
 ``layercheck.calibration.Calibration`` that goes into ``costs.json``: every
 figure with its source (measured, derived or assumed) and its method. A
-collective under ZeRO (rank 0 returns the calibration, the others None).
+collective on several ranks (rank 0 returns the calibration, the others None).
 
 ``python -m profiler calibrate --trace traces/X`` rebuilds X's job from its
-manifest (the same model, data and settings; under ZeRO the same engine and
-world size, started with torchrun), takes one training step so that the
+manifest (the same model, data and settings; under ZeRO or FSDP2 the same
+sharding and world size, started with torchrun), takes one training step so that the
 optimizer state exists, and calibrates it.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _calibration(trace: Trace, figures: dict[str, Any], seconds: float,
 
 
 def job_spec(trace: Trace, where: str) -> CaptureConfig | ZeroConfig:
-    """The capture settings of ``trace`` (a ZeroConfig for a ZeRO capture)."""
+    """The capture settings of ``trace`` (a ZeroConfig for a ZeRO or an FSDP2 capture)."""
     sources = trace.manifest.get("sources", {})
     if trace.kind != "captured" or "capture" not in sources:
         raise ProfilerError(f"{where}: not a trace made by `python -m profiler capture` (no "
@@ -94,6 +94,8 @@ def job_spec(trace: Trace, where: str) -> CaptureConfig | ZeroConfig:
     if "deepspeed" in sources:
         ds = sources["deepspeed"]
         return ZeroConfig(capture=config, deepspeed=f"zero{ds['stage']}", ranks=int(ds["ranks"]))
+    if "fsdp" in sources:
+        return ZeroConfig(capture=config, fsdp=True, ranks=int(sources["fsdp"]["ranks"]))
     return config
 
 

@@ -1,8 +1,8 @@
 """``python -m profiler capture``: real training with LayerCheck attached, recorded as a trace.
 
 One pipeline for every job (``profiler.job``: a plain process, or a rank of a
-DeepSpeed ZeRO-3 job under torchrun; at world size 1 every collective is a
-no-op). Order of work: build the job, agree on the checkpoint folder (rank
+DeepSpeed ZeRO-3 or a PyTorch FSDP2 job under torchrun; at world size 1
+every collective is a no-op). Order of work: build the job, agree on the checkpoint folder (rank
 0's choice), rank 0 measures the storage bandwidth there, train ``steps``
 steps with the job's LayerCheck recording every phase, drift and write,
 wait for the last write, evaluate on held-out text, measure one real
@@ -17,7 +17,7 @@ What the figures mean when the job has several ranks:
 
 - ``steps``: rank 0's phase times (the ranks wait for each other inside
   collectives, so rank 0's step is the job's step); ``drift_s`` is the drift
-  hook plus what ``lc.step()`` adds (under ZeRO the all-reduce of the sums);
+  hook plus what ``lc.step()`` adds (on several ranks the all-reduce of the sums);
   ``loss`` is the whole batch's mean loss (every rank's share summed).
 - ``drift``: the drift of each whole layer (the same on every rank).
 - ``writes``: one row per layer version; ``bytes`` is every rank's shard
@@ -137,7 +137,7 @@ def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run
         if lc.restore() != 0:
             raise FileExistsError(f"{ckpt_dir} already holds a checkpoint: a capture starts "
                                   "fresh, so give an empty --ckpt folder")
-        label = job.source.label + ("" if job.ranks.world == 1 else " (ZeRO-3, rank 0)")
+        label = job.source.label + (f" ({job.setup}, rank 0)" if job.setup else "")
         bar = tqdm(total=config.steps, desc=f"capture {label}", unit="step",
                    disable=not progress, mininterval=2.0, file=sys.stderr)
         position = 0
@@ -205,7 +205,7 @@ def _merge_writes(per_rank: list[list[list[Any]]]) -> list[Any]:
     keys = [sorted((w[0], w[1]) for w in rows) for rows in per_rank]
     if any(k != keys[0] for k in keys):
         raise RuntimeError("the ranks committed different layer versions; ZeroLayerCheck "
-                           "guarantees they do not, so this is a bug: report it")
+                           "and FsdpLayerCheck guarantee they do not, so this is a bug: report it")
     total: dict[tuple[int, int], int] = {}
     for rows in per_rank:
         for w in rows:
@@ -235,7 +235,7 @@ def _trace(job: Job, recorder: Recorder, run: _Run, name: str, machine: dict[str
     config, source, command = job.config, job.source, job.command(argv)
     parts = job.manifest_parts(argv)
     if job.ranks.world > 1:
-        parts["sources"].setdefault("deepspeed", {})["median_step_s_per_rank"] = median_step_s
+        parts["sources"].setdefault(job.sources_key, {})["median_step_s_per_rank"] = median_step_s
     shown = f"`{command}`" if command else "`python -m profiler capture`"
     manifest = {
         "schema_version": SCHEMA_VERSION, "name": name, "kind": "captured",

@@ -6,7 +6,10 @@ validation's workers drive them, so what is costed is what runs:
 - ``FullCheckpointer`` ("deepspeed"): a synchronous full save of model and
   optimizer: ``engine.save_checkpoint`` (``profiler.engine``) when DeepSpeed
   is installed, else one safetensors file written, fsynced and renamed into
-  place. Durable when the save returns; loaded with ``engine.load_checkpoint``.
+  place; for an FSDP2 job (which has no DeepSpeed engine) its own framework's
+  full save, ``torch.distributed.checkpoint.save`` of every rank's shards.
+  Durable when the save returns; loaded with ``engine.load_checkpoint`` (or
+  ``dcp.load``).
 - ``TwoPhaseCheckpointer`` ("checkfreq"): CheckFreq's two phases with
   PyTorch's own ``torch.distributed.checkpoint.async_save``: its blocking part
   copies the state to host memory (the snapshot), its future completes when
@@ -91,11 +94,16 @@ class FullCheckpointer(Checkpointer):
     def __init__(self, job: Any, folder: Path, *, interval: int = 1) -> None:
         super().__init__(job, folder, interval=interval)
         from .engine import deepspeed_available, engine_for
-        self.engine = engine_for(job) if deepspeed_available() else None
+        self.sharded = job.kind == "fsdp"
+        """FSDP2: the state is DTensor shards, saved with DCP by every rank."""
+        self.engine = engine_for(job) if deepspeed_available() and not self.sharded else None
         self.state = TrainingState(job.model, job.optimizer, job.scheduler)
 
     @property
     def method(self) -> str:
+        if self.sharded:
+            return ("torch.distributed.checkpoint.save (synchronous: every rank writes its "
+                    "DTensor shards of weights and Adam moments, rank 0 the metadata)")
         if self.engine is not None:
             return ("DeepSpeed engine.save_checkpoint (torch.save of module, optimizer, "
                     "scheduler and client state; DeepSpeed does not fsync)")
@@ -107,6 +115,10 @@ class FullCheckpointer(Checkpointer):
         if self.engine is not None:
             self.engine.save_checkpoint(str(self.folder), tag=tag,
                                         client_state={"step": step, "position": position})
+        elif self.sharded:
+            import torch.distributed.checkpoint as dcp
+            dcp.save({"tensors": self.state.tensors(), "meta": self.state.meta(step, position)},
+                     checkpoint_id=str(self.folder / tag))
         else:
             self._save_safetensors(tag, step, position)
         stall = time.perf_counter() - start
@@ -120,7 +132,20 @@ class FullCheckpointer(Checkpointer):
                 return None
             _, client = self.engine.load_checkpoint(str(self.folder))
             return Resume(int(client["step"]), int(client["position"]))
+        if self.sharded:
+            return self._load_dcp()
         return self._load_safetensors()
+
+    def _load_dcp(self) -> Resume | None:
+        import torch.distributed.checkpoint as dcp
+        done = sorted((p.parent for p in self.folder.glob("step*/.metadata")),
+                      key=lambda p: int(p.name[4:]))
+        if not done:
+            return None
+        state = {"tensors": self.state.tensors(), "meta": self.state.meta(0, 0)}
+        dcp.load(state, checkpoint_id=str(done[-1]))
+        step, position = self.state.apply_meta(state["meta"])
+        return Resume(step, position)
 
     def _save_safetensors(self, tag: str, step: int, position: int) -> None:
         from safetensors.torch import save_file

@@ -1,9 +1,10 @@
 """``python -m profiler capture | drill | heatmap``: the command line.
 
-``capture --deepspeed zero3`` trains inside a DeepSpeed ZeRO-3 engine, one
-process per rank: typed plainly it starts torchrun itself (``--ranks``,
-default 2); under ``torchrun --nproc_per_node N -m profiler capture
---deepspeed zero3`` each process is one rank.
+``capture --deepspeed zero3`` trains inside a DeepSpeed ZeRO-3 engine, and
+``capture --fsdp`` under PyTorch FSDP2, one process per rank: typed plainly
+it starts torchrun itself (``--ranks``, default 2); under ``torchrun
+--nproc_per_node N -m profiler capture --deepspeed zero3`` (or ``--fsdp``)
+each process is one rank.
 
 Bad input (an unknown model, an unreadable path, a negative count) is one
 line on stderr and exit status 2, never a traceback.
@@ -60,8 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--deepspeed", metavar="zero3",
                      help="train inside a DeepSpeed ZeRO-3 engine with ZeroLayerCheck, one "
                           "process per rank (starts torchrun, or runs as a rank under it)")
-    cap.add_argument("--ranks", type=int, help="with --deepspeed: ranks to start (default 2; "
-                     "under torchrun, its --nproc_per_node)")
+    cap.add_argument("--fsdp", action="store_true",
+                     help="train under PyTorch FSDP2 (fully_shard per block, then the root) with "
+                          "FsdpLayerCheck, one process per rank (starts torchrun, or runs as a "
+                          "rank under it)")
+    cap.add_argument("--ranks", type=int, help="with --deepspeed or --fsdp: ranks to start "
+                     "(default 2; under torchrun, its --nproc_per_node)")
     cap.add_argument("--no-calibrate", action="store_true",
                      help="skip the calibration (costs.json: what each checkpointing strategy's "
                           "mechanism costs here); `python -m profiler calibrate` does it later")
@@ -169,10 +174,13 @@ def _config(args: argparse.Namespace) -> CaptureConfig:
 
 
 def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.deepspeed is not None:
+    if args.deepspeed is not None and args.fsdp:
+        raise ProfilerError("--deepspeed and --fsdp are two ways to shard the job: give one")
+    if args.deepspeed is not None or args.fsdp:
         return _run_zero_capture(args, argv)
     if args.ranks is not None:
-        raise ProfilerError("--ranks applies to a DeepSpeed capture: add --deepspeed zero3")
+        raise ProfilerError("--ranks applies to a multi-rank capture: add --deepspeed zero3 "
+                            "or --fsdp")
     return _capture(_config(args), args, argv)
 
 
@@ -184,7 +192,8 @@ def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
     if world is not None and args.ranks is not None and args.ranks != world:
         raise ProfilerError(f"--ranks {args.ranks} but torchrun started {world} ranks: drop "
                             f"--ranks, or give torchrun --nproc_per_node {args.ranks}")
-    zero = ZeroConfig(capture=_config(args), deepspeed=args.deepspeed,
+    zero = ZeroConfig(capture=_config(args), deepspeed=args.deepspeed or ZeroConfig().deepspeed,
+                      fsdp=args.fsdp,
                       ranks=args.ranks if args.ranks is not None else world or ZeroConfig().ranks)
     resolve_model(zero.capture.model)  # a bad --model fails here, before any rank starts
     if world is None:

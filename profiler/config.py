@@ -257,8 +257,9 @@ class DrillConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ZeroConfig:
-    """A capture inside a DeepSpeed ZeRO engine (``capture --deepspeed zero3``),
-    one process per data-parallel rank, ``ZeroLayerCheck`` on every rank."""
+    """A capture on several ranks, one process per data-parallel rank: inside a
+    DeepSpeed ZeRO engine (``capture --deepspeed zero3``, ``ZeroLayerCheck`` on
+    every rank), or under PyTorch FSDP2 (``capture --fsdp``, ``FsdpLayerCheck``)."""
 
     capture: CaptureConfig = dataclasses.field(default_factory=CaptureConfig)
     """The job: the plain capture's model, data, optimizer, LR schedule and
@@ -272,6 +273,10 @@ class ZeroConfig:
     ranks: int = 2
     """Data-parallel ranks (processes). Under torchrun: its world size."""
 
+    fsdp: bool = False
+    """Train under PyTorch FSDP2 (``fully_shard`` per block, then the root)
+    instead of DeepSpeed; ``deepspeed`` is then unused."""
+
     def __post_init__(self) -> None:
         if self.deepspeed not in ZERO_STAGES:
             raise ProfilerError(f"--deepspeed {self.deepspeed}: use {', '.join(ZERO_STAGES)} "
@@ -282,8 +287,19 @@ class ZeroConfig:
                                 f"{self.ranks} ranks: use a multiple of {self.ranks} for "
                                 "--batch-size")
         if self.capture.device != "cpu":
-            raise ProfilerError(f"--device {self.capture.device} with --deepspeed: ZeRO captures "
-                                "run on the CPU (DeepSpeed's cpu accelerator, gloo); drop --device")
+            what = "FSDP captures run on the CPU (gloo)" if self.fsdp else \
+                "ZeRO captures run on the CPU (DeepSpeed's cpu accelerator, gloo)"
+            raise ProfilerError(f"--device {self.capture.device} with --{self.backend_option}: "
+                                f"{what}; drop --device")
+
+    @property
+    def backend(self) -> str:
+        """``fsdp``, or the ``--deepspeed`` setup (``zero3``): names traces and messages."""
+        return "fsdp" if self.fsdp else self.deepspeed
+
+    @property
+    def backend_option(self) -> str:
+        return "fsdp" if self.fsdp else "deepspeed"
 
     @property
     def stage(self) -> int:

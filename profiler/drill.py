@@ -88,10 +88,13 @@ def _load_failure_free(path: Path, failures: int) -> tuple[Trace, DrillConfig]:
                             "capture` (this one has no capture settings)")
     if "evaluation" not in trace.manifest:
         raise TraceError(f"{path}/manifest.json: no evaluation; re-capture it")
-    if "deepspeed" in trace.manifest["sources"]:
-        raise ProfilerError(f"{path}: a DeepSpeed capture; the drill re-runs the job in a single "
+    ranked = [k for k, what in (("deepspeed", "DeepSpeed"), ("fsdp", "FSDP2"))
+              if k in trace.manifest["sources"]]
+    if ranked:
+        what = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
+        raise ProfilerError(f"{path}: {what} capture; the drill re-runs the job in a single "
                             "process, so give it a plain capture (python -m profiler capture "
-                            "without --deepspeed)")
+                            f"without --{ranked[0]})")
     config = CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
     return trace, DrillConfig(capture=config, failures=failures)
 

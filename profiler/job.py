@@ -1,9 +1,10 @@
 """The job protocol: what a capture, a calibration or a worker asks of a training job.
 
-One base class, two implementations: ``PlainJob`` (one process, the model
-and AdamW as they are; ``profiler.plainjob``) and ``ZeroJob`` (the same job
-inside a DeepSpeed ZeRO-3 engine, one process per rank; ``profiler.zerojob``).
-``open_job`` builds the one a config asks for.
+One base class, three implementations: ``PlainJob`` (one process, the
+model and AdamW as they are; ``profiler.plainjob``), ``ZeroJob`` (the same
+job inside a DeepSpeed ZeRO-3 engine, one process per rank;
+``profiler.zerojob``) and ``FsdpJob`` (the same job under PyTorch FSDP2,
+``profiler.fsdpjob``). ``open_job`` builds the one a config asks for.
 
 Contract (every rank calls the same sequence; under ZeRO each forward is a
 collective): ``step(position)`` trains one optimizer step on the batch at
@@ -67,7 +68,13 @@ class Job:
     num_params: int
 
     kind = "plain"
-    """``plain`` or ``zero3``: which job ``open_job`` builds again from a manifest."""
+    """``plain``, ``zero3`` or ``fsdp``: which job ``open_job`` builds again from a manifest."""
+    setup = ""
+    """How the ranks hold the job, in words (``ZeRO-3``, ``FSDP2``; empty in one process)."""
+    integration = "LayerCheck"
+    """The LayerCheck class ``make_layercheck`` attaches (named in traces and costs)."""
+    sources_key: str | None = None
+    """The key of ``manifest.sources`` that details a multi-rank setup."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -118,8 +125,12 @@ class Job:
 
 
 def open_job(spec: CaptureConfig | ZeroConfig, *, say: Callable[[str], None] = print) -> Job:
-    """Build the job ``spec`` asks for (a ZeroConfig: a ZeRO job, under torchrun).
-    Threads are resolved (torch's default when not given) before anything is built."""
+    """Build the job ``spec`` asks for (a ZeroConfig: a ZeRO or, with ``fsdp``, an
+    FSDP2 job, under torchrun). Threads are resolved (torch's default when not
+    given) before anything is built."""
+    if isinstance(spec, ZeroConfig) and spec.fsdp:
+        from .fsdpjob import FsdpJob
+        return FsdpJob.prepare(spec, say=say)
     if isinstance(spec, ZeroConfig):
         from .zerojob import ZeroJob
         return ZeroJob.prepare(spec, say=say)

@@ -1,6 +1,6 @@
 """Starting a multi-rank capture: run as one rank under torchrun, or start torchrun.
 
-``python -m profiler capture --deepspeed zero3`` outside torchrun starts
+``python -m profiler capture --deepspeed zero3`` (or ``--fsdp``) outside torchrun starts
 
     python -m torch.distributed.run --nproc_per_node R --master_addr 127.0.0.1
         --master_port <free port> -m profiler capture <the same arguments>
@@ -62,7 +62,7 @@ def launch(argv: Sequence[str], zero: ZeroConfig) -> int:
           f"-m profiler {' '.join(argv)}", file=sys.stderr)
     code = subprocess.run(command, env=env).returncode
     if code != 0:
-        print(f"profiler: error: the {zero.deepspeed} {argv[0]} failed (torchrun exit status "
+        print(f"profiler: error: the {zero.backend} {argv[0]} failed (torchrun exit status "
               f"{code}); the failing rank's error is above", file=sys.stderr)
     return code
 

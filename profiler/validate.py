@@ -100,8 +100,10 @@ def _plain_capture(trace_dir: Path) -> Trace:
     if trace.kind != "captured" or "capture" not in sources:
         raise ProfilerError(f"{trace_dir}: a validation re-runs a captured job; this trace has "
                             "no capture settings (make one with `python -m profiler capture`)")
-    if "deepspeed" in sources:
-        raise ProfilerError(f"{trace_dir}: a DeepSpeed capture; the validation runs the job in "
+    ranked = [k for k in ("deepspeed", "fsdp") if k in sources]
+    if ranked:
+        what = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
+        raise ProfilerError(f"{trace_dir}: {what} capture; the validation runs the job in "
                             "one process per worker, so give it a plain capture")
     return trace
 

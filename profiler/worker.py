@@ -41,15 +41,16 @@ __all__ = ["run_job", "write_job", "EventReader"]
 def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log: Path,
               strategy: str = "layercheck", interval: int = 1, halt_at: int | None = None,
               repeat: bool = False, engine: bool = False, probe: bool = False,
-              zero_ranks: int | None = None) -> Path:
+              zero_ranks: int | None = None, fsdp: bool = False) -> Path:
     """The job file of one worker. ``root`` holds the checkpoint folders;
     ``repeat``: jobs back to back until killed (a validation), else one job and
     an evaluation (a drill); ``engine``: build the DeepSpeed engine at start-up;
     ``probe``: stop once ready; ``zero_ranks``: (a probe only) build the ZeRO-3
-    job as one rank of that many, under torchrun."""
+    job (with ``fsdp``: the FSDP2 job) as one rank of that many, under torchrun."""
     job = {"config": config.to_dict(), "device": device, "root": str(root), "log": str(log),
            "strategy": strategy, "interval": interval, "halt_at": halt_at, "repeat": repeat,
-           "engine": engine, "probe": probe, "zero_ranks": zero_ranks}
+           "engine": engine, "probe": probe, "zero_ranks": zero_ranks,
+           "fsdp": fsdp}
     path.write_text(json.dumps(job, indent=2))
     return path
 
@@ -90,8 +91,9 @@ def run_job(path: Path) -> int:
 
 def _zero_probe(config: CaptureConfig, spec: dict[str, Any]) -> int:
     from .config import ZeroConfig
-    from .zerojob import ZeroJob
-    job = ZeroJob.prepare(ZeroConfig(capture=config, ranks=spec["zero_ranks"]), say=lambda _: None)
+    from .job import open_job
+    job = open_job(ZeroConfig(capture=config, ranks=spec["zero_ranks"],
+                              fsdp=bool(spec.get("fsdp"))), say=lambda _: None)
     if job.ranks.leader:
         with open(spec["log"], "a") as log:
             _emit(log, "ready", pid=os.getpid())

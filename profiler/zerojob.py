@@ -26,6 +26,7 @@ LR schedule, loss); what differs, and why:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -95,13 +96,15 @@ class ZeroJob(Job):
     device: str = "cpu"
 
     kind = "zero3"
+    setup = "ZeRO-3"
+    integration = "ZeroLayerCheck"
+    sources_key = "deepspeed"
 
     @classmethod
     def prepare(cls, zero: ZeroConfig, *, source: ModelSource | None = None,
                 say: Callable[[str], None] = print) -> "ZeroJob":
-        import deepspeed
         source = source or resolve_model(zero.capture.model)  # bad input fails before any collective
-        rank, world = init_distributed()
+        rank, world = cls.start()
         if world != zero.ranks:
             raise ProfilerError(f"torchrun started {world} ranks but --ranks is {zero.ranks}: "
                                 "drop --ranks, or give torchrun --nproc_per_node "
@@ -109,8 +112,8 @@ class ZeroJob(Job):
         config = zero.capture
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        zero = ZeroConfig(capture=config.replace(threads=config.threads or torch.get_num_threads()),
-                          deepspeed=zero.deepspeed, ranks=zero.ranks)
+        zero = dataclasses.replace(zero, capture=config.replace(
+            threads=config.threads or torch.get_num_threads()))
         if rank == 0:
             say(zero.capture.scaling_note)
         source, model, corpus, dataset = build_model_and_data(zero.capture, source)
@@ -118,13 +121,25 @@ class ZeroJob(Job):
         num_params = sum(p.numel() for p in model.parameters())
         if source.objective == "masked" and has_bert_head(model):
             model = MaskedOnlyBert(model)
+        return cls(zero=zero, source=source, corpus=corpus, dataset=dataset,
+                   architecture=architecture, num_params=num_params, ranks=Ranks(rank, world),
+                   **cls.wrap(model, zero, source))
+
+    @staticmethod
+    def start() -> tuple[int, int]:
+        """Start torch.distributed for this kind of job; (rank, world size)."""
+        return init_distributed()
+
+    @staticmethod
+    def wrap(model: nn.Module, zero: ZeroConfig, source: ModelSource) -> dict[str, Any]:
+        """The built model (the same on every rank) made into this kind of job: the
+        fields that differ between kinds (here the DeepSpeed engine and its scheduler)."""
+        import deepspeed
         optimizer, scheduler = adamw(model, zero.capture, source)
         engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                        lr_scheduler=scheduler,
                                                        config=zero.ds_config())
-        return cls(zero=zero, source=source, corpus=corpus, dataset=dataset, engine=engine,
-                   architecture=architecture, num_params=num_params, scheduler=scheduler,
-                   ranks=Ranks(rank, world))
+        return {"engine": engine, "scheduler": scheduler}
 
     @property
     def config(self) -> CaptureConfig:
@@ -139,23 +154,31 @@ class ZeroJob(Job):
         return self.engine.optimizer
 
     def default_name(self) -> str:
-        return f"{self.source.label}-{self.zero.deepspeed}-{self.config.steps}steps"
+        return f"{self.source.label}-{self.zero.backend}-{self.config.steps}steps"
 
     def step(self, position: int) -> tuple[float, PhaseTimes]:
         """One optimizer step on the batch at data ``position``; returns this rank's
         share of the batch's mean loss and this rank's phase times (``optimizer_s``:
-        ``engine.step()``, which also steps the LR scheduler and zeroes the gradients)."""
+        ``update()``: under DeepSpeed ``engine.step()``, which also steps the LR scheduler
+        and zeroes the gradients)."""
         batch = self.dataset.batch_at(position)
         total = predicted_tokens(batch["labels"], self.source.objective)
         mine = self._share(batch)
         t0 = time.perf_counter()
         summed = self._token_loss_sum(mine)
         t1 = time.perf_counter()
-        self.engine.backward(summed * (self.zero.ranks / total))
+        self.backward(summed * (self.zero.ranks / total))
         t2 = time.perf_counter()
-        self.engine.step()
+        self.update()
         t3 = time.perf_counter()
         return float(summed.detach()) / total, PhaseTimes(t1 - t0, t2 - t1, t3 - t2)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def update(self) -> None:
+        """The optimizer and LR scheduler steps, and zeroing the gradients."""
+        self.engine.step()
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -187,26 +210,34 @@ class ZeroJob(Job):
         return self._torchrun(args)
 
     def manifest_parts(self, argv: list[str] | None) -> dict[str, Any]:
-        import deepspeed
         zero, config = self.zero, self.config
         by_profiler = os.environ.get(LAUNCHED_BY_PROFILER) == "1"
-        torchrun = self._torchrun(" ".join(argv or []))
-        setup = (f"a DeepSpeed ZeRO-{zero.stage} capture on {zero.ranks} ranks (processes, gloo, "
-                 f"CPU; {config.threads} thread(s) each), ZeroLayerCheck writing one shard per "
-                 "rank. ")
+        words, how, details = self.describe_setup()
+        setup = (f"a {words} capture on {zero.ranks} ranks (processes, gloo, CPU; "
+                 f"{config.threads} thread(s) each{how}), {self.integration} writing one shard "
+                 "per rank. ")
         detail = (f", each step's {config.batch_size} sequences split {zero.micro_batch} per "
                   "rank. Step times are rank 0's; drift is each whole layer's; write bytes are "
                   "all ranks' shards together")
-        deepspeed_source = {
+        source = {
+            **details, "micro_batch_per_rank": zero.micro_batch,
+            "launched_by": "python -m profiler (started torchrun)" if by_profiler else "torchrun",
+            "torchrun_equivalent": self._torchrun(" ".join(argv or [])),
+            "step_times": "rank 0's"}
+        return {"setup": setup, "detail": detail, "sources": {self.sources_key: source},
+                "machine": {"ranks": zero.ranks, "threads_per_rank": config.threads},
+                "model": {"engine_module": type(self.model).__name__}}
+
+    def describe_setup(self) -> tuple[str, str, dict[str, Any]]:
+        """This kind of job in a trace: its name and how it shards (words of the
+        description), and what ``manifest.sources[sources_key]`` records of it."""
+        import deepspeed
+        zero = self.zero
+        return f"DeepSpeed ZeRO-{zero.stage}", "", {
             "capture": f"DeepSpeed ZeRO-{zero.stage}, {zero.ranks} ranks", "stage": zero.stage,
             "ranks": zero.ranks, "backend": "gloo", "accelerator": "cpu",
             "version": deepspeed.__version__, "ds_config": zero.ds_config(),
-            "integration": "layercheck.zero.ZeroLayerCheck", "micro_batch_per_rank": zero.micro_batch,
-            "launched_by": "python -m profiler (started torchrun)" if by_profiler else "torchrun",
-            "torchrun_equivalent": torchrun, "step_times": "rank 0's"}
-        return {"setup": setup, "detail": detail, "sources": {"deepspeed": deepspeed_source},
-                "machine": {"ranks": zero.ranks, "threads_per_rank": config.threads},
-                "model": {"engine_module": type(self.model).__name__}}
+            "integration": "layercheck.zero.ZeroLayerCheck"}
 
     def _torchrun(self, args: str) -> str:
         return f"torchrun --nproc_per_node {self.zero.ranks} -m profiler {args}".rstrip()

@@ -2,11 +2,12 @@
 
 Contract: ``Mechanism.measure(bench)`` returns its ``figures`` (a dict of
 ``layercheck.calibration.Figure``), measured on the bench's job, machine and
-scratch folder. A ``collective`` mechanism runs on every rank of a ZeRO job
-at once (the real implementation is a collective there: DeepSpeed's own
-checkpoint, ZeroLayerCheck); the others run on rank 0 alone, on
-``bench.single()``: the job itself in one process, or under ZeRO a plain
-job of the same model and settings (full, unsharded state), and say so.
+scratch folder. A ``collective`` mechanism runs on every rank of a ZeRO or
+FSDP2 job at once (the real implementation is a collective there:
+DeepSpeed's own checkpoint or DCP's save, ZeroLayerCheck or
+FsdpLayerCheck); the others run on rank 0 alone, on ``bench.single()``: the
+job itself in one process, or on several ranks a plain job of the same
+model and settings (full, unsharded state), and say so.
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ class Bench:
         if not self.zero:
             return "in the capture's process, on its model and optimizer state"
         return (f"single process on rank 0 (a plain job of the same model and settings, full "
-                f"unsharded state), not under the {self.job.ranks.world}-rank ZeRO engine")
+                f"unsharded state), not under the {self.job.ranks.world}-rank {self.job.setup} "
+                "job")
 
     def scratch(self, name: str) -> Path:
         """A fresh folder for one measurement: made by rank 0 for every rank (a

@@ -4,7 +4,7 @@ From the capture's trace: the drift tracking per step (``drift_s`` over the
 compute) and the stall of the host copies of the chosen layers (the
 ``stall_s`` of the steps from the base checkpoint on, over the bytes they
 wrote). Timed here with the job's own LayerCheck (``job.make_layercheck``:
-``ZeroLayerCheck`` on every rank under ZeRO) in a fresh folder: a base
+``ZeroLayerCheck`` or ``FsdpLayerCheck`` on every rank) in a fresh folder: a base
 checkpoint of every layer (the writer's files, fsyncs and commit), steps
 that commit their training state alone, and a real ``restore()`` of the
 composite.
@@ -44,7 +44,7 @@ class LayerWise(Mechanism):
             loads.append(ranks.max(r.load_s + r.restore_s))
         if not ranks.leader:
             return {}
-        who = (f"ZeroLayerCheck on {ranks.world} ranks (every rank's shards, the slowest "
+        who = (f"{bench.job.integration} on {ranks.world} ranks (every rank's shards, the slowest "
                "rank's seconds)" if bench.zero else "LayerCheck on the capture's own model "
                "and optimizer")
         return {

@@ -6,7 +6,7 @@ to its ``ready`` event: interpreter start, imports (torch, transformers,
 layercheck, DeepSpeed where installed), the corpus and batches, the model
 built (and, where DeepSpeed is installed, wrapped in the world-size-1
 engine every validation worker builds, so that all strategies restart
-alike). Under ZeRO the probe is a torchrun of as many ranks as the job,
+alike). Under ZeRO or FSDP2 the probe is a torchrun of as many ranks as the job,
 timed to rank 0's ready.
 """
 from __future__ import annotations
@@ -44,7 +44,8 @@ class Restart(Mechanism):
                 log = Path(tmp) / f"probe{i}.jsonl"
                 spec = write_job(Path(tmp) / f"probe{i}.json", config=job.config, device=job.device,
                                  root=Path(tmp), log=log, engine=True, probe=True,
-                                 zero_ranks=ranks if bench.zero else None)
+                                 zero_ranks=ranks if bench.zero else None,
+                                 fsdp=job.kind == "fsdp")
                 start = time.time()
                 proc = spawn_worker(spec, Path(tmp) / f"probe{i}.out", job.config.threads, ranks)
                 if proc.wait(timeout=READY_TIMEOUT_S) != 0:
@@ -54,7 +55,7 @@ class Restart(Mechanism):
                 samples.append(ready[0]["time"] - start)
         engine = ("; the model wrapped in a world-size-1 DeepSpeed engine, as every validation "
                   "worker does" if deepspeed_available() and not bench.zero else "")
-        how = (f"torchrun of {ranks} ranks building the ZeRO-3 job, to rank 0's ready"
+        how = (f"torchrun of {ranks} ranks building the {job.setup} job, to rank 0's ready"
                if bench.zero else "a new `python -m profiler worker` process")
         return {"restart_s": Figure(
             value=statistics.median(samples), source="measured", samples=tuple(samples),

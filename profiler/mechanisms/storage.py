@@ -41,7 +41,8 @@ class FullSave(Mechanism):
             sizes.append(saved.bytes)
             ranks.barrier()
             loads.append(ranks.max(timed(ckpt.load)[0]))
-        where = (f"under the capture's ZeRO-{bench.job.zero.stage} engine on {ranks.world} ranks "
+        held = "sharded job" if ckpt.sharded else "engine"
+        where = (f"under the capture's {bench.job.setup} {held} on {ranks.world} ranks "
                  "(the slowest rank's seconds, every rank's files)" if bench.zero
                  else "a world-size-1 engine (ZeRO stage 0, fp32) around the capture's own "
                       "model, optimizer and scheduler" if ckpt.engine is not None
@@ -50,6 +51,8 @@ class FullSave(Mechanism):
         save = rate_figure(nbytes, saves, f"{ckpt.method}, {where}; bytes = the tag folder")
         load = rate_figure(nbytes, loads, "engine.load_checkpoint of that save into the live "
                            "engine (module, optimizer, scheduler)" if ckpt.engine is not None
+                           else "torch.distributed.checkpoint.load of that save into the live "
+                           "shards, every rank its own" if ckpt.sharded
                            else "the safetensors file read and copied into the live tensors")
         fixed = Figure(value=0.0, source="derived",
                        method="folded into load_gbps: the whole load (open, unpickle, copy into "

@@ -6,13 +6,6 @@ Qwen2 model) and judges what the ranks report and what is on disk.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,90 +16,34 @@ HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
+# test_export_deepspeed imports ROOT and the helpers below from here
+from tests.layercheck.torchrun import ROOT, Torchrun, damage_newest_shard  # noqa: E402,F401
 
 WORKER = Path(__file__).with_name("zero_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
+JOB = Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"})
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT))
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return JOB.env
 
 
 def _command(*args: str, ranks: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), *args]
+    return JOB.command(*args, ranks=ranks)
 
 
 def _run(*args: str, timeout: float = 300, ranks: int = 2, ok: bool = True) -> str:
-    done = subprocess.run(_command(*args, ranks=ranks), env=_env(), cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-    assert (done.returncode == 0) == ok, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout + done.stderr
+    return JOB.run(*args, timeout=timeout, ranks=ranks, ok=ok)
 
 
 def _results(out: Path) -> list[dict]:
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-
-
-def _latest(ckpt: Path) -> int:
-    if not (ckpt / "manifest.jsonl").exists():
-        return 0
-    return read_manifest(LocalStore(ckpt, create=False)).latest_step() or 0
-
-
-def _kill_mid_run(ckpt: Path, out: Path, *args: str, at: int) -> int:
-    """Start a job that halts once step ``at`` is committed (``--halt-at``), wait until
-    every rank says so, SIGKILL its whole process group; the newest committed step."""
-    proc = subprocess.Popen(_command("--dir", str(ckpt), "--out", str(out), "--halt-at", str(at),
-                                     *args), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    try:
-        while not all((out / f"halted{r}").exists() for r in range(2)):
-            assert proc.poll() is None, f"the job ended before it halted at step {at}"
-            assert time.monotonic() < deadline, f"no rank reached step {at} within 300 s"
-            time.sleep(0.05)
-    finally:
-        # torchrun starts each worker in a session of its own: kill them all at once
-        for pid in [proc.pid, *_descendants(proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-    return _latest(ckpt)
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    return JOB.results(out)
 
 
 @pytest.mark.parametrize("stage", [3, 2])
 def test_sigkill_then_recover_equals_the_saved_shards_on_every_rank(tmp_path, stage):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     steps = 24
-    killed_at = _kill_mid_run(ckpt, out, "--steps", str(steps), "--stage", str(stage), at=9)
+    killed_at = JOB.kill_mid_run(ckpt, out, "--steps", str(steps), "--stage", str(stage), at=9)
     assert killed_at == 9
     _run("--dir", str(ckpt), "--out", str(out), "--steps", str(steps), "--stage", str(stage),
          "--check")
@@ -186,12 +123,7 @@ def test_threshold_zero_recovery_is_deepspeeds_own_save_and_load_bit_for_bit(tmp
 def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back_together(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     _run("--dir", str(ckpt), "--out", str(out), "--steps", "12")
-    view = read_manifest(LocalStore(ckpt))
-    newest, older = view.versions["model.layers.1"][-1], view.versions["model.layers.1"][-2]
-    damaged = ckpt / newest.shards[1].file
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    damaged.write_bytes(bytes(data))
+    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
     _run("--dir", str(ckpt), "--out", str(out), "--steps", "14", "--check")
     rank0, rank1 = _results(out)
     for r in (rank0, rank1):

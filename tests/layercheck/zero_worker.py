@@ -42,6 +42,7 @@ from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import parse_safetensors  # noqa: E402
 from layercheck.store import open_store  # noqa: E402
 from layercheck.zero import ZeroLayerCheck  # noqa: E402
+from tests.layercheck.torchrun import newest_versions  # noqa: E402
 
 VOCAB = 128
 
@@ -116,13 +117,6 @@ def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
                     problems.append(f"{name} sg{k} {what} differs from step {version.step}")
             problems += check_full_weights(parts, k, [e[f"master/sg{k}"] for e in everyone], name)
     return problems
-
-
-def newest_versions(url: str, step: int) -> dict:
-    """Per layer, its newest committed version at or before ``step`` (the composite)."""
-    view = read_manifest(open_store(url))
-    return {name: max((v for v in view.versions[name] if v.step <= step), key=lambda v: v.step)
-            for name in view.layer_names}
 
 
 def check_full_weights(parts, k: int, masters: list[torch.Tensor], name: str) -> list[str]:

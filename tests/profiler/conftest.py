@@ -1,5 +1,11 @@
-"""A short real capture of the tiny model, shared by the tests that read a trace."""
+"""A short real capture of the tiny model, shared by the tests that read a trace; the
+same job's command-line options, and a runner, for the multi-rank captures."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +17,48 @@ from profiler.config import CaptureConfig  # noqa: E402
 
 TINY = dict(model="tiny", steps=14, batch_size=4, seq_len=32, warmup_steps=3, smax=8,
             threads=1, eval_sequences=8)
+JOB = ["--model", "tiny", "--steps", str(TINY["steps"]), "--batch-size", str(TINY["batch_size"]),
+       "--seq-len", str(TINY["seq_len"]), "--warmup-steps", str(TINY["warmup_steps"]),
+       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet", "--no-calibrate"]
+"""``TINY`` as typed on the command line (no calibration: its own tests calibrate)."""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_command(command: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``command`` from the repository root as a user would (no DS_ACCELERATOR, no
+    OMP_NUM_THREADS, no torchrun variables: the profiler must cope); AssertionError
+    unless it exits 0."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "LOCAL_RANK", "WORLD_SIZE")}
+    done = subprocess.run(command, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT),
+                                                  "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def assert_trains_the_plain_job(trace, plain) -> None:
+    """A multi-rank capture of the tiny model recorded the plain capture's job: the
+    same layers and learning rates, and the same numbers up to float rounding (a
+    wrong gradient, such as DeepSpeed's default clipping at norm 1 or both ranks on
+    the same rows, shows from step 2 or 3 on at ~1e-3; rounding stays below 1e-6),
+    so the same writes."""
+    import numpy as np
+    assert trace.layer_names == plain.layer_names
+    np.testing.assert_allclose(trace.steps["lr"], plain.steps["lr"], rtol=1e-12)
+    np.testing.assert_allclose(trace.steps["loss"], plain.steps["loss"], atol=2e-5)
+    np.testing.assert_allclose(trace.drift_matrix(), plain.drift_matrix(), rtol=1e-4)
+    assert np.array_equal(trace.write_matrix(), plain.write_matrix())
+
+
+def torchrun_capture(out: Path, *options: str) -> None:
+    """``torchrun --nproc_per_node 2 -m profiler capture <options> <JOB> --out <out>``,
+    typed by hand; rank 0 alone says that it wrote the trace."""
+    from tests.layercheck.torchrun import free_port
+    done = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                        "-m", "profiler", "capture", *options, *JOB, "--out", str(out)])
+    assert done.stdout.count(f"wrote {out}") == 1
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,6 @@ rounding: the ZeRO capture must train the plain capture's job, step by step.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,31 +19,8 @@ pytest.importorskip("deepspeed")
 from layercheck import LayerCheckConfig  # noqa: E402
 from layercheck.trace import TABLES, read_trace  # noqa: E402
 from profiler.cli import main  # noqa: E402
-from tests.profiler.conftest import TINY  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-JOB = ["--model", "tiny", "--steps", str(TINY["steps"]), "--batch-size", str(TINY["batch_size"]),
-       "--seq-len", str(TINY["seq_len"]), "--warmup-steps", str(TINY["warmup_steps"]),
-       "--smax", str(TINY["smax"]), "--threads", "1", "--quiet", "--no-calibrate"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "LOCAL_RANK", "WORLD_SIZE")}
-    return {**env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-
-
-def _run(command: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+from tests.profiler.conftest import (TINY, assert_trains_the_plain_job,  # noqa: E402
+                                     run_command as _run, torchrun_capture)
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +28,7 @@ def zero_out(tmp_path_factory) -> Path:
     """``torchrun --nproc_per_node 2 -m profiler capture --deepspeed zero3 ...``, typed by hand
     (no DS_ACCELERATOR, no OMP_NUM_THREADS: the profiler must cope)."""
     out = tmp_path_factory.mktemp("zero") / "tiny-zero3"
-    done = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-                 "-m", "profiler", "capture", "--deepspeed", "zero3", *JOB, "--out", str(out)])
-    assert done.stdout.count(f"wrote {out}") == 1  # rank 0 only
+    torchrun_capture(out, "--deepspeed", "zero3")
     return out
 
 
@@ -69,14 +41,7 @@ def zero_trace(zero_out):
 def test_zero3_capture_trains_the_plain_capture_job(zero_trace, tiny_capture):
     """Same weights, batches, optimizer and schedule: the batch split over two ranks,
     DeepSpeed's gradient averaging and ZeRO-3 partitioning change only float rounding."""
-    plain = tiny_capture.trace
-    assert zero_trace.layer_names == plain.layer_names
-    np.testing.assert_allclose(zero_trace.steps["lr"], plain.steps["lr"], rtol=1e-12)
-    # a wrong gradient (DeepSpeed's default clipping at norm 1, both ranks on the same
-    # rows) shows from step 2 or 3 on at ~1e-3; float rounding stays below 1e-6
-    np.testing.assert_allclose(zero_trace.steps["loss"], plain.steps["loss"], atol=2e-5)
-    np.testing.assert_allclose(zero_trace.drift_matrix(), plain.drift_matrix(), rtol=1e-4)
-    assert np.array_equal(zero_trace.write_matrix(), plain.write_matrix())
+    assert_trains_the_plain_job(zero_trace, tiny_capture.trace)
 
 
 @pytest.mark.slow

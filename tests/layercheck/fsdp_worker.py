@@ -1,0 +1,246 @@
+"""An FSDP2 training job with layercheck, for the tests (run under torchrun, gloo, CPU).
+
+    torchrun --nproc_per_node 2 tests/layercheck/fsdp_worker.py --dir D --out O --steps 12
+
+A tiny Qwen2 causal LM (tied embedding), ``fully_shard`` per block then the
+root on a 1-D CPU mesh, AdamW with two groups (decay, no decay), a LambdaLR
+schedule. Each rank writes ``O/rank<r>.json``: the restored step, per-step
+losses, drift and written layers, a hash of every whole parameter at the end,
+and (``--check``) every mismatch between the restored state and the shards
+the restore used. ``--restore-step T`` restores exactly step T.
+``--halt-at T`` waits after step T until its checkpoint is committed, writes
+``O/halted<r>`` and sleeps until killed. ``--stop-at T`` ends after step T
+(the LR schedule still spans ``--steps``). ``--check-drift`` records the
+drift of each whole layer from gathered weight copies beside the measured
+one. ``--dcp-load P`` starts from the DCP checkpoint in P (an export) instead
+of layercheck; ``--check-composite D`` then compares the loaded state with
+the composite of layercheck directory D at the loaded step. ``--save-final F``
+writes the whole parameters at the end to F (safetensors, rank 0).
+``--refusals`` (one rank, on a directory two ranks wrote) records what
+FsdpLayerCheck refuses: an unsharded model, another world size.
+Data depends only on (step, rank), never on the global RNG, so runs that
+resume by different routes see the same batches.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+from layercheck import LayerCheckConfig  # noqa: E402
+from layercheck.drift import local  # noqa: E402
+from layercheck.errors import LayerCheckError  # noqa: E402
+from layercheck.fsdp import FsdpLayerCheck  # noqa: E402
+from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.recovery import parse_safetensors  # noqa: E402
+from layercheck.store import open_store  # noqa: E402
+from tests.conftest import tiny_lm  # noqa: E402
+from tests.layercheck.torchrun import newest_versions  # noqa: E402
+
+VOCAB = 128
+
+
+def build(steps: int, *, shard: bool = True):
+    """The model (sharded unless ``shard`` is False), AdamW and the LR schedule."""
+    model = tiny_lm(tied=True, layers=3, seed=0)
+    if shard:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in model.model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
+    plain = [p for _, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                   {"params": plain, "weight_decay": 0.0}], lr=3e-3)
+    warm = 3
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, (steps - s) / steps))
+    return model, optimizer, scheduler
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, VOCAB, (2, 16), generator=g)
+
+
+def check_composite(model, optimizer, layer_map, url: str, sources: dict) -> list[str]:
+    """Every mismatch between the live state of this rank and its shards of the
+    layer versions ``sources`` names ({layer: Version}) in directory ``url``:
+    each parameter's local tensor, its Adam moments (DTensors placed as the
+    parameter) and step count, and the whole parameter against every rank's
+    saved slices (a collective)."""
+    store = open_store(url)
+    rank = dist.get_rank()
+    view = read_manifest(store, rank)
+    problems = []
+    for i, name in enumerate(layer_map.names):
+        version = next(v for v in view.versions[name] if v.step == sources[name].step)
+        mine, _ = parse_safetensors(store.read(version.file), version.file)
+        everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
+        for pname, p in layer_map.parameters(i):
+            state = optimizer.state[p]
+            pairs = [("weight", local(p), mine[f"param/{pname}"]),
+                     ("step", state["step"], mine[f"optim/step/{pname}"])]
+            for field in ("exp_avg", "exp_avg_sq"):
+                pairs.append((field, local(state[field]), mine[f"optim/{field}/{pname}"]))
+                if state[field].placements != p.placements:
+                    problems.append(f"{pname} {field} is placed {state[field].placements}")
+            for what, live, saved in pairs:
+                if not torch.equal(live.detach().cpu(), saved):
+                    problems.append(f"{pname} {what} differs from step {version.step}")
+            whole = torch.cat([e[f"param/{pname}"] for e in everyone])
+            if not torch.equal(p.full_tensor().detach(), whole):
+                problems.append(f"{pname}: the whole weight differs from the saved shards")
+    return problems
+
+
+def full_weights(model) -> dict[str, torch.Tensor]:
+    """Whole copies of every parameter (a collective)."""
+    return {n: p.full_tensor().detach().clone().double() for n, p in model.named_parameters()}
+
+
+def reference_drift(lc, before: dict, after: dict) -> list[float]:
+    """d_l = mean|w(t) - w(t-1)| / mean|w(t)| per layer, from whole weight copies."""
+    out = []
+    for i in range(len(lc.layer_map)):
+        members = [n for n, _ in lc.layer_map.parameters(i)]
+        moved = sum(float((after[n] - before[n]).abs().sum()) for n in members)
+        out.append(moved / sum(float(after[n].abs().sum()) for n in members))
+    return out
+
+
+def dcp_load(model, optimizer, scheduler, path: str) -> int:
+    """The README's recipe: load an exported DCP checkpoint into a fresh FSDP2
+    model, optimizer and scheduler; returns the exported step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
+             "layercheck": {"step": 0}}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    scheduler.load_state_dict(state["scheduler"])
+    return int(state["layercheck"]["step"])
+
+
+def refusals(args: argparse.Namespace) -> dict:
+    """What FsdpLayerCheck refuses, each with its message."""
+    out = {}
+    for name, shard, directory in (("unsharded", False, args.dir + "-unsharded"),
+                                   ("optimizer_first", True, args.dir + "-optimizer-first"),
+                                   ("world_size", True, args.dir)):
+        model, optimizer, scheduler = build(args.steps, shard=shard)
+        if name == "optimizer_first":  # an optimizer over the parameters before fully_shard
+            model = tiny_lm(tied=True, layers=3, seed=0)
+            optimizer = torch.optim.AdamW(model.parameters())
+            fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        try:
+            FsdpLayerCheck(model, optimizer, directory, LayerCheckConfig(), scheduler=scheduler)
+            out[name] = None
+        except LayerCheckError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--threshold", type=float, default=5e-3)
+    ap.add_argument("--smax", type=int, default=6)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--restore-step", type=int, default=None)
+    ap.add_argument("--stop-at", type=int, default=0)
+    ap.add_argument("--halt-at", type=int, default=0)
+    ap.add_argument("--check-drift", action="store_true")
+    ap.add_argument("--dcp-load", default="")
+    ap.add_argument("--check-composite", default="")
+    ap.add_argument("--save-final", default="")
+    ap.add_argument("--refusals", action="store_true")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"rank": rank, "losses": {}}
+    if args.refusals:
+        result["refusals"] = refusals(args)
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        return 0
+    model, optimizer, scheduler = build(args.steps)
+    lc = None
+    if args.dcp_load:
+        start = dcp_load(model, optimizer, scheduler, args.dcp_load)
+        result["loaded_step"] = start
+        if args.check_composite:
+            from layercheck.layermap import LayerMap
+            result["problems"] = check_composite(model, optimizer, LayerMap.auto(model),
+                                                 args.check_composite,
+                                                 newest_versions(args.check_composite, start))
+    else:
+        config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
+                                  smax=args.smax, warmup_steps=2, interval=1)
+        lc = FsdpLayerCheck(model, optimizer, args.dir, config, scheduler=scheduler)
+        result["units"] = lc.source.header_facts()["fsdp"]["units"]
+        start = lc.restore(args.restore_step, exact=args.restore_step is not None)
+        result["restored_step"] = start
+        if start:
+            result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
+            result["warnings"] = list(lc.restored.plan.warnings)
+        if args.check and start:
+            result["problems"] = check_composite(model, optimizer, lc.layer_map, args.dir,
+                                                 lc.restored.plan.sources)
+    result["lr_at_start"] = scheduler.get_last_lr()
+    for step in range(start + 1, (args.stop_at or args.steps) + 1):
+        ids = batch(step, rank)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        before = full_weights(model) if args.check_drift else None
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if before is not None:
+            result.setdefault("reference_drift", []).append(
+                reference_drift(lc, before, full_weights(model)))
+        if lc is not None:
+            report = lc.step(extra={"step": step})
+            result.setdefault("drift", []).append(report.drift.tolist())
+            result.setdefault("written", []).append(report.decision.layers.tolist())
+            result.setdefault("fused", []).append(lc.drift.fused_params)
+        result["losses"][step] = float(loss.detach())
+        if lc is not None and step == args.halt_at:
+            lc.flush()  # the failure strikes once step T is committed on every rank
+            (out / f"halted{rank}").write_text(str(step))
+            while True:
+                time.sleep(3600)
+    if lc is not None:
+        lc.close()
+    result["lr"] = scheduler.get_last_lr()[0]
+    whole = {n: p.full_tensor().detach().contiguous() for n, p in model.named_parameters()}
+    result["params"] = {n: hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+                        for n, t in whole.items()}
+    if args.save_final and rank == 0:
+        from safetensors.torch import save_file
+        save_file(whole, args.save_final)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""LayerCheck under PyTorch FSDP2, for real: two ranks under torchrun, gloo, CPU.
+
+Each job is ``fsdp_worker.py`` (a tiny Qwen2 model, ``fully_shard`` per block
+then the root, AdamW in two groups). Two jobs are shared by several tests
+(module fixtures, each run once): a run killed with SIGKILL once step 9 is
+committed and resumed to the end (``killed``), and a threshold-0 run of 10
+steps that a second job resumes at step 5 (``threshold_zero``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from layercheck.cli import main as cli
+from layercheck.dcpcheckpoint import FsdpFacts, fqn
+from layercheck.errors import CorruptVersion, LayerCheckError
+from layercheck.manifest import read_manifest
+from layercheck.store import LocalStore
+from tests.layercheck.torchrun import Torchrun, damage_newest_shard
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+JOB = Torchrun(Path(__file__).with_name("fsdp_worker.py"))
+STEPS = 12
+LAYERS = ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2", "model.norm"]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A job killed once step 9 is committed, then resumed (``--check``) to step 12."""
+    root = tmp_path_factory.mktemp("killed")
+    ckpt, out = root / "ckpt", root / "out"
+    killed_at = JOB.kill_mid_run(ckpt, out, "--steps", str(STEPS), "--smax", "4", at=9)
+    JOB.run("--dir", str(ckpt), "--out", str(out), "--steps", str(STEPS), "--smax", "4", "--check")
+    return {"ckpt": ckpt, "out": out, "killed_at": killed_at, "ranks": JOB.results(out)}
+
+
+@pytest.fixture(scope="module")
+def threshold_zero(tmp_path_factory):
+    """Threshold 0 (every layer at every step): 10 uninterrupted steps, then a second
+    job that restores exactly step 5 and trains 6..10 again."""
+    root = tmp_path_factory.mktemp("zero")
+    ckpt = root / "ckpt"
+    common = ("--dir", str(ckpt), "--steps", "10", "--threshold", "0")
+    JOB.run(*common, "--out", str(root / "whole"), "--check-drift",
+            "--save-final", str(root / "final.safetensors"))
+    whole = JOB.results(root / "whole")
+    JOB.run(*common, "--out", str(root / "resumed"), "--restore-step", "5", "--check")
+    return {"root": root, "ckpt": ckpt, "whole": whole, "resumed": JOB.results(root / "resumed")}
+
+
+def test_sigkill_then_resume_restores_every_rank_its_saved_shards(killed):
+    assert killed["killed_at"] == 9
+    view = read_manifest(LocalStore(killed["ckpt"]))
+    for r in killed["ranks"]:
+        # resumed at the newest step every rank had committed; nothing replayed
+        assert r["restored_step"] == 9
+        # every parameter's local shard, both moments (DTensors placed as the
+        # parameter), the step count and the whole gathered weight: exactly as saved
+        assert r["problems"] == [], r["problems"]
+        assert sorted(int(s) for s in r["losses"]) == list(range(10, STEPS + 1))
+    # mixed staleness: the restore took layers from different steps
+    sources = killed["ranks"][0]["sources"]
+    assert sources == killed["ranks"][1]["sources"] and len(set(sources.values())) > 1, sources
+    assert all(len(v.shards) == 2 for vs in view.versions.values() for v in vs)
+    assert killed["ranks"][0]["params"] == killed["ranks"][1]["params"]
+
+
+def test_the_header_records_which_layers_each_fully_shard_unit_holds(killed):
+    units = {u["unit"]: u["layers"] for u in killed["ranks"][0]["units"]}
+    # one unit per block is one layer; the root unit is split into its layers
+    assert units == {"": ["model.embed_tokens", "model.norm"], "model.layers.0": ["model.layers.0"],
+                     "model.layers.1": ["model.layers.1"], "model.layers.2": ["model.layers.2"]}
+    header = read_manifest(LocalStore(killed["ckpt"])).header
+    assert header["world_size"] == 2 and header["fsdp"]["units"] == killed["ranks"][0]["units"]
+    assert header["fsdp"]["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
+
+
+def test_threshold_zero_resume_is_bit_for_bit_the_uninterrupted_run(threshold_zero):
+    for whole, resumed in zip(threshold_zero["whole"], threshold_zero["resumed"]):
+        assert resumed["restored_step"] == 5 and resumed["problems"] == []
+        assert resumed["losses"] == {s: whole["losses"][s] for s in resumed["losses"]}
+        assert len(resumed["losses"]) == 5
+        assert resumed["params"] == whole["params"]
+        assert resumed["lr"] == whole["lr"]
+
+
+def test_drift_summed_over_ranks_equals_the_whole_layers_drift(threshold_zero):
+    """Each rank reads only its local shards (with the fused kernel where numba is
+    installed); the all-reduced d_l equals the drift of the gathered layers."""
+    for r in threshold_zero["whole"]:
+        measured, reference = np.array(r["drift"]), np.array(r["reference_drift"])
+        assert measured.shape == reference.shape == (10, len(LAYERS))
+        # exact update against fp32-rounded copies (see test_zero); a missing rank's
+        # share would be off by ~50%
+        np.testing.assert_allclose(measured, reference, rtol=1e-4)
+        assert r["fused"] == [38] * 10 or not HAVE_NUMBA  # every parameter's local shard
+    a, b = threshold_zero["whole"]
+    assert a["drift"] == b["drift"] and a["written"] == b["written"]
+    assert a["written"][-1] == list(range(len(LAYERS)))
+
+
+def test_hf_export_of_an_fsdp_directory_is_the_whole_model(threshold_zero, tmp_path):
+    """At threshold 0 every layer was written at the last step: the composite is the
+    live model, and the export joins every rank's slices into it exactly."""
+    assert cli(["export", str(threshold_zero["ckpt"]), "--out", str(tmp_path / "hf")]) == 0
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    final = load_file(threshold_zero["root"] / "final.safetensors")
+    assert exported.keys() == final.keys()
+    for name, weight in final.items():
+        assert torch.equal(exported[name], weight), name
+    assert (tmp_path / "hf" / "config.json").exists()
+
+
+def test_a_corrupt_shard_on_one_rank_makes_both_ranks_fall_back(killed, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    shutil.copytree(killed["ckpt"], ckpt)
+    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
+    JOB.run("--dir", str(ckpt), "--out", str(out), "--steps", str(STEPS + 2), "--check")
+    rank0, rank1 = JOB.results(out)
+    for r in (rank0, rank1):
+        assert r["restored_step"] == STEPS
+        # rank 0's shard of the newest version is intact, but it must not mix it with
+        # rank 1's older one: both restore the older version, exactly
+        assert r["sources"]["model.layers.1"] == older.step
+        assert r["problems"] == []
+    assert any("checksum" in w for w in rank1["warnings"])
+    assert rank0["params"] == rank1["params"]
+
+
+def test_dcp_export_loads_into_a_fresh_fsdp_model_and_trains_on_as_a_restore(killed, tmp_path):
+    """The DCP export of step 9 (mixed staleness), loaded with dcp.load into a
+    fresh FSDP2 model and optimizer: every rank's weights, Adam moments and step
+    counts equal the saved shards, and training on from it is bit for bit the
+    run that restored step 9 with layercheck."""
+    export = tmp_path / "dcp"
+    assert cli(["export", str(killed["ckpt"]), "--step", "9", "--format", "dcp",
+                "--out", str(export)]) == 0
+    assert (export / ".metadata").exists() and (export / "layercheck_plan.json").exists()
+    JOB.run("--dir", str(tmp_path / "unused"), "--out", str(tmp_path / "out"), "--steps",
+            str(STEPS), "--dcp-load", str(export), "--check-composite", str(killed["ckpt"]))
+    for loaded, restored in zip(JOB.results(tmp_path / "out"), killed["ranks"]):
+        assert loaded["loaded_step"] == 9 and loaded["problems"] == []
+        assert loaded["losses"] == restored["losses"]
+        assert loaded["params"] == restored["params"]
+        assert loaded["lr_at_start"] == restored["lr_at_start"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_export_reshards_into_one_process(killed, tmp_path):
+    """Another world size is the DCP export's job: the 2-rank composite loads into a
+    plain model and optimizer in one process, whole tensors equal to the joined shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from layercheck.dcpcheckpoint import assemble
+    from layercheck.recovery import make_plan
+    from tests.layercheck.fsdp_worker import build
+    export = tmp_path / "dcp"
+    assert cli(["export", str(killed["ckpt"]), "--step", "9", "--format", "dcp",
+                "--out", str(export)]) == 0
+    model, optimizer, scheduler = build(STEPS, shard=False)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "layercheck": {"step": 0}}
+    dcp.load(state, checkpoint_id=str(export), no_dist=True)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    store = LocalStore(killed["ckpt"])
+    view = read_manifest(store)
+    composite = assemble(store, make_plan(store, view, 9), FsdpFacts.from_header(view.header, ""))
+    assert state["layercheck"]["step"] == 9
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), composite.weights[name]), name
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optimizer.state[p][field], composite.optimizer[name][field])
+
+
+def test_another_world_size_and_an_unsharded_model_are_refused_with_the_fix(killed, tmp_path):
+    out = tmp_path / "out"
+    JOB.run("--dir", str(killed["ckpt"]), "--out", str(out), "--refusals", ranks=1)
+    refused = JOB.results(out, ranks=1)[0]["refusals"]
+    assert "written by 2 ranks, this job has 1" in refused["world_size"]
+    assert "--format dcp" in refused["world_size"] and "reshards" in refused["world_size"]
+    assert "fully_shard(model, mesh=mesh)" in refused["unsharded"]
+    assert "create the optimizer after fully_shard" in refused["optimizer_first"]
+
+
+def test_dcp_export_needs_an_fsdp_directory(tmp_path, capsys):
+    from layercheck import LayerCheck, LayerCheckConfig
+    from tests.conftest import optimizer_for, tiny_lm, train_step
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    with LayerCheck(model, opt, tmp_path / "plain", LayerCheckConfig(warmup_steps=1),
+                    scheduler=sched) as lc:
+        lc.restore()
+        train_step(model, opt, sched)
+        lc.step()
+    assert cli(["export", str(tmp_path / "plain"), "--format", "dcp",
+                "--out", str(tmp_path / "out")]) == 2
+    assert "not written by FsdpLayerCheck" in capsys.readouterr().err
+
+
+def test_shards_that_do_not_tile_the_header_shape_are_refused():
+    facts = FsdpFacts(world_size=2, shapes={"w": (5, 3)}, dims={"w": 0}, param_groups=(("w",),),
+                      aliases={})
+    assert facts.whole("w", [torch.zeros(3, 3), torch.zeros(2, 3)]).shape == (5, 3)
+    with pytest.raises(CorruptVersion, match="join to"):
+        facts.whole("w", [torch.zeros(3, 3), torch.zeros(3, 3)])
+    with pytest.raises(LayerCheckError, match="mixes two models"):
+        facts.whole("v", [torch.zeros(1)])
+
+
+def test_fqn_drops_the_wrappers_state_dict_keys_leave_out():
+    assert fqn("model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight") == \
+        "model.layers.0.mlp.up_proj.weight"
+    assert fqn("_orig_mod.lm_head.weight") == "lm_head.weight"
