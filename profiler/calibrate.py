@@ -106,7 +106,7 @@ def calibrate_trace(path: Path, *, repeats: int | None = None, scratch: Path | N
     (rank 0 returns the path, the others None). ``scratch``: where to write
     the measured checkpoints (default: the temporary folder, where a capture
     puts its checkpoints)."""
-    from .job import open_job
+    from .jobs import open_job
     trace = read_trace(path)
     job = open_job(job_spec(trace, str(path)), say=lambda _: None)
     job.step(0)  # the optimizer state a checkpoint holds exists after one step

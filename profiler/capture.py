@@ -40,7 +40,8 @@ import numpy as np
 from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
 
 from .config import CaptureConfig, ZeroConfig
-from .job import Job, PhaseTimes, open_job
+from .job import Job, PhaseTimes
+from .jobs import open_job
 from .machine import describe_machine
 from .recorder import Recorder
 

@@ -4,7 +4,7 @@ One base class, three implementations: ``PlainJob`` (one process, the
 model and AdamW as they are; ``profiler.plainjob``), ``ZeroJob`` (the same
 job inside a DeepSpeed ZeRO-3 engine, one process per rank;
 ``profiler.zerojob``) and ``FsdpJob`` (the same job under PyTorch FSDP2,
-``profiler.fsdpjob``). ``open_job`` builds the one a config asks for.
+``profiler.fsdpjob``). ``profiler.jobs.open_job`` builds the one a config asks for.
 
 Contract (every rank calls the same sequence; under ZeRO each forward is a
 collective): ``step(position)`` trains one optimizer step on the batch at
@@ -29,13 +29,13 @@ from typing import Any, Callable
 
 import torch
 
-from .config import CaptureConfig, ZeroConfig
+from .config import CaptureConfig
 from .corpus import Corpus, load_corpus
 from .dataset import Dataset
 from .models import ModelSource, resolve_model
 from .ranks import Ranks
 
-__all__ = ["Job", "PhaseTimes", "open_job", "adamw", "lr_schedule", "predicted_tokens"]
+__all__ = ["Job", "PhaseTimes", "adamw", "lr_schedule", "predicted_tokens"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Job:
     num_params: int
 
     kind = "plain"
-    """``plain``, ``zero3`` or ``fsdp``: which job ``open_job`` builds again from a manifest."""
+    """``plain``, ``zero3`` or ``fsdp``: which job ``profiler.jobs.open_job`` builds again from a manifest."""
     setup = ""
     """How the ranks hold the job, in words (``ZeRO-3``, ``FSDP2``; empty in one process)."""
     integration = "LayerCheck"
@@ -122,20 +122,6 @@ class Job:
         kind = "masked-LM" if self.source.objective == "masked" else "next-token"
         shown = min(self.config.eval_sequences, len(self.dataset.heldout))
         return f"held-out {kind} loss ({shown} sequences)"
-
-
-def open_job(spec: CaptureConfig | ZeroConfig, *, say: Callable[[str], None] = print) -> Job:
-    """Build the job ``spec`` asks for (a ZeroConfig: a ZeRO or, with ``fsdp``, an
-    FSDP2 job, under torchrun). Threads are resolved (torch's default when not
-    given) before anything is built."""
-    if isinstance(spec, ZeroConfig) and spec.fsdp:
-        from .fsdpjob import FsdpJob
-        return FsdpJob.prepare(spec, say=say)
-    if isinstance(spec, ZeroConfig):
-        from .zerojob import ZeroJob
-        return ZeroJob.prepare(spec, say=say)
-    from .plainjob import PlainJob
-    return PlainJob.prepare(spec, say=say)
 
 
 def build_model_and_data(config: CaptureConfig, source: ModelSource | None = None

@@ -91,7 +91,7 @@ def run_job(path: Path) -> int:
 
 def _zero_probe(config: CaptureConfig, spec: dict[str, Any]) -> int:
     from .config import ZeroConfig
-    from .job import open_job
+    from .jobs import open_job
     job = open_job(ZeroConfig(capture=config, ranks=spec["zero_ranks"],
                               fsdp=bool(spec.get("fsdp"))), say=lambda _: None)
     if job.ranks.leader:
