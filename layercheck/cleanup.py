@@ -2,7 +2,10 @@
 
 Crash-safe by order: the new manifest (only live records) replaces the old one
 atomically first; files are deleted after. A crash in between leaves
-unreferenced files, which the next run removes.
+unreferenced files, which the next run removes, as it removes the temp files of
+writes a crash cut short (a manifest compaction killed before its rename leaves
+``.manifest.jsonl.<hex>.tmp``): only names of ``write_atomic``'s own pattern, and
+only under the lock, so never a live writer's write in flight.
 
 Nothing it could not verify is deleted: a version the plan passes over as
 damaged stays (file and record), reported in ``skipped``; an I/O error while
@@ -18,7 +21,7 @@ from .format import MANIFEST, Version
 from .manifest import encode_manifest, read_manifest
 from .policy import Reason
 from .recovery import make_plan
-from .store import Store
+from .store import Store, is_temporary
 
 __all__ = ["collect_garbage", "GcReport"]
 
@@ -69,6 +72,8 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     kept = {f for v in live.values() for f in v.files}
     doomed = [f for f in store.list("layers", temporary=True) + store.list("states", temporary=True)
               if f not in kept]  # temp files too: no writer runs while gc holds the lock
+    # and what a compaction killed before its rename left: '.manifest.jsonl.<hex>.tmp'
+    doomed += [f for f in store.list("", temporary=True) if is_temporary(f)]
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
         store.write_atomic(MANIFEST, encode_manifest(view.header, live.values()))

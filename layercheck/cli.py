@@ -104,15 +104,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"exported step {plan.step} to {args.out} ({args.format})")
     elif args.command == "gc":
         from .cleanup import collect_garbage
+        from .store import is_temporary
         report = collect_garbage(store, keep=args.keep, dry_run=args.dry_run)
         verb = "would remove" if args.dry_run else "removed"
         for warning in report.skipped:
             print(f"layercheck: warning: {one_line(warning)}", file=sys.stderr)
         unverified = (f"; kept {len(report.skipped)} version{'s' * (len(report.skipped) != 1)} "
                       "it could not verify" if report.skipped else "")
+        temps = sum(map(is_temporary, report.removed_files))
+        crashed = f" ({temps} left by interrupted writes)" if temps else ""
         print(f"kept steps {report.kept_steps} ({report.kept_files} files); {verb} "
-              f"{len(report.removed_files)} files, {report.freed_bytes / 2**20:.1f} MiB"
-              f"{unverified}")
+              f"{len(report.removed_files)} files{crashed}, "
+              f"{report.freed_bytes / 2**20:.1f} MiB{unverified}")
     return 0
 
 

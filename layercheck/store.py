@@ -22,6 +22,13 @@ from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative"]
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._@-]+(/[A-Za-z0-9._@-]+)*$")
+_TEMPORARY = re.compile(r"^\.[A-Za-z0-9._@-]+\.[0-9a-f]{8}\.tmp$")  # write_atomic's temp files
+
+
+def is_temporary(path: str) -> bool:
+    """Whether ``path`` names a temp file of ``write_atomic`` (``.<name>.<hex>.tmp``):
+    a write in flight, or one a crash cut short. Nothing else matches."""
+    return bool(_TEMPORARY.match(path.rsplit("/", 1)[-1]))
 
 
 def check_relative(path: str) -> str:
@@ -53,7 +60,8 @@ class Store(Protocol):
     longer); it reads only regular files, never through a link
     (``NotARegularFile``). ``list`` names the files under ``prefix`` that a
     commit can name, with ``temporary`` also the temp files of writes in
-    flight or cut short by a crash.
+    flight or cut short by a crash (``is_temporary``); ``prefix`` "" is the
+    directory itself.
     """
 
     url: str
@@ -171,15 +179,17 @@ class LocalStore:
         return os.lstat(self._path(path)).st_size
 
     def list(self, prefix: str, *, temporary: bool = False) -> list[str]:
-        folder = self._path(prefix)
+        folder = self._path(prefix) if prefix else self.root
         if not folder.is_dir():
             return []
-        # names layercheck could not have written (spaces, odd characters) are not ours;
-        # '.<name>.<hex>.tmp' is a write in flight (or cut short by a crash)
+        # names layercheck could not have written (spaces, odd characters) are not ours,
+        # nor other dot files (.lock, .readers); '.<name>.<hex>.tmp' is a write in flight
+        # (or cut short by a crash)
         with os.scandir(folder) as entries:
-            return sorted(f"{prefix}/{e.name}" for e in entries
+            return sorted(f"{prefix}/{e.name}".lstrip("/") for e in entries
                           if e.is_file(follow_symlinks=False) and _SAFE_PATH.match(e.name)
-                          and (temporary or not e.name.startswith(".")))
+                          and (not e.name.startswith(".")
+                               or (temporary and is_temporary(e.name))))
 
     def delete(self, path: str) -> None:
         self._writable(path).unlink(missing_ok=True)
@@ -348,10 +358,10 @@ class FsspecStore:
         return int(self.fs.size(self._path(path)))
 
     def list(self, prefix: str, *, temporary: bool = False) -> list[str]:
-        full = self._path(prefix)
+        full = self._path(prefix) if prefix else self.root
         if not self.fs.isdir(full):
             return []
-        return sorted(f"{prefix}/{p.rstrip('/').rsplit('/', 1)[-1]}"
+        return sorted(f"{prefix}/{p.rstrip('/').rsplit('/', 1)[-1]}".lstrip("/")
                       for p in self.fs.ls(full, detail=False) if self.fs.isfile(p))
 
     def delete(self, path: str) -> None:

@@ -116,3 +116,35 @@ def test_gc_deletes_nothing_where_no_step_is_recoverable(tmp_path, capsys):
     assert main(["gc", str(root)]) == 2
     assert "no recoverable step" in capsys.readouterr().err
     assert sorted(p.name for p in (root / "layers").iterdir()) == files
+
+
+def test_gc_removes_only_the_temp_files_of_interrupted_writes_and_only_under_the_lock(
+        ckpt, capsys):
+    """A manifest compaction killed before its rename leaves '.manifest.jsonl.<hex>.tmp'
+    (so does a layer write cut short, in layers/). gc removes exactly the files of
+    write_atomic's own pattern, says so, and only while it holds the lock: beside a
+    running writer (whose write may be in flight) it removes nothing. ``list`` and
+    ``inspect`` never count them."""
+    from layercheck.cli import main
+    from layercheck.errors import DirectoryLocked
+    from layercheck.inspection import inspect_directory
+    leftovers = [f".{MANIFEST}.0123abcd.tmp", "layers/.model.layers.1.safetensors.deadbeef.tmp"]
+    foreign = [".notes", f".{MANIFEST}.tmp", f".{MANIFEST}.0123ABCD.tmp", "notes.txt",
+               "layers/.keep"]
+    store = LocalStore(ckpt)
+    before = inspect_directory(store)
+    for name in leftovers + foreign:
+        (ckpt / name).write_bytes(b"x" * 100)
+    listed = store.list("") + store.list("layers")
+    assert "notes.txt" in listed and not any(n.rsplit("/", 1)[-1].startswith(".") for n in listed)
+    assert inspect_directory(store) == before  # nothing of them counted
+    model = tiny_lm()
+    with LayerCheck(model, optimizer_for(model)[0], ckpt):  # a live writer holds the directory
+        with pytest.raises(DirectoryLocked):
+            collect_garbage(LocalStore(ckpt))
+        assert all((ckpt / name).exists() for name in leftovers)
+    assert main(["gc", str(ckpt)]) == 0
+    assert "(2 left by interrupted writes)" in capsys.readouterr().out
+    assert [n for n in leftovers + foreign if (ckpt / n).exists()] == foreign
+    assert inspect_directory(store)["newest_step"] == before["newest_step"]
+    assert make_plan(store, read_manifest(store)).warnings == []

@@ -357,3 +357,48 @@ def test_without_deepspeed_the_export_says_so_in_one_line(runs, tmp_path, capsys
     assert code == 2 and "needs the deepspeed package" in err and "pip install deepspeed" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+class Retiring:
+    """The reader's LocalStore: just before its first read of a layer shard, a trainer's
+    retention retires (drop records first, then every rank's files) the versions given:
+    after the reader's snapshot of the manifest, before it reads what it planned."""
+
+    def __init__(self, root: Path, versions: list) -> None:
+        self.inner, self.url, self.versions = LocalStore(root, create=False), str(root), versions
+
+    def read(self, path: str, limit=None) -> bytes:
+        if path.startswith("layers/") and self.versions:
+            from layercheck.format import MANIFEST, encode_record
+            versions, self.versions = self.versions, []
+            self.inner.append(MANIFEST, b"".join(encode_record({"kind": "drop", "file": v.key})
+                                                 for v in versions))
+            assert self.inner.delete_unread([s.file for v in versions for s in v.shards])
+        return self.inner.read(path, limit)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_export_racing_retention_refuses_a_step_it_retired_instead_of_a_false_fallback(
+        runs, tmp_path):
+    """Issue 13, item 4, on the ZeRO path: the export plans exactly T, then retention
+    retires T's state and the version of a layer that T's plan uses (as it does once
+    newer versions commit). The export must read the manifest as it is now (it goes
+    through ``read_consistent``): T is no longer recoverable, so it is refused clearly,
+    never reported as damage (a read of the snapshot alone finds T's files missing:
+    CorruptVersion) nor exported with a fallback to an older version. No torchrun job
+    of its own: the module's ZeRO-3 directory."""
+    from layercheck.errors import CheckpointNotFound
+    from layercheck.export import export_deepspeed
+    from layercheck.recovery import make_plan
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(runs[3]["ckpt"], ckpt)
+    view = read_manifest(LocalStore(ckpt, create=False))
+    plan = make_plan(LocalStore(ckpt, create=False), view, T, exact=True)
+    used = plan.sources["model.layers.1"]
+    assert plan.warnings == [] and len(view.versions["model.layers.1"]) > 1
+    store = Retiring(ckpt, [used, view.states[T]])
+    with pytest.raises(CheckpointNotFound, match=f"step {T} is not a recoverable step"):
+        export_deepspeed(store, tmp_path / "out", step=T)
+    assert not store.versions and not (tmp_path / "out").exists()
