@@ -79,18 +79,10 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
             return _fsdp_model(store, view, step)
         return composite(store, view, step)
 
-    def finish(prepared: tuple[Plan, dict[str, torch.Tensor]]) -> Plan:
-        plan, tensors = prepared
+    def build(staging: Path, plan: Plan, tensors: dict[str, torch.Tensor]) -> None:
+        write_model(staging, store, plan.step, tensors)
 
-        def build(staging: Path) -> None:
-            write_model(staging, store, plan.step, tensors)
-            _write_plan(staging, plan)
-
-        publish(target, build)
-        return plan
-
-    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
-                           finish=finish)
+    return _export(store, target, prepare, build)
 
 
 def write_model(folder: Path, store: Store, step: int, tensors: dict[str, torch.Tensor]) -> None:
@@ -131,29 +123,22 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
         _, doc = read_state(store, plan.state)
         return plan, facts, layout_for(facts, doc, plan.step, adam_step)
 
-    def finish(prepared: tuple[Plan, ZeroFacts, Any]) -> Plan:
-        plan, facts, layout = prepared
+    def build(staging: Path, plan: Plan, facts: ZeroFacts, layout: Any) -> None:
+        # reads every shard again: one rank's shards in memory at a time
         tag = f"global_step{plan.step}"
-
-        def build(staging: Path) -> None:  # reads every shard again: one rank at a time
-            folder = staging / tag
-            folder.mkdir()
-            for rank in range(facts.world_size):
-                shards = _rank_shards(store, plan, rank)
-                for name, obj in layout.rank_files(rank, shards).items():
-                    torch.save(obj, folder / name)
-                del shards
-            for name, obj in layout.final_files().items():
+        folder = staging / tag
+        folder.mkdir()
+        for rank in range(facts.world_size):
+            shards = _rank_shards(store, plan, rank)
+            for name, obj in layout.rank_files(rank, shards).items():
                 torch.save(obj, folder / name)
-            (staging / "latest").write_text(tag)
-            _copy_recovery_scripts(package, staging)
-            _write_plan(staging, plan)
+            del shards
+        for name, obj in layout.final_files().items():
+            torch.save(obj, folder / name)
+        (staging / "latest").write_text(tag)
+        _copy_recovery_scripts(package, staging)
 
-        publish(target, build)
-        return plan
-
-    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
-                           finish=finish)
+    return _export(store, target, prepare, build)
 
 
 def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = None) -> Plan:
@@ -168,18 +153,10 @@ def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = 
         _, doc = read_state(store, plan.state)
         return plan, dcp_state(assemble(store, plan, facts), facts, doc)
 
-    def finish(prepared: tuple[Plan, dict[str, Any]]) -> Plan:
-        plan, state = prepared
+    def build(staging: Path, plan: Plan, state: dict[str, Any]) -> None:
+        save_dcp(state, staging)
 
-        def build(staging: Path) -> None:
-            save_dcp(state, staging)
-            _write_plan(staging, plan)
-
-        publish(target, build)
-        return plan
-
-    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
-                           finish=finish)
+    return _export(store, target, prepare, build)
 
 
 def _fsdp_model(store: Store, view: ManifestView,
@@ -248,6 +225,26 @@ def _copy_recovery_scripts(package: Any, folder: Path) -> None:
         shutil.copyfile(source, folder / script)
         mode = (folder / script).stat().st_mode
         os.chmod(folder / script, mode | stat.S_IEXEC)
+
+
+def _export(store: Store, target: Path, prepare: Callable[[ManifestView], tuple],
+            build: Callable[..., None]) -> Plan:
+    """Every format's export: ``prepare`` plans on a consistent snapshot of the
+    manifest and returns ``(plan, *payload)``; ``build(staging, plan, *payload)``
+    writes the format's files into a staging folder, which gets the plan too and
+    is then renamed to ``target``."""
+    def finish(prepared: tuple) -> Plan:
+        plan = prepared[0]
+
+        def staged(staging: Path) -> None:
+            build(staging, *prepared)
+            _write_plan(staging, plan)
+
+        publish(target, staged)
+        return plan
+
+    return read_consistent(store, prepare, suspects=lambda prepared: prepared[0].passed_over,
+                           finish=finish)
 
 
 def _write_plan(folder: Path, plan: Plan) -> None:
