@@ -36,10 +36,14 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
 
+import google_crc32c
+import numpy as np
+
 from .errors import CorruptVersion
 from .store import check_relative
 
-__all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "checksum",
+__all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
+           "checksum", "checksum_matches",
            "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
            "drop_record", "count", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
@@ -58,13 +62,54 @@ ADAM_STEPS = ("global", "own")
 T = TypeVar("T")
 
 
-def checksum(data: bytes | memoryview) -> str:
-    """The checksum stored in records: CRC-32 (zlib), as 'crc32:<8 hex>'.
+CHECKSUM = "crc32c" if google_crc32c.implementation == "c" else "crc32"
+"""The algorithm of new records. CRC-32C (Castagnoli), computed by the CPU's CRC
+instruction (google-crc32c): the burst-error guarantees of CRC-32 at memory speed
+(about 10 GB/s here against zlib's 3.6), and the checksum that object stores
+(GCS, S3) keep for an object. Where google-crc32c has no compiled extension (its
+pure-Python fallback runs at MB/s), new records use zlib's CRC-32 instead."""
+CHECKSUMS = ("crc32c", "crc32")
+"""Every algorithm a record may name: records written before CRC-32C name crc32
+and still verify."""
 
-    CRC-32 catches every burst error up to 32 bits and any other corruption
-    with probability 1 - 2^-32, at about twice the speed of SHA-256 here, so
-    verification stays cheaper than the disk read it follows."""
-    return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+class Checksummer:
+    """A checksum computed over bytes fed in pieces (``update``): streaming a file
+    to disk and verifying a read both feed each byte once. ``algorithm``: one of
+    CHECKSUMS. ``value`` is the 'algorithm:hex' string stored in records."""
+
+    def __init__(self, algorithm: str = CHECKSUM) -> None:
+        if algorithm not in CHECKSUMS:
+            raise CorruptVersion(f"checksum algorithm {algorithm!r} is unknown to this version of "
+                                 f"layercheck (it knows {', '.join(CHECKSUMS)}): a newer layercheck "
+                                 "wrote this checkpoint; upgrade layercheck to read it")
+        self.algorithm = algorithm
+        self._crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        if self.algorithm == "crc32c":
+            # a uint8 view: the extension takes any buffer as an array, not as a memoryview
+            self._crc = google_crc32c.extend(self._crc, np.frombuffer(data, dtype=np.uint8))
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    @property
+    def value(self) -> str:
+        return f"{self.algorithm}:{self._crc & 0xFFFFFFFF:08x}"
+
+
+def checksum(data: bytes | memoryview, algorithm: str = CHECKSUM) -> str:
+    """The checksum stored in records of ``data``, as 'algorithm:<8 hex>'."""
+    summer = Checksummer(algorithm)
+    summer.update(data)
+    return summer.value
+
+
+def checksum_matches(data: bytes | memoryview, recorded: str) -> bool:
+    """Whether ``data`` has the checksum ``recorded`` (any algorithm of CHECKSUMS);
+    CorruptVersion if ``recorded`` names none of them."""
+    algorithm = recorded.partition(":")[0]
+    return checksum(data, algorithm) == recorded
 
 
 # -- file names --------------------------------------------------------------------
@@ -292,7 +337,7 @@ def state_metadata(document: dict[str, Any], default: Any) -> dict[str, str]:
 def group_members(names: list[str]) -> str:
     """What the state document records of an optimizer parameter group
     (``group_members``, one per group): a checksum of its parameters' names."""
-    return checksum("\n".join(sorted(names)).encode())
+    return checksum("\n".join(sorted(names)).encode(), "crc32")  # fixed: older states compare
 
 
 def read_state_document(metadata: Mapping[str, str]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
-from .format import MANIFEST, Version, checksum, count, decode_line, described, encode_record
+from .format import MANIFEST, Version, checksum_matches, count, decode_line, described, encode_record
 from .store import Store, check_relative
 
 __all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
@@ -237,7 +237,7 @@ def read_verified(store: Store, version: Version) -> bytes:
         raise CorruptVersion(f"{version.file}: " + (
             f"{len(data)} bytes on disk, {version.bytes} committed" if len(data) < version.bytes
             else f"longer on disk than the {version.bytes} bytes committed"))
-    if checksum(data) != version.checksum:
+    if not checksum_matches(data, version.checksum):
         raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
     _check_identity(check_structure(data, version.file), version)
     return data

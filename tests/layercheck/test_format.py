@@ -60,3 +60,27 @@ def test_the_format_imports_without_torch():
             "import layercheck.format, layercheck.manifest, layercheck.inspection, "
             "layercheck.errors")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_new_records_use_crc32c_and_records_of_either_algorithm_verify():
+    import zlib
+
+    from layercheck.format import CHECKSUM, Checksummer, checksum, checksum_matches
+    assert CHECKSUM == "crc32c"  # google-crc32c's compiled extension is installed
+    # the standard check value of CRC-32C (RFC 3720, appendix B.4)
+    assert checksum(b"123456789") == "crc32c:e3069283"
+    data = bytes(range(256)) * 1000
+    streamed = Checksummer()
+    for start in range(0, len(data), 4097):  # pieces that straddle no natural boundary
+        streamed.update(memoryview(data)[start:start + 4097])
+    assert streamed.value == checksum(data)
+    old = f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"  # what records said before CRC-32C
+    assert checksum_matches(data, old) and checksum_matches(data, checksum(data))
+    damaged = data[:-1] + b"\x00"
+    assert not checksum_matches(damaged, old) and not checksum_matches(damaged, checksum(data))
+
+
+def test_a_record_naming_an_unknown_checksum_says_to_upgrade():
+    from layercheck.format import checksum_matches
+    with pytest.raises(CorruptVersion, match="newer layercheck.*upgrade"):
+        checksum_matches(b"abc", "blake9:00000000")
