@@ -1,0 +1,198 @@
+"""Mutation testing of the modules whose bugs lose data or decide wrongly (docs/testing.md).
+
+    python tools/mutation.py                      # every module below, one after another
+    python tools/mutation.py --module policy drift  # some of them
+    python tools/mutation.py --module policy --show  # also print each surviving mutant's diff
+
+Runs mutmut 3 (the ``dev`` extra installs it) on one module at a time, each with only
+its fast, relevant tests (``MODULES``), in a scratch copy of the repository under
+``.mutation/<module>/`` so that the runs do not share mutmut's cache or config. Prints,
+per module: mutants, killed, survived, equivalent, timeouts and the score
+(killed + timeouts) / (mutants - equivalent). A mutant listed in ``EQUIVALENT`` (with the
+reason no input can tell it apart from the code) is not counted against the score; one
+listed there that a test now kills, or that no longer exists, is reported as stale.
+Exit status 1 when a module scores below ``GOAL`` or leaves an unlisted survivor.
+
+Slow: one pytest run per mutant, of the tests that cover the mutated function (minutes
+per module on 2 cores). Not part of CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRATCH = ROOT / ".mutation"
+GOAL = 0.90
+
+# module -> (its source file, the tests that exercise it). Only fast tests: never the
+# torchrun / DeepSpeed / FSDP / browser / slow-marked ones.
+MODULES: dict[str, tuple[str, list[str]]] = {
+    "policy": ("layercheck/policy.py", [
+        "tests/layercheck/test_policy.py", "tests/layercheck/test_budget.py"]),
+    "commit": ("layercheck/commit.py", [
+        "tests/layercheck/test_commit.py"]),
+    "drift": ("layercheck/drift.py", [
+        "tests/layercheck/test_drift.py"]),
+    "engine": ("sim/engine.py", [
+        "tests/sim/test_engine.py"]),
+    "manifest": ("layercheck/manifest.py", [
+        "tests/layercheck/test_manifest.py"]),
+    "store": ("layercheck/store.py", [
+        "tests/layercheck/test_format.py"]),
+    "writer": ("layercheck/writer.py", [
+        "tests/layercheck/test_writer.py"]),
+    "recovery": ("layercheck/recovery.py", [
+        "tests/layercheck/test_recovery.py"]),
+}
+
+# Mutants that no input can tell apart from the code: mutmut's name -> why. Names hold
+# the function and mutmut's number for it, which change when the function changes:
+# a stale entry is reported, so this list cannot silently outlive the code.
+EQUIVALENT: dict[str, str] = {
+    # policy
+    "layercheck.policy.xǁPolicyǁ__post_init____mutmut_4":
+        "sizes kept as given (int64 for whole numbers): its only use, float(sizes[chosen].sum()), "
+        "is exact in both below 2**53 bytes, and the checks accept and reject the same values",
+    "layercheck.policy.xǁPolicyǁ__post_init____mutmut_6": "as __post_init__ 4 (dtype dropped)",
+    "layercheck.policy.xǁPolicyǁfrom_config__mutmut_44":
+        "sizes' dtype: Policy.__post_init__ converts them to float64 anyway",
+    "layercheck.policy.xǁPolicyǁfrom_config__mutmut_46": "as from_config 44",
+    "layercheck.policy.xǁPolicyǁthresholds__mutmut_3":
+        "lr_ratio kept as given: base (float64) * ratio converts an int or float32 ratio "
+        "exactly, so K is bit for bit the same",
+    "layercheck.policy.xǁPolicyǁthresholds__mutmut_5": "as thresholds 3",
+    "layercheck.policy.xǁPolicyStateǁ__post_init____mutmut_5":
+        "np.zeros without a dtype is float64: the same array",
+    "layercheck.policy.xǁPolicyStateǁ__post_init____mutmut_7": "as PolicyState.__post_init__ 5",
+    "layercheck.policy.xǁPolicyStateǁobserve__mutmut_37":
+        "np.full of an IntEnum value without a dtype is int64: the same array",
+    "layercheck.policy.xǁPolicyStateǁobserve__mutmut_40": "as observe 37",
+    "layercheck.policy.xǁPolicyStateǁmark_written__mutmut_7":
+        "list() of a 1-D index array, converted back to int64, is the same index array",
+    "layercheck.policy.x_replay__mutmut_3":
+        "drift kept as given: accumulating int or float32 drift into the float64 "
+        "accumulators converts each value exactly, as float64 input does",
+    "layercheck.policy.x_replay__mutmut_5": "as replay 3",
+}
+
+PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "--hypothesis-seed=0", "-m", "not slow and not browser"]
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
+          37: "killed"}
+
+
+def _prepare(module: str) -> Path:
+    """A fresh scratch copy of the sources and tests with a mutmut config for ``module``."""
+    source, tests = MODULES[module]
+    work = SCRATCH / module
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for tree in ("layercheck", "sim", "tests"):
+        shutil.copytree(ROOT / tree, work / tree, ignore=ignore)
+    (work / "traces").symlink_to(ROOT / "traces")  # shipped captures some tests read
+    package = source.split("/")[0]
+    config = "\n".join([
+        "", "[tool.mutmut]",
+        f"source_paths = [{json.dumps(package)}]",
+        f"only_mutate = [{json.dumps(source)}]",
+        'also_copy = ["traces"]',
+        f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        "use_git_change_detection = false",
+        ""])
+    (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
+    return work
+
+
+def _results(work: Path) -> dict[str, str]:
+    """mutant name -> status, from mutmut's per-file record."""
+    out: dict[str, str] = {}
+    for meta in (work / "mutants").rglob("*.py.meta"):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            out[name] = STATUS.get(code, "suspicious") if code is not None else "not checked"
+    return out
+
+
+def run(module: str, *, children: int, show: bool) -> dict:
+    work = _prepare(module)
+    env = dict(os.environ, LAYERCHECK_ALLOW_SKIPS="1", PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)
+    mutmut = [sys.executable, "-m", "mutmut"]
+    started = time.monotonic()
+    log = work / "mutmut.log"
+    with open(log, "w") as fh:
+        done = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env,
+                              stdout=fh, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - started
+    results = _results(work)
+    if done.returncode != 0 or not results:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"mutation: mutmut failed on {module} (exit {done.returncode}); "
+                         f"its log: {log}\n{tail}")
+    count = {s: sum(1 for v in results.values() if v == s) for s in set(results.values())}
+    survivors = sorted(n for n, s in results.items() if s not in ("killed", "timeout"))
+    equivalent = [n for n in survivors if n in EQUIVALENT]
+    unexplained = [n for n in survivors if n not in EQUIVALENT]
+    prefix = source_prefix(module)
+    stale = sorted(n for n in EQUIVALENT if n.startswith(prefix + ".")
+                   and results.get(n) not in ("survived", "no tests"))
+    total = len(results)
+    scored = total - len(equivalent)
+    score = (count.get("killed", 0) + count.get("timeout", 0)) / scored if scored else 1.0
+    row = dict(module=module, mutants=total, killed=count.get("killed", 0),
+               survived=len(survivors), equivalent=len(equivalent), timeouts=count.get("timeout", 0),
+               score=score, wall_s=round(wall), unexplained=unexplained, stale=stale)
+    if show:
+        for name in unexplained:
+            diff = subprocess.run([*mutmut, "show", name], cwd=work, env=env, capture_output=True,
+                                  text=True).stdout
+            print(diff)
+    return row
+
+
+def source_prefix(module: str) -> str:
+    """mutmut's name of the module (``layercheck.policy``)."""
+    return re.sub(r"\.py$", "", MODULES[module][0]).replace("/", ".")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", nargs="+", choices=sorted(MODULES), default=list(MODULES),
+                        help="modules to test (default: all)")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once")
+    parser.add_argument("--show", action="store_true", help="print the diff of each unexplained survivor")
+    args = parser.parse_args(argv)
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        parser.exit(2, "mutation: mutmut is not installed: pip install -c constraints.txt -e '.[dev]'\n")
+    rows = []
+    print(f"{'module':10} {'mutants':>7} {'killed':>6} {'survived':>8} {'equiv':>5} {'timeout':>7} "
+          f"{'score':>6} {'wall':>6}")
+    for module in args.module:
+        row = run(module, children=args.max_children, show=args.show)
+        rows.append(row)
+        print(f"{module:10} {row['mutants']:7} {row['killed']:6} {row['survived']:8} "
+              f"{row['equivalent']:5} {row['timeouts']:7} {row['score']:6.1%} {row['wall_s']:5}s",
+              flush=True)
+        for name in row["unexplained"]:
+            print(f"  survived, not listed as equivalent: {name}")
+        for name in row["stale"]:
+            print(f"  stale EQUIVALENT entry (killed or gone): {name}")
+    bad = [r for r in rows if r["score"] < GOAL or r["unexplained"] or r["stale"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
