@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from layercheck.commit import ShardedCommit, all_gather_json  # noqa: E402
+from layercheck.commit import Commit, ShardedCommit, all_gather_json  # noqa: E402
 from layercheck.errors import WriteFailed  # noqa: E402
 from layercheck.format import MANIFEST, Shard, Version, encode_record  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
@@ -24,6 +24,24 @@ def _version(step: int, layer: str | None, rank: int) -> Version:
     return Version(step=step, file=f"layers/{layer or 'state'}@{step}.rank{rank}.safetensors",
                    bytes=10 + rank, checksum=f"crc32:0000000{rank}", layer=layer,
                    reason="base" if layer else None)
+
+
+def _records(store):
+    raw = store.read(MANIFEST) if store.exists(MANIFEST) else b""
+    return [json.loads(line)["r"] for line in raw.splitlines()]
+
+
+def test_one_process_appends_its_versions_in_order_or_nothing(tmp_path):
+    store = LocalStore(tmp_path)
+    versions = [_version(3, "a", 0), _version(3, "b", 0), _version(3, None, 0)]
+    assert Commit().commit(store, 3, versions, None) == versions
+    assert [(r["kind"], r["step"], r.get("layer")) for r in _records(store)] == [
+        ("layer", 3, "a"), ("layer", 3, "b"), ("state", 3, None)]  # layers first, state last
+    assert Commit().commit(store, 4, [], None) == []  # a step that wrote nothing commits nothing
+    with pytest.raises(OSError, match="No space"):  # its writes failed: commits nothing, says why
+        Commit().commit(store, 5, [_version(5, "a", 0)], OSError(28, "No space left on device"))
+    assert len(_records(store)) == 3
+    assert sorted(read_manifest(store).states) == [3]
 
 
 def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):

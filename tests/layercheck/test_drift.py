@@ -436,3 +436,61 @@ def test_lora_save_and_restore_round_trip_is_bit_for_bit(tmp_path):
         for _ in range(3):
             _lora_step(m, o)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), other.parameters()))
+
+
+def test_float64_parameters_are_measured_in_float64():
+    """The torch path computes in the parameters' own dtype: fp64 weights give the copy
+    reference to ~1e-13 (an fp32 pass would be off by ~1e-7)."""
+    torch.manual_seed(0)
+    model = tiny_lm(tied=False, layers=2).double()
+    layer_map = LayerMap.auto(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    tracker = _trackers(opt, layer_map)
+    for _ in range(2):
+        ids = torch.randint(0, 128, (2, 10))
+        model(input_ids=ids, labels=ids).loss.backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        drift, _, _ = tracker.take()
+        np.testing.assert_allclose(drift, _reference(before, model, layer_map), rtol=1e-9)
+
+
+def test_the_copy_fallback_samples_large_tensors_too():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 8))
+    layers = [list(model[0].parameters()), list(model[2].parameters())]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with pytest.warns(UserWarning, match="copy of the previous weights"):
+        exact = DriftTracker(opt, layers)
+        sampled = DriftTracker(opt, layers, sampling=8)
+    for _ in range(3):
+        model(torch.randn(16, 512)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        d_exact, _, _ = exact.take()
+        d_sampled, _, _ = sampled.take()
+        np.testing.assert_allclose(d_sampled, d_exact, rtol=0.05)
+        assert not np.array_equal(d_sampled, d_exact)  # the 512x512 weight was sampled
+
+
+@needs_numba
+def test_sampled_layers_split_over_param_groups_agree_on_both_paths():
+    """The usual decay / no-decay split puts one layer's tensors in two groups; with
+    sampling=2 a tensor of whole runs stands for exactly twice its sampled sum."""
+    big, small = _flat_parts([131_072, 1_000])
+    opt = torch.optim.AdamW([{"params": [big], "weight_decay": 0.1},
+                             {"params": [small], "weight_decay": 0.0, "lr": 3e-3}], lr=1e-3)
+    fused = DriftTracker(opt, [[big, small]], sampling=2)
+    plain = DriftTracker(opt, [[big, small]], sampling=2, fused=False)
+    exact = DriftTracker(opt, [[big, small]], fused=False)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(4):
+        _flat_loss([big, small], gen).backward()
+        opt.step()
+        opt.zero_grad()
+        a, _, _ = fused.take()
+        b, _, _ = plain.take()
+        c, _, _ = exact.take()
+        np.testing.assert_allclose(a, b, rtol=2e-6)
+        np.testing.assert_allclose(b, c, rtol=0.05)
