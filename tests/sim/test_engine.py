@@ -132,6 +132,8 @@ def test_the_perfect_checkpointer_loses_only_restarts():
         assert getattr(res, field).tolist() == [0.0, 0.0, 0.0], field
     free = run_limit(times, 200.0, 0.0)  # an instant restart: failures are the only events
     assert free.useful_s.tolist() == [200.0] * 3 and free.events.tolist() == [3.0, 0.0, 1.0]
+    # a restart under a second is counted like any other
+    assert run_limit([np.array([10.0])], 200.0, 0.5).events.tolist() == [2.0]
     # a restart longer than the time left in the window ends with it
     assert run_limit([np.array([198.0])], 200.0, 5.0).recovery_s.tolist() == [2.0]
 
@@ -160,3 +162,33 @@ def test_no_lanes_give_empty_results():
     res = run_lanes([timeline], np.zeros(0, dtype=int), [np.array([1.0])], np.zeros(0, dtype=int),
                     [np.ones(1)], 100.0)
     assert all(getattr(res, f).shape == (0,) for f in RESULT_FIELDS)
+
+
+def test_recovering_from_the_backup_tier_costs_its_own_time():
+    """A schedule whose backup tier is slower to recover from (``recover_backup``; no
+    built-in strategy sets it): the engine picks the tier per failure as SimPy does."""
+    import dataclasses
+    rng = np.random.default_rng(5)
+    base = _schedule("gemini", small_workload(), SMALL_COSTS, 4)
+    assert base.backup is not None and base.backup_probability > 0
+    schedule = dataclasses.replace(base, recover_backup=base.recover * 3 + 7.0)
+    window = 3000.0
+    failures = [np.sort(rng.uniform(0, window, n)) for n in (30, 12, 50)]
+    uniforms = [rng.random(len(f)) for f in failures]
+    res, refs = _both(schedule, failures, uniforms, window)
+    _assert_equal(res, refs)
+    plain, _ = _both(base, failures, uniforms, window)
+    assert (res.recovery_s > plain.recovery_s).all()
+
+
+def test_timelines_shorter_than_ten_seconds_stay_apart():
+    """Stacked timelines are shifted by more than the longest one, however short."""
+    costs = SMALL_COSTS.with_overrides(save_gbps=1e4, persist_gbps=1e4, lc_write_gbps=1e4,
+                                       peer_gbps=1e4, restart_s=0.5, lc_commit_s=0.0)
+    schedules = [_schedule(name, small_workload(steps=4), costs, 1) for name in ("none", "deepspeed")]
+    timelines = [Timeline.build(s) for s in schedules]
+    assert max(t.ready[-1] for t in timelines) < 10.0
+    window = 30.0
+    failures = [np.array([2.5, 9.0, 17.25])]
+    res = run_lanes(timelines, np.array([0, 1]), failures, np.array([0, 0]), [np.ones(3)], window)
+    _assert_equal(res, [run_reference(s, failures[0], np.ones(3), window) for s in schedules])
