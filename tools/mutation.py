@@ -60,6 +60,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 # cannot record which test covers which function: every test runs for every mutant.
 SPAWNED = {"commit"}
 
+# Modules whose tests start thread pools (OpenMP, numba's) that a child forked from the
+# process that ran them would deadlock on: workers fork from a clean server instead.
+FORKSERVER = {"drift"}
+
 # Mutants that no input can tell apart from the code: mutmut's name -> why. Names hold
 # the function and mutmut's number for it, which change when the function changes:
 # a stale entry is reported, so this list cannot silently outlive the code.
@@ -168,6 +172,7 @@ def _prepare(module: str) -> Path:
         f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         "use_git_change_detection = false",
+        f'process_isolation = "{"forkserver" if module in FORKSERVER else "fork"}"',
         ""])
     (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
     return work
@@ -248,6 +253,7 @@ def run(module: str, *, children: int, show: bool, survivors: bool = False) -> d
     row = dict(module=module, mutants=total, killed=count.get("killed", 0),
                survived=len(left), equivalent=len(equivalent), timeouts=count.get("timeout", 0),
                score=score, wall_s=round(wall), unexplained=unexplained, stale=stale)
+    (work / "summary.json").write_text(json.dumps(dict(row, survivors=left), indent=1))
     if show:
         for name in unexplained:
             diff = subprocess.run([*mutmut, "show", name], cwd=work, env=env, capture_output=True,
