@@ -47,9 +47,17 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "engine": ("sim/engine.py", [
         "tests/sim/test_engine.py"]),
     "manifest": ("layercheck/manifest.py", [
-        "tests/layercheck/test_manifest.py"]),
+        "tests/layercheck/test_manifest.py", "tests/layercheck/test_cleanup.py",
+        # a minute of real training per mutant; test_cleanup compacts too
+        "--deselect",
+        "tests/layercheck/test_manifest.py::test_under_retention_the_manifest_is_compacted_while_training"]),
     "store": ("layercheck/store.py", [
-        "tests/layercheck/test_format.py"]),
+        "tests/layercheck/test_store.py",
+        *(f"tests/layercheck/test_reliability_io.py::{t}" for t in (
+            "test_a_streamed_write_cut_short_leaves_neither_file_nor_temp",
+            "test_a_streamed_write_writes_each_buffer_in_order",
+            "test_an_fsspec_store_streams_buffers_and_discards_a_failed_object",
+            "test_a_streamed_write_survives_short_writes"))]),
     "writer": ("layercheck/writer.py", [
         "tests/layercheck/test_writer.py"]),
     "recovery": ("layercheck/recovery.py", [
