@@ -157,6 +157,71 @@ EQUIVALENT: dict[str, str] = {
         "u < p vs u <= p for a uniform draw u: they differ only when u equals the loss "
         "probability exactly (probability zero)",
     "sim.engine.x_run_limit__mutmut_37": TIE,
+    # drift
+    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_43":
+        "_previous starts as None instead of {}: only the copy fallback reads it, and it "
+        "sets it itself; Adam never touches it",
+    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_47": "np.zeros without a dtype is float64: the same array",
+    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_49": "as DriftTracker.__init__ 47",
+    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_9":
+        "errstate(divide=...) unset: the division's denominator is never 0 "
+        "(np.where(total > 0, total, 1.0)), so there is no division by zero to silence",
+    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_11": "as take 9",
+    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_33":
+        "the inner where with >= 0: it then divides by 0 where total is 0, but the outer "
+        "where takes the other branch there (and errstate silences it)",
+    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_35":
+        "the inner where's 2.0: used only where total is 0, where the outer where takes the "
+        "other branch",
+    "layercheck.drift.xǁDriftTrackerǁ_after_step__mutmut_8":
+        "_updates also for other optimizers: their state holds no exp_avg, so it returns "
+        "nothing, as the {} it replaces",
+    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_8":
+        "`not state and ...` for `not state or ...`: torch's Adam state either is empty or "
+        "holds exp_avg, and both forms agree in both cases",
+    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_18":
+        "reading the optimizer's own step count every step instead of counting: Adam adds "
+        "one per step, as the tracker does (the count saves a device sync, not a value)",
+    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_19": "as _updates 18",
+    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_22": "as _updates 18",
+    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_29": "as _updates 18",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_33":
+        "at lr 0 the scale is 0, so moved is 0 whatever eps_c, alpha or shrink are",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_34": "as _adam_terms 33",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_36": "as _adam_terms 33",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_40":
+        "the default of group.get('weight_decay'): torch's Adam and AdamW groups always "
+        "hold the key",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_42": "as _adam_terms 40",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_45": "as _adam_terms 40",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_48":
+        "the default of group.get('decoupled_weight_decay'): torch 2.13's Adam and AdamW "
+        "groups always hold the key",
+    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_50": "as _adam_terms 48",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_24":
+        "the v address of an entry without moments: the kernel reads moments only where "
+        "the m address is non-zero (kernels._run_sums)",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_26":
+        "the update terms of an entry without moments: the kernel does not read them "
+        "there and its moved sum is 0, so any factor gives 0",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_27": "as _fused_sums 26",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_28": "as _fused_sums 26",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_33":
+        "`or` for `and` on the two moments: torch makes both like the parameter "
+        "(zeros_like), so one is fusable exactly when the other is",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_44": "the plan cache unused: an equal plan is built anew",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_45": "as _fused_sums 44",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_65":
+        "np.array of Python ints without a dtype is int64: the same array",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_67": "as _fused_sums 65",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_76":
+        "= instead of += on moved: it is a fresh array of zeros here",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_86": "= instead of += on size: as _fused_sums 76",
+    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_6":
+        "the scratch buffer not reused: a fresh one each call holds the same values "
+        "(reuse saves page faults, not results)",
+    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
+    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
 }
 
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "--hypothesis-seed=0", "-m", "not slow and not browser"]
