@@ -15,11 +15,11 @@ import threading
 import uuid
 from pathlib import Path
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Iterator, Protocol, runtime_checkable
+from typing import Callable, ContextManager, Iterator, Protocol, runtime_checkable
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
-__all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative"]
+__all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "read_buffer"]
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._@-]+(/[A-Za-z0-9._@-]+)*$")
 _TEMPORARY = re.compile(r"^\.[A-Za-z0-9._@-]+\.[0-9a-f]{8}\.tmp$")  # write_atomic's temp files
@@ -169,6 +169,29 @@ class LocalStore:
         try:  # the size when opened bounds the read: a file that grows is read as it was
             size = os.fstat(fd).st_size
             return _read_all(fd, size if limit is None else min(size, limit + 1))
+        finally:
+            os.close(fd)
+
+    def read_buffer(self, path: str, limit: int | None = None,
+                    consume: Callable[[memoryview], None] | None = None) -> bytearray:
+        """As ``read``, into one writable buffer allocated once (tensors can be views
+        of it); ``consume`` gets each piece as it arrives (a checksum on the same
+        pass, while the piece is still in the CPU's cache)."""
+        fd = _open_regular(self._path(path), os.O_RDONLY)
+        try:  # the size when opened bounds the read, as in ``read``
+            size = os.fstat(fd).st_size
+            size = size if limit is None else min(size, limit + 1)
+            buffer = bytearray(size)
+            view, done = memoryview(buffer), 0
+            while done < size:
+                got = os.readv(fd, [view[done:done + _PIECE]])
+                if not got:
+                    break
+                if consume is not None:
+                    consume(view[done:done + got])
+                done += got
+            view.release()  # the file shrank since it was opened: what is there
+            return buffer if done == size else buffer[:done]
         finally:
             os.close(fd)
 
@@ -404,6 +427,26 @@ def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = Tru
     if not create and not Path(text).is_dir():
         raise LayerCheckError(f"{text}: no such checkpoint directory")
     return LocalStore(text, create=create)
+
+
+_PIECE = 8 << 20
+"""Bytes per read of ``read_buffer``: small enough that a checksum of the piece just
+read finds it in the CPU's cache, large enough that the system calls do not count."""
+
+
+def read_buffer(store: Store, path: str, limit: int | None = None,
+                consume: Callable[[memoryview], None] | None = None) -> bytearray:
+    """``store.read(path, limit)`` as a writable buffer, ``consume`` fed every byte of
+    it once: on the same pass where the store reads into a buffer
+    (``LocalStore.read_buffer``), else once the bytes are read (a copy)."""
+    own = getattr(store, "read_buffer", None)
+    if own is not None:
+        return own(path, limit, consume)
+    buffer = bytearray(store.read(path, limit))
+    if consume is not None:
+        with memoryview(buffer) as view:
+            consume(view)
+    return buffer
 
 
 def _write_all(fd: int, data: bytes) -> None:
