@@ -437,11 +437,12 @@ read finds it in the CPU's cache, large enough that the system calls do not coun
 def read_buffer(store: Store, path: str, limit: int | None = None,
                 consume: Callable[[memoryview], None] | None = None) -> bytearray:
     """``store.read(path, limit)`` as a writable buffer, ``consume`` fed every byte of
-    it once: on the same pass where the store reads into a buffer
-    (``LocalStore.read_buffer``), else once the bytes are read (a copy)."""
-    own = getattr(store, "read_buffer", None)
-    if own is not None:
-        return own(path, limit, consume)
+    it once: on the same pass where the store's class reads into a buffer
+    (``LocalStore.read_buffer``, which must read what its ``read`` would), else
+    once ``read`` returned (a copy). A wrapper that delegates to a store (its
+    ``__getattr__``) is read through its own ``read``."""
+    if getattr(type(store), "read_buffer", None) is not None:
+        return store.read_buffer(path, limit, consume)  # type: ignore[attr-defined]
     buffer = bytearray(store.read(path, limit))
     if consume is not None:
         with memoryview(buffer) as view:

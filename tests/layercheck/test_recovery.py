@@ -199,26 +199,23 @@ def test_a_restore_that_fails_leaves_the_model_and_optimizer_untouched(ckpt):
 
 
 # -- one read per file, kept within restore_memory, read ahead in parallel (issue 14) --
-class _CountingStore:
+class _CountingStore(LocalStore):
     """A real LocalStore, each read of a file counted (either read method)."""
 
     def __init__(self, root) -> None:
-        self.inner = LocalStore(root)
+        super().__init__(root)
         self.reads: dict[str, int] = {}
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
     def _count(self, path: str) -> None:
         self.reads[path] = self.reads.get(path, 0) + 1
 
     def read(self, path, limit=None):
         self._count(path)
-        return self.inner.read(path, limit)
+        return super().read(path, limit)
 
     def read_buffer(self, path, limit=None, consume=None):
         self._count(path)
-        return self.inner.read_buffer(path, limit, consume)
+        return super().read_buffer(path, limit, consume)
 
 
 def _fresh():
