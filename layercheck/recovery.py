@@ -275,15 +275,13 @@ class Planner:
     def load(self, version: Version) -> dict[str, torch.Tensor]:
         """The tensors of a planned version (this rank's file): views of the file kept
         from ``layers`` (then released), else of the file read and verified again.
-        Optimizer-state entries (``optim/...``) are copies, which a source may adopt
-        as live state without holding the file's buffer."""
+        A source copies what it keeps (``LayerSource.apply``)."""
         file = self._kept.pop(version.file, None)
         if file is None:
             start = time.perf_counter()
             file = read_verified_file(self.store, version)
             self.load_s += time.perf_counter() - start
-        return {key: value.clone() if key.startswith("optim/") else value
-                for key, value in tensor_views(file).items()}
+        return tensor_views(file)
 
     def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
                        newest: "Future[VerifiedFile] | None" = None

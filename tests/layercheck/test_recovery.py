@@ -287,6 +287,9 @@ def test_the_restored_state_is_the_chosen_files(ckpt):
     _damage_some(ckpt)
     model, opt, report, _ = _restored(ckpt, restore_memory=0, restore_threads=4)
     params, state = _live(model, opt)
+    for tensors in opt.state.values():  # copies of their own, not views of a file's buffer
+        for value in tensors.values():
+            assert value._base is None
     for version in report.plan.sources.values():
         for key, value in load_file(ckpt / version.file).items():
             kind, _, rest = key.partition("/")
