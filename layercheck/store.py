@@ -15,7 +15,9 @@ import threading
 import uuid
 from pathlib import Path
 from contextlib import contextmanager, nullcontext
-from typing import Callable, ContextManager, Iterator, Protocol, runtime_checkable
+from typing import Callable, ContextManager, Iterator, Protocol, Union, runtime_checkable
+
+import numpy as np
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
@@ -173,15 +175,15 @@ class LocalStore:
             os.close(fd)
 
     def read_buffer(self, path: str, limit: int | None = None,
-                    consume: Callable[[memoryview], None] | None = None) -> bytearray:
-        """As ``read``, into one writable buffer allocated once (tensors can be views
-        of it); ``consume`` gets each piece as it arrives (a checksum on the same
-        pass, while the piece is still in the CPU's cache)."""
+                    consume: Callable[[memoryview], None] | None = None) -> Buffer:
+        """As ``read``, into one writable buffer allocated once and never zeroed
+        (tensors can be views of it); ``consume`` gets each piece as it arrives (a
+        checksum on the same pass, while the piece is still in the CPU's cache)."""
         fd = _open_regular(self._path(path), os.O_RDONLY)
         try:  # the size when opened bounds the read, as in ``read``
             size = os.fstat(fd).st_size
             size = size if limit is None else min(size, limit + 1)
-            buffer = bytearray(size)
+            buffer = np.empty(size, dtype=np.uint8)  # no zeroing pass; numpy asks for huge pages
             view, done = memoryview(buffer), 0
             while done < size:
                 got = os.readv(fd, [view[done:done + _PIECE]])
@@ -429,13 +431,18 @@ def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = Tru
     return LocalStore(text, create=create)
 
 
-_PIECE = 8 << 20
+_PIECE = 1 << 20
 """Bytes per read of ``read_buffer``: small enough that a checksum of the piece just
 read finds it in the CPU's cache, large enough that the system calls do not count."""
 
 
+Buffer = Union[bytearray, "np.ndarray"]
+"""What ``read_buffer`` gives: a writable, one-dimensional buffer of bytes (``len``
+is its size; ``memoryview``, ``torch.frombuffer`` and ``numpy.frombuffer`` take it)."""
+
+
 def read_buffer(store: Store, path: str, limit: int | None = None,
-                consume: Callable[[memoryview], None] | None = None) -> bytearray:
+                consume: Callable[[memoryview], None] | None = None) -> Buffer:
     """``store.read(path, limit)`` as a writable buffer, ``consume`` fed every byte of
     it once: on the same pass where the store's class reads into a buffer
     (``LocalStore.read_buffer``, which must read what its ``read`` would), else
