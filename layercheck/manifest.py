@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
 from .format import MANIFEST, Checksummer, Version, count, decode_line, described, encode_record
-from .store import Buffer, Store, check_relative, read_buffer
+from .store import ReadBuffer, Store, check_relative, read_buffer
 
 __all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
            "encode_manifest", "read_verified", "read_verified_file", "VerifiedFile",
@@ -227,7 +227,7 @@ class VerifiedFile:
     its bytes, its parsed header (tensor name -> dtype, shape, data_offsets; and
     ``__metadata__``) and where its data section starts in ``data``."""
 
-    data: Buffer
+    data: ReadBuffer
     header: dict[str, Any]
     data_start: int
 
@@ -264,7 +264,7 @@ def read_verified_file(store: Store, version: Version) -> VerifiedFile:
     return verified
 
 
-def read_verified(store: Store, version: Version) -> Buffer:
+def read_verified(store: Store, version: Version) -> ReadBuffer:
     """The bytes of ``version``'s file, verified as ``read_verified_file`` does."""
     return read_verified_file(store, version).data
 
@@ -287,14 +287,14 @@ def _check_identity(metadata: dict[str, str], version: Version) -> None:
                              f"it as rank {version.rank}'s")
 
 
-def check_structure(data: bytes | Buffer, what: str) -> dict[str, str]:
+def check_structure(data: bytes | ReadBuffer, what: str) -> dict[str, str]:
     """The metadata of the safetensors file ``data``; CorruptVersion unless it is
     laid out as one (``parse_header``). Cheap: no tensor is built."""
     header, _ = parse_header(data, what)
     return header.get("__metadata__") or {}
 
 
-def parse_header(data: bytes | Buffer, what: str) -> tuple[dict[str, Any], int]:
+def parse_header(data: bytes | ReadBuffer, what: str) -> tuple[dict[str, Any], int]:
     """(header, start of the data section) of the safetensors file ``data``;
     CorruptVersion unless it is laid out as one: a JSON header whose tensors, each
     with a dtype and a shape of as many bytes as its offsets span, tile the data
