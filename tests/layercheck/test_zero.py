@@ -21,7 +21,8 @@ HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 # test_export_deepspeed imports ROOT and the helpers below from here
-from tests.layercheck.torchrun import ROOT, Torchrun, damage_newest_shard  # noqa: E402,F401
+from tests.layercheck.torchrun import (ROOT, Torchrun,  # noqa: E402,F401
+                                       assert_ranks_fall_back_together)
 
 WORKER = Path(__file__).with_name("zero_worker.py")
 JOB = Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"})
@@ -148,19 +149,7 @@ def test_threshold_zero_recovery_is_deepspeeds_own_save_and_load_bit_for_bit(tmp
 
 
 def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back_together(recovered, tmp_path):
-    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    shutil.copytree(recovered(3)["ckpt"], ckpt)  # ZeRO-3, 24 steps on 2 ranks
-    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
-    _run("--dir", str(ckpt), "--out", str(out), "--steps", str(STEPS + 2), "--check")
-    rank0, rank1 = _results(out)
-    for r in (rank0, rank1):
-        assert r["restored_step"] == STEPS
-        # rank 0's shard of the newest version is intact, but it must not mix it with
-        # rank 1's older one: both restore the older version, exactly
-        assert r["sources"]["model.layers.1"] == older.step
-        assert r["problems"] == []
-    assert any("checksum" in w for w in rank1["warnings"])
-    assert rank0["params"] == rank1["params"]
+    assert_ranks_fall_back_together(JOB, recovered(3)["ckpt"], tmp_path, STEPS)  # ZeRO-3
 
 
 def test_misaligned_groups_and_another_world_size_are_refused_with_the_fix(recovered, tmp_path):
