@@ -15,11 +15,16 @@ import threading
 import uuid
 from pathlib import Path
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Iterator, Protocol, runtime_checkable
+from typing import ContextManager, Iterable, Iterator, Protocol, Union, runtime_checkable
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
-__all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative"]
+__all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData"]
+
+Buffer = Union[bytes, bytearray, memoryview]
+FileData = Union[Buffer, Iterable[Buffer]]
+"""What ``write_atomic`` writes: the file's bytes, or the file as buffers in order
+(``layerfile.LayerFile.buffers``), streamed one by one, never joined."""
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._@-]+(/[A-Za-z0-9._@-]+)*$")
 _TEMPORARY = re.compile(r"^\.[A-Za-z0-9._@-]+\.[0-9a-f]{8}\.tmp$")  # write_atomic's temp files
@@ -46,7 +51,8 @@ def check_relative(path: str) -> str:
 class Store(Protocol):
     """The operations layercheck needs from storage.
 
-    ``write_atomic`` makes ``data`` visible under ``path`` all at once and
+    ``write_atomic`` makes ``data`` (bytes, or an iterable of buffers it
+    streams in order: ``FileData``) visible under ``path`` all at once and
     durable before it returns; ``append`` adds bytes at the end of ``path``
     durably (creating it), and an append that fails (ENOSPC, EIO) leaves the
     file as it was where the storage allows. Readers never see a partial
@@ -66,7 +72,7 @@ class Store(Protocol):
 
     url: str
 
-    def write_atomic(self, path: str, data: bytes) -> None: ...
+    def write_atomic(self, path: str, data: FileData) -> None: ...
     def append(self, path: str, data: bytes) -> None: ...
     def read(self, path: str, limit: int | None = None) -> bytes: ...
     def exists(self, path: str) -> bool: ...
@@ -128,14 +134,19 @@ class LocalStore:
                 continue
             _fsync_dir(path.parent)
 
-    def write_atomic(self, path: str, data: bytes) -> None:
+    def write_atomic(self, path: str, data: FileData) -> None:
+        """Temp file, each buffer written as it comes, fsync, rename, fsync of the
+        folder; on any failure (ENOSPC, EIO, an exception of ``data``) the temp
+        file is removed and the error raised. The writes and fsyncs release the
+        GIL: several threads write several files at once."""
         target = self._writable(path)
         self._make_parents(target)
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                _write_all(fd, data)
+                for buffer in _buffers(data):
+                    _write_all(fd, buffer)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -335,8 +346,25 @@ class FsspecStore:
     def _path(self, path: str) -> str:
         return f"{self.root}/{check_relative(path)}"
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(self._path(path), data)
+    def write_atomic(self, path: str, data: FileData) -> None:
+        """Bytes: one whole-object put. Buffers: streamed into the object opened for
+        writing, which an object store (S3, GCS) publishes only once closed whole,
+        as ``pipe_file`` itself does on a filesystem that does not override it;
+        on a failure the object is discarded and deleted. The writer streams only
+        to fresh paths that no manifest record names yet, so a reader that
+        follows the manifest never reads one in flight."""
+        full = self._path(path)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self.fs.pipe_file(full, bytes(data))
+            return
+        handle = self.fs.open(full, "wb")
+        try:
+            for buffer in data:
+                handle.write(buffer)
+        except BaseException:
+            _abandon(self.fs, handle, full)
+            raise
+        handle.close()
 
     def append(self, path: str, data: bytes) -> None:
         full = self._path(path)
@@ -406,8 +434,24 @@ def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = Tru
     return LocalStore(text, create=create)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+def _buffers(data: FileData) -> Iterable[Buffer]:
+    return (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+
+
+def _abandon(fs: object, handle: object, full: str) -> None:
+    """Throw away an object whose streamed write failed: discard its upload where
+    the filesystem can, and delete whatever became visible. The write's own
+    error is the one to report."""
+    try:
+        getattr(handle, "discard", lambda: None)()
+        if fs.exists(full):  # type: ignore[attr-defined]
+            fs.rm_file(full)  # type: ignore[attr-defined]
+    except Exception:
+        pass
+
+
+def _write_all(fd: int, data: Buffer) -> None:
+    view = memoryview(data).cast("B")
     while view:
         written = os.write(fd, view)
         view = view[written:]

@@ -4,10 +4,14 @@ Contract: ``submit`` takes a ``StepJob`` of host-memory snapshots and returns
 at once unless the queue already holds ``queue_bytes`` (then it blocks:
 backpressure, never unbounded memory). One thread persists jobs in order. For
 each job: every layer file is written atomically (temp, fsync, rename, fsync
-of the folder), then the state file, then one append of the job's manifest
-records, the state record last, fsynced. A crash at any point leaves either
-committed records or ignorable leftovers; a failed write (ENOSPC, EACCES,
-EIO) commits nothing of its job, and ``on_error`` says what training hears.
+of the folder), up to ``threads`` files at once, then the state file, then,
+once every one of them is durable, one append of the job's manifest records
+(in job order, the state record last), fsynced. A file is streamed from the
+snapshot's own memory (``layerfile``), its checksum and size taken on the same
+pass: no serialised copy of it is ever built. A crash at any point leaves
+either committed records or ignorable leftovers; a failed write (ENOSPC,
+EACCES, EIO) commits nothing of its job, and ``on_error`` says what training
+hears.
 """
 from __future__ import annotations
 
@@ -16,17 +20,17 @@ import queue
 from collections import deque
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
-from safetensors.torch import save as st_save
 
 from .commit import Commit
 from .errors import WriteFailed, retryable
-from .format import (MANIFEST, Version, checksum, drop_record, encode_record, layer_metadata,
+from .format import (MANIFEST, Checksummer, Version, drop_record, encode_record, layer_metadata,
                      layer_path, state_path)
+from .layerfile import LayerFile, layout
 from .manifest import compact
 from .retention import Retention
 from .store import Store
@@ -43,6 +47,12 @@ COMPACT_BYTES = 1 << 18
 """Under retention the manifest is compacted (``manifest.compact``) once it passes this
 size, or twice its size after the last compaction: it stays bounded however long the
 run, and restore and inspect replay little."""
+
+
+WRITE_THREADS = 4
+"""Layer files of one job written at once (``Writer(threads=...)``): while one file
+waits for its fsync, the next ones are being written; os.write and fsync release
+the GIL. More threads than files in flight buy nothing; one is the serial writer."""
 
 
 @dataclass
@@ -79,7 +89,11 @@ class Writer:
     """Persists StepJobs in a background thread (see the module contract)."""
 
     def __init__(self, store: Store, *, queue_bytes: int,
-                 on_error: Literal["raise", "warn"] = "raise", commit: Commit | None = None) -> None:
+                 on_error: Literal["raise", "warn"] = "raise", commit: Commit | None = None,
+                 threads: int = WRITE_THREADS) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"Writer(threads={threads!r}): the number of files written at once "
+                             f"must be an integer >= 1 (default {WRITE_THREADS})")
         self.store = store
         self.commit = commit or Commit()
         """Single process, or every rank's shards together (``ShardedCommit``)."""
@@ -98,7 +112,7 @@ class Writer:
         self._owed: set[int] = set()  # layers of failed jobs not committed since (writer thread)
         self._unlinked: list[str] = []  # files of dropped versions a reader kept (writer thread)
         self._compact_at = COMPACT_BYTES  # manifest size that calls for compaction (writer thread)
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="layercheck-crc")
+        self._files = ThreadPoolExecutor(threads, thread_name_prefix="layercheck-file")
         self._thread = threading.Thread(target=self._run, name="layercheck-writer", daemon=True)
         self._thread.start()
 
@@ -124,7 +138,7 @@ class Writer:
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
-        self._hasher.shutdown()
+        self._files.shutdown()
         self._retire([])  # files a reader kept from retention; still read: gc's to delete
         self.raise_if_failed()
 
@@ -195,11 +209,15 @@ class Writer:
         committed: list[Version] = []
         error: BaseException | None = None
         try:
-            for snap in job.layers:
+            for snap, outcome in zip(job.layers, self._write_layers(job, rank)):
                 what = f"layer {snap.name}"
-                versions.append(self._write(layer_path(snap.name, job.step, rank), snap.tensors,
-                                            layer_metadata(snap.name, job.step, rank), job.step,
-                                            snap.name, snap.reason))
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                if outcome is not None:
+                    versions.append(outcome)
+            if len(versions) != len(job.layers):  # a layer skipped, yet none failed: a bug
+                raise RuntimeError(f"{len(job.layers) - len(versions)} layer files of step "
+                                   f"{job.step} were neither written nor failed")
             committed = list(versions)
             if job.state is not None and not (self._owed - {s.index for s in job.layers}):
                 what = "the training state"
@@ -248,12 +266,40 @@ class Writer:
             log.warning("layercheck: retiring superseded versions failed (%s); they stay on "
                         "disk until `python -m layercheck gc`", exc)
 
+    def _write_layers(self, job: StepJob, rank: int | None
+                      ) -> list[Version | BaseException | None]:
+        """Write every layer file of ``job``, several at once: per layer (in job order)
+        its Version, or the exception its write raised, or None where it was not
+        started because another had failed. Returns once no write is in flight, so
+        no file of the job is still being written when it commits or fails."""
+        failed = threading.Event()
+
+        def write(snap: LayerSnapshot) -> Version | None:
+            if failed.is_set():
+                return None  # the job fails anyway: write no more of it
+            try:
+                return self._write(layer_path(snap.name, job.step, rank), snap.tensors,
+                                   layer_metadata(snap.name, job.step, rank), job.step,
+                                   snap.name, snap.reason)
+            except BaseException:
+                failed.set()
+                raise
+
+        futures: list[Future] = [self._files.submit(write, snap) for snap in job.layers]
+        wait(futures)
+        return [f.exception() or f.result() for f in futures]
+
     def _write(self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str],
                step: int, layer: str | None, reason: str | None) -> Version:
-        data = st_save(tensors, metadata=metadata)
-        digest = self._hasher.submit(checksum, data)  # hashes while the disk writes
-        self.store.write_atomic(path, data)
-        return Version(step=step, file=path, bytes=len(data), checksum=digest.result(),
+        """Stream one file to the store, its checksum and size taken on the same pass."""
+        file = layout(tensors, metadata)
+        tally = _Tally()
+        self.store.write_atomic(path, tally.feed(file))
+        if tally.bytes != file.nbytes:
+            raise RuntimeError(f"the store wrote {tally.bytes} of the {file.nbytes} bytes of "
+                               f"{path} and reported success: its write_atomic must consume "
+                               "every buffer it is given")
+        return Version(step=step, file=path, bytes=tally.bytes, checksum=tally.checksum.value,
                        layer=layer, reason=reason)
 
     def _fail(self, exc: BaseException, job: StepJob, what: str) -> None:
@@ -271,3 +317,16 @@ class Writer:
         else:
             log.error("layercheck: writing %s at step %d failed: %s; checkpointing stops",
                       what, job.step, exc)
+
+
+class _Tally:
+    """The checksum and byte count of the buffers that pass through ``feed``."""
+
+    def __init__(self) -> None:
+        self.checksum, self.bytes = Checksummer(), 0
+
+    def feed(self, file: LayerFile) -> Iterator[memoryview]:
+        for buffer in file.buffers():
+            self.checksum.update(buffer)
+            self.bytes += buffer.nbytes
+            yield buffer

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,7 +27,7 @@ from layercheck.format import MANIFEST, encode_record
 from layercheck.manifest import read_manifest
 from layercheck.recovery import make_plan
 from layercheck import store as store_module
-from layercheck.store import LocalStore
+from layercheck.store import FsspecStore, LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
 
 EVERY_STEP = dict(base_threshold=0, embedding_threshold=0, warmup_steps=2)
@@ -396,3 +397,61 @@ def test_a_directory_deleted_under_a_running_writer_stops_checkpointing(tmp_path
         lc.close()
     assert (root / MANIFEST).read_bytes() == mine  # the new run's directory is untouched
     other.close()
+
+
+# -- streamed atomic writes (the writer hands a file as buffers) -----------------------------
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
+def test_a_streamed_write_cut_short_leaves_neither_file_nor_temp(tmp_path, err):
+    """The disk fails on the second buffer, after the first reached the temp file:
+    the temp file goes, nothing appears under the name, the error is the disk's."""
+    store = LocalStore(tmp_path)
+    real_write_all, calls = store_module._write_all, []
+
+    def fail_on_second(fd, buffer):
+        calls.append(len(buffer))
+        if len(calls) == 2:
+            raise OSError(err, os.strerror(err))
+        real_write_all(fd, buffer)
+
+    path = "layers/a@000000001.safetensors"
+    with mock.patch.object(store_module, "_write_all", fail_on_second), \
+            pytest.raises(OSError) as caught:
+        store.write_atomic(path, iter([b"x" * 100, memoryview(b"y" * 100), b"z"]))
+    assert caught.value.errno == err and len(calls) == 2
+    assert not store.exists(path) and store.list("layers", temporary=True) == []
+
+
+def test_a_streamed_write_writes_each_buffer_in_order(tmp_path):
+    store = LocalStore(tmp_path)
+    words = np.arange(5, dtype=np.int32)
+    store.write_atomic("layers/b@000000001.safetensors",
+                       (b for b in [b"ab", memoryview(b"cd"), bytearray(b"ef"), memoryview(words),
+                                    b""]))
+    assert store.read("layers/b@000000001.safetensors") == b"abcdef" + words.tobytes()
+    assert store.list("layers", temporary=True) == ["layers/b@000000001.safetensors"]
+
+
+def test_an_fsspec_store_streams_buffers_and_discards_a_failed_object():
+    store = FsspecStore(f"memory://streamed-{uuid.uuid4().hex[:8]}")
+    store.write_atomic("layers/a@000000001.safetensors", iter([b"ab", memoryview(b"cd")]))
+    assert store.read("layers/a@000000001.safetensors") == b"abcd"
+
+    def cut_short():
+        yield b"ab"
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with pytest.raises(OSError):
+        store.write_atomic("layers/b@000000001.safetensors", cut_short())
+    assert not store.exists("layers/b@000000001.safetensors")
+    assert store.list("layers", temporary=True) == ["layers/a@000000001.safetensors"]
+
+
+def test_a_streamed_write_survives_short_writes(tmp_path):
+    """os.write may write less than asked (signals, pipes, some filesystems): the rest
+    of each buffer follows, counted in bytes whatever the buffer's item size."""
+    store = LocalStore(tmp_path)
+    words = np.arange(50, dtype=np.int64)
+    real_write = os.write
+    with mock.patch.object(store_module.os, "write", lambda fd, b: real_write(fd, bytes(b)[:7])):
+        store.write_atomic("layers/c@000000001.safetensors", iter([b"header", memoryview(words)]))
+    assert store.read("layers/c@000000001.safetensors") == b"header" + words.tobytes()

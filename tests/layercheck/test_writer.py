@@ -8,6 +8,8 @@ import json
 import os
 import re
 import threading
+import time
+import tracemalloc
 import weakref
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck import writer as writer_module
+from layercheck.format import CHECKSUM, checksum_matches
+from layercheck.manifest import check_structure
 from layercheck.store import LocalStore
 from layercheck.writer import LayerSnapshot, StepJob, Writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
@@ -379,3 +383,130 @@ def test_a_bug_in_the_writer_thread_stops_checkpointing_instead_of_hanging(tmp_p
     assert isinstance(outcome[0], WriteFailed) and "pop from an empty list" in str(outcome[0])
     with pytest.raises(WriteFailed):
         lc.close()
+
+
+# -- streamed files, several at once ------------------------------------------------------
+def _layer_job(step: int, layers: int = 6, floats: int = 1 << 16) -> StepJob:
+    """A job of ``layers`` layer files (fp32 weight, bf16 moment, fp64 0-d step) and a state."""
+    gen = torch.Generator().manual_seed(step)
+    snaps = []
+    for i in range(layers):
+        tensors = {"param/w": torch.randn(floats, generator=gen),
+                   "optim/exp_avg/w": torch.randn(floats, generator=gen).to(torch.bfloat16),
+                   "optim/step/w": torch.tensor(float(step), dtype=torch.float64)}
+        snaps.append(LayerSnapshot(i, f"enc.{i}", "threshold", tensors, floats * 6 + 8))
+    state = ({"rng/torch": torch.arange(5)},
+             {"format": "layercheck-state/2", "state": json.dumps({"step": step})})
+    return StepJob(step=step, layers=snaps, state=state, nbytes=layers * (floats * 6 + 8))
+
+
+class CountingStore:
+    """A LocalStore whose atomic writes each take ``delay`` seconds longer, counting
+    how many are in flight (``most``: at once), what they were handed (``kinds``),
+    and how many were in flight at each manifest append (``at_append``); the
+    writes of layers named in ``fail`` raise ENOSPC after the delay."""
+
+    def __init__(self, root: Path, delay: float = 0.0, fail: tuple[str, ...] = ()) -> None:
+        self.inner, self.url, self.delay, self.fail = LocalStore(root), str(root), delay, fail
+        self.in_flight = self.most = 0
+        self.kinds: dict[str, type] = {}
+        self.at_append: list[int] = []
+        self._lock = threading.Lock()
+
+    def write_atomic(self, path: str, data) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.kinds[path] = type(data)
+        try:
+            time.sleep(self.delay)
+            if any(path.startswith(f"layers/{name}@") for name in self.fail):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            self.inner.write_atomic(path, data)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def append(self, path: str, data: bytes) -> None:
+        self.at_append.append(self.in_flight)
+        self.inner.append(path, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_recorded_checksums_and_sizes_are_those_of_the_files_on_disk(tmp_path):
+    writer = Writer(LocalStore(tmp_path), queue_bytes=64 * MB)
+    for step in (1, 2):
+        writer.submit(_layer_job(step))
+    writer.close()
+    records = [r for r in _records(tmp_path) if r["kind"] in ("layer", "state")]
+    assert len(records) == 2 * 7
+    for record in records:
+        data = (tmp_path / record["file"]).read_bytes()
+        assert record["bytes"] == len(data), record["file"]
+        assert record["checksum"].startswith(f"{CHECKSUM}:")
+        assert checksum_matches(data, record["checksum"]), record["file"]
+        check_structure(data, record["file"])
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_layer_file_is_streamed_from_the_snapshot_never_serialised_whole(tmp_path):
+    """The store is handed buffers, not one bytes object, and the writer's Python
+    allocations stay far below the file's size (safetensors.save built a whole copy)."""
+    store = CountingStore(tmp_path)
+    job = _layer_job(1, layers=1, floats=8 << 20)  # a 48 MB layer file
+    writer = Writer(store, queue_bytes=256 * MB)
+    tracemalloc.start()
+    try:
+        writer.submit(job)
+        writer.flush()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        writer.close()
+    size = (tmp_path / "layers/enc.0@000000001.safetensors").stat().st_size
+    assert size > 48 * MB
+    assert peak < size / 16, f"the writer allocated {peak} bytes for a file of {size}"
+    assert not any(issubclass(kind, (bytes, bytearray)) for path, kind in store.kinds.items()
+                   if path.startswith("layers/"))
+
+
+def test_parallel_writes_commit_exactly_the_records_of_serial_writes(tmp_path):
+    """Several files at once, yet the same records in the same order (per step: its
+    layers in job order, then its state), each appended once no write is in flight."""
+    outcome = {}
+    for threads in (1, 4):
+        root = tmp_path / f"threads{threads}"
+        store = CountingStore(root, delay=0.1)
+        writer = Writer(store, queue_bytes=64 * MB, threads=threads)
+        for step in (1, 2, 3):
+            writer.submit(_layer_job(step))
+        writer.close()
+        assert store.most == threads and store.at_append == [0, 0, 0]
+        outcome[threads] = _records(root)[:]
+    assert outcome[1] == outcome[4]
+    assert [(r["step"], r.get("layer")) for r in outcome[4]] == [
+        (step, layer) for step in (1, 2, 3) for layer in [f"enc.{i}" for i in range(6)] + [None]]
+
+
+def test_a_failed_file_among_parallel_writes_commits_nothing_of_its_step(tmp_path):
+    """One layer fails while others are in flight: the step commits nothing, the
+    writes in flight end before the failure is reported, and no temp file stays."""
+    from layercheck.errors import WriteFailed
+    store = CountingStore(tmp_path, delay=0.05, fail=("enc.2",))
+    writer = Writer(store, queue_bytes=64 * MB, threads=4)
+    writer.submit(_layer_job(1))
+    with pytest.raises(WriteFailed, match="No space left"):
+        writer.flush()
+    assert store.in_flight == 0 and store.at_append == []
+    assert not (tmp_path / "manifest.jsonl").exists()
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.glob("states/*"))
+    with pytest.raises(WriteFailed):
+        writer.close()
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_a_writer_needs_at_least_one_thread(tmp_path, threads):
+    with pytest.raises(ValueError, match="integer >= 1"):
+        Writer(LocalStore(tmp_path), queue_bytes=MB, threads=threads)
