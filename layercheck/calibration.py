@@ -92,7 +92,7 @@ FIGURES: dict[str, FigureSpec] = {
     "lc_commit_s": FigureSpec("s", "layercheck", "committing one step's training state "
                                                  "(state file, fsyncs, manifest line)"),
     "lc_load_fixed_s": FigureSpec("s", "layercheck", "fixed part of a composite restore "
-                                                     "(manifest, plan)"),
+                                                     "(manifest, training state)"),
     "lc_load_gbps": FigureSpec("GB/s", "layercheck", "a composite restore: read, verify and "
                                                      "apply every layer's newest version"),
 }

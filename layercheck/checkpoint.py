@@ -38,7 +38,7 @@ from .drift import DriftTracker
 from .errors import CheckpointNotFound, LayerCheckError, ModelMismatch
 from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
-from .manifest import ManifestView, read_manifest, seal_torn_tail
+from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
 from .policy import Decision, Policy, PolicyState, Reason
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state
@@ -70,14 +70,22 @@ class StepReport:
 
 @dataclass(frozen=True)
 class RestoreReport:
-    """What ``restore()`` did; ``plan`` is None on a fresh start."""
+    """What ``restore()`` did; ``plan`` is None on a fresh start. Its seconds add up
+    to the whole restore but opening the new timeline."""
 
     step: int
     plan: Any
     plan_s: float
+    """The fixed part: the manifest read, the training state chosen, verified and checked."""
     load_s: float
+    """Reading and verifying each layer's chosen version (and any damaged one passed
+    over) and checking it against the live model; with the re-reads at the apply
+    of layers beyond ``restore_memory``."""
     restore_s: float
+    """Copying the verified tensors into the live model and optimizer, and the
+    scheduler, RNGs and backend's counters."""
     bytes: int
+    """The bytes of this rank's chosen layer files."""
 
 
 class LayerCheck:
@@ -206,7 +214,8 @@ class LayerCheck:
             self._begin_timeline(0, view)
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
-        planner = Planner(self.store, view, ranks=self.ranks)
+        planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self._restore_memory(),
+                          threads=self.config.restore_threads)
         state, data = planner.state(step, exact=exact)
         tensors, doc = planner.together(lambda: self._read_state(state, data))
         sizes = np.zeros(len(self.layer_map))
@@ -216,12 +225,14 @@ class LayerCheck:
             self.source.check(index, loaded)
             sizes[index] = tensors_nbytes(loaded)
         # everything is verified and checked against the live objects before anything changes
+        loading = time.perf_counter()
+        plan_s = loading - start
         sources = planner.layers(state.step, use=check)
-        plan_s = time.perf_counter() - start
-        planner.load_s = 0.0
+        applying = time.perf_counter()
         planner.together(lambda: self._apply(planner, sources, tensors, doc))
         self.source.after_restore(doc["engine"], state.step)
-        restore_s = time.perf_counter() - start - plan_s - planner.load_s
+        load_s = applying - loading + planner.load_s
+        restore_s = time.perf_counter() - applying - planner.load_s
         rank = f"rank {self.ranks.rank}: " if self.ranks.sharded else ""
         for message in planner.warnings:
             warnings.warn(f"layercheck: {rank}{message}", stacklevel=2)
@@ -230,18 +241,32 @@ class LayerCheck:
         if self.config.write_budget is not None:  # the budget counts from here, in these sizes
             self._set_sizes(sizes)
         plan = Plan(state.step, state, sources, planner.warnings)
-        self.restored = RestoreReport(state.step, plan, plan_s, planner.load_s, restore_s,
+        self.restored = RestoreReport(state.step, plan, plan_s, load_s, restore_s,
                                       sum(v.bytes for v in sources.values()))
         return state.step
 
-    def _read_state(self, state: Version, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _restore_memory(self) -> int:
+        """``config.restore_memory``, or its default: half of MemAvailable, else 1 GiB."""
+        if self.config.restore_memory is not None:
+            return self.config.restore_memory
+        try:
+            with open("/proc/meminfo", "rb") as meminfo:
+                for line in meminfo:
+                    if line.startswith(b"MemAvailable:"):
+                        return int(line.split()[1]) * 1024 // 2
+        except (OSError, ValueError, IndexError):
+            pass
+        return 1 << 30
+
+    def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors, doc = read_state(self.store, state, data)
         check_state(doc, self.source.optimizer, self.source.group_members())
         return tensors, doc
 
     def _apply(self, planner: Planner, sources: dict[str, Version], tensors: dict[str, Any],
                doc: dict[str, Any]) -> None:
-        """Put the planned composite into the live objects (each version read again)."""
+        """Put the planned composite into the live objects (``planner.load``: each
+        version as verified in the plan, or read and verified again)."""
         for name, version in sources.items():
             self.source.apply(self.layer_map.index[name], planner.load(version))
         apply_state(tensors, doc, self.source.optimizer, self.scheduler)

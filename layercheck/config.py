@@ -95,6 +95,18 @@ class LayerCheckConfig:
     A single snapshot larger than this is still accepted when the queue is
     empty."""
 
+    restore_memory: int | None = None
+    """Host memory a restore may hold verified layer files in, from its plan (where
+    each chosen file is read, verified and checked against the live model) to its
+    apply (where the tensors, views of those bytes, are copied into the live
+    objects): each file is then read once. Layers beyond it are read and verified
+    again at the apply. None (default): half of the memory available when
+    ``restore()`` starts (``MemAvailable`` in /proc/meminfo; 1 GiB where that is
+    unknown). 0: keep nothing, read every layer twice."""
+
+    restore_threads: int = 4
+    """Files a restore reads at once (each rank's own). 1: one after another."""
+
     on_error: Literal["raise", "warn"] = "raise"
     """What a failed background write does: ``raise`` re-raises it from the
     next ``step()``/``close()`` (training stops, nothing half-written is
@@ -123,6 +135,9 @@ class LayerCheckConfig:
                               "to take it from the optimizer")
         _check_int("queue_bytes", self.queue_bytes, minimum=1)
         _check_int("drift_sampling", self.drift_sampling, minimum=1)
+        if self.restore_memory is not None:
+            _check_int("restore_memory", self.restore_memory, minimum=0)
+        _check_int("restore_threads", self.restore_threads, minimum=1)
         if self.keep_versions is not None:
             _check_int("keep_versions", self.keep_versions, minimum=1)
         if self.on_error not in ("raise", "warn"):

@@ -101,7 +101,8 @@ def composite(store: Store, view: ManifestView,
     the module's weights and buffers of that composite by their names (each
     layer read once, verified, falling back past a damaged version)."""
     tensors: dict[str, torch.Tensor] = {}
-    plan = Planner(store, view).plan(step, use=lambda _, t: tensors.update(module_tensors(t)))
+    plan = Planner(store, view).plan(step, use=lambda _, t: tensors.update(  # copies: a
+        {name: tensor.clone() for name, tensor in module_tensors(t).items()}))  # layer at a time
     return plan, tensors
 
 

@@ -52,7 +52,7 @@ from .errors import LayerCheckError
 from .format import optimizer_fields, tensor_key
 from .layermap import LayerMap
 from .ranks import ProcessGroupRanks
-from .source import ModuleSource, capture_optimizer_state, host, take
+from .source import ModuleSource, capture_optimizer_state, host, owned, take
 
 __all__ = ["FsdpLayerCheck", "DTensorShards", "units"]
 
@@ -141,12 +141,12 @@ class DTensorShards(ModuleSource):
         state = {}
         for field, value in optimizer_fields(tensors, name).items():
             if value.dim() == 0:  # Adam's step: a plain tensor, on the host unless capturable
-                state[field] = value.to(shard.device) if on_device else value
+                state[field] = owned(value, shard.device if on_device else "cpu")
                 continue
             value = take(tensors, tensor_key("optim", name, field), shard, layer)
-            # the loaded tensor is fresh and ours: adopt it as the local shard
-            state[field] = DTensor.from_local(value.to(shard.device), p.device_mesh, p.placements,
-                                              shape=p.shape, stride=p.stride())
+            # a copy of the saved tensor (a view of the file) becomes the local shard
+            state[field] = DTensor.from_local(owned(value, shard.device), p.device_mesh,
+                                              p.placements, shape=p.shape, stride=p.stride())
         return state
 
     def header_facts(self) -> dict[str, Any]:

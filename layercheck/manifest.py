@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
-from .format import MANIFEST, Version, checksum_matches, count, decode_line, described, encode_record
-from .store import Store, check_relative
+from .format import MANIFEST, Checksummer, Version, count, decode_line, described, encode_record
+from .store import ReadBuffer, Store, check_relative, read_buffer
 
 __all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
-           "encode_manifest", "read_verified", "check_structure"]
+           "encode_manifest", "read_verified", "read_verified_file", "VerifiedFile",
+           "check_structure", "parse_header", "DTYPE_SIZES"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -220,13 +221,31 @@ def seal_torn_tail(store: Store) -> bool:
     return True
 
 
-def read_verified(store: Store, version: Version) -> bytes:
-    """The file's bytes, or CorruptVersion if missing, not a regular file, of another
-    size, failing its checksum or not structured as a safetensors file (the manifest's
+@dataclass(frozen=True)
+class VerifiedFile:
+    """A committed safetensors file as read and verified (``read_verified_file``):
+    its bytes, its parsed header (tensor name -> dtype, shape, data_offsets; and
+    ``__metadata__``) and where its data section starts in ``data``."""
+
+    data: ReadBuffer
+    header: dict[str, Any]
+    data_start: int
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.header.get("__metadata__") or {}
+
+
+def read_verified_file(store: Store, version: Version) -> VerifiedFile:
+    """The file of ``version`` read once into a buffer and verified on it: CorruptVersion
+    if missing, not a regular file, of another size, failing its checksum (computed
+    as the bytes arrive), not structured as a safetensors file (the manifest's
     checksum proves only that the file is what was recorded, not that what was
-    recorded is sane). An I/O error is not damage: ReadFailed."""
+    recorded is sane) or saying it holds another version. An I/O error is not
+    damage: ReadFailed. Safe to call from several threads at once."""
+    summer = Checksummer(version.checksum.partition(":")[0])
     try:  # never more than the committed size (a link to /dev/zero is refused anyway)
-        data = store.read(version.file, limit=version.bytes)
+        data = read_buffer(store, version.file, version.bytes, summer.update)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotARegularFile) as exc:
         raise CorruptVersion(f"{version.file}: missing, or not the file committed "
                              f"({exc.__class__.__name__})") from None
@@ -237,10 +256,17 @@ def read_verified(store: Store, version: Version) -> bytes:
         raise CorruptVersion(f"{version.file}: " + (
             f"{len(data)} bytes on disk, {version.bytes} committed" if len(data) < version.bytes
             else f"longer on disk than the {version.bytes} bytes committed"))
-    if not checksum_matches(data, version.checksum):
+    if summer.value != version.checksum:
         raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
-    _check_identity(check_structure(data, version.file), version)
-    return data
+    header, data_start = parse_header(data, version.file)
+    verified = VerifiedFile(data, header, data_start)
+    _check_identity(verified.metadata, version)
+    return verified
+
+
+def read_verified(store: Store, version: Version) -> ReadBuffer:
+    """The bytes of ``version``'s file, verified as ``read_verified_file`` does."""
+    return read_verified_file(store, version).data
 
 
 def _check_identity(metadata: dict[str, str], version: Version) -> None:
@@ -261,24 +287,54 @@ def _check_identity(metadata: dict[str, str], version: Version) -> None:
                              f"it as rank {version.rank}'s")
 
 
-def check_structure(data: bytes, what: str) -> dict[str, str]:
+def check_structure(data: bytes | ReadBuffer, what: str) -> dict[str, str]:
     """The metadata of the safetensors file ``data``; CorruptVersion unless it is
-    laid out as one: a JSON header whose tensors tile the data section exactly.
-    Cheap: no tensor is built."""
+    laid out as one (``parse_header``). Cheap: no tensor is built."""
+    header, _ = parse_header(data, what)
+    return header.get("__metadata__") or {}
+
+
+def parse_header(data: bytes | ReadBuffer, what: str) -> tuple[dict[str, Any], int]:
+    """(header, start of the data section) of the safetensors file ``data``;
+    CorruptVersion unless it is laid out as one: a JSON header whose tensors, each
+    with a dtype and a shape of as many bytes as its offsets span, tile the data
+    section exactly."""
     try:
-        (n,) = struct.unpack("<Q", data[:8])
-        if n > len(data) - 8:
-            raise ValueError(f"header of {n} bytes in a file of {len(data)}")
-        header = json.loads(data[8:8 + n])
-        spans = sorted(tuple(entry["data_offsets"]) for key, entry in header.items()
-                       if key != "__metadata__")
+        with memoryview(data) as view:
+            (n,) = struct.unpack("<Q", view[:8])
+            if n > len(data) - 8:
+                raise ValueError(f"header of {n} bytes in a file of {len(data)}")
+            header = json.loads(bytes(view[8:8 + n]))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        spans = []
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            start, stop = entry["data_offsets"]
+            size = DTYPE_SIZES[entry["dtype"]]
+            for extent in entry["shape"]:
+                if not isinstance(extent, int) or extent < 0:
+                    raise ValueError(f"tensor {key!r} has shape {entry['shape']!r}")
+                size *= extent
+            if not isinstance(start, int) or not isinstance(stop, int) or stop - start != size:
+                raise ValueError(f"tensor {key!r}: offsets {start}..{stop} for {size} bytes")
+            spans.append((start, stop))
         end = 0
-        for start, stop in spans:
+        for start, stop in sorted(spans):
             if start != end or stop < start:
                 raise ValueError("tensor data offsets do not tile the data section")
             end = stop
         if end != len(data) - 8 - n:
             raise ValueError(f"tensors cover {end} of {len(data) - 8 - n} data bytes")
-        return header.get("__metadata__") or {}
+        metadata = header.get("__metadata__") or {}
+        if not isinstance(metadata, dict):
+            raise ValueError("__metadata__ is not an object")
+        return header, 8 + n
     except Exception as exc:  # every way a header can be malformed means 'corrupt'
         raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None
+
+
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+               "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+"""Bytes per element of each safetensors dtype layercheck reads."""

@@ -16,27 +16,36 @@ error on one rank (an I/O error, a model that does not fit) is raised on
 every rank, so none is left waiting in a collective.
 
 A live restore plans everything (every version verified, and checked
-against the live model by ``use``) before it changes anything, then loads
-the chosen versions again to apply them (``load``, under ``together``): a
-restore that fails leaves the model as it was.
+against the live model by ``use``) before it changes anything, then applies
+the chosen versions (``load``, under ``together``): a restore that fails
+leaves the model as it was. Each file is read once, into a buffer, verified
+on that buffer (checksum as the bytes arrive, size, layout, identity), and
+its tensors are views of it (``tensor_views``): what ``use`` checks is what
+``load`` gives to apply. Up to ``keep_bytes`` of chosen files stay in memory
+from the plan to the apply; a layer beyond that is read and verified again
+by ``load``. With ``threads`` > 1 the files are read ahead by a small pool,
+in the plan's order of consumption: the choices, warnings and passed-over
+versions are those of a serial read. Offline planners (``make_plan``,
+``export``) keep nothing and read serially: about a layer at a time in memory.
 """
 from __future__ import annotations
 
 import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
-from safetensors.torch import load as st_load
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
 from .format import Version, read_state_document
-from .manifest import ManifestView, check_structure, read_verified
+from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
 from .ranks import Ranks
 from .store import Store
 
-__all__ = ["Plan", "Planner", "make_plan", "parse_safetensors", "read_state"]
+__all__ = ["Plan", "Planner", "make_plan", "parse_safetensors", "read_state", "tensor_views"]
 
 UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
 """Called with (chosen version, its tensors) as each layer is chosen; it may refuse
@@ -69,41 +78,80 @@ class Plan:
                 "warnings": list(self.warnings)}
 
 
-def parse_safetensors(data: bytes, what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and metadata of a safetensors blob (no pickle); CorruptVersion if malformed."""
-    metadata = check_structure(data, what)
-    try:
-        return st_load(data), metadata
-    except Exception as exc:  # a damaged file can fail in many ways; all mean 'corrupt'
-        raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16,
+           "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+           "F8_E5M2": torch.float8_e5m2}
+"""The torch dtype of each safetensors dtype (``manifest.DTYPE_SIZES`` has their sizes)."""
 
 
-def read_state(store: Store, version: Version,
-               data: bytes | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(tensors, state document) of a committed training state (``data``: its
-    bytes, already verified; else read and verified now)."""
-    tensors, metadata = parse_safetensors(data if data is not None else
-                                          read_verified(store, version), version.file)
-    return tensors, read_state_document(metadata)
+def tensor_views(file: VerifiedFile) -> dict[str, torch.Tensor]:
+    """The tensors of a verified file (header order), each a view of its bytes: no
+    copy, and they keep the buffer alive while any of them lives."""
+    tensors = {}
+    for key, entry in file.header.items():
+        if key == "__metadata__":
+            continue
+        dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
+        if stop == start:  # no elements: frombuffer refuses an empty view
+            tensors[key] = torch.empty(entry["shape"], dtype=dtype)
+            continue
+        flat = torch.frombuffer(file.data, dtype=dtype, offset=file.data_start + start,
+                                count=(stop - start) // dtype.itemsize)
+        tensors[key] = flat.view(entry["shape"])
+    return tensors
+
+
+def parse_safetensors(data: bytes | bytearray,
+                      what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors (copies, not views of ``data``) and metadata of a safetensors blob
+    (no pickle); CorruptVersion if malformed."""
+    header, data_start = parse_header(data, what)
+    with warnings.catch_warnings():  # read-only bytes: the views are only copied from
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        views = tensor_views(VerifiedFile(data, header, data_start))  # type: ignore[arg-type]
+        return {key: view.clone() for key, view in views.items()}, header.get("__metadata__") or {}
+
+
+def read_state(store: Store, version: Version, data: VerifiedFile | None = None
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, state document) of a committed training state (``data``: the file,
+    already verified; else read and verified now). The tensors are views of it."""
+    file = data if data is not None else read_verified_file(store, version)
+    return tensor_views(file), read_state_document(file.metadata)
 
 
 class Planner:
     """Chooses the composite of a step (see the module doc).
 
     ``ranks``: the live ranks that must agree (default: one process);
-    ``every_shard``: verify every rank's shard, not only the view's own.
+    ``every_shard``: verify every rank's shard, not only the view's own;
+    ``keep_bytes``: how many bytes of chosen layer files (checked by ``use``)
+    may stay in memory from ``layers`` to ``load`` (0: none, each is read again);
+    ``threads``: files read at once (1: serially). Memory held while choosing:
+    at most ``keep_bytes`` plus ``2 * threads`` files read ahead.
     Call ``state`` first, then ``layers`` with its step (or ``plan`` for both).
-    ``warnings`` collects every fallback; ``load_s`` the seconds spent reading
-    and parsing layer versions."""
+    ``warnings`` collects every fallback; ``load_s`` the seconds ``load`` spent
+    reading files again."""
 
     def __init__(self, store: Store, view: ManifestView, *, ranks: Ranks | None = None,
-                 every_shard: bool = False) -> None:
+                 every_shard: bool = False, keep_bytes: int = 0, threads: int = 1) -> None:
+        if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
+            raise ValueError(f"keep_bytes={keep_bytes!r}: give the bytes of layer files a "
+                             "restore may keep in memory, an integer >= 0 (0: read again)")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads={threads!r}: give the number of files to read at once, "
+                             "an integer >= 1")
         self.store, self.view = store, view
         self.ranks = ranks or Ranks()
         self.every_shard = every_shard
+        self.keep_bytes, self.threads = keep_bytes, threads
         self.warnings: list[str] = []
         self.passed_over: list[Version] = []
         self.load_s = 0.0
+        self._kept: dict[str, VerifiedFile] = {}
+        """This rank's verified file of each chosen layer version held for ``load``."""
 
     def plan(self, step: int | None = None, *, exact: bool = False,
              use: UseLayer | None = None) -> Plan:
@@ -111,9 +159,10 @@ class Planner:
         return Plan(state.step, state, self.layers(state.step, use), self.warnings,
                     self.passed_over)
 
-    def state(self, step: int | None = None, *, exact: bool = False) -> tuple[Version, bytes]:
+    def state(self, step: int | None = None, *,
+              exact: bool = False) -> tuple[Version, VerifiedFile]:
         """The newest intact training state at or before ``step`` (default: the
-        newest), or of exactly ``step`` (``exact``), and its verified bytes."""
+        newest), or of exactly ``step`` (``exact``), and its verified file."""
         view, url = self.view, self.store.url
         if view.header is None:
             raise CheckpointNotFound(f"{url}: not a layercheck checkpoint (no manifest header)")
@@ -136,31 +185,41 @@ class Planner:
     def layers(self, step: int, use: UseLayer | None = None) -> dict[str, Version]:
         """Per layer (header order), its newest intact version at or before ``step``;
         ``use`` gets each chosen version's tensors (again, should the ranks then
-        agree on an older one)."""
+        agree on an older one). With ``use``, up to ``keep_bytes`` of the chosen
+        files stay for ``load``."""
         names = self.view.layer_names
         items = [(f"layer {name}", [v for v in self.view.versions.get(name, []) if v.step <= step])
                  for name in names]
-        picks = self._agreed(items, step, use)
+        picks = self._agreed(items, step, use, keep=False)
+        self._kept = {version.file: file for version, file in picks
+                      if version is not None and file is not None}
         return {name: version for name, (version, _) in zip(names, picks)}  # type: ignore[misc]
 
     def _agreed(self, items: list[tuple[str, list[Version]]], step: int,
                 use: UseLayer | None = None, *,
-                keep: bool = False) -> list[tuple[Version | None, bytes | None]]:
+                keep: bool) -> list[tuple[Version | None, VerifiedFile | None]]:
         """For each (what, its versions <= step): the newest version that every rank
-        has intact, and (``keep``) this rank's verified bytes of it; otherwise the
-        bytes are dropped as soon as read, so that a layer at a time is in memory."""
+        has intact, and this rank's verified file of it where kept (``keep``: always;
+        else with ``use``, within ``keep_bytes``; others are dropped once checked)."""
         bound = np.full(len(items), step, dtype=np.int64)
         chosen = np.full(len(items), -2, dtype=np.int64)
-        picks: list[tuple[Version | None, bytes | None]] = [(None, None)] * len(items)
+        picks: list[tuple[Version | None, VerifiedFile | None]] = [(None, None)] * len(items)
+        held = 0
         while True:
             failure = None
             try:
-                for i, (what, versions) in enumerate(items):
-                    if chosen[i] != bound[i]:
-                        version, data = self._newest_intact(
-                            [v for v in versions if v.step <= bound[i]], what, use)
-                        picks[i] = (version, data if keep else None)
-                        chosen[i] = version.step if version is not None else -1
+                todo = [i for i in range(len(items)) if chosen[i] != bound[i]]
+                work = [(items[i][0], [v for v in items[i][1] if v.step <= bound[i]]) for i in todo]
+                for i, (version, file) in zip(todo, self._choose(work, use)):
+                    if picks[i][1] is not None and not keep:
+                        held -= len(picks[i][1].data)  # type: ignore[union-attr]
+                    if not keep and (use is None or file is None
+                                     or held + len(file.data) > self.keep_bytes):
+                        file = None
+                    elif file is not None and not keep:
+                        held += len(file.data)
+                    picks[i] = (version, file)
+                    chosen[i] = version.step if version is not None else -1
             except Exception as exc:  # noqa: BLE001 - raised below, on every rank
                 failure, chosen[:] = exc, _FAILED
             agreed, same = self.ranks.agree_min(chosen)
@@ -170,6 +229,30 @@ class Planner:
             if same:
                 return picks
             bound = agreed
+
+    def _choose(self, work: list[tuple[str, list[Version]]], use: UseLayer | None
+                ) -> list[tuple[Version | None, VerifiedFile | None]]:
+        """``_newest_intact`` of each (what, versions), in order; with ``threads`` > 1
+        the newest version of the next few is read meanwhile (a pool's reads and
+        checksums release the GIL), but consumed in order, as a serial read would."""
+        if self.threads == 1 or len(work) < 2:
+            return [self._newest_intact(versions, what, use) for what, versions in work]
+        ahead, window, started = {}, 2 * self.threads, 0
+        out = []
+        with ThreadPoolExecutor(min(self.threads, len(work)),
+                                thread_name_prefix="layercheck-read") as pool:
+            try:
+                for i, (what, versions) in enumerate(work):
+                    while started < min(len(work), i + window):
+                        newest = _newest_first(work[started][1])
+                        if newest:
+                            ahead[started] = pool.submit(self._read, newest[0])
+                        started += 1
+                    out.append(self._newest_intact(versions, what, use, ahead.pop(i, None)))
+            finally:
+                for future in ahead.values():  # a failure: what was read ahead is not needed
+                    future.cancel()
+        return out
 
     def together(self, work: Callable[[], T]) -> T:
         """``work()`` on every rank; if it raises on any rank, it raises on all."""
@@ -190,36 +273,40 @@ class Planner:
                                   "rank stops with it")
 
     def load(self, version: Version) -> dict[str, torch.Tensor]:
-        """The tensors of a planned version (this rank's file), read and verified again."""
-        start = time.perf_counter()
-        tensors, _ = parse_safetensors(read_verified(self.store, version), version.file)
-        self.load_s += time.perf_counter() - start
-        return tensors
+        """The tensors of a planned version (this rank's file): views of the file kept
+        from ``layers`` (then released), else of the file read and verified again.
+        A source copies what it keeps (``LayerSource.apply``)."""
+        file = self._kept.pop(version.file, None)
+        if file is None:
+            start = time.perf_counter()
+            file = read_verified_file(self.store, version)
+            self.load_s += time.perf_counter() - start
+        return tensor_views(file)
 
-    def _newest_intact(self, versions: list[Version], what: str,
-                       use: UseLayer | None) -> tuple[Version | None, bytes | None]:
-        start = time.perf_counter()
-        for version in sorted(versions, key=lambda v: v.step, reverse=True):
+    def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
+                       newest: "Future[VerifiedFile] | None" = None
+                       ) -> tuple[Version | None, VerifiedFile | None]:
+        """The newest version of ``versions`` whose file is intact (and that ``use``
+        accepts), with that file; ``newest``: its newest version's file, being read."""
+        for n, version in enumerate(_newest_first(versions)):
             try:
-                data = self._read(version)
+                file = newest.result() if n == 0 and newest is not None else self._read(version)
             except CorruptVersion as exc:
                 self.warnings.append(f"{what}: skipping the version of step {version.step}: {exc}")
                 self.passed_over.append(version)
                 continue
             if use is not None:
-                tensors, _ = parse_safetensors(data, version.file)
-                self.load_s += time.perf_counter() - start
-                use(version, tensors)
-            return version, data
+                use(version, tensor_views(file))
+            return version, file
         return None, None
 
-    def _read(self, version: Version) -> bytes:
+    def _read(self, version: Version) -> VerifiedFile:
         """The view's own file of ``version``, verified (with every other rank's
         shard, under ``every_shard``)."""
         for shard in version.per_rank() if self.every_shard else ():
             if shard.file != version.file:
-                read_verified(self.store, shard)
-        return read_verified(self.store, version)
+                read_verified_file(self.store, shard)
+        return read_verified_file(self.store, version)
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:
@@ -234,6 +321,10 @@ def make_plan(store: Store, view: ManifestView, step: int | None = None, *,
     ``exact``, exactly ``step``), every rank's shard verified. Offline: nothing
     is loaded, nothing agreed with anyone."""
     return Planner(store, view, every_shard=True).plan(step, exact=exact)
+
+
+def _newest_first(versions: list[Version]) -> list[Version]:
+    return sorted(versions, key=lambda v: v.step, reverse=True)
 
 
 def _steps(view: ManifestView) -> str:

@@ -34,6 +34,17 @@ __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
            "capture_optimizer_state"]
 
 
+def owned(value: torch.Tensor, device: torch.device | str,
+          live: Any = None) -> torch.Tensor:
+    """A tensor of the live state holding ``value``: copied into ``live`` where that
+    is a tensor of its shape, dtype and device, else a copy on ``device`` (one
+    copy, never a view of a file's buffer)."""
+    if isinstance(live, torch.Tensor) and live.shape == value.shape and \
+            live.dtype == value.dtype and live.device == torch.device(device):
+        return live.copy_(value)
+    return value.to(device, copy=True)
+
+
 def host(t: torch.Tensor) -> torch.Tensor:
     """A host-memory copy of ``t`` that the training loop can no longer change."""
     return t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
@@ -100,6 +111,9 @@ class LayerSource:
         raise NotImplementedError
 
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy layer ``i``'s saved ``tensors`` into the live objects. They are views of
+        a verified file's bytes (``recovery.tensor_views``): keep none of them, copy
+        (``owned``) what becomes live state."""
         raise NotImplementedError
 
     def _capture_buffers(self, i: int) -> dict[str, torch.Tensor]:
@@ -163,9 +177,10 @@ class ModuleSource(LayerSource):
         for name, p in self.layer_map.parameters(i):
             if id(p) in groups:
                 on_device = groups[id(p)].get("capturable") or groups[id(p)].get("fused")
-                # the loaded tensors are fresh and ours: adopt them rather than copy
+                live = self.optimizer.state.get(p, {})
                 self.optimizer.state[p] = {
-                    field: value if field == "step" and not on_device else value.to(p.device)
+                    field: owned(value, "cpu" if field == "step" and not on_device else p.device,
+                                 live.get(field))
                     for field, value in optimizer_fields(tensors, name).items()}
 
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]

@@ -15,11 +15,14 @@ import threading
 import uuid
 from pathlib import Path
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Iterable, Iterator, Protocol, Union, runtime_checkable
+from typing import Callable, ContextManager, Iterable, Iterator, Protocol, Union, runtime_checkable
+
+import numpy as np
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
-__all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData"]
+__all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData",
+           "read_buffer", "ReadBuffer"]
 
 Buffer = Union[bytes, bytearray, memoryview]
 FileData = Union[Buffer, Iterable[Buffer]]
@@ -180,6 +183,29 @@ class LocalStore:
         try:  # the size when opened bounds the read: a file that grows is read as it was
             size = os.fstat(fd).st_size
             return _read_all(fd, size if limit is None else min(size, limit + 1))
+        finally:
+            os.close(fd)
+
+    def read_buffer(self, path: str, limit: int | None = None,
+                    consume: Callable[[memoryview], None] | None = None) -> ReadBuffer:
+        """As ``read``, into one writable buffer allocated once and never zeroed
+        (tensors can be views of it); ``consume`` gets each piece as it arrives (a
+        checksum on the same pass, while the piece is still in the CPU's cache)."""
+        fd = _open_regular(self._path(path), os.O_RDONLY)
+        try:  # the size when opened bounds the read, as in ``read``
+            size = os.fstat(fd).st_size
+            size = size if limit is None else min(size, limit + 1)
+            buffer = np.empty(size, dtype=np.uint8)  # no zeroing pass; numpy asks for huge pages
+            view, done = memoryview(buffer), 0
+            while done < size:
+                got = os.readv(fd, [view[done:done + _PIECE]])
+                if not got:
+                    break
+                if consume is not None:
+                    consume(view[done:done + got])
+                done += got
+            view.release()
+            return buffer if done == size else buffer[:done]  # it shrank since it was opened
         finally:
             os.close(fd)
 
@@ -432,6 +458,32 @@ def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = Tru
     if not create and not Path(text).is_dir():
         raise LayerCheckError(f"{text}: no such checkpoint directory")
     return LocalStore(text, create=create)
+
+
+_PIECE = 1 << 20
+"""Bytes per read of ``read_buffer``: small enough that a checksum of the piece just
+read finds it in the CPU's cache, large enough that the system calls do not count."""
+
+
+ReadBuffer = Union[bytearray, "np.ndarray"]
+"""What ``read_buffer`` gives: a writable, one-dimensional buffer of bytes (``len``
+is its size; ``memoryview``, ``torch.frombuffer`` and ``numpy.frombuffer`` take it)."""
+
+
+def read_buffer(store: Store, path: str, limit: int | None = None,
+                consume: Callable[[memoryview], None] | None = None) -> ReadBuffer:
+    """``store.read(path, limit)`` as a writable buffer, ``consume`` fed every byte of
+    it once: on the same pass where the store's class reads into a buffer
+    (``LocalStore.read_buffer``, which must read what its ``read`` would), else
+    once ``read`` returned (a copy). A wrapper that delegates to a store (its
+    ``__getattr__``) is read through its own ``read``."""
+    if getattr(type(store), "read_buffer", None) is not None:
+        return store.read_buffer(path, limit, consume)  # type: ignore[attr-defined]
+    buffer = bytearray(store.read(path, limit))
+    if consume is not None:
+        with memoryview(buffer) as view:
+            consume(view)
+    return buffer
 
 
 def _buffers(data: FileData) -> Iterable[Buffer]:

@@ -43,7 +43,7 @@ from .errors import LayerCheckError, ModelMismatch
 from .format import group_members, optimizer_fields, sub_group, tensor_key
 from .layermap import LayerMap
 from .ranks import ProcessGroupRanks
-from .source import LayerSource, capture_optimizer_state, host, take
+from .source import LayerSource, capture_optimizer_state, host, owned, take
 
 __all__ = ["ZeroLayerCheck", "Partitions", "Stage3Partitions", "Stage12Partitions",
            "partitions_for"]
@@ -151,7 +151,7 @@ class Partitions(LayerSource):
                 flat = self.flats[k]
                 flat.copy_(saved)
                 self.optimizer.state[flat] = {
-                    field: value if field == "step" else value.to(flat.device)
+                    field: owned(value, "cpu" if field == "step" else flat.device)
                     for field, value in optimizer_fields(tensors, sub_group(k)).items()}
                 self.low(k).copy_(flat)
             for live, saved in buffers:

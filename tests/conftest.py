@@ -59,3 +59,14 @@ def checkpointed_run(directory, config, steps: int, *, total: int = 20):
             train_step(model, opt, sched)
             reports.append(lc.step())
     return lc, reports
+
+
+def every_layer_checkpoint(directory, steps: int = 6):
+    """``directory`` holding ``steps`` steps of the tiny model (seed 0) with every
+    layer written at every step from the base on (thresholds 0, warm-up 2): each
+    layer has a version at steps 2..``steps``, so that damage to the newest one has
+    an older one to fall back to. Returns ``directory``."""
+    from layercheck import LayerCheckConfig
+    checkpointed_run(directory, LayerCheckConfig(base_threshold=0, embedding_threshold=0,
+                                                 warmup_steps=2), steps)
+    return directory

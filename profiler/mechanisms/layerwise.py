@@ -56,11 +56,12 @@ class LayerWise(Mechanism):
             "lc_commit_s": _median(commits, f"{who}: a step that commits its training state "
                                    "alone (state file, fsyncs, manifest line), submit to "
                                    f"commit; median of {len(commits)}"),
-            "lc_load_fixed_s": _median(plans, f"{who}: restore()'s plan (manifest read, newest "
-                                       f"version per layer); median of {len(plans)}"),
+            "lc_load_fixed_s": _median(plans, f"{who}: restore()'s fixed part (manifest read, "
+                                       "training state chosen, verified and checked); median "
+                                       f"of {len(plans)}"),
             "lc_load_gbps": rate_figure(restored, loads, f"{who}: restore() of the composite "
-                                        "(read, checksum, apply every layer and the state), "
-                                        "plan excluded"),
+                                        "(read, checksum, check and apply every layer, and the "
+                                        "state), fixed part excluded"),
         }
 
     def _once(self, bench: Bench, folder) -> tuple[tuple[int, float], list[float], object]:

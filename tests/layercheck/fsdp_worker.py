@@ -24,12 +24,8 @@ resume by different routes see the same batches.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import sys
-import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -42,13 +38,10 @@ from layercheck import LayerCheckConfig  # noqa: E402
 from layercheck.drift import local  # noqa: E402
 from layercheck.errors import LayerCheckError  # noqa: E402
 from layercheck.fsdp import FsdpLayerCheck  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.recovery import parse_safetensors  # noqa: E402
-from layercheck.store import open_store  # noqa: E402
 from tests.conftest import tiny_lm  # noqa: E402
-from tests.layercheck.torchrun import newest_versions  # noqa: E402
-
-VOCAB = 128
+from tests.layercheck.torchrun import (Report, batch, digest, newest_versions,  # noqa: E402
+                                       reference_drift, saved_shards, schedule,
+                                       worker_arguments)
 
 
 def build(steps: int, *, shard: bool = True):
@@ -63,15 +56,7 @@ def build(steps: int, *, shard: bool = True):
     plain = [p for _, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                    {"params": plain, "weight_decay": 0.0}], lr=3e-3)
-    warm = 3
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, (steps - s) / steps))
-    return model, optimizer, scheduler
-
-
-def batch(step: int, rank: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randint(0, VOCAB, (2, 16), generator=g)
+    return model, optimizer, schedule(optimizer, steps)
 
 
 def check_composite(model, optimizer, layer_map, url: str, sources: dict) -> list[str]:
@@ -80,14 +65,9 @@ def check_composite(model, optimizer, layer_map, url: str, sources: dict) -> lis
     each parameter's local tensor, its Adam moments (DTensors placed as the
     parameter) and step count, and the whole parameter against every rank's
     saved slices (a collective)."""
-    store = open_store(url)
-    rank = dist.get_rank()
-    view = read_manifest(store, rank)
     problems = []
-    for i, name in enumerate(layer_map.names):
-        version = next(v for v in view.versions[name] if v.step == sources[name].step)
-        mine, _ = parse_safetensors(store.read(version.file), version.file)
-        everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
+    for i, _, version, mine, everyone in saved_shards(url, dist.get_rank(), layer_map.names,
+                                                      sources):
         for pname, p in layer_map.parameters(i):
             state = optimizer.state[p]
             pairs = [("weight", local(p), mine[f"param/{pname}"]),
@@ -108,16 +88,6 @@ def check_composite(model, optimizer, layer_map, url: str, sources: dict) -> lis
 def full_weights(model) -> dict[str, torch.Tensor]:
     """Whole copies of every parameter (a collective)."""
     return {n: p.full_tensor().detach().clone().double() for n, p in model.named_parameters()}
-
-
-def reference_drift(lc, before: dict, after: dict) -> list[float]:
-    """d_l = mean|w(t) - w(t-1)| / mean|w(t)| per layer, from whole weight copies."""
-    out = []
-    for i in range(len(lc.layer_map)):
-        members = [n for n, _ in lc.layer_map.parameters(i)]
-        moved = sum(float((after[n] - before[n]).abs().sum()) for n in members)
-        out.append(moved / sum(float(after[n].abs().sum()) for n in members))
-    return out
 
 
 def dcp_load(model, optimizer, scheduler, path: str) -> int:
@@ -155,31 +125,20 @@ def refusals(args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--threshold", type=float, default=5e-3)
-    ap.add_argument("--smax", type=int, default=6)
-    ap.add_argument("--check", action="store_true")
+    ap = worker_arguments(steps=12)
     ap.add_argument("--restore-step", type=int, default=None)
-    ap.add_argument("--stop-at", type=int, default=0)
-    ap.add_argument("--halt-at", type=int, default=0)
-    ap.add_argument("--check-drift", action="store_true")
     ap.add_argument("--dcp-load", default="")
-    ap.add_argument("--check-composite", default="")
     ap.add_argument("--save-final", default="")
     ap.add_argument("--refusals", action="store_true")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank = dist.get_rank()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"rank": rank, "losses": {}}
+    report = Report(args.out, rank)
+    result = report.result
     if args.refusals:
         result["refusals"] = refusals(args)
-        (out / f"rank{rank}.json").write_text(json.dumps(result))
+        report.write()
         dist.destroy_process_group()
         return 0
     model, optimizer, scheduler = build(args.steps)
@@ -198,10 +157,7 @@ def main() -> int:
         lc = FsdpLayerCheck(model, optimizer, args.dir, config, scheduler=scheduler)
         result["units"] = lc.source.header_facts()["fsdp"]["units"]
         start = lc.restore(args.restore_step, exact=args.restore_step is not None)
-        result["restored_step"] = start
-        if start:
-            result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
-            result["warnings"] = list(lc.restored.plan.warnings)
+        report.restored(lc, start)
         if args.check and start:
             result["problems"] = check_composite(model, optimizer, lc.layer_map, args.dir,
                                                  lc.restored.plan.sources)
@@ -217,27 +173,16 @@ def main() -> int:
         if before is not None:
             result.setdefault("reference_drift", []).append(
                 reference_drift(lc, before, full_weights(model)))
-        if lc is not None:
-            report = lc.step(extra={"step": step})
-            result.setdefault("drift", []).append(report.drift.tolist())
-            result.setdefault("written", []).append(report.decision.layers.tolist())
-            result.setdefault("fused", []).append(lc.drift.fused_params)
-        result["losses"][step] = float(loss.detach())
-        if lc is not None and step == args.halt_at:
-            lc.flush()  # the failure strikes once step T is committed on every rank
-            (out / f"halted{rank}").write_text(str(step))
-            while True:
-                time.sleep(3600)
+        report.step(lc, step, float(loss.detach()), args.halt_at)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
     whole = {n: p.full_tensor().detach().contiguous() for n, p in model.named_parameters()}
-    result["params"] = {n: hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
-                        for n, t in whole.items()}
+    result["params"] = {n: digest(t) for n, t in whole.items()}
     if args.save_final and rank == 0:
         from safetensors.torch import save_file
         save_file(whole, args.save_final)
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    report.write()
     dist.destroy_process_group()
     return 0
 

@@ -9,7 +9,6 @@ steps that a second job resumes at step 5 (``threshold_zero``).
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from layercheck.dcpcheckpoint import FsdpFacts, fqn
 from layercheck.errors import CorruptVersion, LayerCheckError
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
-from tests.layercheck.torchrun import Torchrun, damage_newest_shard
+from tests.layercheck.torchrun import Torchrun, assert_ranks_fall_back_together
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 JOB = Torchrun(Path(__file__).with_name("fsdp_worker.py"))
@@ -118,19 +117,7 @@ def test_hf_export_of_an_fsdp_directory_is_the_whole_model(threshold_zero, tmp_p
 
 
 def test_a_corrupt_shard_on_one_rank_makes_both_ranks_fall_back(killed, tmp_path):
-    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    shutil.copytree(killed["ckpt"], ckpt)
-    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
-    JOB.run("--dir", str(ckpt), "--out", str(out), "--steps", str(STEPS + 2), "--check")
-    rank0, rank1 = JOB.results(out)
-    for r in (rank0, rank1):
-        assert r["restored_step"] == STEPS
-        # rank 0's shard of the newest version is intact, but it must not mix it with
-        # rank 1's older one: both restore the older version, exactly
-        assert r["sources"]["model.layers.1"] == older.step
-        assert r["problems"] == []
-    assert any("checksum" in w for w in rank1["warnings"])
-    assert rank0["params"] == rank1["params"]
+    assert_ranks_fall_back_together(JOB, killed["ckpt"], tmp_path, STEPS)
 
 
 def test_dcp_export_loads_into_a_fresh_fsdp_model_and_trains_on_as_a_restore(killed, tmp_path):

@@ -1,6 +1,8 @@
 """Recovery falls back past damaged versions, and says so."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -194,3 +196,176 @@ def test_a_restore_that_fails_leaves_the_model_and_optimizer_untouched(ckpt):
         assert before[part].keys() == after[part].keys()
         for key in before[part]:
             assert torch.equal(before[part][key], after[part][key]), key
+
+
+# -- one read per file, kept within restore_memory, read ahead in parallel (issue 14) --
+class _CountingStore(LocalStore):
+    """A real LocalStore, each read of a file counted (either read method)."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.reads: dict[str, int] = {}
+
+    def _count(self, path: str) -> None:
+        self.reads[path] = self.reads.get(path, 0) + 1
+
+    def read(self, path, limit=None):
+        self._count(path)
+        return super().read(path, limit)
+
+    def read_buffer(self, path, limit=None, consume=None):
+        self._count(path)
+        return super().read_buffer(path, limit, consume)
+
+
+def _fresh():
+    model = tiny_lm(seed=4)
+    opt, sched = optimizer_for(model, total=20)
+    return model, opt, sched
+
+
+def _restored(ckpt, **config):
+    """(model, optimizer, restore report, counted reads) of a restore into fresh ones."""
+    model, opt, sched = _fresh()
+    store = _CountingStore(ckpt)
+    with LayerCheck(model, opt, store, LayerCheckConfig(**config), scheduler=sched) as lc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the damaged versions passed over
+            lc.restore()
+    return model, opt, lc.restored, store.reads
+
+
+def _assert_same(a, b):
+    for part in (0, 1):
+        assert a[part].keys() == b[part].keys()
+        for key in a[part]:
+            assert torch.equal(a[part][key], b[part][key]), key
+
+
+def _damage_some(ckpt):
+    """The newest version of two layers flipped, of a third cut short: a composite
+    of two steps, three versions passed over."""
+    view = read_manifest(LocalStore(ckpt))
+    _flip(ckpt / view.versions["model.layers.0"][-1].file)
+    _flip(ckpt / view.versions["model.norm"][-1].file)
+    path = ckpt / view.versions["model.layers.2"][-1].file
+    path.write_bytes(path.read_bytes()[:-8])
+    return view
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_restore_reads_each_committed_file_once(ckpt, threads):
+    view = _damage_some(ckpt)
+    _, _, report, reads = _restored(ckpt, restore_threads=threads)
+    plan = report.plan
+    damaged = {view.versions[n][-1].file for n in ("model.layers.0", "model.norm",
+                                                   "model.layers.2")}
+    assert {v.step for v in plan.sources.values()} == {5, 6}
+    used = {v.file for v in plan.sources.values()} | {plan.state.file}
+    files = {path: n for path, n in reads.items() if path != "manifest.jsonl"}
+    assert files == {path: 1 for path in used | damaged}
+
+
+def test_layers_beyond_restore_memory_are_read_again_and_restore_the_same(ckpt):
+    _damage_some(ckpt)
+    kept_all = _restored(ckpt)
+    sizes = sorted(v.bytes for v in kept_all[2].plan.sources.values())
+    some = _restored(ckpt, restore_memory=sum(sizes[:3]))  # three layers kept, the rest read again
+    none = _restored(ckpt, restore_memory=0)
+    for model, opt, report, reads in (some, none):
+        _assert_same(_live(kept_all[0], kept_all[1]), _live(model, opt))
+        assert report.plan.sources == kept_all[2].plan.sources
+    twice = lambda reads: sum(n == 2 for p, n in reads.items() if p.startswith("layers/"))  # noqa: E731
+    assert twice(none[3]) == len(kept_all[2].plan.sources)
+    assert twice(some[3]) == len(kept_all[2].plan.sources) - 3
+    assert twice(kept_all[3]) == 0
+
+
+def test_the_restored_state_is_the_chosen_files(ckpt):
+    """Bit for bit the tensors of the chosen versions, read by safetensors itself."""
+    from safetensors.torch import load_file
+    _damage_some(ckpt)
+    model, opt, report, _ = _restored(ckpt, restore_memory=0, restore_threads=4)
+    params, state = _live(model, opt)
+    for tensors in opt.state.values():  # copies of their own, not views of a file's buffer
+        for value in tensors.values():
+            assert value._base is None
+    for version in report.plan.sources.values():
+        for key, value in load_file(ckpt / version.file).items():
+            kind, _, rest = key.partition("/")
+            if kind == "param":
+                assert torch.equal(params[rest], value), key
+            elif kind == "optim":
+                field, _, owner = rest.partition("/")
+                assert torch.equal(state[(owner, field)], value), key
+
+
+def test_parallel_reads_choose_warn_and_use_as_serial_reads(ckpt):
+    _damage_some(ckpt)
+    store = LocalStore(ckpt)
+    runs = []
+    for threads in (1, 3):
+        used = []
+        planner = Planner(store, read_manifest(store), threads=threads, keep_bytes=1 << 30)
+        plan = planner.plan(use=lambda v, t: used.append((v.file, sorted(t), float(sum(
+            x.double().sum() for x in t.values())))))
+        runs.append((plan.sources, plan.warnings, plan.passed_over, used))
+    assert runs[0] == runs[1]
+    assert len(runs[0][1]) == 3 and len(runs[0][2]) == 3
+    serial, parallel = (_restored(ckpt, restore_threads=n) for n in (1, 4))
+    _assert_same(_live(serial[0], serial[1]), _live(parallel[0], parallel[1]))
+
+
+def test_a_damaged_file_with_no_intact_version_leaves_model_and_optimizer_unchanged(ckpt):
+    """The last layer has no intact version: found while planning, after every other
+    layer was read and checked. Nothing was copied into the live objects."""
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    for version in view.versions[view.layer_names[-1]]:
+        _flip(ckpt / version.file)
+    for threads, memory in ((1, None), (4, None), (4, 0)):
+        model, opt, sched = _fresh()
+        train_step(model, opt, sched)  # live optimizer state too
+        before = _live(model, opt)
+        config = LayerCheckConfig(restore_threads=threads, restore_memory=memory)
+        with LayerCheck(model, opt, ckpt, config, scheduler=sched) as lc:
+            with pytest.raises(CheckpointNotFound, match=view.layer_names[-1]):
+                lc.restore()
+        _assert_same(before, _live(model, opt))
+
+
+def test_tensor_views_are_the_tensors_safetensors_reads():
+    """Every dtype layercheck writes, 0-d and empty tensors: the views equal
+    safetensors' own load, and share the verified buffer."""
+    from safetensors.torch import load, save
+    from layercheck.manifest import VerifiedFile, parse_header
+    from layercheck.recovery import parse_safetensors, tensor_views
+    torch.manual_seed(0)
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16),
+               "c": torch.tensor(3.0, dtype=torch.float64), "d": torch.randint(0, 9, (4,)),
+               "e": torch.zeros(0, 3), "f": torch.randn(2, 2).half(),
+               "g": torch.tensor([True, False]), "h": torch.arange(5, dtype=torch.uint8)}
+    data = bytearray(save(tensors, metadata={"k": "v"}))
+    header, start = parse_header(data, "x")
+    views = tensor_views(VerifiedFile(data, header, start))
+    theirs = load(bytes(data))
+    assert views.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert views[key].dtype == value.dtype and torch.equal(views[key], value), key
+    views["a"][0, 0] = 42.0  # a view of the buffer, not a copy
+    assert tensor_views(VerifiedFile(data, header, start))["a"][0, 0] == 42.0
+    copies, metadata = parse_safetensors(bytes(data), "x")
+    assert metadata == {"k": "v"} and torch.equal(copies["b"], theirs["b"])
+
+
+def test_planner_and_config_refuse_bad_read_settings(ckpt):
+    from layercheck.config import ConfigError
+    store = LocalStore(ckpt)
+    with pytest.raises(ValueError, match="keep_bytes"):
+        Planner(store, read_manifest(store), keep_bytes=-1)
+    with pytest.raises(ValueError, match="threads"):
+        Planner(store, read_manifest(store), threads=0)
+    with pytest.raises(ConfigError, match="restore_memory"):
+        LayerCheckConfig(restore_memory=-5)
+    with pytest.raises(ConfigError, match="restore_threads"):
+        LayerCheckConfig(restore_threads=0)

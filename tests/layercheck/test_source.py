@@ -7,7 +7,7 @@ import torch
 from layercheck.errors import ModelMismatch
 from layercheck.layermap import LayerMap
 from layercheck.source import ModuleSource
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 
 def test_capture_then_apply_is_the_identity_on_weights_and_adam_state():
@@ -47,15 +47,8 @@ def test_another_dtype_is_refused_before_anything_is_copied(tmp_path):
     first byte is copied."""
     from layercheck import LayerCheck, LayerCheckConfig
     from layercheck.format import MANIFEST, decode_line, encode_record
-    torch.manual_seed(0)
-    model = tiny_lm()
-    opt, sched = optimizer_for(model)
     cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1)
-    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
-        lc.restore()
-        for _ in range(2):
-            train_step(model, opt, sched)
-            lc.step()
+    checkpointed_run(tmp_path / "c", cfg, 2)
     half = tiny_lm(seed=3).to(torch.bfloat16)
     hopt, hsched = optimizer_for(half)
     with pytest.raises(ModelMismatch, match="dtype"):

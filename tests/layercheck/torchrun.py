@@ -8,11 +8,19 @@
 A worker writes ``<out>/rank<r>.json`` when it finishes; with ``--halt-at T``
 it waits once step T is committed on every rank, writes ``<out>/halted<r>``
 and sleeps, so that the test kills it at a known step, never after a sleep.
+
+The workers' side of that protocol is here too, shared by ``fsdp_worker.py``
+and ``zero_worker.py``: their common options (``worker_arguments``), the data
+and schedule of the job, and the report (``Report``: the restored step and
+its sources, per step losses, drift and writes, the halt, ``rank<r>.json``).
 """
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,6 +94,25 @@ def damage_newest_shard(ckpt: Path, layer: str, rank: int) -> tuple[Version, Ver
     return versions[-1], versions[-2]
 
 
+def assert_ranks_fall_back_together(job: Torchrun, source: Path, work: Path, step: int) -> None:
+    """Copy ``source`` (written by 2 ranks, newest step ``step``) to ``work``, flip a bit
+    in rank 1's shard of the newest version of ``model.layers.1`` and resume with
+    ``--check``: rank 0's shard of that version is intact, but it must not mix it
+    with rank 1's older one: both ranks restore ``step`` with the older version,
+    exactly, rank 1 says why, and they end with the same weights."""
+    ckpt, out = work / "ckpt", work / "out"
+    shutil.copytree(source, ckpt)
+    _, older = damage_newest_shard(ckpt, "model.layers.1", rank=1)
+    job.run("--dir", str(ckpt), "--out", str(out), "--steps", str(step + 2), "--check")
+    rank0, rank1 = job.results(out)
+    for r in (rank0, rank1):
+        assert r["restored_step"] == step
+        assert r["sources"]["model.layers.1"] == older.step
+        assert r["problems"] == []
+    assert any("checksum" in w for w in rank1["warnings"])
+    assert rank0["params"] == rank1["params"]
+
+
 def newest_versions(url: str, step: int) -> dict[str, Version]:
     """Per layer, its newest committed version at or before ``step`` (the composite)."""
     view = read_manifest(open_store(url))
@@ -122,3 +149,112 @@ def descendants(root: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+# --- the workers' side -------------------------------------------------------------------
+
+VOCAB = 128
+"""The tiny Qwen2's vocabulary (tests.conftest.tiny_lm)."""
+
+
+def worker_arguments(steps: int) -> argparse.ArgumentParser:
+    """The options every worker takes (``steps``: the default of ``--steps``)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True, help="the layercheck directory")
+    ap.add_argument("--out", required=True, help="where each rank writes rank<r>.json")
+    ap.add_argument("--steps", type=int, default=steps, help="the job's length (LR schedule)")
+    ap.add_argument("--threshold", type=float, default=5e-3, help="K of every layer")
+    ap.add_argument("--smax", type=int, default=6)
+    ap.add_argument("--check", action="store_true",
+                    help="compare the restored state with the shards the restore used")
+    ap.add_argument("--stop-at", type=int, default=0, help="end after this step")
+    ap.add_argument("--halt-at", type=int, default=0,
+                    help="once this step is committed, write halted<r> and sleep")
+    ap.add_argument("--check-drift", action="store_true",
+                    help="record each whole layer's drift from gathered weight copies")
+    ap.add_argument("--check-composite", default="",
+                    help="after a load: compare with the composite of this layercheck directory")
+    return ap
+
+
+def batch(step: int, rank: int):
+    """The batch of ``step`` on ``rank``: it depends on nothing else (not the global
+    RNG), so runs that resume by different routes see the same data."""
+    import torch
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, VOCAB, (2, 16), generator=g)
+
+
+def schedule(optimizer, steps: int, warm: int = 3):
+    """Linear warm-up over ``warm`` steps, then linear decay to 5% at ``steps``."""
+    import torch
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, (steps - s) / steps))
+
+
+def reference_drift(lc, before: dict, after: dict) -> list[float]:
+    """d_l = mean|w(t) - w(t-1)| / mean|w(t)| per layer of ``lc.layer_map``, from
+    whole weight copies keyed by the names of ``lc.model``'s parameters."""
+    names = {id(p): n for n, p in lc.model.named_parameters()}
+    out = []
+    for i in range(len(lc.layer_map)):
+        members = [names[id(p)] for _, p in lc.layer_map.parameters(i)]
+        moved = sum(float((after[n] - before[n]).abs().sum()) for n in members)
+        out.append(moved / sum(float(after[n].abs().sum()) for n in members))
+    return out
+
+
+def saved_shards(url: str, rank: int, names: list[str], sources: dict[str, Version]):
+    """Per layer ``names[i]`` of the directory ``url``: (i, name, the version ``sources``
+    names for it, this rank's tensors of it, every rank's tensors of it)."""
+    from layercheck.recovery import parse_safetensors
+    store = open_store(url)
+    view = read_manifest(store, rank)
+    for i, name in enumerate(names):
+        version = next(v for v in view.versions[name] if v.step == sources[name].step)
+        mine, _ = parse_safetensors(store.read(version.file), version.file)
+        everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
+        yield i, name, version, mine, everyone
+
+
+def digest(tensor) -> str:
+    """sha256 of a tensor's bytes: equal digests, bit-for-bit equal weights."""
+    import torch
+    data = tensor.detach().cpu().contiguous().view(torch.uint8)
+    return hashlib.sha256(data.numpy().tobytes()).hexdigest()
+
+
+class Report:
+    """What a rank reports in ``<out>/rank<r>.json``."""
+
+    def __init__(self, out: str, rank: int) -> None:
+        self.out, self.rank = Path(out), rank
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.result: dict = {"rank": rank, "losses": {}}
+
+    def restored(self, lc, start: int) -> None:
+        """The step ``lc.restore()`` returned and, if any, the version each layer came
+        from and the plan's warnings."""
+        self.result["restored_step"] = start
+        if start:
+            self.result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
+            self.result["warnings"] = list(lc.restored.plan.warnings)
+
+    def step(self, lc, step: int, loss: float, halt_at: int) -> None:
+        """After ``step``: its loss and, with a LayerCheck ``lc``, its checkpoint step
+        (drift, written layers, fused-kernel count); at ``halt_at``, wait until the
+        step is committed on every rank, write ``halted<r>`` and sleep until killed."""
+        if lc is not None:
+            report = lc.step(extra={"step": step})
+            self.result.setdefault("drift", []).append(report.drift.tolist())
+            self.result.setdefault("written", []).append(report.decision.layers.tolist())
+            self.result.setdefault("fused", []).append(lc.drift.fused_params)
+        self.result["losses"][step] = loss
+        if lc is not None and step == halt_at:
+            lc.flush()  # the failure strikes once step T is committed on every rank
+            (self.out / f"halted{self.rank}").write_text(str(step))
+            while True:
+                time.sleep(3600)
+
+    def write(self) -> None:
+        (self.out / f"rank{self.rank}.json").write_text(json.dumps(self.result))

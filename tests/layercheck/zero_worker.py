@@ -19,13 +19,8 @@ resume by different routes see the same batches.
 """
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import os
 import sys
-import time
-from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,12 +34,11 @@ import torch.distributed as dist  # noqa: E402
 from layercheck import LayerCheckConfig  # noqa: E402
 from layercheck.groups import layer_aligned_param_groups  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.recovery import parse_safetensors  # noqa: E402
 from layercheck.store import open_store  # noqa: E402
 from layercheck.zero import ZeroLayerCheck  # noqa: E402
-from tests.layercheck.torchrun import newest_versions  # noqa: E402
-
-VOCAB = 128
+from tests.layercheck.torchrun import (VOCAB, Report, batch, digest,  # noqa: E402
+                                       newest_versions, reference_drift, saved_shards,
+                                       schedule, worker_arguments)
 
 
 def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False,
@@ -68,17 +62,10 @@ def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False,
     if reverse_groups:
         groups = groups[::-1]
     optimizer = torch.optim.AdamW(groups, lr=3e-3)
-    warm = 3
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, (steps - s) / steps))
+    scheduler = schedule(optimizer, steps)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    lr_scheduler=scheduler, config=ds_config)
     return engine, scheduler
-
-
-def batch(step: int, rank: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randint(0, VOCAB, (2, 16), generator=g)
 
 
 def check_restored(lc: ZeroLayerCheck) -> list[str]:
@@ -96,13 +83,8 @@ def check_composite(parts, layer_map, url: str, rank: int, sources: dict,
     """Every mismatch between the live state and this rank's shards of the layer
     versions ``sources`` names ({layer: Version}) in layercheck directory ``url``
     (every Adam step count must be ``adam_step`` if given, else the saved one)."""
-    store = open_store(url)
-    view = read_manifest(store, rank)
     problems = []
-    for i, name in enumerate(layer_map.names):
-        version = next(v for v in view.versions[name] if v.step == sources[name].step)
-        tensors, _ = parse_safetensors(store.read(version.file), version.file)
-        everyone = [parse_safetensors(store.read(s.file), s.file)[0] for s in version.shards]
+    for i, name, version, tensors, everyone in saved_shards(url, rank, layer_map.names, sources):
         for k in parts.of_layer[i]:
             flat = parts.flats[k]
             state = parts.optimizer.state[flat]
@@ -163,37 +145,15 @@ def full_weights(engine, stage: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def reference_drift(lc: ZeroLayerCheck, before: dict, after: dict) -> list[float]:
-    """d_l = mean|w(t) - w(t-1)| / mean|w(t)| per layer, from weight copies."""
-    names = {id(p): n for n, p in lc.model.named_parameters()}
-    out = []
-    for i in range(len(lc.layer_map)):
-        members = [names[id(p)] for _, p in lc.layer_map.parameters(i)]
-        moved = sum(float((after[n] - before[n]).abs().sum()) for n in members)
-        size = sum(float(after[n].abs().sum()) for n in members)
-        out.append(moved / size)
-    return out
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=20)
+    ap = worker_arguments(steps=20)
     ap.add_argument("--stage", type=int, default=3)
-    ap.add_argument("--threshold", type=float, default=5e-3)
-    ap.add_argument("--smax", type=int, default=6)
-    ap.add_argument("--check", action="store_true")
     ap.add_argument("--ds-save", type=int, default=0)
     ap.add_argument("--ds-load", action="store_true")
     ap.add_argument("--ds-load-dir", default="")
-    ap.add_argument("--check-composite", default="")
     ap.add_argument("--expect-adam-step", type=float, default=None,
                     help="with --check-composite: every Adam step count must be this")
-    ap.add_argument("--stop-at", type=int, default=0)
     ap.add_argument("--bf16", action="store_true", help="bf16 weights (fp32 masters)")
-    ap.add_argument("--halt-at", type=int, default=0)
-    ap.add_argument("--check-drift", action="store_true")
     ap.add_argument("--sampling", type=int, default=1, help="LayerCheckConfig.drift_sampling")
     ap.add_argument("--sample-min", type=int, default=0,
                     help="sample tensors of this many elements or more (drift.SAMPLE_MIN)")
@@ -206,11 +166,10 @@ def main() -> int:
     args = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out, rank)
+    result, out = report.result, report.out
     engine, scheduler = build(args.stage, args.steps, args.misaligned, args.bf16,
                               args.reverse_groups)
-    result: dict = {"rank": rank, "losses": {}}
     if args.ds_load or args.ds_load_dir:
         path, _ = engine.load_checkpoint(args.ds_load_dir or str(out / "ds"))
         assert path is not None, "DeepSpeed loaded nothing"
@@ -236,10 +195,8 @@ def main() -> int:
         result["sub_groups"] = len(lc.source.flats)
         result["sampled_tensors"] = sum(e.take < e.span for e in lc.drift._all)
         start = lc.restore()
-        result["restored_step"] = start
+        report.restored(lc, start)
         if start:
-            result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
-            result["warnings"] = list(lc.restored.plan.warnings)
             result["loaded"] = loaded_state(engine, scheduler)
         if args.check and start:
             result["problems"] = check_restored(lc)
@@ -252,19 +209,9 @@ def main() -> int:
         if before is not None:
             result.setdefault("reference_drift", []).append(reference_drift(lc, before,
                                                                             full_weights(engine, args.stage)))
-        if lc is not None:
-            report = lc.step(extra={"step": step})
-            result.setdefault("drift", []).append(report.drift.tolist())
-            result.setdefault("written", []).append(report.decision.layers.tolist())
-            result.setdefault("fused", []).append(lc.drift.fused_params)
-        result["losses"][step] = float(loss.detach())
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
-        if lc is not None and step == args.halt_at:
-            lc.flush()  # the failure strikes once step T is committed on every rank
-            (out / f"halted{rank}").write_text(str(step))
-            while True:
-                time.sleep(3600)
+        report.step(lc, step, float(loss.detach()), args.halt_at)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
@@ -274,9 +221,8 @@ def main() -> int:
     for name, p in engine.module.named_parameters():
         ctx = deepspeed.zero.GatheredParameters([p]) if args.stage == 3 else _null()
         with ctx:
-            result["params"][name] = hashlib.sha256(
-                p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+            result["params"][name] = digest(p)
+    report.write()
     # a process group alive at exit can abort the process (see ranks.ProcessGroupRanks.close)
     dist.destroy_process_group()
     return 0

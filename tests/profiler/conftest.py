@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from layercheck.trace import Trace, read_trace  # noqa: E402
 from profiler.capture import capture  # noqa: E402
 from profiler.config import CaptureConfig  # noqa: E402
 
@@ -51,14 +53,21 @@ def assert_trains_the_plain_job(trace, plain) -> None:
     assert np.array_equal(trace.write_matrix(), plain.write_matrix())
 
 
-def torchrun_capture(out: Path, *options: str) -> None:
+class Captured(NamedTuple):
+    path: Path
+    trace: Trace
+
+
+def torchrun_capture(out: Path, *options: str) -> Captured:
     """``torchrun --nproc_per_node 2 -m profiler capture <options> <JOB> --out <out>``,
-    typed by hand; rank 0 alone says that it wrote the trace."""
+    typed by hand (a test module's fixture, run once); rank 0 alone says that it
+    wrote the trace. The folder and the trace read back."""
     from tests.layercheck.torchrun import free_port
     done = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                         "-m", "profiler", "capture", *options, *JOB, "--out", str(out)])
     assert done.stdout.count(f"wrote {out}") == 1
+    return Captured(out, read_trace(out))
 
 
 @pytest.fixture(scope="session")

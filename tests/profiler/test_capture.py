@@ -130,7 +130,8 @@ def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(tiny_capt
     steps = 80
     config = CaptureConfig(**{**TINY, "steps": steps, "warmup_steps": None, "smax": None},
                            layercheck=lc.to_dict())
-    trace = capture(config, out=tmp_path / "budget", progress=False, say=lambda _: None).trace
+    trace = capture(config, out=tmp_path / "budget", progress=False, say=lambda _: None,
+                    calibrate=False).trace
     assert LayerCheckConfig.from_dict(trace.manifest["config"]).write_budget == lc.write_budget
     sizes = trace.budget_sizes
     assert all("state_bytes" in layer for layer in trace.manifest["layers"])
@@ -158,7 +159,7 @@ def test_a_recommended_setting_writes_the_bytes_the_tuner_predicted(tmp_path, ca
     from sim.cli import main as sim
     from sim.frontier import evaluate
     job = ["--model", "tiny", "--steps", "40", "--batch-size", "4", "--seq-len", "32",
-           "--threads", "1", "--quiet"]
+           "--threads", "1", "--quiet", "--no-calibrate"]  # --costs paper-a100: no need
     assert profiler(["capture", *job, "--warmup-steps", "3", "--smax", "30",
                      "--out", str(tmp_path / "first")]) == 0
     first = read_trace(tmp_path / "first")

@@ -16,49 +16,42 @@ from tests.profiler.conftest import assert_trains_the_plain_job, torchrun_captur
 
 
 @pytest.fixture(scope="module")
-def fsdp_out(tmp_path_factory):
+def fsdp(tmp_path_factory):
     """``torchrun --nproc_per_node 2 -m profiler capture --fsdp ...``, typed by hand."""
-    out = tmp_path_factory.mktemp("fsdp") / "tiny-fsdp"
-    torchrun_capture(out, "--fsdp")
-    return out
-
-
-@pytest.fixture(scope="module")
-def fsdp_trace(fsdp_out):
-    return read_trace(fsdp_out)
+    return torchrun_capture(tmp_path_factory.mktemp("fsdp") / "tiny-fsdp", "--fsdp")
 
 
 @pytest.mark.slow
-def test_fsdp_capture_trains_the_plain_capture_job(fsdp_trace, tiny_capture):
+def test_fsdp_capture_trains_the_plain_capture_job(fsdp, tiny_capture):
     """Same weights, batches, optimizer and schedule: the batch split over two ranks,
     FSDP2's gradient averaging and sharding change only float rounding."""
     plain = tiny_capture.trace
-    assert_trains_the_plain_job(fsdp_trace, plain)
+    assert_trains_the_plain_job(fsdp.trace, plain)
     # a version's bytes are both ranks' shards of the same tensors, plus a second header
     sizes = {l["name"]: l["bytes"] for l in plain.manifest["layers"]}
-    for layer in fsdp_trace.manifest["layers"]:
+    for layer in fsdp.trace.manifest["layers"]:
         assert abs(layer["bytes"] - sizes[layer["name"]]) <= 0.02 * sizes[layer["name"]] + 1024
 
 
 @pytest.mark.slow
-def test_fsdp_trace_records_the_setup_and_a_measured_restore(fsdp_trace):
-    m = fsdp_trace.manifest
+def test_fsdp_trace_records_the_setup_and_a_measured_restore(fsdp):
+    m = fsdp.trace.manifest
     assert m["name"] == "tiny-fsdp" and "PyTorch FSDP2 capture on 2 ranks" in m["description"]
-    fsdp = m["sources"]["fsdp"]
-    assert (fsdp["ranks"], fsdp["backend"], fsdp["micro_batch_per_rank"]) == (2, "gloo", 2)
-    assert fsdp["integration"] == "layercheck.fsdp.FsdpLayerCheck"
-    blocks = [u for u in fsdp["units"] if u["unit"]]
+    source = m["sources"]["fsdp"]
+    assert (source["ranks"], source["backend"], source["micro_batch_per_rank"]) == (2, "gloo", 2)
+    assert source["integration"] == "layercheck.fsdp.FsdpLayerCheck"
+    blocks = [u for u in source["units"] if u["unit"]]
     assert len(blocks) == 4 and all(u["layers"] == [u["unit"]] for u in blocks)
-    assert fsdp["launched_by"] == "torchrun" and len(fsdp["median_step_s_per_rank"]) == 2
+    assert source["launched_by"] == "torchrun" and len(source["median_step_s_per_rank"]) == 2
     assert m["sources"]["command"].startswith("torchrun --nproc_per_node 2 -m profiler capture")
-    rec = fsdp_trace.recovery
-    assert rec["bytes"].iloc[0] == fsdp_trace.full_checkpoint_bytes  # both ranks' shards
+    rec = fsdp.trace.recovery
+    assert rec["bytes"].iloc[0] == fsdp.trace.full_checkpoint_bytes  # both ranks' shards
     assert (rec[["load_s", "restore_s"]] > 0).all(axis=None)
 
 
 @pytest.mark.slow
-def test_a_drill_refuses_an_fsdp_trace(fsdp_out, capsys):
-    assert main(["drill", "--from", str(fsdp_out)]) == 2
+def test_a_drill_refuses_an_fsdp_trace(fsdp, capsys):
+    assert main(["drill", "--from", str(fsdp.path)]) == 2
     assert "an FSDP2 capture" in capsys.readouterr().err
 
 
@@ -74,7 +67,7 @@ def test_bad_fsdp_input_is_one_line_and_exit_2_before_any_rank_starts(args, word
 
 
 @pytest.mark.slow
-def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp_out, tmp_path):
+def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp, tmp_path):
     """``python -m profiler calibrate`` starts torchrun with the capture's world size and
     times DCP's save and FsdpLayerCheck on both ranks, the rest on rank 0 alone."""
     import shutil
@@ -83,7 +76,7 @@ def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp_out, tmp
     from layercheck.calibration import read_calibration
     from tests.profiler.conftest import run_command
     folder = tmp_path / "tiny-fsdp"
-    shutil.copytree(fsdp_out, folder)
+    shutil.copytree(fsdp.path, folder)
     done = run_command([sys.executable, "-m", "profiler", "calibrate", "--trace", str(folder),
                         "--repeats", "1", "--quiet"])
     assert "starting 2 ranks" in done.stderr and done.stdout.count("wrote") == 1
@@ -100,6 +93,6 @@ def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp_out, tmp
 
 
 @pytest.mark.slow
-def test_a_validation_refuses_an_fsdp_trace(fsdp_out, capsys):
-    assert main(["validate", "--trace", str(fsdp_out), "--quiet"]) == 2
+def test_a_validation_refuses_an_fsdp_trace(fsdp, capsys):
+    assert main(["validate", "--trace", str(fsdp.path), "--quiet"]) == 2
     assert "an FSDP2 capture" in capsys.readouterr().err

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,29 +23,22 @@ from tests.profiler.conftest import (TINY, assert_trains_the_plain_job,  # noqa:
 
 
 @pytest.fixture(scope="module")
-def zero_out(tmp_path_factory) -> Path:
+def zero(tmp_path_factory):
     """``torchrun --nproc_per_node 2 -m profiler capture --deepspeed zero3 ...``, typed by hand
     (no DS_ACCELERATOR, no OMP_NUM_THREADS: the profiler must cope)."""
-    out = tmp_path_factory.mktemp("zero") / "tiny-zero3"
-    torchrun_capture(out, "--deepspeed", "zero3")
-    return out
-
-
-@pytest.fixture(scope="module")
-def zero_trace(zero_out):
-    return read_trace(zero_out)
+    return torchrun_capture(tmp_path_factory.mktemp("zero") / "tiny-zero3", "--deepspeed", "zero3")
 
 
 @pytest.mark.slow
-def test_zero3_capture_trains_the_plain_capture_job(zero_trace, tiny_capture):
+def test_zero3_capture_trains_the_plain_capture_job(zero, tiny_capture):
     """Same weights, batches, optimizer and schedule: the batch split over two ranks,
     DeepSpeed's gradient averaging and ZeRO-3 partitioning change only float rounding."""
-    assert_trains_the_plain_job(zero_trace, tiny_capture.trace)
+    assert_trains_the_plain_job(zero.trace, tiny_capture.trace)
 
 
 @pytest.mark.slow
-def test_zero3_trace_records_the_setup(zero_trace):
-    m = zero_trace.manifest
+def test_zero3_trace_records_the_setup(zero):
+    m = zero.trace.manifest
     assert m["kind"] == "captured" and m["name"] == "tiny-zero3"
     assert "DeepSpeed ZeRO-3 capture on 2 ranks" in m["description"]
     ds = m["sources"]["deepspeed"]
@@ -60,48 +52,48 @@ def test_zero3_trace_records_the_setup(zero_trace):
     assert m["model"]["architecture"] == "Qwen2ForCausalLM"
     assert LayerCheckConfig.from_dict(m["config"]).warmup_steps == TINY["warmup_steps"]
     for name in TABLES:
-        assert list(getattr(zero_trace, name).columns) == list(TABLES[name])
+        assert list(getattr(zero.trace, name).columns) == list(TABLES[name])
     for col in ("forward_s", "backward_s", "optimizer_s", "drift_s"):
-        assert (zero_trace.steps[col] > 0).all(), col
+        assert (zero.trace.steps[col] > 0).all(), col
 
 
 @pytest.mark.slow
-def test_zero3_write_bytes_are_every_ranks_shards(zero_trace, tiny_capture):
+def test_zero3_write_bytes_are_every_ranks_shards(zero, tiny_capture):
     """A version's bytes are both ranks' shards: fp32 master + two Adam moments of
     the whole layer (one rank's shard alone would be about half)."""
     plain = {l["name"]: l["bytes"] for l in tiny_capture.trace.manifest["layers"]}
-    for layer in zero_trace.manifest["layers"]:
+    for layer in zero.trace.manifest["layers"]:
         assert layer["bytes"] >= 12 * layer["params"]
         # the same tensors, cut in two and padded, plus a second safetensors header
         assert abs(layer["bytes"] - plain[layer["name"]]) <= 0.02 * plain[layer["name"]] + 1024
-    w = zero_trace.writes
-    assert (w.groupby("layer")["bytes"].max().to_numpy() == zero_trace.layer_bytes).all()
-    assert sorted(w.loc[w["reason"] == "base", "layer"]) == list(range(len(zero_trace.layer_names)))
+    w = zero.trace.writes
+    assert (w.groupby("layer")["bytes"].max().to_numpy() == zero.trace.layer_bytes).all()
+    assert sorted(w.loc[w["reason"] == "base", "layer"]) == list(range(len(zero.trace.layer_names)))
     assert (w["persist_s"] > 0).all()
 
 
 @pytest.mark.slow
-def test_zero3_restore_was_measured_on_every_rank(zero_trace):
-    rec = zero_trace.recovery
+def test_zero3_restore_was_measured_on_every_rank(zero):
+    rec = zero.trace.recovery
     assert rec is not None and len(rec) == 1 and rec["step"].iloc[0] == TINY["steps"]
-    assert rec["bytes"].iloc[0] == zero_trace.full_checkpoint_bytes  # both ranks' shards
+    assert rec["bytes"].iloc[0] == zero.trace.full_checkpoint_bytes  # both ranks' shards
     assert (rec[["load_s", "restore_s"]] > 0).all(axis=None)
 
 
 @pytest.mark.slow
-def test_zero3_policy_replay_gives_the_recorded_writes(zero_trace):
+def test_zero3_policy_replay_gives_the_recorded_writes(zero):
     from layercheck.policy import Policy, replay
-    policy = Policy.from_config(LayerCheckConfig.from_dict(zero_trace.manifest["config"]),
-                                zero_trace.layer_names, zero_trace.layers["kind"].tolist())
-    decided = np.zeros_like(zero_trace.write_matrix())
-    for d in replay(policy, zero_trace.drift_matrix(), zero_trace.lr_ratio()):
+    policy = Policy.from_config(LayerCheckConfig.from_dict(zero.trace.manifest["config"]),
+                                zero.trace.layer_names, zero.trace.layers["kind"].tolist())
+    decided = np.zeros_like(zero.trace.write_matrix())
+    for d in replay(policy, zero.trace.drift_matrix(), zero.trace.lr_ratio()):
         decided[d.step - 1, d.layers] = True
-    assert np.array_equal(decided, zero_trace.write_matrix())
+    assert np.array_equal(decided, zero.trace.write_matrix())
 
 
 @pytest.mark.slow
-def test_a_drill_refuses_a_zero3_trace(zero_out, capsys):
-    assert main(["drill", "--from", str(zero_out)]) == 2
+def test_a_drill_refuses_a_zero3_trace(zero, capsys):
+    assert main(["drill", "--from", str(zero.path)]) == 2
     assert "a DeepSpeed capture" in capsys.readouterr().err
 
 
