@@ -222,12 +222,31 @@ EQUIVALENT: dict[str, str] = {
         "(reuse saves page faults, not results)",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
+    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_30":
+        "the cache check on id(None): it always misses, and the terms are computed "
+        "anew under the right key: the same values",
+}
+
+# Survivors that are not equivalent but that no test here can kill, and why. They count
+# as survived in the score.
+UNTESTABLE: dict[str, str] = {
+    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_62":
+        "the copy warning's stacklevel (3): mutmut's trampoline adds frames, so a test of "
+        "the warning's reported line cannot run under mutmut (it does outside it)",
+    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_69": "as DriftTracker.__init__ 62 (stacklevel 4)",
+    "layercheck.drift.xǁDriftTrackerǁ_after_step__mutmut_41":
+        "self.seconds = instead of +=: the hook's time over two calls in one step vs the "
+        "last call's; no test controls the clock finely enough to tell",
+    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_14":
+        "torch.empty on the default device instead of the tensors' own: the same on a "
+        "CPU, wrong on a GPU; this machine has none",
+    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_17": "as _buffers 14",
 }
 
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "--hypothesis-seed=0", "-m", "not slow and not browser"]
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
           36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
-          37: "killed"}
+          37: "killed", -11: "killed"}  # -11: the tests crashed (SIGSEGV): a failure seen
 
 
 def _prepare(module: str) -> Path:
@@ -326,16 +345,18 @@ def run(module: str, *, children: int, show: bool, survivors: bool = False) -> d
     count = {s: sum(1 for v in results.values() if v == s) for s in set(results.values())}
     left = sorted(n for n, s in results.items() if s not in ("killed", "timeout"))
     equivalent = [n for n in left if n in EQUIVALENT]
-    unexplained = [n for n in left if n not in EQUIVALENT]
+    untestable = [n for n in left if n in UNTESTABLE]
+    unexplained = [n for n in left if n not in EQUIVALENT and n not in UNTESTABLE]
     prefix = source_prefix(module)
-    stale = sorted(n for n in EQUIVALENT if n.startswith(prefix + ".")
+    stale = sorted(n for n in {**EQUIVALENT, **UNTESTABLE} if n.startswith(prefix + ".")
                    and results.get(n) not in ("survived", "no tests"))
     total = len(results)
     scored = total - len(equivalent)
     score = (count.get("killed", 0) + count.get("timeout", 0)) / scored if scored else 1.0
     row = dict(module=module, mutants=total, killed=count.get("killed", 0),
                survived=len(left), equivalent=len(equivalent), timeouts=count.get("timeout", 0),
-               score=score, wall_s=round(wall), unexplained=unexplained, stale=stale)
+               score=score, wall_s=round(wall), unexplained=unexplained, stale=stale,
+               untestable=untestable)
     (work / "summary.json").write_text(json.dumps(dict(row, survivors=left), indent=1))
     if show:
         for name in unexplained:
@@ -350,6 +371,40 @@ def source_prefix(module: str) -> str:
     return re.sub(r"\.py$", "", MODULES[module][0]).replace("/", ".")
 
 
+def report(modules: list[str]) -> int:
+    """The last runs' figures (``.mutation/<module>/summary.json``) as markdown, with
+    each survivor's reason as listed now."""
+    print("| module | mutants | killed | survived | equivalent | untestable | other survivors "
+          "| timeouts | score | wall |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for module in modules:
+        path = SCRATCH / module / "summary.json"
+        if not (SCRATCH / module / "mutants").is_dir():
+            continue
+        results = _results(SCRATCH / module)  # the verdicts as they stand now
+        row = json.loads(path.read_text()) if path.exists() else {"wall_s": "?"}
+        row.update(mutants=len(results), killed=sum(v == "killed" for v in results.values()),
+                   timeouts=sum(v == "timeout" for v in results.values()))
+        left = sorted(n for n, v in results.items() if v not in ("killed", "timeout"))
+        eq = [n for n in left if n in EQUIVALENT]
+        un = [n for n in left if n in UNTESTABLE]
+        other = [n for n in left if n not in EQUIVALENT and n not in UNTESTABLE]
+        scored = row["mutants"] - len(eq)
+        score = (row["killed"] + row["timeouts"]) / scored if scored else 1.0
+        print(f"| {module} | {row['mutants']} | {row['killed']} | {len(left)} | {len(eq)} | "
+              f"{len(un)} | {len(other)} | {row['timeouts']} | {score:.1%} | {row['wall_s']} s |")
+        rows.append((module, eq, un, other))
+    for module, eq, un, other in rows:
+        for title, names, why in (("equivalent", eq, EQUIVALENT), ("untestable here", un, UNTESTABLE),
+                                  ("not killed", other, {})):
+            if names:
+                print(f"\n{module}, {title}:\n")
+                for name in names:
+                    print(f"- `{name.split('.', 1)[1]}`: {why.get(name, 'see the report')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -360,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--survivors", action="store_true",
                         help="re-test only the last run's survivors against today's tests (the "
                              "module's code unchanged); for iterating, not for the figures")
+    parser.add_argument("--report", action="store_true",
+                        help="print the last runs' figures as a markdown table (runs nothing)")
     args = parser.parse_args(argv)
+    if args.report:
+        return report(args.module)
     try:
         import mutmut  # noqa: F401
     except ImportError:

@@ -537,18 +537,27 @@ def test_kernels_load_on_first_use_and_a_failed_import_means_the_torch_path(monk
 
 def test_layers_of_zero_small_and_infinite_weight():
     """d = moved / size, also when both are below 1; a layer that moved to all zeros
-    drifted infinitely, one that is and stays zero not at all; weights that overflowed
-    give NaN; none of it warns."""
+    drifted infinitely (however little it moved), one that is and stays zero not at
+    all; weights that overflowed give NaN; none of it warns."""
     import warnings
-    ws = [torch.nn.Parameter(torch.full((4,), v)) for v in (1.0, 0.0, 0.125, math.inf)]
+    ws = [torch.nn.Parameter(torch.full((4,), v)) for v in (0.125, 0.0, 0.125)]
     opt, tracker = _sgd_tracker([[w] for w in ws])
-    for w, g in zip(ws, (1.0, 0.0, 0.0625, 1.0)):
-        w.grad = torch.full((4,), g)
+    for w, g in zip(ws, (0.125, 0.0, 0.0625)):
+        w.grad = torch.full((4,), g)  # moves 0.5, 0 and 0.25 in all
     opt.step()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         drift, _, _ = tracker.take()
-    assert drift[0] == math.inf and drift[1] == 0.0 and drift[2] == 1.0 and math.isnan(drift[3])
+    assert drift[0] == math.inf and drift[1] == 0.0 and drift[2] == 1.0
+    inf = torch.nn.Parameter(torch.full((4,), math.inf))
+    opt = torch.optim.AdamW([inf], lr=1e-2)
+    tracker = DriftTracker(opt, [[inf]])
+    inf.grad = torch.ones(4)
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drift, _, _ = tracker.take()  # inf / inf
+    assert math.isnan(drift[0])
 
 
 def test_time_lr_and_fused_count_before_and_after_steps():
