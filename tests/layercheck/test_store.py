@@ -9,6 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from layercheck.errors import DirectoryLocked, LayerCheckError, NotARegularFile
@@ -268,3 +269,137 @@ def test_open_store_takes_paths_urls_and_stores(tmp_path):
     with pytest.raises(LayerCheckError, match="cannot open it as an fsspec URL"):
         open_store("nosuchprotocol://x")
     assert isinstance(open_store(str(tmp_path / "d"), create=False), LocalStore)
+
+
+def test_read_buffer_reads_what_read_reads_into_one_writable_buffer(tmp_path):
+    from layercheck.store import read_buffer
+    data = bytes(range(256)) * (3 * 4096 + 7)  # over 3 MiB: several pieces of 1 MiB
+    local, memory = LocalStore(tmp_path), FsspecStore(f"memory://rb-{uuid.uuid4().hex}")
+    for store in (local, memory):
+        store.write_atomic("f", data)
+        for limit in (None, 0, 5, len(data) - 1, len(data) + 10):
+            pieces = []
+            got = read_buffer(store, "f", limit, lambda piece: pieces.append(bytes(piece)))
+            expected = store.read("f", limit)
+            assert bytes(got) == expected
+            assert b"".join(pieces) == expected  # every byte once, in order
+            memoryview(got)[:1] = b"\xff"[:len(got)]  # writable: tensors may be views of it
+        assert bytes(read_buffer(store, "f")) == data  # consume is optional
+    buffer = local.read_buffer("f")
+    assert isinstance(buffer, np.ndarray) and buffer.dtype == np.uint8 and buffer.size == len(data)
+    with pytest.raises(NotARegularFile):
+        os.symlink(tmp_path / "f", tmp_path / "link")
+        local.read_buffer("link")
+
+
+def test_a_file_that_shrinks_while_it_is_read_gives_what_is_there(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path)
+    store.write_atomic("f", b"0123456789" * 1000)
+    real_readv, real_read = os.readv, os.read
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: 0 if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
+                        else real_readv(fd, [bufs[0][:1000]]))
+    monkeypatch.setattr(os, "read", lambda fd, n: b"" if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
+                        else real_read(fd, min(n, 1000)))
+    assert bytes(store.read_buffer("f")) == b"0123456789" * 400
+    assert store.read("f") == b"0123456789" * 400
+
+
+def test_an_fsspec_append_rewrites_the_object_where_the_filesystem_cannot_append(monkeypatch):
+    store = FsspecStore(f"memory://ap-{uuid.uuid4().hex}")
+    real_open = store.fs.open
+
+    def no_append(path, mode="rb", **kw):
+        if mode == "ab":
+            raise NotImplementedError("append")
+        return real_open(path, mode, **kw)
+
+    monkeypatch.setattr(store.fs, "open", no_append)
+    store.append("m", b"one\n")  # absent: created
+    store.append("m", b"two\n")
+    assert store.read("m") == b"one\ntwo\n"
+
+
+def test_an_fsspec_store_lists_only_files_and_an_fsspec_url_that_fails_says_why(tmp_path):
+    store = FsspecStore(f"memory://ls-{uuid.uuid4().hex}")
+    store.write_atomic("a/b/c.bin", b"x")
+    store.write_atomic("a/d.bin", b"y")
+    assert store.list("a") == ["a/d.bin"] and store.list("a/b") == ["a/b/c.bin"]
+    assert store.list("a/d.bin") == []
+    with pytest.raises(LayerCheckError) as err:
+        open_store("nosuchprotocol://x")
+    assert str(err.value).startswith("nosuchprotocol://x: cannot open it as an fsspec URL (")
+    assert str(err.value).endswith("); check the protocol and that its fsspec driver is installed")
+
+
+def test_an_inflight_write_is_listed_as_temporary_and_a_new_subfolder_of_an_old_one_is_made(tmp_path):
+    store = LocalStore(tmp_path)
+    store.write_atomic("a/x", b"1")
+    seen = []
+
+    def buffers():
+        yield b"part"
+        seen.extend(store.list("a/b", temporary=True))
+        yield b"rest"
+
+    store.write_atomic("a/b/c.bin", buffers())  # a/ exists, a/b/ does not
+    assert len(seen) == 1 and is_temporary(seen[0]) and seen[0].startswith("a/b/.c.bin.")
+    assert store.read("a/b/c.bin") == b"partrest" and store.list("a/b", temporary=True) == ["a/b/c.bin"]
+    assert is_temporary("a/b/" + seen[0].rsplit("/", 1)[-1])  # nested paths too
+    (tmp_path / "Xray.bin").write_bytes(b"")
+    assert store.list("") == ["Xray.bin"]
+
+
+def test_a_write_atomic_that_cannot_create_its_temp_raises_that_error(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path)
+    real_open = os.open
+
+    def full(path, flags, *args):
+        if str(path).endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(OSError) as err:
+        store.write_atomic("f", b"x")
+    assert err.value.errno == errno.ENOSPC
+
+
+def test_lock_errors_say_the_fix(tmp_path, monkeypatch):
+    store, other = LocalStore(tmp_path), LocalStore(tmp_path)
+    store.lock()
+    try:
+        with pytest.raises(DirectoryLocked) as err:
+            other.lock()
+        assert str(err.value) == (
+            f"{tmp_path} is already open in this process (a LayerCheck, gc or "
+            "resume_checkpoint() that has not been closed): close() that one first, "
+            "or use `with LayerCheck(...) as lc:`, which closes it")
+    finally:
+        store.unlock()
+    os.unlink(tmp_path / ".lock")  # (the lock file stays after unlock)
+    os.symlink(tmp_path / "x", tmp_path / ".lock")
+    with pytest.raises(LayerCheckError) as err:
+        other.lock()
+    assert str(err.value) == (f"{tmp_path}/.lock is a symbolic link or special file; "
+                              "layercheck never follows it: delete it and try again")
+    os.unlink(tmp_path / ".lock")
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).endswith(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(LayerCheckError) as err:
+        other.lock()
+    assert str(err.value) == (
+        f"{tmp_path} is read-only here (Permission denied): training, restore and gc "
+        "write to the checkpoint directory (its lock, the manifest); use a writable "
+        "copy, or python -m layercheck inspect, plan or export, which only read it")
+
+
+def test_the_same_fsspec_url_opens_twice():
+    url = f"memory://twice-{uuid.uuid4().hex}"
+    FsspecStore(url).write_atomic("f", b"x")
+    assert FsspecStore(url).read("f") == b"x" and FsspecStore(url, create=False).read("f") == b"x"
