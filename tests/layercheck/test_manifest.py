@@ -135,3 +135,100 @@ def test_under_retention_the_manifest_is_compacted_while_training(tmp_path, monk
     assert view.latest_step() == 40 and view.problems == []
     assert _replayed(view)[1:] == _replayed(reference)[1:]
     assert view.header["layers"] == reference.header["layers"]
+
+
+# -- reading a committed file: verified against its record ---------------------------------
+def _committed(store, *, layer="a", step=3, rank=None, metadata=None, name="layers/f.safetensors"):
+    import numpy as np
+    import safetensors.numpy
+    from layercheck.format import checksum, layer_metadata
+    data = safetensors.numpy.save({"w": np.arange(4, dtype=np.float32), "b": np.ones(2, np.int64)},
+                                  metadata=metadata if metadata is not None else layer_metadata(layer, step, rank))
+    store.write_atomic(name, data)
+    return data, Version(step=step, file=name, bytes=len(data), checksum=checksum(data),
+                         layer=layer, reason="threshold", rank=rank)
+
+
+def test_a_committed_file_is_read_once_and_verified(tmp_path):
+    import dataclasses
+    from layercheck.errors import CorruptVersion, ReadFailed
+    from layercheck.manifest import check_structure, read_verified, read_verified_file
+    store = LocalStore(tmp_path)
+    data, version = _committed(store)
+    verified = read_verified_file(store, version)
+    assert bytes(verified.data) == data and bytes(read_verified(store, version)) == data
+    n = int.from_bytes(data[:8], "little")
+    assert verified.data_start == 8 + n and set(verified.header) == {"w", "b", "__metadata__"}
+    assert verified.metadata == {"format": "layercheck-layer/1", "layer": "a", "step": "3"}
+    assert check_structure(data, "x") == verified.metadata
+    cases = {
+        dataclasses.replace(version, bytes=len(data) + 1): f"{len(data)} bytes on disk, {len(data) + 1} committed",
+        dataclasses.replace(version, bytes=len(data) - 1): f"longer on disk than the {len(data) - 1} bytes committed",
+        dataclasses.replace(version, checksum="crc32:00000000"): "checksum mismatch (the file changed after commit)",
+        dataclasses.replace(version, file="layers/none.safetensors"): "missing, or not the file committed (FileNotFoundError)",
+        dataclasses.replace(version, layer="b"): "holds layer a of step 3, but the manifest names it as layer b of step 3",
+        dataclasses.replace(version, step=4): "holds layer a of step 3, but the manifest names it as layer a of step 4",
+        dataclasses.replace(version, layer=None): "holds layer a of step 3, but the manifest names it as the training state of step 3",
+    }
+    for bad, says in cases.items():
+        with pytest.raises(CorruptVersion) as err:
+            read_verified_file(store, bad)
+        assert str(err.value) == f"{bad.file}: {says}"
+    _, sharded = _committed(store, rank=1, name="layers/r.safetensors")
+    assert read_verified_file(store, sharded).metadata["rank"] == "1"
+    with pytest.raises(CorruptVersion, match="holds rank 1's shard, but the manifest names it as rank 0's"):
+        read_verified_file(store, dataclasses.replace(sharded, rank=0))
+    _, anonymous = _committed(store, metadata={"x": "y"}, name="layers/n.safetensors")
+    with pytest.raises(CorruptVersion, match=r"its metadata does not say what it holds \(KeyError"):
+        read_verified_file(store, anonymous)
+
+    class Failing(LocalStore):
+        def read_buffer(self, path, limit=None, consume=None):
+            raise OSError(5, "Input/output error")
+
+    with pytest.raises(ReadFailed) as err:
+        read_verified_file(Failing(tmp_path), version)
+    assert str(err.value) == (f"{version.file}: cannot be read ([Errno 5] Input/output error): an "
+                              "I/O error, not damage, so nothing was passed over; try again once "
+                              "the storage answers")
+
+
+def _file(header, data=b""):
+    import json as _json
+    body = _json.dumps(header).encode()
+    return len(body).to_bytes(8, "little") + body + data
+
+
+@pytest.mark.parametrize("raw,says", [
+    (b"\x00" * 4, "unpack requires"),
+    ((1000).to_bytes(8, "little") + b"{}", "header of 1000 bytes in a file of 10"),
+    (_file([1, 2]), "the header is not a JSON object"),
+    (_file({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4), "has shape [-1]"),
+    (_file({"t": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, b"\0" * 8), "has shape [2.0]"),
+    (_file({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4), "offsets 0..4 for 8 bytes"),
+    (_file({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4]}}, b"\0" * 4), "offsets 0.0..4 for 4 bytes"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3), "do not tile"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+            "u": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3), "do not tile"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 3), "tensors cover 2 of 3 data bytes"),
+    (_file({"t": {"dtype": "X9", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2), "'X9'"),
+    (_file({"__metadata__": [1]}), "__metadata__ is not an object"),
+])
+def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
+    from layercheck.errors import CorruptVersion
+    from layercheck.manifest import check_structure, parse_header
+    with pytest.raises(CorruptVersion) as err:
+        parse_header(raw, "layers/x")
+    assert str(err.value).startswith("layers/x: not a valid safetensors file (") and says in str(err.value)
+    with pytest.raises(CorruptVersion):
+        check_structure(raw, "layers/x")
+
+
+def test_well_formed_files_parse_with_and_without_tensors():
+    from layercheck.manifest import check_structure, parse_header
+    empty = _file({})
+    assert parse_header(empty, "x") == ({}, len(empty)) and check_structure(empty, "x") == {}
+    raw = _file({"__metadata__": {"k": "v"}, "a": {"dtype": "BF16", "shape": [2, 0], "data_offsets": [0, 0]},
+                 "b": {"dtype": "I16", "shape": [3], "data_offsets": [0, 6]}}, b"\1" * 6)
+    header, start = parse_header(raw, "x")
+    assert start == len(raw) - 6 and header["b"]["shape"] == [3] and check_structure(raw, "x") == {"k": "v"}
