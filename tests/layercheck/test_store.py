@@ -403,3 +403,75 @@ def test_the_same_fsspec_url_opens_twice():
     url = f"memory://twice-{uuid.uuid4().hex}"
     FsspecStore(url).write_atomic("f", b"x")
     assert FsspecStore(url).read("f") == b"x" and FsspecStore(url, create=False).read("f") == b"x"
+
+
+def test_a_new_nested_directory_its_url_and_opening_a_missing_one_read_only(tmp_path):
+    store = LocalStore(tmp_path / "a/b/c")
+    assert (tmp_path / "a/b/c").is_dir() and store.url == str((tmp_path / "a/b/c").resolve())
+    missing = LocalStore(tmp_path / "none", create=False)
+    assert not (tmp_path / "none").exists() and not missing.exists("x")
+
+
+def test_the_refusals_name_the_path_and_say_why(tmp_path):
+    import stat
+    store = LocalStore(tmp_path / "c")
+    root = tmp_path / "c"
+    os.symlink(tmp_path, root / "link")
+    with pytest.raises(NotARegularFile) as err:
+        store.read("link")
+    assert str(err.value) == f"{root}/link is a symbolic link; layercheck never follows one where the checkpoint has a regular file"
+    os.mkfifo(root / "fifo")
+    with pytest.raises(NotARegularFile) as err:
+        store.append("fifo", b"x")
+    assert str(err.value) == f"{root}/fifo is a FIFO or device; layercheck reads and writes only regular files there"
+    with pytest.raises(NotARegularFile) as err:
+        store.read("fifo")
+    assert str(err.value) == f"{root}/fifo is a FIFO; layercheck reads and writes only regular files there"
+    os.mknod(root / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+    with pytest.raises(NotARegularFile) as err:
+        store.read("null")
+    assert str(err.value) == f"{root}/null is a device; layercheck reads and writes only regular files there"
+    (root / "a/b").mkdir(parents=True)
+    os.symlink(tmp_path, root / "a/b/deep")
+    with pytest.raises(LayerCheckError) as err:
+        store.write_atomic("a/b/deep/x", b"")
+    assert str(err.value) == (f"refusing 'a/b/deep/x': {root}/a/b/deep is a symbolic link; layercheck "
+                              "reads and writes only real folders inside the checkpoint directory")
+    store.append("new.jsonl", b"x")
+    assert oct((root / "new.jsonl").stat().st_mode & 0o777) == oct(0o644 & ~_umask())
+    os.rename(root, tmp_path / "moved")
+    with pytest.raises(LayerCheckError) as err:
+        store.write_atomic("f", b"")
+    assert str(err.value) == (f"{root} was deleted or replaced after this process opened it; nothing "
+                              "more is written there (another run may own it now): restore from a copy, or "
+                              "start over in a new directory")
+
+
+def test_an_unlocked_directory_is_free_for_another_process_and_the_holder_is_named(tmp_path):
+    store = LocalStore(tmp_path)
+    store.lock()
+    store.unlock()
+    code = ("import sys; from layercheck.store import LocalStore\n"
+            "s = LocalStore(sys.argv[1]); s.lock(); print('locked', flush=True); sys.stdin.readline()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"  # this process let go of it
+        with pytest.raises(DirectoryLocked) as err:
+            store.lock()
+        assert str(err.value) == (f"{tmp_path} is in use by another process (pid {holder.pid} holds "
+                                  f"{tmp_path}/.lock); stop that process or point this one at another "
+                                  "directory")
+    finally:
+        holder.communicate("done\n", timeout=60)
+
+
+def test_open_store_passes_create_on_and_refuses_what_is_not_a_location(tmp_path):
+    with pytest.raises(LayerCheckError, match="no such checkpoint directory"):
+        open_store(f"memory://absent-{uuid.uuid4().hex}", create=False)
+    with pytest.raises(TypeError):
+        open_store(42)
+    store = FsspecStore(f"memory://x-{uuid.uuid4().hex}")
+    store.write_atomic("Xa", b"1")
+    store.write_atomic("d/boX", b"2")
+    assert store.list("") == ["Xa"] and store.list("d") == ["d/boX"]
