@@ -71,7 +71,8 @@ def test_open_store_kinds(tmp_path):
     assert isinstance(open_store(tmp_path / "new"), LocalStore)
     with pytest.raises(LayerCheckError, match="no such checkpoint directory"):
         open_store(tmp_path / "absent", create=False)
-    mem = open_store(f"memory://lc-manifest-{tmp_path.name}")  # memory:// lives as long as the process
+    import uuid
+    mem = open_store(f"memory://lc-manifest-{uuid.uuid4().hex}")  # memory:// outlives the test
     mem.append("m.jsonl", b"a\n")
     mem.append("m.jsonl", b"b\n")
     assert mem.read("m.jsonl") == b"a\nb\n"
