@@ -222,6 +222,54 @@ EQUIVALENT: dict[str, str] = {
         "(reuse saves page faults, not results)",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
+    # store
+    "layercheck.store.x_is_temporary__mutmut_6":
+        "the last element of rsplit('/') is the last path component for any maxsplit",
+    "layercheck.store.x_is_temporary__mutmut_9": "as is_temporary 6",
+    "layercheck.store.xǁLocalStoreǁ_make_parents__mutmut_3":
+        "[+2::-1] for [-2::-1]: the walk also visits '.', the root, which exists: skipped",
+    "layercheck.store.xǁLocalStoreǁ_path__mutmut_6": "[+2::-1]: as _make_parents 3 (the root is not a link: it is resolved)",
+    "layercheck.store.xǁLocalStoreǁ__init____mutmut_16":
+        "_lock_key '' instead of None: unlock pops '' from the held locks, finds nothing, as with None",
+    "layercheck.store.xǁLocalStoreǁ_writable__mutmut_4": "same = None instead of False: both falsy",
+    "layercheck.store.xǁLocalStoreǁlock__mutmut_2":
+        "_writable is called for its check that the directory is the one opened; the path's "
+        "name does not matter",
+    "layercheck.store.xǁLocalStoreǁlock__mutmut_3": "as lock 2",
+    "layercheck.store.xǁLocalStoreǁlock__mutmut_44":
+        "reading 33 bytes of the holder's pid instead of 32: a pid and newline are shorter",
+    "layercheck.store.xǁLocalStoreǁlock__mutmut_59":
+        "truncating to 1 byte, then writing the pid over byte 0 on: the same content",
+    "layercheck.store.xǁLocalStoreǁunlock__mutmut_3":
+        "popping the held lock also when _lock_key is None: nothing is held under None",
+    "layercheck.store.xǁLocalStoreǁunlock__mutmut_8": "as LocalStore.__init__ 16",
+    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_27":
+        "one more readv at the end of the file: it returns 0 and the loop ends",
+    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_41":
+        "buffer[:done] also when done == size: the same bytes (a view of the whole buffer)",
+    "layercheck.store.x_read_buffer__mutmut_1":
+        "the class's read_buffer not found: the fallback reads the same bytes with read() "
+        "and feeds them to consume once (one copy more, the same result)",
+    "layercheck.store.x_read_buffer__mutmut_6": "as read_buffer 1",
+    "layercheck.store.x_read_buffer__mutmut_7": "as read_buffer 1",
+    "layercheck.store.x_read_buffer__mutmut_8": "as read_buffer 1",
+    "layercheck.store.x__write_all__mutmut_5":
+        "a memoryview cast to signed bytes writes the same memory",
+    "layercheck.store.xǁFsspecStoreǁappend__mutmut_7":
+        "an invalid open mode raises ValueError, and the fallback rewrites the object whole: "
+        "the same bytes",
+    "layercheck.store.xǁFsspecStoreǁappend__mutmut_8": "as FsspecStore.append 7",
+    "layercheck.store.xǁFsspecStoreǁread__mutmut_2": "cat_file's start None is 0",
+    "layercheck.store.xǁFsspecStoreǁread__mutmut_5": "as FsspecStore.read 2 (start's default)",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_1": "FsspecStore.list ignores temporary (no temp files on object stores)",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_14": "the last element of rsplit('/') for any maxsplit: as is_temporary 6",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_16":
+        "rstrip(None) for rstrip('/'): fsspec's ls names files without a trailing '/' and "
+        "store names have no trailing whitespace",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_17": "lstrip('/') for rstrip('/'): as FsspecStore.list 16",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_20": "as FsspecStore.list 14",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_21": "[+1] of a two-element rsplit is its [-1]",
+    "layercheck.store.xǁFsspecStoreǁlist__mutmut_25": "detail=None is falsy, as detail=False",
     "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_30":
         "the cache check on id(None): it always misses, and the terms are computed "
         "anew under the right key: the same values",
@@ -230,6 +278,19 @@ EQUIVALENT: dict[str, str] = {
 # Survivors that are not equivalent but that no test here can kill, and why. They count
 # as survived in the score.
 UNTESTABLE: dict[str, str] = {
+    "layercheck.store.xǁLocalStoreǁappend__mutmut_4":
+        "the fsync of a new file's folder: only a power cut tells whether the new directory "
+        "entry was durable",
+    "layercheck.store.xǁLocalStoreǁappend__mutmut_5": "as LocalStore.append 4",
+    "layercheck.store.x__abandon__mutmut_1":
+        "discard() of a failed streamed upload: memory:// files have none (the object is "
+        "deleted anyway); only an object store with multipart uploads tells",
+    "layercheck.store.x__abandon__mutmut_3": "as _abandon 1",
+    "layercheck.store.x__abandon__mutmut_6": "as _abandon 1",
+    "layercheck.store.x__abandon__mutmut_7": "as _abandon 1",
+    "layercheck.store.x__abandon__mutmut_8": "as _abandon 1",
+    "layercheck.store.x__abandon__mutmut_9": "as _abandon 1",
+    "layercheck.store.xǁFsspecStoreǁwrite_atomic__mutmut_17": "as _abandon 1",
     "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_62":
         "the copy warning's stacklevel (3): mutmut's trampoline adds frames, so a test of "
         "the warning's reported line cannot run under mutmut (it does outside it)",
