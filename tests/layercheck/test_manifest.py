@@ -233,3 +233,68 @@ def test_well_formed_files_parse_with_and_without_tensors():
                  "b": {"dtype": "I16", "shape": [3], "data_offsets": [0, 6]}}, b"\1" * 6)
     header, start = parse_header(raw, "x")
     assert start == len(raw) - 6 and header["b"]["shape"] == [3] and check_structure(raw, "x") == {"k": "v"}
+
+
+# -- read_consistent: a lock-free reader beside a trainer that changes the manifest -------
+HEADER = {"kind": "header", "layers": [{"name": "a", "kind": "block", "params": 1}]}
+
+
+def test_a_consistent_read_believes_only_what_is_still_so():
+    import uuid
+    from layercheck.manifest import read_consistent
+    store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
+    _write(store, HEADER, _layer(1), _state(1), _layer(2), _state(2))
+    calls = []
+
+    def prepare(view):  # what a planner does: passes over a version it found damaged
+        calls.append(sorted(view.states))
+        if len(calls) == 1:  # meanwhile the trainer retires that version (drop record)
+            _write(store, {"kind": "drop", "file": _layer(2)["file"]})
+        return [v for v in view.versions["a"] if v.step == 2]
+
+    # nothing suspected, no damaged line: finished at once
+    assert read_consistent(store, lambda v: sorted(v.states), lambda p: [], lambda p: ("done", p)) == ("done", [1, 2])
+    # the suspect was only retired: not believed, read again on the new manifest
+    assert read_consistent(store, prepare, lambda p: p, lambda p: [v.step for v in p]) == []
+    assert len(calls) == 2
+    # a suspect still live in the manifest is believed
+    _write(store, _layer(3), _state(3))
+    assert read_consistent(store, lambda v: v.versions["a"][-1:], lambda p: p,
+                           lambda p: [v.step for v in p]) == [3]
+    # a damaged line still there is believed too
+    store.append(MANIFEST, b"garbage\n")
+    assert read_consistent(store, lambda v: len(v.problems), lambda p: [], lambda p: p) == 1
+
+
+def test_a_consistent_read_believes_an_error_only_if_nothing_moved_and_gives_up_in_time():
+    import uuid
+    from layercheck.errors import CheckpointNotFound, CorruptVersion
+    from layercheck.manifest import read_consistent
+    store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
+    _write(store, HEADER, _layer(1), _state(1))
+    tries = []
+
+    def flaky(view):  # fails while a trainer appends, then succeeds
+        tries.append(1)
+        if len(tries) < 3:
+            _write(store, _layer(10 + len(tries)))
+            raise CorruptVersion("moved")
+        return "ok"
+
+    assert read_consistent(store, flaky, lambda p: [], lambda p: p) == "ok" and len(tries) == 3
+    with pytest.raises(CheckpointNotFound, match="still"):  # nothing moved: believed at once
+        read_consistent(store, lambda v: (_ for _ in ()).throw(CheckpointNotFound("still")),
+                        lambda p: [], lambda p: p)
+    count = []
+
+    def always_moving(view):
+        count.append(1)
+        _write(store, _layer(100 + len(count)))
+        raise CorruptVersion(f"try {len(count)}")
+
+    with pytest.raises(LayerCheckError) as err:
+        read_consistent(store, always_moving, lambda p: [], lambda p: p, attempts=3)
+    assert len(count) == 3
+    assert str(err.value) == (f"{store.url} changed under each of 3 tries to read it (a running "
+                              "trainer starting a new timeline?): try again, or stop the trainer; "
+                              "the last try found: try 3")
