@@ -298,3 +298,68 @@ def test_a_consistent_read_believes_an_error_only_if_nothing_moved_and_gives_up_
     assert str(err.value) == (f"{store.url} changed under each of 3 tries to read it (a running "
                               "trainer starting a new timeline?): try again, or stop the trainer; "
                               "the last try found: try 3")
+
+
+def test_a_torn_tail_is_sealed_once_and_nothing_else_is_touched(tmp_path):
+    from layercheck.manifest import seal_torn_tail
+    store = LocalStore(tmp_path)
+    assert seal_torn_tail(store) is False and not store.exists(MANIFEST)  # no manifest
+    store.append(MANIFEST, b"")
+    assert seal_torn_tail(store) is False and store.read(MANIFEST) == b""  # empty
+    _write(store, HEADER, _layer(1))
+    whole = store.read(MANIFEST)
+    assert seal_torn_tail(store) is False and store.read(MANIFEST) == whole  # ends whole
+    line = encode_record(_state(1))
+    store.append(MANIFEST, line[:10])  # a crash mid-append
+    assert seal_torn_tail(store) is True
+    assert store.read(MANIFEST) == whole + line[:10] + b"\n"
+    assert seal_torn_tail(store) is False
+    _write(store, _state(1))  # the next record is not glued to the torn bytes
+    view = read_manifest(store)
+    assert sorted(view.states) == [1] and len(view.problems) == 1
+
+
+@pytest.mark.parametrize("layers", [None, "a", [["a", "block", 1]], [{"kind": "block", "params": 1}],
+                                    [{"name": "a", "params": 1}], [{"name": "a", "kind": "block"}],
+                                    [{"name": "a", "kind": "block", "params": "1"}],
+                                    [{"name": 1, "kind": "block", "params": 1}]])
+def test_a_malformed_header_is_a_problem_and_not_the_header(tmp_path, layers):
+    store = LocalStore(tmp_path)
+    _write(store, {"kind": "header", "layers": layers}, {"kind": "bogus"}, _state(1))
+    view = read_manifest(store)
+    assert view.header is None and sorted(view.states) == [1]
+    assert view.problems == [
+        f"{MANIFEST} line 1: skipped (malformed header: 'layers' must be a list of {{name, kind, params}})",
+        f"{MANIFEST} line 2: skipped (unknown record kind 'bogus')"]
+
+
+def test_drop_and_resume_retire_exactly_what_they_name(tmp_path):
+    store = LocalStore(tmp_path)
+    _write(store, HEADER, _layer(1), _state(1), _layer(2), _state(2), _layer(3), _state(3),
+           {"kind": "drop", "file": _layer(1)["file"]}, {"kind": "drop", "file": _state(2)["file"]})
+    store.append(MANIFEST, b"\n\n")  # blank lines are no records, nor the end of them
+    _write(store, {"kind": "resume", "step": 2})
+    view = read_manifest(store)
+    assert [v.step for v in view.versions["a"]] == [2] and sorted(view.states) == [1]
+    assert view.resumes == [2] and view.problems == []
+
+
+def test_compaction_orders_each_steps_layers_then_its_state_and_needs_a_header(tmp_path):
+    import json
+    from layercheck.manifest import encode_manifest
+    store = LocalStore(tmp_path)
+    _write(store, HEADER, _state(2), _layer(2, "b"), _layer(2, "a"), _state(1), _layer(1, "c"))
+    store.append(MANIFEST, b"damaged one\ndamaged two\n")
+    compact(store)
+    lines = store.read(MANIFEST).split(b"\n")
+    kinds = [(r["kind"], r.get("step"), r.get("layer")) for r in
+             (json.loads(l)["r"] for l in lines[:6])]
+    assert kinds == [("header", None, None), ("layer", 1, "c"), ("state", 1, None),
+                     ("layer", 2, "a"), ("layer", 2, "b"), ("state", 2, None)]
+    assert lines[6:] == [b"damaged one", b"damaged two", b""]
+    assert encode_manifest(HEADER, []) == encode_record(HEADER)
+    bare = open_store(f"memory://bare-{tmp_path.name}-{id(store)}")
+    _write(bare, _state(1))
+    with pytest.raises(LayerCheckError) as err:
+        compact(bare)
+    assert str(err.value) == f"{bare.url}: no header to keep, so the manifest is not compacted"
