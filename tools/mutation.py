@@ -225,6 +225,14 @@ EQUIVALENT: dict[str, str] = {
         "(reuse saves page faults, not results)",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
+    # manifest
+    "layercheck.manifest.x_read_verified_file__mutmut_4":
+        "rpartition for partition on 'algorithm:hex': a checksum holds one colon",
+    "layercheck.manifest.x_read_verified_file__mutmut_10":
+        "no read limit: a regular file longer than committed is read whole and refused with "
+        "the same message (the limit only bounds the memory)",
+    "layercheck.manifest.x_read_verified_file__mutmut_25":
+        "<= for <: that branch is taken only when the sizes differ",
     # store
     "layercheck.store.x_is_temporary__mutmut_6":
         "the last element of rsplit('/') is the last path component for any maxsplit",

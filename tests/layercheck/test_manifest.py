@@ -214,6 +214,10 @@ def _file(header, data=b""):
     (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 3), "tensors cover 2 of 3 data bytes"),
     (_file({"t": {"dtype": "X9", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2), "'X9'"),
     (_file({"__metadata__": [1]}), "__metadata__ is not an object"),
+    ((2 ** 64 - 1).to_bytes(8, "little") + b"{}", f"header of {2 ** 64 - 1} bytes in a file of 10"),
+    ((3).to_bytes(8, "little") + b"{}", "header of 3 bytes in a file of 10"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3),
+     "tensor data offsets do not tile the data section"),
 ])
 def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
     from layercheck.errors import CorruptVersion
@@ -221,8 +225,11 @@ def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
     with pytest.raises(CorruptVersion) as err:
         parse_header(raw, "layers/x")
     assert str(err.value).startswith("layers/x: not a valid safetensors file (") and says in str(err.value)
-    with pytest.raises(CorruptVersion):
-        check_structure(raw, "layers/x")
+    if not says[0].isalpha() or says.startswith(("the header", "tensor data", "__metadata__", "header of")):
+        assert str(err.value) == f"layers/x: not a valid safetensors file ({says})"
+    with pytest.raises(CorruptVersion) as err:
+        check_structure(raw, "layers/y")
+    assert str(err.value).startswith("layers/y: not a valid safetensors file (")
 
 
 def test_well_formed_files_parse_with_and_without_tensors():
@@ -363,3 +370,38 @@ def test_compaction_orders_each_steps_layers_then_its_state_and_needs_a_header(t
     with pytest.raises(LayerCheckError) as err:
         compact(bare)
     assert str(err.value) == f"{bare.url}: no header to keep, so the manifest is not compacted"
+
+
+def test_a_committed_file_that_is_no_safetensors_file_names_itself(tmp_path):
+    from layercheck.errors import CorruptVersion
+    from layercheck.format import checksum
+    from layercheck.manifest import read_verified_file
+    store = LocalStore(tmp_path)
+    store.write_atomic("layers/g.safetensors", b"garbage, checksummed all the same")
+    version = Version(step=1, file="layers/g.safetensors", bytes=33,
+                      checksum=checksum(b"garbage, checksummed all the same"), layer="a", reason="base")
+    with pytest.raises(CorruptVersion, match=r"^layers/g\.safetensors: not a valid safetensors file \("):
+        read_verified_file(store, version)
+
+
+def test_a_consistent_read_tries_eight_times_by_default_and_says_when_nothing_was_found():
+    import uuid
+    from layercheck.manifest import read_consistent
+    store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
+    _write(store, HEADER, _layer(1), _state(1))
+    tries = []
+
+    def retired_each_time(view):  # a suspect that the trainer retires every time
+        tries.append(1)
+        suspect = view.versions["a"][-1]
+        _write(store, _layer(20 + len(tries)), {"kind": "drop", "file": suspect.file})
+        return [suspect]
+
+    with pytest.raises(LayerCheckError) as err:
+        read_consistent(store, retired_each_time, lambda p: p, lambda p: p)
+    assert len(tries) == 8
+    assert str(err.value) == (f"{store.url} changed under each of 8 tries to read it (a running "
+                              "trainer starting a new timeline?): try again, or stop the trainer")
+    # every live version suspected (the whole set, not a part of it): still believed
+    assert read_consistent(store, lambda v: list(v.all_versions()), lambda p: p, len) == len(
+        list(read_manifest(store).all_versions()))
