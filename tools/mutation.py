@@ -231,6 +231,9 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.manifest.x_read_verified_file__mutmut_10":
         "no read limit: a regular file longer than committed is read whole and refused with "
         "the same message (the limit only bounds the memory)",
+    "layercheck.manifest.x_encode_manifest__mutmut_9":
+        "the sort key's name for a state ('XXXX' for ''): a step has one state, after its "
+        "layers by the key before it",
     "layercheck.manifest.x_read_verified_file__mutmut_25":
         "<= for <: that branch is taken only when the sizes differ",
     # store
@@ -321,16 +324,9 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           37: "killed", -11: "killed"}  # -11: the tests crashed (SIGSEGV): a failure seen
 
 
-def _prepare(module: str) -> Path:
-    """A fresh scratch copy of the sources and tests with a mutmut config for ``module``."""
+def _configure(work: Path, module: str) -> None:
+    """The scratch copy's pyproject.toml: the repository's, with mutmut's config for ``module``."""
     source, tests = MODULES[module]
-    work = SCRATCH / module
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
-    for tree in ("layercheck", "sim", "tests"):
-        shutil.copytree(ROOT / tree, work / tree, ignore=ignore)
-    (work / "traces").symlink_to(ROOT / "traces")  # shipped captures some tests read
     package = source.split("/")[0]
     config = "\n".join([
         "", "[tool.mutmut]",
@@ -344,6 +340,18 @@ def _prepare(module: str) -> Path:
         f'process_isolation = "{"forkserver" if module in FORKSERVER else "fork"}"',
         ""])
     (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
+
+
+def _prepare(module: str) -> Path:
+    """A fresh scratch copy of the sources and tests with a mutmut config for ``module``."""
+    work = SCRATCH / module
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for tree in ("layercheck", "sim", "tests"):
+        shutil.copytree(ROOT / tree, work / tree, ignore=ignore)
+    (work / "traces").symlink_to(ROOT / "traces")  # shipped captures some tests read
+    _configure(work, module)
     return work
 
 
@@ -382,6 +390,8 @@ def _refresh_tests(module: str) -> tuple[Path, list[str]]:
     if not (work / "mutants").is_dir() or (work / source).read_bytes() != (ROOT / source).read_bytes():
         raise SystemExit(f"mutation: --survivors needs a previous run of {module} on the same "
                          f"{source}: run without --survivors first")
+    _configure(work, module)  # today's test selection too
+    shutil.copy2(work / "pyproject.toml", work / "mutants" / "pyproject.toml")
     for target in (work / "tests", work / "mutants" / "tests"):
         shutil.rmtree(target)
         shutil.copytree(ROOT / "tests", target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

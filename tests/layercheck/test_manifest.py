@@ -324,6 +324,9 @@ def test_a_torn_tail_is_sealed_once_and_nothing_else_is_touched(tmp_path):
     _write(store, _state(1))  # the next record is not glued to the torn bytes
     view = read_manifest(store)
     assert sorted(view.states) == [1] and len(view.problems) == 1
+    store.append(MANIFEST, line[:10])
+    assert read_manifest(store).problems[-1] == (
+        f"{MANIFEST} line 5: skipped (torn append: the last line has no newline)")
 
 
 @pytest.mark.parametrize("layers", [None, "a", [["a", "block", 1]], [{"kind": "block", "params": 1}],
@@ -342,12 +345,13 @@ def test_a_malformed_header_is_a_problem_and_not_the_header(tmp_path, layers):
 
 def test_drop_and_resume_retire_exactly_what_they_name(tmp_path):
     store = LocalStore(tmp_path)
+    assert read_manifest(store).problems == [] and read_manifest(store).states == {}  # no manifest
     _write(store, HEADER, _layer(1), _state(1), _layer(2), _state(2), _layer(3), _state(3),
-           {"kind": "drop", "file": _layer(1)["file"]}, {"kind": "drop", "file": _state(2)["file"]})
+           {"kind": "drop", "file": _layer(1)["file"]}, {"kind": "drop", "file": _state(1)["file"]})
     store.append(MANIFEST, b"\n\n")  # blank lines are no records, nor the end of them
     _write(store, {"kind": "resume", "step": 2})
     view = read_manifest(store)
-    assert [v.step for v in view.versions["a"]] == [2] and sorted(view.states) == [1]
+    assert [v.step for v in view.versions["a"]] == [2] and sorted(view.states) == [2]
     assert view.resumes == [2] and view.problems == []
 
 
