@@ -3,6 +3,7 @@ gloo group between two real processes."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 import os
 import socket
 from pathlib import Path
@@ -95,7 +96,8 @@ def _outcome(commit, store, step, versions, error):
 
 def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a collective that one rank never joins fails after a minute instead of hanging
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     group = dist.new_group(backend="gloo")
     store = LocalStore(root)
     commit = ShardedCommit(group, rank, 2)
