@@ -267,6 +267,14 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.store.x_read_buffer__mutmut_6": "as read_buffer 1",
     "layercheck.store.x_read_buffer__mutmut_7": "as read_buffer 1",
     "layercheck.store.x_read_buffer__mutmut_8": "as read_buffer 1",
+    "layercheck.store.x__read_all__mutmut_2":
+        "one more read at the end: os.read of 0 bytes returns b'' and the loop ends",
+    "layercheck.store.x__read_all__mutmut_14": "the size of each read call (2**27 for 2**26): the same bytes",
+    "layercheck.store.x__read_all__mutmut_15": "as _read_all 14",
+    "layercheck.store.x_open_store__mutmut_33":
+        "LocalStore without create=False: open_store has already refused a missing "
+        "directory then, and creating an existing one changes nothing",
+    "layercheck.store.xǁLocalStoreǁlist__mutmut_14": "follow_symlinks=None is falsy, as False",
     "layercheck.store.x__write_all__mutmut_5":
         "a memoryview cast to signed bytes writes the same memory",
     "layercheck.store.xǁFsspecStoreǁappend__mutmut_7":

@@ -475,3 +475,41 @@ def test_open_store_passes_create_on_and_refuses_what_is_not_a_location(tmp_path
     store.write_atomic("Xa", b"1")
     store.write_atomic("d/boX", b"2")
     assert store.list("") == ["Xa"] and store.list("d") == ["d/boX"]
+
+
+def test_a_linked_folder_at_any_depth_is_refused(tmp_path):
+    store = LocalStore(tmp_path / "c")
+    (tmp_path / "c/a").mkdir()
+    os.symlink(tmp_path, tmp_path / "c/a/b")
+    with pytest.raises(LayerCheckError, match=r"c/a/b is a symbolic link"):
+        store.write_atomic("a/b/c/x", b"")
+
+
+_RAW_HOLDER = """
+import fcntl, os, sys
+fd = os.open(os.path.join(sys.argv[1], ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.pwrite(fd, bytes.fromhex(sys.argv[2]), 0)
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("content,named", [(b"", "unknown"), (b"\xff12\n", "\ufffd12")])
+def test_a_holder_that_wrote_no_pid_or_garbage_is_still_named(tmp_path, content, named):
+    holder = subprocess.Popen([sys.executable, "-c", _RAW_HOLDER, str(tmp_path), content.hex()],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        with pytest.raises(DirectoryLocked, match=f"pid {named} holds"):
+            LocalStore(tmp_path).lock()
+    finally:
+        holder.communicate("done\n", timeout=60)
+
+
+def test_an_fsspec_url_with_a_trailing_slash_is_the_same_store():
+    name = f"slash-{uuid.uuid4().hex}"
+    FsspecStore(f"memory://{name}/").write_atomic("f", b"x")
+    assert FsspecStore(f"memory://{name}").read("f") == b"x"
+    assert FsspecStore(f"memory://{name}/").list("") == ["f"]
