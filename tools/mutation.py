@@ -140,9 +140,6 @@ EQUIVALENT: dict[str, str] = {
     "sim.engine.xǁ_Lanesǁadvance__mutmut_180":
         "event counts as float64 instead of int64 in a float64 total: the same sums",
     "sim.engine.xǁ_Lanesǁadvance__mutmut_181": "as advance 180",
-    "sim.engine.xǁ_Lanesǁadvance__mutmut_205":
-        "pending changed also where no failure ends the segment: that is a lane's last "
-        "segment, after which nothing reads pending",
     "sim.engine.xǁ_Lanesǁ_whole_jobs__mutmut_29":
         "work[off] is position 0 of the timeline (no step done): 0, so + and - agree",
     "sim.engine.xǁ_Lanesǁ_whole_jobs__mutmut_65": "checkpoints[off] is 0: as _whole_jobs 29",

@@ -179,6 +179,10 @@ def test_recovering_from_the_backup_tier_costs_its_own_time():
     _assert_equal(res, refs)
     plain, _ = _both(base, failures, uniforms, window)
     assert (res.recovery_s > plain.recovery_s).all()
+    # the same lanes on the second of two stacked timelines (a non-zero offset)
+    stacked = run_lanes([Timeline.build(base), Timeline.build(schedule)], np.ones(3, dtype=int),
+                        failures, np.arange(3), uniforms, window)
+    _assert_equal(stacked, refs)
 
 
 def test_timelines_shorter_than_ten_seconds_stay_apart():
