@@ -513,3 +513,31 @@ def test_an_fsspec_url_with_a_trailing_slash_is_the_same_store():
     FsspecStore(f"memory://{name}/").write_atomic("f", b"x")
     assert FsspecStore(f"memory://{name}").read("f") == b"x"
     assert FsspecStore(f"memory://{name}/").list("") == ["f"]
+
+
+def test_a_forked_child_holds_none_of_its_parents_locks(tmp_path):
+    """A DataLoader worker forked from a trainer: the directory is locked by the parent,
+    not by it (it can neither keep nor release the parent's lock)."""
+    store = LocalStore(tmp_path)
+    store.lock()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit status only
+            code = 1
+            try:
+                LocalStore(tmp_path).lock()
+            except DirectoryLocked as exc:  # held by another process: the parent
+                code = 0 if "in use by another process" in str(exc) else 2
+            except BaseException:
+                code = 3
+            try:
+                store.unlock()  # nothing of this process's to release
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        with pytest.raises(DirectoryLocked, match="already open in this process"):
+            LocalStore(tmp_path).lock()  # the parent still holds it
+    finally:
+        store.unlock()
