@@ -55,6 +55,11 @@ def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):
                                           "layers": [{"name": "a", "kind": "block", "params": 1}],
                                           "world_size": 2}))
     store.append(MANIFEST, encode_record(record))
+    state_shards = tuple(Shard(f"states/1.rank{r}.safetensors", 20 + r, f"crc32:{r:08x}") for r in range(2))
+    store.append(MANIFEST, encode_record(Version(step=1, file=state_shards[0].file, bytes=20,
+                                                 checksum=state_shards[0].checksum,
+                                                 shards=state_shards).to_record()))
+    assert read_manifest(store, rank=1).states[1].file == "states/1.rank1.safetensors"
     one = read_manifest(store, rank=1)
     assert one.world_size == 2
     (version,) = one.versions["a"]
@@ -145,7 +150,9 @@ def test_ranks_commit_together_or_not_at_all(tmp_path):
         [f"layers/state@1.rank{r}.safetensors" for r in range(2)]]
     # step 3: the ranks disagree on what the step writes: neither commits, both say so
     for out in outs:
-        assert out["disagree"].startswith("WriteFailed: the ranks disagree on what step 3 writes")
+        assert out["disagree"] == ("WriteFailed: the ranks disagree on what step 3 writes "
+                                   "([('a',), ('b',)]); every rank must call step() after every "
+                                   "optimizer step")
     # step 4: a failure a retry cannot fix wins on every rank (LayerCheckError, not retried)
     assert outs[0]["final"] == ("LayerCheckError: rank 1 could not write its shard of step 4 "
                                 "(ValueError: bad tensor)")
