@@ -181,7 +181,10 @@ class _Lanes:
         tot["jobs"][a] += finish + whole
         tot["bytes_written"][a] += nbytes + st.written[reached] - st.written[gs]
         tot["rolled_back_steps"][a] += np.where(fail, reached - off - c, 0)
-        tot["events"][a] += fail + ((pending > 0) & (g >= pending)) + ck + finish + whole \
+        # counts, not flags: bool + bool is an or in numpy, which counted a failure and
+        # the recovery it ended in the same segment as one event
+        recovered = (pending > 0) & (g >= pending)
+        tot["events"][a] += fail.astype(np.int64) + recovered.astype(np.int64) + ck + finish + whole \
             + st.checkpoints[reached] - st.checkpoints[gs]
         trained = g >= pending
         self.pos[a] = np.where(fail, c, j)

@@ -37,7 +37,8 @@ class _State:
     activity: tuple = ("stall", 0.0)
     tot: dict = field(default_factory=lambda: dict.fromkeys(
         ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s", "failures",
-         "bytes_written", "jobs", "rolled_back_steps"), 0.0))
+         "bytes_written", "jobs", "rolled_back_steps", "events"), 0.0))
+    """``events``: failures + completed recoveries + checkpoints taken + jobs finished."""
 
 
 def run_reference(schedule: Schedule, failure_times: np.ndarray, uniforms: np.ndarray,
@@ -75,6 +76,7 @@ def _recover(env, st: _State):
         st.activity = ("recovery", env.now)
         yield env.timeout(st.pending)
         st.tot["recovery_s"] += st.pending
+        st.tot["events"] += 1
         st.pending = 0.0
 
 
@@ -88,11 +90,19 @@ def _jobs(env, st: _State):
             st.tot["bytes_written"] += p.bytes[i]
             st.reached = i
             if i < n:
+                st.tot["events"] += _takes_checkpoint(p, i)  # counted once its step is done
                 yield from _checkpoint(env, st, i)
         st.tot["jobs"] += 1
+        st.tot["events"] += 1
         st.generation += 1          # the job's own final save; in-flight copies are moot
         st.pos = st.reached = st.primary = st.backup = 0
         st.writer_free = env.now
+
+
+def _takes_checkpoint(p: Schedule, i: int) -> bool:
+    """Whether step i checkpoints: a snapshot, a persist, a commit or a backup."""
+    return bool(p.snap[i] > 0 or p.persist[i] > 0 or p.commit[i]
+                or (p.backup is not None and np.isfinite(p.backup[i])))
 
 
 def _checkpoint(env, st: _State, i: int):
@@ -130,6 +140,7 @@ def _fail(env, st: _State, k: int) -> None:
     st.tot[{"compute": "lost_work_s", "stall": "checkpoint_stall_s",
             "recovery": "recovery_s"}[kind]] += partial
     st.tot["failures"] += 1
+    st.tot["events"] += 1
     lost_primary = st.uniforms[k] < p.backup_probability
     cb = st.backup
     c = cb if lost_primary else max(st.primary, cb)

@@ -3,6 +3,7 @@ gloo group between two real processes."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 import os
 import socket
 from pathlib import Path
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from layercheck.commit import ShardedCommit, all_gather_json  # noqa: E402
+from layercheck.commit import Commit, ShardedCommit, all_gather_json  # noqa: E402
 from layercheck.errors import WriteFailed  # noqa: E402
 from layercheck.format import MANIFEST, Shard, Version, encode_record  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
@@ -24,6 +25,24 @@ def _version(step: int, layer: str | None, rank: int) -> Version:
     return Version(step=step, file=f"layers/{layer or 'state'}@{step}.rank{rank}.safetensors",
                    bytes=10 + rank, checksum=f"crc32:0000000{rank}", layer=layer,
                    reason="base" if layer else None)
+
+
+def _records(store):
+    raw = store.read(MANIFEST) if store.exists(MANIFEST) else b""
+    return [json.loads(line)["r"] for line in raw.splitlines()]
+
+
+def test_one_process_appends_its_versions_in_order_or_nothing(tmp_path):
+    store = LocalStore(tmp_path)
+    versions = [_version(3, "a", 0), _version(3, "b", 0), _version(3, None, 0)]
+    assert Commit().commit(store, 3, versions, None) == versions
+    assert [(r["kind"], r["step"], r.get("layer")) for r in _records(store)] == [
+        ("layer", 3, "a"), ("layer", 3, "b"), ("state", 3, None)]  # layers first, state last
+    assert Commit().commit(store, 4, [], None) == []  # a step that wrote nothing commits nothing
+    with pytest.raises(OSError, match="No space"):  # its writes failed: commits nothing, says why
+        Commit().commit(store, 5, [_version(5, "a", 0)], OSError(28, "No space left on device"))
+    assert len(_records(store)) == 3
+    assert sorted(read_manifest(store).states) == [3]
 
 
 def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):
@@ -61,9 +80,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _FullDisk(LocalStore):
+    """Rank 0's store once its disk is full: appends fail (fault injection)."""
+
+    def append(self, path, data):
+        raise OSError(28, "No space left on device")
+
+
+def _outcome(commit, store, step, versions, error):
+    try:
+        return "committed " + ",".join(v.file for v in commit.commit(store, step, versions, error))
+    except Exception as exc:  # noqa: BLE001 - what each rank saw is the result
+        return f"{type(exc).__name__}: {exc}"
+
+
 def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a collective that one rank never joins fails after a minute instead of hanging
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     group = dist.new_group(backend="gloo")
     store = LocalStore(root)
     commit = ShardedCommit(group, rank, 2)
@@ -72,11 +106,18 @@ def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
     merged = commit.commit(store, 1, mine, None)
     out["merged"] = [v.to_record() for v in merged]
     error = OSError(28, "No space left on device") if rank == fail_rank else None
-    try:
-        commit.commit(store, 2, [] if error else [_version(2, "a", rank)], error)
-        out["second"] = "committed"
-    except (WriteFailed, OSError) as exc:
-        out["second"] = f"{type(exc).__name__}: {exc}"
+    out["second"] = _outcome(commit, store, 2, [] if error else [_version(2, "a", rank)], error)
+    # step 3: rank 1 writes another layer than rank 0 (a rank that skipped a step)
+    out["disagree"] = _outcome(commit, store, 3, [_version(3, "a" if rank == 0 else "b", rank)], None)
+    # step 4: rank 1 fails for a reason a retry cannot fix; rank 0 a full disk (retryable)
+    error = ValueError("bad tensor") if rank == 1 else OSError(28, "No space left on device")
+    out["final"] = _outcome(commit, store, 4, [], error)
+    # step 5: every rank wrote its shard, rank 0 cannot append the records
+    out["append"] = _outcome(commit, _FullDisk(root) if rank == 0 else store, 5,
+                             [_version(5, "a", rank)], None)
+    # step 6: both ranks failed, both retryable: each raises its own error
+    error = OSError(5, f"I/O error on rank {rank}")
+    out["both"] = _outcome(commit, store, 6, [], error)
     Path(root, f"out{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -92,5 +133,27 @@ def test_ranks_commit_together_or_not_at_all(tmp_path):
     assert [v.file for v in view1.versions["a"]] == ["layers/a@1.rank1.safetensors"]
     assert sorted(view0.states) == sorted(view1.states) == [1]
     # step 2: rank 1 failed to write, so neither rank committed anything of it
-    assert "rank 1" in outs[0]["second"] and "No space" in outs[1]["second"]
-    assert all(v.step == 1 for v in view0.versions["a"])
+    assert outs[0]["second"] == ("WriteFailed: rank 1 could not write its shard of step 2 "
+                                 "(OSError: [Errno 28] No space left on device)")
+    assert outs[1]["second"] == "OSError: [Errno 28] No space left on device"
+    # every rank returns the same merged records: its versions with every rank's shard
+    assert outs[0]["merged"] == outs[1]["merged"]
+    assert [[sh["file"] for sh in r["shards"]] for r in outs[0]["merged"]] == [
+        [f"layers/a@1.rank{r}.safetensors" for r in range(2)],
+        [f"layers/state@1.rank{r}.safetensors" for r in range(2)]]
+    # step 3: the ranks disagree on what the step writes: neither commits, both say so
+    for out in outs:
+        assert out["disagree"].startswith("WriteFailed: the ranks disagree on what step 3 writes")
+    # step 4: a failure a retry cannot fix wins on every rank (LayerCheckError, not retried)
+    assert outs[0]["final"] == ("LayerCheckError: rank 1 could not write its shard of step 4 "
+                                "(ValueError: bad tensor)")
+    assert outs[1]["final"] == "ValueError: bad tensor"
+    # step 5: rank 0's append failed: it raises its own error, rank 1 learns of it
+    assert outs[0]["append"] == "OSError: [Errno 28] No space left on device"
+    assert outs[1]["append"] == ("WriteFailed: rank 0 could not append the manifest records of "
+                                 "step 5 (OSError: [Errno 28] No space left on device)")
+    assert [outs[r]["both"] for r in range(2)] == [f"OSError: [Errno 5] I/O error on rank {r}"
+                                                    for r in range(2)]
+    # nothing of steps 2-6 was committed, on either rank's view
+    assert all(v.step == 1 for v in view0.versions["a"]) and sorted(view0.states) == [1]
+    assert read_manifest(LocalStore(tmp_path), 0).versions.keys() == {"a"}

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -436,3 +438,316 @@ def test_lora_save_and_restore_round_trip_is_bit_for_bit(tmp_path):
         for _ in range(3):
             _lora_step(m, o)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), other.parameters()))
+
+
+def test_float64_parameters_are_measured_in_float64():
+    """The torch path computes in the parameters' own dtype: fp64 weights give the copy
+    reference to ~1e-13 (an fp32 pass would be off by ~1e-7)."""
+    torch.manual_seed(0)
+    model = tiny_lm(tied=False, layers=2).double()
+    layer_map = LayerMap.auto(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    tracker = _trackers(opt, layer_map)
+    for _ in range(2):
+        ids = torch.randint(0, 128, (2, 10))
+        model(input_ids=ids, labels=ids).loss.backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        drift, _, _ = tracker.take()
+        np.testing.assert_allclose(drift, _reference(before, model, layer_map), rtol=1e-9)
+
+
+def test_the_copy_fallback_samples_large_tensors_too():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 8))
+    layers = [list(model[0].parameters()), list(model[2].parameters())]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with pytest.warns(UserWarning, match="copy of the previous weights"):
+        exact = DriftTracker(opt, layers)
+        sampled = DriftTracker(opt, layers, sampling=8)
+    for _ in range(3):
+        model(torch.randn(16, 512)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        d_exact, _, _ = exact.take()
+        d_sampled, _, _ = sampled.take()
+        np.testing.assert_allclose(d_sampled, d_exact, rtol=0.05)
+        assert not np.array_equal(d_sampled, d_exact)  # the 512x512 weight was sampled
+
+
+@needs_numba
+def test_sampled_layers_split_over_param_groups_agree_on_both_paths():
+    """The usual decay / no-decay split puts one layer's tensors in two groups; with
+    sampling=2 a tensor of whole runs stands for exactly twice its sampled sum."""
+    big, small = _flat_parts([131_072, 1_000])
+    opt = torch.optim.AdamW([{"params": [big], "weight_decay": 0.1},
+                             {"params": [small], "weight_decay": 0.0, "lr": 3e-3}], lr=1e-3)
+    fused = DriftTracker(opt, [[big, small]], sampling=2)
+    plain = DriftTracker(opt, [[big, small]], sampling=2, fused=False)
+    exact = DriftTracker(opt, [[big, small]], fused=False)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(4):
+        _flat_loss([big, small], gen).backward()
+        before = [big.detach().clone(), small.detach().clone()]
+        opt.step()
+        opt.zero_grad()
+        a, _, _ = fused.take()
+        b, _, _ = plain.take()
+        c, _, _ = exact.take()
+        np.testing.assert_allclose(a, b, rtol=2e-6)
+        np.testing.assert_allclose(b, c, rtol=0.05)
+        assert b[0] != c[0]  # it sampled
+        # each group's own LR and decay: the exact tracker equals the copy reference
+        moved = sum(float((p.detach().double() - q.double()).abs().sum()) for p, q in zip((big, small), before))
+        size = sum(float(p.detach().double().abs().sum()) for p in (big, small))
+        assert c[0] == pytest.approx(moved / size, rel=2e-4)  # lr 1e-3: the copy rounds
+
+
+# -- the rest of the tracker's contract ----------------------------------------------------
+
+def _sgd_tracker(params_by_layer, **kw):
+    opt = torch.optim.SGD([p for ps in params_by_layer for p in ps], lr=1.0)
+    with pytest.warns(UserWarning):
+        return opt, DriftTracker(opt, params_by_layer, **kw)
+
+
+def test_kernels_load_on_first_use_and_a_failed_import_means_the_torch_path(monkeypatch):
+    import layercheck.kernels
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
+    tracker = DriftTracker(opt, [list(lin.parameters())])
+    monkeypatch.setattr(drift_module, "_kernels", None)  # as in a fresh process
+    lin(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    tracker.take()
+    assert drift_module._kernels is layercheck.kernels and tracker.fused_params == (2 if HAVE_NUMBA else 0)
+    # numba missing: the import fails once, is remembered, and the torch path measures
+    monkeypatch.setattr(drift_module, "_kernels", None)
+    monkeypatch.setitem(sys.modules, "numba", None)
+    monkeypatch.delitem(sys.modules, "layercheck.kernels")
+    before = {n: p.detach().clone() for n, p in lin.named_parameters()}
+    lin(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    drift, _, _ = tracker.take()
+    assert drift_module._kernels is False and tracker.fused_params == 0
+    moved = sum(float((p.detach().double() - before[n].double()).abs().sum()) for n, p in lin.named_parameters())
+    assert drift[0] == pytest.approx(moved / sum(float(p.detach().double().abs().sum()) for p in lin.parameters()), rel=1e-5)
+
+
+def test_layers_of_zero_small_and_infinite_weight():
+    """d = moved / size, also when both are below 1; a layer that moved to all zeros
+    drifted infinitely (however little it moved), one that is and stays zero not at
+    all; weights that overflowed give NaN; none of it warns."""
+    import warnings
+    ws = [torch.nn.Parameter(torch.full((4,), v)) for v in (0.125, 0.0, 0.125)]
+    opt, tracker = _sgd_tracker([[w] for w in ws])
+    for w, g in zip(ws, (0.125, 0.0, 0.0625)):
+        w.grad = torch.full((4,), g)  # moves 0.5, 0 and 0.25 in all
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drift, _, _ = tracker.take()
+    assert drift[0] == math.inf and drift[1] == 0.0 and drift[2] == 1.0
+    inf = torch.nn.Parameter(torch.full((4,), math.inf))
+    opt = torch.optim.AdamW([inf], lr=1e-2)
+    tracker = DriftTracker(opt, [[inf]])
+    inf.grad = torch.ones(4)
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drift, _, _ = tracker.take()  # inf / inf
+    assert math.isnan(drift[0])
+
+
+def test_time_lr_and_fused_count_before_and_after_steps():
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(lin.parameters(), lr=3e-3)
+    tracker = DriftTracker(opt, [list(lin.parameters())])
+    assert tracker.fused_params == 0 and tracker.seconds == 0.0
+    drift, lr, seconds = tracker.take()  # no step yet: nothing moved, no LR
+    assert drift.tolist() == [0.0] and math.isnan(lr) and 0.0 <= seconds < 0.5
+    for _ in range(2):
+        lin(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        assert 0.0 < tracker.seconds < 0.5  # the hook's own time, so far this step
+        drift, lr, seconds = tracker.take()
+        assert drift[0] > 0 and lr == 3e-3 and 0.0 < seconds < 0.5 and tracker.seconds == 0.0
+
+
+def _make_sgd_tracker(lin):
+    return DriftTracker(torch.optim.SGD(lin.parameters(), lr=0.1), [list(lin.parameters())])
+
+
+def test_the_copy_warning_names_the_optimizer():
+    lin = torch.nn.Linear(2, 2)
+    with pytest.warns(UserWarning) as record:
+        _make_sgd_tracker(lin)
+    (w,) = record.list
+    assert str(w.message) == ("layercheck: drift for SGD is measured by keeping a copy of the "
+                              "previous weights (exact, one extra model copy in memory); Adam and "
+                              "AdamW need no copy")
+
+
+def test_sampling_below_one_is_refused_with_the_fix():
+    lin = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(lin.parameters())
+    with pytest.raises(ValueError) as err:
+        DriftTracker(opt, [list(lin.parameters())], sampling=0)
+    assert str(err.value) == "sampling=0: use 1 (every element) or more"
+
+
+def test_given_groups_decide_what_is_tracked_and_the_rest_is_frozen():
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(list(a.parameters()) + list(b.parameters()), lr=1e-2)
+    group = opt.param_groups[0]
+    tracker = DriftTracker(opt, [list(a.parameters()), list(b.parameters())],
+                           groups={id(p): group for p in a.parameters()})
+    (a(torch.randn(2, 4)).sum() + b(torch.randn(2, 4)).sum()).backward()
+    opt.step()
+    drift, _, _ = tracker.take()
+    assert drift[0] > 0 and drift[1] == 0.0  # b moved, but the tracker was told it is frozen
+
+
+def test_sampling_starts_at_sample_min_elements_and_is_off_by_default():
+    from layercheck.drift import SAMPLE_MIN
+    gen = torch.Generator().manual_seed(5)
+    at, below = (torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (SAMPLE_MIN, SAMPLE_MIN - 1))
+    opt = torch.optim.AdamW([at, below], lr=1e-2)
+    default, sampled = (DriftTracker(opt, [[at], [below]], fused=False, **kw) for kw in ({}, {"sampling": 2}))
+    (at.pow(2).sum() + below.pow(2).sum() + at[::3].sum() + below[::5].sum()).backward()
+    before = [at.detach().clone(), below.detach().clone()]
+    opt.step()
+    d_default, _, _ = default.take()
+    d_sampled, _, _ = sampled.take()
+    exact = [float((p.detach().double() - b.double()).abs().sum() / p.detach().double().abs().sum())
+             for p, b in zip((at, below), before)]
+    np.testing.assert_allclose(d_default, exact, rtol=1e-5)  # the default measures every element
+    assert d_sampled[1] == d_default[1]  # below SAMPLE_MIN: whole
+    assert d_sampled[0] != d_default[0]  # at SAMPLE_MIN: sampled
+    np.testing.assert_allclose(d_sampled[0], exact[0], rtol=0.05)
+
+
+@pytest.mark.parametrize("fused", [pytest.param(True, marks=needs_numba), False], ids=["fused", "foreach"])
+def test_take_k_reads_block_k_mod_n_of_every_run(fused):
+    """With sampling=n, step k's pass reads block k mod n of each run of n blocks (the
+    module doc): a step that moves only those elements is seen, one that moves only the
+    others is not. Adam with beta1 = 0 moves exactly the elements with a gradient."""
+    n = 4
+    p = torch.nn.Parameter(torch.ones(BLOCK * n * 300))
+    opt = torch.optim.AdamW([p], lr=1e-2, betas=(0.0, 0.999), weight_decay=0.0)
+    tracker = DriftTracker(opt, [[p]], sampling=n, fused=fused)
+    block = torch.arange(p.numel()) // BLOCK % n
+    for k in range(3 * n):
+        if k % 2 == 0:
+            p.grad = (block == k % n).float()  # moves only the block take k reads
+        else:
+            p.grad = (block != k % n).float()  # moves everything but that block
+        opt.step()
+        drift, _, _ = tracker.take()
+        assert (drift[0] > 0) == (k % 2 == 0), k
+
+
+def test_hook_calls_of_one_step_add_up():
+    """Under ZeRO-3 the hook runs once per partition within a step: the sums of every
+    call count (moved and |w| alike), and so do the tensors the kernel measured."""
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
+    tracker = DriftTracker(opt, [list(lin.parameters())])
+    moved = size = 0.0
+    for _ in range(2):  # two calls before one take()
+        before = {n: p.detach().clone() for n, p in lin.named_parameters()}
+        lin(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        moved += sum(float((p.detach().double() - before[n].double()).abs().sum())
+                     for n, p in lin.named_parameters())
+        size += sum(float(p.detach().double().abs().sum()) for p in lin.parameters())
+    drift, _, _ = tracker.take()
+    assert drift[0] == pytest.approx(moved / size, rel=1e-5)
+    assert tracker.fused_params == (4 if HAVE_NUMBA else 0)
+
+
+@needs_numba
+def test_the_kernel_measures_every_fusable_tensor_whatever_comes_first():
+    """A layer without gradient this step, or one the kernel cannot read, ahead of the
+    others: every fusable tensor is still measured by the kernel."""
+    gen = torch.Generator().manual_seed(6)
+    gapped = torch.nn.Parameter(torch.randn(64, 64, generator=gen)[:, ::2])  # not contiguous
+    idle, busy = (torch.nn.Parameter(torch.randn(100, generator=gen)) for _ in range(2))
+    opt = torch.optim.AdamW([gapped, idle, busy], lr=1e-2)
+    tracker = DriftTracker(opt, [[gapped], [idle], [busy]])
+    (gapped.sum() + busy.pow(2).sum()).backward()
+    opt.step()  # idle has no gradient: Adam leaves it
+    drift, _, _ = tracker.take()
+    assert tracker.fused_params == 2  # idle (its size) and busy, not the gapped view
+    assert drift[1] == 0.0 and drift[0] > 0 and drift[2] > 0
+
+
+def test_local_hands_over_a_dtensors_shard_and_a_plain_tensor_itself():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from layercheck.drift import local
+    plain = torch.arange(4.0)
+    assert local(plain) is plain
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = distribute_tensor(torch.arange(4.0), init_device_mesh("cpu", (1,)), [Shard(0)])
+        shard = local(sharded)
+        assert isinstance(sharded, DTensor) and not isinstance(shard, DTensor)
+        assert torch.equal(shard, torch.arange(4.0))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("opt_cls,fused", [(torch.optim.SGD, False), (torch.optim.AdamW, False),
+                                           pytest.param(torch.optim.AdamW, True, marks=needs_numba)])
+def test_a_sampled_tensor_counts_for_all_its_elements_next_to_a_whole_one(opt_cls, fused):
+    """Every element of both tensors moves alike, so a sampled estimate is exact if
+    and only if each sampled tensor stands for exactly its element count (n / elements
+    read, the tail after the last whole run included) next to a tensor read whole."""
+    big = torch.nn.Parameter(torch.ones(2 * BLOCK * 512 + 255))  # sampled, with a tail
+    small = torch.nn.Parameter(torch.full((1000,), 2.0))  # under SAMPLE_MIN: whole
+    kw = {"lr": 0.5} if opt_cls is torch.optim.SGD else {"lr": 0.5, "weight_decay": 0.0}
+    opt = opt_cls([big, small], **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SGD: the copy fallback's notice
+        sampled = DriftTracker(opt, [[big, small]], sampling=2, fused=fused)
+        exact = DriftTracker(opt, [[big, small]], fused=fused)
+    for _ in range(3):
+        big.grad, small.grad = torch.ones_like(big), torch.ones_like(small)
+        opt.step()
+        a, _, _ = sampled.take()
+        b, _, _ = exact.take()
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_adam_with_decoupled_weight_decay_is_measured_as_adamw():
+    torch.manual_seed(0)
+    model = tiny_lm(tied=False, layers=2)
+    layer_map = LayerMap.auto(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True)
+    tracker = _trackers(opt, layer_map)
+    for _ in range(2):
+        ids = torch.randint(0, 128, (2, 10))
+        model(input_ids=ids, labels=ids).loss.backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        drift, _, _ = tracker.take()
+        np.testing.assert_allclose(drift, _reference(before, model, layer_map), rtol=1e-5)
+
+
+def test_a_hook_call_measures_only_what_that_call_stepped():
+    """ZeRO-3 steps one partition per call: tensors tracked but not in this call's
+    param groups are left for their own call, and those after them are still measured."""
+    other, mine = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(8))
+    opt_other, opt = torch.optim.AdamW([other], lr=1e-2), torch.optim.AdamW([mine], lr=1e-2)
+    tracker = DriftTracker(opt, [[other], [mine]],
+                           groups={id(other): opt_other.param_groups[0], id(mine): opt.param_groups[0]})
+    other.grad, mine.grad = torch.ones(8), torch.ones(8)
+    opt.step()  # the hook sees only `mine` stepped
+    drift, _, _ = tracker.take()
+    # AdamW from w = 1: w(1) = 1 - lr wd - lr = 0.9899 (first step: m / sqrt(v) = 1)
+    assert drift[0] == 0.0 and drift[1] == pytest.approx(0.0101 / 0.9899, rel=1e-4)

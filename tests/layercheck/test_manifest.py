@@ -71,7 +71,8 @@ def test_open_store_kinds(tmp_path):
     assert isinstance(open_store(tmp_path / "new"), LocalStore)
     with pytest.raises(LayerCheckError, match="no such checkpoint directory"):
         open_store(tmp_path / "absent", create=False)
-    mem = open_store("memory://lc-manifest-test")
+    import uuid
+    mem = open_store(f"memory://lc-manifest-{uuid.uuid4().hex}")  # memory:// outlives the test
     mem.append("m.jsonl", b"a\n")
     mem.append("m.jsonl", b"b\n")
     assert mem.read("m.jsonl") == b"a\nb\n"
@@ -135,3 +136,276 @@ def test_under_retention_the_manifest_is_compacted_while_training(tmp_path, monk
     assert view.latest_step() == 40 and view.problems == []
     assert _replayed(view)[1:] == _replayed(reference)[1:]
     assert view.header["layers"] == reference.header["layers"]
+
+
+# -- reading a committed file: verified against its record ---------------------------------
+def _committed(store, *, layer="a", step=3, rank=None, metadata=None, name="layers/f.safetensors"):
+    import numpy as np
+    import safetensors.numpy
+    from layercheck.format import checksum, layer_metadata
+    data = safetensors.numpy.save({"w": np.arange(4, dtype=np.float32), "b": np.ones(2, np.int64)},
+                                  metadata=metadata if metadata is not None else layer_metadata(layer, step, rank))
+    store.write_atomic(name, data)
+    return data, Version(step=step, file=name, bytes=len(data), checksum=checksum(data),
+                         layer=layer, reason="threshold", rank=rank)
+
+
+def test_a_committed_file_is_read_once_and_verified(tmp_path):
+    import dataclasses
+    from layercheck.errors import CorruptVersion, ReadFailed
+    from layercheck.manifest import check_structure, read_verified, read_verified_file
+    store = LocalStore(tmp_path)
+    data, version = _committed(store)
+    verified = read_verified_file(store, version)
+    assert bytes(verified.data) == data and bytes(read_verified(store, version)) == data
+    n = int.from_bytes(data[:8], "little")
+    assert verified.data_start == 8 + n and set(verified.header) == {"w", "b", "__metadata__"}
+    assert verified.metadata == {"format": "layercheck-layer/1", "layer": "a", "step": "3"}
+    assert check_structure(data, "x") == verified.metadata
+    cases = {
+        dataclasses.replace(version, bytes=len(data) + 1): f"{len(data)} bytes on disk, {len(data) + 1} committed",
+        dataclasses.replace(version, bytes=len(data) - 1): f"longer on disk than the {len(data) - 1} bytes committed",
+        dataclasses.replace(version, checksum="crc32:00000000"): "checksum mismatch (the file changed after commit)",
+        dataclasses.replace(version, file="layers/none.safetensors"): "missing, or not the file committed (FileNotFoundError)",
+        dataclasses.replace(version, layer="b"): "holds layer a of step 3, but the manifest names it as layer b of step 3",
+        dataclasses.replace(version, step=4): "holds layer a of step 3, but the manifest names it as layer a of step 4",
+        dataclasses.replace(version, layer=None): "holds layer a of step 3, but the manifest names it as the training state of step 3",
+    }
+    for bad, says in cases.items():
+        with pytest.raises(CorruptVersion) as err:
+            read_verified_file(store, bad)
+        assert str(err.value) == f"{bad.file}: {says}"
+    _, sharded = _committed(store, rank=1, name="layers/r.safetensors")
+    assert read_verified_file(store, sharded).metadata["rank"] == "1"
+    with pytest.raises(CorruptVersion, match="holds rank 1's shard, but the manifest names it as rank 0's"):
+        read_verified_file(store, dataclasses.replace(sharded, rank=0))
+    _, anonymous = _committed(store, metadata={"x": "y"}, name="layers/n.safetensors")
+    with pytest.raises(CorruptVersion, match=r"its metadata does not say what it holds \(KeyError"):
+        read_verified_file(store, anonymous)
+
+    class Failing(LocalStore):
+        def read_buffer(self, path, limit=None, consume=None):
+            raise OSError(5, "Input/output error")
+
+    with pytest.raises(ReadFailed) as err:
+        read_verified_file(Failing(tmp_path), version)
+    assert str(err.value) == (f"{version.file}: cannot be read ([Errno 5] Input/output error): an "
+                              "I/O error, not damage, so nothing was passed over; try again once "
+                              "the storage answers")
+
+
+def _file(header, data=b""):
+    import json as _json
+    body = _json.dumps(header).encode()
+    return len(body).to_bytes(8, "little") + body + data
+
+
+@pytest.mark.parametrize("raw,says", [
+    (b"\x00" * 4, "unpack requires"),
+    ((1000).to_bytes(8, "little") + b"{}", "header of 1000 bytes in a file of 10"),
+    (_file([1, 2]), "the header is not a JSON object"),
+    (_file({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4), "has shape [-1]"),
+    (_file({"t": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, b"\0" * 8), "has shape [2.0]"),
+    (_file({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4), "offsets 0..4 for 8 bytes"),
+    (_file({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4]}}, b"\0" * 4), "offsets 0.0..4 for 4 bytes"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3), "do not tile"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+            "u": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3), "do not tile"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 3), "tensors cover 2 of 3 data bytes"),
+    (_file({"t": {"dtype": "X9", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2), "'X9'"),
+    (_file({"__metadata__": [1]}), "__metadata__ is not an object"),
+    ((2 ** 64 - 1).to_bytes(8, "little") + b"{}", f"header of {2 ** 64 - 1} bytes in a file of 10"),
+    ((3).to_bytes(8, "little") + b"{}", "header of 3 bytes in a file of 10"),
+    (_file({"t": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3),
+     "tensor data offsets do not tile the data section"),
+])
+def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
+    from layercheck.errors import CorruptVersion
+    from layercheck.manifest import check_structure, parse_header
+    with pytest.raises(CorruptVersion) as err:
+        parse_header(raw, "layers/x")
+    assert str(err.value).startswith("layers/x: not a valid safetensors file (") and says in str(err.value)
+    if not says[0].isalpha() or says.startswith(("the header", "tensor data", "__metadata__", "header of")):
+        assert str(err.value) == f"layers/x: not a valid safetensors file ({says})"
+    with pytest.raises(CorruptVersion) as err:
+        check_structure(raw, "layers/y")
+    assert str(err.value).startswith("layers/y: not a valid safetensors file (")
+
+
+def test_well_formed_files_parse_with_and_without_tensors():
+    from layercheck.manifest import check_structure, parse_header
+    empty = _file({})
+    assert parse_header(empty, "x") == ({}, len(empty)) and check_structure(empty, "x") == {}
+    raw = _file({"__metadata__": {"k": "v"}, "a": {"dtype": "BF16", "shape": [2, 0], "data_offsets": [0, 0]},
+                 "b": {"dtype": "I16", "shape": [3], "data_offsets": [0, 6]}}, b"\1" * 6)
+    header, start = parse_header(raw, "x")
+    assert start == len(raw) - 6 and header["b"]["shape"] == [3] and check_structure(raw, "x") == {"k": "v"}
+
+
+# -- read_consistent: a lock-free reader beside a trainer that changes the manifest -------
+HEADER = {"kind": "header", "layers": [{"name": "a", "kind": "block", "params": 1}]}
+
+
+def test_a_consistent_read_believes_only_what_is_still_so():
+    import uuid
+    from layercheck.manifest import read_consistent
+    store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
+    _write(store, HEADER, _layer(1), _state(1), _layer(2), _state(2))
+    calls = []
+
+    def prepare(view):  # what a planner does: passes over a version it found damaged
+        calls.append(sorted(view.states))
+        if len(calls) == 1:  # meanwhile the trainer retires that version (drop record)
+            _write(store, {"kind": "drop", "file": _layer(2)["file"]})
+        return [v for v in view.versions["a"] if v.step == 2]
+
+    # nothing suspected, no damaged line: finished at once
+    assert read_consistent(store, lambda v: sorted(v.states), lambda p: [], lambda p: ("done", p)) == ("done", [1, 2])
+    # the suspect was only retired: not believed, read again on the new manifest
+    assert read_consistent(store, prepare, lambda p: p, lambda p: [v.step for v in p]) == []
+    assert len(calls) == 2
+    # a suspect still live in the manifest is believed
+    _write(store, _layer(3), _state(3))
+    assert read_consistent(store, lambda v: v.versions["a"][-1:], lambda p: p,
+                           lambda p: [v.step for v in p]) == [3]
+    # a damaged line still there is believed too
+    store.append(MANIFEST, b"garbage\n")
+    assert read_consistent(store, lambda v: len(v.problems), lambda p: [], lambda p: p) == 1
+
+
+def test_a_consistent_read_believes_an_error_only_if_nothing_moved_and_gives_up_in_time():
+    import uuid
+    from layercheck.errors import CheckpointNotFound, CorruptVersion
+    from layercheck.manifest import read_consistent
+    store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
+    _write(store, HEADER, _layer(1), _state(1))
+    tries = []
+
+    def flaky(view):  # fails while a trainer appends, then succeeds
+        tries.append(1)
+        if len(tries) < 3:
+            _write(store, _layer(10 + len(tries)))
+            raise CorruptVersion("moved")
+        return "ok"
+
+    assert read_consistent(store, flaky, lambda p: [], lambda p: p) == "ok" and len(tries) == 3
+    with pytest.raises(CheckpointNotFound, match="still"):  # nothing moved: believed at once
+        read_consistent(store, lambda v: (_ for _ in ()).throw(CheckpointNotFound("still")),
+                        lambda p: [], lambda p: p)
+    count = []
+
+    def always_moving(view):
+        count.append(1)
+        _write(store, _layer(100 + len(count)))
+        raise CorruptVersion(f"try {len(count)}")
+
+    with pytest.raises(LayerCheckError) as err:
+        read_consistent(store, always_moving, lambda p: [], lambda p: p, attempts=3)
+    assert len(count) == 3
+    assert str(err.value) == (f"{store.url} changed under each of 3 tries to read it (a running "
+                              "trainer starting a new timeline?): try again, or stop the trainer; "
+                              "the last try found: try 3")
+
+
+def test_a_torn_tail_is_sealed_once_and_nothing_else_is_touched(tmp_path):
+    from layercheck.manifest import seal_torn_tail
+    store = LocalStore(tmp_path)
+    assert seal_torn_tail(store) is False and not store.exists(MANIFEST)  # no manifest
+    store.append(MANIFEST, b"")
+    assert seal_torn_tail(store) is False and store.read(MANIFEST) == b""  # empty
+    _write(store, HEADER, _layer(1))
+    whole = store.read(MANIFEST)
+    assert seal_torn_tail(store) is False and store.read(MANIFEST) == whole  # ends whole
+    line = encode_record(_state(1))
+    store.append(MANIFEST, line[:10])  # a crash mid-append
+    assert seal_torn_tail(store) is True
+    assert store.read(MANIFEST) == whole + line[:10] + b"\n"
+    assert seal_torn_tail(store) is False
+    _write(store, _state(1))  # the next record is not glued to the torn bytes
+    view = read_manifest(store)
+    assert sorted(view.states) == [1] and len(view.problems) == 1
+    store.append(MANIFEST, line[:10])
+    assert read_manifest(store).problems[-1] == (
+        f"{MANIFEST} line 5: skipped (torn append: the last line has no newline)")
+
+
+@pytest.mark.parametrize("layers", [None, "a", [["a", "block", 1]], [{"kind": "block", "params": 1}],
+                                    [{"name": "a", "params": 1}], [{"name": "a", "kind": "block"}],
+                                    [{"name": "a", "kind": "block", "params": "1"}],
+                                    [{"name": 1, "kind": "block", "params": 1}]])
+def test_a_malformed_header_is_a_problem_and_not_the_header(tmp_path, layers):
+    store = LocalStore(tmp_path)
+    _write(store, {"kind": "header", "layers": layers}, {"kind": "bogus"}, _state(1))
+    view = read_manifest(store)
+    assert view.header is None and sorted(view.states) == [1]
+    assert view.problems == [
+        f"{MANIFEST} line 1: skipped (malformed header: 'layers' must be a list of {{name, kind, params}})",
+        f"{MANIFEST} line 2: skipped (unknown record kind 'bogus')"]
+
+
+def test_drop_and_resume_retire_exactly_what_they_name(tmp_path):
+    store = LocalStore(tmp_path)
+    assert read_manifest(store).problems == [] and read_manifest(store).states == {}  # no manifest
+    _write(store, HEADER, _layer(1), _state(1), _layer(2), _state(2), _layer(3), _state(3),
+           {"kind": "drop", "file": _layer(1)["file"]}, {"kind": "drop", "file": _state(1)["file"]})
+    store.append(MANIFEST, b"\n\n")  # blank lines are no records, nor the end of them
+    _write(store, {"kind": "resume", "step": 2})
+    view = read_manifest(store)
+    assert [v.step for v in view.versions["a"]] == [2] and sorted(view.states) == [2]
+    assert view.resumes == [2] and view.problems == []
+
+
+def test_compaction_orders_each_steps_layers_then_its_state_and_needs_a_header(tmp_path):
+    import json
+    from layercheck.manifest import encode_manifest
+    store = LocalStore(tmp_path)
+    _write(store, HEADER, _state(2), _layer(2, "b"), _layer(2, "a"), _state(1), _layer(1, "c"))
+    store.append(MANIFEST, b"damaged one\ndamaged two\n")
+    compact(store)
+    lines = store.read(MANIFEST).split(b"\n")
+    kinds = [(r["kind"], r.get("step"), r.get("layer")) for r in
+             (json.loads(l)["r"] for l in lines[:6])]
+    assert kinds == [("header", None, None), ("layer", 1, "c"), ("state", 1, None),
+                     ("layer", 2, "a"), ("layer", 2, "b"), ("state", 2, None)]
+    assert lines[6:] == [b"damaged one", b"damaged two", b""]
+    assert encode_manifest(HEADER, []) == encode_record(HEADER)
+    bare = open_store(f"memory://bare-{tmp_path.name}-{id(store)}")
+    _write(bare, _state(1))
+    with pytest.raises(LayerCheckError) as err:
+        compact(bare)
+    assert str(err.value) == f"{bare.url}: no header to keep, so the manifest is not compacted"
+
+
+def test_a_committed_file_that_is_no_safetensors_file_names_itself(tmp_path):
+    from layercheck.errors import CorruptVersion
+    from layercheck.format import checksum
+    from layercheck.manifest import read_verified_file
+    store = LocalStore(tmp_path)
+    store.write_atomic("layers/g.safetensors", b"garbage, checksummed all the same")
+    version = Version(step=1, file="layers/g.safetensors", bytes=33,
+                      checksum=checksum(b"garbage, checksummed all the same"), layer="a", reason="base")
+    with pytest.raises(CorruptVersion, match=r"^layers/g\.safetensors: not a valid safetensors file \("):
+        read_verified_file(store, version)
+
+
+def test_a_consistent_read_tries_eight_times_by_default_and_says_when_nothing_was_found():
+    import uuid
+    from layercheck.manifest import read_consistent
+    store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
+    _write(store, HEADER, _layer(1), _state(1))
+    tries = []
+
+    def retired_each_time(view):  # a suspect that the trainer retires every time
+        tries.append(1)
+        suspect = view.versions["a"][-1]
+        _write(store, _layer(20 + len(tries)), {"kind": "drop", "file": suspect.file})
+        return [suspect]
+
+    with pytest.raises(LayerCheckError) as err:
+        read_consistent(store, retired_each_time, lambda p: p, lambda p: p)
+    assert len(tries) == 8
+    assert str(err.value) == (f"{store.url} changed under each of 8 tries to read it (a running "
+                              "trainer starting a new timeline?): try again, or stop the trainer")
+    # every live version suspected (the whole set, not a part of it): still believed
+    assert read_consistent(store, lambda v: list(v.all_versions()), lambda p: p, len) == len(
+        list(read_manifest(store).all_versions()))

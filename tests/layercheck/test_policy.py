@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -226,3 +227,105 @@ def test_config_rejects_bad_values_and_says_why(kwargs, match):
 def test_config_round_trips_through_dict():
     cfg = LayerCheckConfig(base_threshold=math.inf, thresholds={"a": 0.0}, smax=10, warmup_steps=3)
     assert LayerCheckConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# -- the rest of the contract: sizes, thresholds, decisions, bad input -------------------
+def _bare(n=2, **kwargs):
+    fields = dict(base=np.full(n, K), smax=1000, warmup_steps=1, interval=1, lr_scaling=True)
+    return Policy(**{**fields, **kwargs})
+
+
+def test_sizes_are_whole_byte_counts_from_zero_and_cannot_change_afterwards():
+    policy = _bare(3, sizes=[0, 7, 2**40])  # a layer of zero bytes is a valid size
+    assert policy.sizes.tolist() == [0.0, 7.0, 2.0 ** 40]
+    with pytest.raises(ValueError):  # the policy is frozen, its sizes too
+        policy.sizes[0] = 5
+    assert policy.sizes.tolist() == [0.0, 7.0, 2.0 ** 40]
+    for bad in ([-1, 1, 1], [1, 1], [1, 1, math.inf], [1, 1, math.nan], [1, 1, 0.5]):
+        with pytest.raises(ValueError, match="whole byte count >= 0 per layer"):
+            _bare(3, sizes=bad)
+
+
+def test_thresholds_for_an_array_of_ratios_are_steps_by_layers():
+    for scaling in (True, False):
+        policy = _bare(2, base=np.array([K, 4 * K]), lr_scaling=scaling)
+        ratios = np.array([1.0, 0.5, 0.25])
+        k = policy.thresholds(ratios)
+        assert k.shape == (3, 2)
+        expected = np.outer(ratios if scaling else np.ones(3), [K, 4 * K])
+        assert (k == expected).all()
+        assert (policy.thresholds(0.5) == expected[1 if scaling else 0]).all()
+
+
+def test_an_infinite_threshold_stays_infinite_at_a_zero_learning_rate_without_a_warning():
+    import warnings
+    policy = _bare(2, base=np.array([math.inf, 0.0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inf * 0 must not surface as a RuntimeWarning
+        assert policy.thresholds(0.0).tolist() == [math.inf, 0.0]
+        assert policy.thresholds(np.array([0.0, 1.0])).tolist() == [[math.inf, 0.0], [math.inf, 0.0]]
+    state = PolicyState(policy=policy)
+    state.observe(1, np.zeros(2), 0.0)  # the base checkpoint
+    d = state.observe(2, np.array([1.0, 0.0]), 0.0)  # a huge drift never reaches an infinite K
+    assert d.layers.tolist() == [1]
+
+
+def test_decisions_hold_integer_layers_and_reasons_at_every_kind_of_step():
+    policy = _bare(2, warmup_steps=4, interval=2)
+    state = PolicyState(policy=policy)
+    steps = [state.observe(t, np.array([2 * K, 0.0]), 1.0) for t in range(1, 7)]
+    # 1: no opportunity; 2: before the warm-up; 4: base; 5: none; 6: threshold for layer 0
+    for d in steps:
+        assert d.layers.dtype.kind == d.reasons.dtype.kind == "i"
+        assert d.k_scale == 1.0
+    assert [d.layers.tolist() for d in steps] == [[], [], [], [0, 1], [], [0]]
+    assert [d.reasons.tolist() for d in steps] == [[], [], [], [0, 0], [], [1]]
+    assert [d.is_full for d in steps] == [False, False, False, True, False, False]
+    assert state.staleness(6).dtype.kind == "i" and state.staleness(6).tolist() == [0, 2]
+
+
+def test_every_decision_reports_the_budget_scale_of_its_step():
+    from layercheck import budget
+    policy = _bare(2, warmup_steps=3, interval=2, write_budget=1.0, sizes=[10, 10])
+    for level in (0, 3):  # e.g. a state resumed at a raised level
+        state = PolicyState(policy=policy, level=level)
+        decisions = [state.observe(t, np.zeros(2), 1.0) for t in (1, 2)]  # not one; before warm-up
+        assert [d.k_scale for d in decisions] == [budget.scale(level)] * 2
+    # after the base (step 4) nothing drifts, the account is under budget, the level falls
+    state, levels = PolicyState(policy=policy), []
+    for t in range(1, 10):
+        levels.append(state.level)
+        d = state.observe(t, np.zeros(2), 1.0)
+        assert d.k_scale == budget.scale(levels[-1])  # the scale the step decided with
+    assert levels[-1] < 0  # step 9: no opportunity, at a lowered level
+
+
+def test_mark_written_takes_any_iterable_of_layers():
+    state = PolicyState(policy=_bare(3))
+    cases = [([], []), ([0], [0]), ((l for l in [1]), [1]), ({0, 2}, [0, 2]),
+             (np.array([0, 2]), [0, 2]), (range(1, 3), [1, 2])]
+    for t, (layers, expected) in enumerate(cases, 1):
+        state.accumulators[:] = 1.0
+        state.mark_written(t, layers)
+        assert np.flatnonzero(state.accumulators == 0.0).tolist() == expected
+        assert np.flatnonzero(state.last_written == t).tolist() == expected
+
+
+def test_a_write_budget_without_sizes_says_how_to_give_them():
+    policy = _bare(2, warmup_steps=0, write_budget=10.0)
+    with pytest.raises(ValueError) as err:
+        replay(policy, np.ones((3, 2)), np.ones(3))
+    assert str(err.value) == ("a write budget needs the layers' sizes (Policy.sizes): give "
+                              "Policy.from_config(..., sizes=bytes of one version of each layer)")
+
+
+@pytest.mark.parametrize("shape", [(5,), (5, 3), (5, 1, 2)])
+def test_replay_rejects_drift_of_the_wrong_shape(shape):
+    with pytest.raises(ValueError, match=re.escape(f"drift must be steps x 2 layers, got {shape}")):
+        replay(_bare(2), np.zeros(shape), np.ones(5))
+
+
+def test_base_thresholds_are_float64_even_from_whole_numbers():
+    cfg = LayerCheckConfig(base_threshold=1, embedding_threshold=2, thresholds={"l2": 3})
+    policy = Policy.from_config(cfg, ["l0", "l1", "l2"], ["embedding", "block", "block"])
+    assert policy.base.dtype == np.float64 and policy.base.tolist() == [2.0, 1.0, 3.0]

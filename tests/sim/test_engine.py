@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.costs import CostModel
-from sim.engine import RESULT_FIELDS, run_lanes
+from sim.engine import RESULT_FIELDS, run_lanes, run_limit
 from sim.reference import run_reference
 from sim.strategies import STRATEGIES, Cadence, get_strategy
 from sim.timeline import Timeline
@@ -13,7 +13,7 @@ from sim.timeline import Timeline
 from .conftest import BASE_STEP, SMALL_COSTS, small_workload
 
 COMPARED = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s", "failures",
-            "bytes_written", "jobs", "rolled_back_steps")
+            "bytes_written", "jobs", "rolled_back_steps", "events")
 NAMES = list(STRATEGIES)
 
 
@@ -114,3 +114,85 @@ def test_rollback_is_counted():
     res, w, _ = _one_failure("deepspeed", lambda t, w: t.resume[9] + 0.5 * w.compute_s[9])
     assert res.rolled_back_steps[0] == 9
     assert res.lost_work_s[0] == pytest.approx(w.compute_s[:9].sum() + 0.5 * w.compute_s[9])
+
+
+def test_the_perfect_checkpointer_loses_only_restarts():
+    """``run_limit`` by hand: failures at 10, 12 and 100 s in a 200 s window with a 5 s
+    restart. The restart after 10 is cut short at 12 (2 s), then redone in full (5 s),
+    as is the one after 100; nothing else is lost, nothing is written."""
+    times = [np.array([10.0, 12.0, 100.0]), np.array([]), np.array([150.0])]
+    res = run_limit(times, 200.0, 5.0)
+    assert res.recovery_s.tolist() == [12.0, 0.0, 5.0]
+    assert res.useful_s.tolist() == [188.0, 200.0, 195.0]
+    assert res.failures.tolist() == [3.0, 0.0, 1.0]
+    # failures + completed restarts (the one cut short at 12 s does not complete)
+    assert res.events.tolist() == [5.0, 0.0, 2.0]
+    for field in ("stale_s", "checkpoint_stall_s", "lost_work_s", "bytes_written", "jobs",
+                  "rolled_back_steps"):
+        assert getattr(res, field).tolist() == [0.0, 0.0, 0.0], field
+    free = run_limit(times, 200.0, 0.0)  # an instant restart: failures are the only events
+    assert free.useful_s.tolist() == [200.0] * 3 and free.events.tolist() == [3.0, 0.0, 1.0]
+    # a restart under a second is counted like any other
+    assert run_limit([np.array([10.0])], 200.0, 0.5).events.tolist() == [2.0]
+    # a restart longer than the time left in the window ends with it
+    assert run_limit([np.array([198.0])], 200.0, 5.0).recovery_s.tolist() == [2.0]
+
+
+def test_many_strategies_and_failure_rows_in_one_call_equal_the_reference():
+    """Lanes of every strategy side by side (timelines stacked and shifted in time),
+    rows of 0 to 40 failures, lanes in no particular order: each lane alone in SimPy."""
+    rng = np.random.default_rng(11)
+    schedules = [_schedule(name, small_workload(), SMALL_COSTS, every)
+                 for name in NAMES for every in (3, 8)]
+    window = 2000.0
+    failures = [np.sort(rng.uniform(0, window, n)) for n in (40, 0, 7, 19, 1)]
+    uniforms = [rng.random(len(f)) for f in failures]
+    strategy = np.array([s for s in range(len(schedules)) for _ in failures])
+    row = np.array([r for _ in schedules for r in range(len(failures))])
+    shuffle = rng.permutation(len(strategy))
+    res = run_lanes([Timeline.build(s) for s in schedules], strategy[shuffle], failures,
+                    row[shuffle], uniforms, window)
+    refs = [run_reference(schedules[s], failures[r], uniforms[r], window)
+            for s, r in zip(strategy[shuffle], row[shuffle])]
+    _assert_equal(res, refs)
+
+
+def test_no_lanes_give_empty_results():
+    timeline = Timeline.build(_schedule("layercheck", small_workload(), SMALL_COSTS, 5))
+    res = run_lanes([timeline], np.zeros(0, dtype=int), [np.array([1.0])], np.zeros(0, dtype=int),
+                    [np.ones(1)], 100.0)
+    assert all(getattr(res, f).shape == (0,) for f in RESULT_FIELDS)
+
+
+def test_recovering_from_the_backup_tier_costs_its_own_time():
+    """A schedule whose backup tier is slower to recover from (``recover_backup``; no
+    built-in strategy sets it): the engine picks the tier per failure as SimPy does."""
+    import dataclasses
+    rng = np.random.default_rng(5)
+    base = _schedule("gemini", small_workload(), SMALL_COSTS, 4)
+    assert base.backup is not None and base.backup_probability > 0
+    schedule = dataclasses.replace(base, recover_backup=base.recover * 3 + 7.0)
+    window = 3000.0
+    failures = [np.sort(rng.uniform(0, window, n)) for n in (30, 12, 50)]
+    uniforms = [rng.random(len(f)) for f in failures]
+    res, refs = _both(schedule, failures, uniforms, window)
+    _assert_equal(res, refs)
+    plain, _ = _both(base, failures, uniforms, window)
+    assert (res.recovery_s > plain.recovery_s).all()
+    # the same lanes on the second of two stacked timelines (a non-zero offset)
+    stacked = run_lanes([Timeline.build(base), Timeline.build(schedule)], np.ones(3, dtype=int),
+                        failures, np.arange(3), uniforms, window)
+    _assert_equal(stacked, refs)
+
+
+def test_timelines_shorter_than_ten_seconds_stay_apart():
+    """Stacked timelines are shifted by more than the longest one, however short."""
+    costs = SMALL_COSTS.with_overrides(save_gbps=1e4, persist_gbps=1e4, lc_write_gbps=1e4,
+                                       peer_gbps=1e4, restart_s=0.5, lc_commit_s=0.0)
+    schedules = [_schedule(name, small_workload(steps=4), costs, 1) for name in ("none", "deepspeed")]
+    timelines = [Timeline.build(s) for s in schedules]
+    assert max(t.ready[-1] for t in timelines) < 10.0
+    window = 30.0
+    failures = [np.array([2.5, 9.0, 17.25])]
+    res = run_lanes(timelines, np.array([0, 1]), failures, np.array([0, 0]), [np.ones(3)], window)
+    _assert_equal(res, [run_reference(s, failures[0], np.ones(3), window) for s in schedules])
