@@ -19,6 +19,10 @@ first in odd ones):
 - **raw read**: the files that restore's plan uses (the training state and
   each layer's chosen version), each ``os.readv`` into one buffer allocated
   before the clock starts: the bytes any restore must read, and nothing else.
+- **raw read, fresh memory**: the same reads into buffers allocated inside the
+  clock (never zeroed): a restore into a fresh optimizer must also pay for
+  memory no process has touched yet (its Adam moments), which the first
+  reference, reading into the same warm buffer every round, does not.
 
 Warm page cache by default (both read from memory); ``--cold`` drops every
 file of the plan and the manifest from the page cache
@@ -39,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +113,30 @@ def raw_read(paths: list[Path], buffer: bytearray) -> float:
     return seconds
 
 
+def raw_read_fresh(paths: list[Path]) -> float:
+    """Seconds to read every file of ``paths`` into memory allocated inside the clock
+    (one buffer per file, never zeroed): what a restore into a fresh optimizer must
+    also pay, since its Adam moments need memory that no process has touched yet."""
+    start = time.perf_counter()
+    kept = []
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            buffer = np.empty(size, dtype=np.uint8)
+            view, at = memoryview(buffer), 0
+            while at < size:
+                got = os.readv(fd, [view[at:at + (64 << 20)]])
+                if not got:
+                    break
+                at += got
+            view.release()
+            kept.append(buffer)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - start
+
+
 def drop_cache(paths: list[Path]) -> None:
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
@@ -156,17 +185,21 @@ def main() -> None:
         rows = []
         for r in range(args.rounds):
             row = {}
-            for variant in (("restore", "raw") if r % 2 == 0 else ("raw", "restore")):
+            order = ("restore", "raw", "fresh") if r % 2 == 0 else ("fresh", "raw", "restore")
+            for variant in order:
                 if args.cold:
                     drop_cache(paths + [directory / MANIFEST])
                 if variant == "raw":
                     row["raw_s"] = raw_read(paths, buffer)
+                elif variant == "fresh":
+                    row["fresh_s"] = raw_read_fresh(paths)
                 else:
                     row["restore_s"], rep = restore_once(directory, base, config)
                     row.update(plan_s=rep.plan_s, load_s=rep.load_s, apply_s=rep.restore_s)
                     if rep.plan.sources != plan.sources:
                         raise RuntimeError("the plan changed between rounds")
             row["ratio"] = row["restore_s"] / row["raw_s"]
+            row["ratio_fresh"] = row["restore_s"] / row["fresh_s"]
             rows.append(row)
     steps = sorted({v.step for v in plan.sources.values()})
     out = {
@@ -178,6 +211,8 @@ def main() -> None:
         "restore_s": summary([r["restore_s"] for r in rows]),
         "raw_read_s": summary([r["raw_s"] for r in rows]),
         "ratio": summary([r["ratio"] for r in rows]),
+        "raw_read_fresh_s": summary([r["fresh_s"] for r in rows]),
+        "ratio_fresh": summary([r["ratio_fresh"] for r in rows]),
         "restore_parts_median_s": {k: statistics.median(r[k] for r in rows)
                                    for k in ("plan_s", "load_s", "apply_s")},
         "loadavg_start": load_start[0], "loadavg_end": os.getloadavg()[0],
@@ -187,13 +222,16 @@ def main() -> None:
           f"of step {plan.step} takes its {len(plan.sources)} layers from steps {steps}")
     print(f"{len(paths)} files, {nbytes / 1e6:.1f} MB, page cache {out['cache']}, "
           f"{args.rounds} rounds, restore_threads={config.restore_threads}")
-    for name, key in (("restore (verification on)", "restore_s"), ("raw read", "raw_read_s")):
+    for name, key in (("restore (verification on)", "restore_s"), ("raw read", "raw_read_s"),
+                      ("raw read, fresh memory", "raw_read_fresh_s")):
         print(f"  {name:28s} min {out[key]['min']:.4f} s   median {out[key]['median']:.4f} s")
     parts = out["restore_parts_median_s"]
     print(f"  restore's parts (median): plan {parts['plan_s']:.4f} s, load {parts['load_s']:.4f}"
           f" s, apply {parts['apply_s']:.4f} s")
     print(f"  restore / raw read          min {out['ratio']['min']:.2f}x   median "
           f"{out['ratio']['median']:.2f}x")
+    print(f"  restore / raw read, fresh   min {out['ratio_fresh']['min']:.2f}x   median "
+          f"{out['ratio_fresh']['median']:.2f}x")
     print(f"load average (1 min): {out['loadavg_start']:.2f} at the start, "
           f"{out['loadavg_end']:.2f} at the end")
     if args.out is not None:

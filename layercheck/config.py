@@ -104,8 +104,11 @@ class LayerCheckConfig:
     ``restore()`` starts (``MemAvailable`` in /proc/meminfo; 1 GiB where that is
     unknown). 0: keep nothing, read every layer twice."""
 
-    restore_threads: int = 4
-    """Files a restore reads at once (each rank's own). 1: one after another."""
+    restore_threads: int = 2
+    """Files a restore reads at once (each rank's own). 1: one after another. More
+    than the cores pays only on storage that serves parallel reads: from the page
+    cache the reads compete with the checksums for the cores (measured on 2 cores:
+    docs/benchmarks.md, Restore)."""
 
     on_error: Literal["raise", "warn"] = "raise"
     """What a failed background write does: ``raise`` re-raises it from the

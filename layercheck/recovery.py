@@ -233,8 +233,10 @@ class Planner:
     def _choose(self, work: list[tuple[str, list[Version]]], use: UseLayer | None
                 ) -> list[tuple[Version | None, VerifiedFile | None]]:
         """``_newest_intact`` of each (what, versions), in order; with ``threads`` > 1
-        the newest version of the next few is read meanwhile (a pool's reads and
-        checksums release the GIL), but consumed in order, as a serial read would."""
+        the newest version of the next few is read meanwhile (reads release the GIL;
+        google-crc32c's checksum does not, so from the page cache, where reading is
+        copying, more threads than cores only compete), but consumed in order, as a
+        serial read would."""
         if self.threads == 1 or len(work) < 2:
             return [self._newest_intact(versions, what, use) for what, versions in work]
         ahead, window, started = {}, 2 * self.threads, 0

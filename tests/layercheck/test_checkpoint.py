@@ -149,22 +149,9 @@ def test_restore_refuses_layer_versions_without_any_state(tmp_path):
     not silently start over at step 0, which would abandon every version; it says
     what is there and what to do. So must a step() without restore()."""
     from layercheck.errors import CheckpointNotFound
-    from tests.layercheck.test_retention import FullForOneLayer
+    from tests.layercheck.test_retention import versions_without_any_state
     root = tmp_path / "c"
-    store = FullForOneLayer(root, "model.layers.1", 2)
-    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
-                           thresholds={"model.layers.1": math.inf}, on_error="warn")
-    model = tiny_lm()
-    opt, sched = optimizer_for(model)
-    with LayerCheck(model, opt, store, cfg, scheduler=sched) as lc:
-        lc.restore()
-        try:
-            for _ in range(4):  # the base (2) fails late; 3 and 4 go without the layer
-                train_step(model, opt, sched)
-                lc.step()
-            assert store.reached.wait(120)
-        finally:
-            store.release()
+    model, opt, sched, cfg = versions_without_any_state(root)
     before = (root / "manifest.jsonl").read_bytes()
     view = read_manifest(LocalStore(root))
     assert view.versions["model.layers.0"] and not view.states

@@ -83,24 +83,10 @@ def test_gc_deletes_nothing_where_no_step_is_recoverable(tmp_path, capsys):
     """Layer versions without any committed state (a layer failing under 'warn' since
     the base checkpoint): no kept step needs them, but no newer state has superseded
     them either. gc refuses, as retention retires nothing without a newer state."""
-    import math
     from layercheck.cli import main
-    from tests.layercheck.test_retention import FullForOneLayer
+    from tests.layercheck.test_retention import versions_without_any_state
     root = tmp_path / "c"
-    store = FullForOneLayer(root, "model.layers.1", 2)
-    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
-                           thresholds={"model.layers.1": math.inf}, on_error="warn")
-    model = tiny_lm()
-    opt, sched = optimizer_for(model)
-    with LayerCheck(model, opt, store, cfg, scheduler=sched) as lc:
-        lc.restore()
-        try:
-            for _ in range(4):
-                train_step(model, opt, sched)
-                lc.step()
-            assert store.reached.wait(120)
-        finally:
-            store.release()
+    versions_without_any_state(root)
     files = sorted(p.name for p in (root / "layers").iterdir())
     assert files
     assert main(["gc", str(root)]) == 2

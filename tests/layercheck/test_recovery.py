@@ -13,21 +13,12 @@ from layercheck.manifest import read_manifest
 from layercheck.ranks import Ranks
 from layercheck.recovery import Planner, make_plan
 from layercheck.store import LocalStore
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 
 
 @pytest.fixture()
 def ckpt(tmp_path):
-    torch.manual_seed(0)
-    model = tiny_lm()
-    opt, sched = optimizer_for(model, total=20)
-    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2)
-    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
-        lc.restore()
-        for _ in range(6):
-            train_step(model, opt, sched)
-            lc.step()
-    return tmp_path / "c"
+    return every_layer_checkpoint(tmp_path / "c")
 
 
 def _flip(path):

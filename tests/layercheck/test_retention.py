@@ -117,6 +117,28 @@ class FullForOneLayer:
         return getattr(self.inner, name)
 
 
+def versions_without_any_state(root):
+    """A checkpoint at ``root`` holding layer versions but no committed training state:
+    ``model.layers.1`` has no room from the base checkpoint (step 2) on, under 'warn',
+    while steps 3 and 4 commit the others. Returns (model, optimizer, scheduler,
+    config) of the run, for a second run on the same directory."""
+    store = FullForOneLayer(root, "model.layers.1", 2)
+    cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                           thresholds={"model.layers.1": math.inf}, on_error="warn")
+    model = tiny_lm()
+    opt, sched = optimizer_for(model)
+    with LayerCheck(model, opt, store, cfg, scheduler=sched) as lc:
+        lc.restore()
+        try:
+            for _ in range(4):  # the base (2) fails late; 3 and 4 go without the layer
+                train_step(model, opt, sched)
+                lc.step()
+            assert store.reached.wait(120)
+        finally:
+            store.release()
+    return model, opt, sched, cfg
+
+
 def test_a_layer_that_keeps_failing_under_warn_never_costs_the_newest_recoverable_step(tmp_path):
     """keep_versions=1, on_error='warn', no room for one block from step 8 on. Its write
     at step 10 fails while steps 11 and 12 are queued without it: they commit their
