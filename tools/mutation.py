@@ -301,6 +301,16 @@ EQUIVALENT: dict[str, str] = {
 # Survivors that are not equivalent but that no test here can kill, and why. They count
 # as survived in the score.
 UNTESTABLE: dict[str, str] = {
+    "layercheck.store.x__forget_locks_in_child__mutmut_1":
+        "runs only in a forked child, where mutmut records no coverage (so it has no test "
+        "to run); test_a_forked_child_holds_none_of_its_parents_locks fails on it when the "
+        "mutation is made by hand",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_68":
+        "not killed: float64 eps and alpha handed to the kernel instead of float32; numba "
+        "compiles a float64 variant whose sums differ from the fp32 path's by less than "
+        "the 2e-6 the tests allow between the kernel and torch (a bit-exact test of the "
+        "kernel's arithmetic would tell)",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_69": "as _fused_sums 68 (alpha)",
     "layercheck.commit.x_all_gather_json__mutmut_22":
         "the exchange on the default group instead of the commit's own: in a test both span "
         "the same two ranks; only a job running other collectives on the default group at "
