@@ -527,7 +527,9 @@ def report(modules: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    sys.path.insert(0, str(ROOT))
+    from layercheck.errors import OneLineParser  # the project's one-line errors, exit 2
+    parser = OneLineParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--module", nargs="+", choices=sorted(MODULES), default=list(MODULES),
                         help="modules to test (default: all)")
