@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sim.py [--repeat 3]
 
-1. The issue's sweep: 20 MTBFs log-spaced 0.01 h..3 h x 6 strategies x 10 seeds,
+1. The issue's sweep: 20 MTBFs log-spaced 0.01 h..3 h x every strategy (7) x 10 seeds,
    each run a 30-day window, on the default preset (Qwen2.5-7B), plus the perfect
    checkpointer's curve. Target: under 60 s.
 2. Simulated events per second over that sweep. An event is a failure, a
