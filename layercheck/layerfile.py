@@ -25,9 +25,9 @@ from typing import Iterator, Mapping
 
 import torch
 
-__all__ = ["LayerFile", "layout"]
+__all__ = ["DTYPES", "LayerFile", "layout"]
 
-_DTYPES: dict[torch.dtype, str] = {
+DTYPES: dict[torch.dtype, str] = {
     torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8",
     torch.float8_e5m2: "F8_E5M2", torch.float8_e4m3fn: "F8_E4M3",
     torch.int16: "I16", torch.uint16: "U16", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -35,8 +35,10 @@ _DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.int64: "I64", torch.uint64: "U64",
 }
 """Torch dtypes and their safetensors names, in safetensors' own dtype order: a
-file lists its tensors by that order descending, then by name (as ``save`` does)."""
-_RANK = {name: i for i, name in enumerate(_DTYPES.values())}
+file lists its tensors by that order descending, then by name (as ``save`` does).
+Restore reads them back by the same table (``recovery.tensor_views``); their sizes
+are ``manifest.DTYPE_SIZES``."""
+_RANK = {name: i for i, name in enumerate(DTYPES.values())}
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | No
     for key in order:
         tensor = _stored(key, tensors[key])
         size = tensor.numel() * tensor.element_size()
-        header[key] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
+        header[key] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape),
                        "data_offsets": [offset, offset + size]}
         stored.append(tensor)
         offset += size
@@ -89,10 +91,10 @@ def _dtype(key: str, tensor: torch.Tensor) -> str:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{key!r} is a {type(tensor).__name__}, not a tensor: a layer file "
                          "holds tensors only")
-    if tensor.dtype not in _DTYPES:
+    if tensor.dtype not in DTYPES:
         raise ValueError(f"tensor {key!r} has dtype {tensor.dtype}, which safetensors cannot "
-                         f"store; convert it to one of {', '.join(map(str, _DTYPES))}")
-    return _DTYPES[tensor.dtype]
+                         f"store; convert it to one of {', '.join(map(str, DTYPES))}")
+    return DTYPES[tensor.dtype]
 
 
 def _stored(key: str, tensor: torch.Tensor) -> torch.Tensor:

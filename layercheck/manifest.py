@@ -336,5 +336,7 @@ def parse_header(data: bytes | ReadBuffer, what: str) -> tuple[dict[str, Any], i
 
 
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-               "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-"""Bytes per element of each safetensors dtype layercheck reads."""
+               "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+               "C64": 8}
+"""Bytes per element of each safetensors dtype layercheck writes and reads
+(``layerfile.DTYPES``; torch-free here, so the names are repeated)."""

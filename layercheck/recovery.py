@@ -41,6 +41,7 @@ import torch
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
 from .format import Version, read_state_document
+from .layerfile import DTYPES
 from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
 from .ranks import Ranks
 from .store import Store
@@ -78,12 +79,9 @@ class Plan:
                 "warnings": list(self.warnings)}
 
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-           "I8": torch.int8, "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16,
-           "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
-           "F8_E5M2": torch.float8_e5m2}
-"""The torch dtype of each safetensors dtype (``manifest.DTYPE_SIZES`` has their sizes)."""
+_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+"""The torch dtype of each safetensors dtype the writer stores (``layerfile.DTYPES``,
+inverted); ``manifest.DTYPE_SIZES`` has their sizes."""
 
 
 def tensor_views(file: VerifiedFile) -> dict[str, torch.Tensor]:

@@ -93,3 +93,24 @@ def test_tensor_bytes_are_views_of_the_tensors_own_memory():
 def test_what_safetensors_cannot_store_is_refused_saying_the_fix(tensors, metadata, says):
     with pytest.raises(ValueError, match=says):
         layout(tensors, metadata)
+
+
+def test_every_dtype_the_writer_stores_restore_reads_back():
+    """The writer's dtype table and restore's agree: a file holding every dtype
+    ``layout`` accepts (complex64 and the float8s included) passes the structure
+    check and comes back as equal tensors through restore's views."""
+    from layercheck.layerfile import DTYPES as STORED
+    from layercheck.manifest import DTYPE_SIZES, VerifiedFile, parse_header
+    from layercheck.recovery import tensor_views
+    assert {name: DTYPE_SIZES[name] for name in STORED.values()} == \
+        {name: dtype.itemsize for dtype, name in STORED.items()}
+    torch.manual_seed(0)
+    tensors = {f"param/{name}": (torch.randn(3, 5) * 4).to(dtype) for dtype, name in STORED.items()
+               if not dtype.is_complex}
+    tensors["param/C64"] = torch.randn(3, 5, dtype=torch.complex64)
+    data = np.frombuffer(bytearray(_joined(layout(tensors, {"layer": "x"}))), dtype=np.uint8)
+    header, start = parse_header(data, "the file")
+    back = tensor_views(VerifiedFile(data, header, start))
+    assert back.keys() == tensors.keys()
+    for key, tensor in tensors.items():
+        assert back[key].dtype == tensor.dtype and torch.equal(back[key], tensor), key
