@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import re
+import signal
 import threading
 import time
 import tracemalloc
@@ -25,6 +26,39 @@ from layercheck.writer import LayerSnapshot, StepJob, Writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
 
 MB = 1 << 20
+
+# -- no call blocks forever -------------------------------------------------------------------
+DEADLINE_S = 60
+"""What a test of the Writer alone may take: seconds on a quiet machine, a minute on a
+loaded one. A test that trains a model with LayerCheck (``@trains``) may take twice that."""
+
+
+def trains(test):
+    """Marks a test that trains a model: it gets 2 x DEADLINE_S."""
+    test.deadline_s = 2 * DEADLINE_S
+    return test
+
+
+@pytest.fixture(autouse=True)
+def _no_call_blocks_forever(request):
+    """The contract behind every test here: ``submit`` returns once the queue has room,
+    ``flush`` once its jobs are committed or failed, ``close`` once the thread has
+    ended. A call that blocks forever is a hung trainer; here it fails its test at the
+    deadline, saying so, instead of hanging until someone kills it (SIGALRM interrupts
+    the main thread's waits)."""
+    seconds = getattr(request.function, "deadline_s", DEADLINE_S)
+
+    def expired(signum, frame):
+        raise TimeoutError(f"{request.node.name} still blocked after {seconds} s: a Writer "
+                           "call (submit, flush, close) that never returns hangs the trainer")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class GatedStore:
@@ -187,6 +221,7 @@ def _assert_restores_what_was_decided(run: Run, root: Path, expected_step: int, 
                 assert torch.equal(live[key], source[key]), (layer, key)
 
 
+@trains
 def test_a_steps_layer_records_precede_its_state_record(tmp_path):
     run = Run(tmp_path / "c", LayerCheckConfig(**REAL))
     for _ in range(20):
@@ -206,6 +241,7 @@ def test_a_steps_layer_records_precede_its_state_record(tmp_path):
     assert 0 in sizes and max(sizes) < len(run.names)  # partial writes, and state-only steps
 
 
+@trains
 @pytest.mark.parametrize("cut", ["after the first line", "inside the first line",
                                  "inside the last line"])
 def test_a_power_cut_inside_a_steps_append_commits_nothing_of_that_step(tmp_path, cut):
@@ -259,6 +295,7 @@ class HeldFailure:
         return getattr(self.inner, name)
 
 
+@trains
 @pytest.mark.parametrize("then", ["stop", "go on"])
 @pytest.mark.parametrize("from_step", [3, 7], ids=["base", "later"])
 def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_path, from_step,
@@ -321,6 +358,7 @@ class BrokenSerialiser:
         return getattr(self.inner, name)
 
 
+@trains
 @pytest.mark.parametrize("on_error", ["raise", "warn"])
 def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy(tmp_path,
                                                                                 on_error):
@@ -347,6 +385,7 @@ def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy
         lc.close()
 
 
+@trains
 def test_a_bug_in_the_writer_thread_stops_checkpointing_instead_of_hanging(tmp_path):
     """An exception outside the storage calls (here in retention's bookkeeping, as a
     mutation of it did) killed the writer thread, and the next flush() waited
