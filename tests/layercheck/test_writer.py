@@ -771,21 +771,31 @@ def test_layers_owed_by_several_failed_steps_hold_states_back_until_all_are_writ
 
 class RankOneOfTwo(Commit):
     """What the writer asks of a sharded commit, as rank 1 of two: its rank and the
-    world size. It commits this rank's versions as one process does (the exchange
-    between ranks is test_commit's)."""
+    world size, and a commit per job naming the job's step (the ranks check that
+    they agree on it; commit.py). It commits this rank's versions as one process does
+    (the exchange between ranks is test_commit's)."""
 
     rank, world_size = 1, 2
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def commit(self, store, step, versions, error):
+        self.steps.append(step)
+        return super().commit(store, step, versions, error)
 
 
 def test_a_rank_of_a_sharded_job_names_its_files_and_state_by_rank_and_retires_nothing(tmp_path):
     """Each rank writes its own shard files, named and labelled with its rank (the state
     too); only rank 0 appends drop records (naming every rank's shards), so a rank that
     is not rank 0 retires nothing itself."""
-    writer = Writer(LocalStore(tmp_path), queue_bytes=64 * MB, commit=RankOneOfTwo())
+    commit = RankOneOfTwo()
+    writer = Writer(LocalStore(tmp_path), queue_bytes=64 * MB, commit=commit)
     writer.retention = Retention(1, ManifestView())
     for step in (1, 2, 3):
         writer.submit(_job_of(step, (0, "a")))
     writer.close()
+    assert commit.steps == [1, 2, 3]
     assert [(r["kind"], r["step"], r["file"]) for r in _records(tmp_path)] == [
         (kind, step, path) for step in (1, 2, 3) for kind, path in (
             ("layer", f"layers/a@{step:09d}.rank00001.safetensors"),
