@@ -87,13 +87,13 @@ PER_THREAD = 1 << 18
 """Elements a thread must have to read before a pass takes it on: below
 that, waking a helper costs more than it saves (a small model's pass stays
 on the calling thread)."""
-PREFETCH_RUNS = 32
+PREFETCH_RUNS = 8
 """Sampled runs requested from memory ahead of the one being summed. A sampled
 block is 256 bytes of each 4 KiB page, and the hardware prefetchers stop at
 page boundaries: without asking ahead, the pass would wait for memory at
-every block (on MiniLM, one thread, asking 8 runs ahead made the sampled pass
-about 1.4x faster, and 32 runs ahead about 1.2x faster again: far enough to
-overlap the page walks of the runs' 4 KiB pages too)."""
+every block (on MiniLM, one thread, asking ahead made the sampled pass about
+1.4x faster; asking 32 or 64 runs ahead instead of 8 gained nothing once the
+caches were cold, as they are after an optimizer step)."""
 _LINE = 64
 """Bytes per cache line."""
 _PIECES_PER_THREAD = 4
