@@ -332,14 +332,21 @@ def _segments(k: int, e: Extent) -> list[tuple[int, int, int, int, int]]:
 
 
 # -- the kernel ----------------------------------------------------------------------
-@intrinsic
-def _f32_at(typingctx, address):
-    """The fp32 pointer at an integer address (the zero-copy view's base)."""
-    sig = types.CPointer(types.float32)(types.int64)
+def _pointer_at(dtype: types.Type):
+    """An intrinsic: the pointer to ``dtype`` at an integer address (a zero-copy view's base)."""
+    @intrinsic
+    def at(typingctx, address):
+        sig = types.CPointer(dtype)(types.int64)
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return sig, codegen
+    return at
+
+
+_f32_at = _pointer_at(types.float32)
+_f64_at = _pointer_at(types.float64)
+_i64_at = _pointer_at(types.int64)
 
 
 @intrinsic
@@ -439,26 +446,6 @@ def _sums(ptr, eps_c, alpha, seg, first, last, phase, out):
             size += c
         out[s, 0] = moved
         out[s, 1] = size
-
-
-@intrinsic
-def _i64_at(typingctx, address):
-    """The int64 pointer at an integer address."""
-    sig = types.CPointer(types.int64)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
-
-
-@intrinsic
-def _f64_at(typingctx, address):
-    """The float64 pointer at an integer address."""
-    sig = types.CPointer(types.float64)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
 
 
 @intrinsic

@@ -131,18 +131,16 @@ def test_two_threads_may_run_passes_at_once():
     assert all(np.array_equal(m, expected[0]) and np.array_equal(s, expected[1]) for m, s in got)
 
 
-def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
-    """A process forked after the pass ran on several threads (a DataLoader
-    worker, a forked trainer) must not abort or hang on its own pass. The old
-    design failed here: its serial twin shared the parallel kernel's numba cache
-    entry, so the child re-entered numba's threading layer, and under GNU OpenMP
-    (NUMBA_THREADING_LAYER=omp) that aborts a forked process. A fresh cache
-    folder: no code compiled elsewhere may stand in for the kernel."""
-    code = textwrap.dedent("""
-        import os, signal, sys, threading
+def _fork_script(prelude: str, parent_checks: str, epilogue: str = "") -> str:
+    """A script that runs a pass on 2 threads, forks, and has the child run it
+    again on 2 and 1 threads. It prints "child 0" when the child's sums equal
+    the parent's and the child hired a helper thread of its own (3: other
+    sums, 4: no helper; a hang ends the child with SIGALRM, 14)."""
+    return textwrap.dedent("""
+        import os, signal, threading
         import numpy as np
-        import numba
         from layercheck import kernels
+    """) + textwrap.dedent(prelude) + textwrap.dedent("""
         n = 3 << 20
         rng = np.random.default_rng(0)
         w = rng.standard_normal(n, dtype=np.float32)
@@ -153,10 +151,10 @@ def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
         args = (ptr, np.full(2, 1e-8, np.float32), np.full(2, 0.01, np.float32), 0)
         plan = kernels.FusedPass([kernels.Extent(n, n, n)] * 2)
         before = plan.run(*args, threads=2)
-        assert threading.active_count() == 2, "the parent's pass ran on a helper thread"
+    """) + textwrap.dedent(parent_checks) + textwrap.dedent("""
         pid = os.fork()
         if pid == 0:
-            signal.alarm(120)  # a hang ends the child with SIGALRM, not the test run
+            signal.alarm(60)  # a hang ends the child with SIGALRM, not the test run
             status = 0
             for threads in (2, 1):
                 got = plan.run(*args, threads=threads)
@@ -167,6 +165,20 @@ def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
             os._exit(status)
         _, status = os.waitpid(pid, 0)
         print("child", status)
+    """) + textwrap.dedent(epilogue)
+
+
+def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
+    """A process forked after the pass ran on several threads (a DataLoader
+    worker, a forked trainer) must not abort or hang on its own pass. The old
+    design failed here: its serial twin shared the parallel kernel's numba cache
+    entry, so the child re-entered numba's threading layer, and under GNU OpenMP
+    (NUMBA_THREADING_LAYER=omp) that aborts a forked process. A fresh cache
+    folder: no code compiled elsewhere may stand in for the kernel. (No torch
+    here: the pass runs on this module's helper threads.)"""
+    code = _fork_script("import numba\n", """
+        assert threading.active_count() == 2, "the parent's pass ran on a helper thread"
+    """, """
         try:
             print("numba threading layer", numba.threading_layer())
         except ValueError:  # no numba parallel region ever ran in this process
@@ -214,38 +226,13 @@ def test_a_child_forked_after_a_pass_on_torchs_team_computes_the_same_sums(tmp_p
     region there waits forever. The child's pass must take its own helper
     threads instead, and give the same sums."""
     pytest.importorskip("torch")
-    code = textwrap.dedent("""
-        import os, signal, threading
-        import numpy as np
+    code = _fork_script("""
         import torch
-        from layercheck import kernels
         torch.set_num_threads(2)
         torch.ones(1 << 22).mul_(2.0)  # torch's team runs, then waits for work
-        n = 3 << 20
-        rng = np.random.default_rng(0)
-        w = rng.standard_normal(n, dtype=np.float32)
-        m = rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3)
-        v = rng.random(n, dtype=np.float32) * np.float32(1e-6)
-        ptr = np.array([[w.ctypes.data, m.ctypes.data, v.ctypes.data],
-                        [w.ctypes.data, 0, 0]], dtype=np.int64)
-        args = (ptr, np.full(2, 1e-8, np.float32), np.full(2, 0.01, np.float32), 0)
-        plan = kernels.FusedPass([kernels.Extent(n, n, n)] * 2)
-        before = [a.copy() for a in plan.run(*args, threads=2)]
+    """, """
         assert kernels._team() is not None, "the parent's pass did not run on torch's team"
         assert threading.active_count() == 1, "the parent hired a helper thread"
-        pid = os.fork()
-        if pid == 0:
-            signal.alarm(60)  # a hang ends the child with SIGALRM, not the test run
-            status = 0
-            for threads in (2, 1):
-                got = plan.run(*args, threads=threads)
-                if not (np.array_equal(got[0], before[0]) and np.array_equal(got[1], before[1])):
-                    status = 3
-            if threading.active_count() != 2:  # the child hired its own helper
-                status = 4
-            os._exit(status)
-        _, status = os.waitpid(pid, 0)
-        print("child", status)
     """)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
