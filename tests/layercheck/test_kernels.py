@@ -108,7 +108,14 @@ def test_a_failing_piece_raises_on_the_calling_thread_and_the_crew_lives_on():
     assert sorted(done) == list(range(8))
 
 
-def test_two_threads_may_run_passes_at_once():
+@pytest.mark.parametrize("threads_of", ["torch's team", "helper threads"])
+def test_two_threads_may_run_passes_at_once(threads_of, monkeypatch):
+    if threads_of == "torch's team":
+        pytest.importorskip("torch")
+        monkeypatch.setattr(kernels, "_TEAM", kernels._UNSEEN)  # look again, torch being loaded
+        assert kernels._team() is not None
+    else:
+        monkeypatch.setattr(kernels, "_team", lambda: None)
     sizes = [2 << 20, 1 << 20]
     _, ptr, eps_c, alpha = _inputs(sizes)
     plans = [kernels.FusedPass([(n, n, n) for n in sizes]) for _ in range(2)]
