@@ -214,7 +214,9 @@ def _team() -> _Team | None:
 
 def _torch_openmp() -> ctypes.CDLL | None:
     """The OpenMP runtime that torch loaded, found among this process's mapped
-    files (Linux); None without one (torch not imported, or not built with OpenMP)."""
+    files (Linux): the copy under torch's folder that its wheels bundle. None
+    without one (torch not built with OpenMP, or linked to a runtime elsewhere:
+    then the helper threads take the pass, as before)."""
     try:
         with open("/proc/self/maps") as maps:
             fields = (line.split(None, 5) for line in maps)
