@@ -25,12 +25,13 @@ its tensors are views of it (``tensor_views``): what ``use`` checks is what
 are (a fresh optimizer's moments: ``LayerSource.kept_apart``) are read into
 a buffer of their own, the rest of the file into another (``Loaded.own``
 names them): the source keeps them without a copy and without the file's
-other bytes, and nothing live changes before every file is verified. Up to ``keep_bytes`` of chosen files stay in memory
-from the plan to the apply; a layer beyond that is read and verified again
-by ``load``. With ``threads`` > 1 the files are read ahead by a small pool,
-in the plan's order of consumption: the choices, warnings and passed-over
-versions are those of a serial read. Offline planners (``make_plan``,
-``export``) keep nothing and read serially: about a layer at a time in memory.
+other bytes, and nothing live changes before every file is verified. Up to
+``keep_bytes`` of chosen files stay in memory from the plan to the apply; a
+layer beyond that is read and verified again by ``load``. With ``threads`` > 1
+the files are read ahead by a small pool, in the plan's order of consumption:
+the choices, warnings and passed-over versions are those of a serial read.
+Offline planners (``make_plan``, ``export``) keep nothing and read serially:
+about a layer at a time in memory.
 """
 from __future__ import annotations
 
@@ -248,10 +249,10 @@ class Planner:
     def _choose(self, work: list[tuple[str, list[Version]]], use: UseLayer | None
                 ) -> list[tuple[Version | None, VerifiedFile | None]]:
         """``_newest_intact`` of each (what, versions), in order; with ``threads`` > 1
-        the newest version of the next few is read meanwhile (reads release the GIL;
-        google-crc32c's checksum does not, so from the page cache, where reading is
-        copying, more threads than cores only compete), but consumed in order, as a
-        serial read would."""
+        the newest version of the next few is read meanwhile (reads and the checksum
+        release the GIL, ``format.Checksummer``; from the page cache, where reading
+        is copying, more threads than cores only compete), but consumed in order, as
+        a serial read would."""
         if self.threads == 1 or len(work) < 2:
             return [self._newest_intact(versions, what, use) for what, versions in work]
         ahead, window, started = {}, 2 * self.threads, 0
