@@ -687,7 +687,8 @@ def test_a_failure_no_retry_can_fix_says_so_word_for_word(tmp_path, caplog, on_e
 
 def test_a_bug_in_the_writer_thread_is_logged_with_its_step(tmp_path, caplog):
     """The writer thread's own failure (here retention's bookkeeping) is logged once,
-    naming the step and the exception, and stops checkpointing."""
+    naming the step and the exception, and stops checkpointing. Retention runs after
+    the commit, so the error says that step was committed, and it was."""
 
     class BrokenRetention:
         def committed(self, versions):
@@ -698,11 +699,14 @@ def test_a_bug_in_the_writer_thread_is_logged_with_its_step(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="layercheck"):
         writer.submit(_layer_job(3))
         with pytest.raises(WriteFailed, match=re.escape(
-                "(the writer thread failed (IndexError('pop from an empty list')))")):
+                "the background writer failed at step 3 (the writer thread failed "
+                "(IndexError('pop from an empty list'))), after committing it: that step and "
+                "every earlier committed one are recoverable. It is not a storage error")):
             writer.flush()
     assert _messages(caplog) == [
         "layercheck: the writer thread failed at step 3 (IndexError('pop from an empty list')); "
         "checkpointing stops"]
+    assert list(read_manifest(LocalStore(tmp_path)).states) == [3]
     with pytest.raises(WriteFailed):
         writer.close()
 
