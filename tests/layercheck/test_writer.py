@@ -711,6 +711,56 @@ def test_a_bug_in_the_writer_thread_is_logged_with_its_step(tmp_path, caplog):
         writer.close()
 
 
+class VanishingGroup(Commit):
+    """A one-process commit whose process group goes away once ``gone`` is set: asking
+    its world size then raises, as torch.distributed does after destroy_process_group.
+    The writer asks before it writes a job, so that is a bug before the job's commit."""
+
+    gone = False
+
+    @property
+    def world_size(self) -> int:
+        if self.gone:
+            raise RuntimeError("Default process group has not been initialized")
+        return 1
+
+
+@pytest.mark.parametrize("where", ["before its commit", "its state held back"])
+def test_a_bug_in_the_writer_thread_says_when_its_step_was_not_committed(tmp_path, where):
+    """The contract of WriteFailed for the writer thread's own failure: when the failing
+    step's training state was not committed, the error says so ("before committing it"),
+    even after an earlier step did commit its state: a bug before step 2's commit (the
+    commit's process group gone), or in retention's bookkeeping after a commit that held
+    step 2's state back because layer a, whose write failed at step 1, is still owed."""
+
+    class BrokenRetention:
+        def committed(self, versions):
+            raise IndexError("pop from an empty list")
+
+    commit = VanishingGroup()
+    failing = {"layers/a@000000001.safetensors"} if where == "its state held back" else set()
+    writer = Writer(FailingStore(tmp_path, fails=lambda path: path in failing),
+                    queue_bytes=64 * MB, on_error="warn", commit=commit)
+    writer.submit(_job_of(1, (0, "a"), (1, "b")))
+    writer.flush()
+    if where == "before its commit":
+        commit.gone, cause = True, "RuntimeError('Default process group has not been initialized')"
+    else:
+        assert writer.take_failed_layers() == {0, 1}
+        writer.retention, cause = BrokenRetention(), "IndexError('pop from an empty list')"
+    writer.submit(_job_of(2, (1, "b")))
+    with pytest.raises(WriteFailed) as info:
+        writer.flush()
+    assert str(info.value) == (
+        f"the background writer failed at step 2 (the writer thread failed ({cause})), before "
+        "committing it: every earlier committed step is recoverable. It is not a storage "
+        "error, so it is not retried: fix its cause and resume with restore()")
+    states = {"before its commit": [1], "its state held back": []}[where]
+    assert list(read_manifest(LocalStore(tmp_path)).states) == states
+    with pytest.raises(WriteFailed):
+        writer.close()
+
+
 def _job_of(step: int, *layers: tuple[int, str], reasons=None) -> StepJob:
     """A job writing ``layers`` ((index, name), small tensors) and a training state."""
     snaps = [LayerSnapshot(index, name, (reasons or {}).get(name, "threshold"),
