@@ -255,6 +255,13 @@ EQUIVALENT: dict[str, str] = {
         "the job's versions handed to the commit with its error too: no commit reads them "
         "then (Commit raises the error first; ShardedCommit only sends them to the other "
         "ranks, and any rank's error raises before anything is merged or appended)",
+    "layercheck.writer.xǁWriterǁ__init____mutmut_27":
+        "_job_committed None for False in the constructor: never read before _run sets it to "
+        "False at the start of each job (its only read, in _run's handler, comes after that)",
+    "layercheck.writer.xǁWriterǁ__init____mutmut_28": "True for False: as __init__ 27",
+    "layercheck.writer.xǁWriterǁ_run__mutmut_4":
+        "_job_committed None for False at the start of a job: its only use is its truth in "
+        "raise_if_failed's message (committed or not), and None is false like False",
     # commit
     "layercheck.commit.x_all_gather_json__mutmut_10":
         "torch.tensor of a Python int without a dtype is int64: the same tensor",
