@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -754,3 +755,26 @@ def test_parse_safetensors_names_what_it_parses_in_its_error():
     from layercheck.recovery import parse_safetensors
     with pytest.raises(CorruptVersion, match="the blob under test"):
         parse_safetensors(b"\x05\x00\x00\x00\x00\x00\x00\x00{}", "the blob under test")
+
+
+def test_parse_safetensors_of_read_only_bytes_warns_nothing():
+    """torch warns once per process when it views read-only memory: in a fresh
+    interpreter, so that this process's earlier views cannot have used it up."""
+    import subprocess
+    import sys
+    code = ("import warnings\n"
+            "from safetensors.torch import save\n"
+            "import torch\n"
+            "from layercheck.recovery import parse_safetensors\n"
+            "warnings.simplefilter('error')\n"
+            "data = save({'a': torch.arange(4.0)})\n"
+            "tensors, _ = parse_safetensors(bytes(data), 'x')\n"
+            "assert tensors['a'].tolist() == [0.0, 1.0, 2.0, 3.0]\n"
+            "print('ok')\n")
+    from layercheck.recovery import parse_safetensors  # in-process too: this test covers it
+    from safetensors.torch import save
+    assert parse_safetensors(save({"a": torch.ones(2)}), "x")[0]["a"].tolist() == [1.0, 1.0]
+    root = Path(__file__).resolve().parents[2]  # this copy's layercheck (mutmut's, under it)
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
