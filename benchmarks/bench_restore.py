@@ -1,6 +1,6 @@
 """Restore against its physical reference: a raw read of the same files, in the same run.
 
-    python benchmarks/bench_restore.py [--rounds 10] [--cold] [--steps 10] [--threads 4]
+    python benchmarks/bench_restore.py [--rounds 10] [--cold] [--steps 10] [--threads 2]
                                        [--restore-memory BYTES] [--out restore.json]
 
 Builds a real checkpoint first: MiniLM-L6 (``BertForSequenceClassification``
@@ -13,7 +13,8 @@ first in odd ones):
 - **restore**: ``LayerCheck.restore()`` into a fresh copy of the model and a
   fresh AdamW (no state yet), verification on: the manifest read, every chosen
   file read, checksummed, checked for structure and identity and against the
-  live model, and the tensors copied into the live model and optimizer. Its
+  live model, the weights copied into the live model, the Adam moments (read
+  into memory of their own) handed to the optimizer as they are. Its
   seconds are the report's ``plan_s + load_s + restore_s`` (the resume record
   it appends afterwards is not counted).
 - **raw read**: the files that restore's plan uses (the training state and
@@ -23,12 +24,19 @@ first in odd ones):
   clock (never zeroed): a restore into a fresh optimizer must also pay for
   memory no process has touched yet (its Adam moments), which the first
   reference, reading into the same warm buffer every round, does not.
+- **floor**: the same reads into fresh memory, each piece's CRC-32C computed as
+  it arrives (layercheck's ``Checksummer``, the pieces ``LocalStore`` reads):
+  the least a verified restore into a fresh optimizer does, on one thread.
+- **floor, 2 threads**: the same, the files dealt into two halves of about
+  equal bytes, each half read by its own thread (both system calls and the
+  checksum release the GIL): where a restore with two read threads could get.
 
 Warm page cache by default (both read from memory); ``--cold`` drops every
 file of the plan and the manifest from the page cache
 (``posix_fadvise(POSIX_FADV_DONTNEED)``) before each variant. Prints, per
-variant, min and median seconds, min and median of the per-round ratio
-restore / raw read, the bytes, and the load average at the start and the end;
+variant, min and median seconds, min and median of the per-round ratios
+restore / raw read, restore / each other reference and floor / raw read, the
+bytes, and the load average at the start and the end;
 ``--out`` writes the same as JSON.
 """
 from __future__ import annotations
@@ -40,6 +48,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,7 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's layercheck, whatever is installed
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.format import MANIFEST  # noqa: E402
+from layercheck.format import MANIFEST, Checksummer  # noqa: E402
+from layercheck.store import _PIECE as PIECE  # noqa: E402
 
 
 def minilm() -> torch.nn.Module:
@@ -113,10 +123,12 @@ def raw_read(paths: list[Path], buffer: bytearray) -> float:
     return seconds
 
 
-def raw_read_fresh(paths: list[Path]) -> float:
+def raw_read_fresh(paths: list[Path], verify: bool = False) -> float:
     """Seconds to read every file of ``paths`` into memory allocated inside the clock
     (one buffer per file, never zeroed): what a restore into a fresh optimizer must
-    also pay, since its Adam moments need memory that no process has touched yet."""
+    also pay, since its Adam moments need memory that no process has touched yet.
+    ``verify``: in ``LocalStore``'s pieces, each CRC-32C'd as it arrives."""
+    piece = PIECE if verify else 64 << 20
     start = time.perf_counter()
     kept = []
     for path in paths:
@@ -125,15 +137,36 @@ def raw_read_fresh(paths: list[Path]) -> float:
             size = os.fstat(fd).st_size
             buffer = np.empty(size, dtype=np.uint8)
             view, at = memoryview(buffer), 0
+            summer = Checksummer("crc32c")
             while at < size:
-                got = os.readv(fd, [view[at:at + (64 << 20)]])
+                got = os.readv(fd, [view[at:at + piece]])
                 if not got:
                     break
+                if verify:
+                    summer.update(view[at:at + got])
                 at += got
             view.release()
             kept.append(buffer)
         finally:
             os.close(fd)
+    return time.perf_counter() - start
+
+
+def floor_two_threads(paths: list[Path]) -> float:
+    """Seconds of ``raw_read_fresh(half, verify=True)`` on two threads at once, the
+    files dealt largest first to the half with fewer bytes."""
+    halves: list[list[Path]] = [[], []]
+    sizes = [0, 0]
+    for path in sorted(paths, key=lambda p: -p.stat().st_size):
+        k = sizes.index(min(sizes))
+        halves[k].append(path)
+        sizes[k] += path.stat().st_size
+    threads = [threading.Thread(target=raw_read_fresh, args=(half, True)) for half in halves]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return time.perf_counter() - start
 
 
@@ -185,7 +218,8 @@ def main() -> None:
         rows = []
         for r in range(args.rounds):
             row = {}
-            order = ("restore", "raw", "fresh") if r % 2 == 0 else ("fresh", "raw", "restore")
+            order = ("restore", "raw", "fresh", "floor", "floor2")
+            order = order if r % 2 == 0 else order[::-1]
             for variant in order:
                 if args.cold:
                     drop_cache(paths + [directory / MANIFEST])
@@ -193,6 +227,10 @@ def main() -> None:
                     row["raw_s"] = raw_read(paths, buffer)
                 elif variant == "fresh":
                     row["fresh_s"] = raw_read_fresh(paths)
+                elif variant == "floor":
+                    row["floor_s"] = raw_read_fresh(paths, verify=True)
+                elif variant == "floor2":
+                    row["floor2_s"] = floor_two_threads(paths)
                 else:
                     row["restore_s"], rep = restore_once(directory, base, config)
                     row.update(plan_s=rep.plan_s, load_s=rep.load_s, apply_s=rep.restore_s)
@@ -200,6 +238,9 @@ def main() -> None:
                         raise RuntimeError("the plan changed between rounds")
             row["ratio"] = row["restore_s"] / row["raw_s"]
             row["ratio_fresh"] = row["restore_s"] / row["fresh_s"]
+            row["ratio_floor"] = row["restore_s"] / row["floor_s"]
+            row["floor_over_raw"] = row["floor_s"] / row["raw_s"]
+            row["floor2_over_raw"] = row["floor2_s"] / row["raw_s"]
             rows.append(row)
     steps = sorted({v.step for v in plan.sources.values()})
     out = {
@@ -213,6 +254,11 @@ def main() -> None:
         "ratio": summary([r["ratio"] for r in rows]),
         "raw_read_fresh_s": summary([r["fresh_s"] for r in rows]),
         "ratio_fresh": summary([r["ratio_fresh"] for r in rows]),
+        "floor_s": summary([r["floor_s"] for r in rows]),
+        "ratio_floor": summary([r["ratio_floor"] for r in rows]),
+        "floor_over_raw": summary([r["floor_over_raw"] for r in rows]),
+        "floor2_s": summary([r["floor2_s"] for r in rows]),
+        "floor2_over_raw": summary([r["floor2_over_raw"] for r in rows]),
         "restore_parts_median_s": {k: statistics.median(r[k] for r in rows)
                                    for k in ("plan_s", "load_s", "apply_s")},
         "loadavg_start": load_start[0], "loadavg_end": os.getloadavg()[0],
@@ -223,7 +269,9 @@ def main() -> None:
     print(f"{len(paths)} files, {nbytes / 1e6:.1f} MB, page cache {out['cache']}, "
           f"{args.rounds} rounds, restore_threads={config.restore_threads}")
     for name, key in (("restore (verification on)", "restore_s"), ("raw read", "raw_read_s"),
-                      ("raw read, fresh memory", "raw_read_fresh_s")):
+                      ("raw read, fresh memory", "raw_read_fresh_s"),
+                      ("floor: fresh memory + CRC", "floor_s"),
+                      ("floor, 2 threads", "floor2_s")):
         print(f"  {name:28s} min {out[key]['min']:.4f} s   median {out[key]['median']:.4f} s")
     parts = out["restore_parts_median_s"]
     print(f"  restore's parts (median): plan {parts['plan_s']:.4f} s, load {parts['load_s']:.4f}"
@@ -232,6 +280,12 @@ def main() -> None:
           f"{out['ratio']['median']:.2f}x")
     print(f"  restore / raw read, fresh   min {out['ratio_fresh']['min']:.2f}x   median "
           f"{out['ratio_fresh']['median']:.2f}x")
+    print(f"  restore / floor             min {out['ratio_floor']['min']:.2f}x   median "
+          f"{out['ratio_floor']['median']:.2f}x")
+    print(f"  floor / raw read            min {out['floor_over_raw']['min']:.2f}x   median "
+          f"{out['floor_over_raw']['median']:.2f}x")
+    print(f"  floor, 2 threads / raw read min {out['floor2_over_raw']['min']:.2f}x   median "
+          f"{out['floor2_over_raw']['median']:.2f}x")
     print(f"load average (1 min): {out['loadavg_start']:.2f} at the start, "
           f"{out['loadavg_end']:.2f} at the end")
     if args.out is not None:

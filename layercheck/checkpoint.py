@@ -215,7 +215,7 @@ class LayerCheck:
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
         planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self._restore_memory(),
-                          threads=self.config.restore_threads)
+                          threads=self.config.restore_threads, apart=self.source.kept_apart())
         state, data = planner.state(step, exact=exact)
         tensors, doc = planner.together(lambda: self._read_state(state, data))
         sizes = np.zeros(len(self.layer_map))

@@ -99,7 +99,8 @@ class LayerCheckConfig:
     """Host memory a restore may hold verified layer files in, from its plan (where
     each chosen file is read, verified and checked against the live model) to its
     apply (where the tensors, views of those bytes, are copied into the live
-    objects): each file is then read once. Layers beyond it are read and verified
+    objects; a fresh optimizer keeps its moments as read, in memory of their
+    own): each file is then read once. Layers beyond it are read and verified
     again at the apply. None (default): half of the memory available when
     ``restore()`` starts (``MemAvailable`` in /proc/meminfo; 1 GiB where that is
     unknown). 0: keep nothing, read every layer twice."""

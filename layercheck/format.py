@@ -44,7 +44,7 @@ from .store import check_relative
 
 __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
            "checksum", "checksum_matches",
-           "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields",
+           "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
            "drop_record", "count", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
            "read_state_document"]
@@ -73,6 +73,40 @@ CHECKSUMS = ("crc32c", "crc32")
 and still verify."""
 
 
+def _native_crc32c() -> Any:
+    """``crc32c_extend(crc, address, length)`` of the C library google-crc32c runs
+    (the one its wheel ships, else the system's), called through ctypes: the same
+    function as ``google_crc32c.extend``, but ctypes lets other threads run during
+    the call, where the extension holds the GIL for anything but ``bytes`` (so
+    threads verifying files took turns). None where no such library is found or
+    it does not give the extension's checksums."""
+    import ctypes
+    import ctypes.util
+    import glob
+    import os
+    folder = os.path.dirname(os.path.abspath(google_crc32c.__file__))
+    paths = sorted(glob.glob(folder + ".libs/libcrc32c*.so*")) + \
+        sorted(glob.glob(os.path.join(folder, ".dylibs", "libcrc32c*.dylib")))
+    system = ctypes.util.find_library("crc32c")
+    probe = np.frombuffer(bytes(range(256)) * 3 + b"123456789", dtype=np.uint8)
+    for path in paths + ([system] if system else []):
+        try:
+            extend = ctypes.CDLL(path).crc32c_extend
+        except (OSError, AttributeError):
+            continue
+        extend.restype = ctypes.c_uint32
+        extend.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        if extend(7, probe.ctypes.data, len(probe)) == google_crc32c.extend(7, probe.tobytes()):
+            return extend
+    return None
+
+
+_CRC32C_EXTEND = _native_crc32c() if google_crc32c.implementation == "c" else None
+_NATIVE_MIN = 1 << 16
+"""Pieces at least this long go through ``_CRC32C_EXTEND`` (where found): below it,
+the call's own cost outweighs letting other threads run."""
+
+
 class Checksummer:
     """A checksum computed over bytes fed in pieces (``update``): streaming a file
     to disk and verifying a read both feed each byte once. ``algorithm``: one of
@@ -89,7 +123,11 @@ class Checksummer:
     def update(self, data: bytes | memoryview) -> None:
         if self.algorithm == "crc32c":
             # a uint8 view: the extension takes any buffer as an array, not as a memoryview
-            self._crc = google_crc32c.extend(self._crc, np.frombuffer(data, dtype=np.uint8))
+            array = np.frombuffer(data, dtype=np.uint8)
+            if _CRC32C_EXTEND is not None and len(array) >= _NATIVE_MIN:
+                self._crc = _CRC32C_EXTEND(self._crc, array.ctypes.data, len(array))
+            else:
+                self._crc = google_crc32c.extend(self._crc, array)
         else:
             self._crc = zlib.crc32(data, self._crc)
 
@@ -150,12 +188,17 @@ def sub_group(k: int) -> str:
 
 def optimizer_fields(tensors: Mapping[str, T], owner: str) -> dict[str, T]:
     """``{field: value}`` of ``owner``'s optimizer-state entries, in file order."""
-    out = {}
+    return optimizer_state(tensors).get(owner, {})
+
+
+def optimizer_state(tensors: Mapping[str, T]) -> dict[str, dict[str, T]]:
+    """``{owner: optimizer_fields(tensors, owner)}`` of every owner, in one pass."""
+    out: dict[str, dict[str, T]] = {}
     for key, value in tensors.items():
         kind, _, rest = key.partition("/")
         field, _, who = rest.partition("/")
-        if kind == "optim" and who == owner:
-            out[field] = value
+        if kind == "optim":
+            out.setdefault(who, {})[field] = value
     return out
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import numpy as np
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
 from .format import MANIFEST, Checksummer, Version, count, decode_line, described, encode_record
-from .store import ReadBuffer, Store, check_relative, read_buffer
+from .store import ReadBuffer, Store, check_relative, read_buffer, read_into
 
 __all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
            "encode_manifest", "read_verified", "read_verified_file", "VerifiedFile",
@@ -225,43 +227,143 @@ def seal_torn_tail(store: Store) -> bool:
 class VerifiedFile:
     """A committed safetensors file as read and verified (``read_verified_file``):
     its bytes, its parsed header (tensor name -> dtype, shape, data_offsets; and
-    ``__metadata__``) and where its data section starts in ``data``."""
+    ``__metadata__``) and where its data section starts in ``data``.
+
+    Read with ``apart``, the tensors named in ``apart_keys`` are in the buffer
+    ``apart`` instead (back to back, in file order), and ``data`` holds the rest
+    of the file (the header, then the other tensors, in file order): ``places``
+    says where each tensor is."""
 
     data: ReadBuffer
     header: dict[str, Any]
     data_start: int
+    apart: ReadBuffer | None = None
+    apart_keys: frozenset[str] = frozenset()
 
     @property
     def metadata(self) -> dict[str, str]:
         return self.header.get("__metadata__") or {}
 
+    @property
+    def nbytes(self) -> int:
+        """The memory holding the file: its size."""
+        return len(self.data) + (len(self.apart) if self.apart is not None else 0)
 
-def read_verified_file(store: Store, version: Version) -> VerifiedFile:
+    def places(self) -> dict[str, tuple[ReadBuffer, int]]:
+        """Per tensor (header order): the buffer holding its bytes, and where they start."""
+        spans = {key: entry["data_offsets"] for key, entry in self.header.items()
+                 if key != "__metadata__"}
+        if self.apart is None:
+            return {key: (self.data, self.data_start + start) for key, (start, _) in spans.items()}
+        places, moved = {}, 0  # moved: bytes of earlier tensors that are apart
+        for key, (start, stop) in sorted(spans.items(), key=lambda item: tuple(item[1])):
+            if key in self.apart_keys:
+                places[key] = (self.apart, moved)
+                moved += stop - start
+            else:
+                places[key] = (self.data, self.data_start + start - moved)
+        return {key: places[key] for key in spans}
+
+
+def read_verified_file(store: Store, version: Version,
+                       apart: Callable[[str], bool] | None = None) -> VerifiedFile:
     """The file of ``version`` read once into a buffer and verified on it: CorruptVersion
     if missing, not a regular file, of another size, failing its checksum (computed
     as the bytes arrive), not structured as a safetensors file (the manifest's
     checksum proves only that the file is what was recorded, not that what was
     recorded is sane) or saying it holds another version. An I/O error is not
-    damage: ReadFailed. Safe to call from several threads at once."""
+    damage: ReadFailed. Safe to call from several threads at once.
+
+    ``apart``: the tensors whose key it accepts are read into a buffer of their own
+    (``VerifiedFile.apart``), where a caller can keep them (a fresh optimizer's
+    moments) without keeping the rest of the file; the same checks, on the same
+    bytes. The header is parsed as it arrives, to place the tensors; a header that
+    does not parse leaves the file in one buffer, and the checks say what is wrong."""
     summer = Checksummer(version.checksum.partition(":")[0])
+    split = _Split(version.bytes, apart) if apart is not None else None
     try:  # never more than the committed size (a link to /dev/zero is refused anyway)
-        data = read_buffer(store, version.file, version.bytes, summer.update)
+        if split is None:
+            data = read_buffer(store, version.file, version.bytes, summer.update)
+            size = len(data)
+        else:
+            size = read_into(store, version.file, version.bytes, summer.update, split.targets)
+            data = split.data
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotARegularFile) as exc:
         raise CorruptVersion(f"{version.file}: missing, or not the file committed "
                              f"({exc.__class__.__name__})") from None
     except OSError as exc:  # EIO, EACCES, a timeout: the file may be intact
         raise ReadFailed(f"{version.file}: cannot be read ({exc}): an I/O error, not damage, so "
                          "nothing was passed over; try again once the storage answers") from None
-    if len(data) != version.bytes:
+    if size != version.bytes:
         raise CorruptVersion(f"{version.file}: " + (
-            f"{len(data)} bytes on disk, {version.bytes} committed" if len(data) < version.bytes
+            f"{size} bytes on disk, {version.bytes} committed" if size < version.bytes
             else f"longer on disk than the {version.bytes} bytes committed"))
     if summer.value != version.checksum:
         raise CorruptVersion(f"{version.file}: checksum mismatch (the file changed after commit)")
-    header, data_start = parse_header(data, version.file)
-    verified = VerifiedFile(data, header, data_start)
+    if split is not None and split.header is not None:  # parsed from these same bytes
+        verified = VerifiedFile(data, split.header, split.data_start, split.apart,
+                                split.apart_keys)
+    else:
+        header, data_start = parse_header(data, version.file)
+        verified = VerifiedFile(data, header, data_start)
     _check_identity(verified.metadata, version)
     return verified
+
+
+class _Split:
+    """Where each byte of a safetensors file of ``size`` bytes goes when the tensors
+    that ``apart`` accepts are read apart (``read_verified_file``): ``targets`` yields
+    the buffers to fill, in file order, placing the tensors once the header is in."""
+
+    def __init__(self, size: int, apart: Callable[[str], bool]) -> None:
+        self.size, self.accept = size, apart
+        self.header: dict[str, Any] | None = None
+        self.data_start = 0
+        self.data: ReadBuffer = np.empty(0, dtype=np.uint8)
+        self.apart: ReadBuffer | None = None
+        self.apart_keys: frozenset[str] = frozenset()
+
+    def targets(self, size: int) -> Iterator[memoryview]:
+        """The buffers for a read of ``size`` bytes (what the store found; a size other
+        than the committed one is refused after the read, so it is read whole)."""
+        head = np.empty(min(8, size), dtype=np.uint8)
+        yield memoryview(head)
+        n = int.from_bytes(head.tobytes(), "little") if len(head) == 8 else -1
+        header = None
+        if size == self.size and 0 <= n <= size - 8:
+            text = np.empty(n, dtype=np.uint8)
+            yield memoryview(text)
+            head = np.concatenate([head, text])
+            try:
+                header = _header(bytes(text), n, size, "")
+            except CorruptVersion:
+                header = None
+        if header is None:  # read it whole; the checks after the read say what is wrong
+            self.data = np.empty(size, dtype=np.uint8)
+            self.data[:len(head)] = head
+            yield memoryview(self.data[len(head):])
+            return
+        spans = sorted((tuple(entry["data_offsets"]), key) for key, entry in header.items()
+                       if key != "__metadata__")
+        keys = frozenset(key for _, key in spans if self.accept(key))
+        moved = sum(stop - start for (start, stop), key in spans if key in keys)
+        self.data = np.empty(size - moved, dtype=np.uint8)
+        self.apart = np.empty(moved, dtype=np.uint8) if keys else None
+        self.data[:len(head)] = head
+        self.header, self.data_start, self.apart_keys = header, len(head), keys
+        runs: list[list[Any]] = []  # [apart?, bytes]: neighbours bound for one buffer, merged
+        for (start, stop), key in spans:
+            into = key in keys
+            if runs and runs[-1][0] == into:
+                runs[-1][1] += stop - start
+            else:
+                runs.append([into, stop - start])
+        at = {False: len(head), True: 0}  # where the next bytes go, in data and in apart
+        for into, length in runs:
+            if length:
+                buffer = self.apart if into else self.data
+                yield memoryview(buffer[at[into]:at[into] + length])  # type: ignore[index]
+                at[into] += length
 
 
 def read_verified(store: Store, version: Version) -> ReadBuffer:
@@ -304,7 +406,17 @@ def parse_header(data: bytes | ReadBuffer, what: str) -> tuple[dict[str, Any], i
             (n,) = struct.unpack("<Q", view[:8])
             if n > len(data) - 8:
                 raise ValueError(f"header of {n} bytes in a file of {len(data)}")
-            header = json.loads(bytes(view[8:8 + n]))
+            text = bytes(view[8:8 + n])
+    except Exception as exc:  # every way a header can be malformed means 'corrupt'
+        raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None
+    return _header(text, n, len(data), what), 8 + n
+
+
+def _header(text: bytes, n: int, size: int, what: str) -> dict[str, Any]:
+    """The header ``text`` (``n`` bytes) of a safetensors file of ``size`` bytes, checked
+    as ``parse_header`` says; CorruptVersion otherwise."""
+    try:
+        header = json.loads(text)
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
         spans = []
@@ -312,25 +424,25 @@ def parse_header(data: bytes | ReadBuffer, what: str) -> tuple[dict[str, Any], i
             if key == "__metadata__":
                 continue
             start, stop = entry["data_offsets"]
-            size = DTYPE_SIZES[entry["dtype"]]
+            size_of = DTYPE_SIZES[entry["dtype"]]
             for extent in entry["shape"]:
                 if not isinstance(extent, int) or extent < 0:
                     raise ValueError(f"tensor {key!r} has shape {entry['shape']!r}")
-                size *= extent
-            if not isinstance(start, int) or not isinstance(stop, int) or stop - start != size:
-                raise ValueError(f"tensor {key!r}: offsets {start}..{stop} for {size} bytes")
+                size_of *= extent
+            if not isinstance(start, int) or not isinstance(stop, int) or stop - start != size_of:
+                raise ValueError(f"tensor {key!r}: offsets {start}..{stop} for {size_of} bytes")
             spans.append((start, stop))
         end = 0
         for start, stop in sorted(spans):
             if start != end or stop < start:
                 raise ValueError("tensor data offsets do not tile the data section")
             end = stop
-        if end != len(data) - 8 - n:
-            raise ValueError(f"tensors cover {end} of {len(data) - 8 - n} data bytes")
+        if end != size - 8 - n:
+            raise ValueError(f"tensors cover {end} of {size - 8 - n} data bytes")
         metadata = header.get("__metadata__") or {}
         if not isinstance(metadata, dict):
             raise ValueError("__metadata__ is not an object")
-        return header, 8 + n
+        return header
     except Exception as exc:  # every way a header can be malformed means 'corrupt'
         raise CorruptVersion(f"{what}: not a valid safetensors file ({exc})") from None
 

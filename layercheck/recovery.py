@@ -21,12 +21,17 @@ the chosen versions (``load``, under ``together``): a restore that fails
 leaves the model as it was. Each file is read once, into a buffer, verified
 on that buffer (checksum as the bytes arrive, size, layout, identity), and
 its tensors are views of it (``tensor_views``): what ``use`` checks is what
-``load`` gives to apply. Up to ``keep_bytes`` of chosen files stay in memory
-from the plan to the apply; a layer beyond that is read and verified again
-by ``load``. With ``threads`` > 1 the files are read ahead by a small pool,
-in the plan's order of consumption: the choices, warnings and passed-over
-versions are those of a serial read. Offline planners (``make_plan``,
-``export``) keep nothing and read serially: about a layer at a time in memory.
+``load`` gives to apply. With ``apart``, the tensors a source keeps as they
+are (a fresh optimizer's moments: ``LayerSource.kept_apart``) are read into
+a buffer of their own, the rest of the file into another (``Loaded.own``
+names them): the source keeps them without a copy and without the file's
+other bytes, and nothing live changes before every file is verified. Up to
+``keep_bytes`` of chosen files stay in memory from the plan to the apply; a
+layer beyond that is read and verified again by ``load``. With ``threads`` > 1
+the files are read ahead by a small pool, in the plan's order of consumption:
+the choices, warnings and passed-over versions are those of a serial read.
+Offline planners (``make_plan``, ``export``) keep nothing and read serially:
+about a layer at a time in memory.
 """
 from __future__ import annotations
 
@@ -46,7 +51,8 @@ from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_fi
 from .ranks import Ranks
 from .store import Store
 
-__all__ = ["Plan", "Planner", "make_plan", "parse_safetensors", "read_state", "tensor_views"]
+__all__ = ["Loaded", "Plan", "Planner", "make_plan", "parse_safetensors", "read_state",
+           "tensor_views"]
 
 UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
 """Called with (chosen version, its tensors) as each layer is chosen; it may refuse
@@ -84,18 +90,27 @@ _DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 inverted); ``manifest.DTYPE_SIZES`` has their sizes."""
 
 
-def tensor_views(file: VerifiedFile) -> dict[str, torch.Tensor]:
+class Loaded(dict):
+    """A file's tensors by key (``tensor_views``); those named in ``own`` were read
+    apart (``read_verified_file(apart=...)``): memory holding nothing else of the
+    file, that a source may keep as live state instead of copying
+    (``LayerSource.apply``)."""
+
+    own: frozenset[str] = frozenset()
+
+
+def tensor_views(file: VerifiedFile) -> Loaded:
     """The tensors of a verified file (header order), each a view of its bytes: no
-    copy, and they keep the buffer alive while any of them lives."""
-    tensors = {}
-    for key, entry in file.header.items():
-        if key == "__metadata__":
-            continue
+    copy, and they keep their buffer alive while any of them lives."""
+    tensors = Loaded()
+    tensors.own = file.apart_keys
+    for key, (buffer, offset) in file.places().items():
+        entry = file.header[key]
         dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
         if stop == start:  # no elements: frombuffer refuses an empty view
             tensors[key] = torch.empty(entry["shape"], dtype=dtype)
             continue
-        flat = torch.frombuffer(file.data, dtype=dtype, offset=file.data_start + start,
+        flat = torch.frombuffer(buffer, dtype=dtype, offset=offset,
                                 count=(stop - start) // dtype.itemsize)
         tensors[key] = flat.view(entry["shape"])
     return tensors
@@ -127,14 +142,17 @@ class Planner:
     ``every_shard``: verify every rank's shard, not only the view's own;
     ``keep_bytes``: how many bytes of chosen layer files (checked by ``use``)
     may stay in memory from ``layers`` to ``load`` (0: none, each is read again);
-    ``threads``: files read at once (1: serially). Memory held while choosing:
-    at most ``keep_bytes`` plus ``2 * threads`` files read ahead.
+    ``threads``: files read at once (1: serially); ``apart``: which tensors of a
+    layer file to read into memory of their own (``read_verified_file``; given
+    to ``load``'s caller as ``Loaded.own``). Memory held while choosing: at most
+    ``keep_bytes`` plus ``2 * threads`` files read ahead.
     Call ``state`` first, then ``layers`` with its step (or ``plan`` for both).
     ``warnings`` collects every fallback; ``load_s`` the seconds ``load`` spent
     reading files again."""
 
     def __init__(self, store: Store, view: ManifestView, *, ranks: Ranks | None = None,
-                 every_shard: bool = False, keep_bytes: int = 0, threads: int = 1) -> None:
+                 every_shard: bool = False, keep_bytes: int = 0, threads: int = 1,
+                 apart: Callable[[str], bool] | None = None) -> None:
         if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
             raise ValueError(f"keep_bytes={keep_bytes!r}: give the bytes of layer files a "
                              "restore may keep in memory, an integer >= 0 (0: read again)")
@@ -144,7 +162,7 @@ class Planner:
         self.store, self.view = store, view
         self.ranks = ranks or Ranks()
         self.every_shard = every_shard
-        self.keep_bytes, self.threads = keep_bytes, threads
+        self.keep_bytes, self.threads, self.apart = keep_bytes, threads, apart
         self.warnings: list[str] = []
         self.passed_over: list[Version] = []
         self.load_s = 0.0
@@ -210,12 +228,12 @@ class Planner:
                 work = [(items[i][0], [v for v in items[i][1] if v.step <= bound[i]]) for i in todo]
                 for i, (version, file) in zip(todo, self._choose(work, use)):
                     if picks[i][1] is not None and not keep:
-                        held -= len(picks[i][1].data)  # type: ignore[union-attr]
+                        held -= picks[i][1].nbytes  # type: ignore[union-attr]
                     if not keep and (use is None or file is None
-                                     or held + len(file.data) > self.keep_bytes):
+                                     or held + file.nbytes > self.keep_bytes):
                         file = None
                     elif file is not None and not keep:
-                        held += len(file.data)
+                        held += file.nbytes
                     picks[i] = (version, file)
                     chosen[i] = version.step if version is not None else -1
             except Exception as exc:  # noqa: BLE001 - raised below, on every rank
@@ -231,10 +249,10 @@ class Planner:
     def _choose(self, work: list[tuple[str, list[Version]]], use: UseLayer | None
                 ) -> list[tuple[Version | None, VerifiedFile | None]]:
         """``_newest_intact`` of each (what, versions), in order; with ``threads`` > 1
-        the newest version of the next few is read meanwhile (reads release the GIL;
-        google-crc32c's checksum does not, so from the page cache, where reading is
-        copying, more threads than cores only compete), but consumed in order, as a
-        serial read would."""
+        the newest version of the next few is read meanwhile (reads and the checksum
+        release the GIL, ``format.Checksummer``; from the page cache, where reading
+        is copying, more threads than cores only compete), but consumed in order, as
+        a serial read would."""
         if self.threads == 1 or len(work) < 2:
             return [self._newest_intact(versions, what, use) for what, versions in work]
         ahead, window, started = {}, 2 * self.threads, 0
@@ -272,14 +290,14 @@ class Planner:
             raise LayerCheckError("another rank failed to restore (its error says why); this "
                                   "rank stops with it")
 
-    def load(self, version: Version) -> dict[str, torch.Tensor]:
+    def load(self, version: Version) -> Loaded:
         """The tensors of a planned version (this rank's file): views of the file kept
         from ``layers`` (then released), else of the file read and verified again.
         A source copies what it keeps (``LayerSource.apply``)."""
         file = self._kept.pop(version.file, None)
         if file is None:
             start = time.perf_counter()
-            file = read_verified_file(self.store, version)
+            file = read_verified_file(self.store, version, self.apart)
             self.load_s += time.perf_counter() - start
         return tensor_views(file)
 
@@ -306,7 +324,8 @@ class Planner:
         for shard in version.per_rank() if self.every_shard else ():
             if shard.file != version.file:
                 read_verified_file(self.store, shard)
-        return read_verified_file(self.store, version)
+        apart = self.apart if version.layer is not None else None  # a training state: whole
+        return read_verified_file(self.store, version, apart)
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:

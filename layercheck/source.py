@@ -21,13 +21,13 @@ once (a collective where the backend has ranks).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from .errors import ModelMismatch
-from .format import group_members, optimizer_fields, tensor_key
+from .format import group_members, optimizer_state, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -35,13 +35,16 @@ __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
 
 
 def owned(value: torch.Tensor, device: torch.device | str,
-          live: Any = None) -> torch.Tensor:
+          live: Any = None, *, own: bool = False) -> torch.Tensor:
     """A tensor of the live state holding ``value``: copied into ``live`` where that
-    is a tensor of its shape, dtype and device, else a copy on ``device`` (one
-    copy, never a view of a file's buffer)."""
+    is a tensor of its shape, dtype and device; else ``value`` itself where it is
+    ``own`` (read apart: memory holding nothing else, ``recovery.Loaded.own``) and
+    on ``device``; else a copy on ``device`` (never a view of a file's buffer)."""
     if isinstance(live, torch.Tensor) and live.shape == value.shape and \
             live.dtype == value.dtype and live.device == torch.device(device):
         return live.copy_(value)
+    if own and value.device == torch.device(device):
+        return value
     return value.to(device, copy=True)
 
 
@@ -113,8 +116,17 @@ class LayerSource:
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy layer ``i``'s saved ``tensors`` into the live objects. They are views of
         a verified file's bytes (``recovery.tensor_views``): keep none of them, copy
-        (``owned``) what becomes live state."""
+        (``owned``) what becomes live state; but those that ``tensors.own`` names
+        (where it has that attribute: ``recovery.Loaded``) were read apart at
+        ``kept_apart``'s request, and may be kept as they are."""
         raise NotImplementedError
+
+    def kept_apart(self) -> Callable[[str], bool] | None:
+        """Which saved tensors (by key) ``apply`` would keep as live state as they
+        are, had a restore read them into memory of their own (``Loaded.own``),
+        rather than copy them; asked once per restore, before anything is read.
+        None: it copies everything."""
+        return None
 
     def _capture_buffers(self, i: int) -> dict[str, torch.Tensor]:
         return {tensor_key("buffer", name): host(b) for name, b in self.layer_map.buffers(i)}
@@ -168,9 +180,22 @@ class ModuleSource(LayerSource):
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         self._placed(i, tensors)
 
+    def kept_apart(self) -> Callable[[str], bool] | None:
+        """The optimizer state of host parameters that have none yet (a fresh
+        optimizer): ``apply`` keeps it as read, instead of allocating it and copying
+        (live state is copied into, and parameters always are: their storage stays
+        the model's)."""
+        fresh = {name for i in range(len(self.layer_map))
+                 for name, p in self.layer_map.parameters(i)
+                 if p.device.type == "cpu" and not self.optimizer.state.get(p)}
+        if not fresh:
+            return None
+        return lambda key: key.startswith("optim/") and key.split("/", 2)[-1] in fresh
+
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         pairs = self._placed(i, tensors)
         groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        own, state = getattr(tensors, "own", frozenset()), optimizer_state(tensors)
         with torch.no_grad():
             for live, saved in pairs:
                 live.copy_(saved)
@@ -180,8 +205,8 @@ class ModuleSource(LayerSource):
                 live = self.optimizer.state.get(p, {})
                 self.optimizer.state[p] = {
                     field: owned(value, "cpu" if field == "step" and not on_device else p.device,
-                                 live.get(field))
-                    for field, value in optimizer_fields(tensors, name).items()}
+                                 live.get(field), own=tensor_key("optim", name, field) in own)
+                    for field, value in state.get(name, {}).items()}
 
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:

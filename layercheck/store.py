@@ -22,7 +22,7 @@ import numpy as np
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData",
-           "read_buffer", "ReadBuffer"]
+           "read_buffer", "read_into", "ReadBuffer"]
 
 Buffer = Union[bytes, bytearray, memoryview]
 FileData = Union[Buffer, Iterable[Buffer]]
@@ -197,16 +197,36 @@ class LocalStore:
             size = os.fstat(fd).st_size
             size = size if limit is None else min(size, limit + 1)
             buffer = np.empty(size, dtype=np.uint8)  # no zeroing pass; numpy asks for huge pages
-            view, done = memoryview(buffer), 0
-            while done < size:
-                got = os.readv(fd, [view[done:done + _PIECE]])
-                if not got:
-                    break
-                if consume is not None:
-                    consume(view[done:done + got])
-                done += got
-            view.release()
+            with memoryview(buffer) as view:
+                done = _fill(fd, view, consume)
             return buffer if done == size else buffer[:done]  # it shrank since it was opened
+        finally:
+            os.close(fd)
+
+    def read_into(self, path: str, limit: int | None, consume: Callable[[memoryview], None],
+                  targets: Callable[[int], Iterable[memoryview]]) -> int:
+        """As ``read``, scattered into the writable buffers that ``targets(size)`` yields
+        (``size``: what ``read`` would return), in order; the bytes read, all fed to
+        ``consume`` as they arrive. Each buffer is filled before the next is asked
+        for, so ``targets`` may look at what it holds; at the end of the file the
+        read stops. Bytes beyond the last buffer are read and consumed, not kept."""
+        fd = _open_regular(self._path(path), os.O_RDONLY)
+        try:  # the size when opened bounds the read, as in ``read``
+            size = os.fstat(fd).st_size
+            size = size if limit is None else min(size, limit + 1)
+            done = 0
+            for target in targets(size):
+                got = _fill(fd, target[:size - done], consume)  # never beyond ``size``
+                done += got
+                if got < len(target):
+                    return done
+            while done < size:  # beyond the buffers: only counted (and consumed)
+                rest = os.read(fd, min(size - done, _PIECE))
+                if not rest:
+                    break
+                consume(memoryview(rest))
+                done += len(rest)
+            return done
         finally:
             os.close(fd)
 
@@ -461,7 +481,7 @@ def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = Tru
     return LocalStore(text, create=create)
 
 
-_PIECE = 1 << 20
+_PIECE = 1 << 18
 """Bytes per read of ``read_buffer``: small enough that a checksum of the piece just
 read finds it in the CPU's cache, large enough that the system calls do not count."""
 
@@ -485,6 +505,41 @@ def read_buffer(store: Store, path: str, limit: int | None = None,
         with memoryview(buffer) as view:
             consume(view)
     return buffer
+
+
+def read_into(store: Store, path: str, limit: int | None, consume: Callable[[memoryview], None],
+              targets: Callable[[int], Iterable[memoryview]]) -> int:
+    """``store.read(path, limit)`` scattered into the buffers ``targets`` yields, as
+    ``LocalStore.read_into`` does (the bytes read, each fed to ``consume`` once);
+    where the store's class has no ``read_into``, from what ``read`` returned (a copy)."""
+    if getattr(type(store), "read_into", None) is not None:
+        return store.read_into(path, limit, consume, targets)  # type: ignore[attr-defined]
+    with memoryview(store.read(path, limit)) as data:
+        done = 0
+        for target in targets(len(data)):
+            got = min(len(target), len(data) - done)
+            target[:got] = data[done:done + got]
+            consume(target[:got])
+            done += got
+            if got < len(target):
+                return done
+        if done < len(data):
+            consume(data[done:])
+        return len(data)
+
+
+def _fill(fd: int, view: memoryview, consume: Callable[[memoryview], None] | None) -> int:
+    """Read from ``fd`` into ``view`` until it is full or the file ends, piece by
+    piece, each piece fed to ``consume`` as it arrives; the bytes read."""
+    done = 0
+    while done < len(view):
+        got = os.readv(fd, [view[done:done + _PIECE]])
+        if not got:
+            break
+        if consume is not None:
+            consume(view[done:done + got])
+        done += got
+    return done
 
 
 def _buffers(data: FileData) -> Iterable[Buffer]:

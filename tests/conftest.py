@@ -7,7 +7,16 @@ torch when called.
 """
 from __future__ import annotations
 
+import os
+
 from tests.skip_policy import SkipPolicy
+
+# Every process a test starts (torchrun ranks, killed runs, workers) inherits this:
+# one that dies of SIGABRT or SIGSEGV prints every thread's Python stack to its
+# stderr, which the tests put in their failure message. A rare rank abort in a
+# gloo/DCP job ("terminate called without an active exception") printed only that
+# line; the next one names its frame.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 def pytest_configure(config) -> None:

@@ -84,3 +84,24 @@ def test_a_record_naming_an_unknown_checksum_says_to_upgrade():
     from layercheck.format import checksum_matches
     with pytest.raises(CorruptVersion, match="newer layercheck.*upgrade"):
         checksum_matches(b"abc", "blake9:00000000")
+
+
+def test_the_crc32c_that_lets_other_threads_run_is_google_crc32c_s_own():
+    """Pieces of 64 KiB and more go to google-crc32c's C library through ctypes (the
+    GIL released meanwhile), smaller ones to its extension: one checksum either way,
+    whatever the cut, from bytes, memoryviews and numpy arrays."""
+    import google_crc32c
+    import numpy as np
+
+    from layercheck import format as fmt
+    assert fmt._CRC32C_EXTEND is not None  # the wheel's library is found here
+    data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8)
+    expected = f"crc32c:{google_crc32c.value(data.tobytes()):08x}"
+    for cuts in ([0, len(data)], [0, 1, 65535, 65536 + 65535, 1 << 20, len(data)],
+                 [0, 65536, 65537, 3 << 19, len(data) - 7, len(data)]):
+        summer = fmt.Checksummer("crc32c")
+        for n, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            piece = data[a:b]
+            summer.update(memoryview(piece) if n % 3 == 0 else piece.tobytes() if n % 3 == 1
+                          else memoryview(piece.tobytes()))
+        assert summer.value == expected, cuts

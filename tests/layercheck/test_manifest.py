@@ -409,3 +409,78 @@ def test_a_consistent_read_tries_eight_times_by_default_and_says_when_nothing_wa
     # every live version suspected (the whole set, not a part of it): still believed
     assert read_consistent(store, lambda v: list(v.all_versions()), lambda p: p, len) == len(
         list(read_manifest(store).all_versions()))
+
+
+# -- read apart: a fresh optimizer's moments in memory of their own (issue 14) ------------------
+def test_a_file_read_apart_is_verified_as_a_whole_read_and_holds_only_the_chosen_tensors(tmp_path):
+    """``apart`` places the chosen tensors in a buffer of their own and the rest in
+    another; the tensors are those of a whole read, and every check says what it
+    says for a whole read (size, checksum, identity), through either store."""
+    import dataclasses
+    import uuid
+    import numpy as np
+    import torch
+    from layercheck.errors import CorruptVersion
+    from layercheck.manifest import read_verified_file
+    from layercheck.recovery import tensor_views
+    for store in (LocalStore(tmp_path), open_store(f"memory://apart-{uuid.uuid4().hex}")):
+        data, version = _committed(store)
+        whole = read_verified_file(store, version)
+        assert whole.apart is None
+        reference = tensor_views(whole)
+        for name in ("w", "b"):  # the file's last tensor, its first
+            chosen = lambda key, name=name: key == name  # noqa: E731
+            apart = read_verified_file(store, version, chosen)
+            start, stop = (whole.data_start + at for at in whole.header[name]["data_offsets"])
+            assert apart.apart_keys == {name} and bytes(apart.apart) == data[start:stop]
+            assert bytes(apart.data) == data[:start] + data[stop:]  # the rest, in file order
+            assert apart.nbytes == whole.nbytes == len(data)
+            views = tensor_views(apart)
+            assert views.own == {name} and list(views) == list(reference)
+            for key in reference:
+                assert torch.equal(views[key], reference[key]), key
+            assert views[name].untyped_storage().data_ptr() == apart.apart.ctypes.data
+            assert views[name].untyped_storage().nbytes() == stop - start  # nothing else
+        none = read_verified_file(store, version, lambda key: False)
+        assert none.apart is None and bytes(none.data) == data
+        cases = [dataclasses.replace(version, bytes=len(data) + 1),
+                 dataclasses.replace(version, bytes=len(data) - 1),
+                 dataclasses.replace(version, checksum="crc32c:00000000"),
+                 dataclasses.replace(version, file="layers/none.safetensors"),
+                 dataclasses.replace(version, step=4)]
+        for bad in cases:
+            messages = []
+            for how in (None, chosen):
+                with pytest.raises(CorruptVersion) as err:
+                    read_verified_file(store, bad, how)
+                messages.append(str(err.value))
+            assert messages[0] == messages[1]
+
+
+def test_a_damaged_header_read_apart_is_reported_as_a_whole_read_reports_it(tmp_path):
+    """The header is parsed before the checksum is known, only to place the tensors:
+    a flipped header byte is still a checksum mismatch, and a header that is no
+    safetensors header (checksummed all the same) is still named as such."""
+    from layercheck.errors import CorruptVersion
+    from layercheck.format import checksum
+    from layercheck.manifest import read_verified_file
+    store = LocalStore(tmp_path)
+    data, version = _committed(store)
+    n = int.from_bytes(data[:8], "little")
+    for at in (3, 8, 8 + n // 2, 8 + n - 1):  # in the length, at the header's start, middle, end
+        damaged = bytearray(data)
+        damaged[at] ^= 0x40
+        store.write_atomic(version.file, bytes(damaged))
+        resealed = Version(step=3, file=version.file, bytes=len(data), checksum=checksum(bytes(damaged)),
+                           layer="a", reason="threshold")
+        for bad in (version, resealed):
+            messages = []
+            for how in (None, lambda key: key == "w"):
+                try:
+                    read_verified_file(store, bad, how)
+                    messages.append("read")
+                except CorruptVersion as exc:
+                    messages.append(str(exc))
+            assert messages[0] == messages[1], (at, messages)
+            if bad is version:
+                assert "checksum mismatch" in messages[0]

@@ -194,7 +194,7 @@ def test_a_restore_that_fails_leaves_the_model_and_optimizer_untouched(ckpt):
 
 # -- one read per file, kept within restore_memory, read ahead in parallel (issue 14) --
 class _CountingStore(LocalStore):
-    """A real LocalStore, each read of a file counted (either read method)."""
+    """A real LocalStore, each read of a file counted (any read method)."""
 
     def __init__(self, root) -> None:
         super().__init__(root)
@@ -210,6 +210,10 @@ class _CountingStore(LocalStore):
     def read_buffer(self, path, limit=None, consume=None):
         self._count(path)
         return super().read_buffer(path, limit, consume)
+
+    def read_into(self, path, limit, consume, targets):
+        self._count(path)
+        return super().read_into(path, limit, consume, targets)
 
 
 def _fresh():
@@ -280,10 +284,7 @@ def test_the_restored_state_is_the_chosen_files(ckpt):
     from safetensors.torch import load_file
     _damage_some(ckpt)
     model, opt, report, _ = _restored(ckpt, restore_memory=0, restore_threads=4)
-    params, state = _live(model, opt)
-    for tensors in opt.state.values():  # copies of their own, not views of a file's buffer
-        for value in tensors.values():
-            assert value._base is None
+    params, state = _live(model, opt)  # the moments are what was read: see the tests below
     for version in report.plan.sources.values():
         for key, value in load_file(ckpt / version.file).items():
             kind, _, rest = key.partition("/")
@@ -465,9 +466,13 @@ def test_a_checkpoint_with_nothing_to_restore_says_what_is_missing(tmp_path, ckp
         make_plan(store, view)
     assert str(no_state.value) == (f"{store.url}: no recoverable step yet (training stopped "
                                    "before the base checkpoint)")
-    view = read_manifest(store)  # a layer with no version left at all, read serially or ahead
-    for version in view.versions["model.norm"]:
-        view.apply({"kind": "drop", "file": version.file})
+    # a layer the header names without a record left (each line of it lost), read serially or ahead
+    from layercheck.format import decode_line
+    lines = (ckpt / "manifest.jsonl").read_bytes().splitlines(keepends=True)
+    (ckpt / "manifest.jsonl").write_bytes(b"".join(
+        line for line in lines if decode_line(line).get("layer") != "model.norm"))
+    view = read_manifest(store)
+    assert "model.norm" in view.layer_names and "model.norm" not in view.versions
     for threads in (1, 2):
         with pytest.raises(CheckpointNotFound) as no_version:
             Planner(store, view, threads=threads).plan()
@@ -614,8 +619,9 @@ def test_load_s_is_the_time_load_spent_reading_files_again(ckpt):
     assert len(plan.sources) * store.delay <= again.load_s <= wall
 
 
-class _ThreadStore(LocalStore):
-    """A real LocalStore noting which thread reads each file, in order."""
+class _ThreadStore(_SlowStore):
+    """A real LocalStore noting which thread reads each file, in order; each read
+    takes a while, so that a pool has no idle thread when the next read comes."""
 
     def __init__(self, root) -> None:
         super().__init__(root)
@@ -778,3 +784,82 @@ def test_parse_safetensors_of_read_only_bytes_warns_nothing():
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
+
+
+# -- a fresh optimizer keeps its moments as read: no second copy (issue 14) -----------------
+class _NotingStore(LocalStore):
+    """A real LocalStore that notes the memory each scattered read fills (``read_into``)."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.filled: list[tuple[int, int]] = []
+
+    def read_into(self, path, limit, consume, targets):
+        def noted(size):
+            for target in targets(size):
+                start = np.frombuffer(target, dtype=np.uint8).ctypes.data if len(target) else 0
+                self.filled.append((start, start + len(target)))
+                yield target
+        return super().read_into(path, limit, consume, noted)
+
+
+@pytest.mark.parametrize("threads, memory", [(1, None), (4, 0)])
+def test_a_fresh_optimizer_keeps_the_moments_as_read_not_a_second_copy(ckpt, threads, memory):
+    """Restored into an optimizer with no state, each Adam moment is the memory its
+    file's bytes were read into (no copy), in buffers that hold optimizer state
+    only (no weights, no header kept for the run's lifetime); the parameters are
+    copied into the model's own storage."""
+    model, opt, sched = _fresh()
+    store = _NotingStore(ckpt)
+    config = LayerCheckConfig(restore_threads=threads, restore_memory=memory)
+    with LayerCheck(model, opt, store, config, scheduler=sched) as lc:
+        lc.restore()
+    inside = lambda t: any(a <= t.data_ptr() and t.data_ptr() + t.nbytes <= b  # noqa: E731
+                           for a, b in store.filled)
+    assert len(opt.state) == len(list(model.parameters()))
+    for p, state in opt.state.items():
+        assert not inside(p)
+        assert {"exp_avg", "exp_avg_sq"} <= set(state)
+        for field, value in state.items():
+            assert inside(value), field
+    state = [v for s in opt.state.values() for v in s.values()]
+    for a, b in store.filled:  # memory read into that the state keeps holds nothing else
+        kept = [v for v in state if a <= v.data_ptr() < b]
+        assert not kept or sum(v.nbytes for v in kept) == b - a
+
+
+def test_moments_kept_as_read_train_on_exactly_as_moments_copied_into_live_state(ckpt):
+    """The same composite restored into a fresh optimizer (moments kept as read) and
+    into one with state (copied into it), then one more step on each: bit for bit
+    the same weights and optimizer state, before and after the step."""
+    runs = []
+    for live_state in (False, True):
+        model, opt, sched = _fresh()
+        if live_state:
+            train_step(model, opt, sched)
+        with LayerCheck(model, opt, ckpt, scheduler=sched) as lc:
+            lc.restore()
+        restored = _live(model, opt)
+        train_step(model, opt, sched)
+        runs.append((restored, _live(model, opt), sched.state_dict()))
+    _assert_same(runs[0][0], runs[1][0])
+    _assert_same(runs[0][1], runs[1][1])
+    assert runs[0][2] == runs[1][2]
+
+
+def test_a_failed_restore_leaves_a_fresh_optimizer_without_state_and_the_model_as_it_was(ckpt):
+    """Moments read apart are handed to the optimizer only at the apply, after every
+    chosen file verified: a plan that fails on the last layer leaves no state."""
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    for version in view.versions[view.layer_names[-1]]:
+        _flip(ckpt / version.file)
+    for threads, memory in ((1, None), (4, 0)):
+        model, opt, sched = _fresh()
+        before = _live(model, opt)
+        config = LayerCheckConfig(restore_threads=threads, restore_memory=memory)
+        with LayerCheck(model, opt, ckpt, config, scheduler=sched) as lc:
+            with pytest.raises(CheckpointNotFound, match=view.layer_names[-1]):
+                lc.restore()
+        assert len(opt.state) == 0
+        _assert_same(before, _live(model, opt))

@@ -64,3 +64,49 @@ def test_another_dtype_is_refused_before_anything_is_copied(tmp_path):
             lc.restore()
     for name, p in half.named_parameters():
         assert p.dtype == torch.bfloat16 and torch.equal(p, before[name]), name
+
+
+# -- moments read apart become a fresh optimizer's state as they are (issue 14) -------------
+def test_apply_keeps_moments_read_apart_for_a_fresh_optimizer_and_copies_all_else():
+    """``kept_apart`` asks for the optimizer state of parameters that have none; apply
+    keeps exactly those tensors (``Loaded.own``) as they are, copies the weights into
+    the model's storage, copies into live state where there is some, and copies
+    what it was not told it owns."""
+    from layercheck.recovery import Loaded
+    twin = tiny_lm()
+    twin_opt, twin_sched = optimizer_for(twin)
+    train_step(twin, twin_opt, twin_sched)
+    saved_by = ModuleSource(twin, twin_opt, LayerMap.auto(twin))
+    model = tiny_lm(seed=1)
+    opt, _ = optimizer_for(model)
+    source = ModuleSource(model, opt, LayerMap.auto(model))
+    i, j = source.layer_map.index["model.layers.1"], source.layer_map.index["model.layers.2"]
+    accept = source.kept_apart()
+    for name, _ in source.layer_map.parameters(i):
+        assert accept(f"optim/exp_avg/{name}") and accept(f"optim/step/{name}")
+        assert not accept(f"param/{name}")
+    saved = Loaded(saved_by.capture(i))
+    saved.own = frozenset(key for key in saved if accept(key))
+    plain = saved_by.capture(j)  # a plain mapping: it owns nothing
+    source.apply(i, saved)
+    source.apply(j, plain)
+    for name, p in source.layer_map.parameters(i):
+        assert torch.equal(p, saved[f"param/{name}"])
+        assert p.data_ptr() != saved[f"param/{name}"].data_ptr()
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            assert opt.state[p][field] is saved[f"optim/{field}/{name}"]
+    for name, p in source.layer_map.parameters(j):
+        assert torch.equal(opt.state[p]["exp_avg"], plain[f"optim/exp_avg/{name}"])
+        assert opt.state[p]["exp_avg"].data_ptr() != plain[f"optim/exp_avg/{name}"].data_ptr()
+    live = {name: opt.state[p]["exp_avg"] for name, p in source.layer_map.parameters(i)}
+    again = Loaded(saved_by.capture(i))
+    again.own = saved.own
+    source.apply(i, again)  # state is live now: copied into it, its tensors stay the same
+    for name, p in source.layer_map.parameters(i):
+        assert opt.state[p]["exp_avg"] is live[name]
+        assert torch.equal(live[name], again[f"optim/exp_avg/{name}"])
+    fresh_elsewhere = {n for k in range(len(source.layer_map)) if k not in (i, j)
+                       for n, _ in source.layer_map.parameters(k)}
+    accept = source.kept_apart()
+    assert all(accept(f"optim/exp_avg/{n}") for n in fresh_elsewhere)
+    assert not any(accept(f"optim/exp_avg/{n}") for n, _ in source.layer_map.parameters(i))

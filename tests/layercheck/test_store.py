@@ -541,3 +541,41 @@ def test_a_forked_child_holds_none_of_its_parents_locks(tmp_path):
             LocalStore(tmp_path).lock()  # the parent still holds it
     finally:
         store.unlock()
+
+
+# -- scattered reads: a restore reads a fresh optimizer's moments apart (issue 14) ---------------
+def test_read_into_scatters_what_read_reads_and_consumes_every_byte_once(tmp_path):
+    """Each target is filled (and its bytes consumed) before the next is asked for;
+    bytes beyond the last target are consumed, not kept; a short file stops the
+    targets. The same from a store without ``read_into`` (a copy of ``read``)."""
+    from layercheck.store import read_into
+    data = bytes(range(251)) * (2 * 4096 + 3)  # about 2 MiB: several pieces per target
+    local, memory = LocalStore(tmp_path), FsspecStore(f"memory://ri-{uuid.uuid4().hex}")
+    for store in (local, memory):
+        store.write_atomic("f", data)
+        for limit, sizes in ((None, [8, 3, 1 << 20, 5]), (len(data) - 1, [100, len(data)]),
+                             (len(data) + 10, [len(data) // 2, len(data) // 2 + 1]), (0, [0, 1, 7])):
+            expected = store.read("f", limit)
+            filled, asked, pieces = [], [], []
+
+            def targets(size, sizes=sizes, filled=filled, asked=asked):
+                assert size == len(expected)
+                for n in sizes:
+                    if filled:  # the one before is full, and holds the file's next bytes
+                        asked.append(bytes(filled[-1]))
+                    filled.append(np.full(n, 0xAA, dtype=np.uint8))
+                    yield memoryview(filled[-1])
+
+            got = read_into(store, "f", limit, lambda piece: pieces.append(bytes(piece)), targets)
+            assert got == len(expected)
+            assert b"".join(pieces) == expected  # every byte once, in order
+            kept = b"".join(bytes(t) for t in filled)
+            covered = min(len(kept), len(expected))
+            assert kept[:covered] == expected[:covered]
+            assert b"".join(asked) == expected[:sum(len(a) for a in asked)]
+            if len(kept) > len(expected):  # the file ended inside a target: no target after it
+                short = [i for i, t in enumerate(filled) if sum(map(len, filled[:i + 1])) > len(expected)]
+                assert len(filled) == short[0] + 1
+    with pytest.raises(NotARegularFile):
+        os.symlink(tmp_path / "f", tmp_path / "link")
+        local.read_into("link", None, lambda piece: None, lambda size: iter(()))
