@@ -507,6 +507,9 @@ def test_a_damaged_state_is_named_as_the_training_state(ckpt):
     plan = make_plan(store, view)
     assert plan.step == 5 and plan.passed_over == [view.states[6]]
     assert plan.warnings[0].startswith("training state: skipping the version of step 6: ")
+    with pytest.raises(CheckpointNotFound) as exact:  # exactly step 6: no falling back
+        make_plan(store, view, 6, exact=True)
+    assert str(exact.value) == "training state: no committed version intact (1 tried, all damaged)"
 
 
 def _shard_in_two(ckpt, version):
