@@ -233,6 +233,49 @@ EQUIVALENT: dict[str, str] = {
         "layers by the key before it",
     "layercheck.manifest.x_read_verified_file__mutmut_25":
         "<= for <: that branch is taken only when the sizes differ",
+    # recovery
+    "layercheck.recovery.x_parse_safetensors__mutmut_9":
+        "every warning ignored in that block, not only torch's read-only buffer one: views "
+        "of a parsed header's tensors raise no other warning",
+    "layercheck.recovery.x_parse_safetensors__mutmut_13":
+        "the filter's message in lower case: warnings matches it case-insensitively",
+    "layercheck.recovery.x_parse_safetensors__mutmut_14": "in upper case: as parse_safetensors 13",
+    "layercheck.recovery.xǁPlannerǁ__init____mutmut_2":
+        "keep_bytes' default 1 for 0: no committed file is 1 byte or less (a safetensors "
+        "file starts with an 8-byte header length), so neither keeps a file",
+    "layercheck.recovery.xǁPlannerǁ__init____mutmut_29":
+        "_kept None until the first layers(): load() takes a planned version, so layers() "
+        "has set _kept before any load()",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_4":
+        "np.full of a Python int without a dtype is int64: the same array",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_7": "as _agreed 4",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_11": "as _agreed 4",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_14": "as _agreed 4",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_16":
+        "the 'not chosen yet' mark -3 for -2: any negative mark differs from every bound "
+        "(a step, >= 0), so every item is chosen in the first round, which overwrites the mark",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_54":
+        "`or` for `and` in the elif: with keep (the state) held is not used; without keep the "
+        "elif is reached only with a file, where both forms agree",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_65":
+        "-2 for -1 as 'no intact version': both are < 0 (CheckpointNotFound, with the same "
+        "words) and neither is _FAILED (-3)",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_73":
+        "agreed <= 0 for < 0: they differ only for a version of step 0, and LayerCheck "
+        "numbers steps from 1 (step() counts the step before it writes), so no committed "
+        "version has step 0",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_74": "agreed < 1 for < 0: as _agreed 73",
+    "layercheck.recovery.xǁPlannerǁlayers__mutmut_12": "keep=None for keep=False: _agreed only tests its truth",
+    "layercheck.recovery.xǁPlannerǁlayers__mutmut_19":
+        "`or` for `and`: a version chosen without its file kept (beyond keep_bytes) is then "
+        "kept as None, and load() pops None and reads the file again, as for no entry; a "
+        "file without a version does not occur (_newest_intact gives both or neither)",
+    "layercheck.recovery.xǁPlannerǁtogether__mutmut_7":
+        "np.array of a Python int without a dtype is int64: the same array",
+    "layercheck.recovery.xǁPlannerǁtogether__mutmut_9": "as together 7",
+    "layercheck.recovery.xǁPlannerǁtogether__mutmut_12":
+        "what a rank that did not fail proposes (1 for 0): only _FAILED (-3) is looked for "
+        "in the agreed values",
     # commit
     "layercheck.commit.x_all_gather_json__mutmut_10":
         "torch.tensor of a Python int without a dtype is int64: the same tensor",

@@ -866,3 +866,18 @@ def test_a_failed_restore_leaves_a_fresh_optimizer_without_state_and_the_model_a
                 lc.restore()
         assert len(opt.state) == 0
         _assert_same(before, _live(model, opt))
+
+
+def test_apart_reads_apart_the_tensors_of_layer_files_only(ckpt):
+    """``apart`` names tensors of a layer file to read into memory of their own
+    (``Loaded.own``); a training state is read whole, whatever ``apart`` says."""
+    from layercheck.recovery import read_state
+    store = LocalStore(ckpt)
+    view = read_manifest(store)
+    planner = Planner(store, view, apart=lambda key: True, keep_bytes=1 << 30)
+    state, file = planner.state()
+    tensors, doc = read_state(store, state, file)
+    assert doc["step"] == 6 and tensors and tensors.own == frozenset()
+    sources = planner.layers(state.step, use=lambda version, tensors: None)
+    loaded = planner.load(sources["model.norm"])
+    assert loaded.own == set(loaded) and len(loaded) > 0
