@@ -490,16 +490,15 @@ def _handmade(store, tensors, *, header_order, name="layers/h.safetensors", leng
     """A committed safetensors file written by hand: ``tensors`` ((key, dtype, shape,
     bytes), in file order), its header listing them in ``header_order``; ``length``:
     the header length the file claims (default: the true one)."""
-    import json
     from layercheck.format import checksum, layer_metadata
     spans, at = {}, 0
     for key, dtype, shape, raw in tensors:
         spans[key] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
         at += len(raw)
     header = {"__metadata__": layer_metadata("a", 3), **{key: spans[key] for key in header_order}}
-    text = json.dumps(header).encode()
-    data = (len(text) if length is None else length).to_bytes(8, "little") + text + b"".join(
-        raw for *_, raw in tensors)
+    data = _file(header, b"".join(raw for *_, raw in tensors))
+    if length is not None:
+        data = length.to_bytes(8, "little") + data[8:]
     store.write_atomic(name, data)
     return data, Version(step=3, file=name, bytes=len(data), checksum=checksum(data), layer="a",
                          reason="threshold")
