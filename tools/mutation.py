@@ -262,6 +262,28 @@ EQUIVALENT: dict[str, str] = {
         "the file's name in _header's message: targets drops that error (the file is read "
         "whole and parse_header names it)",
     "layercheck.manifest.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
+    # writer
+    "layercheck.writer.xǁWriterǁclose__mutmut_1":
+        "_retire(None) for _retire([]): both are falsy, and _retire reads its versions only "
+        "under `if versions`",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_1":
+        "the first `what` (the manifest) is read only if _write_layers itself raises, which it "
+        "cannot while the writer thread runs (close shuts the file pool down only after the "
+        "thread has ended); every other path sets `what` again before it can be read",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_2": "as _persist 1",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_3": "as _persist 1",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_10":
+        "the first value of `committed` is never read: it is set again from the versions "
+        "before the commit, and a failed job commits [] instead",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_24":
+        "the message of an unreachable branch (a layer neither written nor failed): a write "
+        "returns None only once another has failed, and that failure's exception is among "
+        "the outcomes, so the loop raises it before the count is compared",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_25": "as _persist 24",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_70":
+        "the job's versions handed to the commit with its error too: no commit reads them "
+        "then (Commit raises the error first; ShardedCommit only sends them to the other "
+        "ranks, and any rank's error raises before anything is merged or appended)",
     # commit
     "layercheck.commit.x_all_gather_json__mutmut_10":
         "torch.tensor of a Python int without a dtype is int64: the same tensor",

@@ -160,13 +160,15 @@ def test_fused_and_torch_paths_agree(opt_cls, wd, amsgrad, sampling):
 @needs_numba
 @pytest.mark.parametrize("torch_threads", [1, 2])
 def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, monkeypatch):
-    """Numba must not fight torch for the cores: the kernel's crew is sized by
-    torch's own thread count, the calling thread included."""
+    """Numba must not fight torch for the cores: the pass runs on torch's own
+    OpenMP team, sized by torch's thread count (the calling thread included),
+    and hires no helper threads of its own."""
     from layercheck import kernels
-    hired = []
-    run = kernels._Crew.run
+    teams, hired = [], []
+    run, crew_run = kernels._Team.run, kernels._Crew.run
+    monkeypatch.setattr(kernels._Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))
     monkeypatch.setattr(kernels._Crew, "run", lambda self, pieces, work, helpers:
-                        hired.append(helpers) or run(self, pieces, work, helpers=helpers))
+                        hired.append(helpers) or crew_run(self, pieces, work, helpers=helpers))
     parts = _flat_parts([4 * kernels.PER_THREAD])  # enough to be worth several threads
     opt = torch.optim.AdamW(parts, lr=1e-3)
     tracker = DriftTracker(opt, [parts])
@@ -179,7 +181,7 @@ def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, mo
         torch.set_num_threads(before)
     tracker.take()
     assert tracker.fused_params == 1
-    assert hired == ([] if torch_threads == 1 else [torch_threads - 1])
+    assert teams == ([] if torch_threads == 1 else [torch_threads]) and hired == []
 
 
 @needs_numba
