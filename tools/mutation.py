@@ -221,14 +221,65 @@ EQUIVALENT: dict[str, str] = {
     # manifest
     "layercheck.manifest.x_read_verified_file__mutmut_4":
         "rpartition for partition on 'algorithm:hex': a checksum holds one colon",
-    "layercheck.manifest.x_read_verified_file__mutmut_10":
+    "layercheck.manifest.x_read_verified_file__mutmut_19":
         "no read limit: a regular file longer than committed is read whole and refused with "
         "the same message (the limit only bounds the memory)",
+    "layercheck.manifest.x_read_verified_file__mutmut_29":
+        "as read_verified_file 19, read apart: a size other than the committed one is read "
+        "whole (_Split.targets) and refused with the same message",
     "layercheck.manifest.x_encode_manifest__mutmut_9":
         "the sort key's name for a state ('XXXX' for ''): a step has one state, after its "
         "layers by the key before it",
-    "layercheck.manifest.x_read_verified_file__mutmut_25":
+    "layercheck.manifest.x_read_verified_file__mutmut_47":
         "<= for <: that branch is taken only when the sizes differ",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_3":
+        "a placeholder no read sees: read_verified_file reads data_start (and apart, "
+        "apart_keys) only when targets parsed the header, and targets sets them then",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_4": "as _Split.__init__ 3",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_5":
+        "a placeholder no read sees: targets sets data before the read can end with the "
+        "committed size (every read asks for the first buffer; only a shrunk file, refused "
+        "as short, stops it earlier)",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_7": "as _Split.__init__ 5",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_9": "as _Split.__init__ 5",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_10": "as _Split.__init__ 5",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_11": "as _Split.__init__ 3 (apart)",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_12": "as _Split.__init__ 3 (apart_keys)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_14":
+        "n of a head shorter than 8 bytes: that is a file shorter than 8 bytes, where no "
+        "n >= 0 satisfies n <= size - 8 < 0, so the file is read whole either way",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_23": "as _Split.targets 14 (+1 for -1)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_24": "as _Split.targets 14 (-2 for -1)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_28":
+        "a header length of 0 not tried: the empty text is no JSON, so the original reads "
+        "the file whole too, after an empty read that adds no byte",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_29": "as _Split.targets 28",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_45":
+        "the file's name in _header's message: targets drops that error (the file is read "
+        "whole and parse_header names it)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
+    # writer
+    "layercheck.writer.xǁWriterǁclose__mutmut_1":
+        "_retire(None) for _retire([]): both are falsy, and _retire reads its versions only "
+        "under `if versions`",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_1":
+        "the first `what` (the manifest) is read only if _write_layers itself raises, which it "
+        "cannot while the writer thread runs (close shuts the file pool down only after the "
+        "thread has ended); every other path sets `what` again before it can be read",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_2": "as _persist 1",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_3": "as _persist 1",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_10":
+        "the first value of `committed` is never read: it is set again from the versions "
+        "before the commit, and a failed job commits [] instead",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_24":
+        "the message of an unreachable branch (a layer neither written nor failed): a write "
+        "returns None only once another has failed, and that failure's exception is among "
+        "the outcomes, so the loop raises it before the count is compared",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_25": "as _persist 24",
+    "layercheck.writer.xǁWriterǁ_persist__mutmut_70":
+        "the job's versions handed to the commit with its error too: no commit reads them "
+        "then (Commit raises the error first; ShardedCommit only sends them to the other "
+        "ranks, and any rank's error raises before anything is merged or appended)",
     # commit
     "layercheck.commit.x_all_gather_json__mutmut_10":
         "torch.tensor of a Python int without a dtype is int64: the same tensor",
@@ -254,16 +305,16 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.store.xǁLocalStoreǁunlock__mutmut_3":
         "popping the held lock also when _lock_key is None: nothing is held under None",
     "layercheck.store.xǁLocalStoreǁunlock__mutmut_8": "as LocalStore.__init__ 16",
-    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_27":
-        "one more readv at the end of the file: it returns 0 and the loop ends",
-    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_41":
+    "layercheck.store.x__fill__mutmut_3":
+        "one more readv once the view is full: into an empty slice, it returns 0 and the loop ends",
+    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_32":
         "buffer[:done] also when done == size: the same bytes (a view of the whole buffer)",
-    "layercheck.store.x_read_buffer__mutmut_1":
-        "the class's read_buffer not found: the fallback reads the same bytes with read() "
-        "and feeds them to consume once (one copy more, the same result)",
-    "layercheck.store.x_read_buffer__mutmut_6": "as read_buffer 1",
-    "layercheck.store.x_read_buffer__mutmut_7": "as read_buffer 1",
-    "layercheck.store.x_read_buffer__mutmut_8": "as read_buffer 1",
+    "layercheck.store.xǁLocalStoreǁread_into__mutmut_33":
+        "one more read past the targets once size bytes are in: os.read of 0 bytes returns "
+        "b'' and the loop ends",
+    "layercheck.store.x_read_into__mutmut_38":
+        "the rest past the targets consumed also when there is none: consume gets an empty "
+        "piece, which adds no byte (the checksum is unchanged)",
     "layercheck.store.x__read_all__mutmut_2":
         "one more read at the end: os.read of 0 bytes returns b'' and the loop ends",
     "layercheck.store.x__read_all__mutmut_14": "the size of each read call (2**27 for 2**26): the same bytes",
