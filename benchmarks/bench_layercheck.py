@@ -102,7 +102,7 @@ class ReadFloor:
 
 
 class OneThread(DriftTracker):
-    """The exact tracker held to one thread: what the helper thread buys."""
+    """The exact tracker held to one thread: what the second thread buys."""
 
     @staticmethod
     def _threads() -> int:

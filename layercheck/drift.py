@@ -125,6 +125,27 @@ class _Adam:
         return self.scale * abs_sum_q / self.shrink
 
 
+_NOT_STEPPED = _Adam(0.0, 0.0, 0.0, 1.0)
+"""The terms of an entry the kernel reads only for sum |w| (m = v = 0: moved is 0)."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the fused pass needs about one set of entries, built once for it:
+    the kernel's segments, and each entry's layer, scale and identity."""
+
+    plan: object  # layercheck.kernels.FusedPass
+    layer: np.ndarray
+    scale: np.ndarray
+    ids: frozenset[int]
+
+    @classmethod
+    def of(cls, kernels: ModuleType, entries: list[_Entry]) -> "_Layout":
+        return cls(kernels.FusedPass([e.extent() for e in entries]),
+                   np.array([e.layer for e in entries], dtype=np.intp),
+                   np.array([e.scale for e in entries]), frozenset(id(e) for e in entries))
+
+
 class DriftTracker:
     """d_l of each layer, step by step.
 
@@ -157,7 +178,7 @@ class DriftTracker:
                                               if id(p) not in group_of)) for params in layers])
         self._adam = isinstance(optimizer, torch.optim.Adam)  # AdamW subclasses Adam
         self._fused = fused and self._adam
-        self._plans: dict[tuple[int, ...], object] = {}
+        self._layouts: dict[tuple[int, ...], _Layout] = {}
         self._steps: dict[int, int] = {}
         self._phase = 0
         self._previous: dict[int, torch.Tensor] = {}
@@ -256,6 +277,12 @@ class DriftTracker:
             return _Adam(eps * c, lr * wd / scale, scale, 1 - lr * wd)
         return _Adam(eps * c, 0.0, scale, 1.0)
 
+    def _moments(self, e: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
+        """(exp_avg, the second moment Adam divides by), from one look-up of the state."""
+        state = self.optimizer.state[e.param]
+        return (local(state["exp_avg"]),
+                local(state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"]))
+
     def _first_moment(self, e: _Entry) -> torch.Tensor:
         return local(self.optimizer.state[e.param]["exp_avg"])
 
@@ -265,41 +292,53 @@ class DriftTracker:
 
     # -- the fused path (layercheck.kernels) -----------------------------------
     def _fused_sums(self, stepped: set[int],
-                    updates: dict[int, _Adam]) -> tuple[np.ndarray, np.ndarray, set[int]]:
-        """Per-layer sums over the stepped entries the kernel can read, and which those were."""
-        moved, size = np.zeros(len(self._layers)), np.zeros(len(self._layers))
-        chosen, ptr, terms = [], [], []
+                    updates: dict[int, _Adam]) -> tuple[np.ndarray, np.ndarray, frozenset[int]]:
+        """Per-layer sums over the stepped entries the kernel can read, and which those were.
+
+        Per step this only reads each tensor's address and checks that the kernel
+        may read it (FSDP2 may swap tensors, a restore replaces the moments); what
+        depends on which entries those are (the kernel's segments, each entry's
+        layer and scale) is built once per set of entries (``_Layout``)."""
         kernels = _load_kernels() if self._fused else None
-        for index, e in enumerate(self._all if kernels else ()):
-            if id(e.param) not in stepped or not _fusable(e.data):
+        if kernels is None:
+            return np.zeros(len(self._layers)), np.zeros(len(self._layers)), frozenset()
+        chosen, ptr, terms = [], [], []
+        for index, e in enumerate(self._all):
+            key = id(e.param)
+            if key not in stepped:
                 continue
-            t = updates.get(id(e.param))
+            w = e.data
+            if not _fusable(w):
+                continue
+            t = updates.get(key)
             if t is None:
                 chosen.append(index)
-                ptr.append((e.data.data_ptr(), 0, 0))
-                terms.append((0.0, 0.0, 0.0))
+                ptr.append((w.data_ptr(), 0, 0))
+                terms.append(_NOT_STEPPED)
                 continue
-            m, v = self._first_moment(e), self._second_moment(e)
+            m, v = self._moments(e)
             if _fusable(m) and _fusable(v):
                 chosen.append(index)
-                ptr.append((e.data.data_ptr(), m.data_ptr(), v.data_ptr()))
-                terms.append((t.eps_c, t.alpha, t.moved(1.0)))
+                ptr.append((w.data_ptr(), m.data_ptr(), v.data_ptr()))
+                terms.append(t)
         self._fused_now += len(chosen)
         if not chosen:
-            return moved, size, set()
-        plan = self._plans.get(tuple(chosen))
-        if plan is None:
-            plan = self._plans[tuple(chosen)] = kernels.FusedPass([self._all[i].extent() for i in chosen])
-        eps_c, alpha, factor = np.array(terms).T
-        raw_moved, raw_size = plan.run(np.array(ptr, dtype=np.int64), eps_c.astype(np.float32),
-                                       alpha.astype(np.float32), self._phase % self.sampling,
-                                       self._threads())
-        entries = [self._all[i] for i in chosen]
-        layer = np.array([e.layer for e in entries])
-        scale = np.array([e.scale for e in entries])
-        moved += np.bincount(layer, raw_moved * factor * scale, minlength=len(moved))
-        size += np.bincount(layer, raw_size * scale, minlength=len(size))
-        return moved, size, {id(e) for e in entries}
+            return np.zeros(len(self._layers)), np.zeros(len(self._layers)), frozenset()
+        layout = self._layouts.get(tuple(chosen))
+        if layout is None:
+            layout = self._layouts[tuple(chosen)] = _Layout.of(kernels, [self._all[i] for i in chosen])
+        # a step's entries share a few update terms (one per param group)
+        unique: dict[int, int] = {}
+        which = np.array([unique.setdefault(id(t), len(unique)) for t in terms], dtype=np.intp)
+        table = np.array([(t.eps_c, t.alpha, t.moved(1.0)) for t in
+                          {id(t): t for t in terms}.values()]).T
+        raw_moved, raw_size = layout.plan.run(
+            np.array(ptr, dtype=np.int64), table[0].astype(np.float32)[which],
+            table[1].astype(np.float32)[which], self._phase % self.sampling, self._threads())
+        moved = np.bincount(layout.layer, raw_moved * table[2][which] * layout.scale,
+                            minlength=len(self._layers))
+        size = np.bincount(layout.layer, raw_size * layout.scale, minlength=len(self._layers))
+        return moved, size, layout.ids
 
     @staticmethod
     def _threads() -> int:
@@ -375,4 +414,4 @@ class DriftTracker:
 
 def _fusable(t: torch.Tensor) -> bool:
     """Whether the kernel may read ``t`` through its address (see layercheck.kernels)."""
-    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+    return t.is_cpu and t.dtype is torch.float32 and t.is_contiguous()

@@ -3,14 +3,16 @@
 Contract. ``FusedPass(extents).run(ptr, eps_c, alpha, phase, threads)`` returns,
 for each entry k (one parameter), the two sums that ``DriftTracker`` needs:
 
-    moved[k] = sum |(1 / (sqrt(v + TINY) + eps_c[k])) * m + alpha[k] * w|
+    moved[k] = sum |m / (sqrt(v + TINY) + eps_c[k]) + alpha[k] * w|
     size[k]  = sum |w|
 
 over the entry's measured elements, reading each of w, m and v once. The
-element arithmetic is strict IEEE fp32 in the same order as the foreach path
-(+TINY, sqrt, +eps_c, reciprocal, *m, +alpha w; no fast-math), so an element's
-value is the one the foreach path computes up to one rounding (torch may fuse
-the last multiply-add). Only the summation order is free: fp32 partial sums
+element arithmetic is strict IEEE fp32 (+TINY, sqrt, +eps_c, m divided by it,
++alpha w; no fast-math). The foreach path takes the reciprocal and then
+multiplies by m, two roundings where the division has one, so an element's
+value is the foreach path's up to one rounding (about a quarter of MiniLM's
+elements differ by one fp32 ulp; the sums agree to rtol 1e-5, test_drift).
+Only the summation order is free: fp32 partial sums
 over consecutive blocks of at most SUM_BLOCK elements (relative error <=
 (SUM_BLOCK-1) u = 3.8e-6 in any order, all terms being >= 0), accumulated in
 float64 per segment, and segments summed in a fixed order: the result does
@@ -32,21 +34,26 @@ arithmetic (one sqrt and one division per element) runs at about 1.1 cycles
 per element, under the time the memory takes to deliver the three tensors,
 so the pass costs about one plain read of them.
 
-Threads. A pass runs on the calling thread and on up to ``threads - 1``
-helper threads of this module (plain Python threads; the kernel releases the
-GIL), which pull pieces of the pass until none is left: a helper that the OS
-has not yet scheduled leaves its pieces to the others instead of holding
-everyone up. Between passes the helpers block on a queue, so after a pass
-the cores go straight back to torch. Numba's own parallel layers are not
-used, for three reasons measured on numba 0.68: their threads are a third
-pool beside torch's OpenMP threads on the same cores; the GNU OpenMP layer
-aborts any process forked after it ran ("fork() called from a process
-already using GNU OpenMP"); and a serial twin compiled from the same
+Threads. A pass of several pieces runs as one parallel region of torch's
+own OpenMP runtime (``GOMP_parallel``, called through ctypes, the body a
+numba C callback), on ``threads`` threads, the caller's included: the
+threads that just ran ``optimizer.step()`` and are still spinning for work
+take the pieces at once, and no other thread competes with them for the
+cores (with a pool of its own beside torch's, a pass right after the
+optimizer step ran about 25% slower on 2 cores: its second thread shared a
+core with torch's spinning one). Pieces are handed out by an atomic ticket,
+so a thread that starts late takes fewer. Where torch's runtime is not
+loaded, or in a process forked after this module was imported (the child's
+runtime waits forever for its parent's threads), the pass runs on the
+calling thread and on up to ``threads - 1`` helper threads of this module
+(plain Python threads; the kernel releases the GIL), which pull pieces the
+same way and block on a queue between passes. Numba's own parallel layers
+are not used: their threads are a third pool on the same cores; the GNU
+OpenMP layer aborts any process forked after it ran ("fork() called from a
+process already using GNU OpenMP"); and a serial twin compiled from the same
 function with ``cache=True`` shares the parallel kernel's cache entry
-(numba's cache index does not key on ``parallel``), so the "serial" twin
-that a forked child was meant to run loaded the parallel code. Here there
-is one compiled kernel, and a process forked after a pass hires its own
-helpers on its first pass (its parent's threads do not exist in it).
+(numba's cache index does not key on ``parallel``). Here there is one
+compiled kernel, run by whichever threads; the sums do not depend on which.
 
 Zero-copy: the kernel views the tensors' memory through their addresses (one
 call for the whole model, or for a piece of it). This module needs numba;
@@ -55,15 +62,17 @@ the import fails.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
+import sys
 import threading
 from typing import Callable, NamedTuple, Sequence
 
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import cfunc, njit, types
 from numba.extending import intrinsic
 
 __all__ = ["CHUNK", "SUM_BLOCK", "TINY", "PER_THREAD", "PREFETCH_RUNS", "Extent", "FusedPass",
@@ -85,7 +94,8 @@ PREFETCH_RUNS = 8
 block is 256 bytes of each 4 KiB page, and the hardware prefetchers stop at
 page boundaries: without asking ahead, the pass would wait for memory at
 every block (on MiniLM, one thread, asking ahead made the sampled pass about
-1.4x faster)."""
+1.4x faster; asking 32 or 64 runs ahead instead of 8 gained nothing once the
+caches were cold, as they are after an optimizer step)."""
 _LINE = 64
 """Bytes per cache line."""
 _PIECES_PER_THREAD = 4
@@ -122,12 +132,16 @@ class FusedPass:
         torch's own count, so the pass never uses more cores than training)."""
         if len(self.seg):
             cuts = self._pieces(threads)
-            if len(cuts) == 2:
+            threads = min(threads, len(cuts) - 1)
+            team = _team()
+            if threads == 1:
                 _sums(ptr, eps_c, alpha, self.seg, 0, len(self.seg), phase, self._out)
+            elif team is not None:
+                team.run(ptr, eps_c, alpha, self.seg, cuts, phase, self._out, threads)
             else:
                 def piece(i: int) -> None:
                     _sums(ptr, eps_c, alpha, self.seg, cuts[i], cuts[i + 1], phase, self._out)
-                _crew().run(len(cuts) - 1, piece, helpers=min(threads, len(cuts) - 1) - 1)
+                _crew().run(len(cuts) - 1, piece, helpers=threads - 1)
         k = self.seg[:, 0]
         return (np.bincount(k, self._out[:, 0], minlength=self.entries),
                 np.bincount(k, self._out[:, 1], minlength=self.entries))
@@ -143,6 +157,84 @@ class FusedPass:
             cuts = self._cuts[threads] = np.unique(np.concatenate(
                 [[0], inner, [len(self.seg)]])).astype(np.int64)
         return cuts
+
+
+# -- torch's own OpenMP team -------------------------------------------------------
+class _Team:
+    """A pass run as one parallel region of torch's OpenMP runtime: its threads
+    (the ones that just ran ``optimizer.step()``, still spinning for work) take
+    the pieces, and no other thread competes with them for the cores."""
+
+    def __init__(self, runtime: ctypes.CDLL) -> None:
+        self._parallel = runtime.GOMP_parallel  # the GNU ABI: libiomp5 and libomp export it too
+        self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        self._parallel.restype = None
+        self._work = _team_work.address
+
+    def run(self, ptr: np.ndarray, eps_c: np.ndarray, alpha: np.ndarray, seg: np.ndarray,
+            cuts: np.ndarray, phase: int, out: np.ndarray, threads: int) -> None:
+        """``_sums`` over every piece of ``cuts``, on ``threads`` threads of the team
+        (the caller's included); returns when all are done."""
+        ptr, eps_c, alpha = (np.ascontiguousarray(a) for a in (ptr, eps_c, alpha))
+        call = np.array([ptr.ctypes.data, len(ptr), eps_c.ctypes.data, alpha.ctypes.data,
+                         seg.ctypes.data, len(seg), cuts.ctypes.data, len(cuts) - 1, phase,
+                         out.ctypes.data, 0], dtype=np.int64)
+        # ctypes lets go of the GIL for the call; the arrays outlive it
+        self._parallel(self._work, call.ctypes.data, threads, 0)
+
+
+_UNSEEN = object()
+_TEAM: _Team | None | object = _UNSEEN
+"""This process's team once looked for: None where torch's runtime was not found."""
+_FORKED = False
+"""Whether this process was forked after this module was imported."""
+
+
+def _forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _team() -> _Team | None:
+    """torch's OpenMP runtime, where this process has it loaded and was not forked
+    after importing this module; else None (the helper threads below take the pass).
+
+    A forked child inherits the runtime's idea of its thread pool but not the
+    threads: a parallel region there waits for them forever (torch's own ops
+    hang in such a child, unless it trains on one thread)."""
+    global _TEAM
+    if _FORKED or "torch" not in sys.modules:  # looked for once torch is there
+        return None
+    if _TEAM is _UNSEEN:
+        runtime = _torch_openmp()
+        _TEAM = _Team(runtime) if runtime is not None else None
+    return _TEAM
+
+
+def _torch_openmp() -> ctypes.CDLL | None:
+    """The OpenMP runtime that torch loaded, found among this process's mapped
+    files (Linux): the copy under torch's folder that its wheels bundle. None
+    without one (torch not built with OpenMP, or linked to a runtime elsewhere:
+    then the helper threads take the pass, as before)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            fields = (line.split(None, 5) for line in maps)
+            paths = {f[5].strip() for f in fields if len(f) == 6}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        if "torch" in path and name.startswith(("libgomp", "libiomp5", "libomp")) and ".so" in name:
+            try:
+                runtime = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
+                runtime.GOMP_parallel  # noqa: B018 (raises AttributeError where it is missing)
+                return runtime
+            except (OSError, AttributeError):
+                continue
+    return None
 
 
 # -- the helper threads ------------------------------------------------------------
@@ -244,14 +336,21 @@ def _segments(k: int, e: Extent) -> list[tuple[int, int, int, int, int]]:
 
 
 # -- the kernel ----------------------------------------------------------------------
-@intrinsic
-def _f32_at(typingctx, address):
-    """The fp32 pointer at an integer address (the zero-copy view's base)."""
-    sig = types.CPointer(types.float32)(types.int64)
+def _pointer_at(dtype: types.Type):
+    """An intrinsic: the pointer to ``dtype`` at an integer address (a zero-copy view's base)."""
+    @intrinsic
+    def at(typingctx, address):
+        sig = types.CPointer(dtype)(types.int64)
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return sig, codegen
+    return at
+
+
+_f32_at = _pointer_at(types.float32)
+_f64_at = _pointer_at(types.float64)
+_i64_at = _pointer_at(types.int64)
 
 
 @intrinsic
@@ -351,3 +450,35 @@ def _sums(ptr, eps_c, alpha, seg, first, last, phase, out):
             size += c
         out[s, 0] = moved
         out[s, 1] = size
+
+
+@intrinsic
+def _next_ticket(typingctx, address):
+    """Atomically add 1 to the int64 at an integer address; its value before."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        counter = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.atomic_rmw("add", counter, ir.Constant(ir.IntType(64), 1), "monotonic")
+    return sig, codegen
+
+
+# The body of the team's parallel region, on each of its threads (a C callback:
+# void fn(void *data), data being the addresses that _Team.run packs). Pieces
+# are handed out by an atomic ticket, so a thread that starts late takes fewer;
+# the region's closing barrier orders the results before GOMP_parallel returns.
+@cfunc(types.void(types.int64), nopython=True, error_model="numpy", cache=True)
+def _team_work(data):
+    call = numba.carray(_i64_at(data), 11)
+    entries, segments, pieces = call[1], call[5], call[7]
+    ptr = numba.carray(_i64_at(call[0]), (entries, 3))
+    eps_c = numba.carray(_f32_at(call[2]), entries)
+    alpha = numba.carray(_f32_at(call[3]), entries)
+    seg = numba.carray(_i64_at(call[4]), (segments, 5))
+    cuts = numba.carray(_i64_at(call[6]), pieces + 1)
+    out = numba.carray(_f64_at(call[9]), (segments, 2))
+    while True:
+        i = _next_ticket(data + 8 * 10)
+        if i >= pieces:
+            return
+        _sums(ptr, eps_c, alpha, seg, cuts[i], cuts[i + 1], call[8], out)

@@ -108,6 +108,11 @@ class Writer:
         self._pending = 0
         self._cv = threading.Condition()
         self._error: BaseException | None = None
+        self._bug: tuple[int, bool] | None = None
+        """Where the writer thread failed itself (a bug, not storage): the step of the
+        job in hand and whether that step was already committed with its training
+        state (a failure in retention's bookkeeping comes after the commit)."""
+        self._job_committed = False  # the job in hand's state record is committed (writer thread)
         self._failed_layers: set[int] = set()
         self._owed: set[int] = set()  # layers of failed jobs not committed since (writer thread)
         self._unlinked: list[str] = []  # files of dropped versions a reader kept (writer thread)
@@ -150,6 +155,13 @@ class Writer:
         else:  # the same at every try: retrying, also under 'warn', cannot help
             advice = ("It is not a storage error, so it is not retried: fix its cause and "
                       "resume with restore()")
+        if self._bug is not None:
+            step, committed = self._bug
+            done = ("after committing it: that step and every earlier committed one are "
+                    "recoverable" if committed else
+                    "before committing it: every earlier committed step is recoverable")
+            raise WriteFailed(f"the background writer failed at step {step} ({self._error}), "
+                              f"{done}. {advice}") from self._error
         raise WriteFailed(f"a background checkpoint write failed ({self._error}); nothing of "
                           f"it was committed, every earlier step is still recoverable. {advice}"
                           ) from self._error
@@ -182,11 +194,13 @@ class Writer:
             try:
                 # after a failure under 'raise' nothing more is written; ranks learn of
                 # each other's failures in the commit, so they all stop at the same job
+                self._job_committed = False
                 if not self._stopped():
                     self._persist(job)
             except Exception as exc:  # a bug, not storage: stop, never die leaving flush() waiting
                 with self._cv:
                     self._error = RuntimeError(f"the writer thread failed ({exc!r})")
+                    self._bug = (job.step, self._job_committed)
                 log.error("layercheck: the writer thread failed at step %d (%r); checkpointing "
                           "stops", job.step, exc)
             finally:
@@ -235,6 +249,7 @@ class Writer:
         except Exception as exc:
             self._fail(exc, job, what)
             return
+        self._job_committed = any(v.layer is None for v in committed)  # its state record
         self._owed -= {snap.index for snap in job.layers}
         versions = committed[:len(versions)]
         if self.retention is not None and self.commit.rank == 0:

@@ -1,4 +1,5 @@
-"""The streaming drift pass (layercheck.kernels): pieces, helper threads, fork safety.
+"""The streaming drift pass (layercheck.kernels): pieces, torch's OpenMP team, helper
+threads, fork safety.
 
 Its sums against the torch path and against weight copies are tested in
 test_drift.py; here, what the threads must not change or break."""
@@ -107,7 +108,14 @@ def test_a_failing_piece_raises_on_the_calling_thread_and_the_crew_lives_on():
     assert sorted(done) == list(range(8))
 
 
-def test_two_threads_may_run_passes_at_once():
+@pytest.mark.parametrize("threads_of", ["torch's team", "helper threads"])
+def test_two_threads_may_run_passes_at_once(threads_of, monkeypatch):
+    if threads_of == "torch's team":
+        pytest.importorskip("torch")
+        monkeypatch.setattr(kernels, "_TEAM", kernels._UNSEEN)  # look again, torch being loaded
+        assert kernels._team() is not None
+    else:
+        monkeypatch.setattr(kernels, "_team", lambda: None)
     sizes = [2 << 20, 1 << 20]
     _, ptr, eps_c, alpha = _inputs(sizes)
     plans = [kernels.FusedPass([(n, n, n) for n in sizes]) for _ in range(2)]
@@ -130,18 +138,16 @@ def test_two_threads_may_run_passes_at_once():
     assert all(np.array_equal(m, expected[0]) and np.array_equal(s, expected[1]) for m, s in got)
 
 
-def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
-    """A process forked after the pass ran on several threads (a DataLoader
-    worker, a forked trainer) must not abort or hang on its own pass. The old
-    design failed here: its serial twin shared the parallel kernel's numba cache
-    entry, so the child re-entered numba's threading layer, and under GNU OpenMP
-    (NUMBA_THREADING_LAYER=omp) that aborts a forked process. A fresh cache
-    folder: no code compiled elsewhere may stand in for the kernel."""
-    code = textwrap.dedent("""
-        import os, signal, sys, threading
+def _fork_script(prelude: str, parent_checks: str, epilogue: str = "") -> str:
+    """A script that runs a pass on 2 threads, forks, and has the child run it
+    again on 2 and 1 threads. It prints "child 0" when the child's sums equal
+    the parent's and the child hired a helper thread of its own (3: other
+    sums, 4: no helper; a hang ends the child with SIGALRM, 14)."""
+    return textwrap.dedent("""
+        import os, signal, threading
         import numpy as np
-        import numba
         from layercheck import kernels
+    """) + textwrap.dedent(prelude) + textwrap.dedent("""
         n = 3 << 20
         rng = np.random.default_rng(0)
         w = rng.standard_normal(n, dtype=np.float32)
@@ -152,10 +158,10 @@ def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
         args = (ptr, np.full(2, 1e-8, np.float32), np.full(2, 0.01, np.float32), 0)
         plan = kernels.FusedPass([kernels.Extent(n, n, n)] * 2)
         before = plan.run(*args, threads=2)
-        assert threading.active_count() == 2, "the parent's pass ran on a helper thread"
+    """) + textwrap.dedent(parent_checks) + textwrap.dedent("""
         pid = os.fork()
         if pid == 0:
-            signal.alarm(120)  # a hang ends the child with SIGALRM, not the test run
+            signal.alarm(60)  # a hang ends the child with SIGALRM, not the test run
             status = 0
             for threads in (2, 1):
                 got = plan.run(*args, threads=threads)
@@ -166,6 +172,20 @@ def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
             os._exit(status)
         _, status = os.waitpid(pid, 0)
         print("child", status)
+    """) + textwrap.dedent(epilogue)
+
+
+def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
+    """A process forked after the pass ran on several threads (a DataLoader
+    worker, a forked trainer) must not abort or hang on its own pass. The old
+    design failed here: its serial twin shared the parallel kernel's numba cache
+    entry, so the child re-entered numba's threading layer, and under GNU OpenMP
+    (NUMBA_THREADING_LAYER=omp) that aborts a forked process. A fresh cache
+    folder: no code compiled elsewhere may stand in for the kernel. (No torch
+    here: the pass runs on this module's helper threads.)"""
+    code = _fork_script("import numba\n", """
+        assert threading.active_count() == 2, "the parent's pass ran on a helper thread"
+    """, """
         try:
             print("numba threading layer", numba.threading_layer())
         except ValueError:  # no numba parallel region ever ran in this process
@@ -179,3 +199,50 @@ def test_a_child_forked_after_a_threaded_pass_computes_the_same_sums(tmp_path):
     assert "child 0" in done.stdout, done.stdout + done.stderr
     assert "numba threading layer none" in done.stdout
     assert any((tmp_path / "numba-cache").rglob("*.nbi"))  # it compiled into the fresh cache
+
+
+def test_a_pass_runs_on_torchs_openmp_team_and_sums_what_one_thread_sums(monkeypatch):
+    """Where torch is loaded, the threads of a pass are torch's own OpenMP team
+    (the ones that ran the optimizer step): no helper thread is started, and the
+    sums are those of one thread, bit for bit."""
+    pytest.importorskip("torch")
+    monkeypatch.setattr(kernels, "_TEAM", kernels._UNSEEN)  # look again, torch being loaded
+    monkeypatch.setattr(kernels, "PER_THREAD", 4096)
+    assert kernels._team() is not None
+    ran = []
+    team_run = kernels._Team.run
+    monkeypatch.setattr(kernels._Team, "run", lambda self, *a: ran.append(a[-1]) or team_run(self, *a))
+    monkeypatch.setattr(kernels._Crew, "run", lambda *a, **k: pytest.fail("a helper thread ran"))
+    sizes = [3 << 20, 70_001, 5, 1 << 20, 300_000]
+    _, ptr, eps_c, alpha = _inputs(sizes, frozen={3})
+    threads_before = threading.active_count()
+    for extents in ([(n, n, n) for n in sizes],
+                    [(n, 1024, 64) if n >= 65536 else (n, n, n) for n in sizes]):
+        plan = kernels.FusedPass(extents)
+        one = [a.copy() for a in plan.run(ptr, eps_c, alpha, 5, 1)]
+        for threads in (2, 3, 8):
+            moved, size = plan.run(ptr, eps_c, alpha, 5, threads)
+            assert np.array_equal(moved, one[0]) and np.array_equal(size, one[1])
+    assert ran == [2, 3, 8] * 2  # the team ran every threaded pass, at the thread count asked
+    assert threading.active_count() == threads_before  # no thread of this module's own
+
+
+def test_a_child_forked_after_a_pass_on_torchs_team_computes_the_same_sums(tmp_path):
+    """A child forked after torch's OpenMP team ran (a torch op, then a pass on
+    the team) inherits a runtime whose threads it does not have: a parallel
+    region there waits forever. The child's pass must take its own helper
+    threads instead, and give the same sums."""
+    pytest.importorskip("torch")
+    code = _fork_script("""
+        import torch
+        torch.set_num_threads(2)
+        torch.ones(1 << 22).mul_(2.0)  # torch's team runs, then waits for work
+    """, """
+        assert kernels._team() is not None, "the parent's pass did not run on torch's team"
+        assert threading.active_count() == 1, "the parent hired a helper thread"
+    """)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "child 0" in done.stdout, done.stdout + done.stderr

@@ -5,8 +5,12 @@ from __future__ import annotations
 import errno
 import gc
 import json
+import logging
 import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -18,13 +22,50 @@ import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck import writer as writer_module
+from layercheck.commit import Commit
+from layercheck.errors import WriteFailed
 from layercheck.format import CHECKSUM, checksum_matches
-from layercheck.manifest import check_structure
+from layercheck.format import MANIFEST, encode_record
+from layercheck.manifest import ManifestView, check_structure, read_manifest
+from layercheck.retention import Retention
 from layercheck.store import LocalStore
 from layercheck.writer import LayerSnapshot, StepJob, Writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
 
 MB = 1 << 20
+
+# -- no call blocks forever -------------------------------------------------------------------
+DEADLINE_S = 60
+"""What a test of the Writer alone may take: seconds on a quiet machine, a minute on a
+loaded one. A test that trains a model with LayerCheck (``@trains``) may take twice that."""
+
+
+def trains(test):
+    """Marks a test that trains a model: it gets 2 x DEADLINE_S."""
+    test.deadline_s = 2 * DEADLINE_S
+    return test
+
+
+@pytest.fixture(autouse=True)
+def _no_call_blocks_forever(request):
+    """The contract behind every test here: ``submit`` returns once the queue has room,
+    ``flush`` once its jobs are committed or failed, ``close`` once the thread has
+    ended. A call that blocks forever is a hung trainer; here it fails its test at the
+    deadline, saying so, instead of hanging until someone kills it (SIGALRM interrupts
+    the main thread's waits)."""
+    seconds = getattr(request.function, "deadline_s", DEADLINE_S)
+
+    def expired(signum, frame):
+        raise TimeoutError(f"{request.node.name} still blocked after {seconds} s: a Writer "
+                           "call (submit, flush, close) that never returns hangs the trainer")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class GatedStore:
@@ -187,6 +228,7 @@ def _assert_restores_what_was_decided(run: Run, root: Path, expected_step: int, 
                 assert torch.equal(live[key], source[key]), (layer, key)
 
 
+@trains
 def test_a_steps_layer_records_precede_its_state_record(tmp_path):
     run = Run(tmp_path / "c", LayerCheckConfig(**REAL))
     for _ in range(20):
@@ -206,6 +248,7 @@ def test_a_steps_layer_records_precede_its_state_record(tmp_path):
     assert 0 in sizes and max(sizes) < len(run.names)  # partial writes, and state-only steps
 
 
+@trains
 @pytest.mark.parametrize("cut", ["after the first line", "inside the first line",
                                  "inside the last line"])
 def test_a_power_cut_inside_a_steps_append_commits_nothing_of_that_step(tmp_path, cut):
@@ -259,6 +302,7 @@ class HeldFailure:
         return getattr(self.inner, name)
 
 
+@trains
 @pytest.mark.parametrize("then", ["stop", "go on"])
 @pytest.mark.parametrize("from_step", [3, 7], ids=["base", "later"])
 def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_path, from_step,
@@ -321,6 +365,7 @@ class BrokenSerialiser:
         return getattr(self.inner, name)
 
 
+@trains
 @pytest.mark.parametrize("on_error", ["raise", "warn"])
 def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy(tmp_path,
                                                                                 on_error):
@@ -347,6 +392,7 @@ def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy
         lc.close()
 
 
+@trains
 def test_a_bug_in_the_writer_thread_stops_checkpointing_instead_of_hanging(tmp_path):
     """An exception outside the storage calls (here in retention's bookkeeping, as a
     mutation of it did) killed the writer thread, and the next flush() waited
@@ -510,3 +556,453 @@ def test_a_failed_file_among_parallel_writes_commits_nothing_of_its_step(tmp_pat
 def test_a_writer_needs_at_least_one_thread(tmp_path, threads):
     with pytest.raises(ValueError, match="integer >= 1"):
         Writer(LocalStore(tmp_path), queue_bytes=MB, threads=threads)
+
+
+# -- what each failure says, what each commit records (tests the mutants asked for) ----------
+ENOSPC = f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}"
+
+
+class FailingStore:
+    """A LocalStore whose atomic writes of the paths ``fails`` picks raise ``error(path)``
+    (ENOSPC unless given), and whose manifest appends raise ENOSPC if ``append_fails``."""
+
+    def __init__(self, root: Path, fails=lambda path: False, error=None,
+                 append_fails: bool = False) -> None:
+        self.inner, self.url = LocalStore(root), str(root)
+        self.fails, self.append_fails = fails, append_fails
+        self.error = error or (lambda path: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path))
+
+    def write_atomic(self, path: str, data) -> None:
+        if self.fails(path):
+            raise self.error(path)
+        self.inner.write_atomic(path, data)
+
+    def append(self, path: str, data: bytes) -> None:
+        if self.append_fails:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        self.inner.append(path, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "layercheck"]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+@pytest.mark.parametrize("what", ["layer", "state", "manifest"])
+def test_a_failed_write_says_what_failed_at_which_step_and_what_training_hears(
+        tmp_path, caplog, what, on_error):
+    """The module contract's ``on_error``: one log line names what failed (a layer, the
+    training state, the manifest append), the step and the OS error. Under 'warn' it
+    says nothing of the step was committed and its layers will be written again, and
+    take_failed_layers hands training every layer of the step, once; under 'raise' it
+    says checkpointing stops, and flush raises saying to fix the storage."""
+    failing = {"layer": "layers/enc.2@000000001.safetensors",
+               "state": "states/000000001.safetensors", "manifest": "manifest.jsonl"}[what]
+    store = FailingStore(tmp_path, fails=lambda path: path == failing,
+                         append_fails=what == "manifest")
+    writer = Writer(store, queue_bytes=64 * MB, on_error=on_error, threads=1)
+    with caplog.at_level(logging.ERROR, logger="layercheck"):
+        writer.submit(_layer_job(1))
+        if on_error == "raise":
+            with pytest.raises(WriteFailed) as info:
+                writer.flush()
+            assert str(info.value) == (
+                f"a background checkpoint write failed ({ENOSPC}: '{failing}'); nothing of it "
+                "was committed, every earlier step is still recoverable. Fix the storage "
+                "(space, permissions) and resume with restore()")
+        else:
+            writer.flush()
+    named = {"layer": "layer enc.2", "state": "the training state", "manifest": "the manifest"}
+    then = {"raise": "checkpointing stops",
+            "warn": "nothing of step 1 was committed; training goes on and the layers are "
+                    "written again at the next opportunity"}[on_error]
+    assert _messages(caplog) == [
+        f"layercheck: writing {named[what]} at step 1 failed: {ENOSPC}: '{failing}'; {then}"]
+    assert writer.take_failed_layers() == (set(range(6)) if on_error == "warn" else set())
+    assert writer.take_failed_layers() == set()
+    assert not (tmp_path / "manifest.jsonl").exists()
+    if on_error == "raise":
+        with pytest.raises(WriteFailed):
+            writer.close()
+    else:
+        writer.close()
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_a_failure_no_retry_can_fix_says_so_word_for_word(tmp_path, caplog, on_error):
+    """Not a storage error (``errors.retryable``): the same at every try, so it stops
+    checkpointing under either policy, and the message says to fix its cause, not the
+    storage. A store that drops buffers yet reports success is such a failure: the
+    writer counts what passed through it and refuses the file."""
+
+    class DropsBuffers:
+        """A LocalStore whose write_atomic writes only the first buffer it is handed."""
+
+        def __init__(self, root: Path) -> None:
+            self.inner, self.url = LocalStore(root), str(root)
+
+        def write_atomic(self, path: str, data) -> None:
+            self.inner.write_atomic(path, [next(iter(data))])
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    for store, cause in ((FailingStore(tmp_path / "a", fails=lambda p: p.startswith("layers/enc.2@"),
+                                       error=lambda p: ValueError("cannot serialise this tensor")),
+                          "cannot serialise this tensor"),
+                         (DropsBuffers(tmp_path / "b"), None)):
+        caplog.clear()
+        writer = Writer(store, queue_bytes=64 * MB, on_error=on_error, threads=1)
+        with caplog.at_level(logging.ERROR, logger="layercheck"):
+            writer.submit(_layer_job(1))
+            with pytest.raises(WriteFailed) as info:
+                writer.flush()
+        if cause is None:  # the sizes: of the first buffer, and of the whole file
+            first = re.search(r"the store wrote (\d+) of the (\d+) bytes of ", str(info.value))
+            assert first and 0 < int(first[1]) < int(first[2])
+            reference = Writer(LocalStore(tmp_path / "c"), queue_bytes=64 * MB)
+            reference.submit(_layer_job(1))
+            reference.close()
+            assert int(first[2]) == (tmp_path / "c/layers/enc.0@000000001.safetensors").stat().st_size
+            cause = (f"the store wrote {first[1]} of the {first[2]} bytes of "
+                     "layers/enc.0@000000001.safetensors and reported success: its write_atomic "
+                     "must consume every buffer it is given")
+            layer = "enc.0"
+        else:
+            layer = "enc.2"
+        assert str(info.value) == (
+            f"a background checkpoint write failed ({cause}); nothing of it was committed, "
+            "every earlier step is still recoverable. It is not a storage error, so it is not "
+            "retried: fix its cause and resume with restore()")
+        assert _messages(caplog) == [
+            f"layercheck: writing layer {layer} at step 1 failed: {cause}; checkpointing stops"]
+        with pytest.raises(WriteFailed):
+            writer.submit(_layer_job(2))  # stopped: nothing more is queued
+        with pytest.raises(WriteFailed):
+            writer.close()
+
+
+def test_a_bug_in_the_writer_thread_is_logged_with_its_step(tmp_path, caplog):
+    """The writer thread's own failure (here retention's bookkeeping) is logged once,
+    naming the step and the exception, and stops checkpointing. Retention runs after
+    the commit, so the error says that step was committed, and it was."""
+
+    class BrokenRetention:
+        def committed(self, versions):
+            raise IndexError("pop from an empty list")
+
+    writer = Writer(LocalStore(tmp_path), queue_bytes=64 * MB, on_error="warn")
+    writer.retention = BrokenRetention()
+    with caplog.at_level(logging.ERROR, logger="layercheck"):
+        writer.submit(_layer_job(3))
+        with pytest.raises(WriteFailed, match=re.escape(
+                "the background writer failed at step 3 (the writer thread failed "
+                "(IndexError('pop from an empty list'))), after committing it: that step and "
+                "every earlier committed one are recoverable. It is not a storage error")):
+            writer.flush()
+    assert _messages(caplog) == [
+        "layercheck: the writer thread failed at step 3 (IndexError('pop from an empty list')); "
+        "checkpointing stops"]
+    assert list(read_manifest(LocalStore(tmp_path)).states) == [3]
+    with pytest.raises(WriteFailed):
+        writer.close()
+
+
+def _job_of(step: int, *layers: tuple[int, str], reasons=None) -> StepJob:
+    """A job writing ``layers`` ((index, name), small tensors) and a training state."""
+    snaps = [LayerSnapshot(index, name, (reasons or {}).get(name, "threshold"),
+                           {"param/w": torch.full((64,), float(step))}, 256)
+             for index, name in layers]
+    state = ({"rng/torch": torch.arange(3)},
+             {"format": "layercheck-state/2", "state": json.dumps({"step": step})})
+    return StepJob(step=step, layers=snaps, state=state, nbytes=256 * len(snaps))
+
+
+def test_write_records_and_files_say_what_each_committed_version_is(tmp_path):
+    """drain_completed: per committed layer version, in job order, its step, index,
+    name, the policy's reason, its file's size and the seconds from submit to commit;
+    bytes_written: the bytes of the layer files. The manifest records the same reason;
+    a file's metadata is the layer's (or the state's as given: one process adds no
+    rank); submit returns the seconds it waited, no more than the call took."""
+    reasons = {"a": "threshold", "b": "smax", "c": "retry"}
+    writer = Writer(LocalStore(tmp_path), queue_bytes=64 * MB)
+    start = time.perf_counter()
+    for step in (1, 2):
+        job = _job_of(step, (0, "a"), (1, "b"), (2, "c"), reasons=reasons)
+        before = time.perf_counter()
+        waited = writer.submit(job)
+        assert 0 <= waited <= time.perf_counter() - before
+    writer.flush()
+    wall = time.perf_counter() - start
+    records = writer.drain_completed()
+    writer.close()
+    size = {p.relative_to(tmp_path).as_posix(): p.stat().st_size for p in tmp_path.rglob("*.safetensors")}
+    assert [(r.step, r.layer, r.name, r.reason, r.bytes) for r in records] == [
+        (step, i, name, reasons[name], size[f"layers/{name}@{step:09d}.safetensors"])
+        for step in (1, 2) for i, name in enumerate("abc")]
+    assert all(0 <= r.persist_s <= wall for r in records)
+    assert writer.bytes_written == sum(r.bytes for r in records) < sum(size.values())
+    manifest = _records(tmp_path)
+    assert [(r["step"], r.get("layer"), r.get("reason")) for r in manifest] == [
+        (step, name, reasons.get(name)) for step in (1, 2) for name in ["a", "b", "c", None]]
+    for step in (1, 2):
+        assert check_structure((tmp_path / f"states/{step:09d}.safetensors").read_bytes(), "s") == {
+            "format": "layercheck-state/2", "state": json.dumps({"step": step})}
+        assert check_structure((tmp_path / f"layers/b@{step:09d}.safetensors").read_bytes(), "l") == {
+            "format": "layercheck-layer/1", "layer": "b", "step": str(step)}
+
+
+def test_layers_owed_by_several_failed_steps_hold_states_back_until_all_are_written(tmp_path):
+    """Under 'warn', step 1 fails to write layer a and step 2 layer b. Step 3 rewrites b
+    but not a: its state must not commit (a committed step needs a version of every
+    layer). Step 4 rewrites a: its state commits. Training hears of both failed layers."""
+    failing = {"layers/a@000000001.safetensors", "layers/b@000000002.safetensors"}
+    writer = Writer(FailingStore(tmp_path, fails=lambda path: path in failing),
+                    queue_bytes=64 * MB, on_error="warn")
+    writer.submit(_job_of(1, (0, "a")))
+    writer.submit(_job_of(2, (1, "b")))
+    writer.flush()
+    assert writer.take_failed_layers() == {0, 1}
+    writer.submit(_job_of(3, (1, "b")))
+    writer.submit(_job_of(4, (0, "a")))
+    writer.close()
+    assert [(r["kind"], r["step"], r.get("layer")) for r in _records(tmp_path)] == [
+        ("layer", 3, "b"), ("layer", 4, "a"), ("state", 4, None)]
+
+
+class RankOneOfTwo(Commit):
+    """What the writer asks of a sharded commit, as rank 1 of two: its rank and the
+    world size, and a commit per job naming the job's step (the ranks check that
+    they agree on it; commit.py). It commits this rank's versions as one process does
+    (the exchange between ranks is test_commit's)."""
+
+    rank, world_size = 1, 2
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def commit(self, store, step, versions, error):
+        self.steps.append(step)
+        return super().commit(store, step, versions, error)
+
+
+def test_a_rank_of_a_sharded_job_names_its_files_and_state_by_rank_and_retires_nothing(tmp_path):
+    """Each rank writes its own shard files, named and labelled with its rank (the state
+    too); only rank 0 appends drop records (naming every rank's shards), so a rank that
+    is not rank 0 retires nothing itself."""
+    commit = RankOneOfTwo()
+    writer = Writer(LocalStore(tmp_path), queue_bytes=64 * MB, commit=commit)
+    writer.retention = Retention(1, ManifestView())
+    for step in (1, 2, 3):
+        writer.submit(_job_of(step, (0, "a")))
+    writer.close()
+    assert commit.steps == [1, 2, 3]
+    assert [(r["kind"], r["step"], r["file"]) for r in _records(tmp_path)] == [
+        (kind, step, path) for step in (1, 2, 3) for kind, path in (
+            ("layer", f"layers/a@{step:09d}.rank00001.safetensors"),
+            ("state", f"states/{step:09d}.rank00001.safetensors"))]
+    for step in (1, 2, 3):
+        assert check_structure((tmp_path / f"layers/a@{step:09d}.rank00001.safetensors").read_bytes(),
+                               "l") == {"format": "layercheck-layer/1", "layer": "a",
+                                        "step": str(step), "rank": "1"}
+        assert check_structure((tmp_path / f"states/{step:09d}.rank00001.safetensors").read_bytes(),
+                               "s") == {"format": "layercheck-state/2",
+                                        "state": json.dumps({"step": step}), "rank": "1"}
+
+
+# -- retention: drop records, compaction, deletion once no reader reads ----------------------
+class RecordingStore:
+    """A LocalStore that notes the manifest's size after each append of drop records
+    (``("drop", size)``), and the size of every file written atomically (``written``:
+    the versions' files, and the manifest as compaction rewrites it)."""
+
+    def __init__(self, root: Path, events: list) -> None:
+        self.inner, self.url, self.events = LocalStore(root), str(root), events
+        self.written: dict[str, int] = {}
+
+    def write_atomic(self, path: str, data) -> None:
+        self.inner.write_atomic(path, data)
+        self.written[path] = self.inner.size(path)
+
+    def append(self, path: str, data: bytes) -> None:
+        self.inner.append(path, data)
+        if b'"kind":"drop"' in data:
+            self.events.append(("drop", self.inner.size(path)))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+LAYERS = "abcdefgh"
+
+
+def _written_at(step: int) -> list[tuple[int, str]]:
+    """Every layer at step 1, then one layer a step, in turn: most of what is live
+    stays live for several steps, as under a real policy."""
+    return list(enumerate(LAYERS)) if step == 1 else [(step % 8, LAYERS[step % 8])]
+
+
+def _retained_run(root: Path, steps: int, monkeypatch, compact_bytes: int):
+    """keep_versions=1 over ``steps`` steps (``_written_at``) each with a state; returns
+    the store, the writer and the events (drop appends, compactions with the
+    manifest's size before and after)."""
+    events: list = []
+    real = writer_module.compact
+
+    def compact(store):
+        before = store.size(MANIFEST)
+        after = real(store)
+        events.append(("compact", before, after))
+        return after
+
+    monkeypatch.setattr(writer_module, "compact", compact)
+    monkeypatch.setattr(writer_module, "COMPACT_BYTES", compact_bytes)
+    store = RecordingStore(root, events)
+    store.inner.append(MANIFEST, encode_record(  # what LayerCheck appends first (no clock in it)
+        {"kind": "header", "layers": [{"name": n, "kind": "block", "params": 64} for n in LAYERS]}))
+    writer = Writer(store, queue_bytes=64 * MB)
+    writer.retention = Retention(1, ManifestView())
+    for step in range(1, steps + 1):
+        writer.submit(_job_of(step, *_written_at(step)))
+    writer.close()
+    return store, writer, events
+
+
+def test_retention_drops_what_newer_steps_supersede_and_compacts_as_the_manifest_grows(
+        tmp_path, monkeypatch):
+    """keep_versions=1: after each commit the versions it supersedes get drop records
+    and their files go (bytes_dropped counts them); what stays on disk is exactly the
+    live versions. The manifest is compacted once it passes COMPACT_BYTES, then once it
+    passes twice its size after the last compaction, whatever COMPACT_BYTES is."""
+    _, _, sizes = _retained_run(tmp_path / "plain", 12, monkeypatch, 1 << 40)
+    drops = [size for kind, size, *_ in sizes if kind == "drop"]
+    assert len(drops) == 11 and not [e for e in sizes if e[0] == "compact"]
+    # a limit exactly at the manifest's size after the third drop: it is not passed there
+    for name, limit in (("tie", drops[2]), ("small", drops[0] // 2)):
+        store, writer, events = _retained_run(tmp_path / name, 30, monkeypatch, limit)
+        threshold, compactions, doubled = limit, 0, False
+        for i, event in enumerate(events):
+            if event[0] != "drop":
+                continue
+            compacted = i + 1 < len(events) and events[i + 1][0] == "compact"
+            assert compacted == (event[1] > threshold), (name, i, event, threshold)
+            if compacted:
+                _, before, after = events[i + 1]
+                assert before == event[1] and after < before
+                threshold, compactions = max(limit, 2 * after), compactions + 1
+                doubled |= 2 * after > limit
+        assert compactions >= 2 and (doubled or name == "tie")  # each rule was used
+        view = read_manifest(LocalStore(tmp_path / name))
+        assert view.latest_step() == 30 and view.problems == []
+        live = {v.file for v in view.all_versions()}
+        assert live == {f"layers/{n}@{max(s for s in range(1, 31) if (i, n) in _written_at(s)):09d}"
+                        ".safetensors" for i, n in enumerate(LAYERS)} | {"states/000000030.safetensors"}
+        on_disk = {p.relative_to(tmp_path / name).as_posix()
+                   for p in (tmp_path / name).rglob("*.safetensors")}
+        assert on_disk == live
+        assert writer.bytes_dropped == sum(size for path, size in store.written.items()
+                                           if path not in live | {MANIFEST}) > 0
+
+
+def _hold_a_reader(root: Path):
+    """A reader process holding ``root`` open for reading (``LocalStore.reading``)
+    until the returned function is called."""
+    held_r, held_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the reader: nothing here but the store's lock
+        try:
+            os.close(go_w)
+            with LocalStore(root).reading():
+                os.write(held_w, b"x")
+                os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(go_r)
+    assert os.read(held_r, 1) == b"x"
+
+    def release() -> None:
+        os.close(go_w)
+        os.waitpid(pid, 0)
+
+    return release
+
+
+@pytest.mark.parametrize("released", ["before the last steps", "before close"])
+def test_files_of_dropped_versions_wait_for_readers_and_all_go_once_none_reads(tmp_path,
+                                                                              released):
+    """A reader (an offline restore, inspect) holds off deletion: the drop records are
+    appended at once, and the files wait. Every file dropped while it read is deleted
+    once no reader reads: at the next retirement, or at close."""
+    root = tmp_path / "c"
+    writer = Writer(LocalStore(root), queue_bytes=64 * MB)
+    writer.retention = Retention(1, ManifestView())
+    writer.submit(_job_of(1, (0, "a"), (1, "b")))
+    writer.flush()
+    release = _hold_a_reader(root)
+    try:
+        for step in (2, 3, 4):
+            writer.submit(_job_of(step, (0, "a"), (1, "b")))
+        writer.flush()
+        assert len(list(root.rglob("*.safetensors"))) == 4 * 3  # dropped, not yet deleted
+        assert {v.step for v in read_manifest(LocalStore(root)).all_versions()} == {4}
+    finally:
+        release()
+    if released == "before the last steps":
+        writer.submit(_job_of(5, (0, "a"), (1, "b")))
+        writer.flush()
+        assert len(list(root.rglob("*.safetensors"))) == 3
+    writer.close()
+    live = {v.file for v in read_manifest(LocalStore(root)).all_versions()}
+    assert {p.relative_to(root).as_posix() for p in root.rglob("*.safetensors")} == live
+    assert len(live) == 3
+
+
+def test_a_failed_retirement_is_logged_and_never_stops_training(tmp_path, caplog):
+    """Retiring loses nothing when it fails (the versions stay, or their files become
+    gc's leftovers): a warning says so, and training and commits go on."""
+
+    class CannotDelete:
+        def __init__(self, root: Path) -> None:
+            self.inner, self.url = LocalStore(root), str(root)
+
+        def delete_unread(self, paths):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    writer = Writer(CannotDelete(tmp_path), queue_bytes=64 * MB, on_error="raise")
+    writer.retention = Retention(1, ManifestView())
+    with caplog.at_level(logging.WARNING, logger="layercheck"):
+        for step in (1, 2):
+            writer.submit(_job_of(step, (0, "a")))
+        writer.close()
+    assert read_manifest(LocalStore(tmp_path)).latest_step() == 2
+    eio = f"[Errno {errno.EIO}] {os.strerror(errno.EIO)}"
+    assert set(_messages(caplog)) == {
+        f"layercheck: retiring superseded versions failed ({eio}); they stay on disk until "
+        "`python -m layercheck gc`"}
+
+
+def test_the_writers_threads_are_named_and_never_keep_a_process_alive(tmp_path):
+    """A stack dump of a stalled trainer (py-spy, faulthandler) names LayerCheck's
+    threads. A script that ends without close() still exits: the writer thread is a
+    daemon (what it had queued is lost, as in a crash, which commits nothing of it)."""
+    before = set(threading.enumerate())
+    writer = Writer(LocalStore(tmp_path / "a"), queue_bytes=64 * MB, threads=2)
+    writer.submit(_layer_job(1))
+    writer.flush()
+    names = sorted(t.name for t in threading.enumerate() if t not in before)
+    writer.close()
+    assert names == ["layercheck-file_0", "layercheck-file_1", "layercheck-writer"]
+    script = ("import sys; from layercheck.store import LocalStore; "
+              "from layercheck.writer import Writer; "
+              "Writer(LocalStore(sys.argv[1]), queue_bytes=1 << 20)")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b")], cwd=root,
+                          capture_output=True, text=True, timeout=DEADLINE_S - 10)
+    assert done.returncode == 0, done.stderr[-2000:]
