@@ -44,8 +44,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         # a fresh interpreter per mutant (torch import); test_fallback_without_numba
         # covers the same path in-process
         "--deselect", "tests/layercheck/test_drift.py::test_drift_imports_and_works_without_numba",
-        # these start thread pools (OpenMP at 2 threads, the kernel's crew), which a worker
-        # forked afterwards can deadlock on; they test layercheck.kernels' threading
+        # these run at 2 threads: torch's OpenMP team (their ops, and the pass on it) starts
+        # in mutmut's parent, and a worker forked from it that runs them at 2 threads again
+        # hangs in torch's own ops (the team's threads are not in the child). They test
+        # layercheck.kernels' threading, not drift's values; the rest run at 1 thread
         "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
         "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
     "engine": ("sim/engine.py", [
@@ -198,25 +200,19 @@ EQUIVALENT: dict[str, str] = {
         "the default of group.get('decoupled_weight_decay'): torch 2.13's Adam and AdamW "
         "groups always hold the key",
     "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_50": "as _adam_terms 48",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_24":
-        "the v address of an entry without moments: the kernel reads moments only where "
-        "the m address is non-zero (kernels._run_sums)",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_26":
-        "the update terms of an entry without moments: the kernel does not read them "
-        "there and its moved sum is 0, so any factor gives 0",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_27": "as _fused_sums 26",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_28": "as _fused_sums 26",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_33":
-        "`or` for `and` on the two moments: torch makes both like the parameter "
-        "(zeros_like), so one is fusable exactly when the other is",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_44": "the plan cache unused: an equal plan is built anew",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_45": "as _fused_sums 44",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_65":
-        "np.array of Python ints without a dtype is int64: the same array",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_67": "as _fused_sums 65",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_76":
-        "= instead of += on moved: it is a fresh array of zeros here",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_86": "= instead of += on size: as _fused_sums 76",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_23":
+        "the v address 1 for an entry without moments: the kernel reads m and v only where "
+        "the m address is non-zero (kernels._run_sums, _sums' prefetch)",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_52":
+        "np.array of Python ints without a dtype is int64, which is np.intp on the 64-bit "
+        "platforms torch supports: the same array",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_54": "as _fused_sums 52",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_77":
+        "the addresses without dtype=int64: Python ints below 2**63 (user-space addresses "
+        "and 0) make an int64 array anyway",
+    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_79": "as _fused_sums 77",
+    "layercheck.drift.xǁ_Layoutǁof__mutmut_11": "the layers' dtype dropped: as _fused_sums 52",
+    "layercheck.drift.xǁ_Layoutǁof__mutmut_13": "as _Layout.of 11",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_6":
         "the scratch buffer not reused: a fresh one each call holds the same values "
         "(reuse saves page faults, not results)",
@@ -225,14 +221,86 @@ EQUIVALENT: dict[str, str] = {
     # manifest
     "layercheck.manifest.x_read_verified_file__mutmut_4":
         "rpartition for partition on 'algorithm:hex': a checksum holds one colon",
-    "layercheck.manifest.x_read_verified_file__mutmut_10":
+    "layercheck.manifest.x_read_verified_file__mutmut_19":
         "no read limit: a regular file longer than committed is read whole and refused with "
         "the same message (the limit only bounds the memory)",
+    "layercheck.manifest.x_read_verified_file__mutmut_29":
+        "as read_verified_file 19, read apart: a size other than the committed one is read "
+        "whole (_Split.targets) and refused with the same message",
     "layercheck.manifest.x_encode_manifest__mutmut_9":
         "the sort key's name for a state ('XXXX' for ''): a step has one state, after its "
         "layers by the key before it",
-    "layercheck.manifest.x_read_verified_file__mutmut_25":
+    "layercheck.manifest.x_read_verified_file__mutmut_47":
         "<= for <: that branch is taken only when the sizes differ",
+    # recovery
+    "layercheck.recovery.x_parse_safetensors__mutmut_9":
+        "every warning ignored in that block, not only torch's read-only buffer one: views "
+        "of a parsed header's tensors raise no other warning",
+    "layercheck.recovery.x_parse_safetensors__mutmut_13":
+        "the filter's message in lower case: warnings matches it case-insensitively",
+    "layercheck.recovery.x_parse_safetensors__mutmut_14": "in upper case: as parse_safetensors 13",
+    "layercheck.recovery.xǁPlannerǁ__init____mutmut_2":
+        "keep_bytes' default 1 for 0: no committed file is 1 byte or less (a safetensors "
+        "file starts with an 8-byte header length), so neither keeps a file",
+    "layercheck.recovery.xǁPlannerǁ__init____mutmut_29":
+        "_kept None until the first layers(): load() takes a planned version, so layers() "
+        "has set _kept before any load()",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_4":
+        "np.full of a Python int without a dtype is int64: the same array",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_7": "as _agreed 4",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_11": "as _agreed 4",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_14": "as _agreed 4",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_16":
+        "the 'not chosen yet' mark -3 for -2: any negative mark differs from every bound "
+        "(a step, >= 0), so every item is chosen in the first round, which overwrites the mark",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_54":
+        "`or` for `and` in the elif: with keep (the state) held is not used; without keep the "
+        "elif is reached only with a file, where both forms agree",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_65":
+        "-2 for -1 as 'no intact version': both are < 0 (CheckpointNotFound, with the same "
+        "words) and neither is _FAILED (-3)",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_73":
+        "agreed <= 0 for < 0: they differ only for a version of step 0, and LayerCheck "
+        "numbers steps from 1 (step() counts the step before it writes), so no committed "
+        "version has step 0",
+    "layercheck.recovery.xǁPlannerǁ_agreed__mutmut_74": "agreed < 1 for < 0: as _agreed 73",
+    "layercheck.recovery.xǁPlannerǁlayers__mutmut_12": "keep=None for keep=False: _agreed only tests its truth",
+    "layercheck.recovery.xǁPlannerǁlayers__mutmut_19":
+        "`or` for `and`: a version chosen without its file kept (beyond keep_bytes) is then "
+        "kept as None, and load() pops None and reads the file again, as for no entry; a "
+        "file without a version does not occur (_newest_intact gives both or neither)",
+    "layercheck.recovery.xǁPlannerǁtogether__mutmut_7":
+        "np.array of a Python int without a dtype is int64: the same array",
+    "layercheck.recovery.xǁPlannerǁtogether__mutmut_9": "as together 7",
+    "layercheck.recovery.xǁPlannerǁtogether__mutmut_12":
+        "what a rank that did not fail proposes (1 for 0): only _FAILED (-3) is looked for "
+        "in the agreed values",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_3":
+        "a placeholder no read sees: read_verified_file reads data_start (and apart, "
+        "apart_keys) only when targets parsed the header, and targets sets them then",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_4": "as _Split.__init__ 3",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_5":
+        "a placeholder no read sees: targets sets data before the read can end with the "
+        "committed size (every read asks for the first buffer; only a shrunk file, refused "
+        "as short, stops it earlier)",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_7": "as _Split.__init__ 5",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_9": "as _Split.__init__ 5",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_10": "as _Split.__init__ 5",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_11": "as _Split.__init__ 3 (apart)",
+    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_12": "as _Split.__init__ 3 (apart_keys)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_14":
+        "n of a head shorter than 8 bytes: that is a file shorter than 8 bytes, where no "
+        "n >= 0 satisfies n <= size - 8 < 0, so the file is read whole either way",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_23": "as _Split.targets 14 (+1 for -1)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_24": "as _Split.targets 14 (-2 for -1)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_28":
+        "a header length of 0 not tried: the empty text is no JSON, so the original reads "
+        "the file whole too, after an empty read that adds no byte",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_29": "as _Split.targets 28",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_45":
+        "the file's name in _header's message: targets drops that error (the file is read "
+        "whole and parse_header names it)",
+    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
     # writer
     "layercheck.writer.xǁWriterǁclose__mutmut_1":
         "_retire(None) for _retire([]): both are falsy, and _retire reads its versions only "
@@ -287,16 +355,16 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.store.xǁLocalStoreǁunlock__mutmut_3":
         "popping the held lock also when _lock_key is None: nothing is held under None",
     "layercheck.store.xǁLocalStoreǁunlock__mutmut_8": "as LocalStore.__init__ 16",
-    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_27":
-        "one more readv at the end of the file: it returns 0 and the loop ends",
-    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_41":
+    "layercheck.store.x__fill__mutmut_3":
+        "one more readv once the view is full: into an empty slice, it returns 0 and the loop ends",
+    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_32":
         "buffer[:done] also when done == size: the same bytes (a view of the whole buffer)",
-    "layercheck.store.x_read_buffer__mutmut_1":
-        "the class's read_buffer not found: the fallback reads the same bytes with read() "
-        "and feeds them to consume once (one copy more, the same result)",
-    "layercheck.store.x_read_buffer__mutmut_6": "as read_buffer 1",
-    "layercheck.store.x_read_buffer__mutmut_7": "as read_buffer 1",
-    "layercheck.store.x_read_buffer__mutmut_8": "as read_buffer 1",
+    "layercheck.store.xǁLocalStoreǁread_into__mutmut_33":
+        "one more read past the targets once size bytes are in: os.read of 0 bytes returns "
+        "b'' and the loop ends",
+    "layercheck.store.x_read_into__mutmut_38":
+        "the rest past the targets consumed also when there is none: consume gets an empty "
+        "piece, which adds no byte (the checksum is unchanged)",
     "layercheck.store.x__read_all__mutmut_2":
         "one more read at the end: os.read of 0 bytes returns b'' and the loop ends",
     "layercheck.store.x__read_all__mutmut_14": "the size of each read call (2**27 for 2**26): the same bytes",
@@ -334,12 +402,6 @@ UNTESTABLE: dict[str, str] = {
         "runs only in a forked child, where mutmut records no coverage (so it has no test "
         "to run); test_a_forked_child_holds_none_of_its_parents_locks fails on it when the "
         "mutation is made by hand",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_68":
-        "not killed: float64 eps and alpha handed to the kernel instead of float32; numba "
-        "compiles a float64 variant whose sums differ from the fp32 path's by less than "
-        "the 2e-6 the tests allow between the kernel and torch (a bit-exact test of the "
-        "kernel's arithmetic would tell)",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_69": "as _fused_sums 68 (alpha)",
     "layercheck.commit.x_all_gather_json__mutmut_22":
         "the exchange on the default group instead of the commit's own: in a test both span "
         "the same two ranks; only a job running other collectives on the default group at "
@@ -376,9 +438,6 @@ UNTESTABLE: dict[str, str] = {
         "the copy warning's stacklevel (3): mutmut's trampoline adds frames, so a test of "
         "the warning's reported line cannot run under mutmut (it does outside it)",
     "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_69": "as DriftTracker.__init__ 62 (stacklevel 4)",
-    "layercheck.drift.xǁDriftTrackerǁ_after_step__mutmut_41":
-        "self.seconds = instead of +=: the hook's time over two calls in one step vs the "
-        "last call's; no test controls the clock finely enough to tell",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_14":
         "torch.empty on the default device instead of the tensors' own: the same on a "
         "CPU, wrong on a GPU; this machine has none",

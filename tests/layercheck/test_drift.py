@@ -750,3 +750,79 @@ def test_a_hook_call_measures_only_what_that_call_stepped():
     drift, _, _ = tracker.take()
     # AdamW from w = 1: w(1) = 1 - lr wd - lr = 0.9899 (first step: m / sqrt(v) = 1)
     assert drift[0] == 0.0 and drift[1] == pytest.approx(0.0101 / 0.9899, rel=1e-4)
+    # and the kernel measured `mine` although a tensor not stepped came first
+    assert tracker.fused_params == (1 if HAVE_NUMBA else 0)
+
+
+@needs_numba
+def test_the_fused_layout_is_built_once_per_set_of_entries(monkeypatch):
+    """The fused pass's segments depend only on which tensors it reads: built at the
+    first step that reads a given set, then reused (a step whose set differs builds
+    its own once, and the first set's comes back unchanged). A parameter is read by
+    the kernel only if its weights and both moments are: a restore may leave one
+    moment non-contiguous beside a contiguous other, and the torch path takes it."""
+    from layercheck import kernels
+    built = []
+
+    class Counted(kernels.FusedPass):
+        def __init__(self, extents):
+            built.append([tuple(e) for e in extents])
+            super().__init__(extents)
+
+    monkeypatch.setattr(kernels, "FusedPass", Counted)
+    a, b = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([a, b], lr=1e-2)
+    tracker = DriftTracker(opt, [[a], [b]])
+    for step in range(5):
+        a.grad = torch.ones(8)
+        b.grad = torch.ones(3)
+        if step == 2:  # b's moment is swapped for one the kernel cannot read
+            opt.state[b]["exp_avg"] = torch.zeros(3, 2)[:, 0].copy_(opt.state[b]["exp_avg"])
+        opt.step()
+        if step == 2:
+            opt.state[b]["exp_avg"] = opt.state[b]["exp_avg"].contiguous()
+        drift, _, _ = tracker.take()
+        assert drift[0] > 0 and drift[1] > 0
+        assert tracker.fused_params == (1 if step == 2 else 2)
+    assert built == [[(8, 8, 8), (3, 3, 3)], [(8, 8, 8)]]
+
+
+@pytest.mark.parametrize("fused", [pytest.param(True, marks=needs_numba), False], ids=["fused", "foreach"])
+# numpy says so when the fused path casts that eps to fp32 (inf, as Adam's own fp32 sum is)
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("eps,wd,grad", [(1e42, 0.0, 1.0), (1e-8, 1e-50, 0.0)],
+                         ids=["eps-beyond-fp32", "decay-below-fp32"])
+def test_an_update_too_small_for_fp32_weights_is_no_drift(fused, eps, wd, grad):
+    """Both paths do fp32 element arithmetic, as the optimizer does (module doc): where
+    an fp32 step leaves the weights exactly as they were, both report drift 0, as the
+    copy reference does. Two such steps: an eps that is infinite in fp32 (eps * c too;
+    every update is m / inf = 0), and a decay too small for fp32 (lr wd / scale is 0
+    there) on a parameter whose gradient is 0 (m = v = 0)."""
+    w = torch.nn.Parameter(torch.linspace(0.5, 2.0, 256))
+    opt = torch.optim.AdamW([w], lr=1e-2, eps=eps, weight_decay=wd)
+    tracker = DriftTracker(opt, [[w]], fused=fused)
+    for _ in range(2):
+        w.grad = torch.full_like(w, grad)
+        before = w.detach().clone()
+        opt.step()
+        drift, _, _ = tracker.take()
+        assert torch.equal(w.detach(), before)  # the copy reference: nothing moved
+        assert drift[0] == 0.0 and tracker.fused_params == (1 if fused else 0)
+
+
+def test_the_seconds_of_every_hook_call_of_a_step_add_up(monkeypatch):
+    """take() returns the seconds spent in the hook and in take(): under ZeRO-3 the
+    hook runs once per partition within a step, and each call's time counts. A clock
+    that advances one second per reading makes each hook call take exactly 1 s."""
+    lin = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
+    tracker = DriftTracker(opt, [list(lin.parameters())])
+    readings = iter(range(1000))
+    monkeypatch.setattr(drift_module, "time", type("Clock", (), {
+        "perf_counter": staticmethod(lambda: float(next(readings)))}))
+    for _ in range(2):  # two calls before one take()
+        lin(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    assert tracker.seconds == 2.0
+    _, _, seconds = tracker.take()
+    assert seconds == 3.0 and tracker.seconds == 0.0  # and 1 s in take() itself

@@ -484,3 +484,90 @@ def test_a_damaged_header_read_apart_is_reported_as_a_whole_read_reports_it(tmp_
             assert messages[0] == messages[1], (at, messages)
             if bad is version:
                 assert "checksum mismatch" in messages[0]
+
+
+def _handmade(store, tensors, *, header_order, name="layers/h.safetensors", length=None):
+    """A committed safetensors file written by hand: ``tensors`` ((key, dtype, shape,
+    bytes), in file order), its header listing them in ``header_order``; ``length``:
+    the header length the file claims (default: the true one)."""
+    from layercheck.format import checksum, layer_metadata
+    spans, at = {}, 0
+    for key, dtype, shape, raw in tensors:
+        spans[key] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        at += len(raw)
+    header = {"__metadata__": layer_metadata("a", 3), **{key: spans[key] for key in header_order}}
+    data = _file(header, b"".join(raw for *_, raw in tensors))
+    if length is not None:
+        data = length.to_bytes(8, "little") + data[8:]
+    store.write_atomic(name, data)
+    return data, Version(step=3, file=name, bytes=len(data), checksum=checksum(data), layer="a",
+                         reason="threshold")
+
+
+def test_tensors_read_apart_in_runs_are_placed_where_the_file_has_them(tmp_path):
+    """Neighbours bound for the same buffer, a buffer filled in several runs, empty
+    and one-byte tensors, a header in neither file nor name order: every tensor's
+    bytes are where ``places`` says, in the buffer ``apart_keys`` says, each buffer
+    holding its tensors back to back in file order."""
+    import uuid
+    import numpy as np
+    from layercheck.manifest import read_verified_file
+    rng = np.random.default_rng(15)
+    layout = [("z", "F32", [3], False), ("q", "I64", [2], False),  # data, data
+              ("m", "F32", [2], True), ("k", "F16", [3], True),  # apart, apart
+              ("y", "U8", [1], False),  # a one-byte run
+              ("e", "I32", [2], True), ("c", "F64", [1], False),
+              ("d", "BF16", [0], True),  # an empty run apart, between two of data
+              ("b", "I16", [2], False), ("a", "U8", [3], True)]
+    sizes = {"F32": 4, "I64": 8, "F16": 2, "U8": 1, "I32": 4, "F64": 8, "BF16": 2, "I16": 2}
+    tensors = [(key, dtype, shape, rng.integers(0, 256, sizes[dtype] * int(np.prod(shape)),
+                                                dtype=np.uint8).tobytes())
+               for key, dtype, shape, _ in layout]
+    chosen = {key for key, *_, into in layout if into}
+    raw = {key: data for key, _, _, data in tensors}
+    order = ["k", "a", "z", "c", "m", "y", "b", "q", "e", "d"]
+    for store in (LocalStore(tmp_path), open_store(f"memory://runs-{uuid.uuid4().hex}")):
+        data, version = _handmade(store, tensors, header_order=order)
+        whole, apart = read_verified_file(store, version), read_verified_file(store, version, chosen.__contains__)
+        assert apart.apart_keys == chosen and apart.nbytes == len(data)
+        assert bytes(apart.apart) == b"".join(raw[key] for key, *_ in tensors if key in chosen)
+        assert bytes(apart.data) == data[:whole.data_start] + b"".join(
+            raw[key] for key, *_ in tensors if key not in chosen)
+        for file in (whole, apart):
+            places = file.places()
+            assert list(places) == order
+            for key, (buffer, at) in places.items():
+                assert buffer is (apart.apart if file is apart and key in chosen else file.data), key
+                assert bytes(buffer[at:at + len(raw[key])]) == raw[key], key
+
+
+def test_a_file_without_tensor_bytes_read_apart_still_keeps_the_chosen_apart(tmp_path):
+    """A data section of no bytes (every tensor empty: the header ends the file):
+    the chosen tensors are apart all the same, in an empty buffer of their own."""
+    from layercheck.manifest import read_verified_file
+    store = LocalStore(tmp_path)
+    data, version = _handmade(store, [("e", "F32", [0], b""), ("f", "U8", [0, 4], b"")],
+                              header_order=["f", "e"])
+    verified = read_verified_file(store, version, lambda key: key == "e")
+    assert verified.apart_keys == {"e"} and len(verified.apart) == 0
+    assert bytes(verified.data) == data
+    assert verified.places() == {"f": (verified.data, len(data)), "e": (verified.apart, 0)}
+
+
+def test_a_header_longer_than_its_file_read_apart_is_named_as_a_whole_read_names_it(tmp_path):
+    """A header length a few bytes past the end of the file (checksummed as it is):
+    the same 'not a valid safetensors file' as a whole read gives, whichever store."""
+    import uuid
+    from layercheck.errors import CorruptVersion
+    from layercheck.manifest import read_verified_file
+    tensors = [("w", "F32", [2], bytes(range(8)))]
+    for store in (LocalStore(tmp_path), open_store(f"memory://long-{uuid.uuid4().hex}")):
+        size = len(_handmade(store, tensors, header_order=["w"])[0])
+        for past in (1, 8):  # the header would end one byte, eight bytes, past the end
+            _, version = _handmade(store, tensors, header_order=["w"], length=size - 8 + past)
+            messages = []
+            for how in (None, lambda key: True):
+                with pytest.raises(CorruptVersion) as err:
+                    read_verified_file(store, version, how)
+                messages.append(str(err.value))
+            assert messages[0] == messages[1] and "not a valid safetensors file" in messages[0]

@@ -554,7 +554,8 @@ def test_read_into_scatters_what_read_reads_and_consumes_every_byte_once(tmp_pat
     for store in (local, memory):
         store.write_atomic("f", data)
         for limit, sizes in ((None, [8, 3, 1 << 20, 5]), (len(data) - 1, [100, len(data)]),
-                             (len(data) + 10, [len(data) // 2, len(data) // 2 + 1]), (0, [0, 1, 7])):
+                             (len(data) + 10, [len(data) // 2, len(data) // 2 + 1]), (0, [0, 1, 7]),
+                             (100, [8])):  # a limit that cuts the file, past the targets
             expected = store.read("f", limit)
             filled, asked, pieces = [], [], []
 
@@ -579,3 +580,52 @@ def test_read_into_scatters_what_read_reads_and_consumes_every_byte_once(tmp_pat
     with pytest.raises(NotARegularFile):
         os.symlink(tmp_path / "f", tmp_path / "link")
         local.read_into("link", None, lambda piece: None, lambda size: iter(()))
+
+
+def test_read_into_past_its_targets_stops_where_a_shrinking_file_ends(tmp_path, monkeypatch):
+    """The file shrinks after it was opened, past the last target: the bytes read are
+    what is there, counted and consumed, as ``read`` gives them."""
+    store = LocalStore(tmp_path)
+    store.write_atomic("f", b"0123456789" * 1000)
+    real_readv, real_read = os.readv, os.read
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: 0 if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
+                        else real_readv(fd, [bufs[0][:1000]]))
+    monkeypatch.setattr(os, "read", lambda fd, n: b"" if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
+                        else real_read(fd, min(n, 1000)))
+    head, pieces = np.empty(1000, dtype=np.uint8), []
+    got = store.read_into("f", None, lambda piece: pieces.append(bytes(piece)),
+                          lambda size: iter([memoryview(head)]))
+    assert got == 4000 and bytes(head) == b"0123456789" * 100
+    assert b"".join(pieces) == store.read("f") == b"0123456789" * 400
+
+
+def test_a_local_store_reads_into_its_buffers_without_a_copy_of_the_file(tmp_path):
+    """``read_buffer`` and ``read_into`` of a LocalStore read straight into the buffers
+    they fill: the memory they take at their peak is the file's size (and a few
+    objects), not twice it as through ``read`` (what a store without them costs)."""
+    import tracemalloc
+    from layercheck.store import read_buffer, read_into
+    store = LocalStore(tmp_path)
+    data = os.urandom(8 << 20)
+    store.write_atomic("f", data)
+    kept = []
+
+    def targets(size):
+        for n in (8, 1000, size):
+            kept.append(np.empty(n, dtype=np.uint8))
+            yield memoryview(kept[-1])
+
+    for read in (lambda: read_buffer(store, "f", len(data), lambda piece: None),
+                 lambda: read_into(store, "f", len(data), lambda piece: None, targets)):
+        kept.clear()
+        tracing = tracemalloc.is_tracing()  # PYTHONTRACEMALLOC may have started it
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            read()
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            if not tracing:
+                tracemalloc.stop()
+        assert len(data) <= peak < 1.25 * len(data)
