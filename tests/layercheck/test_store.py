@@ -291,15 +291,20 @@ def test_read_buffer_reads_what_read_reads_into_one_writable_buffer(tmp_path):
         os.symlink(tmp_path / "f", tmp_path / "link")
         local.read_buffer("link")
 
+def _file_ends_at(monkeypatch, end: int) -> None:
+    """Reads (``os.readv``, ``os.read``) of at most 1000 bytes each that find nothing
+    from byte ``end`` on: a file that shrank to ``end`` bytes after it was opened."""
+    real_readv, real_read = os.readv, os.read
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: 0 if os.lseek(fd, 0, os.SEEK_CUR) >= end
+                        else real_readv(fd, [bufs[0][:1000]]))
+    monkeypatch.setattr(os, "read", lambda fd, n: b"" if os.lseek(fd, 0, os.SEEK_CUR) >= end
+                        else real_read(fd, min(n, 1000)))
+
 
 def test_a_file_that_shrinks_while_it_is_read_gives_what_is_there(tmp_path, monkeypatch):
     store = LocalStore(tmp_path)
     store.write_atomic("f", b"0123456789" * 1000)
-    real_readv, real_read = os.readv, os.read
-    monkeypatch.setattr(os, "readv", lambda fd, bufs: 0 if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
-                        else real_readv(fd, [bufs[0][:1000]]))
-    monkeypatch.setattr(os, "read", lambda fd, n: b"" if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
-                        else real_read(fd, min(n, 1000)))
+    _file_ends_at(monkeypatch, 4000)
     assert bytes(store.read_buffer("f")) == b"0123456789" * 400
     assert store.read("f") == b"0123456789" * 400
 
@@ -587,11 +592,7 @@ def test_read_into_past_its_targets_stops_where_a_shrinking_file_ends(tmp_path, 
     what is there, counted and consumed, as ``read`` gives them."""
     store = LocalStore(tmp_path)
     store.write_atomic("f", b"0123456789" * 1000)
-    real_readv, real_read = os.readv, os.read
-    monkeypatch.setattr(os, "readv", lambda fd, bufs: 0 if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
-                        else real_readv(fd, [bufs[0][:1000]]))
-    monkeypatch.setattr(os, "read", lambda fd, n: b"" if os.lseek(fd, 0, os.SEEK_CUR) >= 4000
-                        else real_read(fd, min(n, 1000)))
+    _file_ends_at(monkeypatch, 4000)
     head, pieces = np.empty(1000, dtype=np.uint8), []
     got = store.read_into("f", None, lambda piece: pieces.append(bytes(piece)),
                           lambda size: iter([memoryview(head)]))
