@@ -79,3 +79,16 @@ def every_layer_checkpoint(directory, steps: int = 6):
     checkpointed_run(directory, LayerCheckConfig(base_threshold=0, embedding_threshold=0,
                                                  warmup_steps=2), steps)
     return directory
+
+
+def in_a_fresh_python(fn, *args):
+    """``fn(*args)`` run in a newly started Python (multiprocessing's spawn): its result
+    returned here, its exception raised here. For a test of process-wide state that
+    another test file may have left in this process: torch.distributed's default
+    group, above all, which the profiler's in-process DeepSpeed engine keeps up for
+    the life of the process (``profiler/engine.py::one_rank_group``), so that a
+    pytest-xdist worker that ran a profiler file first has one. ``fn`` must be a
+    module-level function, and its result picklable."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)

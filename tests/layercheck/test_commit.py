@@ -128,9 +128,10 @@ def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
 
 
 def test_ranks_commit_together_or_not_at_all(tmp_path):
-    # forked, not spawned: the ranks start in a moment instead of importing torch anew
+    # spawned, not forked: a forked rank would inherit a default group that another
+    # test file left in this process (tests/conftest.py::in_a_fresh_python says which)
     mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path), 1), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method="spawn")
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
     assert [g["rank"] for g in outs[0]["gathered"]] == [0, 1]
     assert outs[1]["gathered"][1]["text"] == "x" * 50

@@ -1,12 +1,14 @@
 """What ranks agree on: for one process, every agreement is immediate and local."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
-import pytest
 
 from layercheck.commit import Commit
 from layercheck.errors import LayerCheckError
 from layercheck.ranks import ProcessGroupRanks, Ranks
+from tests.conftest import in_a_fresh_python
 
 
 def test_one_process_agrees_with_itself():
@@ -20,9 +22,17 @@ def test_one_process_agrees_with_itself():
     assert ranks.is_coordinator and not ranks.sharded and type(ranks.commit()) is Commit
 
 
-def test_process_group_ranks_need_a_process_group():
-    with pytest.raises(LayerCheckError, match="after deepspeed.initialize"):
+def _made_without_a_process_group() -> str:
+    try:
         ProcessGroupRanks()
+    except LayerCheckError as exc:
+        return str(exc)
+    return "made"
+
+
+def test_process_group_ranks_need_a_process_group():
+    # a fresh Python: this one may hold a group another test file left up
+    assert "after deepspeed.initialize" in in_a_fresh_python(_made_without_a_process_group)
 
 
 def test_close_destroys_the_process_groups_it_made(tmp_path):
@@ -30,19 +40,27 @@ def test_close_destroys_the_process_groups_it_made(tmp_path):
     ("terminate called without an active exception": its threads are torn down
     unjoined), which turns a finished job into a failed one. LayerCheck made two groups
     of its own; close() destroys them (here a real one-process group)."""
+    mine_alive, default_alive = in_a_fresh_python(_close_in_a_one_rank_job, str(tmp_path))
+    assert not mine_alive
+    assert default_alive  # the default group is the job's, not ours
+
+
+def _close_in_a_one_rank_job(root: str) -> tuple[bool, bool]:
+    """Whether LayerCheck's own groups, then the job's default group, are still alive
+    after close() (in a fresh Python: this one may hold a group already)."""
     import torch
     import torch.distributed as dist
     from torch import nn
 
     from layercheck import LayerCheck, LayerCheckConfig
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+    dist.init_process_group("gloo", init_method=f"file://{Path(root) / 'rendezvous'}", rank=0,
                             world_size=1)
     try:
         ranks = ProcessGroupRanks()
         mine = [ranks._step_group, ranks._commit_group]
         model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        lc = LayerCheck(model, opt, tmp_path / "c", LayerCheckConfig(warmup_steps=1),
+        lc = LayerCheck(model, opt, Path(root) / "c", LayerCheckConfig(warmup_steps=1),
                         ranks=ranks)
         assert lc.restore() == 0
         for _ in range(3):
@@ -51,7 +69,6 @@ def test_close_destroys_the_process_groups_it_made(tmp_path):
             lc.step()
         lc.close()
         live = dist.distributed_c10d._world.pg_map
-        assert not [g for g in mine if g in live]
-        assert dist.is_initialized()  # the default group is the job's, not ours
+        return any(g in live for g in mine), dist.is_initialized()
     finally:
         dist.destroy_process_group()
