@@ -65,7 +65,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -280,8 +279,8 @@ def run_job(name: str, worker_args: list[str], scratch: Path, script: Path | Non
     result, and the wall time."""
     ckpt = Path(tempfile.mkdtemp(prefix=f"bench-zero-{name}-", dir=scratch))
     result = ckpt.with_suffix(".json")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2",
                str((script or Path(__file__)).resolve()), "--worker", *worker_args,
                "--ckpt", str(ckpt), "--result", str(result)]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(THREADS),
@@ -445,11 +444,6 @@ def machine() -> dict:
     return {"cpu": cpu, "cpus": os.cpu_count(), "torch": version("torch"),
             "deepspeed": version("deepspeed"), "python": platform.python_version()}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -2,19 +2,21 @@
 
 ``python -m profiler capture --deepspeed zero3`` (or ``--fsdp``) outside torchrun starts
 
-    python -m torch.distributed.run --nproc_per_node R --master_addr 127.0.0.1
-        --master_port <free port> -m profiler capture <the same arguments>
+    python -m torch.distributed.run --standalone --nproc_per_node R
+        -m profiler capture <the same arguments>
 
 (``torch.distributed.run`` is what the ``torchrun`` script runs) with
 ``DS_ACCELERATOR=cpu``, ``OMP_NUM_THREADS`` = ``--threads`` or the cores
 shared out among the ranks, and ``HF_HUB_OFFLINE=1``, waits for it, and
 returns its exit status. Typing the torchrun command yourself does the same.
+``--standalone``: torchrun's rendezvous binds a port the system gives it, so
+captures started at the same time on one machine never race for a port
+(choosing a free port first and handing it over would leave that race open).
 Inside torchrun (``LOCAL_RANK`` and ``WORLD_SIZE`` set) each process is one rank.
 """
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,9 +47,10 @@ def threads_per_rank(zero: ZeroConfig) -> int:
     return zero.capture.threads or max(1, (os.cpu_count() or 1) // zero.ranks)
 
 
-def torchrun_command(argv: Sequence[str], ranks: int, port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-            "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "profiler", *argv]
+def torchrun_command(argv: Sequence[str], ranks: int) -> list[str]:
+    """``python -m profiler <argv>`` as ``ranks`` local ranks under torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            str(ranks), "-m", "profiler", *argv]
 
 
 def launch(argv: Sequence[str], zero: ZeroConfig) -> int:
@@ -57,7 +60,7 @@ def launch(argv: Sequence[str], zero: ZeroConfig) -> int:
            "HF_HUB_OFFLINE": "1", LAUNCHED_BY_PROFILER: "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                          if p)}
-    command = torchrun_command(argv, zero.ranks, _free_port())
+    command = torchrun_command(argv, zero.ranks)
     print(f"profiler: starting {zero.ranks} ranks: torchrun --nproc_per_node {zero.ranks} "
           f"-m profiler {' '.join(argv)}", file=sys.stderr)
     code = subprocess.run(command, env=env).returncode
@@ -66,8 +69,3 @@ def launch(argv: Sequence[str], zero: ZeroConfig) -> int:
               f"{code}); the failing rank's error is above", file=sys.stderr)
     return code
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -79,9 +79,9 @@ def worker_env(threads: int | None) -> dict[str, str]:
 
 def spawn_worker(spec: Path, output: Path, threads: int | None, ranks: int = 1) -> subprocess.Popen:
     """Start ``python -m profiler worker SPEC`` (under torchrun with ``ranks`` > 1)."""
-    from ..launch import _free_port, torchrun_command
+    from ..launch import torchrun_command
     argv = ["worker", str(spec)]
-    command = (torchrun_command(argv, ranks, _free_port()) if ranks > 1
+    command = (torchrun_command(argv, ranks) if ranks > 1
                else [sys.executable, "-m", "profiler", *argv])
     with open(output, "w") as out:
         # a session of its own: a torchrun probe's clean-up signals its process group,

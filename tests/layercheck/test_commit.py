@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -79,12 +77,6 @@ def test_a_sharded_record_read_by_a_rank_it_does_not_have_is_a_problem(tmp_path)
     assert view.versions == {} and "world size the checkpoint was written with" in view.problems[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _FullDisk(LocalStore):
     """Rank 0's store once its disk is full: appends fail (fault injection)."""
 
@@ -99,10 +91,11 @@ def _outcome(commit, store, step, versions, error):
         return f"{type(exc).__name__}: {exc}"
 
 
-def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # a collective that one rank never joins fails after a minute instead of hanging
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+def _rank_main(rank: int, root: str, fail_rank: int) -> None:
+    # a collective that one rank never joins fails after a minute instead of hanging;
+    # a file rendezvous, not a port that another test could take first
+    dist.init_process_group("gloo", init_method=f"file://{Path(root) / 'rendezvous'}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
     group = dist.new_group(backend="gloo")
     store = LocalStore(root)
     commit = ShardedCommit(group, rank, 2)
@@ -130,7 +123,7 @@ def _rank_main(rank: int, port: int, root: str, fail_rank: int) -> None:
 def test_ranks_commit_together_or_not_at_all(tmp_path):
     # spawned, not forked: a forked rank would inherit a default group that another
     # test file left in this process (tests/conftest.py::in_a_fresh_python says which)
-    mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path), 1), nprocs=2, join=True,
+    mp.start_processes(_rank_main, args=(str(tmp_path), 1), nprocs=2, join=True,
                        start_method="spawn")
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
     assert [g["rank"] for g in outs[0]["gathered"]] == [0, 1]

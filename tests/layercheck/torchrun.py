@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,9 +43,10 @@ class Torchrun:
                     "PYTHONPATH": str(ROOT), **(env or {})}
 
     def command(self, *args: str, ranks: int | None = None) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                str(ranks or self.ranks), "--master_addr", "127.0.0.1", "--master_port",
-                str(free_port()), str(self.worker), *args]
+        # --standalone: the rendezvous binds a port the system gives it, so jobs of
+        # tests running at once (pytest-xdist) never race for one
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(ranks or self.ranks), str(self.worker), *args]
 
     def run(self, *args: str, timeout: float = 300, ranks: int | None = None,
             ok: bool = True) -> str:
@@ -54,7 +54,7 @@ class Torchrun:
         or fails (not ``ok``)."""
         done = subprocess.run(self.command(*args, ranks=ranks), env=self.env, cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
-        assert (done.returncode == 0) == ok, done.stdout[-3000:] + done.stderr[-3000:]
+        assert (done.returncode == 0) == ok, failure(done)
         return done.stdout + done.stderr
 
     def results(self, out: Path, ranks: int | None = None) -> list[dict]:
@@ -127,10 +127,11 @@ def latest(ckpt: Path) -> int:
     return read_manifest(LocalStore(ckpt, create=False)).latest_step() or 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def failure(done: subprocess.CompletedProcess) -> str:
+    """What a failed command printed, for its assertion: the end of its stdout, and
+    enough of its stderr to hold the failing rank's traceback, which torchrun prints
+    before its own summary of a few thousand characters."""
+    return done.stdout[-3000:] + done.stderr[-20000:]
 
 
 def descendants(root: int) -> list[int]:

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from layercheck.trace import Trace, read_trace  # noqa: E402
 from profiler.capture import capture  # noqa: E402
 from profiler.config import CaptureConfig  # noqa: E402
+from tests.layercheck.torchrun import failure  # noqa: E402
 
 TINY = dict(model="tiny", steps=14, batch_size=4, seq_len=32, warmup_steps=3, smax=8,
             threads=1, eval_sequences=8)
@@ -35,7 +36,7 @@ def run_command(command: list[str], timeout: float = 600) -> subprocess.Complete
     done = subprocess.run(command, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT),
                                                   "HF_HUB_OFFLINE": "1"},
                           capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     return done
 
 
@@ -62,10 +63,9 @@ def torchrun_capture(out: Path, *options: str) -> Captured:
     """``torchrun --nproc_per_node 2 -m profiler capture <options> <JOB> --out <out>``,
     typed by hand (a test module's fixture, run once); rank 0 alone says that it
     wrote the trace. The folder and the trace read back."""
-    from tests.layercheck.torchrun import free_port
-    done = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                        "-m", "profiler", "capture", *options, *JOB, "--out", str(out)])
+    done = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", "-m", "profiler", "capture", *options, *JOB,
+                        "--out", str(out)])
     assert done.stdout.count(f"wrote {out}") == 1
     return Captured(out, read_trace(out))
 
