@@ -16,6 +16,19 @@ PIP=(.venv/bin/pip install -q --disable-pip-version-check)
 # DeepSpeed builds against the torch above (no build isolation); its CPU ops
 # compile on first use (needs g++), into TORCH_EXTENSIONS_DIR
 DS_BUILD_OPS=0 "${PIP[@]}" -c constraints.txt --no-build-isolation -e ".[deepspeed]"
+# The one op every CPU job uses, the shared-memory collectives that deepspeed.comm
+# loads at init: about a minute of g++ on 2 cores, paid once per machine (a later load
+# takes a moment). Built here, so that neither a capture's first restart nor the first
+# test that starts DeepSpeed pays for it.
+if ! ds_log=$(DS_ACCELERATOR=cpu .venv/bin/python -c "
+from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder('ShareMemCommBuilder').load()" 2>&1); then
+    echo "$ds_log" | tail -n 20 >&2
+    echo "setup: DeepSpeed's CPU shared-memory op did not compile (it needs g++): install" \
+         "g++ (apt-get install -y g++), then this again" >&2
+    exit 1
+fi
+echo "setup: DeepSpeed's CPU shared-memory op is built (${TORCH_EXTENSIONS_DIR:-~/.cache/torch_extensions})"
 # The real-browser dashboard test (tests/dashboard/test_dashboard_browser.py) drives the
 # system Chromium through playwright (executable_path; no `playwright install`). A full
 # pytest run fails when it is skipped (tests/allowed_skips.txt), so BROWSER=1 installs it
