@@ -711,7 +711,8 @@ def _local_of_a_one_rank_dtensor() -> tuple[str, str, list[float]]:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         sharded = distribute_tensor(torch.arange(4.0), init_device_mesh("cpu", (1,)), [Shard(0)])
-        return type(sharded).__name__, type(local(sharded)).__name__, local(sharded).tolist()
+        shard = local(sharded)
+        return type(sharded).__name__, type(shard).__name__, shard.tolist()
     finally:
         dist.destroy_process_group()
 
