@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="use this captured trace as the failure-free run (its settings "
                             "define the job; model options are then ignored)")
     drill.set_defaults(run=_run_drill)
+    stale = sub.add_parser("staleness", help="what a stale layer costs: composite recoveries "
+                           "trained on against the failure-free run (staleness.json, and the "
+                           "stale_cost figure of costs.json)")
+    _job_options(stale, out_help="the study's JSON (default: TRACE/staleness.json with --from, "
+                                 "else runs/staleness/<model>-<steps>steps.json)")
+    _staleness_options(stale)
+    stale.set_defaults(run=_run_staleness)
     cal = sub.add_parser("calibrate", help="measure what each checkpointing strategy's "
                          "mechanism costs on a captured trace's job: costs.json")
     cal.add_argument("--trace", type=Path, required=True, help="a captured trace folder")
@@ -122,7 +129,36 @@ def _repeats_option(p: argparse.ArgumentParser) -> None:
                    "(the median is kept; default 3)")
 
 
-def _job_options(p: argparse.ArgumentParser) -> None:
+def _staleness_options(p: argparse.ArgumentParser) -> None:
+    from .stalecost import StaleCostConfig
+    d = StaleCostConfig()
+    p.add_argument("--from", dest="from_trace", type=Path,
+                   help="a plain captured trace: its settings define the job (model options "
+                        "are then ignored); the result goes into it")
+    p.add_argument("--thresholds", default=",".join(f"{k:g}" for k in d.thresholds),
+                   help="base thresholds of the recoveries (default the paper's 1e-2,1e-3,1e-4)")
+    p.add_argument("--failures", type=int, default=d.failures,
+                   help=f"failure steps per threshold, the stalest of each window (default {d.failures})")
+    p.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help=f"steps between held-out evaluations (default {d.eval_every})")
+    p.add_argument("--eval-sequences", type=int,
+                   help="held-out sequences per evaluation (default: all the corpus holds out)")
+    p.add_argument("--horizons", default=",".join(map(str, d.horizons)),
+                   help="steps after the recovery at which Delta is read, besides the end "
+                        f"(default {','.join(map(str, d.horizons))})")
+    p.add_argument("--reorders", type=int, default=d.reorders,
+                   help=f"trajectory-noise controls: the exact state trained on with another "
+                        f"data order (default {d.reorders})")
+    p.add_argument("--resamples", type=int, default=d.resamples,
+                   help=f"bootstrap resamples of the held-out sequences (default {d.resamples})")
+    p.add_argument("--figure-horizon", default=d.figure_horizon,
+                   help="the horizon of the stale_cost figure: end (default) or one of --horizons")
+    p.add_argument("--scratch", type=Path, help="where the LayerCheck directories go "
+                   "(default /dev/shm, else the temporary folder)")
+
+
+def _job_options(p: argparse.ArgumentParser, *,
+                 out_help: str = "trace folder (default traces/<model>-<steps>steps)") -> None:
     d = CaptureConfig()
     p.add_argument("--model", default=d.model,
                    help="minilm (default), tiny, or a local Hugging Face model folder")
@@ -143,7 +179,7 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=d.device, help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", type=Path, help="trace folder (default traces/<model>-<steps>steps)")
+    p.add_argument("--out", type=Path, help=out_help)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -222,6 +258,23 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
                    progress=not args.quiet, argv=argv)
     print(f"wrote {result.path}")
     print(json.dumps(result.summary, indent=2, default=float))
+    return 0
+
+
+def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
+    from .stalecost import StaleCostConfig, numbers, run_staleness
+    if args.scratch is not None and not args.scratch.is_dir():
+        raise ProfilerError(f"--scratch {args.scratch}: no such folder")
+    config = StaleCostConfig(
+        capture=_config(args), thresholds=numbers(args.thresholds, float, "--thresholds"),
+        failures=args.failures, eval_every=args.eval_every, eval_sequences=args.eval_sequences,
+        horizons=numbers(args.horizons, int, "--horizons"), reorders=args.reorders,
+        resamples=args.resamples, figure_horizon=args.figure_horizon, scratch=args.scratch)
+    say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    path, doc = run_staleness(config, from_trace=args.from_trace, out=args.out, say=say,
+                              argv=argv)
+    print(f"wrote {path}")
+    print(json.dumps(doc["summary"], indent=2, default=float))
     return 0
 
 

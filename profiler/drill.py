@@ -43,7 +43,7 @@ from .machine import resolve_device
 from .staleness import failure_steps
 from .worker import EventReader, write_job
 
-__all__ = ["drill", "DrillResult", "PAPER_FIDELITY"]
+__all__ = ["drill", "DrillResult", "PAPER_FIDELITY", "plain_capture"]
 
 PAPER_FIDELITY = {"max_abs_loss_deviation": 0.0024, "max_rel_loss_deviation": 0.0054,
                   "setup": "Qwen2.5-7B on OpenThoughts, 3 failures at step 299 (LayerCheck, "
@@ -82,21 +82,27 @@ def drill(config: DrillConfig | None, *, failures: int = 1, from_trace: Path | N
 
 
 def _load_failure_free(path: Path, failures: int) -> tuple[Trace, DrillConfig]:
+    trace, config = plain_capture(path, "a drill")
+    return trace, DrillConfig(capture=config, failures=failures)
+
+
+def plain_capture(path: Path, what: str) -> tuple[Trace, CaptureConfig]:
+    """The trace at ``path`` and its job's settings, refused unless a plain capture made
+    it (``what`` re-runs the job in one process and needs its evaluation)."""
     trace = read_trace(path)
     if trace.kind != "captured" or "capture" not in trace.manifest.get("sources", {}):
-        raise ProfilerError(f"{path}: a drill needs a trace made by `python -m profiler "
+        raise ProfilerError(f"{path}: {what} needs a trace made by `python -m profiler "
                             "capture` (this one has no capture settings)")
     if "evaluation" not in trace.manifest:
         raise TraceError(f"{path}/manifest.json: no evaluation; re-capture it")
     ranked = [k for k, what in (("deepspeed", "DeepSpeed"), ("fsdp", "FSDP2"))
               if k in trace.manifest["sources"]]
     if ranked:
-        what = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
-        raise ProfilerError(f"{path}: {what} capture; the drill re-runs the job in a single "
+        kind = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
+        raise ProfilerError(f"{path}: {kind} capture; {what} re-runs the job in a single "
                             "process, so give it a plain capture (python -m profiler capture "
                             f"without --{ranked[0]})")
-    config = CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
-    return trace, DrillConfig(capture=config, failures=failures)
+    return trace, CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
 
 
 # -- the failed run -------------------------------------------------------------

@@ -105,6 +105,50 @@ class PlainJob(Job):
             self.module.train()
         return total / count
 
+    @torch.no_grad()
+    def heldout_losses(self, limit: int, *, group: int = 8) -> tuple[list[float], list[int]]:
+        """Per held-out sequence (the first ``limit``): its summed token loss and its
+        predicted tokens, with the masks of ``evaluate`` (a paired comparison of two
+        models resamples these). ``group`` of evaluate's batches go through the model
+        at once: the same masks, fewer and larger forward passes."""
+        self.module.eval()
+        sums: list[float] = []
+        tokens: list[int] = []
+        batches = list(self.dataset.heldout_batches(limit))
+        try:
+            for start in range(0, len(batches), group):
+                chunk = batches[start:start + group]
+                batch = {k: torch.cat([b[k] for b in chunk]).to(self.device) for k in chunk[0]}
+                loss, count = self._sequence_losses(batch)
+                sums.extend(loss.tolist())
+                tokens.extend(count.tolist())
+        finally:
+            self.module.train()
+        return sums, tokens
+
+    def _sequence_losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = batch["labels"]
+        if self.source.objective == "masked":
+            chosen = labels != -100
+            if has_bert_head(self.module):
+                logits = self.module.cls(self.module.bert(input_ids=batch["input_ids"])
+                                         .last_hidden_state[chosen])
+            else:
+                logits = self.module(input_ids=batch["input_ids"]).logits[chosen]
+            per_token = torch.nn.functional.cross_entropy(logits.float(), labels[chosen],
+                                                          reduction="none")
+            row = chosen.nonzero()[:, 0]
+        else:  # next-token: position i predicts token i + 1
+            logits = self.module(input_ids=batch["input_ids"]).logits[:, :-1]
+            target = labels[:, 1:]
+            chosen = target != -100
+            per_token = torch.nn.functional.cross_entropy(logits[chosen].float(), target[chosen],
+                                                          reduction="none")
+            row = chosen.nonzero()[:, 0]
+        n = len(labels)
+        return (torch.zeros(n, dtype=torch.float64).index_add_(0, row, per_token.double()),
+                torch.bincount(row, minlength=n))
+
     def make_layercheck(self, directory: Any, config: Any) -> Any:
         from layercheck import LayerCheck
         return LayerCheck(self.module, self.adam, directory, config, scheduler=self.scheduler)
