@@ -137,9 +137,9 @@ STALE_COST_CAPTURE = "traces/minilm-200steps"
 
 TRANSFERRED_STALE_COST = Figure(
     value=1.0, low=1.0, high=1.0, source="transferred", method=(
-        f"from {STALE_COST_CAPTURE} (`python -m profiler staleness`): not yet measured; until "
-        "it is, 1.0, the accounting before the figure existed (every update that stale layers "
-        "discarded is lost work)"))
+        f"carried over from {STALE_COST_CAPTURE} (`python -m profiler staleness`); not yet "
+        "measured there, so 1.0 until it is: every update stale layers discarded is lost work, "
+        "the accounting before this figure existed"))
 """The stale cost factor a trace without its own measurement uses (the presets): the
 measurement on the shipped capture, carried over. The one place the number lives."""
 
@@ -264,7 +264,7 @@ class Calibration:
                 raise CalibrationError(f"{where}: figures.{name}: {exc}") from None
         for name, spec in FIGURES.items():
             if name not in parsed and spec.default is not None:
-                parsed[name] = _filled(spec.default, name, where)
+                parsed[name] = _filled(spec.default, name)
                 filled.append(name)
         try:
             return cls(name=str(data.get("name", "")), description=str(data.get("description", "")),
@@ -275,11 +275,11 @@ class Calibration:
             raise CalibrationError(f"{where}: {exc}") from None
 
 
-def _filled(default: Figure, name: str, where: str) -> Figure:
+def _filled(default: Figure, name: str) -> Figure:
     """``default`` as the record of a file that lacks ``name``: the method says so."""
     return dataclasses.replace(default, method=(
-        f"filled in on reading: {where} has no {name} (written before the figure existed); "
-        f"the declared default, {default.method}"))
+        f"filled in on reading (this costs.json predates {name}) with the default, "
+        f"{default.method}"))
 
 
 def read_calibration(path: str | Path) -> Calibration:

@@ -61,3 +61,20 @@ def test_a_calibration_is_a_cost_model(tmp_path):
     (tmp_path / "costs.json").write_text("{}")
     with pytest.raises(SimError, match="schema_version"):
         CostModel.named(str(tmp_path / "costs.json"))
+
+
+def test_the_stale_cost_factor_is_a_figure_with_its_interval():
+    paper = CostModel.paper_a100()
+    assert paper.stale_cost == TRANSFERRED_STALE_COST.value
+    assert paper.to_dict()["figures"]["stale_cost"]["source"] == "transferred"
+    # a measured negative factor (the recovered run ahead) is kept as measured
+    assert CostModel(stale_cost=-0.3).stale_cost == -0.3
+    with pytest.raises(SimError, match="finite"):
+        CostModel(stale_cost=float("inf"))
+    # an override is given, without the interval of what it replaced
+    record = Figure(value=0.5, low=0.2, high=0.8, source="measured", method="m")
+    measured = CostModel(stale_cost=0.5, provenance={**paper.provenance, "stale_cost": record})
+    assert measured.provenance["stale_cost"].interval == (0.2, 0.8)
+    assert measured.to_dict()["figures"]["stale_cost"]["low"] == 0.2
+    given = measured.with_overrides(stale_cost=0.7).provenance["stale_cost"]
+    assert given.source == "given" and given.interval == (0.7, 0.7)
