@@ -15,15 +15,16 @@ import plotly.graph_objects as go
 from layercheck.trace import Trace
 from layercheck.calibration import FIGURES
 from sim import COST_MODELS, LIMIT, CostModel, Scenario, simulate, sweep, sweep_figure
+from sim.report import ranking_note, stale_line
 from sim.workload import LayerWrites
 
 from .whatif import Settings, replay_trace
 
 __all__ = ["HOUR", "TRACE_COSTS", "cost_options", "cost_model", "costs_frame", "scenario_for", "strategies_table", "breakdown_figure", "curves",
-           "curves_figure", "threshold_table", "threshold_figure", "replayed_trace"]
+           "curves_figure", "threshold_table", "threshold_figure", "replayed_trace", "stale_notes"]
 
 HOUR = 3600.0
-PARTS = {"useful_s": "useful compute", "stale_s": "discarded by stale layers",
+PARTS = {"useful_s": "useful compute", "stale_lost_s": "discarded by stale layers (phi x stale_s)",
          "checkpoint_stall_s": "checkpoint stall", "lost_work_s": "lost work redone",
          "recovery_s": "recovery and restart"}
 TRACE_COSTS = "this trace's calibration (costs.json)"
@@ -44,9 +45,21 @@ def cost_model(trace: Trace, choice: str) -> CostModel:
 def costs_frame(costs: CostModel) -> pd.DataFrame:
     """Every figure of a cost model with its unit, source and method: where each cost came from."""
     return pd.DataFrame([{"figure": name, "value": getattr(costs, name), "unit": spec.unit,
+                          "interval": _interval(costs.provenance[name]),
                           "source": costs.provenance[name].source, "used by": spec.used_by,
                           "method": costs.provenance[name].method}
                          for name, spec in FIGURES.items()])
+
+
+def _interval(record) -> str:
+    return "" if record.low is None else f"{record.low:g}..{record.high:g}"
+
+
+def stale_notes(scenario: Scenario, table: pd.DataFrame) -> tuple[str, str | None]:
+    """The stale cost factor in force (value, interval, source) and, when the strategy
+    ranked first depends on it within its interval, the line that says so (else None)."""
+    phi = scenario.stale_figure()
+    return stale_line(phi), ranking_note(table, phi)
 
 
 def scenario_for(trace: Trace, *, costs: CostModel | None = None, **fields) -> Scenario:
@@ -114,7 +127,8 @@ def threshold_table(trace: Trace, scenario: Scenario, settings: Settings, thresh
                        window_s=window_s).iloc[0]
         weighted = variant.mean_weighted_staleness()
         rows.append({"base_threshold": float(k), "effective_ratio": row["effective_ratio"],
-                     "ci95": row["ci95"], "stale_s": row["stale_s"],
+                     "ci95": row["ci95"], "ratio_at_phi_low": row["ratio_at_phi_low"],
+                     "ratio_at_phi_high": row["ratio_at_phi_high"], "stale_s": row["stale_s"],
                      "checkpoint_stall_s": row["checkpoint_stall_s"],
                      "lost_work_s": row["lost_work_s"], "bytes_written": row["bytes_written"],
                      "layer_writes": len(variant.writes),

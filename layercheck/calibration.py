@@ -13,13 +13,18 @@ A ``costs.json``::
                                "method": "engine.save_checkpoint of ... median of 3",
                                "samples": [...], "bytes": 272882456, "seconds": 0.88}, ...}}
 
-Every figure in ``FIGURES`` must be present; each says where it came from
-(``SOURCES``) and how. Rates are decimal GB/s (1 GB = 1e9 bytes), times are
-seconds. ``samples`` (the raw repeats), ``bytes`` and ``seconds`` (what a
-rate was computed from) are optional.
+Every figure in ``FIGURES`` must be present, except that a figure with a
+declared default (``FigureSpec.default``; today only ``stale_cost``, added
+after the first costs.json files were written) is filled in with it on
+reading, its method saying so; each says where it came from (``SOURCES``)
+and how. Rates are decimal GB/s (1 GB = 1e9 bytes), times are seconds.
+``samples`` (the raw repeats), ``bytes`` and ``seconds`` (what a rate was
+computed from) and ``low``/``high`` (an interval around the value, e.g. a
+95% confidence interval) are optional.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -27,20 +32,89 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Figure", "FigureSpec",
-           "Calibration", "CalibrationError", "read_calibration", "write_calibration"]
+           "Calibration", "CalibrationError", "read_calibration", "write_calibration",
+           "TRANSFERRED_STALE_COST", "STALE_COST_CAPTURE"]
 
 SCHEMA_VERSION = 1
 COSTS_FILE = "costs.json"
 
-SOURCES = ("measured", "derived", "published", "fit", "assumed", "given")
+SOURCES = ("measured", "derived", "published", "fit", "assumed", "given", "transferred")
 """measured: timed on this machine by the profiler; derived: computed from
 measured or published figures; published: a number from a paper; fit: fitted
 to published figures; assumed: a stated parameter nobody measured here (say
-why in ``method``); given: set by the user (a command-line override)."""
+why in ``method``); given: set by the user (a command-line override);
+transferred: measured on another job, named in ``method``, and carried over."""
 
 
 class CalibrationError(ValueError):
     """A costs.json is missing, malformed or incomplete; the message says which part."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One number and its provenance."""
+
+    value: float
+    source: str
+    method: str
+    """How it was obtained, in words a reader can check (the API timed, repeats, size)."""
+    samples: tuple[float, ...] = ()
+    """Raw repeats (seconds), where measured."""
+    bytes: int | None = None
+    seconds: float | None = None
+    """What a rate was computed from: ``bytes / seconds / 1e9``."""
+    low: float | None = None
+    high: float | None = None
+    """An interval around ``value`` (both or neither; ``low <= value <= high``), e.g. a
+    95% confidence interval; ``method`` says which."""
+
+    def __post_init__(self) -> None:
+        # Negative values are refused here for every figure but a signed one (FigureSpec.signed),
+        # which Figure cannot know; the Calibration and the CostModel check the rest by name.
+        for key in ("value", "low", "high"):
+            number = getattr(self, key)
+            if number is None and key != "value":
+                continue
+            if isinstance(number, bool) or not isinstance(number, (int, float)) \
+                    or not math.isfinite(number):
+                raise CalibrationError(f"{key} {number!r} must be a finite number")
+        if (self.low is None) != (self.high is None):
+            raise CalibrationError("give both low and high (an interval) or neither")
+        if self.low is not None and not self.low <= self.value <= self.high:
+            raise CalibrationError(f"interval [{self.low}, {self.high}] must hold value "
+                                   f"{self.value} (low <= value <= high)")
+        if self.source not in SOURCES:
+            raise CalibrationError(f"source {self.source!r} must be one of {', '.join(SOURCES)}")
+        if not isinstance(self.method, str) or not self.method.strip():
+            raise CalibrationError("method must say how the figure was obtained")
+        object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": self.value, "source": self.source, "method": self.method}
+        if self.samples:
+            out["samples"] = list(self.samples)
+        for key in ("bytes", "seconds", "low", "high"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Figure":
+        known = {"value", "source", "method", "samples", "bytes", "seconds", "low", "high"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CalibrationError(f"unknown keys {unknown}; known: {sorted(known)}")
+        missing = sorted({"value", "source", "method"} - set(data))
+        if missing:
+            raise CalibrationError(f"missing {missing}")
+        return cls(**dict(data))
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """``(low, high)``; a figure without an interval is its value at both ends."""
+        if self.low is None:
+            return (float(self.value), float(self.value))
+        return (float(self.low), float(self.high))
 
 
 @dataclass(frozen=True)
@@ -50,6 +124,24 @@ class FigureSpec:
     used_by: str
     """The strategies that use it."""
     meaning: str
+    default: Figure | None = None
+    """Filled in (its method saying so) when a costs.json lacks the figure; None: the
+    figure is required."""
+    signed: bool = False
+    """True: the value may be negative (a measured effect, reported as measured);
+    every other figure is >= 0."""
+
+
+STALE_COST_CAPTURE = "traces/minilm-200steps"
+"""The shipped capture whose measured stale cost factor the presets carry over."""
+
+TRANSFERRED_STALE_COST = Figure(
+    value=1.0, low=1.0, high=1.0, source="transferred", method=(
+        f"carried over from {STALE_COST_CAPTURE} (`python -m profiler staleness`); not yet "
+        "measured there, so 1.0 until it is: every update stale layers discarded is lost work, "
+        "the accounting before this figure existed"))
+"""The stale cost factor a trace without its own measurement uses (the presets): the
+measurement on the shipped capture, carried over. The one place the number lives."""
 
 
 FIGURES: dict[str, FigureSpec] = {
@@ -95,56 +187,17 @@ FIGURES: dict[str, FigureSpec] = {
                                                      "(manifest, training state)"),
     "lc_load_gbps": FigureSpec("GB/s", "layercheck", "a composite restore: read, verify and "
                                                      "apply every layer's newest version"),
+    "stale_cost": FigureSpec("1", "layercheck", (
+        "the stale cost factor phi: convergence-equivalent steps lost by a composite recovery "
+        "over the parameter-weighted staleness at the recovery (steps); 0: stale layers cost "
+        "nothing (the paper's accounting), 1: their updates are lost work; may be negative "
+        "(a recovered run ahead of the reference, reported as measured)"),
+        default=TRANSFERRED_STALE_COST, signed=True),
 }
 """Every figure of a calibration: name -> unit, users, meaning. The simulator's
 ``CostModel`` has one field per entry."""
 
 _POSITIVE = {name for name, spec in FIGURES.items() if spec.unit in ("GB/s", "steps")}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Figure:
-    """One number and its provenance."""
-
-    value: float
-    source: str
-    method: str
-    """How it was obtained, in words a reader can check (the API timed, repeats, size)."""
-    samples: tuple[float, ...] = ()
-    """Raw repeats (seconds), where measured."""
-    bytes: int | None = None
-    seconds: float | None = None
-    """What a rate was computed from: ``bytes / seconds / 1e9``."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)) \
-                or not math.isfinite(self.value) or self.value < 0:
-            raise CalibrationError(f"value {self.value!r} must be a finite number >= 0")
-        if self.source not in SOURCES:
-            raise CalibrationError(f"source {self.source!r} must be one of {', '.join(SOURCES)}")
-        if not isinstance(self.method, str) or not self.method.strip():
-            raise CalibrationError("method must say how the figure was obtained")
-        object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"value": self.value, "source": self.source, "method": self.method}
-        if self.samples:
-            out["samples"] = list(self.samples)
-        for key in ("bytes", "seconds"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Figure":
-        known = {"value", "source", "method", "samples", "bytes", "seconds"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise CalibrationError(f"unknown keys {unknown}; known: {sorted(known)}")
-        missing = sorted({"value", "source", "method"} - set(data))
-        if missing:
-            raise CalibrationError(f"missing {missing}")
-        return cls(**dict(data))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +211,9 @@ class Calibration:
     machine: Mapping[str, Any] = field(default_factory=dict)
     full_bytes: int | None = None
     """The full checkpoint the rates were measured on (None: not measured here)."""
+    filled: tuple[str, ...] = ()
+    """Figures the costs.json lacked, filled in with their declared default on reading
+    (``FigureSpec.default``); a figure named here is not a measurement of this file's."""
 
     def __post_init__(self) -> None:
         missing = [n for n in FIGURES if n not in self.figures]
@@ -167,6 +223,11 @@ class Calibration:
         unknown = sorted(set(self.figures) - set(FIGURES))
         if unknown:
             raise CalibrationError(f"{self.name}: unknown figures {unknown}; known: {list(FIGURES)}")
+        for name, spec in FIGURES.items():
+            if not spec.signed and min(self.figures[name].value,
+                                       *self.figures[name].interval) < 0:
+                raise CalibrationError(f"{self.name}: {name} must be >= 0")
+        object.__setattr__(self, "filled", tuple(self.filled))
         for name in _POSITIVE:
             if self.figures[name].value <= 0:
                 raise CalibrationError(f"{self.name}: {name} must be positive")
@@ -193,7 +254,7 @@ class Calibration:
         figures = data.get("figures")
         if not isinstance(figures, Mapping):
             raise CalibrationError(f"{where}: 'figures' must be an object of figure records")
-        parsed = {}
+        parsed, filled = {}, []
         for name, record in figures.items():
             if not isinstance(record, Mapping):
                 raise CalibrationError(f"{where}: figures.{name} must be an object")
@@ -201,12 +262,24 @@ class Calibration:
                 parsed[name] = Figure.from_dict(record)
             except (CalibrationError, TypeError) as exc:
                 raise CalibrationError(f"{where}: figures.{name}: {exc}") from None
+        for name, spec in FIGURES.items():
+            if name not in parsed and spec.default is not None:
+                parsed[name] = _filled(spec.default, name)
+                filled.append(name)
         try:
             return cls(name=str(data.get("name", "")), description=str(data.get("description", "")),
                        figures=parsed, model=data.get("model") or {},
-                       machine=data.get("machine") or {}, full_bytes=data.get("full_bytes"))
+                       machine=data.get("machine") or {}, full_bytes=data.get("full_bytes"),
+                       filled=tuple(filled))
         except CalibrationError as exc:
             raise CalibrationError(f"{where}: {exc}") from None
+
+
+def _filled(default: Figure, name: str) -> Figure:
+    """``default`` as the record of a file that lacks ``name``: the method says so."""
+    return dataclasses.replace(default, method=(
+        f"filled in on reading (this costs.json predates {name}) with the default, "
+        f"{default.method}"))
 
 
 def read_calibration(path: str | Path) -> Calibration:

@@ -7,6 +7,10 @@ in a scratch folder beside the checkpoints, and returns the
 figure with its source (measured, derived or assumed) and its method. A
 collective on several ranks (rank 0 returns the calibration, the others None).
 
+The stale cost factor (``stale_cost``) is measured by ``python -m profiler
+staleness``, not here: a calibration keeps the one the trace's costs.json holds,
+else writes the transferred default.
+
 ``python -m profiler calibrate --trace traces/X`` rebuilds X's job from its
 manifest (the same model, data and settings; under ZeRO or FSDP2 the same
 sharding and world size, started with torchrun), takes one training step so that the
@@ -20,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from layercheck.calibration import Calibration, write_calibration
+from layercheck.calibration import TRANSFERRED_STALE_COST, Calibration, Figure, write_calibration
 from layercheck.trace import Trace, read_trace
 
 from .config import CaptureConfig, ZeroConfig
@@ -73,6 +77,7 @@ def _calibration(trace: Trace, figures: dict[str, Any], seconds: float,
                  repeats: int) -> Calibration:
     machine = {k: trace.manifest["machine"][k] for k in MACHINE_KEYS
                if k in trace.manifest["machine"]}
+    figures = {**figures, "stale_cost": _stale_cost(trace)}
     return Calibration(
         name=trace.name,
         description=(f"Measured by the profiler on the job of trace {trace.name} "
@@ -82,6 +87,17 @@ def _calibration(trace: Trace, figures: dict[str, Any], seconds: float,
                      f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}."),
         figures=figures, model=dict(trace.manifest["model"]), machine=machine,
         full_bytes=trace.full_checkpoint_bytes)
+
+
+def _stale_cost(trace: Trace) -> Figure:
+    """The stale cost factor is not a mechanism's cost (``python -m profiler staleness``
+    measures it, in minutes, not seconds): keep the one the trace's costs.json already
+    holds, unless that is itself carried over (transferred, or filled in on reading),
+    else carry over the shipped capture's (``TRANSFERRED_STALE_COST``)."""
+    kept = trace.costs.figures["stale_cost"] if trace.costs is not None else None
+    if kept is None or kept.source == "transferred":
+        return TRANSFERRED_STALE_COST
+    return kept
 
 
 def job_spec(trace: Trace, where: str) -> CaptureConfig | ZeroConfig:

@@ -152,8 +152,10 @@ def _predict(trace: Trace, calibration: Any, times: tuple[float, ...], interval:
         failures = FailureModel.exact_log([config.window_s * 2])  # none inside the window
     else:
         failures = FailureModel.exact_log(times)
+    # stale_cost=1: the ledger counts every update stale layers discarded as lost
+    # (profiler/ledger.py), whatever the calibration's stale cost factor
     scenario = Scenario.from_trace(trace, costs=CostModel.from_calibration(calibration),
-                                   failures=failures, interval=interval)
+                                   failures=failures, interval=interval, stale_cost=1.0)
     frame = simulate(scenario, mtbf_s=None, seeds=1, window_s=config.window_s,
                      strategies=strategies or list(config.strategies))
     return {row["strategy"]: {k: _plain(v) for k, v in row.items()}

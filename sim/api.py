@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from layercheck.calibration import Figure
 from layercheck.trace import Trace
 
 from .costs import GB, CostModel
@@ -41,9 +42,13 @@ __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "limit_ratio", "P
 DAY = 86400.0
 LIMIT = "limit"
 """The strategy name of the perfect checkpointer's rows in ``sweep``."""
-COLUMNS = ("strategy", "effective_ratio", "ci95", "useful_s", "stale_s", "checkpoint_stall_s",
-           "lost_work_s", "recovery_s", "failures", "bytes_written", "interval", "storage_interval")
-"""The result columns (and the keys of every JSON row), in order."""
+COLUMNS = ("strategy", "effective_ratio", "ci95", "ratio_at_phi_low", "ratio_at_phi_high",
+           "useful_s", "stale_s", "stale_lost_s", "checkpoint_stall_s", "lost_work_s",
+           "recovery_s", "failures", "bytes_written", "interval", "storage_interval")
+"""The result columns (and the keys of every JSON row), in order. ``effective_ratio`` is
+at the stale cost factor phi in force (``Scenario.stale_figure``), ``ratio_at_phi_low``
+and ``ratio_at_phi_high`` at its interval's bounds, on the same lanes; ``useful_s`` is
+net of ``stale_lost_s`` = phi x ``stale_s``."""
 ENGINES = ("fast", "simpy")
 """fast: jumps from failure to failure (``sim.engine``); simpy: every step an event
 (``sim.reference``, the model to read and extend; slower)."""
@@ -72,9 +77,13 @@ class Scenario:
     interval: str | int | None = None
     """Override: every rollback strategy checkpoints every ``interval`` steps (or at
     Young's or Daly's interval), whatever the protocol."""
+    stale_cost: float | None = None
+    """The stale cost factor phi: the share of ``stale_s`` (training whose updates a
+    composite recovery discarded through stale layers) counted as lost, the rest as
+    useful. 0: the paper's accounting; 1: every stale update is lost work. None: the cost
+    model's (``CostModel.stale_cost``, with its interval and provenance)."""
     stale_as_useful: bool = False
-    """False: training whose updates a recovery discarded through stale layers
-    (``stale_s``) is not useful time. True: the paper's accounting, which counts it."""
+    """The alias of ``stale_cost=0`` (the paper's accounting)."""
     window_s: float = 30 * DAY
     """Wall-clock time each run covers (jobs run back to back within it)."""
     seed: int = 0
@@ -89,6 +98,12 @@ class Scenario:
             raise SimError(f"window_s={self.window_s!r} must be a positive number of seconds")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimError(f"seed={self.seed!r} must be a non-negative integer")
+        if self.stale_cost is not None and (isinstance(self.stale_cost, bool) or not isinstance(
+                self.stale_cost, (int, float)) or not math.isfinite(self.stale_cost)):
+            raise SimError(f"stale_cost={self.stale_cost!r} must be a finite number (0: the "
+                           "paper's accounting, 1: every stale update lost)")
+        if self.stale_as_useful and self.stale_cost not in (None, 0):
+            raise SimError(f"stale_as_useful is stale_cost=0, not {self.stale_cost!r}: give one of them")
         if self.protocol == "matched" and not self.workload.has_trace:
             object.__setattr__(self, "protocol", "native")
 
@@ -129,9 +144,19 @@ class Scenario:
         """Strategies this scenario can run (LayerCheck needs a trace)."""
         return tuple(n for n, c in STRATEGIES.items() if self.workload.has_trace or not c.needs_trace)
 
+    def stale_figure(self) -> Figure:
+        """The stale cost factor phi in force, with its interval and provenance: the given
+        one (``stale_cost``; no interval), else the cost model's."""
+        if self.stale_cost is None and not self.stale_as_useful:
+            return self.costs.provenance["stale_cost"]
+        return Figure(value=float(self.stale_cost or 0.0), source="given",
+                      method="given by the user (--stale-cost, or --stale-as-useful for 0)")
+
     def accounting(self) -> str:
-        return ("the paper's: stale layers' discarded updates count as useful" if self.stale_as_useful
-                else "stale layers' discarded updates (stale_s) are not useful time")
+        phi = self.stale_figure().value
+        named = {0.0: " (the paper's accounting)", 1.0: " (every stale update is lost work)"}
+        return (f"phi = {phi:g} of stale layers' discarded updates (stale_s) counted as lost, "
+                f"the rest as useful{named.get(phi, '')}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (what a report prints under "scenario")."""
@@ -140,11 +165,17 @@ class Scenario:
                 "steps_per_job": w.steps, "mean_step_s": float(w.compute_s.mean()),
                 "full_checkpoint_bytes": int(w.full_bytes), "staleness_steps": w.staleness,
                 "protocol": self.protocol, "interval": self.interval,
-                "stale_as_useful": self.stale_as_useful, "accounting": self.accounting(),
+                "stale_as_useful": self.stale_figure().value == 0,
+                "stale_cost": _stale_dict(self.stale_figure()), "accounting": self.accounting(),
                 "window_s": self.window_s, "seed": self.seed,
                 "failures": {"kind": self.failures.kind, "shape": self.failures.shape,
                              "repeat": self.failures.repeat},
                 "costs": self.costs.to_dict()}
+
+
+def _stale_dict(phi: Figure) -> dict[str, Any]:
+    low, high = phi.interval
+    return {**phi.to_dict(), "low": low, "high": high}
 
 
 def trace_costs(trace: Trace) -> CostModel:
@@ -203,7 +234,7 @@ def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf
     res = run_lanes(timelines, lane_t, times, np.tile(np.arange(seeds), len(variants)), uniforms,
                     window)
     frame = _aggregate(res, [(0, int(v), None) for v in lane_t], [mtbf_s], window,
-                       scenario.stale_as_useful)
+                       scenario.stale_figure())
     return frame.drop(columns="mtbf_s").reset_index(drop=True)
 
 
@@ -276,11 +307,13 @@ def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with
         res = _run_reference(timelines, lane_t, lane_row, times, uniforms, window)
     else:
         res = run_lanes(timelines, np.array(lane_t), times, np.array(lane_row), uniforms, window)
-    frame = _aggregate(res, lane_key, mtbfs, window, scenario.stale_as_useful)
+    frame = _aggregate(res, lane_key, mtbfs, window, scenario.stale_figure())
     if with_limit:
         lim = run_limit(times, window, scenario.costs.restart_s)
         keys = [(mi, LIMIT, None) for mi in range(len(mtbfs)) for _ in range(seeds)]
-        frame = pd.concat([frame, _aggregate(lim, keys, mtbfs, window, True)], ignore_index=True)
+        # the perfect checkpointer has no stale layers: every phi gives it the same ratio
+        frame = pd.concat([frame, _aggregate(lim, keys, mtbfs, window, scenario.stale_figure())],
+                          ignore_index=True)
     frame.attrs["events"] = float(res.events.sum())
     return frame
 
@@ -304,9 +337,16 @@ def _cadence(name: str, scenario: Scenario, rule, mtbf) -> Cadence | None:
 
 
 def _aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
-               stale_as_useful: bool) -> pd.DataFrame:
-    useful = res.useful_s if stale_as_useful else res.useful_s - res.stale_s
+               phi: Figure) -> pd.DataFrame:
+    """Mean per key over its lanes; phi x stale_s is lost, the rest of stale_s useful. The
+    ratio at phi's bounds is the same arithmetic on the same lanes (stale_s is per lane)."""
+    low, high = phi.interval
+    lost = phi.value * res.stale_s
+    useful = res.useful_s - lost
     lanes = pd.DataFrame({"key": keys, "ratio": useful / window, "useful_s": useful,
+                          "ratio_at_phi_low": (res.useful_s - low * res.stale_s) / window,
+                          "ratio_at_phi_high": (res.useful_s - high * res.stale_s) / window,
+                          "stale_lost_s": lost,
                           **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s",
                                                           "lost_work_s", "recovery_s",
                                                           "failures", "bytes_written")}})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -76,8 +77,12 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
                    "(the paper's matched freshness, default with a trace) or native (each as its "
                    "authors designed it)")
     r.add_argument("--interval", help="override: every rollback strategy every N steps (or young, daly)")
-    r.add_argument("--stale-as-useful", action="store_true", help="the paper's accounting: count "
-                   "training whose updates stale layers discarded (stale_s) as useful")
+    r.add_argument("--stale-cost", metavar="PHI", help="the stale cost factor phi: the share of "
+                   "stale_s (training whose updates stale layers discarded) counted as lost, the "
+                   "rest as useful; 0: the paper's accounting, 1: every stale update lost "
+                   "(default: the cost model's, with its interval)")
+    r.add_argument("--stale-as-useful", action="store_true", help="the paper's accounting: "
+                   "the alias of --stale-cost 0")
     r.add_argument("--engine", choices=ENGINES, default="fast", help="fast (default) or simpy "
                    "(every step an event: the model to read and extend; slower)")
     r.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
@@ -150,10 +155,28 @@ def _failure_model(args) -> FailureModel:
     return FailureModel(kind=kind, shape=args.shape if kind == "weibull" else 1.0)
 
 
+def _stale_cost(args) -> float | None:
+    """--stale-cost as a number, --stale-as-useful as 0, else None (the cost model's)."""
+    if args.stale_as_useful and args.stale_cost is not None:
+        raise SimError("--stale-as-useful is --stale-cost 0: give one of them")
+    if args.stale_as_useful:
+        return 0.0
+    if args.stale_cost is None:
+        return None
+    try:
+        phi = float(args.stale_cost)
+    except ValueError:
+        phi = math.nan
+    if not math.isfinite(phi):
+        raise SimError(f"--stale-cost {args.stale_cost!r}: give a number, e.g. 0.5 (0: the "
+                       "paper's accounting, 1: every stale update lost)")
+    return phi
+
+
 def _scenario(args) -> Scenario:
     common = {"failures": _failure_model(args), "seed": args.seed,
               "window_s": parse_duration(args.window, what="--window"),
-              "stale_as_useful": args.stale_as_useful}
+              "stale_cost": _stale_cost(args)}
     if args.interval is not None:
         common["interval"] = args.interval
     if args.protocol is not None:
@@ -200,7 +223,7 @@ def _strategies(args):
 
 
 def _cmd_run(args) -> None:
-    from .report import header, table, to_csv, to_json
+    from .report import header, ranking_note, table, to_csv, to_json
     scenario = _scenario(args)
     mtbf = _mtbf(args, args.mtbf)
     df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
@@ -214,10 +237,13 @@ def _cmd_run(args) -> None:
         when = "log" if mtbf is None else format_duration(mtbf)
         print(header(scenario, mtbf=when, seeds=args.seeds))
         print(table(df))
+        note = ranking_note(df, scenario.stale_figure())
+        if note:
+            print(note)
 
 
 def _cmd_sweep(args) -> None:
-    from .report import to_csv, to_json
+    from .report import ranking_notes, to_csv, to_json
     if args.mtbf and ".." not in args.mtbf:
         raise SimError(f"--mtbf={args.mtbf!r}: a sweep takes LOW..HIGH, e.g. 0.01h..3h")
     low, high = parse_range(args.mtbf, what="--mtbf")
@@ -236,6 +262,8 @@ def _cmd_sweep(args) -> None:
         out / "sweep.html", include_plotlyjs="cdn")
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.html'} "
           f"({len(points)} MTBFs x {df['strategy'].nunique()} strategies x {args.seeds} seeds)")
+    for note in ranking_notes(df, scenario.stale_figure()):
+        print(note)
 
 
 def _cmd_presets(args) -> None:

@@ -2,7 +2,8 @@
 
 A ``CostModel`` has one field per figure of ``layercheck.calibration.FIGURES``
 and a ``provenance`` record for each (measured, derived, published, fit,
-assumed or given, with the method). Two kinds exist:
+assumed, given or transferred, with the method; ``stale_cost`` also with its
+interval). Two kinds exist:
 
 - a **calibration**: ``costs.json`` written by ``python -m profiler calibrate``
   next to a captured trace, every mechanism timed on that machine and model
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from layercheck.calibration import FIGURES, Calibration, CalibrationError, Figure, read_calibration
+from layercheck.calibration import (FIGURES, TRANSFERRED_STALE_COST, Calibration, CalibrationError,
+                                    Figure, read_calibration)
 
 from .errors import SimError
 
@@ -85,6 +87,8 @@ _PAPER_FIGURES: dict[str, Figure] = {
         "one small training-state file and its manifest line, each fsynced, on Lustre")),
     "lc_load_fixed_s": Figure(value=4.0, source="fit", method="see load_fixed_s (fit to LayerCheck's own recoveries)"),
     "lc_load_gbps": Figure(value=17.9, source="fit", method="see load_fixed_s: LayerCheck's recoveries"),
+    # the paper measured no convergence cost of its stale layers: the shipped capture's, carried over
+    "stale_cost": TRANSFERRED_STALE_COST,
 }
 
 
@@ -113,17 +117,19 @@ class CostModel:
     lc_commit_s: float = 0.05
     lc_load_fixed_s: float = 4.0
     lc_load_gbps: float = 17.9
+    stale_cost: float = TRANSFERRED_STALE_COST.value
     name: str = PAPER_A100
     description: str = "the paper's server: 1 node, 8x A100 40 GB, Lustre, DeepSpeed ZeRO-3"
     provenance: Mapping[str, Figure] = field(default_factory=lambda: dict(_PAPER_FIGURES))
     """Where each value came from; a value that differs from its record is marked given."""
 
     def __post_init__(self) -> None:
-        for name in FIGURES:
+        for name, spec in FIGURES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise SimError(f"CostModel.{name}={value!r} must be a finite number >= 0")
+                    or not math.isfinite(value) or (value < 0 and not spec.signed):
+                raise SimError(f"CostModel.{name}={value!r} must be a finite number"
+                               + ("" if spec.signed else " >= 0"))
         for name, spec in FIGURES.items():
             if spec.unit in ("GB/s", "steps") and getattr(self, name) == 0:
                 raise SimError(f"CostModel.{name}=0 must be positive ({spec.unit})")

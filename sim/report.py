@@ -11,12 +11,16 @@ import pandas as pd
 from .api import COLUMNS, LIMIT
 from .units import format_duration
 
-__all__ = ["table", "header", "to_json", "to_csv", "figure"]
+__all__ = ["table", "header", "to_json", "to_csv", "figure", "stale_line", "ranking_note",
+           "ranking_notes"]
+
+BOUNDS = ("ratio_at_phi_low", "ratio_at_phi_high")
+"""The columns of the ratio at the stale cost factor's interval bounds."""
 
 
 def header(scenario: Any, *, mtbf: str, seeds: int) -> str:
     """What the numbers below rest on: the job, the failures, the cost model and its
-    sources, the protocol and the accounting."""
+    sources, the protocol, the accounting and the stale cost factor phi in force."""
     costs = scenario.costs
     sources = ", ".join(f"{n} {k}" for k, n in sorted(costs.sources().items(), key=lambda kv: -kv[1]))
     interval = f", every rollback strategy every {scenario.interval} steps" if scenario.interval else ""
@@ -24,18 +28,59 @@ def header(scenario: Any, *, mtbf: str, seeds: int) -> str:
         f"{scenario.name} ({scenario.workload.kind}), MTBF {mtbf}, "
         f"{format_duration(scenario.window_s)} window x {seeds} seeds",
         f"costs: {costs.name} ({costs.description.rstrip('.')}; figures: {sources})",
-        f"protocol: {scenario.protocol}{interval}; accounting: {scenario.accounting()}"])
+        f"protocol: {scenario.protocol}{interval}; accounting: {scenario.accounting()}",
+        stale_line(scenario.stale_figure())])
+
+
+def stale_line(phi: Any) -> str:
+    """phi, its interval and where it came from (measured on a trace, transferred, given)."""
+    low, high = phi.interval
+    bounds = f"interval {low:g}..{high:g}" if phi.low is not None else "no interval"
+    return f"stale cost phi: {phi.value:g} ({bounds}); {phi.source}: {phi.method}"
+
+
+def _firsts(df: pd.DataFrame) -> tuple[str, str, str]:
+    """The strategy ranked first at phi's low bound, at its point and at its high bound."""
+    rows = df[df["strategy"] != LIMIT]
+    return tuple(str(rows.loc[rows[c].idxmax(), "strategy"])
+                 for c in (BOUNDS[0], "effective_ratio", BOUNDS[1]))
+
+
+def ranking_note(df: pd.DataFrame, phi: Any) -> str | None:
+    """One line when the strategy ranked first depends on phi within its interval; None
+    when it does not (or the table is empty)."""
+    if df[df["strategy"] != LIMIT].empty:
+        return None
+    low, high = phi.interval
+    at_low, at_point, at_high = _firsts(df)
+    if at_low == at_point == at_high:
+        return None
+    return (f"the ranking depends on phi: first at phi {low:g} (low) is {at_low}, at "
+            f"{phi.value:g} {at_point}, at {high:g} (high) {at_high}")
+
+
+def ranking_notes(df: pd.DataFrame, phi: Any) -> list[str]:
+    """``ranking_note`` for each MTBF of a sweep where the first strategy depends on phi."""
+    notes = []
+    for mtbf, group in df.groupby("mtbf_s", sort=True):
+        note = ranking_note(group, phi)
+        if note:
+            notes.append(f"MTBF {format_duration(float(mtbf))}: {note}")
+    return notes
 
 
 def table(df: pd.DataFrame) -> str:
-    """A fixed-width table: ratio +- ci95, then where the time went (hours per run)."""
-    head = (f"{'strategy':<15} {'ratio':>7} {'+-95%':>7} {'useful h':>9} {'stale h':>8} "
+    """A fixed-width table: ratio +- ci95, the ratio at the stale cost factor's bounds
+    (phi low, phi high), then where the time went (hours per run)."""
+    head = (f"{'strategy':<15} {'ratio':>7} {'+-95%':>7} {'phi low':>7} {'phi high':>8} "
+            f"{'useful h':>9} {'stale h':>8} "
             f"{'stall h':>8} {'lost h':>8} {'recov h':>8} {'failures':>9} {'written TB':>11} "
             f"{'interval':>9}")
     lines = [head, "-" * len(head)]
     for row in df.itertuples(index=False):
         ci = "" if row.ci95 is None or math.isnan(row.ci95) else f"{row.ci95:.4f}"
         lines.append(f"{row.strategy:<15} {row.effective_ratio:>7.4f} {ci:>7} "
+                     f"{row.ratio_at_phi_low:>7.4f} {row.ratio_at_phi_high:>8.4f} "
                      f"{row.useful_s / 3600:>9.1f} {row.stale_s / 3600:>8.1f} "
                      f"{row.checkpoint_stall_s / 3600:>8.1f} "
                      f"{row.lost_work_s / 3600:>8.1f} {row.recovery_s / 3600:>8.1f} "
@@ -75,7 +120,9 @@ def to_csv(df: pd.DataFrame, *, extra: tuple[str, ...] = ()) -> str:
 
 def figure(df: pd.DataFrame, *, title: str | None = None):
     """Effective ratio against MTBF (hours, log axis), one line per strategy with a 95%
-    band, the perfect checkpointer ('limit') dashed black."""
+    band and, where they differ from it, open triangles at the ratio at the stale cost
+    factor's bounds (up: phi low, down: phi high); the perfect checkpointer ('limit')
+    dashed black."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     fig = go.Figure()
@@ -93,6 +140,12 @@ def figure(df: pd.DataFrame, *, title: str | None = None):
                                  hoverinfo="skip", showlegend=False, legendgroup=name))
         fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers", legendgroup=name,
                                  line={"color": color}))
+        for column, symbol in zip(BOUNDS, ("triangle-up-open", "triangle-down-open")):
+            if column in group and not group[column].equals(group["effective_ratio"]):
+                fig.add_trace(go.Scatter(
+                    x=x, y=group[column], mode="markers", legendgroup=name, showlegend=False,
+                    name=f"{name} at {column.removeprefix('ratio_at_').replace('_', ' ')}",
+                    marker={"color": color, "symbol": symbol, "size": 8}))
     fig.update_layout(title=title or "Effective training time ratio vs MTBF",
                       xaxis_title="MTBF (hours)", yaxis_title="effective training time ratio",
                       xaxis_type="log", yaxis_range=[0, 1.02], template="plotly_white")

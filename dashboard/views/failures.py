@@ -27,14 +27,19 @@ with st.sidebar:
                         help="matched: rollback strategies checkpoint every (LayerCheck's mean "
                              "staleness) steps, as the paper compares; native: each as its "
                              "authors designed it.")
-    stale_useful = st.toggle("Count stale layers' discarded updates as useful (the paper's "
-                             "accounting)", value=False, key="stale_useful")
+    phi_mode = st.radio("Stale cost factor phi", ("the cost model's", "given"), key="phi_mode",
+                        horizontal=True,
+                        help="The share of the training whose updates a composite recovery "
+                             "discarded through stale layers (stale_s) counted as lost, the "
+                             "rest as useful: the cost model's carries its interval.")
+    given_phi = st.number_input("phi (0: the paper's accounting, 1: every stale update lost)",
+                                value=1.0, step=0.1, key="phi", disabled=phi_mode != "given")
 
 if trace.costs is None and trace.kind == "captured":
     st.warning(f"This trace has no costs.json, so the simulator uses the paper's A100/Lustre "
                f"server, not the machine it was captured on. Measure that machine with "
                f"`python -m profiler calibrate --trace traces/{trace.name}`.")
-fields = {"protocol": protocol, "stale_as_useful": stale_useful}
+fields = {"protocol": protocol, "stale_cost": float(given_phi) if phi_mode == "given" else None}
 
 
 @st.cache_data(show_spinner="Simulating...", max_entries=64)
@@ -63,16 +68,24 @@ try:
 except SimError as exc:
     st.error(f"The simulator cannot run this trace: {exc}")
     st.stop()
+scenario = mtbf.scenario_for(trace, costs=mtbf.cost_model(trace, choice), **fields)
+phi_line, phi_note = mtbf.stale_notes(scenario, table)
+phi = scenario.stale_figure().value
 best = table.loc[table["effective_ratio"].idxmax()]
 lc = table[table["strategy"] == "layercheck"]
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Best strategy", best["strategy"], f"ratio {best['effective_ratio']:.3f}")
 if not lc.empty:
     c2.metric("LayerCheck effective ratio", f"{lc['effective_ratio'].iloc[0]:.3f}",
-              f"+-{lc['ci95'].iloc[0]:.3f} (95%)", delta_color="off")
+              f"+-{lc['ci95'].iloc[0]:.3f} (95%); at phi's bounds "
+              f"{lc['ratio_at_phi_low'].iloc[0]:.3f}..{lc['ratio_at_phi_high'].iloc[0]:.3f}",
+              delta_color="off")
     c3.metric("Discarded by stale layers (stale_s)", f"{lc['stale_s'].iloc[0] / mtbf.HOUR:.1f} h",
-              "counted as useful" if stale_useful else "not counted as useful", delta_color="off")
+              f"phi = {phi:g} of it counted as lost", delta_color="off")
 c4.metric("Failures per window", f"{table['failures'].mean():.1f}")
+st.caption(phi_line)
+if phi_note:
+    st.warning(phi_note)
 ui.figure(mtbf.breakdown_figure(table, days * DAY), f"{trace.name}-breakdown-{hours}h", key="breakdown")
 st.dataframe(table, hide_index=True, width="stretch")
 ui.table_download(table, f"{trace.name}-strategies-{hours}h", key="strategies")

@@ -90,11 +90,18 @@ def test_failures_says_where_costs_come_from_and_what_stale_layers_discard(trace
     assert {"figure", "value", "source", "method"} <= set(costs.columns)
     assert costs.set_index("figure").loc["load_gbps", "source"] == "fit"
     assert metrics(at)["Discarded by stale layers (stale_s)"].endswith(" h")
+    assert any(c.value.startswith("stale cost phi: ") for c in at.caption)
+    model = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
+    assert {"ratio_at_phi_low", "ratio_at_phi_high", "stale_lost_s"} <= set(model.index)
+    at.sidebar.radio(key="phi_mode").set_value("given").run()     # phi 1: every stale update lost
     honest = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
-    at.sidebar.toggle(key="stale_useful").set_value(True).run()
+    at.sidebar.number_input(key="phi").set_value(0.0).run()       # the paper's accounting
     paper = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
     assert honest["stale_s"] > 0
     assert paper["effective_ratio"] == pytest.approx(honest["effective_ratio"] + honest["stale_s"] / 86400)
+    assert paper["ratio_at_phi_low"] == paper["ratio_at_phi_high"] == paper["effective_ratio"]
+    stale_metric = next(m for m in at.metric if m.label == "Discarded by stale layers (stale_s)")
+    assert stale_metric.delta == "phi = 0 of it counted as lost"
     at.sidebar.radio(key="protocol").set_value("native").run()
     assert not at.exception
     strategies = at.dataframe[0].value.set_index("strategy")

@@ -20,7 +20,8 @@ def test_every_figure_is_there_with_its_source_and_method(calibrated, capsys):
     costs = read_calibration(calibrated)
     assert set(costs.figures) == set(FIGURES)
     for name, figure in costs.figures.items():
-        expected = "assumed" if name in ASSUMED else "derived" if name in DERIVED else "measured"
+        expected = ("assumed" if name in ASSUMED else "derived" if name in DERIVED
+                    else "transferred" if name == "stale_cost" else "measured")
         assert figure.source == expected, name
         assert len(figure.method) > 40, name
         if FIGURES[name].unit == "GB/s" and figure.source == "measured":
@@ -66,3 +67,24 @@ def test_calibrate_needs_a_trace(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["calibrate"])
     assert exit_.value.code == 2 and "--trace" in capsys.readouterr().err
+
+
+def test_a_calibration_keeps_a_measured_stale_cost_else_writes_the_transferred_one():
+    """The stale cost factor is not timed by calibrate (profiler staleness measures it):
+    a measurement already in the trace's costs.json stays, anything else is the default."""
+    import dataclasses
+    from pathlib import Path
+
+    from layercheck.calibration import TRANSFERRED_STALE_COST, Figure
+    from layercheck.trace import read_trace
+    from profiler.calibrate import _stale_cost
+
+    trace = read_trace(Path(__file__).resolve().parents[2] / "traces/minilm-200steps")
+    assert _stale_cost(dataclasses.replace(trace, costs=None)) == TRANSFERRED_STALE_COST
+    if "stale_cost" in trace.costs.filled:          # a costs.json from before the figure
+        assert _stale_cost(trace) == TRANSFERRED_STALE_COST
+    else:
+        assert _stale_cost(trace) == trace.costs.figures["stale_cost"]
+    measured = Figure(value=0.4, low=0.1, high=0.7, source="measured", method="staleness on x")
+    costs = dataclasses.replace(trace.costs, figures={**trace.costs.figures, "stale_cost": measured})
+    assert _stale_cost(dataclasses.replace(trace, costs=costs)) is measured

@@ -88,3 +88,21 @@ def test_bad_validate_input_is_one_line_and_exit_2(args, words, capsys, monkeypa
 def test_an_uncalibrated_trace_says_to_calibrate(tiny_capture, capsys):
     assert main(["validate", "--trace", str(tiny_capture.path)]) == 2
     assert "python -m profiler calibrate --trace" in capsys.readouterr().err
+
+
+def test_the_prediction_counts_stale_time_as_the_ledger_does():
+    """The ledger counts every update stale layers discarded as lost (profiler/ledger.py):
+    the prediction does too, whatever stale cost factor the calibration carries."""
+    import dataclasses
+
+    from layercheck.calibration import Figure
+    from layercheck.trace import read_trace
+    from profiler.validate import _predict
+
+    trace = read_trace(ROOT / "traces/minilm-200steps")
+    record = Figure(value=0.3, low=0.1, high=0.5, source="measured", method="a test's")
+    calibration = dataclasses.replace(trace.costs,
+                                      figures={**trace.costs.figures, "stale_cost": record})
+    config = ValidationConfig(window_s=120.0, failures_s=(30.0, 70.0), strategies=("layercheck",))
+    row = _predict(trace, calibration, (30.0, 70.0), 10, config)["layercheck"]
+    assert row["stale_s"] > 0 and row["stale_lost_s"] == row["stale_s"]

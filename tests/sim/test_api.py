@@ -1,11 +1,18 @@
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layercheck.trace import read_trace
 from sim import COLUMNS, PRESETS, Scenario, SimError, limit_ratio, simulate, sweep, sweep_figure
+from layercheck.calibration import Figure
 from sim.presets import TRACES_DIR
+from sim.report import ranking_note, ranking_notes
+
+from .conftest import SMALL_COSTS, small_workload
 
 DAY = 86400.0
 
@@ -17,7 +24,8 @@ def test_presets_and_columns():
     assert list(df.strategy) == ["none", "deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck",
                                  "layercheck-sync"]
     assert ((df.effective_ratio > 0) & (df.effective_ratio < 1)).all()
-    parts = df.useful_s + df.stale_s + df.checkpoint_stall_s + df.lost_work_s + df.recovery_s
+    # useful_s is net of the stale time counted as lost (phi x stale_s), whatever phi is
+    parts = df.useful_s + df.stale_lost_s + df.checkpoint_stall_s + df.lost_work_s + df.recovery_s
     np.testing.assert_allclose(parts, DAY)
     assert (df.set_index("strategy").loc[["layercheck", "layercheck-sync"], "stale_s"] > 0).all()
 
@@ -114,3 +122,97 @@ def test_custom_scenario_cannot_run_layercheck():
         simulate(s, mtbf_s=3600.0, strategies=["layercheck"])
     with pytest.raises(SimError, match="protocol"):
         Scenario.custom(iteration_s=6.0, iterations=100, protocol="fair")
+
+
+# -- the stale cost factor phi -------------------------------------------------------------
+def _with_phi_interval(scenario, value=0.5, low=0.0, high=1.0):
+    """The scenario with a cost model whose stale cost factor has an interval."""
+    record = Figure(value=value, low=low, high=high, source="measured", method="a test's")
+    costs = dataclasses.replace(scenario.costs, stale_cost=value,
+                                provenance={**scenario.costs.provenance, "stale_cost": record})
+    return dataclasses.replace(scenario, costs=costs)
+
+
+def test_phi_0_is_stale_as_useful_and_phi_1_is_every_stale_update_lost_exactly():
+    s = Scenario.from_preset("llama-3.2-1b", window_s=DAY)
+    paper = simulate(dataclasses.replace(s, stale_as_useful=True), mtbf_s=1800.0, seeds=3)
+    zero = simulate(dataclasses.replace(s, stale_cost=0.0), mtbf_s=1800.0, seeds=3)
+    pd.testing.assert_frame_equal(zero, paper, check_exact=True)
+    one = simulate(dataclasses.replace(s, stale_cost=1), mtbf_s=1800.0, seeds=3)
+    # the accounting before phi: useful = useful_s - stale_s on every lane (byte for byte
+    # against the goldens made under it: test_golden), so the phi=0 run's less its stale time
+    assert (one.stale_s == zero.stale_s).all() and (one.stale_lost_s == one.stale_s).all()
+    assert (zero.stale_lost_s == 0).all()
+    np.testing.assert_allclose(one.useful_s, zero.useful_s - zero.stale_s, rtol=1e-14)
+    assert (one.set_index("strategy").loc["layercheck", "effective_ratio"]
+            < zero.set_index("strategy").loc["layercheck", "effective_ratio"])
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.floats(-2, 3), b=st.floats(-2, 3))
+def test_the_ratio_never_rises_with_phi(a, b):
+    s = Scenario(name="small", workload=small_workload(), costs=SMALL_COSTS, window_s=600.0)
+    low, high = sorted((a, b))
+    at_low = simulate(dataclasses.replace(s, stale_cost=low), mtbf_s=60.0, seeds=2)
+    at_high = simulate(dataclasses.replace(s, stale_cost=high), mtbf_s=60.0, seeds=2)
+    assert (at_low.effective_ratio >= at_high.effective_ratio).all()
+    assert (at_low.useful_s >= at_high.useful_s).all()
+
+
+def test_the_ratio_at_phis_bounds_is_the_ratio_recomputed_there():
+    s = _with_phi_interval(Scenario.from_preset("llama-3.2-1b", window_s=DAY), 0.4, 0.1, 0.9)
+    df = simulate(s, mtbf_s=1800.0, seeds=3)
+    low = simulate(dataclasses.replace(s, stale_cost=0.1), mtbf_s=1800.0, seeds=3)
+    high = simulate(dataclasses.replace(s, stale_cost=0.9), mtbf_s=1800.0, seeds=3)
+    assert (df.ratio_at_phi_low == low.effective_ratio).all()
+    assert (df.ratio_at_phi_high == high.effective_ratio).all()
+    lc = df.set_index("strategy").loc["layercheck"]
+    assert lc.ratio_at_phi_low > lc.effective_ratio > lc.ratio_at_phi_high
+    assert lc.stale_lost_s == pytest.approx(0.4 * lc.stale_s)
+    # strategies without stale layers do not depend on phi
+    ds = df.set_index("strategy").loc["deepspeed"]
+    assert ds.ratio_at_phi_low == ds.effective_ratio == ds.ratio_at_phi_high
+    # a given phi has no interval
+    given_phi = simulate(dataclasses.replace(s, stale_cost=0.4), mtbf_s=1800.0, seeds=3)
+    assert (given_phi.ratio_at_phi_low == given_phi.effective_ratio).all()
+    assert (given_phi.ratio_at_phi_high == given_phi.effective_ratio).all()
+    # the sweep and its limit rows carry the bounds too
+    curves = sweep(s, mtbf_s=[900.0, 3600.0], seeds=2, strategies=["layercheck"])
+    assert curves.ratio_at_phi_low.notna().all() and curves.ratio_at_phi_high.notna().all()
+    limit = curves[curves.strategy == "limit"]
+    assert (limit.ratio_at_phi_low == limit.effective_ratio).all()
+
+
+def test_the_stale_figure_in_force_and_its_accounting():
+    s = Scenario.from_preset("llama-3.2-1b", window_s=DAY)
+    assert s.stale_figure() == s.costs.provenance["stale_cost"]
+    assert s.stale_figure().source == "transferred"
+    given_phi = dataclasses.replace(s, stale_cost=0.25).stale_figure()
+    assert (given_phi.value, given_phi.interval, given_phi.source) == (0.25, (0.25, 0.25), "given")
+    assert dataclasses.replace(s, stale_as_useful=True).stale_figure().value == 0.0
+    assert "phi = 0 " in dataclasses.replace(s, stale_cost=0).accounting()
+    data = _with_phi_interval(s).to_dict()
+    assert data["stale_cost"]["low"] == 0.0 and data["stale_cost"]["high"] == 1.0
+    assert data["stale_cost"]["source"] == "measured"
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"stale_cost": float("nan")}, "finite"), ({"stale_cost": "1"}, "finite"),
+    ({"stale_cost": True}, "finite"), ({"stale_cost": 0.5, "stale_as_useful": True}, "one of them")])
+def test_bad_stale_cost_says_what_to_fix(fields, match):
+    with pytest.raises(SimError, match=match):
+        Scenario.from_preset("llama-3.2-1b", **fields)
+
+
+def test_the_ranking_note_says_when_the_first_strategy_depends_on_phi():
+    phi = Figure(value=0.5, low=0.0, high=1.0, source="measured", method="m")
+    df = pd.DataFrame({"strategy": ["gemini", "layercheck", "limit"],
+                       "effective_ratio": [0.80, 0.79, 0.99],
+                       "ratio_at_phi_low": [0.80, 0.89, 0.99],
+                       "ratio_at_phi_high": [0.80, 0.67, 0.99]})
+    assert ranking_note(df, phi) == ("the ranking depends on phi: first at phi 0 (low) is "
+                                     "layercheck, at 0.5 gemini, at 1 (high) gemini")
+    assert ranking_note(df[df.strategy != "layercheck"], phi) is None
+    two = pd.concat([df.assign(mtbf_s=600.0),
+                     df.assign(mtbf_s=3600.0, ratio_at_phi_low=[0.80, 0.70, 0.99])])
+    assert ranking_notes(two, phi) == ["MTBF 10m: " + ranking_note(df, phi)]

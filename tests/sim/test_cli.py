@@ -159,3 +159,77 @@ def test_tune_bad_or_infeasible_budgets_are_one_line_and_exit_2(args, words, cap
     assert main(["tune", *args, "--seeds", "2", "--window", "1d"]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+# -- the stale cost factor phi: --stale-cost, its bounds in every report ---------------------
+def _phi_costs(tmp_path, value=0.5, low=0.0, high=1.0):
+    """The 7B preset's costs.json with a measured stale cost factor and its interval."""
+    data = read_calibration(ROOT / "traces/qwen2.5-7b-synthetic").to_dict()
+    data["figures"]["stale_cost"] = {"value": value, "low": low, "high": high,
+                                     "source": "measured", "method": "on traces/x, a test's"}
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_stale_cost_0_is_stale_as_useful_and_1_the_accounting_before_it(capsys):
+    base = ["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d", "--preset", "llama-3.2-1b"]
+    outs = {}
+    for name, extra in {"alias": ["--stale-as-useful"], "zero": ["--stale-cost", "0"],
+                        "one": ["--stale-cost", "1"]}.items():
+        assert main([*base, *extra]) == 0
+        outs[name] = json.loads(capsys.readouterr().out)
+    assert outs["zero"]["rows"] == outs["alias"]["rows"]
+    assert outs["zero"]["scenario"]["stale_as_useful"] is True
+    one = {r["strategy"]: r for r in outs["one"]["rows"]}["layercheck"]
+    assert one["stale_lost_s"] == one["stale_s"] > 0
+    assert outs["one"]["scenario"]["stale_cost"] == {
+        "value": 1.0, "low": 1.0, "high": 1.0, "source": "given",
+        "method": "given by the user (--stale-cost, or --stale-as-useful for 0)"}
+
+
+def test_the_table_shows_phi_its_bounds_source_and_when_the_ranking_depends_on_it(tmp_path):
+    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[3].startswith("stale cost phi: 1 (interval 1..1); transferred: filled in on reading")
+    assert "phi low phi high" in lines[4]
+    assert not any(line.startswith("the ranking depends on phi") for line in lines)
+    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d",
+                  "--costs", str(_phi_costs(tmp_path)))
+    lines = result.stdout.splitlines()
+    assert lines[3] == "stale cost phi: 0.5 (interval 0..1); measured: on traces/x, a test's"
+    assert lines[-1].startswith("the ranking depends on phi: first at phi 0 (low) is layercheck")
+    given_phi = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--costs",
+                     str(_phi_costs(tmp_path)), "--stale-cost", "0.25").stdout.splitlines()
+    assert given_phi[3].startswith("stale cost phi: 0.25 (no interval); given:")
+    assert not given_phi[-1].startswith("the ranking depends")
+
+
+def test_csv_and_sweep_carry_the_bounds(tmp_path, capsys):
+    costs = str(_phi_costs(tmp_path))
+    assert main(["--mtbf", "30m", "--csv", "--seeds", "2", "--window", "1d", "--costs", costs]) == 0
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert "ratio_at_phi_low,ratio_at_phi_high" in header and "stale_lost_s" in header
+    out = tmp_path / "sw"
+    assert main(["sweep", "--mtbf", "0.2h..1h", "--points", "2", "--seeds", "2", "--window", "2d",
+                 "--costs", costs, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("MTBF ") and "the ranking depends on phi" in line for line in printed)
+    assert "ratio_at_phi_low" in (out / "sweep.csv").read_text().splitlines()[0]
+    html = (out / "sweep.html").read_text()
+    assert "layercheck at phi low" in html and "triangle-down-open" in html
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--stale-cost", "much"], "--stale-cost 'much': give a number"),
+    (["--stale-cost", "nan"], "give a number"),
+    (["--stale-cost", "1", "--stale-as-useful"], "--stale-as-useful is --stale-cost 0"),
+    (["sweep", "--stale-cost", "x"], "give a number"),
+    (["tune", "--stale-cost", "0", "--stale-as-useful"], "give one of them"),
+])
+def test_bad_stale_cost_is_one_line_exit_2(args, words, capsys):
+    assert main([*args, "--mtbf", "1h", "--seeds", "1", "--window", "1d"] if args[0] != "sweep"
+                else [*args, "--seeds", "1", "--window", "1d"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

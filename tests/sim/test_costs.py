@@ -2,7 +2,8 @@ from dataclasses import fields
 
 import pytest
 
-from layercheck.calibration import FIGURES, Calibration, Figure, write_calibration
+from layercheck.calibration import (FIGURES, TRANSFERRED_STALE_COST, Calibration, Figure,
+                                    write_calibration)
 from sim.costs import CostModel
 from sim.errors import SimError
 
@@ -16,7 +17,10 @@ def test_defaults_reproduce_the_papers_recovery_fit():
     assert c.load_s(106.6e9) == pytest.approx(10.0, abs=0.05)   # Qwen2.5-7B: 10 s
     assert c.load_s(17.3e9) == pytest.approx(5.0, abs=0.05)     # Llama-3.2-1B: 5 s
     assert c.load_s(43.2e9) == pytest.approx(7.0, abs=0.7)      # Qwen2.5-3B: 7 s
-    assert {c.provenance[n].source for n in FIGURES} <= {"published", "derived", "fit", "assumed"}
+    assert {c.provenance[n].source for n in FIGURES if n != "stale_cost"} <= {
+        "published", "derived", "fit", "assumed"}
+    # the paper measured no convergence cost of stale layers: it comes from the shipped capture
+    assert c.provenance["stale_cost"] == TRANSFERRED_STALE_COST
     assert all(len(c.provenance[n].method) > 20 for n in FIGURES)
 
 
@@ -57,3 +61,20 @@ def test_a_calibration_is_a_cost_model(tmp_path):
     (tmp_path / "costs.json").write_text("{}")
     with pytest.raises(SimError, match="schema_version"):
         CostModel.named(str(tmp_path / "costs.json"))
+
+
+def test_the_stale_cost_factor_is_a_figure_with_its_interval():
+    paper = CostModel.paper_a100()
+    assert paper.stale_cost == TRANSFERRED_STALE_COST.value
+    assert paper.to_dict()["figures"]["stale_cost"]["source"] == "transferred"
+    # a measured negative factor (the recovered run ahead) is kept as measured
+    assert CostModel(stale_cost=-0.3).stale_cost == -0.3
+    with pytest.raises(SimError, match="finite"):
+        CostModel(stale_cost=float("inf"))
+    # an override is given, without the interval of what it replaced
+    record = Figure(value=0.5, low=0.2, high=0.8, source="measured", method="m")
+    measured = CostModel(stale_cost=0.5, provenance={**paper.provenance, "stale_cost": record})
+    assert measured.provenance["stale_cost"].interval == (0.2, 0.8)
+    assert measured.to_dict()["figures"]["stale_cost"]["low"] == 0.2
+    given = measured.with_overrides(stale_cost=0.7).provenance["stale_cost"]
+    assert given.source == "given" and given.interval == (0.7, 0.7)
