@@ -237,7 +237,7 @@ class LayerCheck:
         for message in planner.warnings:
             warnings.warn(f"layercheck: {rank}{message}", stacklevel=2)
         self.extra = doc.get("extra")
-        self._begin_timeline(state.step, view, base_taken=True)
+        self._begin_timeline(state.step, view, base_taken=True, standing=sources)
         if self.config.write_budget is not None:  # the budget counts from here, in these sizes
             self._set_sizes(sizes)
         plan = Plan(state.step, state, sources, planner.warnings)
@@ -271,11 +271,13 @@ class LayerCheck:
             self.source.apply(self.layer_map.index[name], planner.load(version))
         apply_state(tensors, doc, self.source.optimizer, self.scheduler)
 
-    def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False) -> None:
+    def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False,
+                        standing: dict[str, Version] | None = None) -> None:
         """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``
         (restored layers equal their saved copies: their accumulators start at zero).
         ``view`` is the manifest as read before (nothing was written since); it is
-        brought up to date in memory rather than read again."""
+        brought up to date in memory rather than read again. ``standing``: the version
+        of each layer a restore applied (retention counts no newer one it passed over)."""
         self.writer.flush()
         resume = resume_record(step)
         if self.ranks.is_coordinator:
@@ -287,7 +289,7 @@ class LayerCheck:
         self.state.base_step = step if base_taken else None
         self.drift.resync()
         if self.config.keep_versions is not None:
-            self.writer.retention = Retention(self.config.keep_versions, view)
+            self.writer.retention = Retention(self.config.keep_versions, view, standing)
         self._restore_called = True
         self.ranks.barrier()  # no rank writes into the new timeline before it is opened
 

@@ -83,7 +83,8 @@ class LayerCheckConfig:
     """Automatic retention. None: every committed version stays (prune later with
     ``python -m layercheck gc``). k: each layer keeps its k newest versions and
     its base-checkpoint version; older ones are deleted as soon as a newer one
-    commits, and the steps that needed them stop being recoverable."""
+    commits, and the steps that needed them stop being recoverable. Versions a
+    restore passed over as damaged do not count towards k and are not deleted."""
 
     layers: Mapping[str, Sequence[str]] | None = None
     """Explicit layer map: layer name -> parameter-name prefixes. None: detect

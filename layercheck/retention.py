@@ -7,6 +7,18 @@ dropped version served stop being recoverable, so their training states are
 dropped too: the recoverable steps stay one contiguous, newest range, and
 each of them restores exactly what ``plan`` would have given before.
 
+A kept version is one a restore can use. Where a restore opened the timeline,
+each layer's versions newer than the one it applied (``standing``: its plan's
+sources), at or before the restored step, are versions the plan passed over as
+damaged (on some rank): they are neither counted towards k nor dropped (like
+``gc``, retention deletes nothing that failed verification; it stays, file and
+record, for ``inspect`` to report). So the version a restore stands on goes
+only once k newer versions of its layer are part of a recoverable step, and
+then with every step that could have used it. Older versions that restore
+never read count as before: they are dropped before it, so counting them can
+never cost it. A file damaged after this process wrote or verified it is not
+known here (nothing is read again).
+
 Nothing is retired until a newer training state has committed: layer
 versions newer than the newest committed state (their state held back by a
 failed write under ``on_error="warn"``, or not yet written) do not count
@@ -21,6 +33,8 @@ version is already dropped.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 from .format import Version
 from .manifest import ManifestView
 from .policy import Reason
@@ -31,11 +45,16 @@ __all__ = ["Retention"]
 class Retention:
     """Tracks the live versions of one timeline and decides what to drop."""
 
-    def __init__(self, keep: int, view: ManifestView) -> None:
+    def __init__(self, keep: int, view: ManifestView,
+                 standing: Mapping[str, Version] | None = None) -> None:
+        """``view``: the timeline's live versions; ``standing``: per layer, the version
+        the restore that opened it applied (see the module doc), none without a restore."""
         if keep < 1:
             raise ValueError(f"keep_versions={keep}: keep at least the newest version (1)")
         self.keep = keep
-        self._layers = {name: [v for v in versions if v.reason != Reason.BASE.label]
+        standing = standing or {}
+        self._layers = {name: [v for v in versions if v.reason != Reason.BASE.label
+                               and (name not in standing or v.step <= standing[name].step)]
                         for name, versions in view.versions.items()}
         self._states = sorted(view.states.values(), key=lambda v: v.step)
 

@@ -20,6 +20,7 @@ from typing import Callable, ContextManager, Iterable, Iterator, Protocol, Union
 import numpy as np
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
+from .location import local_directory
 
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData",
            "read_buffer", "read_into", "ReadBuffer"]
@@ -307,10 +308,7 @@ class LocalStore:
         key = self._identity
         with _HELD_GUARD:
             if key in _HELD:
-                raise DirectoryLocked(
-                    f"{self.root} is already open in this process (a LayerCheck, gc or "
-                    "resume_checkpoint() that has not been closed): close() that one first, "
-                    "or use `with LayerCheck(...) as lc:`, which closes it")
+                raise _open_here(str(self.root))
             try:
                 fd = _open_regular(self.root / ".lock", os.O_RDWR | os.O_CREAT)
             except NotARegularFile:
@@ -349,6 +347,13 @@ class LocalStore:
                 os.close(fd)
 
 
+def _open_here(where: str) -> DirectoryLocked:
+    return DirectoryLocked(
+        f"{where} is already open in this process (a LayerCheck, gc or resume_checkpoint() "
+        "that has not been closed): close() that one first, or use `with LayerCheck(...) as "
+        "lc:`, which closes it")
+
+
 _HELD: dict[tuple[int, int], int] = {}
 """This process's directory locks: (device, inode) of the directory -> the lock file's
 descriptor (the only one this process has open on it; see ``LocalStore.lock``)."""
@@ -364,6 +369,7 @@ def _forget_locks_in_child() -> None:
         except OSError:
             pass
     _HELD.clear()
+    _HELD_URLS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_locks_in_child)
@@ -374,17 +380,33 @@ def _identity(root: Path) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
+_HELD_URLS: set[tuple[str, str, str]] = set()
+"""The fsspec locations this process holds (``FsspecStore.lock``): the filesystem's
+class, its storage options' token and the root."""
+
+
 class FsspecStore:
-    """Any fsspec filesystem. ``write_atomic`` relies on the filesystem's
+    """Any fsspec filesystem but the local one (``open_store`` opens every URL of a
+    local directory as a ``LocalStore``). ``write_atomic`` relies on the filesystem's
     whole-object put being atomic (true for object stores and memory://);
     ``append`` uses append mode where the filesystem has it and otherwise
-    rewrites the object whole. No cross-process lock: one writer per URL."""
+    rewrites the object whole.
+
+    Concurrency: ``lock`` refuses a second writer of the same location in this
+    process (``DirectoryLocked``). That is every writer memory:// can have (its
+    files live in this process). An object store (s3://, gs://, ...) offers no
+    lock that every fsspec driver can take, so a writer in another process or on
+    another machine is not refused: run one writer per URL (the offline readers,
+    inspect, plan and export, are safe beside it: ``reading`` holds nothing off
+    here, and ``manifest.read_consistent`` retries what retention retired under
+    them)."""
 
     def __init__(self, url: str, *, create: bool = True, **storage_options: object) -> None:
         import fsspec
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
         self.url = url
+        self._held: tuple[str, str, str] | None = None
         if create:
             self.fs.makedirs(self.root, exist_ok=True)
         elif not self.fs.isdir(self.root):
@@ -453,29 +475,42 @@ class FsspecStore:
         return nullcontext()
 
     def lock(self) -> None:
-        pass
+        """Hold this location against a second writer of this process (see the class doc)."""
+        from fsspec.utils import tokenize
+        fs = type(self.fs)
+        key = (f"{fs.__module__}.{fs.__qualname__}", tokenize(self.fs.storage_options), self.root)
+        with _HELD_GUARD:
+            if key in _HELD_URLS:
+                raise _open_here(self.url)
+            _HELD_URLS.add(key)
+            self._held = key
 
     def unlock(self) -> None:
-        pass
+        with _HELD_GUARD:
+            if self._held is not None:
+                _HELD_URLS.discard(self._held)
+            self._held = None
 
 
 def open_store(location: "str | os.PathLike[str] | Store", *, create: bool = True,
                **storage_options: object) -> Store:
-    """A Store for a directory path, an fsspec URL ('memory://run1', 's3://b/p'),
-    or a Store passed through unchanged."""
+    """A Store for a location, or a Store passed through unchanged. Every form that
+    names a local directory (a path, ``file:`` and ``local:`` URLs, fsspec caches
+    chained over them: ``location.local_directory``) opens it as a ``LocalStore``,
+    with its lock; any other fsspec URL ('memory://run1', 's3://b/p') an
+    ``FsspecStore``."""
     if isinstance(location, Store) and not isinstance(location, (str, os.PathLike)):
         return location
-    text = os.fspath(location)
-    if "://" in text and not text.startswith("file://"):
+    text = local_directory(location)
+    if text is None:
+        url = os.fspath(location)
         try:
-            return FsspecStore(text, create=create, **storage_options)
+            return FsspecStore(url, create=create, **storage_options)
         except LayerCheckError:
             raise
         except Exception as exc:  # unknown protocol, missing driver, unreachable host, ...
-            raise LayerCheckError(f"{text}: cannot open it as an fsspec URL ({exc}); check the "
+            raise LayerCheckError(f"{url}: cannot open it as an fsspec URL ({exc}); check the "
                                   "protocol and that its fsspec driver is installed") from None
-    if text.startswith("file://"):
-        text = text[len("file://"):]
     if not create and not Path(text).is_dir():
         raise LayerCheckError(f"{text}: no such checkpoint directory")
     return LocalStore(text, create=create)

@@ -51,6 +51,7 @@ from .config import LayerCheckConfig
 from .errors import CheckpointNotFound, LayerCheckError
 from .export import composite, publish, write_model
 from .layermap import LayerMap
+from .location import local_directory
 from .manifest import read_manifest
 from .recovery import read_state
 from .snapshot import apply_rng, capture_rng
@@ -117,10 +118,11 @@ class LayerCheckCallback(TrainerCallback):
         """The directory's store, or None for a local directory that does not exist
         (asking is no reason to create it; for a URL, an empty prefix is harmless)."""
         directory = self.directory
-        if isinstance(directory, (str, os.PathLike)) and "://" not in os.fspath(directory):
-            if not Path(directory).is_dir():
+        local = local_directory(directory) if isinstance(directory, (str, os.PathLike)) else None
+        if local is not None:  # any form of a local directory (a path, file://, local://, ...)
+            if not Path(local).is_dir():
                 return None
-            return open_store(directory, create=False)
+            return open_store(local, create=False)
         return open_store(directory, **self.storage_options)
 
     def _write_resume_folder(self, store: Store,

@@ -380,3 +380,40 @@ def test_retention_deletes_no_file_while_a_reader_reads(tmp_path):
         if reader is not None:
             reader.kill()
             reader.wait()
+
+
+# -- every URL of a held directory meets its lock (issue 27, items 2 and 3) -----------------
+@pytest.mark.slow
+def test_every_url_of_a_directory_another_process_holds_is_refused(tmp_path):
+    """The holder opened the directory by its plain path. An intruder naming it
+    ``local:///abs`` (fsspec's name for the local file system) got a lock-free store and
+    its ``restore(step=1)`` appended ``resume 1``, abandoning the holder's steps 2 and 3;
+    ``file://localhost/abs`` went to ./localhost/abs. Every form now meets the lock,
+    from LayerCheck and from gc, and nothing is written anywhere."""
+    go = tmp_path / "go"
+    go.touch()
+    holder = _holder(tmp_path / "c", go)
+    root = str(tmp_path / "c")
+    forms = [f"local://{root}", f"file://localhost{root}", f"file:{root}",
+             (tmp_path / "c").as_uri(), f"simplecache::file://{root}", f"filecache::local://{root}"]
+    try:
+        assert holder.stdout.readline() == "READY\n"
+        line = holder.stdout.readline()
+        assert line.startswith("HOLDING 3"), line + holder.stderr.read()
+        before = (tmp_path / "c" / "manifest.jsonl").read_bytes()
+        model, opt = _model()
+        for form in forms:
+            with pytest.raises(DirectoryLocked, match=f"pid {holder.pid} holds") as info:
+                LayerCheck(model, opt, form).restore(step=1)
+            assert "in use by another process" in str(info.value), form
+        gc = subprocess.run([sys.executable, "-m", "layercheck", "gc", f"local://{root}"],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert gc.returncode == 2 and f"pid {holder.pid}" in gc.stderr, gc.stderr
+        assert (tmp_path / "c" / "manifest.jsonl").read_bytes() == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "go"]  # no ./localhost/...
+    view = read_manifest(LocalStore(tmp_path / "c"))
+    assert sorted(view.states) == [1, 2, 3] and view.resumes == [0]

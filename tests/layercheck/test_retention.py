@@ -196,3 +196,102 @@ def test_retention_retires_nothing_until_a_newer_state_commits():
     # layer version is already gone
     assert [(v.layer, v.step) for v in dropped] == [(None, 1), (None, 2), ("a", 2), ("a", 3),
                                                     ("a", 4)]
+
+
+# -- retention never deletes the intact version a restore fell back to (issue 27, item 1) --
+def _view(*versions):
+    view = ManifestView()
+    for version in versions:
+        if version.layer is None:
+            view.states[version.step] = version
+        else:
+            view.versions.setdefault(version.layer, []).append(version)
+    return view
+
+
+def test_a_version_the_restore_passed_over_is_neither_counted_nor_dropped():
+    """The rule itself. A restore to step 6 stood on a@5 (a@6 was damaged): a@6 does not
+    count as the kept version, so step 7 (without a) drops nothing; a@5 goes only once
+    a newer version (8) commits, with every state that could have used it; a@6 is never
+    retention's to delete (as gc: what failed verification stays, to be reported)."""
+    a1, a5, a6 = _v("a", 1, "base"), _v("a", 5), _v("a", 6)
+    view = _view(a1, a5, a6, _v(None, 5), _v(None, 6))
+    r = Retention(1, view, standing={"a": a5})
+    assert r.committed([_v(None, 7)]) == []
+    dropped = r.committed([_v("a", 8), _v(None, 8)])
+    assert [(v.layer, v.step) for v in dropped] == [(None, 5), (None, 6), (None, 7), ("a", 5)]
+    assert r.committed([_v("a", 9), _v(None, 9)]) == [_v(None, 8), _v("a", 8)]
+
+
+def test_without_a_restore_every_live_version_counts_as_before():
+    a5, a6 = _v("a", 5), _v("a", 6)
+    r = Retention(1, _view(a5, a6, _v(None, 5), _v(None, 6)))
+    assert r.committed([_v(None, 7)]) == [_v(None, 5), a5]
+
+
+KILLED_BETWEEN_COMMIT_AND_DROPS = r"""
+import os, signal, sys
+import torch
+from layercheck import LayerCheck, LayerCheckConfig, retention
+from tests.conftest import optimizer_for, tiny_lm, train_step
+committed = retention.Retention.committed
+def kill_before_the_drop_records(self, versions):
+    if any(v.layer is None and v.step == 6 for v in versions):
+        os.kill(os.getpid(), signal.SIGKILL)  # step 6 is committed, its drops not yet
+    return committed(self, versions)
+retention.Retention.committed = kill_before_the_drop_records
+torch.manual_seed(0)
+model = tiny_lm()
+opt, sched = optimizer_for(model, total=40)
+config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
+                          keep_versions=1)
+lc = LayerCheck(model, opt, sys.argv[1], config, scheduler=sched)
+lc.restore()
+for _ in range(8):
+    train_step(model, opt, sched)
+    lc.step()
+    lc.flush()
+"""
+
+
+@pytest.mark.slow
+def test_retention_never_deletes_the_intact_version_a_restore_fell_back_to(tmp_path):
+    """keep_versions=1; a real SIGKILL between step 6's commit and its drop records
+    leaves model.layers.1 with live versions 2 (base), 5 and 6; version 6's file is
+    then damaged. restore() falls back to 5 for that layer; step 7 (which does not
+    write it) must not retire 5 as superseded by the damaged 6: step 7 restores it
+    from 5, not from the base."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from layercheck.recovery import make_plan
+    root, layer = tmp_path / "c", "model.layers.1"
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_COMMIT_AND_DROPS, str(root)],
+                           capture_output=True, text=True, timeout=300, cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"})
+    assert child.returncode == -9, child.stderr[-3000:]
+    store = LocalStore(root)
+    view = read_manifest(store)
+    assert [v.step for v in view.versions[layer]] == [2, 5, 6] and view.latest_step() == 6
+    damaged = root / view.versions[layer][-1].file
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    intact = root / view.versions[layer][1].file
+    model = tiny_lm(seed=1)
+    opt, sched = optimizer_for(model, total=40)
+    cfg = LayerCheckConfig(**EVERY, thresholds={layer: math.inf}, keep_versions=1)
+    with LayerCheck(model, opt, root, cfg, scheduler=sched) as lc:
+        with pytest.warns(UserWarning, match="skipping the version of step 6"):
+            assert lc.restore() == 6
+        assert lc.restored.plan.sources[layer].step == 5
+        train_step(model, opt, sched)
+        lc.step()  # step 7 writes every layer but model.layers.1
+    assert intact.exists()
+    view = read_manifest(store)
+    assert view.latest_step() == 7 and [v.step for v in view.versions[layer]] == [2, 5, 6]
+    plan = make_plan(store, view)
+    assert plan.step == 7 and plan.sources[layer].step == 5
+    assert damaged.exists()  # retention never deletes what it could not verify

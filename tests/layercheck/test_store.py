@@ -630,3 +630,85 @@ def test_a_local_store_reads_into_its_buffers_without_a_copy_of_the_file(tmp_pat
             if not tracing:
                 tracemalloc.stop()
         assert len(data) <= peak < 1.25 * len(data)
+
+
+# -- every URL of a local directory is that directory, locked (issue 27, items 2 and 3) ----
+def _local_forms(directory: Path) -> list[str]:
+    """Every way to name ``directory`` (absolute): a plain path, RFC 8089's file URLs
+    (with and without the empty or 'localhost' authority, percent-escaped as
+    ``Path.as_uri`` writes them), fsspec's ``local://`` and fsspec caches chained over
+    either."""
+    path = str(directory)
+    return [path, f"file://{path}", f"file://localhost{path}", f"FILE://LOCALHOST{path}",
+            f"file:{path}", directory.as_uri(), f"local://{path}", f"local://localhost{path}",
+            f"simplecache::file://{path}", f"filecache::local://{path}",
+            f"blockcache::file://localhost{path}", f"simplecache::{path}"]
+
+
+def test_every_url_of_a_local_directory_opens_that_directory_as_a_local_store(tmp_path,
+                                                                             monkeypatch):
+    target = tmp_path / "run 1%"  # a space and a percent sign: as_uri escapes both
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a form resolved against the working directory lands here
+    for form in _local_forms(target):
+        store = open_store(form)
+        assert isinstance(store, LocalStore) and store.root == target.resolve(), form
+        assert isinstance(open_store(form, create=False), LocalStore), form
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_every_url_of_a_local_directory_takes_the_one_lock(tmp_path):
+    held = open_store(tmp_path)
+    held.lock()
+    try:
+        for form in _local_forms(tmp_path)[1:]:
+            with pytest.raises(DirectoryLocked, match="already open in this process"):
+                open_store(form).lock()
+    finally:
+        held.unlock()
+
+
+@pytest.mark.parametrize("url, says", [
+    ("file://otherhost/data/run", "host 'otherhost'"),
+    ("file://relative/run", "host 'relative'"),  # RFC 8089: the first part is a host
+    ("local://run", "host 'run'"),
+    ("file:run", "not an absolute path"),
+    ("file://", "names no directory"),
+    ("file:///data/run?version=2", "no query or fragment"),
+    ("dir::file:///data/run", "through 'dir'"),
+])
+def test_a_url_of_the_local_file_system_naming_no_local_directory_is_refused(tmp_path,
+                                                                            monkeypatch, url,
+                                                                            says):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LayerCheckError, match=says) as info:
+        open_store(url)
+    assert "\n" not in str(info.value) and "file:///" in str(info.value)  # the fix
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plain_path_with_a_colon_or_double_colon_stays_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("ckpt:v2", "a::b"):
+        store = open_store(name)
+        assert isinstance(store, LocalStore) and store.root == (tmp_path / name).resolve()
+
+
+def test_a_second_writer_of_one_fsspec_url_in_this_process_is_refused():
+    """memory:// lives in this process, so this is every second writer it can have; for
+    an object store it is the second writer of this process (the docstring says so)."""
+    name = f"w-{uuid.uuid4().hex}"
+    first = FsspecStore(f"memory://{name}")
+    first.lock()
+    try:
+        for url in (f"memory://{name}", f"memory://{name}/", f"memory:///{name}"):
+            with pytest.raises(DirectoryLocked, match="already open in this process"):
+                FsspecStore(url).lock()
+        FsspecStore(f"memory://{name}-other").lock()  # another prefix is free
+    finally:
+        first.unlock()
+    again = FsspecStore(f"memory://{name}")
+    again.lock()  # released by unlock()
+    again.unlock()
+    again.unlock()  # twice is harmless

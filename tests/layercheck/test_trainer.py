@@ -296,3 +296,20 @@ def test_constructor_arguments_are_checked():
         LayerCheckCallback("ckpt", {"smax": 10})
     with pytest.raises(TypeError, match=r"LayerMap\.auto\(model\)"):
         LayerCheckCallback("ckpt", layer_map={"a": ["b"]})
+
+
+def test_every_url_of_a_local_directory_resumes_from_that_directory(trained, tmp_path,
+                                                                   monkeypatch):
+    """Issue 27, items 2 and 3, where the Trainer chooses the store: a file:// or local://
+    URL of a local directory is that directory (not ./localhost/..., and a missing one is
+    not created by asking), and resumes into a folder of its own."""
+    ckpt = _copy(trained, tmp_path)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for form in (f"file://localhost{ckpt}", f"local://{ckpt}"):
+        folder = LayerCheckCallback(form, EVERY_STEP).resume_checkpoint()
+        assert Path(folder).name == "checkpoint-4" and Path(folder).parent.parent == ckpt, form
+    for form in (f"file://localhost{tmp_path}/absent", f"local://{tmp_path}/absent"):
+        assert LayerCheckCallback(form, EVERY_STEP).resume_checkpoint() is None
+    assert not (tmp_path / "absent").exists() and list(elsewhere.iterdir()) == []
