@@ -13,6 +13,7 @@ A trace is a folder::
         writes.parquet     one row per layer write: step, layer, bytes, reason, stall, persist
         recovery.parquet   optional: one row per measured recovery
         drill.json         optional: a recovery-fidelity drill (profiler drill)
+        staleness.json     optional: what a stale layer costs, measured (profiler staleness)
         costs.json         optional: what each checkpointing mechanism costs on the
                            capturing machine (``layercheck.calibration``)
 
@@ -38,11 +39,14 @@ import numpy as np
 import pandas as pd
 
 from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
+
+STUDY_FILE = "staleness.json"
+"""The staleness study of a trace (``python -m profiler staleness``)."""
 from .policy import Reason
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
            "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness",
-           "ADDED_COLUMNS"]
+           "ADDED_COLUMNS", "STUDY_FILE"]
 
 SCHEMA_VERSION = 2
 
@@ -93,6 +97,8 @@ class Trace:
     writes: pd.DataFrame
     recovery: pd.DataFrame | None = None
     drill: dict[str, Any] | None = None
+    staleness: dict[str, Any] | None = None
+    """The staleness study (``STUDY_FILE``, ``python -m profiler staleness``), where one ran."""
     costs: Calibration | None = None
     """The machine's calibration (costs.json), where one was measured."""
 
@@ -237,6 +243,7 @@ def read_trace(path: str | Path) -> Trace:
     tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES, version=version)
               for name in TABLES}
     drill = _read_json(root / "drill.json") if (root / "drill.json").exists() else None
+    study = _read_json(root / STUDY_FILE) if (root / STUDY_FILE).exists() else None
     costs = None
     if (root / COSTS_FILE).exists():
         try:
@@ -244,7 +251,8 @@ def read_trace(path: str | Path) -> Trace:
         except CalibrationError as exc:
             raise TraceError(str(exc)) from None
     trace = Trace(manifest=manifest, steps=tables["steps"], drift=tables["drift"],
-                  writes=tables["writes"], recovery=tables["recovery"], drill=drill, costs=costs)
+                  writes=tables["writes"], recovery=tables["recovery"], drill=drill, staleness=study,
+                  costs=costs)
     _validate(trace, root)
     return trace
 
@@ -263,6 +271,8 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         frame[columns].to_parquet(root / f"{name}.parquet", index=False, compression="zstd")
     if trace.drill is not None:
         (root / "drill.json").write_text(json.dumps(_jsonable(trace.drill), indent=2) + "\n")
+    if trace.staleness is not None:  # compact: it holds every held-out sequence's losses
+        (root / STUDY_FILE).write_text(json.dumps(_jsonable(trace.staleness)) + "\n")
     if trace.costs is not None:
         write_calibration(trace.costs, root / COSTS_FILE)
     return root

@@ -53,6 +53,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layercheck.calibration import COSTS_FILE, Figure, read_calibration, write_calibration
+from layercheck.trace import STUDY_FILE
 
 from .config import CaptureConfig
 from .convergence import Reading, SequenceLosses, read_delta
@@ -64,7 +65,6 @@ __all__ = ["StaleCostConfig", "run_study", "run_staleness", "stale_cost_figure",
 
 PAPER_THRESHOLDS = (1e-2, 1e-3, 1e-4)
 """The paper's threshold sweep (LayerCheck, IEEE CLUSTER 2026)."""
-STUDY_FILE = "staleness.json"
 SCHEMA = 1
 
 
@@ -288,7 +288,7 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
     if trace is not None:
         doc["trace"] = trace.name
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    dest.write_text(json.dumps(doc, default=float) + "\n")  # compact: every sequence's losses
     if trace is not None and (Path(from_trace) / COSTS_FILE).is_file():
         set_stale_cost(Path(from_trace) / COSTS_FILE, doc)
         say(f"staleness: stale_cost written into {Path(from_trace) / COSTS_FILE}")

@@ -56,7 +56,19 @@ def make_trace(*, name: str = "tiny-captured", kind: str = "captured", steps: in
     return Trace(manifest=manifest, steps=step_frame, drift=drift_frame,
                  writes=pd.DataFrame(writes, columns=["step", "layer", "bytes", "reason",
                                                       "stall_s", "persist_s"]),
-                 drill=make_drill(steps, seed) if drill else None)
+                 drill=make_drill(steps, seed) if drill else None,
+                 staleness=measured_study() if drill else None)
+
+
+STUDY = Path(__file__).parent / "data" / "staleness-tiny.json"
+"""A real staleness study of the tiny Qwen2 (made by ``python -m profiler staleness --model
+tiny --steps 36 --threads 1 --eval-every 4 --eval-sequences 48 --horizons 4,12 --resamples
+200 --out tests/dashboard/data/staleness-tiny.json``): the dashboard's tests run without
+torch, so they read a measured one rather than measure it."""
+
+
+def measured_study() -> dict:
+    return json.loads(STUDY.read_text())
 
 
 def make_drill(steps: int, seed: int) -> dict:

@@ -126,7 +126,18 @@ def test_fidelity_window_changes_the_deviation(traces_dir):
 
 def test_fidelity_without_drill_says_how_to_get_one(traces_dir):
     at = run("fidelity", trace_name="qwen2.5-7b-synthetic")
-    assert "python -m profiler drill" in at.info[0].value
+    infos = [i.value for i in at.info]
+    assert any("python -m profiler drill" in i for i in infos)
+    assert any("python -m profiler staleness" in i for i in infos)
+
+
+def test_fidelity_shows_what_a_stale_layer_costs(traces_dir):
+    at = run("fidelity")
+    shown = metrics(at)
+    phi = next(label for label in shown if label.startswith("phi (threshold"))
+    float(shown[phi])
+    assert any("bit for bit" in s.value for s in at.success)
+    assert len(at.dataframe) == 2  # the phi table and the drill's failures
 
 
 def test_traces_lists_invalid_ones_and_switching_changes_numbers(traces_dir):
