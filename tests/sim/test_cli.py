@@ -159,3 +159,44 @@ def test_tune_bad_or_infeasible_budgets_are_one_line_and_exit_2(args, words, cap
     assert main(["tune", *args, "--seeds", "2", "--window", "1d"]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+# --- issue 27, item 12: tune and run refuse a nonsense trace (the trace schema) ----------------
+def _corrupt(folder: Path, how: str) -> None:
+    """Damage a copy of a capture the way issue 27 found ``sim tune`` recommending from."""
+    import numpy as np
+    import pandas as pd
+    drift, steps = pd.read_parquet(folder / "drift.parquet"), pd.read_parquet(folder / "steps.parquet")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if how == "negative drift":
+        drift["drift"] = -drift["drift"]
+    elif how == "empty drift":
+        drift = drift.iloc[:0]
+    elif how == "negative lr":
+        steps["lr"] = -steps["lr"]
+    elif how == "nan params":
+        manifest["layers"][3]["params"] = float("nan")
+    elif how == "huge layer":
+        manifest["layers"][2]["bytes"] = 10 ** 30
+    drift.to_parquet(folder / "drift.parquet")
+    steps.to_parquet(folder / "steps.parquet")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert np.isfinite(steps["forward_s"]).all()
+
+
+@pytest.mark.parametrize("how,words", [
+    ("negative drift", "drift table, column drift, row 0: "),
+    ("empty drift", "drift table: 0 rows; it needs one per (step, layer)"),
+    ("negative lr", "steps table, column lr, row 0: "),
+    ("nan params", "layers table, column params, row 3: nan is not an integer"),
+    ("huge layer", "layers table, column bytes, row 2: "),
+])
+@pytest.mark.parametrize("command", ["tune", "run"])
+def test_a_nonsense_trace_is_refused_not_recommended_from(tmp_path, capsys, how, words, command):
+    folder = tmp_path / "minilm"
+    shutil.copytree(ROOT / "traces/minilm-200steps", folder)
+    _corrupt(folder, how)
+    assert main([command, "--trace", str(folder), "--mtbf", "1h", "--seeds", "2",
+                 "--window", "1d"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
