@@ -57,3 +57,16 @@ def test_a_calibration_is_a_cost_model(tmp_path):
     (tmp_path / "costs.json").write_text("{}")
     with pytest.raises(SimError, match="schema_version"):
         CostModel.named(str(tmp_path / "costs.json"))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("lc_commit_s", 1e300, r"lc_commit_s=1e\+300 is outside 0 to 1e\+07 s"),
+    ("save_gbps", 1e-300, r"save_gbps=1e-300 is below 1e-06 GB/s"),
+    ("diff_fraction", 1e300, r"diff_fraction=1e\+300 is outside 0 to 1"),
+    ("tracking_fraction", 3.0, "outside 0 to 1"),
+    ("diff_batch", 1e18, r"diff_batch=1e\+18 is outside 1 to 1e\+06 steps")])
+def test_every_figure_is_range_checked(field, value, match):
+    """Issue 27, item 11: a finite but absurd figure gave ratios above 1 and NaN rows (one
+    strategy's 1e300-second commits swamped every other lane's float64 times)."""
+    with pytest.raises(SimError, match=match):
+        CostModel(**{field: value})
