@@ -112,17 +112,18 @@ class FailureModel:
         chunk = int(min(max(64, 1.2 * window_s / (mtbf_s or self.log_mtbf) + 64), 1 << 22))
         parts, total = [], 0.0
         draw = self._sampler(rng, mtbf_s)
-        while total < window_s:
-            if len(parts) * chunk > limit:
-                raise SimError(f"a run drew more than {limit:,} failures before its "
-                               f"{window_s:.3g}s window ended, the simulator's limit per run "
-                               "(docs/sim.md, Work limits): raise the MTBF, shorten the window "
-                               "or use a Weibull shape nearer 1")
+        while total < window_s and len(parts) * chunk <= limit:
             gaps = draw(chunk)
             parts.append(gaps)
             total += float(gaps.sum())
         times = np.cumsum(np.concatenate(parts))
-        return times[: np.searchsorted(times, window_s, side="left")]
+        times = times[: np.searchsorted(times, window_s, side="left")]
+        if len(times) > limit:
+            raise SimError(f"a run drew more than {limit:,} failures before its {window_s:.3g}s "
+                           "window ended, the simulator's limit per run (docs/sim.md, Work "
+                           "limits): raise the MTBF, shorten the window or use a Weibull shape "
+                           "nearer 1")
+        return times
 
     def _sampler(self, rng: np.random.Generator, mtbf_s: float | None):
         if self.kind == "exponential":

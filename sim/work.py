@@ -105,10 +105,12 @@ def _too_many_per_run(failures: "FailureModel", mtbf_s: float | None, window_s: 
         # the rate fits: the shape's clustering, (CV^2 - 1)/2, is what passes the limit
         cv = failures.coefficient_of_variation
         least = _least_shape(failures, mtbf_s, window_s)
+        least = math.ceil(least * 1000 / 10 ** math.floor(math.log10(least))) \
+            * 10 ** math.floor(math.log10(least)) / 1000   # rounded up: the shape named fits
         return (f"Weibull shape {failures.shape:g} spreads the gaps between failures so unevenly "
                 f"(coefficient of variation {cv:.3g}) that a run is expected to draw about "
                 f"{expected:.3g} failures (the renewal estimate window/MTBF + (CV^2 - 1)/2), "
-                f"{limit}: use a shape of at least {least:.3g} at this MTBF and window (field "
+                f"{limit}: use a shape of at least {least:.4g} at this MTBF and window (field "
                 "studies of large clusters report 0.5 to 0.8)")
     source, raise_it = (("MTBF", "raise the MTBF") if mtbf_s is not None else
                         ("the failure log's mean gap", "rescale the log to an MTBF"))
