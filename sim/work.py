@@ -11,13 +11,13 @@ is refused with the estimate, the limit and the fix (issue 27, item 11).
 The limits (docs/sim.md, "Work limits"), each with what it protects:
 
 - ``MAX_RUN_FAILURES``: the fast engine takes one loop turn per failure of the
-  run with the most (about 60 us a turn on one core): about a minute.
+  run with the most (about 70 us a turn on one core): about a minute.
 - ``MAX_FAILURES``: failure times held at once over all runs of a call (times,
   uniforms and the engine's segments, about 50 bytes each): about 1 GB.
 - ``MAX_LANE_FAILURES``: the engine's vector work, lanes (strategies x runs)
   times their failures: about half a minute.
 - ``MAX_SIMPY_STEPS``: the SimPy engine's events, one per step of every lane
-  (about 5 us each): about four minutes.
+  (5 to 8 us each): four to seven minutes.
 - ``MAX_JOB_STEPS``: steps of one job; every strategy's timeline holds about
   fifteen float arrays of that length (about 120 MB a strategy at the limit).
 """
