@@ -61,9 +61,9 @@ class Column:
 
 
 _SECONDS = "a finite number of seconds >= 0"
-_STEP = Column(dtype="int64", holds="a step number (an integer >= 1)", low=1.0)
-_LAYER = Column(dtype="int64", holds="a layer index (an integer >= 0)")
-_BYTES = Column(dtype="int64", holds=f"a byte count (an integer from 0 to 2**53)", high=MAX_COUNT)
+_STEP = Column(dtype="int64", holds="a step number (an integer >= 1)", low=1.0, high=MAX_COUNT)
+_LAYER = Column(dtype="int64", holds="a layer index (an integer >= 0)", high=MAX_COUNT)
+_BYTES = Column(dtype="int64", holds="a byte count (an integer from 0 to 2**53)", high=MAX_COUNT)
 _TIME = Column(dtype="float64", holds=_SECONDS)
 _MEASURED = Column(dtype="float64", holds=_SECONDS + " (NaN only in a synthetic trace: not "
                    "measured)", unmeasured=True)
@@ -72,7 +72,7 @@ SCHEMA: dict[str, dict[str, Column]] = {
     "steps": {"step": _STEP, "forward_s": _TIME, "backward_s": _TIME, "optimizer_s": _TIME,
               "drift_s": _TIME, "stall_s": _MEASURED,
               "loss": Column(dtype="float64", holds="a number (NaN or infinite where training "
-                             "diverged)", any_number=True),
+                             "diverged)", low=None, any_number=True),
               "lr": Column(dtype="float64", holds="a finite learning rate >= 0"),
               "k_scale": Column(dtype="float64", holds="a positive number (the write budget's "
                                 "factor on every threshold)", positive=True)},
@@ -83,7 +83,8 @@ SCHEMA: dict[str, dict[str, Column]] = {
                "reason": Column(dtype="str", holds=f"one of {WRITE_REASONS}", low=None,
                                 choices=WRITE_REASONS),
                "stall_s": _MEASURED, "persist_s": _MEASURED},
-    "recovery": {"step": Column(dtype="int64", holds="a step number (an integer >= 0)"),
+    "recovery": {"step": Column(dtype="int64", holds="a step number (an integer >= 0)",
+                                high=MAX_COUNT),
                  "plan_s": _TIME, "load_s": _TIME, "restore_s": _TIME, "bytes": _BYTES},
 }
 """Every column of every Parquet table. steps: compute time per phase, the

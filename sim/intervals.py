@@ -42,7 +42,7 @@ def resolve_interval(rule: str | int, workload: Workload, costs: CostModel,
     if isinstance(rule, int):
         if rule > workload.steps:
             raise SimError(f"interval={rule} steps is longer than the job's {workload.steps} steps: "
-                           "a checkpoint that often is never taken; give at most "
+                           "a checkpoint every that many steps is never taken; give at most "
                            f"{workload.steps} (one checkpoint a job)")
         return rule
     if mtbf_s is None:

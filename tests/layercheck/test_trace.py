@@ -183,3 +183,10 @@ def test_the_layers_together_stay_countable(tmp_path):
 def test_every_shipped_trace_reads(path):
     trace = read_trace(path)
     assert trace.num_steps > 0 and len(trace.drift) == trace.num_steps * len(trace.layer_names)
+
+
+@pytest.mark.parametrize("value", [-2.5, float("inf"), float("nan")])
+def test_any_loss_reads(tmp_path, value):
+    """A loss is any number (a diverged run's is infinite or NaN); nothing computes from it."""
+    trace = _tampered(tmp_path, "steps", "loss", 1, value)
+    assert trace.steps["loss"][1] == value or np.isnan(value)
