@@ -19,7 +19,10 @@ A trace is a folder::
 
 ``layer`` columns are indices into ``manifest["layers"]``. Times are seconds,
 sizes bytes. ``read_trace`` validates everything and raises ``TraceError``
-with a message that says what is wrong and where.
+with a message that says what is wrong and where: every column's type and range
+(``layercheck.traceschema``: one schema per table, the manifest's layer table
+included), steps 1..T, layer and step indices in range, and one drift row per
+(step, layer).
 
 Versions: 1 (the first); 2 adds ``steps.k_scale`` (``ADDED_COLUMNS``) and the
 optional per-layer ``state_bytes``. Older traces are read and upgraded in
@@ -39,10 +42,10 @@ import numpy as np
 import pandas as pd
 
 from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
+from .traceschema import LAYER_SCHEMA, TABLES, WRITE_REASONS, TraceError, check_layers, check_table
 
 STUDY_FILE = "staleness.json"
 """The staleness study of a trace (``python -m profiler staleness``)."""
-from .policy import Reason
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "TRACE_KINDS", "Trace", "TraceError",
            "read_trace", "write_trace", "upgrade_manifest", "last_written", "weighted_staleness",
@@ -54,37 +57,14 @@ TRACE_KINDS = ("captured", "synthetic")
 """captured: measured by ``python -m profiler capture``; synthetic: generated to
 match published aggregates (a preset), never to be mistaken for a measurement."""
 
-TABLES: dict[str, dict[str, str]] = {
-    "steps": {"step": "int64", "forward_s": "float64", "backward_s": "float64",
-              "optimizer_s": "float64", "drift_s": "float64", "stall_s": "float64",
-              "loss": "float64", "lr": "float64", "k_scale": "float64"},
-    "drift": {"step": "int64", "layer": "int64", "drift": "float64", "accumulator": "float64"},
-    "writes": {"step": "int64", "layer": "int64", "bytes": "int64", "reason": "str",
-               "stall_s": "float64", "persist_s": "float64"},
-    "recovery": {"step": "int64", "plan_s": "float64", "load_s": "float64",
-                 "restore_s": "float64", "bytes": "int64"},
-}
-"""Required columns and their types. steps: compute time per phase, the
-training-thread stall for checkpointing, loss and the step's learning rate
-(NaN where a synthetic trace has no such figure), and ``k_scale``: the factor
-the write budget put on every threshold at that step (``layercheck.budget``;
-1 without one), so that K_l(t) = base_l * lr(t) / lr_peak * k_scale(t).
-writes.reason is one of ``WRITE_REASONS`` (base, threshold, smax, retry)."""
-
 ADDED_COLUMNS: dict[tuple[str, str], tuple[int, float]] = {("steps", "k_scale"): (2, 1.0)}
 """(table, column) -> (the schema version that added it, its value in older traces)."""
 
 OPTIONAL_TABLES = ("recovery",)
 MANIFEST_KEYS = ("schema_version", "name", "kind", "description", "model", "layers",
                  "config", "lr_peak", "machine", "sources")
-LAYER_KEYS = ("name", "kind", "params", "bytes")
-"""Required per layer. Optional: ``state_bytes``, the tensor bytes of one version (what
-a write budget counts; ``bytes`` is one version on disk, with the file's header)."""
-WRITE_REASONS = tuple(reason.label for reason in Reason)
-
-
-class TraceError(ValueError):
-    """A trace folder is missing, malformed or inconsistent; the message says which part."""
+LAYER_KEYS = tuple(k for k, column in LAYER_SCHEMA.items() if not column.optional)
+"""Required per layer (``layercheck.traceschema.LAYER_SCHEMA``: every key's type and range)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,7 +220,9 @@ def read_trace(path: str | Path) -> Trace:
     if not root.is_dir():
         raise TraceError(f"{root}: a trace is a folder holding manifest.json and Parquet tables")
     manifest, version = _read_manifest(root / "manifest.json")
-    tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES, version=version)
+    synthetic = manifest.get("kind") == "synthetic"
+    tables = {name: _read_table(root, name, required=name not in OPTIONAL_TABLES, version=version,
+                                synthetic=synthetic)
               for name in TABLES}
     drill = _read_json(root / "drill.json") if (root / "drill.json").exists() else None
     study = _read_json(root / STUDY_FILE) if (root / STUDY_FILE).exists() else None
@@ -303,7 +285,8 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any], int]:
     return manifest, raw["schema_version"]
 
 
-def _read_table(root: Path, name: str, *, required: bool, version: int) -> pd.DataFrame | None:
+def _read_table(root: Path, name: str, *, required: bool, version: int,
+                synthetic: bool) -> pd.DataFrame | None:
     path = root / f"{name}.parquet"
     if not path.exists():
         if required:
@@ -319,31 +302,26 @@ def _read_table(root: Path, name: str, *, required: bool, version: int) -> pd.Da
     missing = [c for c in TABLES[name] if c not in frame.columns]
     if missing:
         raise TraceError(f"{path}: missing columns {missing}; required: {list(TABLES[name])}")
-    try:
-        return frame.astype({c: (object if t == "str" else t) for c, t in TABLES[name].items()})
-    except (ValueError, TypeError) as exc:
-        raise TraceError(f"{path}: a column has the wrong type ({exc}); expected {TABLES[name]}") from None
+    return check_table(frame, name, str(path), synthetic=synthetic)
 
 
 def _validate(trace: Trace, root: Path) -> None:
+    """Every table against its schema (``layercheck.traceschema``), then the relations
+    between them: steps 1..T, indices in range, one drift row per (step, layer)."""
     m = trace.manifest
     upgrade_manifest(m)
     if m.get("kind") not in TRACE_KINDS:
         raise TraceError(f"{root}/manifest.json: kind must be one of {TRACE_KINDS}, got {m.get('kind')!r}")
-    layers = m.get("layers")
-    if not isinstance(layers, list) or not layers:
-        raise TraceError(f"{root}/manifest.json: layers must be a non-empty list")
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, dict) or any(k not in layer for k in LAYER_KEYS):
-            raise TraceError(f"{root}/manifest.json: layers[{i}] needs keys {list(LAYER_KEYS)}")
-        for key in ("bytes", "state_bytes"):
-            value = layer.get(key, 1)
-            if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
-                raise TraceError(f"{root}/manifest.json: layers[{i}].{key} must be a positive integer")
+    check_layers(m.get("layers"), f"{root}/manifest.json")
     lr_peak = m.get("lr_peak")
-    if not isinstance(lr_peak, (int, float)) or not math.isfinite(lr_peak) or lr_peak <= 0:
+    if isinstance(lr_peak, bool) or not isinstance(lr_peak, (int, float)) \
+            or not math.isfinite(lr_peak) or lr_peak <= 0:
         raise TraceError(f"{root}/manifest.json: lr_peak must be a positive number, got {lr_peak!r}")
-    n_layers, steps = len(layers), trace.steps["step"].to_numpy()
+    for name in TABLES:
+        frame = getattr(trace, name)
+        if frame is not None:
+            check_table(frame, name, f"{root}/{name}.parquet", synthetic=trace.kind == "synthetic")
+    n_layers, steps = len(m["layers"]), trace.steps["step"].to_numpy()
     if len(steps) == 0 or not np.array_equal(steps, np.arange(1, len(steps) + 1)):
         raise TraceError(f"{root}/steps.parquet: steps must run 1, 2, ..., T without gaps")
     for name in ("drift", "writes", "recovery"):
@@ -360,15 +338,24 @@ def _validate(trace: Trace, root: Path) -> None:
         if bad.any():
             raise TraceError(f"{root}/{name}.parquet: step {int(frame['step'][bad].iloc[0])} "
                              f"outside {first}..{len(steps)}")
-    k_scale = trace.steps["k_scale"].to_numpy(dtype=np.float64)
-    if not (np.isfinite(k_scale) & (k_scale > 0)).all():
-        raise TraceError(f"{root}/steps.parquet: k_scale must be a positive number at every step")
-    if (trace.writes["bytes"] < 0).any():
-        raise TraceError(f"{root}/writes.parquet: negative bytes")
-    bad_reason = ~trace.writes["reason"].isin(WRITE_REASONS)
-    if bad_reason.any():
-        raise TraceError(f"{root}/writes.parquet: reason {trace.writes['reason'][bad_reason].iloc[0]!r} "
-                         f"is not one of {WRITE_REASONS}")
+    _check_drift_grid(trace.drift, len(steps), n_layers, f"{root}/drift.parquet")
+
+
+def _check_drift_grid(drift: pd.DataFrame, steps: int, layers: int, where: str) -> None:
+    """One drift row per (step, layer): the replay reads d_l(t) for every one, and a
+    missing row would read as no drift (an empty table recommended a setting)."""
+    if len(drift) != steps * layers:
+        raise TraceError(f"{where}: drift table: {len(drift)} rows; it needs one per (step, layer): "
+                         f"{steps} steps x {layers} layers = {steps * layers}")
+    key = (drift["step"].to_numpy() - 1) * layers + drift["layer"].to_numpy()
+    seen = np.zeros(steps * layers, dtype=bool)
+    first = np.unique(key, return_index=True)[1]
+    seen[key[first]] = True
+    if first.size < key.size:
+        row = int(np.setdiff1d(np.arange(key.size), first)[0])
+        raise TraceError(f"{where}: drift table, row {row}: step {int(drift['step'].iloc[row])}, "
+                         f"layer {int(drift['layer'].iloc[row])} appears twice; the table needs "
+                         "one row per (step, layer)")
 
 
 def _jsonable(value: Any) -> Any:

@@ -24,6 +24,7 @@ from scipy import stats
 
 from layercheck.calibration import Figure
 from layercheck.trace import Trace
+from layercheck.traceschema import MAX_COUNT
 
 from .costs import GB, CostModel
 from .engine import RESULT_FIELDS, LaneResults, run_lanes, run_limit
@@ -34,6 +35,7 @@ from .reference import run_reference
 from .strategies import PROTOCOLS, STRATEGIES, Cadence, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
+from .work import bound_work
 from .workload import LayerWrites, Workload
 
 __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "limit_ratio", "PRESETS", "COLUMNS",
@@ -129,8 +131,9 @@ class Scenario:
         """A what-if job without a trace: equal steps, a full checkpoint of
         ``checkpoint_gb``; ``checkpoint_s`` (the time to write it) sets the storage write
         bandwidth. LayerCheck needs a trace, so it is not available here."""
-        if not (math.isfinite(checkpoint_gb) and checkpoint_gb > 0):
-            raise SimError(f"checkpoint size {checkpoint_gb!r} GB must be positive")
+        if not (math.isfinite(checkpoint_gb) and 0 < checkpoint_gb <= MAX_COUNT / GB):
+            raise SimError(f"checkpoint size {checkpoint_gb!r} GB must be positive and at most "
+                           f"{MAX_COUNT / GB:.3g} GB (2**53 bytes, a trace's largest size)")
         costs = costs or CostModel.paper_a100()
         if checkpoint_s is not None:
             gbps = checkpoint_gb / checkpoint_s
@@ -225,6 +228,7 @@ def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf
     if not variants:
         raise SimError("simulate_writes needs at least one write pattern")
     window = _check_run(scenario, [mtbf_s], seeds, window_s, "fast")
+    _bound(scenario, [mtbf_s], seeds, window, len(variants), "fast")
     times, uniforms = _failure_rows(scenario, [mtbf_s], seeds, window)
     timelines = []
     for layers in variants:
@@ -286,9 +290,16 @@ def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:
     return window
 
 
+def _bound(scenario, mtbfs, seeds, window, strategies, engine) -> None:
+    """The work bound (``sim.work``): refused before a failure is drawn."""
+    bound_work(scenario.failures, mtbfs, seeds=int(seeds), window_s=window, strategies=strategies,
+               engine=engine, mean_step_s=float(scenario.workload.compute_s.mean()))
+
+
 def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with_limit) -> pd.DataFrame:
     names = _check_strategies(scenario, strategies)
     window = _check_run(scenario, mtbfs, seeds, window_s, engine)
+    _bound(scenario, mtbfs, seeds, window, len(names), engine)
     rule = scenario.interval if interval is None else parse_interval(interval)
     times, uniforms = _failure_rows(scenario, mtbfs, seeds, window)
     timelines, index, lane_t, lane_row, lane_key = [], {}, [], [], []

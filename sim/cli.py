@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import math
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -28,10 +27,12 @@ from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
+from .outputs import output_folder, writing
 from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
 from .report import figure
 from .strategies import PROTOCOLS, STRATEGIES
 from .units import format_duration, parse_duration, parse_range
+from .work import check_runs
 
 __all__ = ["main"]
 
@@ -250,16 +251,17 @@ def _cmd_sweep(args) -> None:
     if args.points < 2:
         raise SimError(f"--points={args.points} must be at least 2")
     scenario = _scenario(args)
+    check_runs(args.points * args.seeds, seeds=args.seeds, points=args.points)
+    out = output_folder(args.out)
     points = np.geomspace(low, high, args.points)
     df = sweep(scenario, mtbf_s=points, strategies=_strategies(args), seeds=args.seeds,
                engine=args.engine)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     info = {**scenario.to_dict(), "seeds": args.seeds, "mtbf_s": points.tolist(), "engine": args.engine}
-    (out / "sweep.csv").write_text(to_csv(df, extra=("mtbf_s",)))
-    (out / "sweep.json").write_text(to_json(df, info, extra=("mtbf_s",)) + "\n")
-    figure(df, title=f"{scenario.name}: effective ratio vs MTBF").write_html(
-        out / "sweep.html", include_plotlyjs="cdn")
+    with writing(out):
+        (out / "sweep.csv").write_text(to_csv(df, extra=("mtbf_s",)))
+        (out / "sweep.json").write_text(to_json(df, info, extra=("mtbf_s",)) + "\n")
+        figure(df, title=f"{scenario.name}: effective ratio vs MTBF").write_html(
+            out / "sweep.html", include_plotlyjs="cdn")
     print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.json'}, {out / 'sweep.html'} "
           f"({len(points)} MTBFs x {df['strategy'].nunique()} strategies x {args.seeds} seeds)")
     for note in ranking_notes(df, scenario.stale_figure()):

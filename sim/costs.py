@@ -36,6 +36,17 @@ PAPER_A100 = "paper-a100"
 COST_MODELS = (PAPER_A100,)
 """Named cost models (``--costs NAME``); anything else is a costs.json path."""
 
+FIGURE_RANGES: dict[str, tuple[float, float]] = {"s": (0.0, 1e7), "GB/s": (1e-6, math.inf),
+                                                 "steps": (1.0, 1e6), "1": (0.0, 1.0)}
+"""Every figure's range by its unit: durations up to 1e7 s (116 days, beyond any window's
+use), rates of at least 1 kB/s (any finite rate above: a fast one only shortens a
+duration towards 0), batches up to a million steps, fractions and probabilities in
+[0, 1]. Past them a figure is a typo that makes durations the engine's float64 times
+cannot hold beside a step (issue 27, item 11: ratios above 1 and NaN rows)."""
+SIGNED_RANGE = (-1e3, 1e3)
+"""A signed factor's range (``stale_cost``): a measured phi may be negative (the recovered
+run ahead) or above 1 (stale layers cost more steps than they are old)."""
+
 _PAPER = "LayerCheck (IEEE CLUSTER 2026)"
 _PAPER_FIGURES: dict[str, Figure] = {
     "restart_s": Figure(value=30.0, source="assumed", method=(
@@ -133,6 +144,14 @@ class CostModel:
         for name, spec in FIGURES.items():
             if spec.unit in ("GB/s", "steps") and getattr(self, name) == 0:
                 raise SimError(f"CostModel.{name}=0 must be positive ({spec.unit})")
+        for name, spec in FIGURES.items():
+            low, high = SIGNED_RANGE if spec.signed else FIGURE_RANGES[spec.unit]
+            if not low <= getattr(self, name) <= high:
+                unit = "" if spec.unit == "1" else f" {spec.unit}"
+                allowed = f"below {low:g}{unit}" if high == math.inf else \
+                    f"outside {low:g} to {high:g}{unit}"
+                raise SimError(f"CostModel.{name}={getattr(self, name)!r} is {allowed} "
+                               f"({spec.meaning})")
         if self.diff_batch != int(self.diff_batch):
             raise SimError(f"CostModel.diff_batch={self.diff_batch!r} must be a whole number of steps")
         if self.peer_loss_probability > 1:

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .errors import SimError
 from .timeline import Timeline
 
 __all__ = ["LaneResults", "run_lanes", "run_limit", "RESULT_FIELDS"]
@@ -60,6 +61,7 @@ class _Stack:
         horizon = max(float(np.max(np.concatenate((t.ready, t.commit_time, t.backup_time))))
                       for t in timelines)
         self.big = 2.0 * horizon + 10.0
+        _check_resolution(timelines, self.big * len(timelines))
         cat = lambda f: np.concatenate([f(t) for t in timelines])  # noqa: E731
         self.ready, self.resume, self.work = cat(lambda t: t.ready), cat(lambda t: t.resume), cat(lambda t: t.work)
         self.checkpoints = cat(lambda t: t.checkpoints).astype(np.float64)
@@ -89,6 +91,19 @@ class _Stack:
             keys.append(np.concatenate(([-1.0], getattr(t, f"{name}_time"))) + s * self.big)
             pos.append(np.concatenate(([0], getattr(t, f"{name}_pos"))))
         return np.concatenate(keys), np.concatenate(pos).astype(np.int64)
+
+
+def _check_resolution(timelines: Sequence[Timeline], span: float) -> None:
+    """Refuse timelines whose stacked keys (up to ``span`` seconds) float64 cannot resolve
+    to a millionth of the shortest step: past that, positions found by searchsorted are
+    wrong and the totals garbage (issue 27, item 11: ratios above 1 and NaN rows)."""
+    steps = [t.schedule.compute[t.schedule.compute > 0] for t in timelines]   # position 0: none
+    shortest = min(float(c.min()) for c in steps if c.size)
+    if np.spacing(span) > 1e-6 * shortest:
+        raise SimError(f"the strategies' timelines span {span:.3g}s (a job with its checkpoints, "
+                       f"one block per strategy) and float64 cannot resolve its shortest step "
+                       f"({shortest:.3g}s) there: give longer steps, a shorter job or faster "
+                       "checkpoints (the cost figures)")
 
 
 def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequence[np.ndarray],

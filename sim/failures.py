@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from scipy.special import gamma
+from scipy.special import gammaln
 
 from .errors import SimError
 from .units import parse_duration
+from .work import MAX_RUN_FAILURES
 
 __all__ = ["FailureModel", "job_mtbf", "read_failure_log"]
 
@@ -33,7 +34,9 @@ class FailureModel:
     """exponential (memoryless, the Young/Daly model), weibull, or log."""
     shape: float = 1.0
     """Weibull shape k (k < 1: failures cluster, as field studies of large
-    clusters report; k = 1 is exponential). Scale = MTBF / Gamma(1 + 1/k)."""
+    clusters report; k = 1 is exponential). Scale = MTBF / Gamma(1 + 1/k), taken
+    in logarithms so that no shape overflows it; a shape so small that a run
+    would draw too many failures is refused by the work bound (``sim.work``)."""
     log_times: tuple[float, ...] | None = None
     """kind='log': failure times in seconds from the start of the log,
     ascending. The log's gaps repeat cyclically; each seed starts at a random
@@ -60,6 +63,37 @@ class FailureModel:
         return cls(kind="log", log_times=tuple(float(t) for t in times_s), repeat=False)
 
     @property
+    def coefficient_of_variation(self) -> float:
+        """Standard deviation over mean of the gaps (1 for exponential; inf where it overflows)."""
+        if self.kind == "exponential":
+            return 1.0
+        if self.kind == "weibull":
+            k = self.shape
+            with np.errstate(over="ignore", invalid="ignore"):
+                ratio = float(np.exp(gammaln(1 + 2 / k) - 2 * gammaln(1 + 1 / k)))
+            return math.sqrt(ratio - 1) if math.isfinite(ratio) and ratio > 1 else (
+                math.inf if not math.isfinite(ratio) else 0.0)
+        gaps = np.diff(np.concatenate(([0.0], self.log_times)))
+        return float(gaps.std() / gaps.mean())
+
+    def expected_failures(self, *, mtbf_s: float | None, window_s: float) -> float:
+        """About how many failures one run over ``window_s`` draws: what the work bound
+        (``sim.work``) checks before anything is drawn. A renewal process from a failure
+        expects window/MTBF + (CV^2 - 1)/2 failures (the renewal theorem's second term:
+        clustered gaps add failures); a log played once, its rows within the window."""
+        if self.kind == "log" and not self.repeat:
+            gaps = np.diff(np.concatenate(([0.0], self.log_times)))
+            if mtbf_s is not None:
+                gaps = gaps * (mtbf_s / gaps.mean())
+            return float(np.searchsorted(np.cumsum(gaps), window_s, side="left"))
+        mean = mtbf_s if mtbf_s is not None else self.log_mtbf
+        rate = window_s / mean
+        if self.kind == "log":
+            return rate
+        cv = self.coefficient_of_variation
+        return rate + max(0.0, (cv * cv - 1) / 2) if math.isfinite(cv) else math.inf
+
+    @property
     def log_mtbf(self) -> float | None:
         """Mean gap of the log (None unless kind='log')."""
         if self.kind != "log":
@@ -67,8 +101,10 @@ class FailureModel:
         return float(self.log_times[-1]) / len(self.log_times)
 
     def failure_times(self, rng: np.random.Generator, *, mtbf_s: float | None,
-                      window_s: float) -> np.ndarray:
-        """Failure times in [0, window_s), ascending, drawn from ``rng``."""
+                      window_s: float, limit: int = MAX_RUN_FAILURES) -> np.ndarray:
+        """Failure times in [0, window_s), ascending, drawn from ``rng``; ``SimError`` once
+        more than ``limit`` are drawn before the window ends (the work bound's guarantee,
+        whatever its estimate said)."""
         if mtbf_s is None and self.kind != "log":
             raise SimError("mtbf is required for exponential and weibull failures")
         if mtbf_s is not None and not (math.isfinite(mtbf_s) and mtbf_s > 0):
@@ -76,19 +112,28 @@ class FailureModel:
         chunk = int(min(max(64, 1.2 * window_s / (mtbf_s or self.log_mtbf) + 64), 1 << 22))
         parts, total = [], 0.0
         draw = self._sampler(rng, mtbf_s)
-        while total < window_s:
+        while total < window_s and len(parts) * chunk <= limit:
             gaps = draw(chunk)
             parts.append(gaps)
             total += float(gaps.sum())
         times = np.cumsum(np.concatenate(parts))
-        return times[: np.searchsorted(times, window_s, side="left")]
+        times = times[: np.searchsorted(times, window_s, side="left")]
+        if len(times) > limit:
+            raise SimError(f"a run drew more than {limit:,} failures before its {window_s:.3g}s "
+                           "window ended, the simulator's limit per run (docs/sim.md, Work "
+                           "limits): raise the MTBF, shorten the window or use a Weibull shape "
+                           "nearer 1")
+        return times
 
     def _sampler(self, rng: np.random.Generator, mtbf_s: float | None):
         if self.kind == "exponential":
             return lambda n: mtbf_s * rng.standard_exponential(n)
         if self.kind == "weibull":
-            scale = mtbf_s / gamma(1.0 + 1.0 / self.shape)
-            return lambda n: scale * rng.weibull(self.shape, n)
+            # k-th root of a standard exponential, scaled by MTBF / Gamma(1 + 1/k), in logs:
+            # the same variates as rng.weibull, without Gamma(1 + 1/k) overflowing (k < 0.006)
+            # or the root itself overflowing before the scale brings it back
+            log_scale = math.log(mtbf_s) - float(gammaln(1.0 + 1.0 / self.shape))
+            return lambda n: _weibull(rng.standard_exponential(n), self.shape, log_scale)
         gaps = np.diff(np.concatenate(([0.0], np.asarray(self.log_times, dtype=float))))
         if mtbf_s is not None:
             gaps = gaps * (mtbf_s / gaps.mean())
@@ -102,6 +147,11 @@ class FailureModel:
             state["at"] = (state["at"] + n) % len(gaps)
             return gaps[idx]
         return draw
+
+
+def _weibull(exponential: np.ndarray, shape: float, log_scale: float) -> np.ndarray:
+    with np.errstate(divide="ignore"):               # an exponential variate of 0: a gap of 0
+        return np.exp(np.log(exponential) / shape + log_scale)
 
 
 def _once(gaps: np.ndarray):

@@ -40,6 +40,10 @@ def resolve_interval(rule: str | int, workload: Workload, costs: CostModel,
     """Steps between full checkpoints under ``rule``."""
     rule = parse_interval(rule)
     if isinstance(rule, int):
+        if rule > workload.steps:
+            raise SimError(f"interval={rule} steps is longer than the job's {workload.steps} steps: "
+                           "a checkpoint every that many steps is never taken; give at most "
+                           f"{workload.steps} (one checkpoint a job)")
         return rule
     if mtbf_s is None:
         raise SimError(f"interval {rule!r} needs an MTBF")

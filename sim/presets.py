@@ -181,6 +181,9 @@ def build_trace(name: str, *, seed: int = 0, intervals: dict[str, float] | None 
     by ``layercheck.policy.replay`` with the paper's LayerCheck defaults."""
     if name not in ARCHITECTURES:
         raise SimError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SimError(f"--seed {seed!r}: a preset's drift is drawn from a seed, a non-negative "
+                       "integer (default 0)")
     arch, config = ARCHITECTURES[name], LayerCheckConfig(lr_peak=LR_PEAK)
     layers = arch.layers()
     names, kinds = [l["name"] for l in layers], [l["kind"] for l in layers]

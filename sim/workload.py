@@ -15,6 +15,7 @@ import numpy as np
 from layercheck.trace import Trace, last_written
 
 from .errors import SimError
+from .work import check_job_steps
 
 __all__ = ["Workload", "LayerWrites"]
 
@@ -120,6 +121,7 @@ class Workload:
         if not np.all(np.isfinite(compute)) or (compute <= 0).any():
             raise SimError(f"workload {self.name!r}: every step needs a positive, finite compute "
                            "time (forward_s + backward_s + optimizer_s)")
+        check_job_steps(compute.size, f"workload {self.name!r}")
         compute.setflags(write=False)
         object.__setattr__(self, "compute_s", compute)
         if not (isinstance(self.full_bytes, (int, np.integer)) and self.full_bytes > 0):
@@ -148,6 +150,7 @@ class Workload:
         if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) \
                 or iterations < 1:
             raise SimError(f"iterations={iterations!r} must be a positive integer")
+        check_job_steps(int(iterations), f"iterations={iterations}: a job")
         return cls(name=name, compute_s=np.full(int(iterations), float(iteration_s)),
                    full_bytes=int(full_bytes))
 

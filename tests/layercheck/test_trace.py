@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,7 @@ import pytest
 from layercheck.trace import (ADDED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, last_written,
                               read_trace, weighted_staleness, write_trace)
 
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_trace(steps: int = 6, *, k_scale=None, state_bytes=None) -> Trace:
@@ -67,7 +69,7 @@ def test_code_for_an_older_schema_gets_the_new_column():
 
 @pytest.mark.parametrize("change,message", [
     (dict(k_scale=[1.0, 1.0, 0.0, 1.0, 1.0, 1.0]), "k_scale must be a positive number"),
-    (dict(state_bytes=[1, 2, -3]), r"layers\[2\].state_bytes must be a positive integer"),
+    (dict(state_bytes=[1, 2, -3]), r"layers table, column state_bytes, row 2: -3 is not positive"),
 ])
 def test_bad_new_fields_say_where(tmp_path, change, message):
     with pytest.raises(TraceError, match=message):
@@ -92,3 +94,99 @@ def test_staleness_of_a_stack_is_the_stack_of_staleness():
         np.testing.assert_allclose(stacked[run], weighted_staleness(written[run], params),
                                    rtol=1e-12, equal_nan=True)
         np.testing.assert_array_equal(last_written(written)[run], last_written(written[run]))
+
+
+# --- issue 27, item 12: every column's type and range is checked on read ---------------------
+SHIPPED = sorted(p for p in (ROOT / "traces").iterdir() if (p / "manifest.json").exists())
+
+
+def _tampered(tmp_path, table: str, column: str, row: int, value, *, kind: str = "captured"):
+    """A valid trace on disk with one cell of ``table`` (a Parquet table, or the manifest's
+    ``layers``) set to ``value``, read back with ``read_trace``."""
+    trace = small_trace()
+    trace.manifest["kind"] = kind
+    path = write_trace(trace, tmp_path / "t")
+    if table == "layers":
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["layers"][row][column] = value
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        frame = pd.read_parquet(path / f"{table}.parquet")
+        values = frame[column].astype(str if isinstance(value, str) else np.float64).to_list()
+        values[row] = value
+        frame[column] = values
+        frame.to_parquet(path / f"{table}.parquet")
+    return read_trace(path)
+
+
+@pytest.mark.parametrize("table,column,row,value,words", [
+    ("drift", "drift", 4, -1e-4, "negative"),
+    ("drift", "accumulator", 0, float("nan"), "not a finite number"),
+    ("steps", "lr", 2, -1e-3, "negative"),
+    ("steps", "forward_s", 1, float("inf"), "not a finite number"),
+    ("steps", "stall_s", 3, -0.5, "negative"),
+    ("steps", "step", 2, 2.5, "not an integer"),
+    ("writes", "persist_s", 1, float("nan"), "not a finite number"),
+    ("writes", "persist_s", 2, -1.0, "negative"),
+    ("writes", "stall_s", 0, -0.25, "negative"),
+    ("writes", "step", 3, 4.5, "not an integer"),
+    ("writes", "bytes", 0, "many", "not an integer"),     # a column of strings
+    ("writes", "bytes", 2, 1e30, "more than"),
+    ("layers", "params", 1, float("nan"), "not an integer"),
+    ("layers", "params", 0, -5, "negative"),
+    ("layers", "bytes", 2, 10 ** 30, "more than"),
+    ("layers", "name", 1, 7, "not a string"),
+])
+def test_a_bad_cell_names_the_table_column_and_row(tmp_path, table, column, row, value, words):
+    with pytest.raises(TraceError) as info:
+        _tampered(tmp_path, table, column, row, value)
+    message = str(info.value)
+    assert f"{table} table, column {column}, row {row}" in message and words in message, message
+    assert "\n" not in message
+
+
+def test_a_synthetic_trace_may_leave_measured_columns_unmeasured(tmp_path):
+    trace = _tampered(tmp_path, "writes", "persist_s", 1, float("nan"), kind="synthetic")
+    assert np.isnan(trace.writes["persist_s"][1])   # what the preset traces hold: no measurement
+    with pytest.raises(TraceError, match="column persist_s, row 1"):
+        _tampered(tmp_path / "b", "writes", "persist_s", 1, -1.0, kind="synthetic")
+
+
+@pytest.mark.parametrize("keep", [0, 17])
+def test_the_drift_table_has_one_row_per_step_and_layer(tmp_path, keep):
+    path = write_trace(small_trace(), tmp_path / "t")           # 6 steps x 3 layers
+    drift = pd.read_parquet(path / "drift.parquet")
+    drift.iloc[:keep].to_parquet(path / "drift.parquet")
+    with pytest.raises(TraceError, match=rf"drift table: {keep} rows; it needs one per \(step, "
+                                         r"layer\): 6 steps x 3 layers = 18"):
+        read_trace(path)
+
+
+def test_a_duplicated_drift_row_is_named(tmp_path):
+    path = write_trace(small_trace(), tmp_path / "t")
+    drift = pd.read_parquet(path / "drift.parquet")
+    drift.loc[5, ["step", "layer"]] = [1, 0]                    # a second (1, 0), no (2, 2)
+    drift.to_parquet(path / "drift.parquet")
+    with pytest.raises(TraceError, match=r"drift table, row 5: step 1, layer 0 appears twice"):
+        read_trace(path)
+
+
+def test_the_layers_together_stay_countable(tmp_path):
+    trace = small_trace()
+    for layer in trace.manifest["layers"]:
+        layer["bytes"] = 2 ** 52
+    with pytest.raises(TraceError, match="layers table: the layers' bytes add up to"):
+        write_trace(trace, tmp_path / "t")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_trace_reads(path):
+    trace = read_trace(path)
+    assert trace.num_steps > 0 and len(trace.drift) == trace.num_steps * len(trace.layer_names)
+
+
+@pytest.mark.parametrize("value", [-2.5, float("inf"), float("nan")])
+def test_any_loss_reads(tmp_path, value):
+    """A loss is any number (a diverged run's is infinite or NaN); nothing computes from it."""
+    trace = _tampered(tmp_path, "steps", "loss", 1, value)
+    assert trace.steps["loss"][1] == value or np.isnan(value)

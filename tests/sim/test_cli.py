@@ -233,3 +233,99 @@ def test_bad_stale_cost_is_one_line_exit_2(args, words, capsys):
                 else [*args, "--seeds", "1", "--window", "1d"]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# --- issue 27, item 12: tune and run refuse a nonsense trace (the trace schema) ----------------
+def _corrupt(folder: Path, how: str) -> None:
+    """Damage a copy of a capture the way issue 27 found ``sim tune`` recommending from."""
+    import numpy as np
+    import pandas as pd
+    drift, steps = pd.read_parquet(folder / "drift.parquet"), pd.read_parquet(folder / "steps.parquet")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if how == "negative drift":
+        drift["drift"] = -drift["drift"]
+    elif how == "empty drift":
+        drift = drift.iloc[:0]
+    elif how == "negative lr":
+        steps["lr"] = -steps["lr"]
+    elif how == "nan params":
+        manifest["layers"][3]["params"] = float("nan")
+    elif how == "huge layer":
+        manifest["layers"][2]["bytes"] = 10 ** 30
+    drift.to_parquet(folder / "drift.parquet")
+    steps.to_parquet(folder / "steps.parquet")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert np.isfinite(steps["forward_s"]).all()
+
+
+@pytest.mark.parametrize("how,words", [
+    ("negative drift", "drift table, column drift, row 0: "),
+    ("empty drift", "drift table: 0 rows; it needs one per (step, layer)"),
+    ("negative lr", "steps table, column lr, row 0: "),
+    ("nan params", "layers table, column params, row 3: nan is not an integer"),
+    ("huge layer", "layers table, column bytes, row 2: "),
+])
+@pytest.mark.parametrize("command", ["tune", "run"])
+def test_a_nonsense_trace_is_refused_not_recommended_from(tmp_path, capsys, how, words, command):
+    folder = tmp_path / "minilm"
+    shutil.copytree(ROOT / "traces/minilm-200steps", folder)
+    _corrupt(folder, how)
+    assert main([command, "--trace", str(folder), "--mtbf", "1h", "--seeds", "2",
+                 "--window", "1d"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+# --- issue 27, item 11: extreme but accepted values are refused before they allocate ----------
+def _capped(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m sim`` with 2 GiB of address space and a minute: a refusal must come before
+    anything large is allocated or run (the import alone takes about 1 GiB)."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    return subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, preexec_fn=cap,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1",
+                               "OPENBLAS_NUM_THREADS": "1"})
+
+
+def _log(folder: Path, times) -> str:
+    path = folder / "failures.csv"
+    path.write_text("time_s\n" + "".join(f"{t!r}\n" for t in times))
+    return str(path)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--mtbf", "1e-6s"], "failures per run"),
+    (["--gpus", "1000000000000", "--gpu-mtbf", "1h"], "failures per run"),
+    (["--mtbf", "1h", "--window", "1e12d"], "failures per run"),
+    (["--mtbf", "1h", "--failures", "weibull", "--shape", "0.01"], "Weibull shape 0.01"),
+    (["--mtbf", "1h", "--failures", "weibull", "--shape", "0.002"], "Weibull shape 0.002"),
+    (["--failure-log", "{tiny_gaps}"], "failures per run"),
+    (["--failure-log", "{one_second}"], "failures per run"),
+    (["--mtbf", "1h", "--seeds", "1000000000"], "failures in all"),
+    (["--mtbf", "1h", "--engine", "simpy", "--window", "3000d"], "simpy"),
+    (["--mtbf", "1h", "--interval", "99999999999999999999"], "the job's 1692 steps"),
+    (["--iteration-time", "1s", "--iterations", "1000000000000", "--mtbf", "1h"], "iterations"),
+    (["--iteration-time", "1s", "--checkpoint-gb", "1e300", "--mtbf", "1h"], "checkpoint size"),
+    (["sweep", "--points", "1000000000"], "failures in all"),
+    (["sweep", "--mtbf", "1e-7s..1h", "--points", "3"], "failures per run"),
+    (["sweep", "--out", "/etc/passwd", "--points", "2", "--seeds", "1", "--window", "1h"], "--out"),
+    (["presets", "--write", "--seed", "-1"], "--seed"),
+])
+def test_extreme_values_are_one_line_exit_2_before_allocating(tmp_path, args, words):
+    logs = {"tiny_gaps": _log(tmp_path, [1e-9, 2e-9, 3e-9]),
+            "one_second": _log(tmp_path, [float(t) for t in range(1, 101)])}
+    result = _capped(*[a.format(**logs) for a in args])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_log_played_once_runs_over_any_window(tmp_path):
+    """The bound counts what a run draws: a log played once draws its rows, whatever the window."""
+    result = _capped("--failure-log", _log(tmp_path, [3600.0, 7200.0]), "--log-once",
+                     "--window", "1e12d", "--seeds", "2", "--strategies", "deepspeed", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows"][0]["failures"] == 2.0

@@ -78,3 +78,16 @@ def test_the_stale_cost_factor_is_a_figure_with_its_interval():
     assert measured.to_dict()["figures"]["stale_cost"]["low"] == 0.2
     given = measured.with_overrides(stale_cost=0.7).provenance["stale_cost"]
     assert given.source == "given" and given.interval == (0.7, 0.7)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("lc_commit_s", 1e300, r"lc_commit_s=1e\+300 is outside 0 to 1e\+07 s"),
+    ("save_gbps", 1e-300, r"save_gbps=1e-300 is below 1e-06 GB/s"),
+    ("diff_fraction", 1e300, r"diff_fraction=1e\+300 is outside 0 to 1"),
+    ("tracking_fraction", 3.0, "outside 0 to 1"),
+    ("diff_batch", 1e18, r"diff_batch=1e\+18 is outside 1 to 1e\+06 steps")])
+def test_every_figure_is_range_checked(field, value, match):
+    """Issue 27, item 11: a finite but absurd figure gave ratios above 1 and NaN rows (one
+    strategy's 1e300-second commits swamped every other lane's float64 times)."""
+    with pytest.raises(SimError, match=match):
+        CostModel(**{field: value})

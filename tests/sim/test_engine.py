@@ -196,3 +196,16 @@ def test_timelines_shorter_than_ten_seconds_stay_apart():
     failures = [np.array([2.5, 9.0, 17.25])]
     res = run_lanes(timelines, np.array([0, 1]), failures, np.array([0, 0]), [np.ones(3)], window)
     _assert_equal(res, [run_reference(s, failures[0], np.ones(3), window) for s in schedules])
+
+
+def test_times_the_float64_keys_cannot_resolve_are_refused():
+    """Issue 27, item 11: the engine stacks every strategy's times in one float64 array; a
+    job whose span swamps its shortest step (1 ns steps, 15-minute saves) would answer
+    garbage (ratios above 1, NaN), so it is refused with what to change."""
+    from sim.errors import SimError
+    from sim.workload import Workload
+    tiny = Workload.custom(iteration_s=1e-9, iterations=1000, full_bytes=int(1e12))
+    timeline = Timeline.build(_schedule("deepspeed", tiny, CostModel(), 1))
+    with pytest.raises(SimError, match="float64 cannot resolve its shortest step"):
+        run_lanes([timeline], np.zeros(1, dtype=int), [np.array([5.0])], np.zeros(1, dtype=int),
+                  [np.array([0.5])], 3600.0)
