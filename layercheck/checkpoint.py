@@ -39,7 +39,7 @@ from .errors import CheckpointNotFound, LayerCheckError, ModelMismatch
 from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
-from .policy import Decision, Policy, PolicyState, Reason
+from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state
 from .retention import Retention
@@ -107,8 +107,8 @@ class LayerCheck:
         self.ranks = ranks or Ranks()
         self.policy = Policy.from_config(self.config, self.layer_map.names, self.layer_map.kinds)
         self.state = PolicyState(policy=self.policy)
-        self.lr_peak = self.config.lr_peak or max(
-            float(g.get("initial_lr", g["lr"])) for g in self.source.optimizer.param_groups)
+        self.lr_peak = lr_peak(self.config.lr_peak, self.source.optimizer.param_groups,
+                               scaling=self.config.lr_scaling)
         self.store = open_store(directory, **dict(storage_options or {}))
         self._closed = False
         if self.ranks.is_coordinator:
@@ -260,7 +260,7 @@ class LayerCheck:
 
     def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors, doc = read_state(self.store, state, data)
-        check_state(doc, self.source.optimizer, self.source.group_members())
+        check_state(doc, self.source.optimizer, self.source.group_members(), self.scheduler)
         return tensors, doc
 
     def _apply(self, planner: Planner, sources: dict[str, Version], tensors: dict[str, Any],
@@ -327,7 +327,7 @@ class LayerCheck:
         self.current_step += 1
         t = self.current_step
         drift, lr, drift_s = self.drift.take()
-        decision = self.state.observe(t, drift, lr / self.lr_peak if np.isfinite(lr) else 1.0)
+        decision = self.state.observe(t, drift, lr_ratio(lr, self.lr_peak))
         decision = self._add_failed(decision)
         start = time.perf_counter()
         queued = 0

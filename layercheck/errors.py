@@ -5,7 +5,8 @@ import argparse
 from typing import NoReturn
 
 __all__ = ["retryable", "one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
-           "WriteFailed", "ReadFailed", "DirectoryLocked", "NotARegularFile"]
+           "WriteFailed", "ReadFailed", "RestoreIncomplete", "TimelineNotRecorded", "DirectoryLocked",
+           "NotARegularFile"]
 
 
 class LayerCheckError(RuntimeError):
@@ -31,6 +32,19 @@ class WriteFailed(LayerCheckError):
 class ReadFailed(LayerCheckError):
     """Reading a committed file failed with an I/O error: not damage, so nothing was
     passed over in its favour; try again once the storage answers."""
+
+
+class RestoreIncomplete(LayerCheckError):
+    """A restore failed after it had begun copying layers in (a file read again at
+    the apply failed for good): the message names the layers that hold the
+    checkpoint's values and those that still hold their own; ``restore()`` again
+    completes it. Nothing in the directory changed."""
+
+
+class TimelineNotRecorded(LayerCheckError):
+    """A restore applied everything but could not record its new timeline (the
+    ``resume`` record): the live objects hold the restored step, the directory is as
+    it was; ``restore()`` again once the storage takes writes."""
 
 
 class DirectoryLocked(LayerCheckError):
