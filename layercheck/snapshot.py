@@ -149,7 +149,8 @@ def _check_optimizer(saved: Mapping[str, Any] | None, optimizer: torch.optim.Opt
 def _check_scheduler(doc: Mapping[str, Any], scheduler: Any) -> None:
     """ModelMismatch unless ``scheduler.load_state_dict`` takes the document's
     scheduler state and, where recorded, the types match; ``scheduler`` is not
-    changed (its state is loaded into a deep copy that shares the optimizer)."""
+    changed (its state is loaded into a deep copy that shares the optimizer and its
+    parameters: what a schedule's ``load_state_dict`` changes is the scheduler's own)."""
     saved = doc.get("scheduler")
     if scheduler is None or saved is None:
         return
@@ -159,7 +160,10 @@ def _check_scheduler(doc: Mapping[str, Any], scheduler: Any) -> None:
     if kind is not None and kind != live:
         raise ModelMismatch(f"the checkpoint's LR scheduler is {kind}, this one is {live}: {fix}")
     optimizer = getattr(scheduler, "optimizer", None)
-    trial = copy.deepcopy(scheduler, {id(optimizer): optimizer} if optimizer is not None else {})
+    shared: dict[int, Any] = {id(optimizer): optimizer} if optimizer is not None else {}
+    for group in getattr(optimizer, "param_groups", []):  # a callable schedule may hold weights
+        shared.update((id(p), p) for p in group["params"])
+    trial = copy.deepcopy(scheduler, shared)
     try:
         trial.load_state_dict(copy.deepcopy(saved))
     except Exception as exc:  # noqa: BLE001 - whatever it raises, the live one would too

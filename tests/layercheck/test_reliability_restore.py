@@ -295,6 +295,23 @@ def test_a_re_read_that_fails_for_good_midway_says_what_the_model_holds(six):
     _same(_live(*clean[1:4]), _live(model, opt, sched))
 
 
+def test_a_second_restore_that_fails_midway_keeps_step_from_training_on(six):
+    """A restore that completed, then one of step 5 that stops midway: step() had gone
+    on from the first restore's timeline with the model half step 5."""
+    _, view = _sizes(six)
+    last = view.layer_names[-1]
+    store = _FailingReads(six, after=10 ** 9, only={view.versions[last][-2].file})
+    lc, model, opt, sched, _ = _restore_into_fresh(six, store, restore_memory=0)
+    with lc:
+        assert lc.restore() == 6
+        store.reads.clear()
+        store.after = 2
+        with pytest.raises(RestoreIncomplete, match="step 5"):
+            lc.restore(5, exact=True)
+        with pytest.raises(LayerCheckError, match="call restore"):
+            lc.step()
+
+
 # -- 6: ENOSPC on the resume record ---------------------------------------------------
 class _FullAtResume(LocalStore):
     """A LocalStore whose manifest appends fail with ENOSPC while ``full``."""
