@@ -60,11 +60,16 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def apply_rng(tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, Any]) -> None:
-    """Set every RNG to what ``capture_rng`` returned."""
+    """Set every RNG to what ``capture_rng`` returned; of the CUDA devices, those this
+    process sees (a state saved where more were visible restores on fewer: an
+    unknown device would fail, lazily, at CUDA's first use after the restore)."""
     torch.set_rng_state(tensors["rng/torch"])
-    cuda = sorted(k for k in tensors if k.startswith("rng/cuda/"))
+    cuda = sorted((int(k.rpartition("/")[2]), k) for k in tensors if k.startswith("rng/cuda/"))
     if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+        present = torch.cuda.device_count()  # by number: rng/cuda/10 is not device 2's
+        for device, key in cuda:
+            if device < present:  # a device this process does not see has no generator
+                torch.cuda.set_rng_state(tensors[key], device)
     np_name, np_pos, np_has_gauss, np_gauss = scalars["numpy"]
     np.random.set_state((np_name, tensors["rng/numpy"].numpy().astype(np.uint32), np_pos,
                          np_has_gauss, np_gauss))

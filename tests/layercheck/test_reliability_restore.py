@@ -353,6 +353,31 @@ def test_a_full_disk_at_the_resume_record_says_what_the_objects_hold(six):
     assert 7 in read_manifest(LocalStore(six)).states
 
 
+# -- the RNGs: applied last, so nothing there may fail -----------------------------------
+def test_cuda_rng_states_go_to_their_own_devices_and_only_to_those_present(monkeypatch):
+    """A state saved by a process that saw 12 GPUs, restored by one that sees 2: the
+    states were set in the order of their names (rng/cuda/10 to device 2) and for
+    every saved device, which CUDA refuses for a device it has not. This machine has
+    no GPU: torch.cuda's generator setter is replaced by one that refuses, as CUDA
+    does, a device beyond device_count()."""
+    from layercheck.snapshot import apply_rng, capture_rng
+    tensors, scalars = capture_rng()
+    saved = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(12)}
+    tensors.update({f"rng/cuda/{i}": t for i, t in saved.items()})
+    applied = []
+
+    def set_rng_state(state, device="cuda"):
+        if device >= 2:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {device}")
+        applied.append((device, state))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)
+    apply_rng(tensors, scalars)
+    assert [(d, int(s[0])) for d, s in applied] == [(0, 0), (1, 1)]
+
+
 # -- 8: an optimizer made with lr=0 ---------------------------------------------------
 def test_an_optimizer_made_with_lr_0_is_refused_with_the_fix(tmp_path):
     """lr=0 in every group (no scheduler's initial_lr): lr_peak was 0 and the first
