@@ -228,7 +228,7 @@ class LayerCheck:
             self._begin_timeline(0, view)
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
-        planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self._restore_memory(),
+        planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self.config.restore_bytes(),
                           threads=self.config.restore_threads, apart=self.source.kept_apart())
         state, data = planner.state(step, exact=exact)
         tensors, doc = planner.together(lambda: self._read_state(state, data))
@@ -244,11 +244,7 @@ class LayerCheck:
         sources = planner.layers(state.step, use=check)
         applying = time.perf_counter()
         planner.together(lambda: self._apply(planner, sources, tensors, doc),
-                         elsewhere=lambda: RestoreIncomplete(
-                             f"another rank failed while copying step {state.step} in (its "
-                             "error names the layers it holds); this rank's model, optimizer, "
-                             f"scheduler and RNGs hold step {state.step}: call restore() again "
-                             "on every rank once the storage answers"))
+                         elsewhere=lambda: RestoreIncomplete.elsewhere(state.step))
         self.source.after_restore(doc["engine"], state.step)
         load_s = applying - loading + planner.load_s
         restore_s = time.perf_counter() - applying - planner.load_s
@@ -263,19 +259,6 @@ class LayerCheck:
         self.restored = RestoreReport(state.step, plan, plan_s, load_s, restore_s,
                                       sum(v.bytes for v in sources.values()))
         return state.step
-
-    def _restore_memory(self) -> int:
-        """``config.restore_memory``, or its default: half of MemAvailable, else 1 GiB."""
-        if self.config.restore_memory is not None:
-            return self.config.restore_memory
-        try:
-            with open("/proc/meminfo", "rb") as meminfo:
-                for line in meminfo:
-                    if line.startswith(b"MemAvailable:"):
-                        return int(line.split()[1]) * 1024 // 2
-        except (OSError, ValueError, IndexError):
-            pass
-        return 1 << 30
 
     def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors, doc = read_state(self.store, state, data)

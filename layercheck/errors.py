@@ -54,6 +54,13 @@ class RestoreIncomplete(LayerCheckError):
                    "nothing from this state: call restore() again once the storage answers; it "
                    "starts over and copies every layer (step() refuses until then)")
 
+    @classmethod
+    def elsewhere(cls, step: int) -> "RestoreIncomplete":
+        """What a rank whose own copy succeeded raises when another's failed."""
+        return cls(f"another rank failed while copying step {step} in (its error names the "
+                   f"layers it holds); this rank's model, optimizer, scheduler and RNGs hold "
+                   f"step {step}: call restore() again on every rank once the storage answers")
+
 
 class TimelineNotRecorded(LayerCheckError):
     """A restore could not record its new timeline (the ``resume`` record, written
