@@ -213,9 +213,9 @@ class LayerCheck:
         copied in (RestoreIncomplete; those are read first, each retried), and
         the record of the new timeline (TimelineNotRecorded: the objects hold step
         t, the directory is as it was). After either, ``step()`` refuses until a
-        ``restore()`` succeeds."""
+        ``restore()`` succeeds; after a failure before the first copy, the objects
+        and the timeline are those of before the call."""
         start = time.perf_counter()
-        self._restore_called = False  # until this one completes, step() refuses
         self.writer.flush()  # a failed pending write is raised before anything changes
         self.drift.take()  # sums of steps before a restore are of weights it replaces
         view = read_manifest(self.store, self.ranks.rank)
@@ -243,6 +243,7 @@ class LayerCheck:
         plan_s = loading - start
         sources = planner.layers(state.step, use=check)
         applying = time.perf_counter()
+        self._restore_called = False  # from the first copy until this completes, step() refuses
         planner.together(lambda: self._apply(planner, sources, tensors, doc),
                          elsewhere=lambda: RestoreIncomplete.elsewhere(state.step))
         self.source.after_restore(doc["engine"], state.step)
