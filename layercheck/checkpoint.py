@@ -35,13 +35,14 @@ from torch import nn
 
 from .config import LayerCheckConfig
 from .drift import DriftTracker
-from .errors import CheckpointNotFound, LayerCheckError, ModelMismatch
+from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch,
+                     ReadFailed, RestoreIncomplete, TimelineNotRecorded)
 from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
-from .policy import Decision, Policy, PolicyState, Reason
+from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks
-from .recovery import Plan, Planner, read_state
+from .recovery import Plan, Planner, read_state, together
 from .retention import Retention
 from .snapshot import apply_state, capture_state, check_state
 from .source import LayerSource, ModuleSource, tensors_nbytes
@@ -107,8 +108,8 @@ class LayerCheck:
         self.ranks = ranks or Ranks()
         self.policy = Policy.from_config(self.config, self.layer_map.names, self.layer_map.kinds)
         self.state = PolicyState(policy=self.policy)
-        self.lr_peak = self.config.lr_peak or max(
-            float(g.get("initial_lr", g["lr"])) for g in self.source.optimizer.param_groups)
+        self.lr_peak = lr_peak(self.config.lr_peak, self.source.optimizer.param_groups,
+                               scaling=self.config.lr_scaling)
         self.store = open_store(directory, **dict(storage_options or {}))
         self._closed = False
         if self.ranks.is_coordinator:
@@ -201,8 +202,21 @@ class LayerCheck:
         """Restore the composite state of ``step`` (default: the newest step every
         rank can recover; ``exact``: exactly ``step``, else CheckpointNotFound)
         into the live model, optimizer, scheduler and RNGs. Returns the restored
-        step t (0 when there is nothing to restore): train on from t+1."""
+        step t (0 when there is nothing to restore): train on from t+1.
+
+        Everything that can fail is checked before the first byte is copied in
+        (every chosen file verified, the optimizer's and scheduler's types and
+        state, each layer against the live model and optimizer): a failed restore
+        leaves the model, optimizer, scheduler and RNGs as they were. Two failures
+        can come later, and say what the objects then hold: a layer beyond
+        ``restore_memory`` whose second read fails for good after others were
+        copied in (RestoreIncomplete; those are read first, each retried), and
+        the record of the new timeline (TimelineNotRecorded: the objects hold step
+        t, the directory is as it was). After either, ``step()`` refuses until a
+        ``restore()`` succeeds; after a failure before the first copy, the objects
+        and the timeline are those of before the call."""
         start = time.perf_counter()
+        self.writer.flush()  # a failed pending write is raised before anything changes
         self.drift.take()  # sums of steps before a restore are of weights it replaces
         view = read_manifest(self.store, self.ranks.rank)
         for problem in view.problems if self.ranks.is_coordinator else []:
@@ -214,7 +228,7 @@ class LayerCheck:
             self._begin_timeline(0, view)
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
-        planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self._restore_memory(),
+        planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self.config.restore_bytes(),
                           threads=self.config.restore_threads, apart=self.source.kept_apart())
         state, data = planner.state(step, exact=exact)
         tensors, doc = planner.together(lambda: self._read_state(state, data))
@@ -229,7 +243,9 @@ class LayerCheck:
         plan_s = loading - start
         sources = planner.layers(state.step, use=check)
         applying = time.perf_counter()
-        planner.together(lambda: self._apply(planner, sources, tensors, doc))
+        self._restore_called = False  # from the first copy until this completes, step() refuses
+        planner.together(lambda: self._apply(planner, sources, tensors, doc),
+                         elsewhere=lambda: RestoreIncomplete.elsewhere(state.step))
         self.source.after_restore(doc["engine"], state.step)
         load_s = applying - loading + planner.load_s
         restore_s = time.perf_counter() - applying - planner.load_s
@@ -237,7 +253,7 @@ class LayerCheck:
         for message in planner.warnings:
             warnings.warn(f"layercheck: {rank}{message}", stacklevel=2)
         self.extra = doc.get("extra")
-        self._begin_timeline(state.step, view, base_taken=True, standing=sources)
+        self._begin_timeline(state.step, view, base_taken=True, applied=True, standing=sources)
         if self.config.write_budget is not None:  # the budget counts from here, in these sizes
             self._set_sizes(sizes)
         plan = Plan(state.step, state, sources, planner.warnings)
@@ -245,43 +261,55 @@ class LayerCheck:
                                       sum(v.bytes for v in sources.values()))
         return state.step
 
-    def _restore_memory(self) -> int:
-        """``config.restore_memory``, or its default: half of MemAvailable, else 1 GiB."""
-        if self.config.restore_memory is not None:
-            return self.config.restore_memory
-        try:
-            with open("/proc/meminfo", "rb") as meminfo:
-                for line in meminfo:
-                    if line.startswith(b"MemAvailable:"):
-                        return int(line.split()[1]) * 1024 // 2
-        except (OSError, ValueError, IndexError):
-            pass
-        return 1 << 30
-
     def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors, doc = read_state(self.store, state, data)
-        check_state(doc, self.source.optimizer, self.source.group_members())
+        check_state(doc, self.source.optimizer, self.source.group_members(), self.scheduler)
         return tensors, doc
 
     def _apply(self, planner: Planner, sources: dict[str, Version], tensors: dict[str, Any],
                doc: dict[str, Any]) -> None:
         """Put the planned composite into the live objects (``planner.load``: each
-        version as verified in the plan, or read and verified again)."""
-        for name, version in sources.items():
-            self.source.apply(self.layer_map.index[name], planner.load(version))
+        version as verified in the plan, or read and verified again).
+
+        Reading a file again is all that can fail here, so the layers read again go
+        first: one that fails before any layer is copied changes nothing. Later, the
+        layers already copied cannot be put back without a second copy of them in
+        memory, which is what reading again saves: RestoreIncomplete says which
+        layers hold what, on every rank."""
+        step, done = doc["step"], []
+        order = sorted(sources, key=lambda name: planner.kept(sources[name]))  # stable
+        for name in order:
+            try:
+                loaded = planner.load(sources[name])
+            except (ReadFailed, CorruptVersion) as exc:
+                if not done:
+                    raise type(exc)(f"{exc}. Restore read it again to copy it in, before "
+                                    "anything else: nothing was changed; call restore() "
+                                    "again once the storage answers") from None
+                raise RestoreIncomplete.copying(self.store.url, step, exc, done, [
+                    n for n in order if n not in done]) from None
+            self.source.apply(self.layer_map.index[name], loaded)
+            done.append(name)
         apply_state(tensors, doc, self.source.optimizer, self.scheduler)
 
     def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False,
+                        applied: bool = False,
                         standing: dict[str, Version] | None = None) -> None:
         """Everything recorded beyond ``step`` is abandoned; counting restarts at ``step``
         (restored layers equal their saved copies: their accumulators start at zero).
         ``view`` is the manifest as read before (nothing was written since); it is
-        brought up to date in memory rather than read again. ``standing``: the version
-        of each layer a restore applied (retention counts no newer one it passed over)."""
+        brought up to date in memory rather than read again. The record comes after
+        the apply (``applied``: a restore of ``step`` was copied in), so that a
+        restore that fails abandons nothing; if it cannot be written, every rank
+        raises TimelineNotRecorded, saying what the objects hold. ``standing``: the
+        version of each layer a restore applied (retention counts no newer one it
+        passed over)."""
         self.writer.flush()
         resume = resume_record(step)
-        if self.ranks.is_coordinator:
-            self.store.append(MANIFEST, encode_record(resume))
+        together(self.ranks, lambda: self._record(resume, applied),
+                 elsewhere=lambda: TimelineNotRecorded.at(
+                     self.store.url, step, "rank 0 could not append it: its error says why",
+                     applied))
         view.apply(resume)
         self.current_step = step
         self.state = PolicyState(policy=self.policy)
@@ -292,6 +320,14 @@ class LayerCheck:
             self.writer.retention = Retention(self.config.keep_versions, view, standing)
         self._restore_called = True
         self.ranks.barrier()  # no rank writes into the new timeline before it is opened
+
+    def _record(self, resume: dict[str, Any], applied: bool) -> None:
+        if not self.ranks.is_coordinator:
+            return
+        try:
+            self.store.append(MANIFEST, encode_record(resume))
+        except OSError as exc:
+            raise TimelineNotRecorded.at(self.store.url, resume["step"], exc, applied) from None
 
     def _start_without_restore(self) -> None:
         """A run that never called restore(): fine on an empty directory; on one
@@ -329,7 +365,7 @@ class LayerCheck:
         self.current_step += 1
         t = self.current_step
         drift, lr, drift_s = self.drift.take()
-        decision = self.state.observe(t, drift, lr / self.lr_peak if np.isfinite(lr) else 1.0)
+        decision = self.state.observe(t, drift, lr_ratio(lr, self.lr_peak))
         decision = self._add_failed(decision)
         start = time.perf_counter()
         queued = 0

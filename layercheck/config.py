@@ -69,7 +69,9 @@ class LayerCheckConfig:
     lr_peak: float | None = None
     """The learning rate at which thresholds equal their base values. None:
     the largest ``initial_lr`` (set by torch LR schedulers) or ``lr`` of the
-    optimizer's parameter groups when LayerCheck is created."""
+    optimizer's parameter groups when LayerCheck is created; where that is 0 (an
+    optimizer made with lr=0 for a hand-written warm-up), LayerCheck refuses
+    and asks for it (``policy.lr_peak``)."""
 
     drift_sampling: int = 1
     """1 (default): d_l is computed from every element, exactly. n > 1: each
@@ -155,6 +157,19 @@ class LayerCheckConfig:
                 if isinstance(prefixes, str) or not all(isinstance(p, str) for p in prefixes):
                     raise ConfigError(f"layers[{name!r}] must be a list of parameter-name "
                                       f"prefixes, got {prefixes!r}")
+
+    def restore_bytes(self) -> int:
+        """``restore_memory``, or its default: half of MemAvailable, else 1 GiB."""
+        if self.restore_memory is not None:
+            return self.restore_memory
+        try:
+            with open("/proc/meminfo", "rb") as meminfo:
+                for line in meminfo:
+                    if line.startswith(b"MemAvailable:"):
+                        return int(line.split()[1]) * 1024 // 2
+        except (OSError, ValueError, IndexError):
+            pass
+        return 1 << 30
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inf thresholds become the string 'inf')."""

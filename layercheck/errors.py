@@ -5,7 +5,8 @@ import argparse
 from typing import NoReturn
 
 __all__ = ["retryable", "one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
-           "WriteFailed", "ReadFailed", "DirectoryLocked", "NotARegularFile"]
+           "WriteFailed", "ReadFailed", "RestoreIncomplete", "TimelineNotRecorded", "DirectoryLocked",
+           "NotARegularFile"]
 
 
 class LayerCheckError(RuntimeError):
@@ -31,6 +32,52 @@ class WriteFailed(LayerCheckError):
 class ReadFailed(LayerCheckError):
     """Reading a committed file failed with an I/O error: not damage, so nothing was
     passed over in its favour; try again once the storage answers."""
+
+
+class RestoreIncomplete(LayerCheckError):
+    """A restore failed after it had begun copying layers in (a file read again at
+    the apply failed for good): the message names the layers that hold the
+    checkpoint's values and those that still hold their own; ``restore()`` again
+    completes it. Nothing in the directory changed."""
+
+    @classmethod
+    def copying(cls, url: str, step: int, cause: object, done: list[str],
+                left: list[str]) -> "RestoreIncomplete":
+        """Copying step ``step`` in stopped at ``cause``: ``done`` layers hold it, ``left``
+        their own."""
+        return cls(f"restore of step {step} stopped while copying it in: {cause}. The weights "
+                   f"and optimizer state of {len(done)} layers now hold step {step}'s versions "
+                   f"({', '.join(done)}); {len(left)} layers still hold their own "
+                   f"({', '.join(left)}); the optimizer's hyper-parameters, the LR scheduler, "
+                   f"the RNGs and {url} are unchanged. (A model this large is not copied aside "
+                   "first: that takes the memory that reading files again saves.) Train "
+                   "nothing from this state: call restore() again once the storage answers; it "
+                   "starts over and copies every layer (step() refuses until then)")
+
+    @classmethod
+    def elsewhere(cls, step: int) -> "RestoreIncomplete":
+        """What a rank whose own copy succeeded raises when another's failed."""
+        return cls(f"another rank failed while copying step {step} in (its error names the "
+                   f"layers it holds); this rank's model, optimizer, scheduler and RNGs hold "
+                   f"step {step}: call restore() again on every rank once the storage answers")
+
+
+class TimelineNotRecorded(LayerCheckError):
+    """A restore could not record its new timeline (the ``resume`` record, written
+    after the apply so that a failed restore abandons nothing): the live objects hold
+    the restored step (or, starting at 0, are untouched), the directory is as it
+    was; ``restore()`` again once the storage takes writes."""
+
+    @classmethod
+    def at(cls, url: str, step: int, cause: object, applied: bool) -> "TimelineNotRecorded":
+        """``url``'s record of the timeline starting at ``step`` failed with ``cause``;
+        ``applied``: a restore of ``step`` was copied into the live objects."""
+        held = (f"the model, optimizer, scheduler and RNGs hold step {step} completely, as "
+                "a restore leaves them" if applied else "nothing was restored")
+        return cls(f"{url}: the manifest could not record the timeline that starts at step "
+                   f"{step} ({cause}): {held}; the directory is as it was. Free space or fix "
+                   "the storage, then call restore() again before training (it restores the "
+                   "same step and records it; step() refuses until then)")
 
 
 class DirectoryLocked(LayerCheckError):

@@ -11,7 +11,8 @@ as float64 0-d tensors), ``buffer/<name>``; ``<owner>`` is a parameter name, or
 ``sg<k>`` for ZeRO's flat partition of sub-group k.
 
 Manifest records, one per line as ``{"crc": <crc32 of the JSON>, "r": record}``:
-``header`` (layers, config, lr_peak; a sharded job's ``world_size`` and backend
+``header`` (layers, config, lr_peak, null where thresholds are not scaled and the
+optimizer gave no LR above 0; a sharded job's ``world_size`` and backend
 facts, e.g. ``zero`` or ``fsdp``), ``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
 timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
@@ -23,7 +24,9 @@ another layer's, step's or rank's file is not believed (``described``).
 
 Training state: RNG tensors and the state document (metadata ``state``,
 format ``layercheck-state/2``): step, param_groups (hyper-parameters), group_members
-(which parameters each group holds; absent before it was recorded), scheduler, rng scalars,
+(which parameters each group holds; absent before it was recorded), optimizer
+(``{type, fields}``: its class and per-parameter state fields) and scheduler_type
+(absent before issue 27), scheduler, rng scalars,
 ``extra`` (the user's) and ``engine`` (the backend's counters; None for a
 plain module). ``layercheck-state/1`` of ZeroLayerCheck held both in
 ``extra`` as ``{"user", "_deepspeed"}``: ``read_state_document`` reads it.
@@ -229,7 +232,7 @@ def decode_line(line: bytes) -> dict[str, Any]:
     return record
 
 
-def header_record(*, layers: list[dict[str, Any]], config: dict[str, Any], lr_peak: float,
+def header_record(*, layers: list[dict[str, Any]], config: dict[str, Any], lr_peak: float | None,
                   world_size: int | None = None, **facts: Any) -> dict[str, Any]:
     """The first record of a directory; ``world_size`` only for sharded jobs,
     ``facts`` the backend's own (``zero`` under DeepSpeed)."""

@@ -24,15 +24,16 @@ smax``.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from . import budget
-from .config import LayerCheckConfig
+from .config import ConfigError, LayerCheckConfig
 
-__all__ = ["Policy", "PolicyState", "Decision", "Reason", "replay"]
+__all__ = ["Policy", "PolicyState", "Decision", "Reason", "replay", "lr_peak", "lr_ratio"]
 
 
 class Reason(enum.IntEnum):
@@ -206,6 +207,38 @@ class PolicyState:
 
     def staleness(self, step: int) -> np.ndarray:
         return step - self.last_written
+
+
+def lr_peak(configured: float | None, groups: Iterable[Mapping[str, Any]], *,
+            scaling: bool) -> float | None:
+    """The LR at which thresholds equal their base values (``K = base * lr / lr_peak``):
+    ``configured`` (``LayerCheckConfig.lr_peak``), else the largest ``initial_lr``
+    (which torch LR schedulers set to the LR they scale, so a warm-up from 0 still
+    gives its peak) or ``lr`` of the optimizer's parameter ``groups``.
+
+    An optimizer made with lr=0 and no scheduler says nothing of the LR training
+    will reach, and no ratio ``lr / 0`` is defined: ConfigError with the fix (give
+    ``lr_peak``, or ``lr_scaling=False``) rather than a made-up peak, which would
+    write every layer at every step, or never, as the LR rose. Without scaling
+    the peak divides nothing: None then where the groups give no positive one."""
+    if configured is not None:
+        return configured
+    peak = max((float(g.get("initial_lr", g["lr"])) for g in groups), default=math.nan)
+    if math.isfinite(peak) and peak > 0:
+        return peak
+    if not scaling:
+        return None
+    raise ConfigError(
+        f"the optimizer's learning rate is {peak!r} in every parameter group, so lr_peak (the LR "
+        "at which thresholds equal their base values) cannot be taken from it: give "
+        "LayerCheckConfig(lr_peak=<the peak LR your warm-up reaches>), or lr_scaling=False "
+        "for thresholds that do not follow the LR")
+
+
+def lr_ratio(lr: float, peak: float | None) -> float:
+    """``lr / peak``, what ``Policy.thresholds`` scales by; 1 where there is none (no
+    step measured an LR: NaN; no peak: thresholds are not scaled)."""
+    return lr / peak if peak is not None and math.isfinite(lr) else 1.0
 
 
 def replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray) -> list[Decision]:

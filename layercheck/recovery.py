@@ -27,7 +27,10 @@ a buffer of their own, the rest of the file into another (``Loaded.own``
 names them): the source keeps them without a copy and without the file's
 other bytes, and nothing live changes before every file is verified. Up to
 ``keep_bytes`` of chosen files stay in memory from the plan to the apply; a
-layer beyond that is read and verified again by ``load``. With ``threads`` > 1
+layer beyond that is read and verified again by ``load``, which tries again
+after an I/O error (``REREAD_DELAYS``: a transient fault passes) and is the
+only thing at the apply that can still fail: ``LayerCheck`` applies those
+layers first (``kept`` says which they are). With ``threads`` > 1
 the files are read ahead by a small pool, in the plan's order of consumption:
 the choices, warnings and passed-over versions are those of a serial read.
 Offline planners (``make_plan``, ``export``) keep nothing and read serially:
@@ -44,7 +47,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
-from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
+from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
 from .format import Version, read_state_document
 from .layerfile import DTYPES
 from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
@@ -52,7 +55,7 @@ from .ranks import Ranks
 from .store import Store
 
 __all__ = ["Loaded", "Plan", "Planner", "make_plan", "parse_safetensors", "read_state",
-           "tensor_views"]
+           "tensor_views", "together", "REREAD_DELAYS"]
 
 UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
 """Called with (chosen version, its tensors) as each layer is chosen; it may refuse
@@ -60,6 +63,11 @@ the plan (ModelMismatch) or pass the version over (CorruptVersion)."""
 T = TypeVar("T")
 _FAILED = -3
 """What a rank proposes in an agreement when it failed: every rank then raises."""
+REREAD_DELAYS = (0.1, 0.5, 2.0)
+"""Seconds ``Planner.load`` waits before each further read of a file it reads again
+(a layer beyond ``keep_bytes``) after an I/O error (ReadFailed): the file verified
+minutes ago, so a transient fault (EIO, a timeout) is the likely cause; one that
+outlasts all of them (2.6 s) is raised."""
 
 
 @dataclass
@@ -239,7 +247,7 @@ class Planner:
             except Exception as exc:  # noqa: BLE001 - raised below, on every rank
                 failure, chosen[:] = exc, _FAILED
             agreed, same = self.ranks.agree_min(chosen)
-            self._raise_together(failure, agreed)
+            _raise_together(failure, agreed)
             if (agreed < 0).any():
                 raise CheckpointNotFound(self._none_intact(*items[int(np.argmin(agreed))], step))
             if same:
@@ -272,23 +280,12 @@ class Planner:
                     future.cancel()
         return out
 
-    def together(self, work: Callable[[], T]) -> T:
-        """``work()`` on every rank; if it raises on any rank, it raises on all."""
-        failure, result = None, None
-        try:
-            result = work()
-        except Exception as exc:  # noqa: BLE001 - raised below, on every rank
-            failure = exc
-        agreed, _ = self.ranks.agree_min(np.array([_FAILED if failure else 0], dtype=np.int64))
-        self._raise_together(failure, agreed)
-        return result  # type: ignore[return-value]
-
-    def _raise_together(self, failure: BaseException | None, agreed: np.ndarray) -> None:
-        if failure is not None:
-            raise failure
-        if (agreed == _FAILED).any():
-            raise LayerCheckError("another rank failed to restore (its error says why); this "
-                                  "rank stops with it")
+    def together(self, work: Callable[[], T],
+                 elsewhere: Callable[[], BaseException] | None = None) -> T:
+        """``work()`` on every rank; if it raises on any rank, it raises on all: its own
+        error where it failed, ``elsewhere()`` (default: a LayerCheckError saying so)
+        on the ranks where it did not."""
+        return together(self.ranks, work, elsewhere)
 
     def load(self, version: Version) -> Loaded:
         """The tensors of a planned version (this rank's file): views of the file kept
@@ -297,9 +294,25 @@ class Planner:
         file = self._kept.pop(version.file, None)
         if file is None:
             start = time.perf_counter()
-            file = read_verified_file(self.store, version, self.apart)
-            self.load_s += time.perf_counter() - start
+            try:
+                file = self._read_again(version)
+            finally:
+                self.load_s += time.perf_counter() - start
         return tensor_views(file)
+
+    def kept(self, version: Version) -> bool:
+        """Whether ``load`` gives ``version`` from memory (else it reads it again)."""
+        return version.file in self._kept
+
+    def _read_again(self, version: Version) -> VerifiedFile:
+        """``version``'s file read and verified again, tried again after each of
+        ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried)."""
+        for delay in REREAD_DELAYS:
+            try:
+                return read_verified_file(self.store, version, self.apart)
+            except ReadFailed:
+                time.sleep(delay)
+        return read_verified_file(self.store, version, self.apart)
 
     def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
                        newest: "Future[VerifiedFile] | None" = None
@@ -332,6 +345,31 @@ class Planner:
             return f"{what} has no committed version at or before step {step}"
         where = " on every rank" if self.view.world_size > 1 else ""
         return f"{what}: no committed version intact{where} ({len(versions)} tried, all damaged)"
+
+
+def together(ranks: Ranks, work: Callable[[], T],
+             elsewhere: Callable[[], BaseException] | None = None) -> T:
+    """``work()`` on each of ``ranks``; if it raises on any, it raises on all (see
+    ``Planner.together``)."""
+    failure, result = None, None
+    try:
+        result = work()
+    except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+        failure = exc
+    agreed, _ = ranks.agree_min(np.array([_FAILED if failure else 0], dtype=np.int64))
+    _raise_together(failure, agreed, elsewhere)
+    return result  # type: ignore[return-value]
+
+
+def _raise_together(failure: BaseException | None, agreed: np.ndarray,
+                    elsewhere: Callable[[], BaseException] | None = None) -> None:
+    if failure is not None:
+        raise failure
+    if (agreed == _FAILED).any():
+        if elsewhere is not None:
+            raise elsewhere()
+        raise LayerCheckError("another rank failed to restore (its error says why); this "
+                              "rank stops with it")
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,

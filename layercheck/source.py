@@ -31,7 +31,7 @@ from .format import group_members, optimizer_state, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
-           "capture_optimizer_state"]
+           "capture_optimizer_state", "check_state_fields"]
 
 
 def owned(value: torch.Tensor, device: torch.device | str,
@@ -85,6 +85,23 @@ def capture_optimizer_state(state: Mapping[str, Any], owner: str) -> dict[str, t
         elif isinstance(value, (int, float)):
             out[tensor_key("optim", owner, field)] = torch.tensor(float(value), dtype=torch.float64)
     return out
+
+
+def check_state_fields(layer: str, owner: str, saved: Mapping[str, Any],
+                       live: Mapping[str, Any]) -> None:
+    """ModelMismatch unless the saved optimizer state of ``owner`` has every field its
+    live state holds (tensors and numbers), where both have state: a live optimizer
+    that has stepped shows the fields its step reads, which another optimizer's
+    state lacks (AdamW's ``exp_avg`` where SGD saved ``momentum_buffer``). The
+    check an older checkpoint, which records no optimizer type, still gets."""
+    fields = {f for f, v in live.items() if torch.is_tensor(v) or isinstance(v, (int, float))}
+    if saved and fields and not fields <= set(saved):
+        raise ModelMismatch(
+            f"layer {layer}: the checkpoint's optimizer state of {owner} holds "
+            f"{', '.join(sorted(saved))}, this optimizer's {', '.join(sorted(fields))}: another "
+            "optimizer (or other options) than the run that saved it; build the optimizer as "
+            "that run did, or export the weights (python -m layercheck export) and start a new "
+            "run from them in a new directory")
 
 
 class LayerSource:
@@ -179,6 +196,10 @@ class ModuleSource(LayerSource):
 
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         self._placed(i, tensors)
+        saved = optimizer_state(tensors)
+        for name, p in self.layer_map.parameters(i):
+            check_state_fields(self.layer_map.names[i], name, saved.get(name, {}),
+                               self.optimizer.state.get(p, {}))
 
     def kept_apart(self) -> Callable[[str], bool] | None:
         """The optimizer state of host parameters that have none yet (a fresh

@@ -78,8 +78,10 @@ class StaleCostConfig:
     """Base thresholds of the recoveries (embeddings get 10x each)."""
     failures: int = 1
     """Failure steps per threshold: the stalest step of each of this many windows."""
-    eval_every: int = 5
-    """Steps between held-out evaluations (step 0 and the last step always)."""
+    eval_every: int = 10
+    """Steps between held-out evaluations (step 0 and the last step always). Every
+    evaluation reads every held-out sequence (155 for MiniLM, about six training steps'
+    compute), so a shorter period costs most of the study's time."""
     eval_sequences: int | None = None
     """Held-out sequences per evaluation; None: all the corpus holds out."""
     horizons: tuple[int, ...] = (10, 50, 200)

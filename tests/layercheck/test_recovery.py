@@ -733,6 +733,31 @@ def test_together_raises_on_every_rank_when_one_fails(tmp_path):
         "another rank failed to restore (its error says why); this rank stops with it")
 
 
+def test_together_raises_what_elsewhere_gives_on_the_ranks_that_did_not_fail():
+    """``elsewhere``: the error of a rank whose own work succeeded (a restore's apply
+    says there what that rank's objects hold); the failing rank keeps its own."""
+    from layercheck.errors import RestoreIncomplete
+    from layercheck.recovery import together
+    board, barrier, results = {}, threading.Barrier(2, timeout=30), [None, None]
+
+    def run(rank):
+        def work():
+            if rank == 0:
+                raise ValueError("rank 0's re-read failed")
+        try:
+            together(_ThreadRanks(rank, board, barrier), work,
+                     elsewhere=lambda: RestoreIncomplete.elsewhere(6))
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            results[rank] = exc
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert type(results[0]) is ValueError
+    assert type(results[1]) is RestoreIncomplete and "hold step 6" in str(results[1])
+
+
 def test_read_state_reads_and_verifies_the_file_when_not_given(ckpt):
     from safetensors.torch import load_file
     from layercheck.recovery import read_state
