@@ -48,8 +48,8 @@ __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS",
            "checksum", "checksum_matches",
            "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
-           "drop_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH", "parse_model_config",
-           "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
+           "drop_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH",
+           "parse_model_config", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
            "read_state_document"]
 
 MANIFEST = "manifest.jsonl"
@@ -277,8 +277,8 @@ _FILE = {"file": Field(_relative), "bytes": _COUNT, "checksum": expect(
     lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+:[0-9a-f]+", v) is not None,
     "a string '<algorithm>:<hex digits>'")}
 _VERSION = ({"shards": table(Schema(_FILE), "{file, bytes, checksum}")}, _FILE)
-_LAYER_ENTRY = Schema({"name": expect(lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-                       "kind": _TEXT, "params": _COUNT,
+_NAME = expect(lambda v: isinstance(v, str) and v != "", "a non-empty string")
+_LAYER_ENTRY = Schema({"name": _NAME, "kind": _TEXT, "params": _COUNT,
                        "weight_bytes": integer(0, MAX_COUNT, "an integer from 0 to 2**63-1",
                                                required=False)})
 RECORD_SCHEMAS: Mapping[str, Schema] = {
@@ -291,7 +291,7 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
         "created": number(positive=False, required=False),
         "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1", required=False),
         "zero": obj(Schema({}), required=False), "fsdp": obj(Schema({}), required=False)}),
-    "layer": Schema({"step": _COUNT, "layer": _LAYER_ENTRY.fields["name"],
+    "layer": Schema({"step": _COUNT, "layer": _NAME,
                      "reason": expect(lambda v: isinstance(v, str), "a string", required=False,
                                       null=True)}, _VERSION),
     "state": Schema({"step": _COUNT}, _VERSION),

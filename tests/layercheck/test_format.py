@@ -156,8 +156,7 @@ def test_every_record_layercheck_writes_passes_its_schema():
     ({"kind": "resume", "step": "3"}, "step='3'"),
     ({"kind": "drop", "file": ["layers/a"]}, "file=['layers/a']: a relative path"),
     ({"kind": ["header"]}, "unknown record kind ['header']"),
-    ({"kind": "resume", "step": 1, "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[
-        [[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "deeper than 64"),
+    ({"kind": "resume", "step": 1, "x": json.loads("[" * 64 + "]" * 64)}, "deeper than 64"),
 ])
 def test_a_record_outside_its_schema_is_refused_naming_the_field(record, wrong):
     from layercheck.format import check_record

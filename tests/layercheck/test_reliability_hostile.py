@@ -441,3 +441,20 @@ def test_export_refuses_a_model_config_it_cannot_copy_in_one_line(ckpt, tmp_path
     (ckpt / "model_config.json").unlink()  # the fix it names: the weights, without a config
     assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("facts,format", [
+    ({"zero": {"stage": float("inf"), "checkpoint": {}}}, "hf"),
+    ({"zero": {"stage": float("inf"), "checkpoint": {}}}, "deepspeed"),
+    ({"fsdp": {"world_size": float("inf"), "params": {}, "param_groups": []}}, "hf"),
+    ({"fsdp": {"world_size": 1, "params": {"w": {"shape": [float("inf")], "dim": 0}},
+               "param_groups": []}}, "dcp"),
+])
+def test_backend_facts_with_an_infinite_count_are_malformed_in_one_line(ckpt, tmp_path, capsys,
+                                                                        facts, format):
+    """The backend facts an export parses (``ZeroFacts``, ``FsdpFacts``): int(inf) is an
+    OverflowError, malformed like any other bad value there."""
+    _rewrite(ckpt, lambda records: records[0].update(facts))
+    assert main(["export", str(ckpt), "--format", format, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "malformed" in err and "OverflowError" in err, err
