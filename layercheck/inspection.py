@@ -5,7 +5,7 @@ from typing import Any
 
 from .errors import CorruptVersion, ReadFailed
 from .format import Version
-from .manifest import read_manifest, read_verified
+from .manifest import read_again, read_manifest, read_verified
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
@@ -32,7 +32,7 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
     found = [(v, d) for v in view.all_versions() if (d := _damage(store, v, verify))]
     problems = list(view.problems)
     if found or problems:
-        now = read_manifest(store)
+        now = read_again(store, view)
         live, still = set(now.all_versions()), set(now.problems)  # sets: linear in the lines
         problems = [p for p in problems if p in still]
         found = [(v, d) for v, d in found if v in live]

@@ -583,3 +583,15 @@ def test_a_header_longer_than_its_file_read_apart_is_named_as_a_whole_read_names
                     read_verified_file(store, version, how)
                 messages.append(str(err.value))
             assert messages[0] == messages[1] and "not a valid safetensors file" in messages[0]
+
+
+def test_read_again_replays_only_a_manifest_that_changed(tmp_path):
+    from layercheck.manifest import read_again
+    store = LocalStore(tmp_path)
+    _write(store, HEADER, _layer(1), _state(1), tail=b"garbage\n")
+    view = read_manifest(store)
+    assert read_again(store, view) is view  # not a byte changed: the same replay
+    _write(store, {"kind": "drop", "file": _state(1)["file"]})
+    now = read_again(store, view)
+    assert now is not view and now.states == {} and now.problems == view.problems
+    assert read_again(store, read_manifest(store, rank=1)).rank == 1
