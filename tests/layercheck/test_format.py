@@ -94,7 +94,7 @@ def test_the_crc32c_that_lets_other_threads_run_is_google_crc32c_s_own():
     import google_crc32c
     import numpy as np
 
-    from layercheck import format as fmt
+    from layercheck import checksums as fmt  # the checksums moved out of format (issue 27)
     assert fmt._CRC32C_EXTEND is not None  # the wheel's library is found here
     data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8)
     expected = f"crc32c:{google_crc32c.value(data.tobytes()):08x}"
