@@ -34,12 +34,14 @@ def expect(ok: Callable[[Any], bool], needs: str, *, required: bool = True,
 
 def integer(low: int, high: int, needs: str, **kw: Any) -> Field:
     """An integer from ``low`` to ``high`` (never a bool, never a float)."""
-    return expect(lambda v: type(v) is int and low <= v <= high, needs, **kw)
+    return expect(lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high,
+                  needs, **kw)
 
 
 def number(*, positive: bool, **kw: Any) -> Field:
-    """A finite number, > 0 (``positive``) or >= 0 (never a bool)."""
-    return expect(lambda v: type(v) in (int, float) and math.isfinite(v)
+    """A finite number, > 0 (``positive``) or >= 0 (never a bool; a numpy float is a float)."""
+    return expect(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                  and math.isfinite(v)
                   and (v > 0 if positive else v >= 0),
                   f"a finite number {'> 0' if positive else '>= 0'}", **kw)
 
