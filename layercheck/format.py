@@ -187,8 +187,7 @@ _FILE = {"file": Field(_relative), "bytes": _COUNT, "checksum": expect(
     lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+:[0-9a-f]+", v) is not None,
     "a string '<algorithm>:<hex digits>'")}
 _VERSION = ({"shards": table(Schema(_FILE), "{file, bytes, checksum}")}, _FILE)
-_NAME = expect(lambda v: isinstance(v, str) and v != "", "a non-empty string")
-_LAYER_ENTRY = Schema({"name": _NAME, "kind": _TEXT, "params": _COUNT,
+_LAYER_ENTRY = Schema({"name": _TEXT, "kind": _TEXT, "params": _COUNT,  # a name may be ''
                        "weight_bytes": integer(0, MAX_COUNT, "an integer from 0 to 2**63-1",
                                                required=False)})
 RECORD_SCHEMAS: Mapping[str, Schema] = {
@@ -201,7 +200,7 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
         "created": number(positive=False, required=False),
         "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1", required=False),
         "zero": obj(Schema({}), required=False), "fsdp": obj(Schema({}), required=False)}),
-    "layer": Schema({"step": _COUNT, "layer": _NAME,
+    "layer": Schema({"step": _COUNT, "layer": _TEXT,
                      "reason": expect(lambda v: isinstance(v, str), "a string", required=False,
                                       null=True)}, _VERSION),
     "state": Schema({"step": _COUNT}, _VERSION),

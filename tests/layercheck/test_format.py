@@ -144,8 +144,8 @@ def test_every_record_layercheck_writes_passes_its_schema():
      "step=1180591620717411303424"),
     ({"kind": "layer", "step": 1, "layer": "a", "file": "f", "bytes": 1, "checksum": "c:0",
       "reason": {"why": 1}}, "reason={'why': 1}: a string, or null"),
-    ({"kind": "layer", "step": 1, "layer": "", "file": "f", "bytes": 1, "checksum": "c:0"},
-     "layer='': a non-empty string"),
+    ({"kind": "layer", "step": 1, "layer": 3, "file": "f", "bytes": 1, "checksum": "c:0"},
+     "layer=3: a string is required"),
     ({"kind": "layer", "step": 1, "layer": "a", "bytes": 1, "checksum": "c:0"}, "file is missing"),
     ({"kind": "state", "step": 1, "file": "f", "bytes": 1.0, "checksum": "c:0"}, "bytes=1.0"),
     ({"kind": "state", "step": 1, "file": "f", "bytes": 1, "checksum": 7}, "checksum=7"),
@@ -182,3 +182,12 @@ def test_a_model_config_is_a_json_object_nesting_at_most_64_deep():
                         (b"[1]", "not a JSON object"), (b"\xff", "not JSON")]:
         with pytest.raises(CorruptVersion, match=wrong):
             parse_model_config(data)
+
+
+def test_a_layer_named_by_an_empty_prefix_is_a_layer_the_schema_accepts():
+    """An explicit layer map may name a layer '' (its files are '_@<step>'): such a
+    checkpoint was readable before the schema and stays so."""
+    from layercheck.format import check_record
+    check_record(header_record(layers=[{"name": "", "kind": "head", "params": 8}], config={},
+                               lr_peak=1e-3))
+    check_record(Version(1, "layers/_@000000001.safetensors", 1, "crc32:0", "", "base").to_record())
