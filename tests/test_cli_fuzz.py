@@ -239,6 +239,28 @@ def test_layercheck_on_a_real_checkpoint_with_one_hostile_value_never_tracebacks
             assert err.count("\n") == 1 and "Traceback" not in err, f"{what}: {err!r}"
 
 
+@given(config=st.one_of(
+    garbage, hostile_value.map(lambda v: json.dumps(v).encode()),
+    st.integers(1, 200_000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n),
+    st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n)))
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_export_of_a_real_checkpoint_with_any_model_config_never_tracebacks(config):
+    """model_config.json holding anything: exported as config.json, or one line and exit 2."""
+    import shutil
+
+    from layercheck.cli import main
+    folder = Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "c"
+    shutil.copytree(_real_checkpoint(), folder)
+    (folder / "model_config.json").write_bytes(config)
+    code, _, err = _call(main, ["export", str(folder), "--out", str(folder.parent / "out")])
+    assert code in (0, 2), f"{config[:200]!r}: exit {code!r}\n{err[-3000:]}"
+    if code == 2:
+        assert err.count("\n") == 1 and "model_config.json" in err, err
+    else:
+        assert json.loads((folder.parent / "out" / "config.json").read_text()) == json.loads(config)
+
+
 @given(malformed=st.one_of(
     st.tuples(st.sampled_from(["inspect", "plan", "gc", "export"]), missing_path),
     st.tuples(st.sampled_from(["inspect", "plan", "gc"]), garbage.map(
