@@ -1,4 +1,4 @@
-"""The checksums of committed files and records: CRC-32C at memory speed, CRC-32 as read. Torch-free.
+"""Checksums of committed files and records: CRC-32C at memory speed, CRC-32 read. Torch-free.
 
 A record names its algorithm (``'algorithm:<8 hex>'``, one of ``CHECKSUMS``);
 ``Checksummer`` computes one over bytes fed in pieces, so a file is
