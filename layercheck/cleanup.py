@@ -52,31 +52,32 @@ def collect_garbage(store: Store, *, keep: int = 1, dry_run: bool = False) -> Gc
 
 def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     view = read_manifest(store)
-    if view.header is None:
-        raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint")
+    header = view.require_header(store.url)
     if not view.states:
         raise CheckpointNotFound(f"{store.url}: no recoverable step yet, so gc deletes nothing "
                                  "(see `python -m layercheck inspect`)")
     steps = sorted(view.states)[-keep:]
-    live: dict[str, Version] = {}
+    # versions, not their files: a damaged record naming a kept version's file (another
+    # step's, another layer's) must not displace that version's record
+    live: set[Version] = set()
     skipped: dict[str, str] = {}
     for step in steps:
         plan = make_plan(store, view, step)
-        live[plan.state.key] = plan.state
-        live.update({v.key: v for v in plan.sources.values()})
-        live.update({v.key: v for v in plan.passed_over})  # damaged: kept, never deleted
+        live.add(plan.state)
+        live.update(plan.sources.values())
+        live.update(plan.passed_over)  # damaged: kept, never deleted
         skipped.update(zip((v.key for v in plan.passed_over), plan.warnings))
     bases = [v for vs in view.versions.values() for v in vs if v.reason == Reason.BASE.label]
     base_step = min((v.step for v in bases), default=None)
-    live.update({v.key: v for v in bases if v.step == base_step})
-    kept = {f for v in live.values() for f in v.files}
+    live.update(v for v in bases if v.step == base_step)
+    kept = {f for v in live for f in v.files}
     doomed = [f for f in store.list("layers", temporary=True) + store.list("states", temporary=True)
               if f not in kept]  # temp files too: no writer runs while gc holds the lock
     # and what a compaction killed before its rename left: '.manifest.jsonl.<hex>.tmp'
     doomed += [f for f in store.list("", temporary=True) if is_temporary(f)]
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
-        store.write_atomic(MANIFEST, encode_manifest(view.header, live.values()))
+        store.write_atomic(MANIFEST, encode_manifest(header, live))
         for path in doomed:
             store.delete(path)
     return GcReport(kept_steps=steps, kept_files=len(live), removed_files=doomed,

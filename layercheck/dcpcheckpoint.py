@@ -79,8 +79,9 @@ class FsdpFacts:
                        dims={n: int(p["dim"]) for n, p in params.items()},
                        param_groups=tuple(tuple(g) for g in facts["param_groups"]),
                        aliases=dict(facts.get("aliases", {})))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptVersion(f"{url}: the header's fsdp record is malformed ({exc!r})") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # int(inf)
+            raise CorruptVersion(f"{url}: the header's fsdp record is malformed "
+                                 f"({exc!r})") from None
 
     def whole(self, name: str, slices: list[torch.Tensor]) -> torch.Tensor:
         """Every rank's slice of parameter ``name`` (or of a tensor shaped like it),

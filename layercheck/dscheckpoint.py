@@ -105,7 +105,7 @@ class ZeroFacts:
             if deepspeed:
                 cls._check_deepspeed(header, zero, facts, url)
             return cls._parse(header, zero, facts)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # int(inf)
             raise LayerCheckError(f"{url}: malformed ZeRO facts in the header ({exc!r})") from None
 
     @staticmethod

@@ -43,12 +43,13 @@ from safetensors.torch import save_file
 from .dcpcheckpoint import FsdpFacts, assemble, dcp_state, fqn, save_dcp
 from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
 from .errors import CheckpointNotFound, LayerCheckError
-from .format import EXPORT_FORMATS, MODEL_CONFIG, module_tensors
+from .format import EXPORT_FORMATS, MODEL_CONFIG, module_tensors, parse_model_config
 from .manifest import ManifestView, read_consistent, read_verified
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
 
 __all__ = ["export", "export_model", "export_deepspeed", "export_dcp", "composite", "write_model",
+           "model_config",
            "publish"]
 
 
@@ -71,6 +72,7 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
     """Write the composite model of ``step`` (the newest step at or before it;
     default newest) to folder ``out``."""
     target = _empty_target(out)
+    model_config(store)  # a damaged config is refused before any layer is read
 
     def prepare(view: ManifestView) -> tuple[Plan, dict[str, torch.Tensor]]:
         if view.header is not None and "zero" in view.header:
@@ -90,9 +92,15 @@ def write_model(folder: Path, store: Store, step: int, tensors: dict[str, torch.
     ``config.json`` (if the directory recorded one), for ``from_pretrained``."""
     save_file(tensors, folder / "model.safetensors",
               metadata={"format": "pt", "layercheck_step": str(step)})
-    if store.exists(MODEL_CONFIG):
-        config = json.loads(store.read(MODEL_CONFIG))
+    config = model_config(store)
+    if config is not None:
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def model_config(store: Store) -> dict[str, Any] | None:
+    """The Hugging Face config the directory recorded (``MODEL_CONFIG``), or None if it
+    recorded none; CorruptVersion saying the fix if it is damaged."""
+    return parse_model_config(store.read(MODEL_CONFIG)) if store.exists(MODEL_CONFIG) else None
 
 
 def composite(store: Store, view: ManifestView,
@@ -115,10 +123,7 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
     package = _import_deepspeed()
 
     def prepare(view: ManifestView) -> tuple[Plan, ZeroFacts, Any]:
-        if view.header is None:
-            raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no manifest "
-                                     "header)")
-        facts = ZeroFacts.from_header(view.header, store.url)
+        facts = ZeroFacts.from_header(view.require_header(store.url), store.url)
         plan = make_plan(store, view, step, exact=True)
         _check_world(plan, facts)
         _, doc = read_state(store, plan.state)

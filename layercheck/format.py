@@ -34,22 +34,23 @@ plain module). ``layercheck-state/1`` of ZeroLayerCheck held both in
 from __future__ import annotations
 
 import json
+import re
 import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
 
-import google_crc32c
-import numpy as np
-
-from .errors import CorruptVersion
+from .checksums import CHECKSUM, CHECKSUMS, Checksummer, checksum, checksum_matches
+from .errors import CorruptVersion, LayerCheckError
+from .schema import Field, Schema, deeper_than, expect, integer, number, obj, shown, table
 from .store import check_relative
 
 __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
            "checksum", "checksum_matches",
            "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
-           "drop_record", "count", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
+           "drop_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH",
+           "parse_model_config", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
            "read_state_document"]
 
 MANIFEST = "manifest.jsonl"
@@ -63,94 +64,6 @@ of an FSDP2 job's model and optimizer."""
 ADAM_STEPS = ("global", "own")
 """Adam step counts in a DeepSpeed export: all T (one consistent step), or each layer's own."""
 T = TypeVar("T")
-
-
-CHECKSUM = "crc32c" if google_crc32c.implementation == "c" else "crc32"
-"""The algorithm of new records. CRC-32C (Castagnoli), computed by the CPU's CRC
-instruction (google-crc32c): the burst-error guarantees of CRC-32 at memory speed
-(about 10 GB/s here against zlib's 3.6), and the checksum that object stores
-(GCS, S3) keep for an object. Where google-crc32c has no compiled extension (its
-pure-Python fallback runs at MB/s), new records use zlib's CRC-32 instead."""
-CHECKSUMS = ("crc32c", "crc32")
-"""Every algorithm a record may name: records written before CRC-32C name crc32
-and still verify."""
-
-
-def _native_crc32c() -> Any:
-    """``crc32c_extend(crc, address, length)`` of the C library google-crc32c runs
-    (the one its wheel ships, else the system's), called through ctypes: the same
-    function as ``google_crc32c.extend``, but ctypes lets other threads run during
-    the call, where the extension holds the GIL for anything but ``bytes`` (so
-    threads verifying files took turns). None where no such library is found or
-    it does not give the extension's checksums."""
-    import ctypes
-    import ctypes.util
-    import glob
-    import os
-    folder = os.path.dirname(os.path.abspath(google_crc32c.__file__))
-    paths = sorted(glob.glob(folder + ".libs/libcrc32c*.so*")) + \
-        sorted(glob.glob(os.path.join(folder, ".dylibs", "libcrc32c*.dylib")))
-    system = ctypes.util.find_library("crc32c")
-    probe = np.frombuffer(bytes(range(256)) * 3 + b"123456789", dtype=np.uint8)
-    for path in paths + ([system] if system else []):
-        try:
-            extend = ctypes.CDLL(path).crc32c_extend
-        except (OSError, AttributeError):
-            continue
-        extend.restype = ctypes.c_uint32
-        extend.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
-        if extend(7, probe.ctypes.data, len(probe)) == google_crc32c.extend(7, probe.tobytes()):
-            return extend
-    return None
-
-
-_CRC32C_EXTEND = _native_crc32c() if google_crc32c.implementation == "c" else None
-_NATIVE_MIN = 1 << 16
-"""Pieces at least this long go through ``_CRC32C_EXTEND`` (where found): below it,
-the call's own cost outweighs letting other threads run."""
-
-
-class Checksummer:
-    """A checksum computed over bytes fed in pieces (``update``): streaming a file
-    to disk and verifying a read both feed each byte once. ``algorithm``: one of
-    CHECKSUMS. ``value`` is the 'algorithm:hex' string stored in records."""
-
-    def __init__(self, algorithm: str = CHECKSUM) -> None:
-        if algorithm not in CHECKSUMS:
-            raise CorruptVersion(f"checksum algorithm {algorithm!r} is unknown to this version of "
-                                 f"layercheck (it knows {', '.join(CHECKSUMS)}): a newer layercheck "
-                                 "wrote this checkpoint; upgrade layercheck to read it")
-        self.algorithm = algorithm
-        self._crc = 0
-
-    def update(self, data: bytes | memoryview) -> None:
-        if self.algorithm == "crc32c":
-            # a uint8 view: the extension takes any buffer as an array, not as a memoryview
-            array = np.frombuffer(data, dtype=np.uint8)
-            if _CRC32C_EXTEND is not None and len(array) >= _NATIVE_MIN:
-                self._crc = _CRC32C_EXTEND(self._crc, array.ctypes.data, len(array))
-            else:
-                self._crc = google_crc32c.extend(self._crc, array)
-        else:
-            self._crc = zlib.crc32(data, self._crc)
-
-    @property
-    def value(self) -> str:
-        return f"{self.algorithm}:{self._crc & 0xFFFFFFFF:08x}"
-
-
-def checksum(data: bytes | memoryview, algorithm: str = CHECKSUM) -> str:
-    """The checksum stored in records of ``data``, as 'algorithm:<8 hex>'."""
-    summer = Checksummer(algorithm)
-    summer.update(data)
-    return summer.value
-
-
-def checksum_matches(data: bytes | memoryview, recorded: str) -> bool:
-    """Whether ``data`` has the checksum ``recorded`` (any algorithm of CHECKSUMS);
-    CorruptVersion if ``recorded`` names none of them."""
-    algorithm = recorded.partition(":")[0]
-    return checksum(data, algorithm) == recorded
 
 
 # -- file names --------------------------------------------------------------------
@@ -221,15 +134,13 @@ def encode_record(record: dict[str, Any]) -> bytes:
 
 
 def decode_line(line: bytes) -> dict[str, Any]:
-    """The record of one manifest line; ValueError if it is damaged."""
+    """The record of one manifest line, checked against its kind's schema
+    (``check_record``); ValueError saying what is wrong if it is damaged."""
     outer = json.loads(line)
     body = json.dumps(outer["r"], sort_keys=True, separators=(",", ":"))
     if f"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}" != outer["crc"]:
         raise ValueError("record CRC mismatch")
-    record = outer["r"]
-    if not isinstance(record, dict) or "kind" not in record:
-        raise ValueError("record without kind")
-    return record
+    return check_record(outer["r"])
 
 
 def header_record(*, layers: list[dict[str, Any]], config: dict[str, Any], lr_peak: float | None,
@@ -240,7 +151,7 @@ def header_record(*, layers: list[dict[str, Any]], config: dict[str, Any], lr_pe
               "lr_peak": lr_peak, "created": time.time(), **facts}
     if world_size is not None:
         header["world_size"] = world_size
-    return header
+    return check_record(header)  # never a header its readers would refuse
 
 
 def resume_record(step: int) -> dict[str, Any]:
@@ -251,13 +162,97 @@ def drop_record(key: str) -> dict[str, Any]:
     return {"kind": "drop", "file": key}
 
 
-def count(record: dict[str, Any], key: str) -> int:
-    """``record[key]`` if it is an integer >= 0, else ValueError naming it."""
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{record['kind']} record with {key}={value!r}: an integer >= 0 is "
-                         "required")
-    return value
+# -- the record schema ------------------------------------------------------------------
+MAX_COUNT = 2**63 - 1
+"""The largest step, size or parameter count a record may hold: int64, as the readers
+hold them (the ranks agree on steps in int64 tensors; file sizes are off_t)."""
+MAX_WORLD = 2**31 - 1
+"""The largest world size a header may name (torch.distributed's ranks are int32)."""
+MAX_DEPTH = 64
+"""The deepest nesting of lists and objects in a record or in ``MODEL_CONFIG``: far
+beyond what layercheck writes (a ZeRO header nests 6 deep), and shallow enough for
+every reader's JSON handling (``json.dumps(indent=2)`` recurses per level)."""
+
+
+def _relative(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "a relative path (a string) is required"
+    try:
+        check_relative(value)
+    except LayerCheckError as exc:
+        return str(exc)
+    return None
+
+
+_COUNT = integer(0, MAX_COUNT, "an integer from 0 to 2**63-1")
+_TEXT = expect(lambda v: isinstance(v, str), "a string")
+_FILE = {"file": Field(_relative), "bytes": _COUNT, "checksum": expect(
+    lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+:[0-9a-f]+", v) is not None,
+    "a string '<algorithm>:<hex digits>'")}
+_VERSION = ({"shards": table(Schema(_FILE), "{file, bytes, checksum}")}, _FILE)
+_LAYER_ENTRY = Schema({"name": _TEXT, "kind": _TEXT, "params": _COUNT,  # a name may be ''
+                       "weight_bytes": integer(0, MAX_COUNT, "an integer from 0 to 2**63-1",
+                                               required=False)})
+RECORD_SCHEMAS: Mapping[str, Schema] = {
+    "header": Schema({
+        "layers": table(_LAYER_ENTRY, "{name, kind, params} (the model's layers)", distinct="name"),
+        "format": Field(_TEXT.check, required=False),
+        "config": obj(Schema({"write_budget": number(positive=True, required=False, null=True)}),
+                      required=False),
+        "lr_peak": number(positive=False, required=False),
+        "created": number(positive=False, required=False),
+        "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1", required=False),
+        "zero": obj(Schema({}), required=False), "fsdp": obj(Schema({}), required=False)}),
+    "layer": Schema({"step": _COUNT, "layer": _TEXT,
+                     "reason": expect(lambda v: isinstance(v, str), "a string", required=False,
+                                      null=True)}, _VERSION),
+    "state": Schema({"step": _COUNT}, _VERSION),
+    "resume": Schema({"step": _COUNT}),
+    "drop": Schema({"file": Field(_relative)}),
+}
+"""The schema of each kind of manifest record (see the module doc): the types and
+ranges every reader relies on, checked where the manifest is read (``decode_line``)
+and on the header as it is written. Of the header's ``config`` (reported as
+recorded by ``inspect``) only ``write_budget`` is used (``plan``); the backend
+facts (``zero``, ``fsdp``) are checked by their own parsers where an export uses
+them (``ZeroFacts``, ``FsdpFacts``)."""
+
+
+def check_record(record: Any) -> dict[str, Any]:
+    """``record`` if it is an object of a known kind, satisfies its kind's schema
+    (``RECORD_SCHEMAS``) and nests at most ``MAX_DEPTH`` deep; else ValueError
+    naming the kind, the field and what it must be."""
+    if not isinstance(record, dict) or "kind" not in record:
+        raise ValueError("record without kind")
+    kind = record["kind"]
+    schema = RECORD_SCHEMAS.get(kind) if isinstance(kind, str) else None
+    if schema is None:
+        raise ValueError(f"unknown record kind {shown(kind)}")
+    if deeper_than(record, MAX_DEPTH):
+        raise ValueError(f"{kind} record nests deeper than {MAX_DEPTH} levels")
+    wrong = schema.problem(record)
+    if wrong is not None:
+        raise ValueError(f"{kind} record: {wrong}")
+    return record
+
+
+def parse_model_config(data: bytes) -> dict[str, Any]:
+    """The Hugging Face config that ``MODEL_CONFIG`` holds; CorruptVersion saying the
+    fix unless it is a JSON object nesting at most ``MAX_DEPTH`` deep."""
+    try:
+        config = json.loads(data)
+        wrong = None if isinstance(config, dict) else "not a JSON object"
+    except RecursionError:
+        config, wrong = None, "nested too deep to read"
+    except ValueError as exc:  # not JSON, not UTF-8
+        config, wrong = None, f"not JSON ({exc})"
+    if wrong is None and deeper_than(config, MAX_DEPTH):
+        wrong = f"nested deeper than {MAX_DEPTH} levels"
+    if wrong is not None:
+        raise CorruptVersion(f"{MODEL_CONFIG} is {wrong}: it should be the model's Hugging Face "
+                             "config (config.json); replace it with that file, or delete it to "
+                             "export the weights without a config")
+    return config
 
 
 @dataclass(frozen=True)
@@ -269,12 +264,9 @@ class Shard:
     checksum: str
 
     @classmethod
-    def from_record(cls, record: Any) -> "Shard":
-        if not isinstance(record, dict):
-            raise ValueError("a shard must be an object {file, bytes, checksum}")
-        if not isinstance(record.get("file"), str) or not isinstance(record.get("checksum"), str):
-            raise ValueError("shard file and checksum must be strings")
-        return cls(check_relative(record["file"]), count(record, "bytes"), record["checksum"])
+    def from_record(cls, record: dict[str, Any]) -> "Shard":
+        """The shard of a record that passed ``check_record``."""
+        return cls(record["file"], record["bytes"], record["checksum"])
 
     def to_record(self) -> dict[str, Any]:
         return {"file": self.file, "bytes": self.bytes, "checksum": self.checksum}
@@ -300,24 +292,17 @@ class Version:
 
     @classmethod
     def from_record(cls, record: dict[str, Any], rank: int | None = None) -> "Version":
-        """The version a record describes (as ``rank`` sees it, for a sharded
-        record; rank 0 when None); ValueError naming the field if malformed."""
-        layer = record.get("layer")
-        if record["kind"] == "layer" and not isinstance(layer, str):
-            raise ValueError(f"layer record with layer={layer!r}: a name is required")
-        shards: tuple[Shard, ...] = ()
-        if "shards" in record:
-            if not isinstance(record["shards"], list) or not record["shards"]:
-                raise ValueError("shards must be a non-empty list")
-            shards = tuple(Shard.from_record(s) for s in record["shards"])
-            if (rank or 0) >= len(shards):
-                raise ValueError(f"a version with {len(shards)} shards read as rank {rank}: "
-                                 "restore with the world size the checkpoint was written with")
-            own = shards[rank or 0]
-        else:
-            own = Shard.from_record(record)
-        return cls(step=count(record, "step"), file=own.file, bytes=own.bytes,
-                   checksum=own.checksum, layer=layer, reason=record.get("reason"),
+        """The version a layer or state record (one that passed ``check_record``)
+        describes, as ``rank`` sees it (for a sharded record; rank 0 when None);
+        ValueError if it has no shard for ``rank``."""
+        shards = tuple(Shard.from_record(s) for s in record.get("shards", ()))
+        if shards and (rank or 0) >= len(shards):
+            raise ValueError(f"a version with {len(shards)} shards read as rank {rank}: "
+                             "restore with the world size the checkpoint was written with")
+        own = shards[rank or 0] if shards else Shard.from_record(record)
+        layer = record["layer"] if record["kind"] == "layer" else None
+        return cls(step=record["step"], file=own.file, bytes=own.bytes, checksum=own.checksum,
+                   layer=layer, reason=record.get("reason") if layer is not None else None,
                    shards=shards, rank=(rank or 0) if shards else None)
 
     @property

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CheckpointNotFound, CorruptVersion, ReadFailed
-from .format import MANIFEST, Version
-from .manifest import read_manifest, read_verified
+from .errors import CorruptVersion, ReadFailed
+from .format import Version
+from .manifest import read_again, read_manifest, read_verified
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
@@ -27,19 +27,17 @@ def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
 
 def _inspect(store: Store, verify: bool) -> dict[str, Any]:
     view = read_manifest(store)
-    if view.header is None:
-        raise CheckpointNotFound(f"{store.url}: not a layercheck checkpoint (no {MANIFEST} "
-                                 "with a header); point at the directory given to LayerCheck")
+    header = view.require_header(store.url)
     newest = view.latest_step()
     found = [(v, d) for v in view.all_versions() if (d := _damage(store, v, verify))]
     problems = list(view.problems)
     if found or problems:
-        now = read_manifest(store)
-        live = set(now.all_versions())
-        problems = [p for p in problems if p in now.problems]
+        now = read_again(store, view)
+        live, still = set(now.all_versions()), set(now.problems)  # sets: linear in the lines
+        problems = [p for p in problems if p in still]
         found = [(v, d) for v, d in found if v in live]
     layers = []
-    for layer in view.header["layers"]:
+    for layer in header["layers"]:
         versions = view.versions.get(layer["name"], [])
         last = versions[-1].step if versions else None
         layers.append({
@@ -53,7 +51,7 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
         "oldest_step": min(view.states) if view.states else None,
         "layers": layers, "layer_versions": sum(len(v) for v in view.versions.values()),
         "bytes_on_disk": sum(_on_disk(store, f) for f in files),
-        "config": view.header.get("config"), "problems": [*problems, *(d for _, d in found)]}
+        "config": header.get("config"), "problems": [*problems, *(d for _, d in found)]}
 
 
 def _on_disk(store: Store, path: str) -> int:

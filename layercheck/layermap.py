@@ -166,6 +166,9 @@ class LayerMap:
                     "load the model in the dtype it was trained in")
 
     def _check_partition(self) -> None:
+        if not self.layers:  # a header must list the model's layers (format.RECORD_SCHEMAS)
+            raise ModelMismatch("the model has no parameters or persistent buffers: there is "
+                                "nothing to checkpoint; pass the model that training updates")
         seen: dict[str, str] = {}
         for layer in self.layers:
             for member in (*layer.params, *layer.buffers):

@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, NotARegularFile, ReadFailed
-from .format import MANIFEST, Checksummer, Version, count, decode_line, described, encode_record
-from .store import ReadBuffer, Store, check_relative, read_buffer, read_into
+from .format import MANIFEST, Checksummer, Version, decode_line, described, encode_record
+from .store import ReadBuffer, Store, read_buffer, read_into
 
-__all__ = ["ManifestView", "read_manifest", "read_consistent", "seal_torn_tail", "compact",
+__all__ = ["ManifestView", "read_manifest", "read_again", "read_consistent", "seal_torn_tail", "compact",
            "encode_manifest", "read_verified", "read_verified_file", "VerifiedFile",
            "check_structure", "parse_header", "DTYPE_SIZES"]
 
@@ -46,6 +46,8 @@ class ManifestView:
     resumes: list[int] = field(default_factory=list)
     rank: int | None = None
     """The rank whose shards ``versions`` and ``states`` show (sharded checkpoints)."""
+    source: bytes = field(default=b"", repr=False, compare=False)
+    """The manifest's bytes this view replays (``read_again`` compares them)."""
 
     @property
     def world_size(self) -> int:
@@ -56,6 +58,16 @@ class ManifestView:
     def layer_names(self) -> list[str]:
         return [layer["name"] for layer in (self.header or {}).get("layers", [])]
 
+    def require_header(self, url: str) -> dict[str, Any]:
+        """The header; CheckpointNotFound unless there is one, saying why where a
+        damaged line may have been it (the first such line)."""
+        if self.header is None:
+            why = f": {self.problems[0]}" if self.problems else ""
+            raise CheckpointNotFound(f"{url}: not a layercheck checkpoint (no {MANIFEST} with a "
+                                     f"valid header{why}); point at the directory given to "
+                                     "LayerCheck")
+        return self.header
+
     def latest_step(self) -> int | None:
         return max(self.states) if self.states else None
 
@@ -65,10 +77,11 @@ class ManifestView:
         yield from self.states.values()
 
     def apply(self, record: dict[str, Any]) -> None:
+        """Replay one record (checked by ``format.check_record``: ``decode_line``)."""
         kind = record["kind"]
         if kind == "header":
             if self.header is None:
-                self.header = _check_header(record)
+                self.header = record
         elif kind == "layer":
             version = Version.from_record(record, self.rank)
             self.versions.setdefault(version.layer, []).append(version)
@@ -76,9 +89,9 @@ class ManifestView:
             version = Version.from_record(record, self.rank)
             self.states[version.step] = version
         elif kind == "resume":
-            self._truncate(count(record, "step"))
+            self._truncate(record["step"])
         elif kind == "drop":
-            self._drop(check_relative(record["file"]))
+            self._drop(record["file"])
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
@@ -94,17 +107,6 @@ class ManifestView:
         self.states = {s: v for s, v in self.states.items() if s <= step}
 
 
-def _check_header(record: dict[str, Any]) -> dict[str, Any]:
-    """The header, if its layer table has the shape every reader relies on."""
-    layers = record.get("layers")
-    if not isinstance(layers, list) or not all(
-            isinstance(l, dict) and isinstance(l.get("name"), str)
-            and isinstance(l.get("kind"), str) and isinstance(l.get("params"), int)
-            for l in layers):
-        raise ValueError("malformed header: 'layers' must be a list of {name, kind, params}")
-    return record
-
-
 def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
     """Replay the store's manifest (as ``rank`` sees a sharded one). Damaged
     lines are skipped and listed in ``problems``; an absent manifest gives an
@@ -112,12 +114,20 @@ def read_manifest(store: Store, rank: int | None = None) -> ManifestView:
     return _replay(_manifest_bytes(store), rank)
 
 
+def read_again(store: Store, view: ManifestView) -> ManifestView:
+    """The store's manifest as it is now, as ``view``'s rank sees it: ``view`` itself
+    where not a byte changed since it was read (a replay costs tens of microseconds
+    a line; a check for damage that reads the manifest again is then free)."""
+    data = _manifest_bytes(store)
+    return view if data == view.source else _replay(data, view.rank)
+
+
 def _manifest_bytes(store: Store) -> bytes:
     return store.read(MANIFEST) if store.exists(MANIFEST) else b""
 
 
 def _replay(data: bytes, rank: int | None) -> ManifestView:
-    view = ManifestView(rank=rank)
+    view = ManifestView(rank=rank, source=data)
     lines = data.split(b"\n")
     for number, line in enumerate(lines, start=1):
         if not line.strip():

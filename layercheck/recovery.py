@@ -188,8 +188,7 @@ class Planner:
         """The newest intact training state at or before ``step`` (default: the
         newest), or of exactly ``step`` (``exact``), and its verified file."""
         view, url = self.view, self.store.url
-        if view.header is None:
-            raise CheckpointNotFound(f"{url}: not a layercheck checkpoint (no manifest header)")
+        view.require_header(url)
         if not view.states:
             raise CheckpointNotFound(f"{url}: no recoverable step yet (training stopped before "
                                      "the base checkpoint)")

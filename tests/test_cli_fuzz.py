@@ -94,13 +94,32 @@ json_value = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                  max_size=4),
     max_leaves=12)
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# values a JSON reader accepts and a careless one trips on: past int64, non-finite,
+# bools for numbers, containers for scalars, hostile paths, deep nesting
+hostile_value = st.one_of(
+    json_value, st.integers(-(2**80), 2**80), st.floats(), st.integers(1, 300).map(_nested),
+    st.sampled_from([2**63, 2**63 - 1, 2**70, 2**31, -1, 0, 1, True, False, None, "", [], {},
+                     [[]], [{}], float("inf"), float("-inf"), float("nan"), 1e308, "../x",
+                     "/etc/passwd", "layers/../../x", "crc32c:zz", "x" * 5000]))
 record = st.fixed_dictionaries(
-    {"kind": st.sampled_from(["header", "layer", "state", "resume", "other"])},
-    optional={"step": json_value | st.integers(0, 50), "file": json_value | st.sampled_from(
+    {"kind": st.sampled_from(["header", "layer", "state", "resume", "drop", "other"])},
+    optional={"step": hostile_value | st.integers(0, 50), "file": hostile_value | st.sampled_from(
         ["layers/a@000000001.safetensors", "states/000000001.safetensors", "../x", "/etc/passwd"]),
-              "bytes": json_value, "checksum": json_value, "layer": json_value,
-              "layers": json_value | st.just([{"name": "a", "kind": "block", "params": 4}]),
-              "reason": json_value})
+              "bytes": hostile_value, "checksum": hostile_value, "layer": hostile_value,
+              "layers": hostile_value | st.just([{"name": "a", "kind": "block", "params": 4}]),
+              "reason": hostile_value, "world_size": hostile_value, "config": hostile_value,
+              "lr_peak": hostile_value, "shards": hostile_value | st.lists(
+                  st.fixed_dictionaries({}, optional={"file": hostile_value, "bytes": hostile_value,
+                                                      "checksum": hostile_value}), max_size=2),
+              "zero": hostile_value, "fsdp": hostile_value})
 
 
 def _encode(rec: dict) -> bytes:
@@ -120,6 +139,126 @@ def test_layercheck_on_a_manifest_of_well_framed_nonsense_never_tracebacks(comma
     assert code in (0, 2), f"{argv!r} with {records!r}: exit {code!r}\n{err[-3000:]}"
     if code == 2:
         assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+# -- one hostile value in a real checkpoint's manifest, through every command ----------------
+# The record schema (layercheck.format.RECORD_SCHEMAS) is what stands between a
+# well-framed record and the code that uses its values: each example takes a real
+# checkpoint, puts one hostile value in one field of one record (or of the backend
+# facts an export parses), and runs every command on it.
+_REAL: list[Path] = []
+ZERO_FACTS = {"stage": 3, "sub_groups": [{"sub_group": 0, "group": 0, "layer": "model.norm",
+                                          "params": [["model.norm.weight", [32]]],
+                                          "partition_numel": 32}],
+              "param_groups": [{"lr": 0.001}], "module_keys": ["model.norm.weight"],
+              "ds_config": {}, "checkpoint": {
+                  "module_dtype": "float32", "module_metadata": [["", {"version": 1}]],
+                  "buffer_names": [], "shared_params": {}, "clip_grad": 0.0,
+                  "loss_scale": {"scale": 1.0, "dynamic": False}, "layout": {},
+                  "mp_world_size": 1, "dp_world_size": 1}}
+FSDP_FACTS = {"world_size": 1, "params": {"model.norm.weight": {"shape": [32], "dim": 0}},
+              "param_groups": [["model.norm.weight"]], "aliases": {}}
+
+
+def _real_checkpoint() -> Path:
+    """A real 4-step checkpoint of the tiny model, every layer at every step from the base
+    (made once per run)."""
+    if not _REAL:
+        from tests.conftest import every_layer_checkpoint
+        _REAL.append(every_layer_checkpoint(Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "c", 4))
+    return _REAL[0]
+
+
+def _paths(value, prefix=()):
+    """Every place in ``value`` (a record): tuples of keys and list indices."""
+    yield prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from _paths(inner, (*prefix, key))
+
+
+def _put(target, path, value):
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+
+@st.composite
+def hostile_manifest(draw):
+    """(records of the real checkpoint with one hostile value placed, what was done)."""
+    lines = (_real_checkpoint() / "manifest.jsonl").read_bytes().splitlines()
+    records = [json.loads(line)["r"] for line in lines]
+    where = draw(st.sampled_from(["record", "record", "facts", "append"]))
+    value = draw(hostile_value)
+    if where == "append":
+        extra = draw(st.sampled_from([{"kind": "resume", "step": 0}, {"kind": "drop", "file": ""},
+                                      {**records[-1]}, {**records[1]}]))
+        key = draw(st.sampled_from(sorted(extra)))
+        records.append({**extra, key: value})
+        return records, f"appended {records[-1]!r:.300}"
+    if where == "facts":
+        name, template = draw(st.sampled_from([("zero", ZERO_FACTS), ("fsdp", FSDP_FACTS)]))
+        facts = json.loads(json.dumps(template))
+        path = draw(st.sampled_from([p for p in _paths(facts) if p]))
+        _put(facts, path, value)
+        records[0][name] = facts
+        return records, f"header {name} facts {path} = {value!r:.200}"
+    index = draw(st.integers(0, len(records) - 1))
+    paths = [p for p in _paths(records[index]) if p] + [(draw(st.sampled_from(
+        ["world_size", "config", "lr_peak", "shards", "reason", "layer"])),)]
+    path = draw(st.sampled_from(paths))
+    if len(path) > 1 or path[0] != "kind":
+        _put(records[index], path, value)
+    return records, f"record {index} {path} = {value!r:.200}"
+
+
+@given(manifest=hostile_manifest())
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_layercheck_on_a_real_checkpoint_with_one_hostile_value_never_tracebacks(manifest):
+    """inspect (both ways), plan (both ways), every export format and gc: each a clean
+    answer or one line and exit 2."""
+    import shutil
+
+    from layercheck.cli import main
+    records, what = manifest
+    folder = Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "c"
+    shutil.copytree(_real_checkpoint(), folder)
+    (folder / "manifest.jsonl").write_bytes(b"".join(map(_encode, records)))
+    commands = [["inspect"], ["inspect", "--quick", "--json"], ["plan"], ["plan", "--json"],
+                ["export", "--format", "hf"], ["export", "--format", "dcp"]]
+    if "zero" in records[0]:
+        commands.append(["export", "--format", "deepspeed"])
+    for n, command in enumerate([*commands, ["gc", "--dry-run"], ["gc"]]):
+        out = ["--out", str(folder.parent / f"out{n}")] if command[0] == "export" else []
+        argv = [command[0], str(folder), *command[1:], *out]
+        code, _, err = _call(main, argv)
+        assert code in (0, 2), f"{argv!r} with {what}: exit {code!r}\n{err[-3000:]}"
+        if code == 2:
+            assert err.count("\n") == 1 and "Traceback" not in err, f"{what}: {err!r}"
+
+
+@given(config=st.one_of(
+    garbage, hostile_value.map(lambda v: json.dumps(v).encode()),
+    st.integers(1, 200_000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n),
+    st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n)))
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_export_of_a_real_checkpoint_with_any_model_config_never_tracebacks(config):
+    """model_config.json holding anything: exported as config.json, or one line and exit 2."""
+    import shutil
+
+    from layercheck.cli import main
+    folder = Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "c"
+    shutil.copytree(_real_checkpoint(), folder)
+    (folder / "model_config.json").write_bytes(config)
+    code, _, err = _call(main, ["export", str(folder), "--out", str(folder.parent / "out")])
+    assert code in (0, 2), f"{config[:200]!r}: exit {code!r}\n{err[-3000:]}"
+    if code == 2:
+        assert err.count("\n") == 1 and "model_config.json" in err, err
+    else:
+        assert json.loads((folder.parent / "out" / "config.json").read_text()) == json.loads(config)
 
 
 @given(malformed=st.one_of(

@@ -124,3 +124,19 @@ def test_gc_removes_only_the_temp_files_of_interrupted_writes_and_only_under_the
     assert [n for n in leftovers + foreign if (ckpt / n).exists()] == foreign
     assert inspect_directory(store)["newest_step"] == before["newest_step"]
     assert make_plan(store, read_manifest(store)).warnings == []
+
+
+def test_a_record_naming_a_kept_versions_file_never_displaces_its_record(ckpt):
+    """A record of step 99 naming step 6's state file is passed over as damaged (the
+    file holds step 6); gc keeps both records, so the step the fallback stood on
+    stays recoverable (it kept only the hostile one, and lost step 6)."""
+    from layercheck.format import encode_record
+    store = LocalStore(ckpt)
+    newest = read_manifest(store).states[6]
+    store.append(MANIFEST, encode_record({**newest.to_record(), "step": 99}))
+    report = collect_garbage(store, keep=1)
+    assert report.skipped and "step 99" in report.skipped[0]
+    view = read_manifest(store)
+    assert sorted(view.states) == [6, 99]
+    plan = make_plan(store, view)
+    assert plan.step == 6 and plan.state.step == 6

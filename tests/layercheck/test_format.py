@@ -40,8 +40,9 @@ def test_the_state_document_reads_both_layouts_of_extra():
 
 
 def test_a_header_names_its_world_size_only_when_sharded():
-    plain = header_record(layers=[], config={}, lr_peak=1e-3)
-    zero = header_record(layers=[], config={}, lr_peak=1e-3, world_size=2, zero={"stage": 3})
+    layers = [{"name": "a", "kind": "block", "params": 4}]  # a header lists the model's layers
+    plain = header_record(layers=layers, config={}, lr_peak=1e-3)
+    zero = header_record(layers=layers, config={}, lr_peak=1e-3, world_size=2, zero={"stage": 3})
     assert "world_size" not in plain and plain["kind"] == "header"
     assert zero["world_size"] == 2 and zero["zero"] == {"stage": 3}
 
@@ -93,7 +94,7 @@ def test_the_crc32c_that_lets_other_threads_run_is_google_crc32c_s_own():
     import google_crc32c
     import numpy as np
 
-    from layercheck import format as fmt
+    from layercheck import checksums as fmt  # the checksums moved out of format (issue 27)
     assert fmt._CRC32C_EXTEND is not None  # the wheel's library is found here
     data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8)
     expected = f"crc32c:{google_crc32c.value(data.tobytes()):08x}"
@@ -105,3 +106,88 @@ def test_the_crc32c_that_lets_other_threads_run_is_google_crc32c_s_own():
             summer.update(memoryview(piece) if n % 3 == 0 else piece.tobytes() if n % 3 == 1
                           else memoryview(piece.tobytes()))
         assert summer.value == expected, cuts
+
+
+# -- the record schema (issue 27, item 9) ------------------------------------------------
+LAYERS = [{"name": "a", "kind": "block", "params": 4, "weight_bytes": 16}]
+
+
+def test_every_record_layercheck_writes_passes_its_schema():
+    from layercheck.format import MAX_COUNT, check_record, drop_record, resume_record
+    shards = (Shard("layers/a@1.rank0", 10, "crc32c:0000000a"), Shard("layers/a@1.rank1", 11,
+                                                                      "crc32:0000000b"))
+    records = [header_record(layers=LAYERS, config={"write_budget": 5e5, "smax": 10}, lr_peak=0.0),
+               header_record(layers=LAYERS, config={}, lr_peak=1e-3, world_size=2, zero={}),
+               Version(3, "layers/a@3", 10, "crc32c:0000000a", "a", "base").to_record(),
+               Version(3, "layers/a@3.rank0", 10, "crc32:0", "a", None, shards).to_record(),
+               Version(MAX_COUNT, "states/x", 0, "crc32c:00000000").to_record(),
+               resume_record(3), drop_record("layers/a@3"),
+               {"kind": "layer", "step": 1, "layer": "a", "file": "layers/a@1", "bytes": 1,
+                "checksum": "blake9:00", "a newer writer's field": [1]}]  # unknown: ignored
+    for record in records:
+        assert check_record(record) is record
+
+
+@pytest.mark.parametrize("record,wrong", [
+    ({"kind": "header", "layers": LAYERS, "world_size": float("inf")}, "world_size=inf"),
+    ({"kind": "header", "layers": LAYERS, "world_size": [2]}, "world_size=[2]"),
+    ({"kind": "header", "layers": LAYERS, "world_size": 2**31}, "world_size=2147483648"),
+    ({"kind": "header", "layers": LAYERS, "world_size": True}, "world_size=True"),
+    ({"kind": "header", "layers": LAYERS, "config": [1, 2]}, "config=[1, 2]: an object"),
+    ({"kind": "header", "layers": LAYERS, "config": {"write_budget": [1]}}, "write_budget=[1]"),
+    ({"kind": "header", "layers": LAYERS, "config": {"write_budget": 0}}, "write_budget=0"),
+    ({"kind": "header", "layers": LAYERS, "lr_peak": float("nan")}, "lr_peak=nan"),
+    ({"kind": "header", "layers": LAYERS, "zero": [3]}, "zero=[3]"),
+    ({"kind": "header", "layers": []}, "layers=[]"),
+    ({"kind": "header", "layers": [{**LAYERS[0], "params": 2**63}]}, "params=9223372036854775808"),
+    ({"kind": "layer", "step": 2**70, "layer": "a", "file": "f", "bytes": 1, "checksum": "c:0"},
+     "step=1180591620717411303424"),
+    ({"kind": "layer", "step": 1, "layer": "a", "file": "f", "bytes": 1, "checksum": "c:0",
+      "reason": {"why": 1}}, "reason={'why': 1}: a string, or null"),
+    ({"kind": "layer", "step": 1, "layer": 3, "file": "f", "bytes": 1, "checksum": "c:0"},
+     "layer=3: a string is required"),
+    ({"kind": "layer", "step": 1, "layer": "a", "bytes": 1, "checksum": "c:0"}, "file is missing"),
+    ({"kind": "state", "step": 1, "file": "f", "bytes": 1.0, "checksum": "c:0"}, "bytes=1.0"),
+    ({"kind": "state", "step": 1, "file": "f", "bytes": 1, "checksum": 7}, "checksum=7"),
+    ({"kind": "state", "step": 1, "shards": []}, "shards=[]"),
+    ({"kind": "state", "step": 1, "shards": [{"file": "f", "bytes": -1, "checksum": "c:0"}]},
+     "entry 0: bytes=-1"),
+    ({"kind": "state", "step": 1, "file": "../f", "bytes": 1, "checksum": "c:0"}, "refusing path"),
+    ({"kind": "resume", "step": "3"}, "step='3'"),
+    ({"kind": "drop", "file": ["layers/a"]}, "file=['layers/a']: a relative path"),
+    ({"kind": ["header"]}, "unknown record kind ['header']"),
+    ({"kind": "resume", "step": 1, "x": json.loads("[" * 64 + "]" * 64)}, "deeper than 64"),
+])
+def test_a_record_outside_its_schema_is_refused_naming_the_field(record, wrong):
+    from layercheck.format import check_record
+    with pytest.raises(ValueError) as err:
+        check_record(record)
+    assert wrong in str(err.value), str(err.value)
+
+
+def test_a_value_is_shown_cut_short_in_the_message():
+    from layercheck.format import check_record
+    with pytest.raises(ValueError) as err:
+        check_record({"kind": "resume", "step": "x" * 10**6})
+    assert len(str(err.value)) < 200
+
+
+def test_a_model_config_is_a_json_object_nesting_at_most_64_deep():
+    from layercheck.format import parse_model_config
+    assert parse_model_config(b'{"model_type": "qwen2", "rope_scaling": {"factor": 2}}') == {
+        "model_type": "qwen2", "rope_scaling": {"factor": 2}}
+    assert parse_model_config(b'{"a":' * 63 + b"1" + b"}" * 63)  # 63 objects: at the limit
+    for data, wrong in [(b"[" * 100_000 + b"]" * 100_000, "nested too deep to read"),
+                        (b'{"a":' * 65 + b"1" + b"}" * 65, "deeper than 64"),
+                        (b"[1]", "not a JSON object"), (b"\xff", "not JSON")]:
+        with pytest.raises(CorruptVersion, match=wrong):
+            parse_model_config(data)
+
+
+def test_a_layer_named_by_an_empty_prefix_is_a_layer_the_schema_accepts():
+    """An explicit layer map may name a layer '' (its files are '_@<step>'): such a
+    checkpoint was readable before the schema and stays so."""
+    from layercheck.format import check_record
+    check_record(header_record(layers=[{"name": "", "kind": "head", "params": 8}], config={},
+                               lr_peak=1e-3))
+    check_record(Version(1, "layers/_@000000001.safetensors", 1, "crc32:0", "", "base").to_record())

@@ -133,3 +133,14 @@ def test_a_non_ascii_module_name_is_checkpointed_from_the_base_checkpoint_on(tmp
         assert lc.restore() == 3
     for name, value in again.named_parameters():
         assert torch.equal(value, expected[name]), name
+
+
+def test_a_model_without_parameters_or_buffers_is_refused_when_the_map_is_built(tmp_path):
+    """Its header would list no layers, which every reader refuses (the record schema,
+    issue 27 item 9): refused here, before anything is written."""
+    from layercheck import LayerCheck
+    model = nn.Sequential(nn.ReLU())
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ModelMismatch, match="no parameters or persistent buffers"):
+        LayerCheck(model, opt, tmp_path / "c")
+    assert not (tmp_path / "c" / "manifest.jsonl").exists()

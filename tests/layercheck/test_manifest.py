@@ -46,7 +46,7 @@ def test_a_flipped_byte_in_a_record_fails_its_crc(tmp_path):
 
 def test_resume_abandons_the_later_timeline(tmp_path):
     store = LocalStore(tmp_path)
-    _write(store, {"kind": "header", "layers": []}, _layer(5), _state(5), _layer(6), _state(6),
+    _write(store, HEADER, _layer(5), _state(5), _layer(6), _state(6),
            {"kind": "resume", "step": 5}, _layer(6, "b"), _state(6))
     view = read_manifest(store)
     assert [v.step for v in view.versions["a"]] == [5]
@@ -62,7 +62,7 @@ def test_paths_cannot_escape_the_directory(path):
 def test_hostile_path_in_a_record_is_a_problem_not_a_read(tmp_path):
     store = LocalStore(tmp_path)
     bad = _state(3) | {"file": "../../etc/passwd"}
-    _write(store, {"kind": "header", "layers": []}, bad)
+    _write(store, HEADER, bad)
     view = read_manifest(store)
     assert view.states == {} and "refusing path" in view.problems[0]
 
@@ -329,17 +329,28 @@ def test_a_torn_tail_is_sealed_once_and_nothing_else_is_touched(tmp_path):
         f"{MANIFEST} line 5: skipped (torn append: the last line has no newline)")
 
 
-@pytest.mark.parametrize("layers", [None, "a", [["a", "block", 1]], [{"kind": "block", "params": 1}],
-                                    [{"name": "a", "params": 1}], [{"name": "a", "kind": "block"}],
-                                    [{"name": "a", "kind": "block", "params": "1"}],
-                                    [{"name": 1, "kind": "block", "params": 1}]])
-def test_a_malformed_header_is_a_problem_and_not_the_header(tmp_path, layers):
+@pytest.mark.parametrize("layers,wrong", [
+    (None, "layers=None: a non-empty list of {name, kind, params} (the model's layers) is "
+           "required"),
+    ("a", "layers='a': a non-empty list of"), ([], "layers=[]: a non-empty list of"),
+    ([["a", "block", 1]], "entry 0: not an object"),
+    ([{"kind": "block", "params": 1}], "entry 0: name is missing"),
+    ([{"name": "a", "params": 1}], "entry 0: kind is missing"),
+    ([{"name": "a", "kind": "block"}], "entry 0: params is missing"),
+    ([{"name": "a", "kind": "block", "params": "1"}],
+     "entry 0: params='1': an integer from 0 to 2**63-1 is required"),
+    ([{"name": 1, "kind": "block", "params": 1}], "entry 0: name=1: a string is required"),
+    ([{"name": "a", "kind": "block", "params": 1}] * 2, "two entries have the same name")])
+def test_a_malformed_header_is_a_problem_and_not_the_header(tmp_path, layers, wrong):
+    """Each says what is wrong (the schema's message; it said 'malformed header' for
+    every case before the record schema, issue 27)."""
     store = LocalStore(tmp_path)
     _write(store, {"kind": "header", "layers": layers}, {"kind": "bogus"}, _state(1))
     view = read_manifest(store)
     assert view.header is None and sorted(view.states) == [1]
-    assert view.problems == [
-        f"{MANIFEST} line 1: skipped (malformed header: 'layers' must be a list of {{name, kind, params}})",
+    assert view.problems[0].startswith(f"{MANIFEST} line 1: skipped (header record: ")
+    assert wrong in view.problems[0], view.problems[0]
+    assert view.problems[1:] == [
         f"{MANIFEST} line 2: skipped (unknown record kind 'bogus')"]
 
 
@@ -571,3 +582,15 @@ def test_a_header_longer_than_its_file_read_apart_is_named_as_a_whole_read_names
                     read_verified_file(store, version, how)
                 messages.append(str(err.value))
             assert messages[0] == messages[1] and "not a valid safetensors file" in messages[0]
+
+
+def test_read_again_replays_only_a_manifest_that_changed(tmp_path):
+    from layercheck.manifest import read_again
+    store = LocalStore(tmp_path)
+    _write(store, HEADER, _layer(1), _state(1), tail=b"garbage\n")
+    view = read_manifest(store)
+    assert read_again(store, view) is view  # not a byte changed: the same replay
+    _write(store, {"kind": "drop", "file": _state(1)["file"]})
+    now = read_again(store, view)
+    assert now is not view and now.states == {} and now.problems == view.problems
+    assert read_again(store, read_manifest(store, rank=1)).rank == 1

@@ -457,7 +457,9 @@ def test_a_checkpoint_with_nothing_to_restore_says_what_is_missing(tmp_path, ckp
     empty = LocalStore(tmp_path / "empty")
     with pytest.raises(CheckpointNotFound) as no_header:
         make_plan(empty, read_manifest(empty))
-    assert str(no_header.value) == f"{empty.url}: not a layercheck checkpoint (no manifest header)"
+    assert str(no_header.value) == (  # one message for every command (ManifestView.require_header)
+        f"{empty.url}: not a layercheck checkpoint (no manifest.jsonl with a valid header); point "
+        "at the directory given to LayerCheck")
     store = LocalStore(ckpt)
     view = read_manifest(store)
     for state in list(view.states.values()):

@@ -342,3 +342,119 @@ def test_a_layer_file_that_is_not_a_regular_file_is_passed_over(ckpt, kind):
     done = _cli_bounded("inspect", str(ckpt), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert any(newest.file in p for p in json.loads(done.stdout)["problems"])
+
+
+# -- well-formed records with hostile values (issue 27, item 9) ---------------------------
+# Each record below has a valid CRC and the fields its kind needs, so only the schema
+# of its kind (format.RECORD_SCHEMAS, checked where the manifest is read) stands
+# between it and the code that uses its values.
+def _rewrite(path: Path, change) -> None:
+    """The manifest of ``path`` with ``change(records)`` applied, CRCs recomputed."""
+    records = [json.loads(line)["r"] for line in (path / MANIFEST).read_bytes().splitlines()]
+    change(records)
+    (path / MANIFEST).write_bytes(b"".join(encode_record(r) for r in records))
+
+
+def _commands(ckpt: Path, out: Path) -> list[list[str]]:
+    return [["inspect", str(ckpt)], ["plan", str(ckpt)], ["plan", str(ckpt), "--json"],
+            ["gc", str(ckpt), "--dry-run"], ["export", str(ckpt), "--out", str(out)]]
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("world_size", float("inf"), "world_size=inf"),
+    ("world_size", [2], "world_size=[2]"),
+    ("world_size", 0, "world_size=0"),
+    ("config", [1, 2], "config=[1, 2]"),
+    ("config", {"write_budget": [1]}, "write_budget=[1]"),
+    ("config", {"write_budget": float("nan")}, "write_budget=nan"),
+    ("layers", [], "layers=[]"),
+    ("lr_peak", "fast", "lr_peak='fast'"),
+])
+def test_a_header_with_a_hostile_value_is_refused_in_one_line_by_every_command(
+        ckpt, tmp_path, capsys, field, value, needle):
+    """Not a traceback, not an empty export: exit 2, one line naming the field and the
+    value, nothing deleted, nothing exported."""
+    _rewrite(ckpt, lambda records: records[0].update({field: value}))
+    files = sorted(p.name for p in ckpt.rglob("*.safetensors"))
+    for argv in _commands(ckpt, tmp_path / "out"):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a layercheck checkpoint" in err, err
+        assert needle in err and "header record" in err, err
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in ckpt.rglob("*.safetensors")) == files
+
+
+def test_a_layer_record_whose_reason_is_an_object_is_skipped_and_reported(ckpt, tmp_path,
+                                                                           capsys):
+    def hostile(records):
+        newest = max((r for r in records if r.get("layer") == "model.norm"),
+                     key=lambda r: r["step"])
+        newest["reason"] = {"why": "hostile"}
+    _rewrite(ckpt, hostile)
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step"] == 4
+    assert {l["layer"]: l["source_step"] for l in plan["layers"]}["model.norm"] == 3
+    assert main(["plan", str(ckpt)]) == 0  # the table formats every reason
+    capsys.readouterr()
+    assert main(["inspect", str(ckpt), "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1 and "reason={'why': 'hostile'}" in problems[0], problems
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.parametrize("step,refused", [(2**70, True), (2**63, True), (2**63 - 1, False)])
+def test_a_state_at_a_step_past_int64_is_a_damaged_line_and_every_command_works(
+        ckpt, tmp_path, capsys, step, refused):
+    """Steps are int64 where they are used (the ranks agree on them in int64 tensors):
+    a larger one is a damaged line; the largest int64 is read, and passed over, since
+    the file it names holds step 4."""
+    def hostile(records):
+        state = max((r for r in records if r["kind"] == "state"), key=lambda r: r["step"])
+        records.append({**state, "step": step})
+    _rewrite(ckpt, hostile)
+    assert main(["inspect", str(ckpt), "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1
+    assert (f"step={step}" in problems[0]) == refused, problems
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step"] == 4 and len(plan["warnings"]) == (0 if refused else 1)
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 0
+    assert main(["gc", str(ckpt)]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 4
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000,
+                                     b'{"a":' * 70 + b"1" + b"}" * 70, b"[1, 2]", b"\xff{",
+                                     b'{"torn": '])
+def test_export_refuses_a_model_config_it_cannot_copy_in_one_line(ckpt, tmp_path, capsys,
+                                                                   content):
+    (ckpt / "model_config.json").write_bytes(content)
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model_config.json is" in err and "replace it" in err, err
+    assert not (tmp_path / "out").exists()
+    (ckpt / "model_config.json").unlink()  # the fix it names: the weights, without a config
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("facts,format", [
+    ({"zero": {"stage": float("inf"), "checkpoint": {}}}, "hf"),
+    ({"zero": {"stage": float("inf"), "checkpoint": {}}}, "deepspeed"),
+    ({"fsdp": {"world_size": float("inf"), "params": {}, "param_groups": []}}, "hf"),
+    ({"fsdp": {"world_size": 1, "params": {"w": {"shape": [float("inf")], "dim": 0}},
+               "param_groups": []}}, "dcp"),
+])
+def test_backend_facts_with_an_infinite_count_are_malformed_in_one_line(ckpt, tmp_path, capsys,
+                                                                        facts, format):
+    """The backend facts an export parses (``ZeroFacts``, ``FsdpFacts``): int(inf) is an
+    OverflowError, malformed like any other bad value there."""
+    _rewrite(ckpt, lambda records: records[0].update(facts))
+    assert main(["export", str(ckpt), "--format", format, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "malformed" in err and "OverflowError" in err, err
