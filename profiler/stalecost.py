@@ -28,7 +28,8 @@ study measures it:
    it must equal the reference bit for bit, so the pipeline itself costs
    nothing; *reorder*, the exact state trained on with another data order
    (``reorders`` of them): the run's own trajectory noise, the yardstick a
-   recovery's Delta is read against. Chosen over a random perturbation of
+   recovery's Delta is read against (the noise floor: the control's |loss gap|
+   read as steps behind). Chosen over a random perturbation of
    matched size because it needs no choice of which norms to match, and it
    is the variation users already accept from their data order.
 
@@ -48,6 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -56,7 +58,7 @@ from layercheck.calibration import COSTS_FILE, Figure, read_calibration, write_c
 from layercheck.trace import STUDY_FILE
 
 from .config import CaptureConfig
-from .convergence import Reading, SequenceLosses, read_delta
+from .convergence import Reading, SequenceLosses, read_delta, steps_behind
 from .errors import ProfilerError
 from .staleness import failure_steps
 
@@ -178,6 +180,20 @@ def _failure_plan(config: StaleCostConfig, staleness: dict[float, np.ndarray]) -
 def _document(config: StaleCostConfig, reference: Any, plan: dict[float, list[int]],
               runs: list[Any]) -> dict[str, Any]:
     ref = reference.losses
+    doc = {"schema": SCHEMA, "kind": "staleness-study", "config": config.to_dict(),
+           "model": reference.model, "machine": reference.machine,
+           "reference": {"curve_steps": ref.steps.tolist(), "curve": ref.curve().tolist(),
+                         "train_loss": reference.train_loss,
+                         "staleness": {f"{k:g}": _nan_to_none(v) for k, v in
+                                       reference.staleness.items()},
+                         "writes": reference.writes, "sequence_losses": ref.to_dict()},
+           "failure_steps": {f"{k:g}": v for k, v in plan.items()},
+           "method": __doc__.split("\n\n", 1)[1].strip()}
+    return {**doc, **_readings(config, ref, runs)}
+
+
+def _readings(config: StaleCostConfig, ref: SequenceLosses, runs: list[Any]) -> dict[str, Any]:
+    """The runs with their Delta and phi per horizon, the noise floor and the summary."""
     end = int(ref.steps[-1])
     rows = []
     for run in runs:
@@ -191,18 +207,25 @@ def _document(config: StaleCostConfig, reference: Any, plan: dict[float, list[in
                      "phi": {n: _phi(r, run.staleness) for n, r in readings.items()},
                      "curve": run.losses.curve().tolist(), "curve_steps": run.losses.steps.tolist(),
                      "sequence_losses": run.losses.to_dict()})
-    noise = _noise_floor(rows)
-    return {"schema": SCHEMA, "kind": "staleness-study", "config": config.to_dict(),
-            "model": reference.model, "machine": reference.machine,
-            "reference": {"curve_steps": ref.steps.tolist(), "curve": ref.curve().tolist(),
-                          "train_loss": reference.train_loss,
-                          "staleness": {f"{k:g}": _nan_to_none(v) for k, v in
-                                        reference.staleness.items()},
-                          "writes": reference.writes, "sequence_losses": ref.to_dict()},
-            "failure_steps": {f"{k:g}": v for k, v in plan.items()},
-            "runs": rows, "noise_floor": noise,
-            "summary": _summary(config, rows, noise),
-            "method": __doc__.split("\n\n", 1)[1].strip()}
+    noise = _noise_floor(ref, rows)
+    return {"runs": rows, "noise_floor": noise, "summary": _summary(config, rows, noise)}
+
+
+def reread(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with every reading, the noise floor and the summary read again from its
+    stored per-sequence losses (after a change to how Delta is read; no training)."""
+    config = doc["config"]
+    study = StaleCostConfig(**{**config, "capture": CaptureConfig.from_dict(config["capture"]),
+                               "thresholds": tuple(config["thresholds"]),
+                               "horizons": tuple(config["horizons"]), "scratch": None})
+    ref = SequenceLosses.from_dict(doc["reference"]["sequence_losses"])
+    runs = [SimpleNamespace(kind=r["kind"], threshold=r["threshold"],
+                            failure_step=r["failure_step"], staleness=r["staleness"],
+                            max_layer_staleness=r["max_layer_staleness"],
+                            sources=r["restored_sources"], identical=r["identical_to_reference"],
+                            losses=SequenceLosses.from_dict(r["sequence_losses"]))
+            for r in doc["runs"]]
+    return {**doc, **_readings(study, ref, runs)}
 
 
 def _horizon_steps(config: StaleCostConfig, ref: SequenceLosses, t: int, end: int) -> dict[str, int]:
@@ -223,13 +246,17 @@ def _phi(reading: Reading, staleness: float) -> dict[str, Any] | None:
             "high": reading.high / staleness, "censored": reading.censored}
 
 
-def _noise_floor(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per horizon, the largest |Delta| of the reorder controls (steps): a recovery
-    whose Delta lies within it is indistinguishable from the run's own noise."""
+def _noise_floor(ref: SequenceLosses, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per horizon, the steps behind that the largest |loss gap| of the reorder controls
+    reads as: a recovery whose |Delta| lies within it is indistinguishable from the
+    run's own trajectory noise. The gap is read in the behind direction whatever its
+    sign, since a control ahead near the end of the job reads only as a bound."""
     controls = [r for r in rows if r["kind"] == "reorder"]
     names = sorted({n for r in controls for n in r["readings"]}, key=_horizon_key)
-    return {n: max(abs(r["readings"][n]["delta"]) for r in controls if n in r["readings"])
-            for n in names} if controls else {}
+    curve = ref.curve()
+    return {n: max(steps_behind(ref.steps, curve, r["readings"][n]["step"],
+                                abs(r["readings"][n]["loss_gap"]))[0]
+                   for r in controls if n in r["readings"]) for n in names}
 
 
 def _summary(config: StaleCostConfig, rows: list[dict[str, Any]], noise: dict[str, Any]) -> dict[str, Any]:

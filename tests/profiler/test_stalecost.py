@@ -14,7 +14,9 @@ from layercheck.calibration import read_calibration
 from profiler.cli import main
 from profiler.config import CaptureConfig
 from profiler.errors import ProfilerError
-from profiler.stalecost import StaleCostConfig, run_study, set_stale_cost, stale_cost_figure
+from profiler.convergence import steps_behind
+from profiler.stalecost import (StaleCostConfig, reread, run_study, set_stale_cost,
+                                stale_cost_figure)
 from profiler.studyruns import link_copy
 
 pytestmark = pytest.mark.slow
@@ -73,7 +75,18 @@ def test_the_reorder_control_sizes_the_noise_floor(study):
     assert reorder["curve"] != _runs(study, "exact")[0]["curve"]  # another data order
     floor = study["noise_floor"]
     assert set(floor) == set(reorder["readings"])
-    assert floor["end"] == abs(reorder["readings"]["end"]["delta"])
+    ref = study["reference"]
+    for name, reading in reorder["readings"].items():  # its |loss gap|, read as steps behind
+        behind, _ = steps_behind(np.array(ref["curve_steps"]), np.array(ref["curve"]),
+                                 reading["step"], abs(reading["loss_gap"]))
+        assert floor[name] == behind >= 0
+        assert behind == abs(reading["delta"]) or reading["loss_gap"] < 0
+
+
+def test_a_study_is_read_again_from_its_stored_losses_exactly(study):
+    again = reread(json.loads(json.dumps(study)))
+    for key in ("runs", "noise_floor", "summary"):
+        assert again[key] == study[key]
 
 
 def test_the_summary_and_the_figure(study):
