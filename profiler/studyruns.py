@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from layercheck.snapshot import apply_rng, capture_rng
 from layercheck.trace import weighted_staleness
 
 from .convergence import SequenceLosses
@@ -82,7 +83,9 @@ class Runs:
         checks that it trains the same)."""
         if self._pristine is None:
             self._pristine = PlainJob.prepare(self.capture, say=lambda _: None)
+            self._rng = capture_rng()
         job = copy.deepcopy(self._pristine)
+        apply_rng(*self._rng)  # dropout draws from torch's global generators: as a new process
         # a scheduler copied with its optimizer loses its hold on optimizer.step (torch
         # wraps the method to check the call order); one made anew on the copy keeps it
         job.scheduler = torch.optim.lr_scheduler.LambdaLR(job.adam, lr_schedule(job.config))

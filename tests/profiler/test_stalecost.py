@@ -172,3 +172,18 @@ def test_the_command_writes_its_document(tmp_path):
     assert [r["kind"] for r in doc["runs"]] == ["composite", "exact"]
     assert doc["noise_floor"] == {}
     assert f"wrote {out}" in proc.stdout
+
+
+def test_every_run_starts_from_the_generators_of_a_new_process(tmp_path):
+    """Dropout draws from torch's global generator: a run that inherited the generator
+    its predecessor advanced would not repeat the reference (MiniLM's second run differed
+    at step 1), so every job starts from the state a fresh build leaves."""
+    import torch
+
+    from profiler.studyruns import Runs
+    runs = Runs(StaleCostConfig(**SMALL), tmp_path, lambda _: None)
+    runs._job()
+    fresh = torch.get_rng_state()
+    torch.rand(1000)  # what a run's dropout does
+    runs._job()
+    assert torch.equal(torch.get_rng_state(), fresh)
