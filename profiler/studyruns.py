@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -16,13 +16,12 @@ import torch
 from layercheck.snapshot import apply_rng, capture_rng
 from layercheck.trace import weighted_staleness
 
+from .config import PAPER
 from .convergence import SequenceLosses
 from .errors import ProfilerError
 from .job import lr_schedule
 from .plainjob import PlainJob
 
-if TYPE_CHECKING:
-    from .stalecost import StaleCostConfig
 
 __all__ = ["Runs", "Reference", "Snapshot", "Recovered"]
 
@@ -69,7 +68,9 @@ class Recovered:
 class Runs:
     """The study's runs on one job; ``root`` holds every LayerCheck directory."""
 
-    def __init__(self, config: "StaleCostConfig", root: Path, say: Callable[[str], None]) -> None:
+    def __init__(self, config: Any, root: Path, say: Callable[[str], None]) -> None:
+        """``config``: the study's ``profiler.stalecost.StaleCostConfig`` (not imported:
+        stalecost runs these, one way)."""
         self.config, self.root, self.say = config, root, say
         self.capture = config.capture
         self.grid = config.grid()
@@ -92,11 +93,14 @@ class Runs:
         return job
 
     def _lc_config(self, threshold: float, **changes: Any) -> Any:
+        """The job's LayerCheckConfig at base ``threshold``, embeddings keeping their
+        factor over it (the paper's 10x), newest versions only (a recovery of the
+        newest step needs no more)."""
         base = self.capture.layercheck_config(keep_versions=1)
+        factor = (base.embedding_threshold / base.base_threshold if base.base_threshold > 0
+                  else PAPER["embedding_factor"])
         return dataclasses.replace(base, base_threshold=threshold,
-                                   embedding_threshold=threshold * base.embedding_threshold
-                                   / base.base_threshold if base.base_threshold else threshold * 10,
-                                   **changes)
+                                   embedding_threshold=threshold * factor, **changes)
 
     def _evaluate(self, job: PlainJob) -> tuple[list[float], list[int]]:
         limit = self.config.eval_sequences or len(job.dataset.heldout)

@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from .errors import SimError
+from .failures import MAX_RUN_FAILURES, FailureModel
 from .units import format_duration
-
-if TYPE_CHECKING:
-    from .failures import FailureModel
 
 __all__ = ["MAX_RUN_FAILURES", "MAX_FAILURES", "MAX_LANE_FAILURES", "MAX_SIMPY_STEPS",
            "MAX_JOB_STEPS", "bound_work", "check_runs", "check_job_steps"]
 
-MAX_RUN_FAILURES = 1_000_000
 MAX_FAILURES = 20_000_000
 MAX_LANE_FAILURES = 200_000_000
 MAX_SIMPY_STEPS = 50_000_000
@@ -45,7 +42,7 @@ MAX_JOB_STEPS = 1_000_000
 _WHERE = "docs/sim.md, Work limits"
 
 
-def bound_work(failures: "FailureModel", mtbfs: Sequence[float | None], *, seeds: int,
+def bound_work(failures: FailureModel, mtbfs: Sequence[float | None], *, seeds: int,
                window_s: float, strategies: int, engine: str, mean_step_s: float) -> None:
     """Refuse (``SimError``) a call whose estimated work passes a limit: ``seeds`` runs at
     each MTBF of ``mtbfs`` (None: a log at its own rate) over ``window_s``, each run against
@@ -97,7 +94,7 @@ def _runs(seeds: int, points: int) -> str:
     return f"{seeds:,} seeds x {points:,} MTBFs"
 
 
-def _too_many_per_run(failures: "FailureModel", mtbf_s: float | None, window_s: float,
+def _too_many_per_run(failures: FailureModel, mtbf_s: float | None, window_s: float,
                       expected: float) -> str:
     mean = mtbf_s if mtbf_s is not None else failures.log_mtbf
     limit = f"more than the simulator's limit of {MAX_RUN_FAILURES:,} failures per run ({_WHERE})"
@@ -120,7 +117,7 @@ def _too_many_per_run(failures: "FailureModel", mtbf_s: float | None, window_s: 
             f"most {format_duration(MAX_RUN_FAILURES * mean * 0.9999)}")
 
 
-def _least_shape(failures: "FailureModel", mtbf_s: float | None, window_s: float) -> float:
+def _least_shape(failures: FailureModel, mtbf_s: float | None, window_s: float) -> float:
     """The smallest Weibull shape whose estimate fits ``MAX_RUN_FAILURES`` (bisection on log k;
     the estimate falls as the shape rises towards 1)."""
     low, high = math.log(failures.shape), 0.0
