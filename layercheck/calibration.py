@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Figure", "FigureSpec",
-           "Calibration", "CalibrationError", "read_calibration", "write_calibration",
+__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Band", "Figure", "FigureSpec",
+           "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
            "TRANSFERRED_STALE_COST", "STALE_COST_CAPTURE"]
 
 SCHEMA_VERSION = 1
@@ -48,6 +48,53 @@ transferred: measured on another job, named in ``method``, and carried over."""
 
 class CalibrationError(ValueError):
     """A costs.json is missing, malformed or incomplete; the message says which part."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Band:
+    """The plausible range of a figure nobody measured here, and why (what ``python -m sim
+    sensitivity`` varies it across). ``relative``: ``low`` and ``high`` are factors of the
+    figure's value (a rule of ``FigureSpec``, for any value); else they are the figure's
+    own unit. The reason names its source (a paper's numbers, a hardware spec, this
+    project's own measurements) or says that it is a judgment."""
+
+    low: float
+    high: float
+    reason: str
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("low", "high"):
+            number = getattr(self, key)
+            if isinstance(number, bool) or not isinstance(number, (int, float)) \
+                    or not math.isfinite(number):
+                raise CalibrationError(f"band {key} {number!r} must be a finite number")
+        if not self.low <= self.high:
+            raise CalibrationError(f"band [{self.low}, {self.high}]: low must not exceed high")
+        if self.relative and self.low <= 0:
+            raise CalibrationError(f"a relative band's factors must be positive, not {self.low}")
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise CalibrationError("a band must state its reason (its source, or that it is "
+                                   "a judgment)")
+
+    def around(self, value: float) -> "Band":
+        """This band for a figure of ``value``: a relative band scaled by it; an absolute one
+        widened, if need be, to hold it."""
+        if self.relative:
+            return Band(low=value * self.low, high=value * self.high, reason=self.reason)
+        return Band(low=min(self.low, value), high=max(self.high, value), reason=self.reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"low": self.low, "high": self.high, "reason": self.reason}
+        if self.relative:
+            out["relative"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Band":
+        if not isinstance(data, Mapping) or sorted(set(data) - {"relative"}) != ["high", "low", "reason"]:
+            raise CalibrationError("band must be an object of low, high and reason")
+        return cls(**dict(data))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +114,9 @@ class Figure:
     high: float | None = None
     """An interval around ``value`` (both or neither; ``low <= value <= high``), e.g. a
     95% confidence interval; ``method`` says which."""
+    band: Band | None = None
+    """Where a figure nobody measured here plausibly lies, and why (absolute, holding
+    ``value``); None: the figure's ``FigureSpec.band`` rule applies (``band_of``)."""
 
     def __post_init__(self) -> None:
         # Negative values are refused here for every figure but a signed one (FigureSpec.signed),
@@ -88,6 +138,10 @@ class Figure:
         if not isinstance(self.method, str) or not self.method.strip():
             raise CalibrationError("method must say how the figure was obtained")
         object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
+        if self.band is not None and (self.band.relative
+                                      or not self.band.low <= self.value <= self.band.high):
+            raise CalibrationError(f"band [{self.band.low}, {self.band.high}] must hold value "
+                                   f"{self.value} in the figure's own unit (not relative)")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"value": self.value, "source": self.source, "method": self.method}
@@ -96,18 +150,23 @@ class Figure:
         for key in ("bytes", "seconds", "low", "high"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.band is not None:
+            out["band"] = self.band.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Figure":
-        known = {"value", "source", "method", "samples", "bytes", "seconds", "low", "high"}
+        known = {"value", "source", "method", "samples", "bytes", "seconds", "low", "high", "band"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise CalibrationError(f"unknown keys {unknown}; known: {sorted(known)}")
         missing = sorted({"value", "source", "method"} - set(data))
         if missing:
             raise CalibrationError(f"missing {missing}")
-        return cls(**dict(data))
+        fields = dict(data)
+        if "band" in fields:
+            fields["band"] = Band.from_dict(fields["band"])
+        return cls(**fields)
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -130,6 +189,9 @@ class FigureSpec:
     signed: bool = False
     """True: the value may be negative (a measured effect, reported as measured);
     every other figure is >= 0."""
+    band: Band | None = None
+    """The default band rule (``band_of``): where a figure of this name that nobody measured
+    here plausibly lies, for any cost model that gives it no band of its own."""
 
 
 STALE_COST_CAPTURE = "traces/minilm-200steps"
@@ -143,59 +205,128 @@ TRANSFERRED_STALE_COST = Figure(
 """The stale cost factor a trace without its own measurement uses (the presets): the
 measurement on the shipped capture, carried over. The one place the number lives."""
 
+_STORAGE_RULE = Band(low=1 / 3, high=3.0, relative=True, reason=(
+    "a storage rate carried from elsewhere: this machine's two calibrations of one model "
+    "(traces/minilm-200steps and minilm-1000steps, costs.json) measured DeepSpeed's save at "
+    "0.42 and 1.10 GB/s on the same disk, 2.6x apart; a third to three times"))
+_COPY_RULE = Band(low=0.5, high=2.0, relative=True, reason=(
+    "a copy to host memory carried from elsewhere: the same two calibrations measured "
+    "host_copy_gbps at 9.5 and 5.1 GB/s and snapshot_gbps at 3.1 and 2.0 GB/s (up to 1.9x "
+    "apart); half to twice"))
+_LOAD_FIXED_RULE = Band(low=0.0, high=0.5, reason=(
+    "0 where the load is timed whole and folded into its rate (how calibrate measures "
+    "load_fixed_s), up to the 0.48 s restore plan measured here (minilm-200steps "
+    "lc_load_fixed_s)"))
+
 
 FIGURES: dict[str, FigureSpec] = {
     "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
                                         "(process start, imports, model built from its initial "
                                         "weights), after a failure; all a resume at the job's "
-                                        "start costs"),
+                                        "start costs",
+        band=Band(low=0.5, high=2.0, relative=True, reason=(
+            "one process's restart measured 10.6 and 10.8 s here (minilm-1000steps, "
+            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps): ranks nearly "
+            "double it; half to twice"))),
     "save_gbps": FigureSpec("GB/s", "deepspeed", "synchronous full save of model and optimizer "
-                                                 "(training stalls for all of it)"),
+                                                 "(training stalls for all of it)",
+        band=_STORAGE_RULE),
     "load_fixed_s": FigureSpec("s", "deepspeed, checkfreq, gemini, lowdiff",
-                               "fixed part of loading a full checkpoint (open, metadata, placement)"),
+                               "fixed part of loading a full checkpoint (open, metadata, placement)",
+        band=_LOAD_FIXED_RULE),
     "load_gbps": FigureSpec("GB/s", "deepspeed, gemini (storage tier), lowdiff (base)",
-                            "loading a full checkpoint saved synchronously"),
+                            "loading a full checkpoint saved synchronously",
+        band=_STORAGE_RULE),
     "snapshot_gbps": FigureSpec("GB/s", "checkfreq", "the blocking first phase of a two-phase "
-                                                     "save: the state copied to host memory"),
+                                                     "save: the state copied to host memory",
+        band=_COPY_RULE),
     "persist_gbps": FigureSpec("GB/s", "checkfreq, gemini (storage tier), lowdiff",
-                               "the background second phase: host memory to storage"),
+                               "the background second phase: host memory to storage",
+        band=_STORAGE_RULE),
     "async_load_gbps": FigureSpec("GB/s", "checkfreq", "loading a checkpoint written by the "
-                                                       "two-phase save"),
+                                                       "two-phase save",
+        band=_STORAGE_RULE),
     "host_copy_gbps": FigureSpec("GB/s", "gemini, lowdiff (full checkpoints)",
-                                 "a plain copy of the full state into host memory"),
+                                 "a plain copy of the full state into host memory",
+        band=_COPY_RULE),
     "peer_gbps": FigureSpec("GB/s", "gemini", "the transfer of the in-memory copy to a peer "
-                                              "node's CPU memory (and back on recovery)"),
+                                              "node's CPU memory (and back on recovery)",
+        band=Band(low=1.25, high=25.0, reason=(
+            "a peer node's CPU memory over the network: from 10 Gb/s Ethernet (1.25 GB/s) to "
+            "one 200 Gb/s HDR InfiniBand port (25 GB/s)"))),
     "peer_loss_probability": FigureSpec("1", "gemini", "chance that a failure also destroys the "
-                                                       "peer's copy (recovery from storage)"),
+                                                       "peer's copy (recovery from storage)",
+        band=Band(low=0.0, high=0.2, reason=(
+            "0: node failures independent, so GEMINI's copy on another node always survives; "
+            "0.2: a judgment (no published figure), one failure in five from a fault domain "
+            "wider than a node (a switch, a rack's power) that holds the peer too"))),
     "diff_fraction": FigureSpec("1", "lowdiff", "one step's compressed gradient differential "
-                                                "as a fraction of a full checkpoint's bytes"),
-    "diff_batch": FigureSpec("steps", "lowdiff", "differentials written together in one batch"),
+                                                "as a fraction of a full checkpoint's bytes",
+        band=Band(low=0.8, high=1.25, relative=True, reason=(
+            "the LayerCheck paper's storage table puts LowDiff's per-iteration differential at "
+            "9.7%, 10.7% and 12.2% of a full checkpoint over its three models, a 1.26x span"))),
+    "diff_batch": FigureSpec("steps", "lowdiff", "differentials written together in one batch",
+        band=Band(low=1, high=3, reason=(
+            "the LayerCheck paper's storage table implies 1.85 iterations per LowDiff write: "
+            "1 (every differential its own write) to 3 (one past the 2 used)"))),
     "diff_snapshot_gbps": FigureSpec("GB/s", "lowdiff", "compressing a step's gradient and "
                                                         "copying the differential to host memory "
-                                                        "(differential bytes per second of stall)"),
+                                                        "(differential bytes per second of stall)",
+        band=_COPY_RULE),
     "diff_replay_gbps": FigureSpec("GB/s", "lowdiff", "recovery: reading and applying "
-                                                      "differentials (differential bytes per second)"),
+                                                      "differentials (differential bytes per second)",
+        band=_STORAGE_RULE),
     "tracking_fraction": FigureSpec("1", "layercheck", "drift tracking and bookkeeping per step, "
-                                                       "as a fraction of the step's compute"),
+                                                       "as a fraction of the step's compute",
+        band=Band(low=0.0, high=0.031, reason=(
+            "0 (tracking free) to 0.031, the most measured here (minilm-1000steps "
+            "tracking_fraction, on CPU, where tracking shares the cores with compute)"))),
     "lc_snapshot_gbps": FigureSpec("GB/s", "layercheck", "copying the chosen layers (weights and "
-                                                         "Adam moments) to host memory"),
+                                                         "Adam moments) to host memory",
+        band=_COPY_RULE),
     "lc_write_gbps": FigureSpec("GB/s", "layercheck", "the background writer: layer files "
-                                                      "written, fsynced and committed"),
+                                                      "written, fsynced and committed",
+        band=_STORAGE_RULE),
     "lc_commit_s": FigureSpec("s", "layercheck", "committing one step's training state "
-                                                 "(state file, fsyncs, manifest line)"),
+                                                 "(state file, fsyncs, manifest line)",
+        band=Band(low=0.1, high=10.0, relative=True, reason=(
+            "the three captures here measured 2.1 to 19.6 ms (a 9x range): a tenth to ten "
+            "times"))),
     "lc_load_fixed_s": FigureSpec("s", "layercheck", "fixed part of a composite restore "
-                                                     "(manifest, training state)"),
+                                                     "(manifest, training state)",
+        band=_LOAD_FIXED_RULE),
     "lc_load_gbps": FigureSpec("GB/s", "layercheck", "a composite restore: read, verify and "
-                                                     "apply every layer's newest version"),
+                                                     "apply every layer's newest version",
+        band=_STORAGE_RULE),
     "stale_cost": FigureSpec("1", "layercheck", (
         "the stale cost factor phi: convergence-equivalent steps lost by a composite recovery "
         "over the parameter-weighted staleness at the recovery (steps); 0: stale layers cost "
         "nothing (the paper's accounting), 1: their updates are lost work; may be negative "
         "(a recovered run ahead of the reference, reported as measured)"),
-        default=TRANSFERRED_STALE_COST, signed=True),
+        default=TRANSFERRED_STALE_COST, signed=True, band=Band(low=0.0, high=1.0, reason=(
+            "from the paper's accounting (0: stale layers cost nothing) to every update they "
+            "discarded lost (1, the accounting before the figure existed); a phi with an "
+            "interval of its own (a measured one) uses that"))),
 }
-"""Every figure of a calibration: name -> unit, users, meaning. The simulator's
-``CostModel`` has one field per entry."""
+"""Every figure of a calibration: name -> unit, users, meaning, default band rule. The
+simulator's ``CostModel`` has one field per entry."""
+
+
+def band_of(name: str, figure: Figure) -> Band | None:
+    """The band ``figure`` (of ``FIGURES[name]``) is varied across, absolute and holding
+    its value; None for a figure measured here (its repeats are its own record, not a
+    plausible range). In order: the figure's own ``band``; its own interval where that has
+    a width (a measured phi's confidence interval); for a measured figure none; else the
+    figure's ``FigureSpec.band`` rule around its value."""
+    if figure.band is not None:
+        return figure.band
+    low, high = figure.interval
+    if high > low:
+        return Band(low=low, high=high, reason=f"its own interval: {figure.method}")
+    if figure.source == "measured":
+        return None
+    rule = FIGURES[name].band
+    return None if rule is None else rule.around(float(figure.value))
 
 _POSITIVE = {name for name, spec in FIGURES.items() if spec.unit in ("GB/s", "steps")}
 
