@@ -7,6 +7,7 @@
     python -m sim presets [--write]
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
+    python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -121,6 +122,14 @@ def _parser() -> argparse.ArgumentParser:
                    "(the trace's costs.json, else the capture's measured one), e.g. 0.05")
     tu.add_argument("--json", action="store_true")
     _scenario_args(tu)
+    se = sub.add_parser("sensitivity", help="every figure not measured here varied across its "
+                        "band: each strategy's ratio range, and the figures that change the leader")
+    se.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
+    se.add_argument("--figures", help="comma list of cost figures to vary (default: every one "
+                    "with a band)")
+    se.add_argument("--json", action="store_true")
+    _scenario_args(se)
+    se.set_defaults(seeds=None, window=None)
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -298,6 +307,21 @@ def _cmd_tune(args) -> None:
     print(json.dumps(advice.to_dict(), indent=2, default=float) if args.json else advice.text())
 
 
+def _cmd_sensitivity(args) -> None:
+    import json
+
+    from .sensitivity import SEEDS, WINDOW_S, sensitivity
+    # a sensitivity run is 1 + 2 x figures runs: smaller defaults than python -m sim's
+    seeds = SEEDS if args.seeds is None else args.seeds
+    window = WINDOW_S if args.window is None else parse_duration(args.window, what="--window")
+    args.window = f"{window}s"
+    scenario = _scenario(args)
+    figures = [f.strip() for f in args.figures.split(",")] if args.figures else None
+    result = sensitivity(scenario, mtbf_s=_mtbf(args, args.mtbf), strategies=_strategies(args),
+                         seeds=seeds, window_s=window, figures=figures)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+
+
 def _tune_trace(args):
     from .presets import preset_trace
     if args.trace:
@@ -312,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
-         "tune": _cmd_tune}[args.command](args)
+         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -72,7 +72,7 @@ class Sensitivity:
                 out.append({"figure": row["figure"], "strategy": name, "point": point,
                             "at_low": low, "at_high": high, "min": min(low, high, point),
                             "max": max(low, high, point), "swing": abs(high - low),
-                            "band": f"{_g(row["low"])} .. {_g(row["high"])} {_unit(row["unit"])}".strip()})
+                            "band": f"{_g(row['low'])} .. {_g(row['high'])} {_unit(row['unit'])}".strip()})
         df = pd.DataFrame(out, columns=["figure", "strategy", "point", "at_low", "at_high", "min",
                                         "max", "swing", "band"])
         if df.empty:
