@@ -345,6 +345,9 @@ class Calibration:
     filled: tuple[str, ...] = ()
     """Figures the costs.json lacked, filled in with their declared default on reading
     (``FigureSpec.default``); a figure named here is not a measurement of this file's."""
+    code: Mapping[str, Any] = field(default_factory=dict)
+    """Which code measured the figures (``layercheck.measurement.code_record``); empty in a
+    costs.json written before it was recorded (``layercheck.measurement.outdated``)."""
 
     def __post_init__(self) -> None:
         missing = [n for n in FIGURES if n not in self.figures]
@@ -374,6 +377,7 @@ class Calibration:
         return {"schema_version": SCHEMA_VERSION, "name": self.name,
                 "description": self.description, "model": dict(self.model),
                 "machine": dict(self.machine), "full_bytes": self.full_bytes,
+                **({"code": dict(self.code)} if self.code else {}),
                 "figures": {n: self.figures[n].to_dict() for n in FIGURES}}
 
     @classmethod
@@ -385,6 +389,10 @@ class Calibration:
         figures = data.get("figures")
         if not isinstance(figures, Mapping):
             raise CalibrationError(f"{where}: 'figures' must be an object of figure records")
+        code = data.get("code") or {}
+        if not isinstance(code, Mapping):
+            raise CalibrationError(f"{where}: 'code' must be an object (which code measured "
+                                   "the figures); re-run `python -m profiler calibrate`")
         parsed, filled = {}, []
         for name, record in figures.items():
             if not isinstance(record, Mapping):
@@ -401,7 +409,7 @@ class Calibration:
             return cls(name=str(data.get("name", "")), description=str(data.get("description", "")),
                        figures=parsed, model=data.get("model") or {},
                        machine=data.get("machine") or {}, full_bytes=data.get("full_bytes"),
-                       filled=tuple(filled))
+                       filled=tuple(filled), code=code)
         except CalibrationError as exc:
             raise CalibrationError(f"{where}: {exc}") from None
 

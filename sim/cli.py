@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -22,7 +23,8 @@ import numpy as np
 from layercheck.errors import OneLineParser, one_line
 from layercheck.trace import TraceError, read_trace
 
-from layercheck.calibration import FIGURES
+from layercheck.calibration import FIGURES, read_calibration
+from layercheck.measurement import age_warning
 
 from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
@@ -194,11 +196,15 @@ def _scenario(args) -> Scenario:
     named = CostModel.named(args.costs) if args.costs else None
     if sum(x is not None for x in (args.preset, args.trace, args.iteration_time)) > 1:
         raise SimError("give one of --preset, --trace, --iteration-time")
+    if args.costs and named.name != "paper-a100":
+        _warn_age(read_calibration(args.costs), args.costs)
     if args.trace:
         try:
             trace = read_trace(args.trace)
         except TraceError as exc:
             raise SimError(f"--trace: {exc}") from None
+        if named is None and trace.costs is not None:
+            _warn_age(trace.costs, args.trace)
         scenario = Scenario.from_trace(trace, costs=named, **common)
     elif args.iteration_time:
         cost = parse_duration(args.checkpoint_cost, what="--checkpoint-cost") \
@@ -210,6 +216,14 @@ def _scenario(args) -> Scenario:
         extra = {"costs": named} if named else {}
         scenario = Scenario.from_preset(args.preset or DEFAULT_PRESET, **common, **extra)
     return dataclasses.replace(scenario, costs=_costs(args, scenario.costs))
+
+
+def _warn_age(calibration, where: str) -> None:
+    """One line on stderr when the calibration's figures predate the installed mechanisms."""
+    folder = where if Path(where).is_dir() else str(Path(where).parent)
+    line = age_warning(calibration.code, calibration.figures, folder.rstrip("/"))
+    if line:
+        print(line, file=sys.stderr)
 
 
 def _mtbf(args, value: str | None) -> float | None:
