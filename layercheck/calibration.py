@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .band import Band, BandError
+
 __all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Band", "Figure", "FigureSpec",
            "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
            "TRANSFERRED_STALE_COST", "STALE_COST_CAPTURE"]
@@ -48,53 +50,6 @@ transferred: measured on another job, named in ``method``, and carried over."""
 
 class CalibrationError(ValueError):
     """A costs.json is missing, malformed or incomplete; the message says which part."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Band:
-    """The plausible range of a figure nobody measured here, and why (what ``python -m sim
-    sensitivity`` varies it across). ``relative``: ``low`` and ``high`` are factors of the
-    figure's value (a rule of ``FigureSpec``, for any value); else they are the figure's
-    own unit. The reason names its source (a paper's numbers, a hardware spec, this
-    project's own measurements) or says that it is a judgment."""
-
-    low: float
-    high: float
-    reason: str
-    relative: bool = False
-
-    def __post_init__(self) -> None:
-        for key in ("low", "high"):
-            number = getattr(self, key)
-            if isinstance(number, bool) or not isinstance(number, (int, float)) \
-                    or not math.isfinite(number):
-                raise CalibrationError(f"band {key} {number!r} must be a finite number")
-        if not self.low <= self.high:
-            raise CalibrationError(f"band [{self.low}, {self.high}]: low must not exceed high")
-        if self.relative and self.low <= 0:
-            raise CalibrationError(f"a relative band's factors must be positive, not {self.low}")
-        if not isinstance(self.reason, str) or not self.reason.strip():
-            raise CalibrationError("a band must state its reason (its source, or that it is "
-                                   "a judgment)")
-
-    def around(self, value: float) -> "Band":
-        """This band for a figure of ``value``: a relative band scaled by it; an absolute one
-        widened, if need be, to hold it."""
-        if self.relative:
-            return Band(low=value * self.low, high=value * self.high, reason=self.reason)
-        return Band(low=min(self.low, value), high=max(self.high, value), reason=self.reason)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"low": self.low, "high": self.high, "reason": self.reason}
-        if self.relative:
-            out["relative"] = True
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "Band":
-        if not isinstance(data, Mapping) or sorted(set(data) - {"relative"}) != ["high", "low", "reason"]:
-            raise CalibrationError("band must be an object of low, high and reason")
-        return cls(**dict(data))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +120,10 @@ class Figure:
             raise CalibrationError(f"missing {missing}")
         fields = dict(data)
         if "band" in fields:
-            fields["band"] = Band.from_dict(fields["band"])
+            try:
+                fields["band"] = Band.from_dict(fields["band"])
+            except BandError as exc:
+                raise CalibrationError(str(exc)) from None
         return cls(**fields)
 
     @property

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.calibration import FIGURES, Band, CalibrationError, Figure, band_of, read_calibration
+from layercheck.band import BandError
+from layercheck.calibration import FIGURES, Band, CalibrationError, Figure, band_of
 from sim import CostModel, Scenario, SimError
 from sim.presets import PRESET_NAMES
 from sim.sensitivity import sensitivity
@@ -59,14 +60,16 @@ def test_a_measured_figure_has_no_band_and_an_interval_is_its_band():
 
 
 def test_a_band_states_its_reason_and_holds_the_value():
-    with pytest.raises(CalibrationError, match="reason"):
+    with pytest.raises(BandError, match="reason"):
         Band(low=1.0, high=2.0, reason=" ")
-    with pytest.raises(CalibrationError, match="low must not exceed high"):
+    with pytest.raises(BandError, match="low must not exceed high"):
         Band(low=3.0, high=2.0, reason="r")
     with pytest.raises(CalibrationError, match="must hold value"):
         Figure(value=5.0, source="assumed", method="m", band=Band(low=1.0, high=2.0, reason="r"))
     figure = Figure(value=1.5, source="assumed", method="m", band=Band(low=1.0, high=2.0, reason="r"))
     assert Figure.from_dict(figure.to_dict()) == figure
+    with pytest.raises(CalibrationError, match="band must be an object"):
+        Figure.from_dict({**figure.to_dict(), "band": {"low": 1.0}})
 
 
 # -- the tornado -----------------------------------------------------------------------------------
