@@ -165,7 +165,7 @@ measurement on the shipped capture, carried over. The one place the number lives
 
 _STORAGE_RULE = Band(low=1 / 3, high=3.0, relative=True, reason=(
     "a storage rate carried from elsewhere: this machine's two calibrations of one model "
-    "(traces/minilm-200steps and minilm-1000steps, costs.json) measured DeepSpeed's save at "
+    "(traces/minilm-200steps and minilm-1000steps, their costs.json of 2026-12-01) measured DeepSpeed's save at "
     "0.42 and 1.10 GB/s on the same disk, 2.6x apart; a third to three times"))
 _COPY_RULE = Band(low=0.5, high=2.0, relative=True, reason=(
     "a copy to host memory carried from elsewhere: the same two calibrations measured "
@@ -174,7 +174,7 @@ _COPY_RULE = Band(low=0.5, high=2.0, relative=True, reason=(
 _LOAD_FIXED_RULE = Band(low=0.0, high=0.5, reason=(
     "0 where the load is timed whole and folded into its rate (how calibrate measures "
     "load_fixed_s), up to the 0.48 s restore plan measured here (minilm-200steps "
-    "lc_load_fixed_s)"))
+    "lc_load_fixed_s, 2026-12-01)"))
 
 
 FIGURES: dict[str, FigureSpec] = {
@@ -184,7 +184,7 @@ FIGURES: dict[str, FigureSpec] = {
                                         "start costs",
         band=Band(low=0.5, high=2.0, relative=True, reason=(
             "one process's restart measured 10.6 and 10.8 s here (minilm-1000steps, "
-            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps): ranks nearly "
+            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps; 2026-12-01): ranks nearly "
             "double it; half to twice"))),
     "save_gbps": FigureSpec("GB/s", "deepspeed", "synchronous full save of model and optimizer "
                                                  "(training stalls for all of it)",
@@ -248,7 +248,7 @@ FIGURES: dict[str, FigureSpec] = {
     "lc_commit_s": FigureSpec("s", "layercheck", "committing one step's training state "
                                                  "(state file, fsyncs, manifest line)",
         band=Band(low=0.1, high=10.0, relative=True, reason=(
-            "the three captures here measured 2.1 to 19.6 ms (a 9x range): a tenth to ten "
+            "the three captures here measured 2.1 to 19.6 ms (costs.json of 2026-12-01) (a 9x range): a tenth to ten "
             "times"))),
     "lc_load_fixed_s": FigureSpec("s", "layercheck", "fixed part of a composite restore "
                                                      "(manifest, training state)",

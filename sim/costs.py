@@ -67,7 +67,7 @@ _PAPER_FIGURES: dict[str, Figure] = {
         "relaunching 8 ranks on one server up to a model built from its initial weights "
         "(process start, CUDA context, NCCL init); the paper's recovery times exclude it"), band=Band(low=10.8, high=120.0, reason=(
         "low: one CPU process's restart measured here (10.8 s, traces/minilm-200steps "
-        "restart_s), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
+        "restart_s, 2026-12-01), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
         "paper's recovery times exclude the restart)"))),
     "save_gbps": Figure(value=1.12, source="derived", method=(
         f"{_PAPER}: LowDiff's Llama-3.2-1B run wrote 3,837 GB in 57.2 min end to end and was "
@@ -116,7 +116,7 @@ _PAPER_FIGURES: dict[str, Figure] = {
     "lc_write_gbps": Figure(value=1.12, source="derived", method="the same Lustre writes as save_gbps", band=_WRITE_BAND),
     "lc_commit_s": Figure(value=0.05, source="assumed", method=(
         "one small training-state file and its manifest line, each fsynced, on Lustre"), band=Band(low=0.002, high=0.2, reason=(
-        "low: 2.1 ms measured here on a local disk (minilm-200steps lc_commit_s); high: 4x "
+        "low: 2.1 ms measured here on a local disk (minilm-200steps lc_commit_s, 2026-12-01); high: 4x "
         "the assumption, a judgment for a loaded Lustre metadata server"))),
     "lc_load_fixed_s": Figure(value=4.0, source="fit", method="see load_fixed_s (fit to LayerCheck's own recoveries)", band=_READ_FIXED_BAND),
     "lc_load_gbps": Figure(value=17.9, source="fit", method="see load_fixed_s: LayerCheck's recoveries", band=_READ_BAND),

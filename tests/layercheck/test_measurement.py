@@ -7,7 +7,16 @@ from layercheck.measurement import (MEASURED_BY, MECHANISM_VERSIONS, age_warning
 from layercheck.calibration import FIGURES
 
 ROOT = Path(__file__).resolve().parents[2]
-OLD = ROOT / "traces" / "minilm-1000steps" / "costs.json"    # written before versions existed
+SHIPPED = ROOT / "traces" / "minilm-1000steps" / "costs.json"
+
+
+def _old(tmp_path) -> Path:
+    """The shipped calibration as written before versions were recorded (no code block)."""
+    data = json.loads(SHIPPED.read_text())
+    data.pop("code", None)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    return path
 
 
 def _current(calibration: Calibration) -> Calibration:
@@ -20,8 +29,8 @@ def test_every_measurable_figure_names_known_mechanisms():
     assert {u for units in MEASURED_BY.values() for u in units} == set(MECHANISM_VERSIONS)
 
 
-def test_an_old_costs_json_still_reads_and_is_outdated():
-    old = read_calibration(OLD)
+def test_an_old_costs_json_still_reads_and_is_outdated(tmp_path):
+    old = read_calibration(_old(tmp_path))
     assert old.code == {}
     measured = [n for n in MEASURED_BY if old.figures[n].source == "measured"]
     assert outdated(old.code, old.figures) == measured
@@ -31,7 +40,7 @@ def test_an_old_costs_json_still_reads_and_is_outdated():
 
 
 def test_a_current_calibration_is_not_outdated_and_round_trips(tmp_path):
-    current = _current(read_calibration(OLD))
+    current = _current(read_calibration(SHIPPED))
     assert outdated(current.code, current.figures) == []
     assert age_warning(current.code, current.figures, "x") is None
     back = read_calibration(write_calibration(current, tmp_path))
@@ -39,7 +48,7 @@ def test_a_current_calibration_is_not_outdated_and_round_trips(tmp_path):
 
 
 def test_an_older_mechanism_outdates_only_its_figures():
-    current = _current(read_calibration(OLD))
+    current = _current(read_calibration(SHIPPED))
     code = json.loads(json.dumps(current.code))
     code["mechanisms"]["layercheck writer"] = 0
     assert outdated(code, current.figures) == ["lc_write_gbps", "lc_commit_s"]

@@ -336,18 +336,19 @@ def test_an_old_calibration_warns_in_one_line_and_a_current_one_does_not(tmp_pat
 
     from layercheck.calibration import write_calibration
     from layercheck.measurement import MECHANISM_VERSIONS, code_record
-    old = ROOT / "traces" / "minilm-200steps"
-    done = _run("--trace", "traces/minilm-200steps", "--mtbf", "1h", "--seeds", "1", "--window", "1d")
+    trace = tmp_path / "t"
+    shutil.copytree(ROOT / "traces" / "minilm-200steps", trace)
+    shipped = read_calibration(trace)
+    write_calibration(dataclasses.replace(shipped, code={}), trace)    # as written before versions
+    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d")
     assert done.returncode == 0, done.stderr
     warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warning) == 1 and "`python -m profiler calibrate --trace traces/minilm-200steps`" \
-        in warning[0]
-    current = dataclasses.replace(read_calibration(old), code=code_record(MECHANISM_VERSIONS, "0.1.0"))
-    path = write_calibration(current, tmp_path / "costs.json")
-    done = _run("--trace", "traces/minilm-200steps", "--costs", str(path), "--mtbf", "1h",
-                "--seeds", "1", "--window", "1d")
+    assert len(warning) == 1 and f"`python -m profiler calibrate --trace {trace}`" in warning[0]
+    current = dataclasses.replace(shipped, code=code_record(MECHANISM_VERSIONS, "0.1.0"))
+    write_calibration(current, trace)
+    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d")
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
-    shutil.copy(old / "costs.json", tmp_path / "costs.json")     # an old one given by --costs
-    done = _run("--costs", str(tmp_path / "costs.json"), "--mtbf", "1h", "--seeds", "1",
+    write_calibration(dataclasses.replace(shipped, code={}), tmp_path / "old.json")   # by --costs
+    done = _run("--costs", str(tmp_path / "old.json"), "--mtbf", "1h", "--seeds", "1",
                 "--window", "1d")
     assert f"--trace {tmp_path}`" in done.stderr and done.returncode == 0
