@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Figure", "FigureSpec",
-           "Calibration", "CalibrationError", "read_calibration", "write_calibration",
+from .band import Band, BandError
+
+__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Band", "Figure", "FigureSpec",
+           "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
            "TRANSFERRED_STALE_COST", "STALE_COST_CAPTURE"]
 
 SCHEMA_VERSION = 1
@@ -67,6 +69,9 @@ class Figure:
     high: float | None = None
     """An interval around ``value`` (both or neither; ``low <= value <= high``), e.g. a
     95% confidence interval; ``method`` says which."""
+    band: Band | None = None
+    """Where a figure nobody measured here plausibly lies, and why (absolute, holding
+    ``value``); None: the figure's ``FigureSpec.band`` rule applies (``band_of``)."""
 
     def __post_init__(self) -> None:
         # Negative values are refused here for every figure but a signed one (FigureSpec.signed),
@@ -88,6 +93,10 @@ class Figure:
         if not isinstance(self.method, str) or not self.method.strip():
             raise CalibrationError("method must say how the figure was obtained")
         object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
+        if self.band is not None and (self.band.relative
+                                      or not self.band.low <= self.value <= self.band.high):
+            raise CalibrationError(f"band [{self.band.low}, {self.band.high}] must hold value "
+                                   f"{self.value} in the figure's own unit (not relative)")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"value": self.value, "source": self.source, "method": self.method}
@@ -96,18 +105,26 @@ class Figure:
         for key in ("bytes", "seconds", "low", "high"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.band is not None:
+            out["band"] = self.band.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Figure":
-        known = {"value", "source", "method", "samples", "bytes", "seconds", "low", "high"}
+        known = {"value", "source", "method", "samples", "bytes", "seconds", "low", "high", "band"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise CalibrationError(f"unknown keys {unknown}; known: {sorted(known)}")
         missing = sorted({"value", "source", "method"} - set(data))
         if missing:
             raise CalibrationError(f"missing {missing}")
-        return cls(**dict(data))
+        fields = dict(data)
+        if "band" in fields:
+            try:
+                fields["band"] = Band.from_dict(fields["band"])
+            except BandError as exc:
+                raise CalibrationError(str(exc)) from None
+        return cls(**fields)
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -130,6 +147,9 @@ class FigureSpec:
     signed: bool = False
     """True: the value may be negative (a measured effect, reported as measured);
     every other figure is >= 0."""
+    band: Band | None = None
+    """The default band rule (``band_of``): where a figure of this name that nobody measured
+    here plausibly lies, for any cost model that gives it no band of its own."""
 
 
 STALE_COST_CAPTURE = "traces/minilm-200steps"
@@ -143,59 +163,128 @@ TRANSFERRED_STALE_COST = Figure(
 """The stale cost factor a trace without its own measurement uses (the presets): the
 measurement on the shipped capture, carried over. The one place the number lives."""
 
+_STORAGE_RULE = Band(low=1 / 3, high=3.0, relative=True, reason=(
+    "a storage rate carried from elsewhere: this machine's two calibrations of one model "
+    "(traces/minilm-200steps and minilm-1000steps, their costs.json of 2026-12-01) measured DeepSpeed's save at "
+    "0.42 and 1.10 GB/s on the same disk, 2.6x apart; a third to three times"))
+_COPY_RULE = Band(low=0.5, high=2.0, relative=True, reason=(
+    "a copy to host memory carried from elsewhere: the same two calibrations measured "
+    "host_copy_gbps at 9.5 and 5.1 GB/s and snapshot_gbps at 3.1 and 2.0 GB/s (up to 1.9x "
+    "apart); half to twice"))
+_LOAD_FIXED_RULE = Band(low=0.0, high=0.5, reason=(
+    "0 where the load is timed whole and folded into its rate (how calibrate measures "
+    "load_fixed_s), up to the 0.48 s restore plan measured here (minilm-200steps "
+    "lc_load_fixed_s, 2026-12-01)"))
+
 
 FIGURES: dict[str, FigureSpec] = {
     "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
                                         "(process start, imports, model built from its initial "
                                         "weights), after a failure; all a resume at the job's "
-                                        "start costs"),
+                                        "start costs",
+        band=Band(low=0.5, high=2.0, relative=True, reason=(
+            "one process's restart measured 10.6 and 10.8 s here (minilm-1000steps, "
+            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps; 2026-12-01): ranks nearly "
+            "double it; half to twice"))),
     "save_gbps": FigureSpec("GB/s", "deepspeed", "synchronous full save of model and optimizer "
-                                                 "(training stalls for all of it)"),
+                                                 "(training stalls for all of it)",
+        band=_STORAGE_RULE),
     "load_fixed_s": FigureSpec("s", "deepspeed, checkfreq, gemini, lowdiff",
-                               "fixed part of loading a full checkpoint (open, metadata, placement)"),
+                               "fixed part of loading a full checkpoint (open, metadata, placement)",
+        band=_LOAD_FIXED_RULE),
     "load_gbps": FigureSpec("GB/s", "deepspeed, gemini (storage tier), lowdiff (base)",
-                            "loading a full checkpoint saved synchronously"),
+                            "loading a full checkpoint saved synchronously",
+        band=_STORAGE_RULE),
     "snapshot_gbps": FigureSpec("GB/s", "checkfreq", "the blocking first phase of a two-phase "
-                                                     "save: the state copied to host memory"),
+                                                     "save: the state copied to host memory",
+        band=_COPY_RULE),
     "persist_gbps": FigureSpec("GB/s", "checkfreq, gemini (storage tier), lowdiff",
-                               "the background second phase: host memory to storage"),
+                               "the background second phase: host memory to storage",
+        band=_STORAGE_RULE),
     "async_load_gbps": FigureSpec("GB/s", "checkfreq", "loading a checkpoint written by the "
-                                                       "two-phase save"),
+                                                       "two-phase save",
+        band=_STORAGE_RULE),
     "host_copy_gbps": FigureSpec("GB/s", "gemini, lowdiff (full checkpoints)",
-                                 "a plain copy of the full state into host memory"),
+                                 "a plain copy of the full state into host memory",
+        band=_COPY_RULE),
     "peer_gbps": FigureSpec("GB/s", "gemini", "the transfer of the in-memory copy to a peer "
-                                              "node's CPU memory (and back on recovery)"),
+                                              "node's CPU memory (and back on recovery)",
+        band=Band(low=1.25, high=25.0, reason=(
+            "a peer node's CPU memory over the network: from 10 Gb/s Ethernet (1.25 GB/s) to "
+            "one 200 Gb/s HDR InfiniBand port (25 GB/s)"))),
     "peer_loss_probability": FigureSpec("1", "gemini", "chance that a failure also destroys the "
-                                                       "peer's copy (recovery from storage)"),
+                                                       "peer's copy (recovery from storage)",
+        band=Band(low=0.0, high=0.2, reason=(
+            "0: node failures independent, so GEMINI's copy on another node always survives; "
+            "0.2: a judgment (no published figure), one failure in five from a fault domain "
+            "wider than a node (a switch, a rack's power) that holds the peer too"))),
     "diff_fraction": FigureSpec("1", "lowdiff", "one step's compressed gradient differential "
-                                                "as a fraction of a full checkpoint's bytes"),
-    "diff_batch": FigureSpec("steps", "lowdiff", "differentials written together in one batch"),
+                                                "as a fraction of a full checkpoint's bytes",
+        band=Band(low=0.8, high=1.25, relative=True, reason=(
+            "the LayerCheck paper's storage table puts LowDiff's per-iteration differential at "
+            "9.7%, 10.7% and 12.2% of a full checkpoint over its three models, a 1.26x span"))),
+    "diff_batch": FigureSpec("steps", "lowdiff", "differentials written together in one batch",
+        band=Band(low=1, high=3, reason=(
+            "the LayerCheck paper's storage table implies 1.85 iterations per LowDiff write: "
+            "1 (every differential its own write) to 3 (one past the 2 used)"))),
     "diff_snapshot_gbps": FigureSpec("GB/s", "lowdiff", "compressing a step's gradient and "
                                                         "copying the differential to host memory "
-                                                        "(differential bytes per second of stall)"),
+                                                        "(differential bytes per second of stall)",
+        band=_COPY_RULE),
     "diff_replay_gbps": FigureSpec("GB/s", "lowdiff", "recovery: reading and applying "
-                                                      "differentials (differential bytes per second)"),
+                                                      "differentials (differential bytes per second)",
+        band=_STORAGE_RULE),
     "tracking_fraction": FigureSpec("1", "layercheck", "drift tracking and bookkeeping per step, "
-                                                       "as a fraction of the step's compute"),
+                                                       "as a fraction of the step's compute",
+        band=Band(low=0.0, high=0.031, reason=(
+            "0 (tracking free) to 0.031, the most measured here (minilm-1000steps "
+            "tracking_fraction, on CPU, where tracking shares the cores with compute)"))),
     "lc_snapshot_gbps": FigureSpec("GB/s", "layercheck", "copying the chosen layers (weights and "
-                                                         "Adam moments) to host memory"),
+                                                         "Adam moments) to host memory",
+        band=_COPY_RULE),
     "lc_write_gbps": FigureSpec("GB/s", "layercheck", "the background writer: layer files "
-                                                      "written, fsynced and committed"),
+                                                      "written, fsynced and committed",
+        band=_STORAGE_RULE),
     "lc_commit_s": FigureSpec("s", "layercheck", "committing one step's training state "
-                                                 "(state file, fsyncs, manifest line)"),
+                                                 "(state file, fsyncs, manifest line)",
+        band=Band(low=0.1, high=10.0, relative=True, reason=(
+            "the three captures here measured 2.1 to 19.6 ms (costs.json of 2026-12-01) (a 9x range): a tenth to ten "
+            "times"))),
     "lc_load_fixed_s": FigureSpec("s", "layercheck", "fixed part of a composite restore "
-                                                     "(manifest, training state)"),
+                                                     "(manifest, training state)",
+        band=_LOAD_FIXED_RULE),
     "lc_load_gbps": FigureSpec("GB/s", "layercheck", "a composite restore: read, verify and "
-                                                     "apply every layer's newest version"),
+                                                     "apply every layer's newest version",
+        band=_STORAGE_RULE),
     "stale_cost": FigureSpec("1", "layercheck", (
         "the stale cost factor phi: convergence-equivalent steps lost by a composite recovery "
         "over the parameter-weighted staleness at the recovery (steps); 0: stale layers cost "
         "nothing (the paper's accounting), 1: their updates are lost work; may be negative "
         "(a recovered run ahead of the reference, reported as measured)"),
-        default=TRANSFERRED_STALE_COST, signed=True),
+        default=TRANSFERRED_STALE_COST, signed=True, band=Band(low=0.0, high=1.0, reason=(
+            "from the paper's accounting (0: stale layers cost nothing) to every update they "
+            "discarded lost (1, the accounting before the figure existed); a phi with an "
+            "interval of its own (a measured one) uses that"))),
 }
-"""Every figure of a calibration: name -> unit, users, meaning. The simulator's
-``CostModel`` has one field per entry."""
+"""Every figure of a calibration: name -> unit, users, meaning, default band rule. The
+simulator's ``CostModel`` has one field per entry."""
+
+
+def band_of(name: str, figure: Figure) -> Band | None:
+    """The band ``figure`` (of ``FIGURES[name]``) is varied across, absolute and holding
+    its value; None for a figure measured here (its repeats are its own record, not a
+    plausible range). In order: the figure's own ``band``; its own interval where that has
+    a width (a measured phi's confidence interval); for a measured figure none; else the
+    figure's ``FigureSpec.band`` rule around its value."""
+    if figure.band is not None:
+        return figure.band
+    low, high = figure.interval
+    if high > low:
+        return Band(low=low, high=high, reason=f"its own interval: {figure.method}")
+    if figure.source == "measured":
+        return None
+    rule = FIGURES[name].band
+    return None if rule is None else rule.around(float(figure.value))
 
 _POSITIVE = {name for name, spec in FIGURES.items() if spec.unit in ("GB/s", "steps")}
 
@@ -214,6 +303,9 @@ class Calibration:
     filled: tuple[str, ...] = ()
     """Figures the costs.json lacked, filled in with their declared default on reading
     (``FigureSpec.default``); a figure named here is not a measurement of this file's."""
+    code: Mapping[str, Any] = field(default_factory=dict)
+    """Which code measured the figures (``layercheck.measurement.code_record``); empty in a
+    costs.json written before it was recorded (``layercheck.measurement.outdated``)."""
 
     def __post_init__(self) -> None:
         missing = [n for n in FIGURES if n not in self.figures]
@@ -243,6 +335,7 @@ class Calibration:
         return {"schema_version": SCHEMA_VERSION, "name": self.name,
                 "description": self.description, "model": dict(self.model),
                 "machine": dict(self.machine), "full_bytes": self.full_bytes,
+                **({"code": dict(self.code)} if self.code else {}),
                 "figures": {n: self.figures[n].to_dict() for n in FIGURES}}
 
     @classmethod
@@ -254,6 +347,10 @@ class Calibration:
         figures = data.get("figures")
         if not isinstance(figures, Mapping):
             raise CalibrationError(f"{where}: 'figures' must be an object of figure records")
+        code = data.get("code") or {}
+        if not isinstance(code, Mapping):
+            raise CalibrationError(f"{where}: 'code' must be an object (which code measured "
+                                   "the figures); re-run `python -m profiler calibrate`")
         parsed, filled = {}, []
         for name, record in figures.items():
             if not isinstance(record, Mapping):
@@ -270,7 +367,7 @@ class Calibration:
             return cls(name=str(data.get("name", "")), description=str(data.get("description", "")),
                        figures=parsed, model=data.get("model") or {},
                        machine=data.get("machine") or {}, full_bytes=data.get("full_bytes"),
-                       filled=tuple(filled))
+                       filled=tuple(filled), code=code)
         except CalibrationError as exc:
             raise CalibrationError(f"{where}: {exc}") from None
 

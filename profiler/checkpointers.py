@@ -40,6 +40,9 @@ from .state import TrainingState, fsync_path
 __all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerCheckpointer",
            "CHECKPOINTERS", "Resume", "Saved", "folder_bytes"]
 
+MECHANISM_VERSIONS = {"deepspeed checkpointer": 1, "checkfreq checkpointer": 1}
+"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+
 
 @dataclass(frozen=True)
 class Resume:

@@ -7,6 +7,7 @@
     python -m sim presets [--write]
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
+    python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -21,7 +23,8 @@ import numpy as np
 from layercheck.errors import OneLineParser, one_line
 from layercheck.trace import TraceError, read_trace
 
-from layercheck.calibration import FIGURES
+from layercheck.calibration import FIGURES, read_calibration
+from layercheck.measurement import age_warning
 
 from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
@@ -36,7 +39,7 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -121,6 +124,14 @@ def _parser() -> argparse.ArgumentParser:
                    "(the trace's costs.json, else the capture's measured one), e.g. 0.05")
     tu.add_argument("--json", action="store_true")
     _scenario_args(tu)
+    se = sub.add_parser("sensitivity", help="every figure not measured here varied across its "
+                        "band: each strategy's ratio range, and the figures that change the leader")
+    se.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
+    se.add_argument("--figures", help="comma list of cost figures to vary (default: every one "
+                    "with a band)")
+    se.add_argument("--json", action="store_true")
+    _scenario_args(se)
+    se.set_defaults(seeds=None, window=None)
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -185,11 +196,15 @@ def _scenario(args) -> Scenario:
     named = CostModel.named(args.costs) if args.costs else None
     if sum(x is not None for x in (args.preset, args.trace, args.iteration_time)) > 1:
         raise SimError("give one of --preset, --trace, --iteration-time")
+    if args.costs and named.name != "paper-a100":
+        _warn_age(read_calibration(args.costs), args.costs)
     if args.trace:
         try:
             trace = read_trace(args.trace)
         except TraceError as exc:
             raise SimError(f"--trace: {exc}") from None
+        if named is None and trace.costs is not None:
+            _warn_age(trace.costs, args.trace)
         scenario = Scenario.from_trace(trace, costs=named, **common)
     elif args.iteration_time:
         cost = parse_duration(args.checkpoint_cost, what="--checkpoint-cost") \
@@ -201,6 +216,14 @@ def _scenario(args) -> Scenario:
         extra = {"costs": named} if named else {}
         scenario = Scenario.from_preset(args.preset or DEFAULT_PRESET, **common, **extra)
     return dataclasses.replace(scenario, costs=_costs(args, scenario.costs))
+
+
+def _warn_age(calibration, where: str) -> None:
+    """One line on stderr when the calibration's figures predate the installed mechanisms."""
+    folder = where if Path(where).is_dir() else str(Path(where).parent)
+    line = age_warning(calibration.code, calibration.figures, folder.rstrip("/"))
+    if line:
+        print(line, file=sys.stderr)
 
 
 def _mtbf(args, value: str | None) -> float | None:
@@ -298,6 +321,21 @@ def _cmd_tune(args) -> None:
     print(json.dumps(advice.to_dict(), indent=2, default=float) if args.json else advice.text())
 
 
+def _cmd_sensitivity(args) -> None:
+    import json
+
+    from .sensitivity import SEEDS, WINDOW_S, sensitivity
+    # a sensitivity run is 1 + 2 x figures runs: smaller defaults than python -m sim's
+    seeds = SEEDS if args.seeds is None else args.seeds
+    window = WINDOW_S if args.window is None else parse_duration(args.window, what="--window")
+    args.window = f"{window}s"
+    scenario = _scenario(args)
+    figures = [f.strip() for f in args.figures.split(",")] if args.figures else None
+    result = sensitivity(scenario, mtbf_s=_mtbf(args, args.mtbf), strategies=_strategies(args),
+                         seeds=seeds, window_s=window, figures=figures)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+
+
 def _tune_trace(args):
     from .presets import preset_trace
     if args.trace:
@@ -312,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
-         "tune": _cmd_tune}[args.command](args)
+         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -4,8 +4,9 @@ import dataclasses
 import numpy as np
 import streamlit as st
 
-from dashboard import mtbf, ui, whatif
+from dashboard import mtbf, sensitivity, ui, whatif
 from sim import PROTOCOLS, SimError
+from sim import sensitivity as sens
 
 MTBF_HOURS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
 THRESHOLDS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
@@ -62,6 +63,12 @@ def _thresholds(_trace, key, choice, fields, settings, mtbf_s, seeds, window_s):
                                 mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
 
 
+@st.cache_data(show_spinner="Varying each figure across its band...", max_entries=8)
+def _sensitivity(_trace, key, choice, fields, mtbf_s):
+    scenario = mtbf.scenario_for(_trace, costs=mtbf.cost_model(_trace, choice), **fields)
+    return sens.sensitivity(scenario, mtbf_s=mtbf_s)
+
+
 key = ui.trace_key(trace)
 try:
     table = _table(trace, key, choice, fields, hours * mtbf.HOUR, seeds, days * DAY)
@@ -113,3 +120,26 @@ st.metric("Best base threshold", f"{winner['base_threshold']:g}",
 ui.figure(mtbf.threshold_figure(by_k), f"{trace.name}-thresholds-{hours}h", key="thresholds")
 st.dataframe(by_k, hide_index=True, width="stretch")
 ui.table_download(by_k, f"{trace.name}-thresholds-{hours}h", key="thresholds")
+
+st.subheader("What the ranking hangs on")
+st.caption("Every figure of the cost model not measured on this machine, varied one at a time "
+           "across its band (the band and its reason are declared with the figure), on the "
+           f"same failures: {sens.SEEDS} seeds over {sens.WINDOW_S / DAY:g} days a point. "
+           "`python -m sim sensitivity` prints the same.")
+if st.toggle("Run the sensitivity (1 + 2 x figures simulations)", key="sensitivity"):
+    result = _sensitivity(trace, key, choice, fields, hours * mtbf.HOUR)
+    flips = sensitivity.flips_frame(result)
+    if flips.empty:
+        st.success(f"No figure's band changes which strategy ranks first ({result.leader}).")
+    else:
+        st.warning(f"{len(flips)} band end(s) change which strategy ranks first (now "
+                   f"{result.leader}): " + "; ".join(
+                       f"{r.figure} at its {r.end} end puts {r.leader} first"
+                       for r in flips.itertuples()))
+    pick = st.selectbox("Strategy", list(result.point), key="tornado_strategy",
+                        index=list(result.point).index(result.leader))
+    ui.figure(sensitivity.tornado_figure(result, pick), f"{trace.name}-tornado-{pick}-{hours}h",
+              key="tornado")
+    bands = sensitivity.bands_frame(result)
+    st.dataframe(bands, hide_index=True, width="stretch")
+    ui.table_download(bands, f"{trace.name}-bands", key="bands")

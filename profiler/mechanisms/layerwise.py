@@ -19,6 +19,9 @@ from .base import Bench, Mechanism, rate_figure
 
 __all__ = ["LayerWise"]
 
+MECHANISM_VERSIONS = {"layercheck": 1}
+"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+
 COMMITS = 5
 """State-only commits timed per repeat (they take milliseconds)."""
 

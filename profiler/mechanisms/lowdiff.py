@@ -25,6 +25,9 @@ from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["Differential", "DENSITY", "BATCH"]
 
+MECHANISM_VERSIONS = {"differential": 1}
+"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+
 DENSITY = 0.01
 """Share of each gradient's entries kept: ASSUMED 1%, LowDiff's typical compression."""
 BATCH = 2

@@ -25,6 +25,9 @@ from .base import Bench, Mechanism
 
 __all__ = ["Restart", "spawn_worker", "worker_env"]
 
+MECHANISM_VERSIONS = {"restart": 1}
+"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
 

@@ -17,6 +17,9 @@ from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["FullSave", "TwoPhase", "HostCopy", "PEER_GBPS", "PEER_LOSS"]
 
+MECHANISM_VERSIONS = {"full save": 1, "two-phase save": 1, "host copy": 1}
+"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+
 PEER_GBPS = 1.25
 """GEMINI's link to a peer's CPU memory: ASSUMED 10 Gb/s Ethernet (1.25 GB/s)."""
 PEER_LOSS = 0.05

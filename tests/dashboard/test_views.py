@@ -220,3 +220,13 @@ def test_whatif_budget_mode_holds_the_rate(traces_dir):
     delta = next(m.delta for m in at.metric if m.label == "Written per step after the base")
     assert float(delta.split("%")[0]) <= 5.0          # at most 5% over the budget
     assert at.get("plotly_chart")                      # the budget figure among the charts
+
+
+def test_failures_shows_what_the_ranking_hangs_on(traces_dir):
+    at = run("failures", seeds=2, window_d=1, trace_name="qwen2.5-7b-synthetic")
+    at.toggle(key="sensitivity").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("ranks first" in w.value for w in at.warning) or \
+        any("ranks first" in s.value for s in at.success)
+    bands = at.dataframe[-1].value
+    assert {"figure", "low", "high", "reason"} <= set(bands.columns)

@@ -329,3 +329,26 @@ def test_a_log_played_once_runs_over_any_window(tmp_path):
                      "--window", "1e12d", "--seeds", "2", "--strategies", "deepspeed", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["rows"][0]["failures"] == 2.0
+
+
+def test_an_old_calibration_warns_in_one_line_and_a_current_one_does_not(tmp_path):
+    import dataclasses
+
+    from layercheck.calibration import write_calibration
+    from layercheck.measurement import MECHANISM_VERSIONS, code_record
+    trace = tmp_path / "t"
+    shutil.copytree(ROOT / "traces" / "minilm-200steps", trace)
+    shipped = read_calibration(trace)
+    write_calibration(dataclasses.replace(shipped, code={}), trace)    # as written before versions
+    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d")
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and f"`python -m profiler calibrate --trace {trace}`" in warning[0]
+    current = dataclasses.replace(shipped, code=code_record(MECHANISM_VERSIONS, "0.1.0"))
+    write_calibration(current, trace)
+    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    write_calibration(dataclasses.replace(shipped, code={}), tmp_path / "old.json")   # by --costs
+    done = _run("--costs", str(tmp_path / "old.json"), "--mtbf", "1h", "--seeds", "1",
+                "--window", "1d")
+    assert f"--trace {tmp_path}`" in done.stderr and done.returncode == 0
