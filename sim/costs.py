@@ -28,7 +28,7 @@ from layercheck.calibration import (FIGURES, TRANSFERRED_STALE_COST, Calibration
                                     Figure, read_calibration)
 
 from .errors import SimError
-from .placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
+from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 
 __all__ = ["CostModel", "GB", "COST_MODELS", "PAPER_A100"]
 
@@ -78,7 +78,7 @@ _PAPER_FIGURES: dict[str, Figure] = {
         "= 1.07 s snapshot + max(6.25 s compute, transfer), so its checkpoint traffic moved "
         "106.6 GB in 25.45 s")),
     "peer_loss_probability": Figure(value=round(HOST_LOSS_SHARE, 4), source="derived", method=(
-        f"sim.placement: on the paper's one server GEMINI's replicas share a host's memory, so "
+        f"layercheck.placement: on the paper's one server GEMINI's replicas share a host's memory, so "
         f"every failure that takes a host's memory takes them: {HOST_LOSS_SOURCE}, "
         f"32 / 419 = {HOST_LOSS_SHARE:.4f} (on different hosts it would be that share x the "
         "chance the peer's host fails before the copy is re-made)")),

@@ -5,7 +5,7 @@ import pytest
 
 from sim.costs import CostModel
 from sim.paper import PUBLISHED_RUNS, PUBLISHED_SHARES, regime_run
-from sim.placement import HOST_LOSS_SHARE, PeerPlacement
+from layercheck.placement import HOST_LOSS_SHARE, PeerPlacement, PlacementError
 from sim.presets import ITERATIONS, PRESET_NAMES, PUBLISHED, compute_seconds, costs_for, preset_scenario_fields
 from sim.errors import SimError
 
@@ -65,7 +65,7 @@ def test_gemini_peer_loss_follows_the_placement():
     rack = PeerPlacement(same_host=False, window_s=60.0, node_mtbf_s=6.0e5, domain_share=0.5)
     assert rack.loss_probability == pytest.approx(HOST_LOSS_SHARE * (0.5 + 1e-4))
     assert PeerPlacement(same_host=False).loss_probability == 0
-    with pytest.raises(SimError, match="share"):
+    with pytest.raises(PlacementError, match="share"):
         PeerPlacement(same_host=True, host_loss_share=1.5)
 
 

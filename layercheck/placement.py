@@ -9,7 +9,9 @@ leaves the hosts' memory (and the GEMINI agent holding it) intact.
 
 ``PeerPlacement.loss_probability`` is the chance that one failure takes the
 failed node's replicas all at once, the figure the simulator calls
-``peer_loss_probability``:
+``peer_loss_probability`` (the paper-a100 cost model's, and a calibration's, whose
+peer is a second process on the capture's own host). Pure: no torch, so the
+simulator imports it too.
 
 - the replicas share a host (one server, the paper's setup: GEMINI's "peer"
   is another rank's region of the same host memory): every host-level failure
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import SimError
+__all__ = ["PeerPlacement", "PlacementError", "HOST_LOSS_SHARE", "HOST_LOSS_SOURCE"]
 
-__all__ = ["PeerPlacement", "HOST_LOSS_SHARE", "HOST_LOSS_SOURCE"]
+
+class PlacementError(ValueError):
+    """A placement whose shares or times are out of range; the message says which."""
 
 HOST_LOSS_SHARE = 32 / 419
 """Share of failures that take a host's memory: Llama 3 405B (Meta 2024, Table 5), host
@@ -55,9 +59,9 @@ class PeerPlacement:
     def __post_init__(self) -> None:
         for name in ("host_loss_share", "domain_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise SimError(f"PeerPlacement.{name}={getattr(self, name)!r}: a share in [0, 1]")
+                raise PlacementError(f"PeerPlacement.{name}={getattr(self, name)!r}: a share in [0, 1]")
         if self.window_s < 0 or not self.node_mtbf_s > 0:
-            raise SimError("PeerPlacement: window_s >= 0 and node_mtbf_s > 0 (seconds)")
+            raise PlacementError("PeerPlacement: window_s >= 0 and node_mtbf_s > 0 (seconds)")
 
     @property
     def loss_probability(self) -> float:
