@@ -33,7 +33,6 @@ checkpoint there.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,10 +41,11 @@ import numpy as np
 from .costs import CostModel
 from .errors import SimError
 from .theory import daly_interval_s
+from .writer import queued_writer
 from .workload import Workload
 
 __all__ = ["Cadence", "Schedule", "Strategy", "STRATEGIES", "get_strategy", "PROTOCOLS",
-           "CHECKFREQ_OVERHEAD", "NATIVE_DIFF_BATCH", "queued_writer"]
+           "CHECKFREQ_OVERHEAD", "NATIVE_DIFF_BATCH"]
 
 PROTOCOLS = ("matched", "native")
 """matched: rollback strategies checkpoint every ``round(staleness)`` steps, LayerCheck's
@@ -408,47 +408,6 @@ class LowDiff(Strategy):
 
     def _recovery_backup(self, b: _Builder) -> np.ndarray:
         return self._recovery(b)
-
-
-def queued_writer(compute: np.ndarray, snap: np.ndarray, write: np.ndarray, full: np.ndarray,
-                  full_s: float, slots: int | None) -> np.ndarray:
-    """LowDiff's writer process, failure-free, step by step (arrays of N+1, index i = after
-    step i; ``compute`` has N). After step i training stalls ``snap[i]`` (compression and
-    hand-off), then hands the batch ``write[i] > 0`` to the queue, waiting first only while
-    ``slots`` batches are pending; the writer writes them in order. A full save
-    (``full[i]``) is synchronous and the storage serves it after the writer's backlog.
-    Adds those waits to ``snap`` (in place) and returns, per batch, the seconds from the
-    end of its stall to its durability (NaN elsewhere): the second, non-blocking tier.
-
-    Simplification: the engines read these durable times for every run, so after a
-    failure (the writer restarts empty) the first writes look as late as in the
-    failure-free run; this delays LowDiff's recovery points only where its writer has a
-    backlog, that is where it is write-bound."""
-    n = compute.size
-    out = np.full(n + 1, np.nan)
-    t, free, pending = 0.0, 0.0, deque()        # pending: durable times, ascending (FIFO)
-    for i in range(1, n + 1):
-        t += compute[i - 1]                      # step i's compute has ended
-        stall = 0.0
-        if full[i]:                              # served after the writer's backlog
-            stall = max(free - t, 0.0) + full_s
-            free = t + stall
-        stall += snap[i]
-        end = t + stall
-        if write[i] > 0:
-            while pending and pending[0] <= end:
-                pending.popleft()
-            if slots is not None and len(pending) >= slots:
-                wait = pending[len(pending) - slots] - end   # until a slot frees
-                stall, end = stall + wait, end + wait
-                while pending and pending[0] <= end:
-                    pending.popleft()
-            free = max(free, end) + write[i]
-            pending.append(free)
-            out[i] = free - end
-        snap[i] = stall
-        t = end
-    return out
 
 
 class LayerCheck(Strategy):
