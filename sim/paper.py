@@ -76,3 +76,20 @@ def regime_run(strategy: str, workload: Workload, costs: CostModel) -> RegimeRun
         compression = steps * costs.diff_fraction * workload.full_bytes / (costs.diff_snapshot_gbps * 1e9)
     return RegimeRun(strategy=strategy, minutes=total / 60, compute_s=compute,
                      compression_s=compression, checkpoint_s=total - compute - compression)
+
+
+def main() -> None:
+    """``python -m sim.paper``: every preset's per-iteration runs beside the published ones."""
+    from .presets import PRESET_NAMES, costs_for, preset_scenario_fields
+    print(f"{'preset':<14} {'strategy':<16} {'minutes':>8} {'published':>9} {'share':>7}")
+    for preset in PRESET_NAMES:
+        workload, costs = preset_scenario_fields(preset)["workload"], costs_for(preset)
+        for strategy in ("layercheck-sync", "lowdiff", "gemini", "checkfreq", "deepspeed"):
+            run = regime_run(strategy, workload, costs)
+            published = PUBLISHED_RUNS.get((preset, strategy))
+            print(f"{preset:<14} {strategy:<16} {run.minutes:>8.1f} "
+                  f"{'-' if published is None else f'{published:.1f}':>9} {run.share:>7.1%}")
+
+
+if __name__ == "__main__":
+    main()
