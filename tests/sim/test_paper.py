@@ -5,9 +5,8 @@ import pytest
 
 from sim.costs import CostModel
 from sim.paper import PUBLISHED_RUNS, PUBLISHED_SHARES, regime_run
-from layercheck.placement import HOST_LOSS_SHARE, PeerPlacement, PlacementError
+from layercheck.placement import PeerPlacement
 from sim.presets import ITERATIONS, PRESET_NAMES, PUBLISHED, compute_seconds, costs_for, preset_scenario_fields
-from sim.errors import SimError
 
 SHARE_TOLERANCE = 0.015
 """LayerCheck's shares within 1.5 points of its published band: every preset's compute
@@ -56,17 +55,8 @@ def test_the_write_rate_is_the_smallest_that_keeps_lowdiffs_7b_run_from_write_bo
     assert round(PUBLISHED["qwen2.5-7b"].lowdiff_total_gb / run_7b, 2) == CostModel().save_gbps
 
 
-def test_gemini_peer_loss_follows_the_placement():
-    one_server = PeerPlacement(same_host=True)
-    assert one_server.loss_probability == HOST_LOSS_SHARE == pytest.approx(32 / 419)
-    assert CostModel().peer_loss_probability == round(one_server.loss_probability, 4)
-    apart = PeerPlacement(same_host=False, window_s=60.0, node_mtbf_s=6.0e5)
-    assert apart.loss_probability == pytest.approx(HOST_LOSS_SHARE * 1e-4)
-    rack = PeerPlacement(same_host=False, window_s=60.0, node_mtbf_s=6.0e5, domain_share=0.5)
-    assert rack.loss_probability == pytest.approx(HOST_LOSS_SHARE * (0.5 + 1e-4))
-    assert PeerPlacement(same_host=False).loss_probability == 0
-    with pytest.raises(PlacementError, match="share"):
-        PeerPlacement(same_host=True, host_loss_share=1.5)
+def test_gemini_peer_loss_is_the_one_server_placement():
+    assert CostModel().peer_loss_probability == round(PeerPlacement(same_host=True).loss_probability, 4)
 
 
 def test_every_changed_figure_keeps_its_provenance():
