@@ -82,11 +82,17 @@ def table(df: pd.DataFrame) -> str:
         lines.append(f"{row.strategy:<15} {row.effective_ratio:>7.4f} {ci:>7} "
                      f"{row.ratio_at_phi_low:>7.4f} {row.ratio_at_phi_high:>8.4f} "
                      f"{row.useful_s / 3600:>9.1f} {row.stale_s / 3600:>8.1f} "
-                     f"{row.checkpoint_stall_s / 3600:>8.1f} "
+                     f"{_hours(row.checkpoint_stall_s):>8.1f} "
                      f"{row.lost_work_s / 3600:>8.1f} {row.recovery_s / 3600:>8.1f} "
                      f"{row.failures:>9.1f} {row.bytes_written / 1e12:>11.2f} "
                      f"{_interval(row.interval, row.storage_interval):>9}")
     return "\n".join(lines)
+
+
+def _hours(seconds: float) -> float:
+    """Hours to one decimal; a float sum that is zero up to rounding (an overlapped stall,
+    -1e-13 s) prints 0.0, not -0.0."""
+    return round(seconds / 3600, 1) + 0.0
 
 
 def _interval(every: Any, storage: Any) -> str:

@@ -41,15 +41,20 @@ import numpy as np
 from .costs import CostModel
 from .errors import SimError
 from .theory import daly_interval_s
+from .writer import queued_writer
 from .workload import Workload
 
 __all__ = ["Cadence", "Schedule", "Strategy", "STRATEGIES", "get_strategy", "PROTOCOLS",
-           "CHECKFREQ_OVERHEAD"]
+           "CHECKFREQ_OVERHEAD", "NATIVE_DIFF_BATCH"]
 
 PROTOCOLS = ("matched", "native")
 """matched: rollback strategies checkpoint every ``round(staleness)`` steps, LayerCheck's
 mean parameter-weighted staleness on the same trace (the paper's comparison); native:
 each strategy as its authors designed it (``Strategy._native``)."""
+
+NATIVE_DIFF_BATCH = 1
+"""LowDiff's differentials per write as its authors ran it: ``SAVE_BATCH_FREQ=1`` in
+its scripts (Chenxuan-Yao/TPDS-LowDiff, scripts/run_qwen_lowdiff_topk.sh)."""
 
 CHECKFREQ_OVERHEAD = 0.035
 """CheckFreq tunes its interval so that checkpointing costs at most this share of
@@ -65,9 +70,11 @@ class Cadence:
     copies; lowdiff: full checkpoints between its per-step differentials)."""
     storage_every: int | None = None
     """gemini's storage tier (its last resort)."""
+    batch: int | None = None
+    """lowdiff's differentials per write (None: the cost model's ``diff_batch``)."""
 
     def __post_init__(self) -> None:
-        for value in (self.every, self.storage_every):
+        for value in (self.every, self.storage_every, self.batch):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                                       or value < 1):
                 raise SimError(f"a checkpoint interval of {value!r} steps: use a whole number >= 1")
@@ -254,25 +261,33 @@ class DeepSpeed(Strategy):
 
 
 class CheckFreq(Strategy):
-    """CheckFreq: snapshot to host memory (stall), persist in the background; the next
-    snapshot waits for the previous persist. Native: the most frequent interval whose
-    stall stays within ``CHECKFREQ_OVERHEAD`` of training time."""
+    """CheckFreq (Mohan et al., FAST 2021; msr-fiddle/CheckFreq): its snapshot to host
+    memory runs alongside the next iteration's forward and backward pass and only has to
+    finish before that iteration's weight update, so training stalls for the part of the
+    snapshot longer than one iteration's compute; the persist follows in the background
+    and the next snapshot waits for it. Native: its adaptive interval, the most frequent
+    one whose cost stays within ``CHECKFREQ_OVERHEAD`` of training time."""
     name = "checkfreq"
-    label = "two-phase: snapshot to host, persist in background (dcp.async_save)"
+    label = "two-phase: snapshot overlapped with the next step, persist in background"
     rollback = True
 
     def _native(self, workload, costs, mtbf_s) -> Cadence:
         step_s, full = float(workload.compute_s.mean()), workload.full_bytes
         snap, persist = costs.snapshot_s(full), costs.persist_s(full)
+        stall = max(0.0, snap - step_s)          # the snapshot overlapped with one iteration
         k = np.arange(1, workload.steps + 1)
-        overhead = (snap + np.maximum(0.0, persist - k * step_s)) / (k * step_s)
+        overhead = (stall + np.maximum(0.0, persist - k * step_s)) / (k * step_s)
         fits = np.flatnonzero(overhead <= CHECKFREQ_OVERHEAD)
         return Cadence(every=int(k[fits[0]]) if fits.size else workload.steps)
 
     def _checkpoints(self, b: _Builder) -> None:
         at = b.every(b.cadence.every)
-        b.snap[at] = b.costs.snapshot_s(b.full)
-        b.persist[at] = b.costs.persist_s(b.full)
+        snapshot = b.costs.snapshot_s(b.full)
+        # step i's snapshot overlaps step i+1's compute (compute_s[i], 0-based): the
+        # overlapped part is done before the stall ends, so the persist starts after it
+        overlapped = np.minimum(snapshot, b.workload.compute_s[at])
+        b.snap[at] = snapshot - overlapped
+        b.persist[at] = overlapped + b.costs.persist_s(b.full)
         b.commit[at] = True
         b.bytes[at] = b.full
 
@@ -326,16 +341,43 @@ class Gemini(Strategy):
 
 
 class LowDiff(Strategy):
-    """LowDiff: a compressed gradient differential every step (snapshot stall), written
-    in batches of ``diff_batch`` steps, a full checkpoint every ``every`` steps, all
-    through one background writer. Recovery loads the newest full checkpoint and
-    replays the differentials since it. Native: full checkpoints at Daly's interval."""
+    """LowDiff (Yao et al.; Chenxuan-Yao/TPDS-LowDiff) as its code runs: training is
+    compressed (top-k gradients), and every step the compressed gradient is handed to a
+    separate writer process through a queue (``diff_snapshot_gbps``: the training-side
+    stall, compression and hand-off); the writer writes the diffs in batches of
+    ``diff_batch`` steps, one after another, while training goes on, so training never
+    waits for a write, only for the queue when ``queue_batches`` batches are pending
+    (unbounded in its code: ``mp.Queue()``). A full checkpoint every ``every`` steps is a
+    synchronous save on the training thread (``torch.save`` in the loop), served by the
+    storage after the writer's backlog. Recovery loads the newest full checkpoint and
+    replays the differentials since it. Native: its tuning of the full-checkpoint interval
+    and the batch size (``_native``)."""
     name = "lowdiff"
-    label = "per-step compressed gradient differentials, batched, periodic full checkpoints"
+    label = "per-step compressed gradient differentials, queue-fed writer, periodic full saves"
     rollback = True
+    queue_batches: int | None = None
+    """Batches the queue holds before training waits (None: unbounded, as in its code)."""
+
+    def __init__(self, queue_batches: int | None = None) -> None:
+        if queue_batches is not None and (isinstance(queue_batches, bool) or queue_batches < 1):
+            raise SimError(f"LowDiff queue_batches={queue_batches!r}: use a whole number >= 1 "
+                           "or None (unbounded)")
+        self.queue_batches = queue_batches
 
     def _native(self, workload, costs, mtbf_s) -> Cadence:
-        return Cadence(every=_daly_steps(costs.persist_s(workload.full_bytes), workload, mtbf_s))
+        """Full checkpoints every F steps, F minimising the time a full checkpoint costs per
+        step plus the replay a failure costs per step, C / (F s) + (F / 2) r / M (C: the
+        synchronous full save, s: a step, r: replaying one step's differential, M: the
+        MTBF): F = sqrt(2 C M / (s r)), the trade-off LowDiff tunes. Its batch size only
+        amortises a per-write cost the model has none of, so it stays at its scripts'
+        default (``NATIVE_DIFF_BATCH``)."""
+        if mtbf_s is None:
+            raise SimError("a native cadence needs an MTBF (or a failure log)")
+        step_s = float(workload.compute_s.mean())
+        full = costs.save_s(workload.full_bytes)
+        replay = costs.diff_fraction * workload.full_bytes / (costs.diff_replay_gbps * 1e9)
+        every = math.floor(math.sqrt(2 * full * mtbf_s / (step_s * replay)) + 0.5)
+        return Cadence(every=max(1, min(workload.steps, every)), batch=NATIVE_DIFF_BATCH)
 
     def _diff_bytes(self, b: _Builder) -> float:
         return b.costs.diff_fraction * b.full
@@ -343,15 +385,18 @@ class LowDiff(Strategy):
     def _checkpoints(self, b: _Builder) -> None:
         c, full, diff = b.costs, b.full, self._diff_bytes(b)
         b.snap[b.every(1)] = diff / (c.diff_snapshot_gbps * 1e9)
-        batches = b.every(c.diff_batch)
-        b.persist[batches] = c.persist_s(diff * c.diff_batch)
-        b.bytes[batches] = diff * c.diff_batch
         fulls = b.every(b.cadence.every)
-        b.snap[fulls] += c.host_copy_s(full)
-        b.persist[fulls] = c.persist_s(full)  # a full checkpoint supersedes the batch
-        b.bytes[fulls] = full
-        b.commit[batches] = True
-        b.commit[fulls] = True
+        batch = b.cadence.batch or c.diff_batch
+        batches = b.every(batch)
+        b.bytes[batches] = diff * batch
+        b.bytes[fulls] += full
+        b.commit[fulls] = True          # synchronous: durable when its stall ends
+        write = np.zeros(b.steps + 1)
+        write[batches] = c.persist_s(diff * batch)
+        is_full = np.zeros(b.steps + 1, dtype=bool)
+        is_full[fulls] = True
+        b.backup = queued_writer(b.workload.compute_s, b.snap, write, is_full,
+                                 c.save_s(full), self.queue_batches)
 
     def _recovery(self, b: _Builder) -> np.ndarray:
         positions = np.arange(b.steps + 1)
@@ -360,6 +405,9 @@ class LowDiff(Strategy):
         # before the first full checkpoint the diffs replay onto the initial model
         load = np.where(last_full > 0, b.costs.load_s(b.full), 0.0)
         return b.costs.restart_s + load + replay
+
+    def _recovery_backup(self, b: _Builder) -> np.ndarray:
+        return self._recovery(b)
 
 
 class LayerCheck(Strategy):

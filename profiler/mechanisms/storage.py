@@ -15,15 +15,10 @@ from ..checkpointers import FullCheckpointer, TwoPhaseCheckpointer, folder_bytes
 from ..state import TrainingState
 from .base import GB, Bench, Mechanism, rate_figure, timed
 
-__all__ = ["FullSave", "TwoPhase", "HostCopy", "PEER_GBPS", "PEER_LOSS"]
+__all__ = ["FullSave", "TwoPhase", "HostCopy"]
 
 MECHANISM_VERSIONS = {"full save": 1, "two-phase save": 1, "host copy": 1}
 """The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
-
-PEER_GBPS = 1.25
-"""GEMINI's link to a peer's CPU memory: ASSUMED 10 Gb/s Ethernet (1.25 GB/s)."""
-PEER_LOSS = 0.05
-"""Chance a failure also takes the peer's copy: ASSUMED (the paper gives none)."""
 
 
 class FullSave(Mechanism):
@@ -95,10 +90,11 @@ class TwoPhase(Mechanism):
 
 
 class HostCopy(Mechanism):
-    """gemini: a copy of the full state into preallocated host memory; the peer is assumed."""
+    """gemini: a copy of the full state into preallocated host memory (its local tier;
+    the copy to the peer is ``PeerCopy``)."""
 
     name = "host copy"
-    figures = ("host_copy_gbps", "peer_gbps", "peer_loss_probability")
+    figures = ("host_copy_gbps",)
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()
@@ -115,11 +111,4 @@ class HostCopy(Mechanism):
             "host_copy_gbps": rate_figure(nbytes, samples, "Tensor.copy_ of every state "
                                           "tensor (weights, Adam moments, steps) into "
                                           f"preallocated host buffers, {bench.where()}"),
-            "peer_gbps": Figure(value=PEER_GBPS, source="assumed",
-                                method="no peer node on one machine: a 10 Gb/s Ethernet link "
-                                       f"to the peer's CPU memory, {PEER_GBPS} GB/s"),
-            "peer_loss_probability": Figure(
-                value=PEER_LOSS, source="assumed",
-                method="the paper gives no figure; GEMINI places the copy on another node, so "
-                       "a failure rarely takes both (correlated node failures): 5%"),
         }

@@ -6,8 +6,8 @@ import pytest
 from layercheck.calibration import FIGURES, read_calibration
 from profiler.cli import main
 
-ASSUMED = {"peer_gbps", "peer_loss_probability", "diff_batch"}
-DERIVED = {"load_fixed_s"}
+ASSUMED = {"diff_batch"}
+DERIVED = {"load_fixed_s", "peer_loss_probability"}   # peer loss: layercheck.placement
 
 
 @pytest.fixture
@@ -36,7 +36,9 @@ def test_the_figures_are_what_this_job_costs(calibrated, tiny_capture):
     trace = tiny_capture.trace
     value = costs.value
     assert value("restart_s") > 1  # a new interpreter importing torch and transformers
-    assert value("peer_gbps") == 1.25 and value("peer_loss_probability") == 0.05
+    # the peer copy is timed over loopback; its loss follows from the peer sharing the host
+    assert costs.figures["peer_gbps"].bytes == pytest.approx(trace.full_checkpoint_bytes, rel=0.2)
+    assert value("peer_loss_probability") == pytest.approx(32 / 419, abs=1e-4)
     assert value("diff_batch") == 2
     # a differential keeps 1% of the entries: values (4 bytes) and int32 indices
     assert 0.01 * 8 / 12 * 0.9 < value("diff_fraction") < 0.01 * 8 / 12 * 1.3

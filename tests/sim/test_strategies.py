@@ -3,7 +3,7 @@ import pytest
 
 from sim.costs import CostModel
 from sim.errors import SimError
-from sim.strategies import CHECKFREQ_OVERHEAD, STRATEGIES, Cadence, get_strategy
+from sim.strategies import CHECKFREQ_OVERHEAD, NATIVE_DIFF_BATCH, STRATEGIES, Cadence, get_strategy
 from sim.theory import daly_interval_s
 from sim.workload import LayerWrites, Workload
 
@@ -38,10 +38,25 @@ def test_resuming_at_the_jobs_start_costs_only_the_restart(name):
 def test_deepspeed_stalls_for_the_write_checkfreq_for_the_snapshot():
     ds, cf = _schedule("deepspeed"), _schedule("checkfreq")
     assert list(np.flatnonzero(ds.commit)) == [10, 20, 30]
-    assert ds.snap[10] == pytest.approx(20e9 / 1.12e9) and ds.persist[10] == 0
-    assert cf.snap[10] == pytest.approx(20e9 / 100e9) and cf.persist[10] == pytest.approx(20e9 / 1.12e9)
+    assert ds.snap[10] == pytest.approx(20e9 / (COSTS.save_gbps * 1e9)) and ds.persist[10] == 0
+    # CheckFreq's 0.2 s snapshot hides behind the next step's compute (1-3 s): no stall,
+    # and the persist starts once it is done
+    assert cf.snap[10] == 0
+    assert cf.persist[10] == pytest.approx(20e9 / 100e9 + 20e9 / (COSTS.persist_gbps * 1e9))
     costs = COSTS.with_overrides(async_load_gbps=2.0)
     assert _schedule("checkfreq", costs=costs).recover[5] == pytest.approx(30 + 4 + 10)
+
+
+def test_checkfreq_snapshot_overlaps_up_to_one_iteration():
+    """CheckFreq's snapshot runs beside the next forward and backward pass: training
+    stalls only for what is left of it after the next step's compute."""
+    w = Workload(name="flat", compute_s=np.full(40, 2.0), full_bytes=int(20e9))
+    slow = COSTS.with_overrides(snapshot_gbps=4.0)                     # a 5 s snapshot
+    s = _schedule("checkfreq", w, slow)
+    assert s.snap[10] == pytest.approx(5.0 - 2.0)
+    assert s.persist[10] == pytest.approx(2.0 + slow.persist_s(20e9))
+    fast = _schedule("checkfreq", w, COSTS.with_overrides(snapshot_gbps=20.0))   # 1 s: hidden
+    assert fast.snap[10] == 0
 
 
 def test_lowdiff_replays_diffs_since_the_full_checkpoint():
@@ -50,7 +65,41 @@ def test_lowdiff_replays_diffs_since_the_full_checkpoint():
     assert replay[10] == pytest.approx(0, abs=1e-9) and replay[14] == pytest.approx(4 * 0.1 * 20e9 / 22.9e9)
     # before the first full checkpoint the diffs replay onto the initial model
     assert s.recover[4] == pytest.approx(COSTS.restart_s + 4 * 0.1 * 20e9 / 22.9e9)
-    assert list(np.flatnonzero(s.commit)) == list(range(2, 40, 2))
+    # full saves are synchronous (primary tier); the batches reach storage through the
+    # queue-fed writer (the non-blocking tier), recovered the same way
+    assert list(np.flatnonzero(s.commit)) == [10, 20, 30]
+    assert list(np.flatnonzero(np.isfinite(s.backup))) == list(range(2, 40, 2))
+    np.testing.assert_array_equal(s.recover_backup, s.recover)
+    assert s.backup_probability == 0 and (s.persist == 0).all()
+
+
+def test_lowdiff_write_does_not_stall_training_until_its_queue_fills():
+    """Writes slower than the steps: training stalls only for compression while the
+    queue has room; with a queue of 2 batches it waits once 2 are pending."""
+    w = Workload(name="flat", compute_s=np.full(40, 1.0), full_bytes=int(20e9))
+    slow = COSTS.with_overrides(persist_gbps=0.5, diff_batch=1)        # 4 s per 1 s step
+    compression = 0.1 * 20e9 / (slow.diff_snapshot_gbps * 1e9)
+    lowdiff = get_strategy("lowdiff")
+    s = lowdiff.schedule(w, slow, Cadence(every=50))                   # no full save
+    np.testing.assert_allclose(s.snap[1:40], compression)
+    # the backlog grows: batch i waits for the i-1 before it (4 s each)
+    assert s.backup[1] == pytest.approx(4.0)
+    assert s.backup[5] == pytest.approx(5 * 4.0 - 4 * (1.0 + compression))
+    bounded = STRATEGIES["lowdiff"](queue_batches=2).schedule(w, slow, Cadence(every=50))
+    np.testing.assert_allclose(bounded.snap[1:3], compression)         # room in the queue
+    assert (bounded.snap[3:40] > compression + 1.0).all()               # full: it waits
+    with pytest.raises(SimError, match="queue_batches"):
+        STRATEGIES["lowdiff"](queue_batches=0)
+
+
+def test_lowdiff_full_save_waits_for_the_writers_backlog():
+    w = Workload(name="flat", compute_s=np.full(40, 1.0), full_bytes=int(20e9))
+    slow = COSTS.with_overrides(persist_gbps=0.5, diff_batch=1)
+    s = get_strategy("lowdiff").schedule(w, slow, Cadence(every=10))
+    compression = 0.1 * 20e9 / (slow.diff_snapshot_gbps * 1e9)
+    # the writer started at step 1's hand-off and wrote 9 batches of 4 s; step 10's compute ends
+    backlog = (1.0 + compression) + 9 * 4.0 - (9 * (1.0 + compression) + 1.0)
+    assert s.snap[10] == pytest.approx(backlog + slow.save_s(20e9) + compression)
 
 
 def test_gemini_tiers_are_ordered():
@@ -115,13 +164,18 @@ def test_cadences_by_protocol():
     assert ds.cadence("native", w, COSTS, mtbf_s=3600.0).every == daly
     k = cf.cadence("native", w, COSTS, mtbf_s=3600.0).every
 
-    def overhead(k):
-        return (COSTS.snapshot_s(20e9) + max(0.0, COSTS.persist_s(20e9) - k * step)) / (k * step)
+    def overhead(k):   # the snapshot overlaps one iteration
+        stall = max(0.0, COSTS.snapshot_s(20e9) - step)
+        return (stall + max(0.0, COSTS.persist_s(20e9) - k * step)) / (k * step)
     assert overhead(k) <= CHECKFREQ_OVERHEAD < overhead(k - 1)
     g = gem.cadence("native", w, COSTS, mtbf_s=3600.0)
     assert g.every == int(np.ceil(COSTS.peer_s(20e9) / step)) and g.storage_every >= g.every
-    assert low.cadence("native", w, COSTS, mtbf_s=3600.0).every == round(
-        daly_interval_s(COSTS.persist_s(20e9), 3600.0) / step)
+    native = low.cadence("native", w, COSTS, mtbf_s=3600.0)
+    replay = 0.1 * 20e9 / (COSTS.diff_replay_gbps * 1e9)
+    assert native.every == min(w.steps, round(np.sqrt(2 * COSTS.save_s(20e9) * 3600.0 / (step * replay))))
+    assert low.cadence("native", w, COSTS, mtbf_s=60.0).every == round(
+        np.sqrt(2 * COSTS.save_s(20e9) * 60.0 / (step * replay)))
+    assert native.batch == NATIVE_DIFF_BATCH == 1
     assert get_strategy("layercheck").cadence("native", w, COSTS, mtbf_s=3600.0) is None
     custom = Workload.custom(iteration_s=1.0, iterations=10, full_bytes=10**9)
     with pytest.raises(SimError, match="needs a trace"):
