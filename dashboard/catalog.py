@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
-from layercheck.trace import Trace, TraceError, read_trace
+from layercheck.trace import STUDY_FILE, Trace, TraceError, read_trace
 
 __all__ = ["ENV", "DEFAULT_PRESET", "Entry", "traces_dir", "scan", "default_entry", "unpack_upload",
            "UPLOAD_FILES"]
@@ -24,7 +24,7 @@ ENV = "LAYERCHECK_TRACES"
 DEFAULT_PRESET = "qwen2.5-7b"
 """The synthetic preset that opens when no captured trace is shipped (the paper's own setting)."""
 UPLOAD_FILES = ("manifest.json", "steps.parquet", "drift.parquet", "writes.parquet",
-                "recovery.parquet", "drill.json")
+                "recovery.parquet", "drill.json", STUDY_FILE)
 _MAX_UPLOAD = 512 << 20  # bytes unpacked from one upload
 
 
@@ -98,7 +98,7 @@ def default_entry(entries: Sequence[Entry]) -> Entry | None:
 
 def unpack_upload(files: Sequence[tuple[str, bytes]], into: Path | None = None) -> Path:
     """Write an uploaded trace to a new folder and return it: either one .zip of
-    the trace folder, or its files (manifest.json, *.parquet, drill.json).
+    the trace folder, or its files (manifest.json, *.parquet, drill.json, staleness.json).
     Raises TraceError with the fix when the upload cannot be a trace."""
     if not files:
         raise TraceError("nothing uploaded: upload a .zip of a trace folder, or its "

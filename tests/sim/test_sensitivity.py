@@ -147,7 +147,10 @@ def test_cli_json_names_the_flip_and_states_its_smaller_defaults():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["seeds"] == 5 and data["window_s"] == 3 * DAY and data["leader"] == "gemini"
-    assert [f["figure"] for f in data["flips"]] == ["save_gbps"]
+    # at 12 GB/s DeepSpeed's synchronous saves win; at a 10 Gb/s peer link GEMINI's copies
+    # fall behind CheckFreq's overlapped snapshots
+    assert [(f["figure"], f["end"], f["leader"]) for f in data["flips"]] == [
+        ("save_gbps", "high", "deepspeed"), ("peer_gbps", "low", "checkfreq")]
     assert {r["figure"] for r in data["figures"]} == {"save_gbps", "peer_gbps"}
     assert all(r["reason"] for r in data["figures"])
     text = _run("--mtbf", "0.5h", "--figures", "peer_gbps", "--window", "3d")
