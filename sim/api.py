@@ -347,16 +347,24 @@ def _cadence(name: str, scenario: Scenario, rule, mtbf) -> Cadence | None:
                             interval=steps)
 
 
+def _stale_lost(res: LaneResults, phi: float) -> np.ndarray:
+    """Each lane's stale time counted as lost, phi x stale_s, but never more than the
+    lane's useful time: a run whose recoveries cost more steps than it trains between
+    them makes no progress; it does not train backwards (phi above useful_s / stale_s,
+    e.g. at a high bound)."""
+    return np.minimum(phi * res.stale_s, res.useful_s)
+
+
 def _aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
                phi: Figure) -> pd.DataFrame:
     """Mean per key over its lanes; phi x stale_s is lost, the rest of stale_s useful. The
     ratio at phi's bounds is the same arithmetic on the same lanes (stale_s is per lane)."""
     low, high = phi.interval
-    lost = phi.value * res.stale_s
+    lost = _stale_lost(res, phi.value)
     useful = res.useful_s - lost
     lanes = pd.DataFrame({"key": keys, "ratio": useful / window, "useful_s": useful,
-                          "ratio_at_phi_low": (res.useful_s - low * res.stale_s) / window,
-                          "ratio_at_phi_high": (res.useful_s - high * res.stale_s) / window,
+                          "ratio_at_phi_low": (res.useful_s - _stale_lost(res, low)) / window,
+                          "ratio_at_phi_high": (res.useful_s - _stale_lost(res, high)) / window,
                           "stale_lost_s": lost,
                           **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s",
                                                           "lost_work_s", "recovery_s",

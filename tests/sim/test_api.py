@@ -36,8 +36,13 @@ def test_stale_time_is_not_useful_unless_asked():
     paper = simulate(dataclasses.replace(s, stale_as_useful=True), mtbf_s=1800.0, seeds=2,
                      strategies=["layercheck"]).iloc[0]
     assert paper.stale_s == pytest.approx(honest.stale_s)
-    assert paper.effective_ratio == pytest.approx(honest.effective_ratio + honest.stale_s / DAY)
-    assert paper.useful_s == pytest.approx(honest.useful_s + honest.stale_s)
+    # by default the cost model's phi of the stale time is lost (the measured one, > 1)
+    phi = s.stale_figure().value
+    assert honest.stale_lost_s == pytest.approx(min(phi * honest.stale_s, paper.useful_s))
+    assert honest.stale_lost_s > honest.stale_s
+    assert paper.effective_ratio == pytest.approx(honest.effective_ratio
+                                                  + honest.stale_lost_s / DAY)
+    assert paper.useful_s == pytest.approx(honest.useful_s + honest.stale_lost_s)
 
 
 def test_from_trace_takes_its_own_costs():
@@ -146,6 +151,17 @@ def test_phi_0_is_stale_as_useful_and_phi_1_is_every_stale_update_lost_exactly()
     np.testing.assert_allclose(one.useful_s, zero.useful_s - zero.stale_s, rtol=1e-14)
     assert (one.set_index("strategy").loc["layercheck", "effective_ratio"]
             < zero.set_index("strategy").loc["layercheck", "effective_ratio"])
+
+
+def test_a_run_never_trains_backwards_whatever_phi():
+    """phi x stale_s above a run's useful time (a high bound's phi, failures more frequent
+    than the steps they cost) leaves the run no progress, not a negative ratio."""
+    s = _with_phi_interval(Scenario.from_preset("qwen2.5-7b", window_s=DAY), 2.0, 0.5, 50.0)
+    df = simulate(s, mtbf_s=1800.0, seeds=2).set_index("strategy")
+    lc = df.loc["layercheck"]
+    assert lc.ratio_at_phi_high == 0.0 < lc.effective_ratio < lc.ratio_at_phi_low
+    assert (df[["effective_ratio", "ratio_at_phi_low", "ratio_at_phi_high"]] >= 0).all().all()
+    assert lc.stale_lost_s <= lc.useful_s + lc.stale_lost_s
 
 
 @settings(max_examples=20, deadline=None)
