@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.calibration import FIGURES, read_calibration
+from layercheck.calibration import FIGURES, TRANSFERRED_STALE_COST, read_calibration
 from sim.api import COLUMNS
 from sim.cli import main
 
@@ -192,7 +192,9 @@ def test_the_table_shows_phi_its_bounds_source_and_when_the_ranking_depends_on_i
     result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[3].startswith("stale cost phi: 1 (interval 1..1); transferred: filled in on reading")
+    phi = TRANSFERRED_STALE_COST  # the measured one, carried over to the preset
+    assert lines[3].startswith(f"stale cost phi: {phi.value:g} (interval {phi.low:g}..{phi.high:g}); "
+                               "transferred: carried over from traces/minilm-200steps")
     assert "phi low phi high" in lines[4]
     assert not any(line.startswith("the ranking depends on phi") for line in lines)
     result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d",

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from layercheck.band import BandError
-from layercheck.calibration import FIGURES, Band, CalibrationError, Figure, band_of
+from layercheck.calibration import (FIGURES, TRANSFERRED_STALE_COST, Band, CalibrationError,
+                                    Figure, band_of)
 from sim import CostModel, Scenario, SimError
 from sim.presets import PRESET_NAMES
 from sim.sensitivity import sensitivity
@@ -51,9 +52,12 @@ def test_a_measured_figure_has_no_band_and_an_interval_is_its_band():
     phi = Figure(value=0.4, low=0.1, high=0.9, source="measured", method="95% CI of 3 runs")
     band = band_of("stale_cost", phi)
     assert (band.low, band.high) == (0.1, 0.9) and "95% CI" in band.reason
-    # the transferred phi's interval has no width: the spec's rule (0 to 1) applies
-    assert (CostModel.paper_a100().band("stale_cost").low,
-            CostModel.paper_a100().band("stale_cost").high) == (0.0, 1.0)
+    # the transferred phi carries the measured interval: that is its band
+    transferred = CostModel.paper_a100().band("stale_cost")
+    assert (transferred.low, transferred.high) == TRANSFERRED_STALE_COST.interval
+    # an interval of no width is no band: the spec's rule (0 to 1) applies
+    point = Figure(value=0.4, low=0.4, high=0.4, source="transferred", method="m")
+    assert (band_of("stale_cost", point).low, band_of("stale_cost", point).high) == (0.0, 1.0)
     minilm = Scenario.from_trace(__import__("layercheck.trace", fromlist=["read_trace"]).read_trace(
         ROOT / "traces" / "minilm-200steps")).costs
     assert minilm.band("save_gbps") is None and minilm.band("peer_gbps") is not None
