@@ -199,7 +199,7 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
         "format": Field(_TEXT.check, required=False),
         "config": obj(Schema({"write_budget": number(positive=True, required=False, null=True)}),
                       required=False),
-        "lr_peak": number(positive=False, required=False),
+        "lr_peak": number(positive=False, required=False, null=True),  # null: lr_scaling off
         "created": number(positive=False, required=False),
         "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1", required=False),
         "zero": obj(Schema({}), required=False), "fsdp": obj(Schema({}), required=False)}),
