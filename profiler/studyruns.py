@@ -243,9 +243,9 @@ class Runs:
 
 
 def _layer_params(lc: Any) -> np.ndarray:
-    """Parameters per layer, in the layer map's order (staleness's weights)."""
-    return np.array([sum(p.numel() for _, p in lc.layer_map.parameters(i))
-                     for i in range(len(lc.layer_map))], dtype=np.float64)
+    """Parameters per layer, in the layer map's order: staleness's weights, as the
+    capture records them in a trace's layer table."""
+    return np.array([layer.numel for layer in lc.layer_map], dtype=np.float64)
 
 
 def link_copy(src: Path, dst: Path) -> None:
