@@ -57,6 +57,11 @@ class FirstOrder:
     """R: seconds a failure's recovery takes."""
     stale_s: float
     """S: compute seconds a failure's composite recovery discards through stale layers."""
+    start_share: float = 0.0
+    """The share of failures with no recovery point yet in their job (they resume at its
+    start: LayerCheck before its base checkpoint, a rollback before its first)."""
+    start_rework_s: float = 0.0
+    """W of those failures alone (0 when there are none)."""
 
     def ratio(self, phi: float = 0.0) -> float:
         """(1 - s)(1 - (W + R)/M) - phi S/M, clamped at 0 (a run that loses more than it
@@ -68,7 +73,8 @@ class FirstOrder:
 
     def to_dict(self) -> dict[str, float | str]:
         return {"strategy": self.strategy, "mtbf_s": self.mtbf_s, "stall_share": self.stall_share,
-                "rework_s": self.rework_s, "recovery_s": self.recovery_s, "stale_s": self.stale_s}
+                "rework_s": self.rework_s, "recovery_s": self.recovery_s, "stale_s": self.stale_s,
+                "start_share": self.start_share, "start_rework_s": self.start_rework_s}
 
 
 def first_order(schedule: Schedule, mtbf_s: float) -> FirstOrder:
@@ -95,9 +101,10 @@ def first_order(schedule: Schedule, mtbf_s: float) -> FirstOrder:
         lost = _terms(schedule, tl, t, backup, recover_backup[backup],
                       _next_durable(tl.backup_time, t, job), mtbf_s)
         terms = tuple((1 - p) * a + p * b for a, b in zip(terms, lost))
-    rework, recovery, stale = terms
+    rework, recovery, stale, start, start_rework = terms
     return FirstOrder(strategy=schedule.strategy, mtbf_s=float(mtbf_s), stall_share=stall,
-                      rework_s=rework, recovery_s=recovery, stale_s=stale)
+                      rework_s=rework, recovery_s=recovery, stale_s=stale, start_share=start,
+                      start_rework_s=start_rework / start if start > 0 else 0.0)
 
 
 def _newest(times: np.ndarray, positions: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -119,14 +126,18 @@ def _next_durable(times: np.ndarray, t: np.ndarray, job: float) -> np.ndarray:
 
 
 def _terms(schedule: Schedule, tl: Timeline, t: np.ndarray, c: np.ndarray, recover: np.ndarray,
-           durable: np.ndarray, mtbf_s: float) -> tuple[float, float, float]:
-    """Mean W, R and S over the phases t, each weighted by how often the run passes it."""
+           durable: np.ndarray, mtbf_s: float) -> tuple[float, ...]:
+    """Mean W, R and S over the phases t, each weighted by how often the run passes it, the
+    weight of the phases that resume at the job's start and their W times that weight
+    (both linear, so the two tiers of ``first_order`` mix them as they mix the rest)."""
     exponent = (durable - t) / mtbf_s
     weight = np.exp(exponent - exponent.max())     # relative weights: no overflow at a tiny M
     weight /= weight.sum()
-    rework = float(weight @ (t - tl.resume[c]))
-    recovery = float(weight @ recover)
-    return rework, recovery, _stale(schedule, tl, t, c, recover, weight, mtbf_s)
+    lost = t - tl.resume[c]
+    start = c == 0
+    return (float(weight @ lost), float(weight @ recover),
+            _stale(schedule, tl, t, c, recover, weight, mtbf_s), float(weight[start].sum()),
+            float(weight[start] @ lost[start]))
 
 
 def _stale(schedule, tl, t, c, recover, weight, mtbf_s) -> float:

@@ -24,6 +24,7 @@ from .api import DAY, Scenario, simulate
 from .firstorder import FirstOrder, first_order
 from .paper import PUBLISHED_RUNS, PUBLISHED_SHARES
 from .presets import ITERATIONS, compute_seconds
+from .report import interval_text, json_value
 from .strategies import PROTOCOLS
 from .units import format_duration
 
@@ -146,7 +147,8 @@ class PaperFigure:
                 "window_s": self.window_s, "seed": self.seed,
                 "stale_cost": {**self.phi.to_dict(), "low": low, "high": high},
                 "paper": paper if self.at_paper_mtbf else None,
-                "rows": [{**dataclasses.asdict(c), "paper": paper_ratio(c.strategy) if self.at_paper_mtbf else None,
+                "rows": [{**{k: json_value(v) for k, v in dataclasses.asdict(c).items()},
+                          "paper": paper_ratio(c.strategy) if self.at_paper_mtbf else None,
                           "interval": self.intervals[c.protocol, c.strategy]} for c in self.cells],
                 "first_order": [{"protocol": p, **t.to_dict()} for (p, _), t in self.terms.items()]}
 
@@ -173,12 +175,14 @@ class PaperFigure:
         lines += ["", f"first order: ratio ~ (1 - s)(1 - (W + R)/M) - phi S/M, M = {self.mtbf_s:g} s "
                   "(sim.firstorder; the simulator's ratio in brackets)",
                   f"{'protocol':<8} {'strategy':<16} {'interval':>8} {'s':>6} {'W s':>6} {'R s':>6} "
-                  f"{'S s':>6} {'phi 0':>15} {f'phi {phi:.3g}':>15}"]
+                  f"{'S s':>6} {'phi 0':>15} {f'phi {phi:.3g}':>15}   W of failures before the "
+                  "job's first recovery point"]
         for (p, s), t in self.terms.items():
             a, b = self.cell(s, p, ACCOUNTINGS[0]), self.cell(s, p, ACCOUNTINGS[1])
             lines.append(f"{p:<8} {s:<16} {self.intervals[p, s]:>8} {t.stall_share:>6.3f} "
                          f"{t.rework_s:>6.0f} {t.recovery_s:>6.0f} {t.stale_s:>6.0f} "
-                         f"{t.ratio(0.0):>6.3f} ({b.ratio:.3f}) {t.ratio(phi):>6.3f} ({a.ratio:.3f})")
+                         f"{t.ratio(0.0):>6.3f} ({b.ratio:.3f}) {t.ratio(phi):>6.3f} ({a.ratio:.3f})   "
+                         f"{t.start_share:.1%} of failures x {t.start_rework_s:.0f} s")
         if self.at_paper_mtbf:
             lines += ["", "the paper's side: with its recovery R, x = 1 - ratio/(1 - R/M) is left for "
                       "stall and rework"]
@@ -225,16 +229,6 @@ def paper_figure(*, mtbf_s: float = PAPER_MTBF_S, seeds: int = 10, window_s: flo
                     shares={"stall": row.checkpoint_stall_s / window, "rework": row.lost_work_s / window,
                             "recovery": row.recovery_s / window, "stale": row.stale_lost_s / window},
                     first_order=terms[protocol, row.strategy].ratio(value)))
-                intervals[protocol, row.strategy] = _interval(row)
+                intervals[protocol, row.strategy] = interval_text(row.interval, row.storage_interval)
     return PaperFigure(mtbf_s=float(mtbf_s), seeds=seeds, window_s=float(window_s), seed=seed,
                        phi=phi, cells=cells, terms=terms, intervals=intervals)
-
-
-def _interval(row) -> str:
-    if row.interval is None or (isinstance(row.interval, float) and math.isnan(row.interval)):
-        return ""
-    every = str(int(row.interval))
-    storage = row.storage_interval
-    if storage is not None and not (isinstance(storage, float) and math.isnan(storage)):
-        every += f"/{int(storage)}"
-    return every

@@ -53,6 +53,9 @@ def test_a_synchronous_periodic_checkpoint_by_hand():
     assert terms.recovery_s == pytest.approx((sum(segments[1:]) * load + 360 * costs.restart_s)
                                              / sum(segments), rel=2e-3)
     assert terms.stale_s == 0.0
+    # the first segment resumes at the job's start (restart only, no checkpoint to load)
+    assert terms.start_share == pytest.approx(360 / sum(segments), rel=2e-3)
+    assert terms.start_rework_s == pytest.approx(180.0, rel=2e-3)
     exact = periodic_ratio(step_s=6.0, steps=600, interval=50, checkpoint_s=60.0,
                            restart_s=load, mtbf_s=m)
     assert terms.ratio() == pytest.approx(exact, abs=1e-4)
@@ -67,6 +70,18 @@ def test_layercheck_stale_term_and_the_clamp_at_zero():
     assert terms.ratio(1.0) == pytest.approx(terms.ratio(0.0) - terms.stale_s / 1800.0)
     assert terms.ratio(1e3) == 0.0
     assert first_order(scenario.schedule("gemini", 1800.0), 1800.0).stale_s == 0.0
+
+
+def test_layercheck_loses_most_before_its_base_checkpoint():
+    """docs/sim.md's warm-up term: about a sixth of LayerCheck's failures at 0.5 h strike a
+    job before its base checkpoint (step 200) and throw away about 600 s each; the rest
+    lose under one step (6.25 s)."""
+    scenario = Scenario.from_preset("qwen2.5-7b")
+    for strategy in ("layercheck", "layercheck-sync"):
+        t = first_order(scenario.schedule(strategy, 1800.0), 1800.0)
+        assert 0.15 < t.start_share < 0.19 and 550 < t.start_rework_s < 650
+        rest = (t.rework_s - t.start_share * t.start_rework_s) / (1 - t.start_share)
+        assert 0 < rest < 6.25
 
 
 @pytest.mark.parametrize("mtbf", [0.0, -1.0, math.inf, math.nan, "1h"])

@@ -91,6 +91,18 @@ def test_the_text_and_json(figure):
                 r["protocol"] == "matched")["interval"] == "106/106"
 
 
+def test_one_seed_has_no_band_and_the_json_stays_json(capsys):
+    assert main(["paper", "--seeds", "1", "--window", "1d", "--json"]) == 0
+    out = capsys.readouterr().out
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+    data = json.loads(out, parse_constant=refuse)
+    assert all(r["ci95"] is None for r in data["rows"])
+    assert main(["paper", "--seeds", "1", "--window", "1d"]) == 0
+    assert "+-n/a" in capsys.readouterr().out
+
+
 def test_another_mtbf_has_no_paper_column():
     other = paper_figure(mtbf_s=7200.0, strategies=("deepspeed",), **SMALL)
     assert other.to_dict()["paper"] is None and "published at MTBF 30m only" in other.text()
