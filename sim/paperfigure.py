@@ -23,14 +23,14 @@ from layercheck.calibration import Figure
 from .api import DAY, Scenario, simulate
 from .firstorder import FirstOrder, first_order
 from .paper import PUBLISHED_RUNS, PUBLISHED_SHARES
-from .presets import ITERATIONS, compute_seconds
+from .presets import ITERATIONS, PUBLISHED, compute_seconds
 from .report import interval_text, json_value
 from .strategies import PROTOCOLS
 from .units import format_duration
 
 __all__ = ["PAPER_MTBF_S", "PAPER_PRESET", "PAPER_RATIOS", "PAPER_SOURCE", "PAPER_RECOVERY_S",
            "STRATEGIES", "ACCOUNTINGS", "Cell", "Implied", "PaperFigure", "paper_figure",
-           "implied", "gemini_readings"]
+           "implied", "gemini_readings", "lowdiff_write_rate"]
 
 PAPER_PRESET = "qwen2.5-7b"
 PAPER_MTBF_S = 1800.0
@@ -113,6 +113,18 @@ def gemini_readings(recovery_s: float = PAPER_RECOVERY_S["layercheck"]) -> dict[
             "recovery_s": recovery_s}
 
 
+def lowdiff_write_rate() -> dict[str, float]:
+    """The storage write rate LowDiff's figure needs: at its ratio its 7B run (compute 1,692 x
+    6.25 s) may take at most compute / (1 - x) with x what the figure leaves for its stall
+    (``implied``), and its 19,259 GB (the storage table) must be written within it."""
+    x = next(i.remainder for i in implied() if i.strategy == "lowdiff")
+    compute = compute_seconds(PAPER_PRESET) * ITERATIONS
+    run = compute / (1 - x)
+    written = PUBLISHED[PAPER_PRESET].lowdiff_total_gb
+    return {"stall_share": x, "compute_s": compute, "run_s": run, "written_gb": written,
+            "gbps": written / run}
+
+
 @dataclass(frozen=True, kw_only=True)
 class PaperFigure:
     """Our side of the paper's figure and the paper's, with the arithmetic of both."""
@@ -142,7 +154,7 @@ class PaperFigure:
                  "recovery_s": PAPER_RECOVERY_S,
                  "shares": {k: list(v) for k, v in PUBLISHED_SHARES.items()},
                  "implied": [{**dataclasses.asdict(i), "remainder": i.remainder} for i in implied()],
-                 "gemini": gemini_readings()}
+                 "gemini": gemini_readings(), "lowdiff": lowdiff_write_rate()}
         return {"preset": PAPER_PRESET, "mtbf_s": self.mtbf_s, "seeds": self.seeds,
                 "window_s": self.window_s, "seed": self.seed,
                 "stale_cost": {**self.phi.to_dict(), "low": low, "high": high},
@@ -191,6 +203,9 @@ class PaperFigure:
                 note = f"; its published checkpoint share {share[0]:.1%}-{share[1]:.1%}" if share else ""
                 lines.append(f"{i.strategy:<16} {i.ratio:.3f}  R {i.recovery_s:>4.0f} s  x = "
                              f"{i.remainder:+.1%}{note}")
+            w = lowdiff_write_rate()
+            lines.append(f"lowdiff: within {w['run_s']:,.0f} s ({w['compute_s']:,.0f} s compute / (1 - "
+                         f"{w['stall_share']:.3f})) its {w['written_gb']:,.0f} GB need {w['gbps']:.2f} GB/s")
             g = gemini_readings()
             lines.append(f"gemini: per iteration ({g['per_iteration_s']:.2f} s an iteration for "
                          f"{g['step_s']:.2f} s compute) at most {g['per_iteration_cap']:.3f}; at "

@@ -12,7 +12,8 @@ from sim import Scenario, simulate
 from sim.cli import main
 from sim.paper import PUBLISHED_SHARES
 from sim.paperfigure import (ACCOUNTINGS, PAPER_MTBF_S, PAPER_RATIOS, PAPER_RECOVERY_S,
-                             PAPER_SOURCE, STRATEGIES, gemini_readings, implied, paper_figure)
+                             PAPER_SOURCE, STRATEGIES, gemini_readings, implied,
+                             lowdiff_write_rate, paper_figure)
 from sim.strategies import PROTOCOLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +79,16 @@ def test_gemini_against_its_published_inputs():
     assert g["checkpoint_s"] == pytest.approx(20.27, abs=0.01)
     assert round(g["young_interval_steps"]) == 43
     assert g["young_ratio"] == pytest.approx(PAPER_RATIOS["gemini"], abs=2e-3)
+
+
+def test_the_write_rate_lowdiffs_figure_needs():
+    """At 88.8% LowDiff's 7B run ends within 10,574 s / (1 - 0.095) = 11,683 s, so its
+    19,259 GB need 1.65 GB/s, above the derived save_gbps (1.24) and inside its band."""
+    from sim.costs import CostModel
+    w = lowdiff_write_rate()
+    assert w["run_s"] == pytest.approx(11_683, abs=2) and w["gbps"] == pytest.approx(1.65, abs=5e-3)
+    band = CostModel().band("save_gbps")
+    assert CostModel().save_gbps < w["gbps"] < band.high and w["gbps"] > band.low
 
 
 def test_the_text_and_json(figure):
