@@ -32,7 +32,7 @@ from .errors import SimError
 from .failures import FailureModel
 from .intervals import parse_interval, resolve_interval
 from .reference import run_reference
-from .strategies import PROTOCOLS, STRATEGIES, Cadence, get_strategy
+from .strategies import PROTOCOLS, STRATEGIES, Cadence, Schedule, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
 from .work import bound_work
@@ -146,6 +146,13 @@ class Scenario:
     def available(self) -> tuple[str, ...]:
         """Strategies this scenario can run (LayerCheck needs a trace)."""
         return tuple(n for n, c in STRATEGIES.items() if self.workload.has_trace or not c.needs_trace)
+
+    def schedule(self, strategy: str, mtbf_s: float | None) -> Schedule:
+        """``strategy``'s schedule on this job at ``mtbf_s``: its cadence by the protocol or
+        the interval override, as ``simulate`` runs it."""
+        _check_strategies(self, [strategy])
+        cadence = _cadence(strategy, self, self.interval, mtbf_s)
+        return get_strategy(strategy).schedule(self.workload, self.costs, cadence)
 
     def stale_figure(self) -> Figure:
         """The stale cost factor phi in force, with its interval and provenance: the given

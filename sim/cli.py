@@ -8,6 +8,7 @@
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
     python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
+    python -m sim paper [--mtbf 0.5h] [--seeds 10] [--json]      the paper's own figure beside ours
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -132,6 +133,14 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--json", action="store_true")
     _scenario_args(se)
     se.set_defaults(seeds=None, window=None)
+    pa = sub.add_parser("paper", help="the paper's MTBF figure (Qwen2.5-7B at 0.5 h) beside ours "
+                        "under each protocol and accounting, with the arithmetic of both")
+    pa.add_argument("--mtbf", default="0.5h", help="mean time between failures (default 0.5h, "
+                    "the paper's; its values exist only there)")
+    pa.add_argument("--seeds", type=int, default=10)
+    pa.add_argument("--seed", type=int, default=0)
+    pa.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
+    pa.add_argument("--json", action="store_true")
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -336,6 +345,19 @@ def _cmd_sensitivity(args) -> None:
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
 
 
+def _cmd_paper(args) -> None:
+    import json
+
+    from .paperfigure import paper_figure
+    if isinstance(args.seeds, bool) or args.seeds < 1:
+        raise SimError(f"--seeds {args.seeds}: give a whole number of runs >= 1 (default 10)")
+    if args.seed < 0:
+        raise SimError(f"--seed {args.seed}: give a non-negative integer (default 0)")
+    result = paper_figure(mtbf_s=parse_duration(args.mtbf, what="--mtbf"), seeds=args.seeds,
+                          window_s=parse_duration(args.window, what="--window"), seed=args.seed)
+    print(json.dumps(result.to_dict(), indent=2, default=float) if args.json else result.text())
+
+
 def _tune_trace(args):
     from .presets import preset_trace
     if args.trace:
@@ -350,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
-         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity}[args.command](args)
+         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "paper": _cmd_paper}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

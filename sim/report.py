@@ -12,7 +12,7 @@ from .api import COLUMNS, LIMIT
 from .units import format_duration
 
 __all__ = ["table", "header", "to_json", "to_csv", "figure", "stale_line", "ranking_note",
-           "ranking_notes"]
+           "ranking_notes", "interval_text", "json_value"]
 
 BOUNDS = ("ratio_at_phi_low", "ratio_at_phi_high")
 """The columns of the ratio at the stale cost factor's interval bounds."""
@@ -85,7 +85,7 @@ def table(df: pd.DataFrame) -> str:
                      f"{_hours(row.checkpoint_stall_s):>8.1f} "
                      f"{row.lost_work_s / 3600:>8.1f} {row.recovery_s / 3600:>8.1f} "
                      f"{row.failures:>9.1f} {row.bytes_written / 1e12:>11.2f} "
-                     f"{_interval(row.interval, row.storage_interval):>9}")
+                     f"{interval_text(row.interval, row.storage_interval):>9}")
     return "\n".join(lines)
 
 
@@ -95,24 +95,26 @@ def _hours(seconds: float) -> float:
     return round(seconds / 3600, 1) + 0.0
 
 
-def _interval(every: Any, storage: Any) -> str:
+def interval_text(every: Any, storage: Any) -> str:
+    """A row's checkpoint interval: '106', GEMINI's '106/106' (memory/storage), '' for none."""
     if every is None or pd.isna(every):
         return ""
     return str(int(every)) + ("" if storage is None or pd.isna(storage) else f"/{int(storage)}")
 
 
-def _clean(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A JSON-ready value: NaN -> None, numpy scalars -> Python numbers."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if hasattr(value, "item"):
-        return _clean(value.item())
+        return json_value(value.item())
     return value
 
 
 def rows(df: pd.DataFrame, *, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """JSON rows with exactly ``extra`` + ``COLUMNS`` keys (NaN -> null)."""
     keys = [*extra, *COLUMNS]
-    return [{k: _clean(r[k]) for k in keys} for r in df.to_dict("records")]
+    return [{k: json_value(r[k]) for k in keys} for r in df.to_dict("records")]
 
 
 def to_json(df: pd.DataFrame, scenario: dict[str, Any], *, extra: tuple[str, ...] = ()) -> str:

@@ -129,6 +129,22 @@ def test_custom_scenario_cannot_run_layercheck():
         Scenario.custom(iteration_s=6.0, iterations=100, protocol="fair")
 
 
+def test_a_scenarios_schedule_is_the_one_simulate_runs():
+    """Scenario.schedule: the strategy's cadence by the protocol (or the override) at the
+    MTBF, as simulate uses it; an unknown strategy or one the job cannot run says so."""
+    for protocol in ("matched", "native"):
+        s = Scenario.from_preset("qwen2.5-7b", protocol=protocol, window_s=DAY)
+        row = simulate(s, mtbf_s=1800.0, strategies=["gemini"], seeds=1).iloc[0]
+        cadence = s.schedule("gemini", 1800.0).cadence
+        assert (cadence.every, cadence.storage_every) == (row["interval"], row["storage_interval"])
+    assert Scenario.from_preset("qwen2.5-7b", interval=7).schedule("deepspeed", 1800.0).cadence.every == 7
+    assert Scenario.from_preset("qwen2.5-7b").schedule("layercheck", 1800.0).cadence is None
+    with pytest.raises(SimError, match="unknown strategy"):
+        Scenario.from_preset("qwen2.5-7b").schedule("x", 1800.0)
+    with pytest.raises(SimError, match="needs a trace"):
+        Scenario.custom(iteration_s=6.0, iterations=100).schedule("layercheck", 1800.0)
+
+
 # -- the stale cost factor phi -------------------------------------------------------------
 def _with_phi_interval(scenario, value=0.5, low=0.0, high=1.0):
     """The scenario with a cost model whose stale cost factor has an interval."""
