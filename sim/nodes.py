@@ -231,6 +231,19 @@ class NodeFailures:
         """The events' times (what the engine runs against)."""
         return self.events(rng, mtbf_s=mtbf_s, window_s=window_s, limit=limit).times_s
 
+    def describe(self) -> str:
+        """One line for a report's header (with a record's attribution)."""
+        if self.record is not None:
+            law = f"replaying {self.record.name} (node MTBF {format_duration(self.node_mean_s)})"
+        else:
+            shape = f" shape {self.node_law.shape:g}" if self.node_law.kind == "weibull" else ""
+            law = f"{self.node_law.kind}{shape}, node MTBF {format_duration(self.node_mean_s)}"
+        parts = [f"{self.nodes:,} nodes, {law}"]
+        parts += [f"{d.name} of {d.size} nodes every {format_duration(d.mtbf_s)} ({d.source})"
+                  for d in self.domains]
+        line = "; ".join(parts) + f"; job MTBF {format_duration(self.job_mtbf_s())}"
+        return line + (f"; data: {self.record.attribution}" if self.record is not None else "")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (a report's ``scenario.failures``), with the record's attribution."""
         law = self.node_law
