@@ -313,6 +313,8 @@ def _log(folder: Path, times) -> str:
     (["--iteration-time", "1s", "--checkpoint-gb", "1e300", "--mtbf", "1h"], "checkpoint size"),
     (["sweep", "--points", "1000000000"], "failures in all"),
     (["sweep", "--mtbf", "1e-7s..1h", "--points", "3"], "failures per run"),
+    (["--nodes", "1000000", "--node-mtbf", "1s"], "failures per run"),
+    (["--nodes", "1000000", "--node-mtbf", "1e9h", "--seeds", "100"], "random streams"),
     (["sweep", "--out", "/etc/passwd", "--points", "2", "--seeds", "1", "--window", "1h"], "--out"),
     (["presets", "--write", "--seed", "-1"], "--seed"),
 ])
