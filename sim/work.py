@@ -20,6 +20,9 @@ The limits (docs/sim.md, "Work limits"), each with what it protects:
   (5 to 8 us each): four to seven minutes.
 - ``MAX_JOB_STEPS``: steps of one job; every strategy's timeline holds about
   fifteen float arrays of that length (about 120 MB a strategy at the limit).
+- ``MAX_STREAMS``: a job of nodes (``sim.nodes``) opens a random stream per 64
+  nodes a run, 55-80 us each on the shared development machine, failures or
+  not: about a minute over a call.
 """
 from __future__ import annotations
 
@@ -29,20 +32,22 @@ from typing import Sequence
 
 from .errors import SimError
 from .failures import MAX_RUN_FAILURES, FailureModel
+from .nodes import NodeFailures
 from .units import format_duration
 
 __all__ = ["MAX_RUN_FAILURES", "MAX_FAILURES", "MAX_LANE_FAILURES", "MAX_SIMPY_STEPS",
-           "MAX_JOB_STEPS", "bound_work", "check_runs", "check_job_steps"]
+           "MAX_JOB_STEPS", "MAX_STREAMS", "bound_work", "check_runs", "check_job_steps"]
 
 MAX_FAILURES = 20_000_000
 MAX_LANE_FAILURES = 200_000_000
 MAX_SIMPY_STEPS = 50_000_000
 MAX_JOB_STEPS = 1_000_000
+MAX_STREAMS = 1_000_000
 
 _WHERE = "docs/sim.md, Work limits"
 
 
-def bound_work(failures: FailureModel, mtbfs: Sequence[float | None], *, seeds: int,
+def bound_work(failures: FailureModel | NodeFailures, mtbfs: Sequence[float | None], *, seeds: int,
                window_s: float, strategies: int, engine: str, mean_step_s: float) -> None:
     """Refuse (``SimError``) a call whose estimated work passes a limit: ``seeds`` runs at
     each MTBF of ``mtbfs`` (None: a log at its own rate) over ``window_s``, each run against
@@ -52,6 +57,12 @@ def bound_work(failures: FailureModel, mtbfs: Sequence[float | None], *, seeds: 
     worst = max(range(len(mtbfs)), key=lambda i: per_run[i])
     if not per_run[worst] <= MAX_RUN_FAILURES:
         raise SimError(_too_many_per_run(failures, mtbfs[worst], window_s, per_run[worst]))
+    streams = getattr(failures, "streams", 0) * seeds * len(mtbfs)
+    if streams > MAX_STREAMS:
+        raise SimError(f"{_runs(seeds, len(mtbfs))} of {failures.nodes:,} nodes would open "
+                       f"{streams:,} random streams (one per 64 nodes a run), more than the "
+                       f"simulator's limit of {MAX_STREAMS:,} ({_WHERE}): use fewer nodes, seeds "
+                       "or MTBF points")
     drawn = seeds * sum(f + 1 for f in per_run)      # a run without failures is one segment
     if drawn > MAX_FAILURES:
         raise SimError(f"{_runs(seeds, len(mtbfs))} would draw about {drawn:.3g} failures in "
@@ -94,9 +105,9 @@ def _runs(seeds: int, points: int) -> str:
     return f"{seeds:,} seeds x {points:,} MTBFs"
 
 
-def _too_many_per_run(failures: FailureModel, mtbf_s: float | None, window_s: float,
+def _too_many_per_run(failures: FailureModel | NodeFailures, mtbf_s: float | None, window_s: float,
                       expected: float) -> str:
-    mean = mtbf_s if mtbf_s is not None else failures.log_mtbf
+    mean = mtbf_s if mtbf_s is not None else failures.own_mtbf_s
     limit = f"more than the simulator's limit of {MAX_RUN_FAILURES:,} failures per run ({_WHERE})"
     if failures.kind == "weibull" and window_s / mean <= MAX_RUN_FAILURES:
         # the rate fits: the shape's clustering, (CV^2 - 1)/2, is what passes the limit
@@ -110,6 +121,8 @@ def _too_many_per_run(failures: FailureModel, mtbf_s: float | None, window_s: fl
                 f"{limit}: use a shape of at least {least:.4g} at this MTBF and window (field "
                 "studies of large clusters report 0.5 to 0.8)")
     source, raise_it = (("MTBF", "raise the MTBF") if mtbf_s is not None else
+                        ("the nodes' job MTBF", "use fewer nodes or a node MTBF giving a job MTBF")
+                        if failures.kind == "nodes" else
                         ("the failure log's mean gap", "rescale the log to an MTBF"))
     return (f"about {expected:.3g} failures per run (window {format_duration(window_s)} / {source} "
             f"{format_duration(mean)}), {limit}: {raise_it} of at least "
