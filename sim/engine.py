@@ -18,6 +18,8 @@ stale layers (``Schedule.stale_s``); the caller decides whether it counts.
 """
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,10 +28,14 @@ import numpy as np
 from .errors import SimError
 from .timeline import Timeline
 
-__all__ = ["LaneResults", "run_lanes", "run_limit", "RESULT_FIELDS"]
+__all__ = ["LaneResults", "run_lanes", "run_limit", "RESULT_FIELDS", "KERNELS"]
 
 RESULT_FIELDS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s",
                  "failures", "bytes_written", "events", "jobs", "rolled_back_steps")
+KERNELS = ("auto", "compiled", "numpy")
+"""How ``run_lanes`` loops: see its docstring."""
+_KERNEL = None
+"""``sim.kernel`` once imported; False where numba is missing."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,9 @@ class _Stack:
         for s, t in enumerate(timelines):
             keys.append(np.concatenate(([-1.0], getattr(t, f"{name}_time"))) + s * self.big)
             pos.append(np.concatenate(([0], getattr(t, f"{name}_pos"))))
+        # where each timeline's block starts and ends (the compiled loop searches one block)
+        bounds = np.cumsum([0] + [len(k) for k in keys]).astype(np.int64)
+        setattr(self, f"{name}_bounds", bounds)
         return np.concatenate(keys), np.concatenate(pos).astype(np.int64)
 
 
@@ -107,18 +116,30 @@ def _check_resolution(timelines: Sequence[Timeline], span: float) -> None:
 
 
 def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequence[np.ndarray],
-              row: np.ndarray, uniforms: Sequence[np.ndarray], window_s: float) -> LaneResults:
+              row: np.ndarray, uniforms: Sequence[np.ndarray], window_s: float, *,
+              kernel: str | None = None) -> LaneResults:
     """Run lane i = timeline ``strategy[i]`` against failure times ``failures[row[i]]``
     (ascending, < window_s) for ``window_s`` seconds; ``uniforms[row[i]][k]`` decides
-    whether failure k destroys the primary tier (GEMINI's peer copy)."""
+    whether failure k destroys the primary tier (GEMINI's peer copy).
+
+    ``kernel`` (``KERNELS``; None: the environment's ``LAYERCHECK_SIM_KERNEL``, else
+    'auto'): 'compiled' runs each lane's loop in machine code (``sim.kernel``, needs
+    numba), 'numpy' the vectorised loop below, 'auto' the compiled one where numba
+    imports. Both give the same totals (``stale_s`` to a few ulp, the rest bit for bit),
+    and a lane's totals never depend on the other lanes of the call."""
     st = _Stack(timelines)
     counts = np.array([len(f) for f in failures], dtype=np.int64)
     segs = [np.diff(np.concatenate(([0.0], f, [window_s]))) for f in failures]
     seg_off = np.concatenate(([0], np.cumsum([len(s) for s in segs])[:-1])).astype(np.int64)
     seg_flat = np.concatenate(segs)
     u_flat = np.concatenate([np.concatenate((u[: len(f)], [1.0])) for u, f in zip(uniforms, failures)])
+    strategy, row = np.asarray(strategy, dtype=np.int64), np.asarray(row, dtype=np.int64)
+    compiled = _compiled(kernel)
+    if compiled is not None:
+        out = compiled.run(st, _Lanes(st, timelines, strategy, row, counts, seg_off), seg_flat, u_flat)
+        return LaneResults(**{f: out[i] for i, f in enumerate(RESULT_FIELDS)})
     order = np.argsort(counts[row], kind="stable")
-    lanes = _Lanes(st, timelines, np.asarray(strategy)[order], np.asarray(row)[order], counts, seg_off)
+    lanes = _Lanes(st, timelines, strategy[order], row[order], counts, seg_off)
     k_sorted = counts[lanes.row]
     for k in range(int(k_sorted.max()) + 1 if len(k_sorted) else 0):
         first = int(np.searchsorted(k_sorted, k, side="left"))
@@ -127,6 +148,26 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     return LaneResults(**{f: getattr(out, f)[inverse] for f in RESULT_FIELDS})
+
+
+def _compiled(kernel: str | None):
+    """``sim.kernel`` when ``kernel`` asks for it (or 'auto' and numba imports), else None."""
+    kernel = kernel or os.environ.get("LAYERCHECK_SIM_KERNEL") or "auto"
+    if kernel not in KERNELS:
+        raise SimError(f"kernel {kernel!r} (argument or LAYERCHECK_SIM_KERNEL): use one of "
+                       f"{', '.join(KERNELS)}")
+    if kernel == "numpy":
+        return None
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            _KERNEL = importlib.import_module(".kernel", __package__)
+        except ImportError:
+            _KERNEL = False
+    if _KERNEL is False and kernel == "compiled":
+        raise SimError("the compiled engine loop needs numba: pip install 'layercheck[fast]', "
+                       "or use kernel='numpy' (LAYERCHECK_SIM_KERNEL=numpy)")
+    return _KERNEL or None
 
 
 def _stale_layers(timelines) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -160,6 +201,12 @@ class _Lanes:
         self.backup = np.zeros(n, dtype=np.int64)
         self.pending = np.zeros(n)
         self.tot = {f: np.zeros(n) for f in RESULT_FIELDS}
+        # what the compiled loop needs besides: each lane's blocks of the stacked keys
+        self.ready_hi = self.end + 1
+        self.commit_lo, self.commit_hi = st.commit_bounds[strategy], st.commit_bounds[strategy + 1]
+        self.backup_lo, self.backup_hi = st.backup_bounds[strategy], st.backup_bounds[strategy + 1]
+        self.has_stale = np.array([t.schedule.stale_last is not None for t in timelines],
+                                  dtype=np.bool_)[strategy]
 
     def advance(self, a: slice, k: int, seg_flat: np.ndarray, u_flat: np.ndarray) -> None:
         st, tot, off = self.st, self.tot, self.off[a]
