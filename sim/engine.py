@@ -28,12 +28,18 @@ import numpy as np
 from .errors import SimError
 from .timeline import Timeline
 
-__all__ = ["LaneResults", "run_lanes", "run_limit", "RESULT_FIELDS", "KERNELS"]
+__all__ = ["LaneResults", "run_lanes", "run_limit", "resolve_kernel", "RESULT_FIELDS", "KERNELS",
+           "AUTO_COMPILED_TURNS"]
 
 RESULT_FIELDS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s",
                  "failures", "bytes_written", "events", "jobs", "rolled_back_steps")
 KERNELS = ("auto", "compiled", "numpy")
 """How ``run_lanes`` loops: see its docstring."""
+AUTO_COMPILED_TURNS = 5_000
+"""'auto' takes the compiled loop from this many numpy loop turns (failures of the lane
+with the most) on, or once numba is loaded: below, the numpy loop (about 0.1 ms a turn)
+finishes before importing numba and loading the compiled loop from its cache would
+(0.5 to 1 s)."""
 _KERNEL = None
 """``sim.kernel`` once imported; False where numba is missing."""
 
@@ -89,7 +95,10 @@ class _Stack:
             return np.zeros(len(c))
         since = np.maximum(self.stale_last[off + c], np.minimum(j, c)[:, None])
         gone = self.work[(off + c)[:, None]] - self.work[off[:, None] + since]
-        return gone @ self.stale_weights
+        # summed layer by layer, in order (an accumulate is sequential by definition), as
+        # the compiled loop sums: ``gone @ weights`` summed in BLAS's order, which depends
+        # on the BLAS build and CPU and which no scalar loop reproduces (a few ulp apart)
+        return np.cumsum(gone * self.stale_weights, axis=1)[:, -1]
 
     def _tier(self, timelines, name):
         keys, pos = [], []
@@ -125,8 +134,8 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     ``kernel`` (``KERNELS``; None: the environment's ``LAYERCHECK_SIM_KERNEL``, else
     'auto'): 'compiled' runs each lane's loop in machine code (``sim.kernel``, needs
     numba), 'numpy' the vectorised loop below, 'auto' the compiled one where numba
-    imports. Both give the same totals (``stale_s`` to a few ulp, the rest bit for bit),
-    and a lane's totals never depend on the other lanes of the call."""
+    imports and the call is long enough (``AUTO_COMPILED_TURNS``). Both give the same
+    totals bit for bit, and a lane's totals never depend on the other lanes of the call."""
     st = _Stack(timelines)
     counts = np.array([len(f) for f in failures], dtype=np.int64)
     segs = [np.diff(np.concatenate(([0.0], f, [window_s]))) for f in failures]
@@ -134,9 +143,8 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     seg_flat = np.concatenate(segs)
     u_flat = np.concatenate([np.concatenate((u[: len(f)], [1.0])) for u, f in zip(uniforms, failures)])
     strategy, row = np.asarray(strategy, dtype=np.int64), np.asarray(row, dtype=np.int64)
-    compiled = _compiled(kernel)
-    if compiled is not None:
-        out = compiled.run(st, _Lanes(st, timelines, strategy, row, counts, seg_off), seg_flat, u_flat)
+    if resolve_kernel(kernel, turns=int(counts[row].max()) + 1 if len(row) else 0) == "compiled":
+        out = _KERNEL.run(st, _Lanes(st, timelines, strategy, row, counts, seg_off), seg_flat, u_flat)
         return LaneResults(**{f: out[i] for i, f in enumerate(RESULT_FIELDS)})
     order = np.argsort(counts[row], kind="stable")
     lanes = _Lanes(st, timelines, strategy[order], row[order], counts, seg_off)
@@ -150,15 +158,19 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     return LaneResults(**{f: getattr(out, f)[inverse] for f in RESULT_FIELDS})
 
 
-def _compiled(kernel: str | None):
-    """``sim.kernel`` when ``kernel`` asks for it (or 'auto' and numba imports), else None."""
+def resolve_kernel(kernel: str | None, *, turns: int | None = None) -> str:
+    """The loop ``kernel`` names: 'compiled' or 'numpy' (None: the environment's
+    ``LAYERCHECK_SIM_KERNEL``, else 'auto': 'compiled' where numba imports, unless the
+    call's ``turns`` are fewer than ``AUTO_COMPILED_TURNS`` and numba is not loaded yet)."""
     kernel = kernel or os.environ.get("LAYERCHECK_SIM_KERNEL") or "auto"
     if kernel not in KERNELS:
         raise SimError(f"kernel {kernel!r} (argument or LAYERCHECK_SIM_KERNEL): use one of "
                        f"{', '.join(KERNELS)}")
-    if kernel == "numpy":
-        return None
     global _KERNEL
+    if kernel == "numpy":
+        return kernel
+    if kernel == "auto" and turns is not None and turns < AUTO_COMPILED_TURNS and not _KERNEL:
+        return "numpy"
     if _KERNEL is None:
         try:
             _KERNEL = importlib.import_module(".kernel", __package__)
@@ -167,7 +179,7 @@ def _compiled(kernel: str | None):
     if _KERNEL is False and kernel == "compiled":
         raise SimError("the compiled engine loop needs numba: pip install 'layercheck[fast]', "
                        "or use kernel='numpy' (LAYERCHECK_SIM_KERNEL=numpy)")
-    return _KERNEL or None
+    return "compiled" if _KERNEL else "numpy"
 
 
 def _stale_layers(timelines) -> tuple[np.ndarray | None, np.ndarray | None]:

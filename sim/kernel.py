@@ -14,13 +14,13 @@ the work is proportional to lane-failures, not to the longest lane's failures
 times the calls per turn.
 
 Same numbers. Every expression is the numpy loop's, scalar, in the same order
-(float64, no fast-math, the same left-to-right sums), so every field but
-``stale_s`` is bit-identical; ``stale_s`` is the same dot product summed in
-layer order where numpy's ``@`` may sum in another (a few ulp; tests compare
-both paths on a grid, ``tests/sim/test_kernel.py``). Binary searches run over
-the lane's own block of the stacked keys (``sim.engine._Stack``): the same
-float64 keys, so the same positions as numpy's searchsorted over the whole
-array, whose other blocks lie entirely below or above the key.
+(float64, no fast-math, the same left-to-right sums; the stale layers' dot
+product summed layer by layer in both), so every field is bit-identical to the
+numpy loop's (``tests/sim/test_kernel.py``, on grids of the sweep's lanes).
+Binary searches run over the lane's own block of the stacked keys
+(``sim.engine._Stack``): the same float64 keys, so the same positions as
+numpy's searchsorted over the whole array, whose other blocks lie entirely
+below or above the key.
 
 This module needs numba; ``sim.engine`` imports it on first use and keeps the
 numpy loop where the import fails (the torch-free install does not need it).
