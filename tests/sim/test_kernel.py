@@ -1,15 +1,11 @@
 """The compiled engine loop (``sim.kernel``) against the numpy loop it replaces, on a grid."""
-import dataclasses
-
 import numpy as np
 import pytest
 
-from sim import Scenario
-from sim.api import _cadence, _failure_rows
 from sim.engine import RESULT_FIELDS, run_lanes
 from sim.errors import SimError
-from sim.strategies import get_strategy
-from sim.timeline import Timeline
+
+from .conftest import sweep_lanes
 
 pytest.importorskip("numba")
 
@@ -18,29 +14,12 @@ SLOW_WRITER = {"persist_gbps": 0.1, "lc_write_gbps": 0.3}
 """Persists that outlast the 106-step interval: snapshots wait for the writer (wait_skip)."""
 
 
-def _grid(mtbfs=(36.0, 300.0, 3600.0), seeds=4, window=3 * 86400.0, costs=None):
-    """The sweep's lanes on the default preset: every strategy x MTBF x seed."""
-    scenario = Scenario.from_preset("qwen2.5-7b")
-    if costs:
-        scenario = dataclasses.replace(scenario, costs=scenario.costs.with_overrides(**costs))
-    times, uniforms = _failure_rows(scenario, list(mtbfs), seeds, window)
-    timelines, strategy, row = [], [], []
-    for mi, mtbf in enumerate(mtbfs):
-        for name in scenario.available():
-            cadence = _cadence(name, scenario, None, mtbf)
-            timelines.append(Timeline.build(get_strategy(name).schedule(
-                scenario.workload, scenario.costs, cadence)))
-            strategy += [len(timelines) - 1] * seeds
-            row += [mi * seeds + i for i in range(seeds)]
-    return timelines, np.array(strategy), times, np.array(row), uniforms, window
-
-
 @pytest.mark.parametrize("costs", [None, SLOW_WRITER], ids=["preset", "slow-writer"])
 def test_compiled_loop_equals_the_numpy_loop_on_a_sweep_grid(costs):
     """Bit for bit on every field; the grid has lanes of 0 to 7,200 failures, finished
     jobs, GEMINI's lost peer copies, LayerCheck's stale layers and (slow writer)
     snapshots that wait for the writer."""
-    grid = _grid(costs=costs)
+    grid = sweep_lanes(costs=costs)
     if costs:
         assert sum((t.wait_skip > 0).any() for t in grid[0][:7]) == 2   # CheckFreq, LayerCheck
     fast, slow = run_lanes(*grid, kernel="compiled"), run_lanes(*grid, kernel="numpy")
@@ -53,7 +32,7 @@ def test_compiled_loop_equals_the_numpy_loop_on_a_sweep_grid(costs):
 def test_a_lane_does_not_depend_on_the_others_of_its_call(kernel):
     """What lets a grid be cut into pieces run anywhere (``sim.grid``): any subset of the
     lanes, with the same timelines, gives those lanes' totals exactly, in either loop."""
-    timelines, strategy, times, row, uniforms, window = _grid(seeds=2)
+    timelines, strategy, times, row, uniforms, window = sweep_lanes(seeds=2)
     whole = run_lanes(timelines, strategy, times, row, uniforms, window, kernel=kernel)
     pick = np.array([3, 0, len(row) - 1, 7, 9, 12, 13, 20, 30])
     part = run_lanes(timelines, strategy[pick], times, row[pick], uniforms, window, kernel=kernel)
@@ -62,7 +41,7 @@ def test_a_lane_does_not_depend_on_the_others_of_its_call(kernel):
 
 
 def test_kernel_names_are_checked(monkeypatch):
-    grid = _grid(mtbfs=(3600.0,), seeds=1, window=86400.0)
+    grid = sweep_lanes(mtbfs=(3600.0,), seeds=1, window=86400.0)
     with pytest.raises(SimError, match="use one of auto, compiled, numpy"):
         run_lanes(*grid, kernel="fortran")
     monkeypatch.setenv("LAYERCHECK_SIM_KERNEL", "fast")
