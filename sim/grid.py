@@ -68,10 +68,21 @@ def run_grid(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequ
     if kernel == "compiled":
         # compiled (or loaded from numba's cache) once here, so forked workers inherit it
         run_lanes(timelines, strategy[:0], failures, row[:0], uniforms, window_s, kernel=kernel)
-    with ProcessPoolExecutor(max_workers=min(workers, len(pieces)), mp_context=_context()) as pool:
-        futures = [pool.submit(_run_piece, timelines, *_piece_args(p, strategy, failures, row,
-                                                                   uniforms), window_s, kernel)
-                   for p in pieces]
+    context = _context()
+    global _INHERITED
+    with ProcessPoolExecutor(max_workers=min(workers, len(pieces)), mp_context=context) as pool:
+        if context.get_start_method() == "fork":
+            # forked workers (started at the first submit) inherit the grid: only each
+            # piece's lane indices are sent, not its timelines and failures
+            _INHERITED = (timelines, strategy, failures, row, uniforms)
+            try:
+                futures = [pool.submit(_run_inherited, p, window_s, kernel) for p in pieces]
+            finally:
+                _INHERITED = None
+        else:
+            futures = [pool.submit(_run_piece, timelines, *_piece_args(p, strategy, failures, row,
+                                                                       uniforms), window_s, kernel)
+                       for p in pieces]
         return _assemble(pieces, [f.result() for f in futures], len(row))
 
 
@@ -106,6 +117,17 @@ def _piece_args(lanes: np.ndarray, strategy, failures, row, uniforms):
 
 def _run_piece(timelines, strategy, failures, row, uniforms, window_s, kernel) -> LaneResults:
     return run_lanes(timelines, strategy, failures, row, uniforms, window_s, kernel=kernel)
+
+
+_INHERITED = None
+"""The grid a pool of forked workers is started with: (timelines, strategy, failures,
+row, uniforms)."""
+
+
+def _run_inherited(lanes: np.ndarray, window_s: float, kernel: str) -> LaneResults:
+    timelines, strategy, failures, row, uniforms = _INHERITED
+    return _run_piece(timelines, *_piece_args(lanes, strategy, failures, row, uniforms),
+                      window_s, kernel)
 
 
 def _assemble(pieces: list[np.ndarray], results: list[LaneResults], n: int) -> LaneResults:

@@ -33,9 +33,14 @@ def test_pieces_cover_every_lane_once_and_keep_rows_whole():
         assert all(a.isdisjoint(b) for i, a in enumerate(owners) for b in owners[i + 1:])
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_a_process_pool_gives_the_numbers_of_one_process(grid, monkeypatch, workers):
+@pytest.mark.parametrize("workers,start", [(1, None), (2, "fork"), (3, "fork"), (2, "forkserver")])
+def test_a_process_pool_gives_the_numbers_of_one_process(grid, monkeypatch, workers, start):
+    """Forked workers inherit the grid; others (forkserver: where this process has other
+    threads) are sent their pieces."""
+    import multiprocessing
     monkeypatch.setattr(sim.grid, "POOL_MIN_WORK", 0)      # the pool even for this small grid
+    if start:
+        monkeypatch.setattr(sim.grid, "_context", lambda: multiprocessing.get_context(start))
     used = []
     monkeypatch.setattr(sim.grid, "ProcessPoolExecutor",
                         lambda **kw: used.append(kw["max_workers"]) or POOL(**kw))
