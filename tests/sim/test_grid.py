@@ -38,14 +38,18 @@ def test_a_process_pool_gives_the_numbers_of_one_process(grid, monkeypatch, work
     """Forked workers inherit the grid; others (forkserver: where this process has other
     threads) are sent their pieces."""
     import multiprocessing
-    monkeypatch.setattr(sim.grid, "POOL_MIN_WORK", 0)      # the pool even for this small grid
     if start:
         monkeypatch.setattr(sim.grid, "_context", lambda: multiprocessing.get_context(start))
     used = []
     monkeypatch.setattr(sim.grid, "ProcessPoolExecutor",
                         lambda **kw: used.append(kw["max_workers"]) or POOL(**kw))
     _equal(run_grid(*grid, workers=workers), run_lanes(*grid))
-    assert used == ([] if workers == 1 else [workers])
+    assert used == ([] if workers == 1 else [workers])       # a given count: a pool, however small
+    used.clear()
+    monkeypatch.setattr(sim.grid, "POOL_MIN_WORK", 0)       # the default count, for a grid this big
+    _equal(run_grid(*grid), run_lanes(*grid))
+    cpus = sim.grid._workers(None)
+    assert used == ([] if cpus == 1 else [cpus])
 
 
 def test_a_real_dask_cluster_gives_the_numbers_of_one_process(grid):
@@ -94,7 +98,6 @@ from sim.grid import run_grid
 from sim.errors import SimError
 from tests.sim.conftest import sweep_lanes
 grid = sweep_lanes(mtbfs=(15.0,), seeds=2, window=86400.0)           # 5,760 turns: auto would compile
-sim.grid.POOL_MIN_WORK = 0
 res = run_grid(*grid, workers=2)
 np.save(sys.argv[1], np.stack([res.useful_s, res.stale_s, res.events]))
 try:
