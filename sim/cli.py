@@ -8,6 +8,7 @@
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
     python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
+    python -m sim scale --gpus 8..16384 [--json | --csv]  the ratio against job size (sim.scalecli)
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from layercheck.trace import TraceError, read_trace
 from layercheck.calibration import FIGURES, read_calibration
 from layercheck.measurement import age_warning
 
+from . import scalecli
 from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
@@ -39,7 +41,7 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "scale")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -132,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--json", action="store_true")
     _scenario_args(se)
     se.set_defaults(seeds=None, window=None)
+    scalecli.add_parser(sub)
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -350,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
-         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity}[args.command](args)
+         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "scale": scalecli.run}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
