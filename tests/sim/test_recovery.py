@@ -44,6 +44,10 @@ def test_a_rack_takes_more_spares_than_the_pool_holds():
     d = model.downtime(np.array([0.0]), np.array([8]), 64, RNG(0))
     # 4 from the pool; the other 4 are the event's own nodes, back after repair
     np.testing.assert_allclose(d.reschedule_s, [1010.0])
+    # the pool is empty at t=500 (t=0 took it): the rack's 8 nodes wait for t=0's 4 (back
+    # at 1000) and 4 of its own (back at 1500)
+    d = model.downtime(np.array([0.0, 500.0]), np.array([4, 8]), 64, RNG(0))
+    np.testing.assert_allclose(d.reschedule_s, [10.0, 1010.0])
 
 
 def test_shrink_charges_the_missing_capacity():
