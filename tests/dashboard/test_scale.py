@@ -1,29 +1,18 @@
 """The Scale page (AppTest) and its figures: it runs, and its settings move the numbers."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamlit.testing.v1 import AppTest
+from test_views import metrics, run
 
 from dashboard import scale
 from sim import Scenario
 from sim.scale import WHERE
 
-VIEW = Path(__file__).resolve().parents[2] / "dashboard" / "views" / "scale.py"
+DEFAULTS = {"scale_seeds": 2, "scale_window_d": 1, "scale_gpus": (8, 64),
+            "trace_name": "qwen2.5-7b-synthetic"}
 
 
-def _run(**session) -> AppTest:
-    at = AppTest.from_file(str(VIEW), default_timeout=180)
-    for key, value in {"scale_seeds": 2, "scale_window_d": 1, "scale_gpus": (8, 64),
-                       "trace_name": "qwen2.5-7b-synthetic", **session}.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def _metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+def _run(**session):
+    return run("scale", **{**DEFAULTS, **session})
 
 
 def test_scale_page_shows_the_curve_and_where_the_time_goes(traces_dir):
@@ -31,13 +20,13 @@ def test_scale_page_shows_the_curve_and_where_the_time_goes(traces_dir):
     frame = at.dataframe[0].value
     assert sorted(frame["gpus"].unique()) == [8, 16, 32, 64]
     assert "limit" in set(frame["strategy"])
-    assert "Best at 64 GPUs" in _metrics(at)
+    assert "Best at 64 GPUs" in metrics(at)
     assert len(at.get("plotly_chart")) == 2
 
 
 def test_a_shorter_node_mtbf_means_more_failures(traces_dir):
-    before = _metrics(_run())["Failures per run there"]
-    after = _metrics(_run(scale_node_mtbf_d=2.0))["Failures per run there"]
+    before = metrics(_run())["Failures per run there"]
+    after = metrics(_run(scale_node_mtbf_d=2.0))["Failures per run there"]
     assert float(after) > 10 * max(float(before), 0.1)
 
 
