@@ -12,7 +12,8 @@ trickle of layer writes, other jobs on the same file system (``tenants``).
 
 ``contended`` re-times a strategy's schedule through it: the writes of its
 failure-free job (the tier ``Strategy.storage_tier`` names), with ``tenants`` other
-jobs doing the same at random phases, drained by the fluid model; each write's
+jobs writing the same writes at times uniform over the job (other jobs' checkpoints are
+not in step with this one's), drained by the fluid model; each write's
 extra time over its uncontended one lands on the tier (a synchronous save stalls
 training longer, a background write keeps the writer busy longer and the next
 snapshot waits: the backlog follows). The engines then read it like any schedule.
@@ -50,8 +51,8 @@ class SharedStorage:
     read_aggregate_gbps: float = 2000.0
     """What all readers together get (the same sustained 2 TB/s; the 7 TB/s peak unused)."""
     tenants: int = 0
-    """Other jobs like this one writing to the same file system at random phases (0: the
-    job owns it, as Llama 3's did)."""
+    """Other jobs writing what this one writes to the same file system, each write at a
+    uniform time in the job (0: the job owns the file system, as Llama 3's did)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, (int, np.integer)) \
@@ -147,8 +148,8 @@ def contended(schedule: Schedule, storage: SharedStorage, *, full_bytes: float,
     if tier is None:
         return schedule
     rate = storage.write_gbps()
-    phases = rng.random(storage.tenants)
     base = getattr(schedule, tier).copy()
+    draws = None                          # each tenant's writes: when in the job, uniform
     extra = np.zeros_like(base)
     for _ in range(passes):
         current = _with_tier(schedule, tier, base + extra)
@@ -156,10 +157,11 @@ def contended(schedule: Schedule, storage: SharedStorage, *, full_bytes: float,
         begin, size, at = _writes(current, timeline, tier, full_bytes)
         if at.size == 0:
             return schedule
+        if draws is None:
+            draws = rng.random((storage.tenants, at.size))
         period = float(timeline.ready[-1]) or 1.0
-        starts = [begin] + [np.sort((begin + p * period) % period) for p in phases]
-        sizes = [size] + [size[np.argsort((begin + p * period) % period, kind="stable")]
-                          for p in phases]
+        starts = [begin] + [u * period for u in draws]
+        sizes = [size] * (1 + storage.tenants)
         jobs = np.repeat(np.arange(1 + storage.tenants), at.size)
         end = drain(np.concatenate(starts), np.concatenate(sizes), jobs,
                     job_gbps=storage.nodes * storage.link_gbps,
