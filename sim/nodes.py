@@ -46,8 +46,9 @@ BLOCK = 64
 CHUNK = 1 << 20
 """The most gap variates one draw of a block takes at once (8 MB)."""
 MAX_NODES = 1_000_000
-"""The most nodes a job may have: a draw takes a stream per 64 nodes (about 50 us
-each), so a million nodes cost about a second a run before any failure."""
+"""The most nodes a job may have: a draw opens a stream per 64 nodes (55-80 us
+each here), so a million nodes cost about a second a run before any failure (the work bound,
+``sim.work.MAX_STREAMS``, counts them over a call's runs)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +195,14 @@ class NodeFailures:
         constant, so window / job MTBF exactly (at ``mtbf_s`` when one is given)."""
         return window_s / (mtbf_s if mtbf_s is not None else self.job_mtbf_s())
 
+    @property
+    def streams(self) -> int:
+        """Random streams one draw opens (one per block of nodes or domain instances, one per
+        copy of a record): what a draw costs before any failure (the work bound's count)."""
+        units = -(-self.nodes // self.record.nodes) if self.record is not None else \
+            -(-self.nodes // BLOCK)
+        return units + sum(-(-d.instances(self.nodes) // BLOCK) for d in self.domains)
+
     # -- draws ---------------------------------------------------------------
     def draw(self, rng: np.random.Generator, horizon_s: float,
              limit: int = MAX_RUN_FAILURES) -> FailureEvents:
@@ -230,6 +239,19 @@ class NodeFailures:
                       window_s: float, limit: int = MAX_RUN_FAILURES) -> np.ndarray:
         """The events' times (what the engine runs against)."""
         return self.events(rng, mtbf_s=mtbf_s, window_s=window_s, limit=limit).times_s
+
+    def describe(self) -> str:
+        """One line for a report's header (with a record's attribution)."""
+        if self.record is not None:
+            law = f"replaying {self.record.name} (node MTBF {format_duration(self.node_mean_s)})"
+        else:
+            shape = f" shape {self.node_law.shape:g}" if self.node_law.kind == "weibull" else ""
+            law = f"{self.node_law.kind}{shape}, node MTBF {format_duration(self.node_mean_s)}"
+        parts = [f"{self.nodes:,} nodes, {law}"]
+        parts += [f"{d.name} of {d.size} nodes every {format_duration(d.mtbf_s)} ({d.source})"
+                  for d in self.domains]
+        line = "; ".join(parts) + f"; job MTBF {format_duration(self.job_mtbf_s())}"
+        return line + (f"; data: {self.record.attribution}" if self.record is not None else "")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (a report's ``scenario.failures``), with the record's attribution."""
@@ -287,8 +309,11 @@ def _renewal(nodes: int, size: int, shape: float, mean_s: float, horizon_s: floa
         gamma = g.standard_gamma(1.0 / shape, BLOCK)
         with np.errstate(divide="ignore"):       # a variate of 0: a failure at time 0
             t = np.exp(np.log(gamma) / shape + log_scale)[:real]
+        alive = t < horizon_s
+        if not alive.any():                      # the usual block of a big job: no failure
+            continue
         chunks = [t[None, :]]
-        budget.add(int((t < horizon_s).sum()))
+        budget.add(int(alive.sum()))
         while (t < horizon_s).any():
             gaps = weibull_from_exponential(g.standard_exponential((rows, BLOCK)), shape, log_scale)
             cum = t + np.cumsum(gaps[:, :real], axis=0)
@@ -300,7 +325,8 @@ def _renewal(nodes: int, size: int, shape: float, mean_s: float, horizon_s: floa
         keep = times < horizon_s
         out_t.append(times[keep])
         out_u.append(unit[keep])
-    times, unit = np.concatenate(out_t), np.concatenate(out_u).astype(np.int64)
+    times = np.concatenate(out_t) if out_t else np.zeros(0)
+    unit = np.concatenate(out_u).astype(np.int64) if out_u else np.zeros(0, dtype=np.int64)
     first = unit * size
     return times, np.minimum(size, nodes - first), np.full(unit.size, code, dtype=np.int8), first
 
