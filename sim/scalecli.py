@@ -2,7 +2,7 @@
 
     python -m sim scale --gpus 8..16384                 the qwen2.5-7b preset, doubling sizes
     python -m sim scale --gpus 16384 --iteration-time 6s --checkpoint-gb 5670 --window 54d
-    python -m sim scale --gpus 8..1024 --spares 0 --rack-nodes 16 --json | --csv
+    python -m sim scale --gpus 8..1024 --spares 0 --domain rack:16:59700d --json | --csv
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from layercheck.trace import read_trace
 from .api import PRESETS, Scenario
 from .costs import CostModel
 from .errors import SimError
-from .nodes import Domain
 from .peers import PLACEMENTS
 from .presets import DEFAULT_PRESET
 from .recovery import NO_SPARE, RECOVERY_FIGURES, RecoveryModel
@@ -23,11 +22,6 @@ from .strategies import PROTOCOLS
 from .units import format_duration, parse_duration
 
 __all__ = ["add_parser", "run"]
-
-RACK_TOR_FAILURES_PER_MONTH = 0.00051
-"""Alibaba HPN (SIGCOMM 2024): 0.051% of top-of-rack switches fail per month (SCALE.md);
-a rack domain's default rate when ``--rack-nodes`` is given."""
-
 
 def add_parser(sub) -> None:
     sc = sub.add_parser("scale", help="each strategy's ratio against job size, with the perfect "
@@ -55,9 +49,10 @@ def add_parser(sub) -> None:
     f.add_argument("--node-mtbf", help=f"one node's MTBF (default {format_duration(LLAMA3_NODE_MTBF_S)}: "
                    "Llama 3 405B's 419 interruptions in 54 days on 2,048 nodes)")
     f.add_argument("--node-shape", type=float, default=1.0, help="a node's Weibull shape (1: exponential)")
-    f.add_argument("--rack-nodes", type=int, help="nodes per rack: adds a rack failure domain")
-    f.add_argument("--rack-mtbf", help="one rack's MTBF (default: Alibaba HPN's 0.051%% of "
-                   "top-of-rack switches failing per month)")
+    f.add_argument("--domain", action="append", default=[], metavar="KIND:SIZE:MTBF",
+                   help="a failure domain taking SIZE nodes at once, one instance every MTBF, "
+                   "e.g. rack:16:59700d (Alibaba HPN's 0.051%% of top-of-rack switches failing "
+                   "a month; repeatable; kind rack or switch); the first rack sets the placement")
     f.add_argument("--spares", type=int, help="hot spare nodes (default: a pool that never runs out)")
     f.add_argument("--no-spare", choices=NO_SPARE, default="wait",
                    help="without a spare: wait for repair or restart smaller")
@@ -116,15 +111,8 @@ def _model(args) -> ScaleModel:
         changes["comm_init_per_doubling_s"] = parse_duration(
             args.comm_init_per_doubling, what="--comm-init-per-doubling", allow_zero=True)
     recovery = RecoveryModel(spares=args.spares, no_spare=args.no_spare, **changes)
-    domains = ()
-    if args.rack_mtbf is not None and args.rack_nodes is None:
-        raise SimError("--rack-mtbf needs --rack-nodes K (nodes per rack)")
-    if args.rack_nodes is not None:
-        mtbf = parse_duration(args.rack_mtbf, what="--rack-mtbf") if args.rack_mtbf else \
-            30.44 * 86400.0 / RACK_TOR_FAILURES_PER_MONTH
-        source = "given" if args.rack_mtbf else ("Alibaba HPN (SIGCOMM 2024): 0.051% of "
-                                                 "top-of-rack switches fail per month")
-        domains = (Domain(name="rack", size=args.rack_nodes, mtbf_s=mtbf, source=source),)
+    from .cli import _domain     # one parser for --domain (sim.cli imports this module)
+    domains = tuple(_domain(text) for text in args.domain)
     node = parse_duration(args.node_mtbf, what="--node-mtbf") if args.node_mtbf else LLAMA3_NODE_MTBF_S
     return ScaleModel(node_mtbf_s=node, node_shape=args.node_shape, domains=domains,
                       recovery=recovery, aggregate_gbps=args.aggregate_gbps,

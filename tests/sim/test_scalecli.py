@@ -40,7 +40,7 @@ def test_json_and_csv_carry_the_rows():
     assert {r["gpus"] for r in doc["rows"]} == {16, 32}
     assert doc["scale"]["recovery"]["hang_timeout_s"] == 600.0
     assert "Llama 3" in doc["scale"]["node_mtbf_source"]
-    code, out, _ = _main(*FAST, "--gpus", "16", "--csv", "--spares", "0", "--rack-nodes", "2")
+    code, out, _ = _main(*FAST, "--gpus", "16", "--csv", "--spares", "0", "--domain", "rack:2:30d")
     assert code == 0
     frame = pd.read_csv(io.StringIO(out))
     assert list(frame.columns) == list(SCALE_COLUMNS) and set(frame["gpus"]) == {16}
@@ -51,7 +51,7 @@ def test_json_and_csv_carry_the_rows():
     (["--gpus", "12"], "multiple of 8"),
     (["--gpus", "64..8"], "low end"),
     (["--gpus", "8", "--seeds", "1"], "at least 2"),
-    (["--gpus", "8", "--rack-mtbf", "30d"], "--rack-mtbf needs --rack-nodes"),
+    (["--gpus", "8", "--domain", "rack:16"], "give KIND:SIZE:MTBF"),
     (["--gpus", "8", "--spares", "-1"], "spares"),
     (["--gpus", "8", "--node-mtbf", "soon"], "--node-mtbf"),
     (["--gpus", "8", "--aggregate-gbps", "0"], "positive bandwidth"),
