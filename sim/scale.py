@@ -171,11 +171,16 @@ def scale_costs(costs: CostModel, nodes: int, storage: SharedStorage,
 def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: int = 10,
                    strategies: Sequence[str] | None = None,
                    window_s: float | None = None) -> pd.DataFrame:
-    """One row per strategy and the perfect checkpointer ('limit'), ``SCALE_COLUMNS``."""
+    """One row per strategy and the perfect checkpointer ('limit'), ``SCALE_COLUMNS``. The
+    scenario's job, costs, protocol and accounting; its failures are ``model``'s nodes'
+    (``scenario.failures`` is not used). Seed i draws its events, hangs and host-memory
+    losses from ``SeedSequence([scenario.seed, i])``: every strategy faces the same."""
     if isinstance(seeds, bool) or not isinstance(seeds, (int, np.integer)) or seeds < 2:
         raise SimError(f"seeds={seeds!r}: at least 2 (the 95% band needs them)")
     nodes = nodes_of(gpus)
     window = float(scenario.window_s if window_s is None else window_s)
+    if not (math.isfinite(window) and window > 0):
+        raise SimError(f"window_s={window_s!r}: give a positive number of seconds, e.g. 30 days")
     storage = model.storage(scenario.costs, nodes)
     costs = scale_costs(scenario.costs, nodes, storage, model.recovery)
     job = dataclasses.replace(scenario, costs=costs)

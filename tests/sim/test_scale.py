@@ -110,3 +110,5 @@ def test_bad_job_sizes_say_the_fix(gpus, match):
         simulate_scale(_small(), ScaleModel(), gpus=gpus, seeds=2)
     with pytest.raises(SimError, match="low end"):
         gpu_steps(64, 8)
+    with pytest.raises(SimError, match="positive number of seconds"):
+        simulate_scale(_small(), ScaleModel(), gpus=8, seeds=2, window_s=-1.0)
