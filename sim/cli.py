@@ -14,6 +14,7 @@
                   [--domain rack:32:3000d]                  a job of N nodes (sim.nodes)
     python -m sim --nodes 1024 --failure-log lanl --system 18   a node record replayed
     python -m sim fit-failures lanl --system 18 [--json]   per-node law fitted to a record
+    python -m sim scale --gpus 8..16384 [--json | --csv]  the ratio against job size (sim.scalecli)
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from layercheck.trace import TraceError, read_trace
 from layercheck.calibration import FIGURES, read_calibration
 from layercheck.measurement import age_warning
 
+from . import scalecli
 from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
@@ -47,7 +49,7 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper", "fit-failures")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper", "fit-failures", "scale")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -177,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--cofailure-window", default="0s", help="failures this close count as "
                     "together (default 0s: the same recorded instant)")
     fi.add_argument("--json", action="store_true")
+    scalecli.add_parser(sub)
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -465,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
          "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "paper": _cmd_paper,
-         "fit-failures": _cmd_fit_failures}[args.command](args)
+         "fit-failures": _cmd_fit_failures, "scale": scalecli.run}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

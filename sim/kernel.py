@@ -1,6 +1,6 @@
 """The fast engine's loop compiled (numba; optional): one lane at a time, failure by failure.
 
-Contract. ``run(st, lanes, seg_flat, u_flat)`` returns the totals that
+Contract. ``run(st, lanes, seg_flat, u_flat, d_flat)`` returns the totals that
 ``sim.engine._Lanes`` accumulates for the same lanes, field by field in
 ``RESULT_FIELDS`` order, as one ``(fields, lanes)`` float64 array.
 
@@ -33,7 +33,7 @@ from numba import njit
 __all__ = ["run"]
 
 
-def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray) -> np.ndarray:
+def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
     """Totals of ``lanes`` (``sim.engine._Lanes``, fresh) over every segment of each."""
     n = len(lanes.off)
     if st.stale_last is None:
@@ -43,7 +43,7 @@ def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray) -> np.ndarray:
     out = np.zeros((10, n))
     _lanes(lanes.off, lanes.key, lanes.end, lanes.job_s, lanes.prob, lanes.seg_off, lanes.count,
            lanes.ready_hi, lanes.commit_lo, lanes.commit_hi, lanes.backup_lo, lanes.backup_hi,
-           seg_flat, u_flat, st.ready_key, st.resume, st.work, st.checkpoints, st.written,
+           seg_flat, u_flat, d_flat, st.ready_key, st.resume, st.work, st.checkpoints, st.written,
            st.skip_at, st.wait_skip, st.job_end, st.recover, st.recover_backup,
            st.commit_key, st.commit_pos, st.backup_key, st.backup_pos, stale_last, weights,
            lanes.has_stale, out)
@@ -65,14 +65,14 @@ def _right(a, lo, hi, x):
 
 @njit(cache=True)
 def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, commit_lo_a,
-           commit_hi_a, backup_lo_a, backup_hi_a, seg_flat, u_flat, ready_key, resume, work,
+           commit_hi_a, backup_lo_a, backup_hi_a, seg_flat, u_flat, d_flat, ready_key, resume, work,
            checkpoints, written, skip_at, wait_skip, job_end, recover, recover_backup,
            commit_key, commit_pos, backup_key, backup_pos, stale_last, weights, has_stale, out):
     width = weights.shape[0]
     for lane in range(off_a.shape[0]):
         off, shift, end, job_s, prob = off_a[lane], key_a[lane], end_a[lane], job_a[lane], prob_a[lane]
         seg0, count = seg_off_a[lane], count_a[lane]
-        pos, backup, pending = 0, 0, 0.0
+        pos, backup, pending, base = 0, 0, 0.0, 0.0
         useful_t = stale_t = stall_t = lost_t = rec_t = fail_t = bytes_t = events_t = 0.0
         jobs_t = rolled_t = 0.0
         for k in range(count + 1):
@@ -145,8 +145,11 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
             if fail:
                 pos = c
                 backup = cb
+                # a failure during recovery repeats it, unless it also forced a deeper
+                # rollback; either way after this failure's own downtime
                 if trained or c != j:
-                    pending = recover_next
+                    base = recover_next
+                pending = base + d_flat[seg0 + k]
         out[0, lane] = useful_t
         out[1, lane] = stale_t
         out[2, lane] = stall_t
