@@ -37,6 +37,7 @@ from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch,
                      ReadFailed, RestoreIncomplete, TimelineNotRecorded)
+from .frozen import FrozenParts
 from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
@@ -119,6 +120,7 @@ class LayerCheck:
         except BaseException:
             self._release()
             raise
+        self.frozen = FrozenParts(len(self.layer_map), self.source.frozen)
         self.drift = DriftTracker(self.source.optimizer, self.source.drift_layers(),
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,
@@ -256,9 +258,10 @@ class LayerCheck:
         self._begin_timeline(state.step, view, base_taken=True, applied=True, standing=sources)
         if self.config.write_budget is not None:  # the budget counts from here, in these sizes
             self._set_sizes(sizes)
-        plan = Plan(state.step, state, sources, planner.warnings)
+        plan = Plan(state.step, state, sources, planner.warnings, bases=planner.bases(sources))
         self.restored = RestoreReport(state.step, plan, plan_s, load_s, restore_s,
-                                      sum(v.bytes for v in sources.values()))
+                                      sum(v.bytes for v in [*sources.values(),
+                                                            *plan.bases.values()]))
         return state.step
 
     def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -316,6 +319,7 @@ class LayerCheck:
         self.state.last_written[:] = step
         self.state.base_step = step if base_taken else None
         self.drift.resync()
+        self.frozen.start(self.layer_map.names, standing)
         if self.config.keep_versions is not None:
             self.writer.retention = Retention(self.config.keep_versions, view, standing)
         self._restore_called = True
@@ -365,6 +369,7 @@ class LayerCheck:
         self.current_step += 1
         t = self.current_step
         drift, lr, drift_s = self.drift.take()
+        self.frozen.observe()
         decision = self.state.observe(t, drift, lr_ratio(lr, self.lr_peak))
         decision = self._add_failed(decision)
         start = time.perf_counter()
@@ -386,9 +391,11 @@ class LayerCheck:
     def _submit(self, t: int, decision: Decision, extra: Mapping[str, Any] | None) -> int:
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
-            tensors = self.source.capture(index)
+            part = self.frozen.part(index, t)  # frozen parameters: in the full version only
+            tensors = (self.source.capture(index, part.omit) if part.omit  # type: ignore[call-arg]
+                       else self.source.capture(index))
             snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
-                                       tensors, tensors_nbytes(tensors)))
+                                       tensors, tensors_nbytes(tensors), part.frozen, part.base))
         if t == self.state.base_step:  # every layer, just captured: its size for a budget
             local = np.zeros(len(self.layer_map))
             local[[snap.index for snap in snaps]] = [snap.nbytes for snap in snaps]
@@ -402,7 +409,9 @@ class LayerCheck:
 
     def _add_failed(self, decision: Decision) -> Decision:
         """Under on_error='warn', layers whose write failed join the next opportunity."""
-        self._retry |= self.writer.take_failed_layers()
+        failed = self.writer.take_failed_layers()
+        self.frozen.forget(failed)  # a full version that failed holds nothing for later ones
+        self._retry |= failed
         if not self._retry or not self.policy.is_opportunity(decision.step):
             return decision
         extra = sorted(self._retry - set(decision.layers.tolist()))

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
-from .format import Version, read_state_document
+from .format import Version, read_state_document, tensor_key
 from .layerfile import DTYPES
 from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
 from .ranks import Ranks
@@ -83,6 +83,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     passed_over: list[Version] = field(default_factory=list)
     """Versions found damaged and passed over; ``warnings[i]`` says why of the i-th."""
+    bases: dict[str, Version] = field(default_factory=dict)
+    """Per layer whose source is a partial version, the full version holding its
+    frozen parameters (read with it; ``format``: frozen tensors)."""
 
     def staleness(self) -> dict[str, int]:
         return {name: self.step - v.step for name, v in self.sources.items()}
@@ -90,9 +93,10 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step,
                 "layers": [{"layer": n, "source_step": v.step, "staleness": self.step - v.step,
-                            "file": v.file, "bytes": v.bytes, "reason": v.reason}
+                            "file": v.file, "bytes": v.bytes, "reason": v.reason,
+                            "frozen_from_step": v.base, "frozen_tensors": len(v.frozen)}
                            for n, v in self.sources.items()],
-                "bytes": sum(v.bytes for v in self.sources.values()),
+                "bytes": sum(v.bytes for v in [*self.sources.values(), *self.bases.values()]),
                 "warnings": list(self.warnings)}
 
 
@@ -115,6 +119,9 @@ def tensor_views(file: VerifiedFile) -> Loaded:
     copy, and they keep their buffer alive while any of them lives."""
     tensors = Loaded()
     tensors.own = file.apart_keys
+    if file.frozen is not None:  # a partial version: its frozen parameters from its full one
+        full = tensor_views(file.frozen)
+        tensors.update((key, full[key]) for key in file.frozen_keys)
     for key, (buffer, offset) in file.places().items():
         entry = file.header[key]
         dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
@@ -183,8 +190,14 @@ class Planner:
     def plan(self, step: int | None = None, *, exact: bool = False,
              use: UseLayer | None = None) -> Plan:
         state, _ = self.state(step, exact=exact)
-        return Plan(state.step, state, self.layers(state.step, use), self.warnings,
-                    self.passed_over)
+        sources = self.layers(state.step, use)
+        return Plan(state.step, state, sources, self.warnings, self.passed_over,
+                    self.bases(sources))
+
+    def bases(self, sources: dict[str, Version]) -> dict[str, Version]:
+        """Per layer whose chosen version is partial, its full version (``Plan.bases``)."""
+        return {name: base for name, version in sources.items()
+                if (base := self.view.base_of(version)) is not None}
 
     def state(self, step: int | None = None, *,
               exact: bool = False) -> tuple[Version, VerifiedFile]:
@@ -311,10 +324,10 @@ class Planner:
         ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried)."""
         for delay in REREAD_DELAYS:
             try:
-                return read_verified_file(self.store, version, self.apart)
+                return self._completed(version, read_verified_file(self.store, version, self.apart))
             except ReadFailed:
                 time.sleep(delay)
-        return read_verified_file(self.store, version, self.apart)
+        return self._completed(version, read_verified_file(self.store, version, self.apart))
 
     def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
                        newest: "Future[VerifiedFile] | None" = None
@@ -340,7 +353,22 @@ class Planner:
             if shard.file != version.file:
                 read_verified_file(self.store, shard)
         apart = self.apart if version.layer is not None else None  # a training state: whole
-        return read_verified_file(self.store, version, apart)
+        return self._completed(version, read_verified_file(self.store, version, apart))
+
+    def _completed(self, version: Version, file: VerifiedFile) -> VerifiedFile:
+        """``file``, and for a partial version its full version's file too (verified
+        likewise; ``format``: frozen tensors), so that its views are the whole layer."""
+        if version.base is None:
+            return file
+        full = self.view.base_of(version)
+        what = f"{version.file}"
+        if full is None:
+            raise CorruptVersion(f"{what}: its frozen parameters are in the layer's version of "
+                                 f"step {version.base}, which is not committed (retired, or its "
+                                 "write failed)")
+        own = full if version.rank is None else full.per_rank()[version.rank]
+        return file.with_frozen(read_verified_file(self.store, own), tuple(
+            tensor_key("param", name) for name in version.frozen), what)
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:
