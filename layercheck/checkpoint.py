@@ -33,12 +33,14 @@ from typing import Any, Mapping
 import numpy as np
 from torch import nn
 
+from .adapters import describe as describe_adapters
 from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch,
                      ReadFailed, RestoreIncomplete, TimelineNotRecorded)
+from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Version, encode_record,
+                     header_record, resume_record)
 from .frozen import FrozenParts
-from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
@@ -124,7 +126,8 @@ class LayerCheck:
         self.drift = DriftTracker(self.source.optimizer, self.source.drift_layers(),
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,
-                                  reduce=self.ranks.all_reduce_sum)
+                                  reduce=self.ranks.all_reduce_sum,
+                                  adapters=self.source.drift_adapters())
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
                              on_error=self.config.on_error, commit=self.ranks.commit())
         self.current_step = 0
@@ -162,10 +165,16 @@ class LayerCheck:
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "to_json_string"):
             self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
+        facts = self.source.header_facts()
+        lora = describe_adapters(self.model)
+        if lora is not None:  # what an export merges and PEFT's config for the adapter alone
+            facts["lora"], adapter_config = lora
+            if adapter_config:
+                self.store.write_atomic(ADAPTER_CONFIG, adapter_config)
         header = header_record(layers=self.layer_map.signature(), config=self.config.to_dict(),
                                lr_peak=self.lr_peak,
                                world_size=self.ranks.world_size if self.ranks.sharded else None,
-                               **self.source.header_facts())
+                               **facts)
         self.store.append(MANIFEST, encode_record(header))
         return header
 

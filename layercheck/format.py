@@ -269,9 +269,10 @@ def check_record(record: Any) -> dict[str, Any]:
     return record
 
 
-def parse_model_config(data: bytes) -> dict[str, Any]:
-    """The Hugging Face config that ``MODEL_CONFIG`` holds; CorruptVersion saying the
-    fix unless it is a JSON object nesting at most ``MAX_DEPTH`` deep."""
+def parse_model_config(data: bytes, name: str = MODEL_CONFIG) -> dict[str, Any]:
+    """The Hugging Face config that ``MODEL_CONFIG`` (or ``name``: ``ADAPTER_CONFIG``)
+    holds; CorruptVersion saying the fix unless it is a JSON object nesting at most
+    ``MAX_DEPTH`` deep."""
     try:
         config = json.loads(data)
         wrong = None if isinstance(config, dict) else "not a JSON object"
@@ -282,6 +283,9 @@ def parse_model_config(data: bytes) -> dict[str, Any]:
     if wrong is None and deeper_than(config, MAX_DEPTH):
         wrong = f"nested deeper than {MAX_DEPTH} levels"
     if wrong is not None:
+        if name != MODEL_CONFIG:
+            raise CorruptVersion(f"{name} is {wrong}: it should be PEFT's adapter config; "
+                                 "replace it with the adapter_config.json save_pretrained writes")
         raise CorruptVersion(f"{MODEL_CONFIG} is {wrong}: it should be the model's Hugging Face "
                              "config (config.json); replace it with that file, or delete it to "
                              "export the weights without a config")

@@ -120,6 +120,11 @@ class LayerSource:
     def drift_layers(self) -> list[list[torch.Tensor]]:
         raise NotImplementedError
 
+    def drift_adapters(self) -> Any:
+        """The LoRA modules whose drift is taken of their effective weights
+        (``adapters.AdapterDrift``), or None: every tensor counts as itself."""
+        return None
+
     def drift_groups(self) -> dict[int, dict] | None:
         """``id(tensor) -> param group`` for the tensors of ``drift_layers()``;
         None: the optimizer's ``param_groups`` hold them all the time."""
@@ -197,6 +202,13 @@ class ModuleSource(LayerSource):
 
     def frozen(self, i: int) -> list[str]:
         return [name for name, p in self.layer_map.parameters(i) if not p.requires_grad]
+
+    def drift_adapters(self) -> Any:
+        from .adapters import AdapterDrift, drift_terms
+        layer_of = {name: i for i in range(len(self.layer_map))
+                    for name, _ in self.layer_map.parameters(i)}
+        terms = drift_terms(self.model, layer_of)
+        return AdapterDrift(terms) if terms else None
 
     def capture(self, i: int, omit: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """Layer ``i``'s tensors but the parameters ``omit`` names (frozen ones, which
