@@ -40,7 +40,7 @@ from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelM
                      ReadFailed, RestoreIncomplete, TimelineNotRecorded)
 from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Version, encode_record,
                      header_record, resume_record)
-from .frozen import FrozenParts
+from .frozen import FrozenParts, trained_nbytes
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
@@ -248,7 +248,7 @@ class LayerCheck:
         def check(version: Version, loaded: dict[str, Any]) -> None:
             index = self.layer_map.index[version.layer]
             self.source.check(index, loaded)
-            sizes[index] = tensors_nbytes(loaded)
+            sizes[index] = trained_nbytes(loaded, version.frozen)
         # everything is verified and checked against the live objects before anything changes
         loading = time.perf_counter()
         plan_s = loading - start
@@ -407,7 +407,8 @@ class LayerCheck:
                                        tensors, tensors_nbytes(tensors), part.frozen, part.base))
         if t == self.state.base_step:  # every layer, just captured: its size for a budget
             local = np.zeros(len(self.layer_map))
-            local[[snap.index for snap in snaps]] = [snap.nbytes for snap in snaps]
+            local[[snap.index for snap in snaps]] = [  # frozen weights: written this once
+                trained_nbytes(snap.tensors, snap.frozen) for snap in snaps]
             self._set_sizes(local)
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
                               self.source.engine_state(), self.source.group_members())

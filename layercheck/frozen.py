@@ -17,11 +17,11 @@ training: batch-norm statistics).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from .format import Version
+from .format import Version, tensor_key
 
-__all__ = ["FrozenParts", "Part"]
+__all__ = ["FrozenParts", "Part", "trained_nbytes"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +86,10 @@ class FrozenParts:
         """Their last write failed: their next version is full."""
         for i in layers:
             self._base[i], self._since[i] = None, frozenset()
+
+
+def trained_nbytes(tensors: Mapping[str, Any], frozen: Iterable[str]) -> int:
+    """The bytes of a layer's tensors but its ``frozen`` parameters: what each of its
+    versions after the full one writes (a write budget's size of the layer)."""
+    skip = {tensor_key("param", name) for name in frozen}
+    return sum(t.numel() * t.element_size() for key, t in tensors.items() if key not in skip)

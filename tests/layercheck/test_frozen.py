@@ -166,3 +166,26 @@ def test_a_partial_version_whose_full_version_is_gone_is_passed_over(tmp_path):
     (root / full.file).unlink()
     with pytest.raises(CheckpointNotFound, match="model.layers.0"):
         make_plan(store, read_manifest(store))
+
+
+def test_a_write_budget_charges_a_layer_what_its_versions_after_the_base_cost(tmp_path):
+    """The budget's size of a layer is the bytes its later versions write (what trains and
+    its optimizer state), not the base's frozen weights, fresh and after a restore."""
+    config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1,
+                              write_budget=1e6)
+    root = tmp_path / "c"
+    model, opt, sched = frozen_model()
+    with LayerCheck(model, opt, root, config, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(2):
+            train_step(model, opt, sched)
+            lc.step()
+        fresh = lc.policy.sizes.copy()
+    partial = read_manifest(LocalStore(root)).versions["model.layers.0"][1]
+    with safe_open(root / partial.file, "pt") as f:
+        expected = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+    assert fresh[1] == expected
+    model, opt, sched = frozen_model(seed=3)
+    with LayerCheck(model, opt, root, config, scheduler=sched) as lc:
+        lc.restore()
+        assert list(lc.policy.sizes) == list(fresh)
