@@ -4,7 +4,8 @@ A PEFT LoRA layer wraps a frozen ``base_layer`` (weight W) with trainable
 ``lora_A[<adapter>]`` (A, r x in) and ``lora_B[<adapter>]`` (B, out x r) and a
 ``scaling[<adapter>]`` s; its effective weight is W + s·B·A (transposed where
 ``fan_in_fan_out``). ``lora_modules(model)`` finds them by that structure (duck
-typing: PEFT need not be importable here); ``describe(model)`` gives what a
+typing: PEFT need not be importable here; DoRA and several active adapters are
+other arithmetic: checkpointed as any model, not merged); ``describe(model)`` gives what a
 directory records of them (``format``: ``adapter_config.json`` and the header's
 ``lora``); ``LoraFacts`` reads that back offline, and ``merged_weights`` /
 ``adapter_weights`` give an export the merged model and the adapter alone in
@@ -73,11 +74,12 @@ def _adapter_of(model: nn.Module) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def lora_modules(model: nn.Module) -> list[LoraModule]:
+def lora_modules(model: nn.Module) -> tuple[list[LoraModule], str | None]:
     """The LoRA linear modules of ``model`` and their active adapter (none if not a LoRA
-    model). LayerCheckError where more than one adapter is active or a LoRA variant
-    with other arithmetic (DoRA) is used: what an export would merge is then not W + sBA."""
-    found = []
+    model), and what makes a module other than W + s·B·A (several adapters active,
+    DoRA), if any: such a model is checkpointed like any other, its drift taken of
+    its own parameters and its export refused (``LoraFacts.unsupported``)."""
+    found, problem = [], None
     for path, module in model.named_modules():
         lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
         scaling = getattr(module, "scaling", None)
@@ -85,23 +87,23 @@ def lora_modules(model: nn.Module) -> list[LoraModule]:
                 and isinstance(scaling, dict) and hasattr(module, "base_layer") and lora_a):
             continue
         active = [a for a in getattr(module, "active_adapters", list(lora_a)) if a in lora_a]
-        if len(active) != 1:
-            raise LayerCheckError(f"{path}: {len(active)} LoRA adapters active; layercheck "
-                                  "records one: activate one adapter (set_adapter) while training")
-        adapter = active[0]
         magnitude = getattr(module, "lora_magnitude_vector", None)
-        if magnitude is not None and adapter in magnitude:
-            raise LayerCheckError(f"{path}: a DoRA adapter (use_dora=True) is not W + s·B·A; "
-                                  "layercheck handles plain LoRA: train with use_dora=False")
-        found.append(LoraModule(path, adapter, float(scaling[adapter]),
-                                bool(getattr(module, "fan_in_fan_out", False))))
-    return found
+        if len(active) != 1:
+            problem = problem or f"{path} has {len(active)} LoRA adapters active"
+        elif magnitude is not None and active[0] in magnitude:
+            problem = problem or f"{path} is a DoRA adapter (use_dora=True)"
+        else:
+            found.append(LoraModule(path, active[0], float(scaling[active[0]]),
+                                    bool(getattr(module, "fan_in_fan_out", False))))
+    return (found, None) if problem is None else ([], problem)
 
 
 def describe(model: nn.Module) -> tuple[dict[str, Any], bytes] | None:
     """(the header's ``lora`` fact, PEFT's ``adapter_config.json``) of a LoRA model;
     None for any other model."""
-    modules = lora_modules(model)
+    modules, problem = lora_modules(model)
+    if problem is not None:
+        return {"adapter": "", "modules": {}, "unsupported": problem}, b""
     if not modules:
         return None
     adapter = modules[0].adapter
@@ -137,15 +139,19 @@ class LoraFacts:
         fact = (header or {}).get("lora")
         if fact is None:
             return None
+        fix = "restore into the PEFT model and use its own save_pretrained or merge_and_unload"
+        if fact.get("unsupported"):
+            raise LayerCheckError(f"{url} was written from a PEFT model whose adapter is not "
+                                  f"plain LoRA ({fact['unsupported']}), which export does not "
+                                  f"merge or write: {fix}")
         try:
             adapter = fact["adapter"]
             modules = tuple(LoraModule(path, adapter, float(m["scaling"]),
                                        bool(m["fan_in_fan_out"]))
                             for path, m in fact["modules"].items())
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise LayerCheckError(f"{url}: the header's lora record is damaged ({exc!r}); "
-                                  "export without the adapter is not possible either: restore "
-                                  "into the PEFT model and save it with save_pretrained") from None
+            raise LayerCheckError(f"{url}: the header's lora record is damaged ({exc!r}): "
+                                  f"{fix}") from None
         return cls(adapter, modules)
 
 
@@ -235,7 +241,7 @@ def drift_terms(model: nn.Module, layer_of: Mapping[str, int]
     ``layer_of``: each parameter name's layer index."""
     params = dict(model.named_parameters())
     terms = []
-    for m in lora_modules(model):
+    for m in lora_modules(model)[0]:
         w, a, b = params.get(m.weight), params.get(m.a), params.get(m.b)
         if w is None or a is None or b is None or not (a.requires_grad and b.requires_grad):
             continue

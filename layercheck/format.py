@@ -40,7 +40,9 @@ A PEFT LoRA model (``layercheck.adapters``) adds ``adapter_config.json`` (PEFT's
 own adapter config, as ``save_pretrained`` writes it) and the header fact
 ``lora``: ``{"adapter": <name>, "modules": {<module path>: {"scaling": s,
 "fan_in_fan_out": bool}}}``, what an export needs to merge W + s·B·A (or to
-write the adapter alone in PEFT's layout) without PEFT or the live model.
+write the adapter alone in PEFT's layout) without PEFT or the live model; with
+``"unsupported": <why>`` (and no modules) where the adapter is not plain LoRA
+(DoRA, several adapters active), which export then refuses.
 
 A file's safetensors metadata says what it is (``layer_metadata``: layer, step
 and, sharded, rank; a training state's document its step): a record that names

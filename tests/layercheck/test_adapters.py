@@ -167,3 +167,22 @@ def test_inspect_and_plan_show_where_the_frozen_parameters_are(tmp_path, capsys)
     assert main(["plan", str(tmp_path / "c"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["layers"]
     assert {r["frozen_from_step"] for r in rows} == {1}
+
+
+def test_a_dora_run_is_checkpointed_and_restored_but_not_merged(tmp_path, capsys):
+    """DoRA is not W + s·B·A: layercheck writes and restores it like any model (only what
+    trains), and export says it cannot merge it and what to do instead."""
+    def dora(seed):
+        model = peft.get_peft_model(tiny_lm(seed=seed, layers=2), peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=PROJECTIONS, use_dora=True))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    model, _, _ = run(tmp_path / "c", 3, dora(0))
+    restored, _, _ = run(tmp_path / "c", 0, dora(5), restore=3)
+    for (name, p), q in zip(model.named_parameters(), restored.parameters()):
+        assert torch.equal(p, q), name
+    assert read_manifest(LocalStore(tmp_path / "c")).versions[
+        "base_model.model.model.layers.0"][-1].base == 1
+    assert main(["export", str(tmp_path / "c"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "DoRA" in err and "merge_and_unload" in err
