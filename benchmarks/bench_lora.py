@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's layercheck, whatever is installed
 
+from bench_writer import _positive, _spread  # noqa: E402  (the same argument and figure rules)
+
 
 def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0) -> dict:
     """One run into ``folder``: its committed bytes, seconds, and per layer version
@@ -113,8 +115,8 @@ def run(rounds: int, steps: int, rank: int, folder: Path) -> dict:
         "lora_bytes": lora["bytes"], "full_bytes": full["bytes"],
         "lora_trainable_parameters": lora["trainable_parameters"],
         "full_trainable_parameters": full["trainable_parameters"],
-        "lora_over_full": _spread(ratios),
-        "lora_over_full_after_base": _spread(after),
+        "lora_over_full": _spread(ratios, 1.0),
+        "lora_over_full_after_base": _spread(after, 1.0),
         "version_over_trainable_and_optimizer_state": {
             "max": max(per_version), "median": statistics.median(per_version),
             "versions": len(per_version)},
@@ -128,20 +130,6 @@ def run(rounds: int, steps: int, rank: int, folder: Path) -> dict:
 def _threads() -> int:
     import torch
     return torch.get_num_threads()
-
-
-def _spread(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values)}
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

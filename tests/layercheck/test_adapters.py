@@ -20,6 +20,7 @@ from layercheck.inspection import format_inspection, inspect_directory
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
 from tests.conftest import tiny_lm, train_step
+from tests.layercheck.test_checkpoint import _assert_equal_states, _state
 
 peft = pytest.importorskip("peft")
 
@@ -69,12 +70,6 @@ def test_after_the_base_a_lora_version_holds_the_adapter_and_its_adam_state_only
     assert json.loads((root / "adapter_config.json").read_text())["r"] == 4
 
 
-def _state(model, opt):
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    names = {id(p): n for n, p in model.named_parameters()}
-    return params, {(names[id(p)], k): v.clone() for p, s in opt.state.items() for k, v in s.items()}
-
-
 def test_a_restored_lora_run_continues_bit_for_bit(tmp_path):
     torch.manual_seed(1)
     ref_model, ref_opt, _ = run(tmp_path / "ref", 6)
@@ -82,12 +77,7 @@ def test_a_restored_lora_run_continues_bit_for_bit(tmp_path):
     run(tmp_path / "c", 3)
     torch.manual_seed(42)  # other RNG, other base weights, another adapter init
     model, opt, _ = run(tmp_path / "c", 3, lora_lm(seed=9), restore=3)
-    (pa, oa), (pb, ob) = _state(ref_model, ref_opt), _state(model, opt)
-    assert pa.keys() == pb.keys() and oa.keys() == ob.keys()
-    for key in pa:
-        assert torch.equal(pa[key], pb[key]), key
-    for key in oa:
-        assert torch.equal(oa[key], ob[key]), key
+    _assert_equal_states(_state(model, opt), _state(ref_model, ref_opt))  # frozen ones too
 
 
 def test_drift_of_an_adapter_layer_is_the_effective_weights(tmp_path):
