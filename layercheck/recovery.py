@@ -94,7 +94,9 @@ class Plan:
         return {"step": self.step,
                 "layers": [{"layer": n, "source_step": v.step, "staleness": self.step - v.step,
                             "file": v.file, "bytes": v.bytes, "reason": v.reason,
-                            "frozen_from_step": v.base, "frozen_tensors": len(v.frozen)}
+                            # where a layer has frozen parameters: the version holding them
+                            **({"frozen_from_step": v.base if v.base is not None else v.step,
+                                "frozen_tensors": len(v.frozen)} if v.frozen else {})}
                            for n, v in self.sources.items()],
                 "bytes": sum(v.bytes for v in [*self.sources.values(), *self.bases.values()]),
                 "warnings": list(self.warnings)}
