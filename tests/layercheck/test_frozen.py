@@ -189,3 +189,45 @@ def test_a_write_budget_charges_a_layer_what_its_versions_after_the_base_cost(tm
     with LayerCheck(model, opt, root, config, scheduler=sched) as lc:
         lc.restore()
         assert list(lc.policy.sizes) == list(fresh)
+
+
+class FailsOnce:
+    """A LocalStore whose first write of ``path`` fails (ENOSPC)."""
+
+    def __init__(self, root, path: str) -> None:
+        self.inner, self.url, self.path, self.failed = LocalStore(root), str(root), path, False
+
+    def write_atomic(self, path: str, data) -> None:
+        import errno
+        import os
+        if path == self.path and not self.failed:
+            self.failed = True
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        self.inner.write_atomic(path, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_layer_whose_full_version_failed_writes_its_next_version_in_full(tmp_path):
+    """Under on_error='warn' the base checkpoint's version of a block fails: the partial
+    versions after it would name a full version that never committed, so its next
+    version is full again, and the run is restorable from it on."""
+    root = tmp_path / "c"
+    store = FailsOnce(root, "layers/model.layers.0@000000001.safetensors")
+    config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1,
+                              on_error="warn")
+    model, opt, sched = frozen_model()
+    with LayerCheck(model, opt, store, config, scheduler=sched) as lc:
+        lc.restore()
+        for t in range(1, 4):
+            train_step(model, opt, sched)
+            lc.step()
+            if t == 1:
+                lc.flush()  # the failure is known before step 2 is decided
+    assert store.failed
+    block = {v.step: v for v in read_manifest(LocalStore(root)).versions["model.layers.0"]}
+    assert sorted(block) == [2, 3]
+    assert block[2].base is None and f"param/{block[2].frozen[0]}" in keys(root, block[2])
+    assert block[3].base == 2
+    run(root, 1, restore=3, config=config)
