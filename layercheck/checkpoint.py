@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import torch
 from torch import nn
 
 from .adapters import describe as describe_adapters
@@ -41,8 +43,10 @@ from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelM
 from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Version, encode_record,
                      header_record, resume_record)
 from .frozen import FrozenParts, trained_nbytes
+from .layerfile import DTYPES
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
+from .pretrained import PretrainedFiles
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state, together
@@ -97,17 +101,22 @@ class LayerCheck:
 
     ``source`` and ``ranks`` are for backends (see the module doc): a backend
     passes where its layers live and how its ranks agree, and gets the whole
-    lifecycle; ``model`` and ``optimizer`` are then the backend's own."""
+    lifecycle; ``model`` and ``optimizer`` are then the backend's own.
+    ``pretrained``: the safetensors files (folder or file) the model was loaded
+    from; frozen parameters found there unchanged are recorded by reference,
+    not written (``layercheck.pretrained``)."""
 
     def __init__(self, model: nn.Module, optimizer: Any, directory: "str | Store",
                  config: LayerCheckConfig | None = None, *, scheduler: Any = None,
                  layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
-                 source: LayerSource | None = None, ranks: Ranks | None = None) -> None:
+                 source: LayerSource | None = None, ranks: Ranks | None = None,
+                 pretrained: "str | os.PathLike[str] | None" = None) -> None:
         self.config = config or LayerCheckConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.layer_map = layer_map or LayerMap.for_model(model, self.config.layers)
         self.source = source or ModuleSource(model, optimizer, self.layer_map)
+        self.pretrained = PretrainedFiles(pretrained) if pretrained is not None else None
         self.ranks = ranks or Ranks()
         self.policy = Policy.from_config(self.config, self.layer_map.names, self.layer_map.kinds)
         self.state = PolicyState(policy=self.policy)
@@ -401,10 +410,13 @@ class LayerCheck:
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
             part = self.frozen.part(index, t)  # frozen parameters: in the full version only
-            tensors = (self.source.capture(index, part.omit) if part.omit  # type: ignore[call-arg]
+            refs = self._references(index, part.frozen) if part.base is None else ()
+            omit = part.omit | {ref[0] for ref in refs}
+            tensors = (self.source.capture(index, omit) if omit  # type: ignore[call-arg]
                        else self.source.capture(index))
             snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
-                                       tensors, tensors_nbytes(tensors), part.frozen, part.base))
+                                       tensors, tensors_nbytes(tensors), part.frozen, part.base,
+                                       refs))
         if t == self.state.base_step:  # every layer, just captured: its size for a budget
             local = np.zeros(len(self.layer_map))
             local[[snap.index for snap in snaps]] = [  # frozen weights: written this once
@@ -416,6 +428,22 @@ class LayerCheck:
                       nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
         self.writer.submit(job)
         return job.nbytes
+
+    def _references(self, index: int, frozen: tuple[str, ...]
+                    ) -> tuple[tuple[str, str, str, str], ...]:
+        """The frozen parameters of a full version that a pretrained file holds as they
+        are (``pretrained``): recorded by reference and checksum, not written."""
+        if self.pretrained is None or not frozen:
+            return ()
+        params = dict(self.layer_map.parameters(index))
+        refs = []
+        for name in frozen:
+            value = params[name].detach().to("cpu").contiguous()
+            data = value.reshape(-1).view(torch.uint8).numpy()
+            ref = self.pretrained.find(memoryview(data), DTYPES[value.dtype], tuple(value.shape))
+            if ref is not None:
+                refs.append((name, ref.file, ref.key, ref.checksum))
+        return tuple(refs)
 
     def _add_failed(self, decision: Decision) -> Decision:
         """Under on_error='warn', layers whose write failed join the next opportunity."""

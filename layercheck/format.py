@@ -35,6 +35,11 @@ writer makes a version partial only if each of its frozen parameters was
 frozen at every step since the full version it names (so its bytes there are
 still its value); a parameter unfrozen later is written in every version from
 then on, and one frozen later makes the next version of its layer full again.
+A full version may also leave out frozen parameters that come unchanged from a
+pretrained model's safetensors files (``LayerCheck(pretrained=...)``,
+``layercheck.pretrained``): its record's ``refs`` names, per such parameter,
+the file, the tensor key and the checksum of its bytes; a restore reads it
+from there and verifies the checksum.
 
 A PEFT LoRA model (``layercheck.adapters``) adds ``adapter_config.json`` (PEFT's
 own adapter config, as ``save_pretrained`` writes it) and the header fact
@@ -239,7 +244,12 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
                          isinstance(n, str) for n in v), "a list of parameter names",
                          required=False),
                      "base": integer(0, MAX_COUNT, "an integer from 0 to 2**63-1",
-                                     required=False)}, _VERSION),
+                                     required=False),
+                     "refs": expect(lambda v: isinstance(v, dict) and all(
+                         isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
+                                                     ("file", "key", "checksum"))
+                         for r in v.values()), "an object of {file, key, checksum} per "
+                         "parameter", required=False)}, _VERSION),
     "state": Schema({"step": _COUNT}, _VERSION),
     "resume": Schema({"step": _COUNT}),
     "drop": Schema({"file": Field(_relative)}),
@@ -332,6 +342,9 @@ class Version:
     """The layer's parameters that did not train at ``step`` (see the module doc)."""
     base: int | None = None
     """A partial version's full version (its step), which holds ``frozen``; None: full."""
+    refs: tuple[tuple[str, str, str, str], ...] = ()
+    """A full version's frozen parameters held by a pretrained file instead of its own:
+    (parameter, file, tensor key, checksum) each (see the module doc)."""
 
     @property
     def holds_frozen(self) -> bool:
@@ -354,11 +367,16 @@ class Version:
         if base is not None and base >= record["step"]:
             raise ValueError(f"layer record of step {record['step']} names base {base}: a "
                              "partial version's full version comes before it")
+        refs = tuple(sorted((name, r["file"], r["key"], r["checksum"])
+                            for name, r in (record.get("refs") or {}).items()))
+        if refs and (base is not None or not {r[0] for r in refs} <= set(record.get("frozen", ()))):
+            raise ValueError(f"layer record of step {record['step']}: refs name parameters "
+                             "that are not its frozen ones, or it is a partial version")
         return cls(step=record["step"], file=own.file, bytes=own.bytes, checksum=own.checksum,
                    layer=layer, reason=record.get("reason") if layer is not None else None,
                    shards=shards, rank=(rank or 0) if shards else None,
                    frozen=tuple(record.get("frozen", ())) if layer is not None else (),
-                   base=base)
+                   base=base, refs=refs if layer is not None else ())
 
     @property
     def key(self) -> str:
@@ -377,7 +395,7 @@ class Version:
     def per_rank(self) -> list["Version"]:
         """Every rank's file as a version of its own (just this one if unsharded)."""
         return [Version(self.step, s.file, s.bytes, s.checksum, self.layer, self.reason, rank=r,
-                        frozen=self.frozen, base=self.base)
+                        frozen=self.frozen, base=self.base, refs=self.refs)
                 for r, s in enumerate(self.shards)] if self.shards else [self]
 
     def to_record(self) -> dict[str, Any]:
@@ -394,6 +412,9 @@ class Version:
                 record["frozen"] = list(self.frozen)
             if self.base is not None:
                 record["base"] = self.base
+            if self.refs:
+                record["refs"] = {name: {"file": file, "key": key, "checksum": digest}
+                                  for name, file, key, digest in self.refs}
         return record
 
 

@@ -6,6 +6,7 @@ from typing import Any
 from .errors import CorruptVersion, ReadFailed
 from .format import Version
 from .manifest import ManifestView, read_again, read_manifest, read_verified
+from .pretrained import Ref, read_ref
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
@@ -89,6 +90,11 @@ def _damage(store: Store, version: Version, verify: bool) -> str | None:
                 read_verified(store, shard)
             except (CorruptVersion, ReadFailed) as exc:  # ReadFailed says it is not damage
                 return str(exc)
+    for name, *where in version.refs if verify else ():  # frozen weights by reference
+        try:
+            read_ref(Ref(*where))
+        except CorruptVersion as exc:
+            return f"{version.file}: {name}: {exc}"
     return None
 
 

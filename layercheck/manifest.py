@@ -15,7 +15,7 @@ import dataclasses
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
@@ -262,6 +262,9 @@ class VerifiedFile:
     """A partial version's full version, verified too (``with_frozen``): its tensors
     ``frozen_keys`` complete this file's."""
     frozen_keys: tuple[str, ...] = ()
+    referenced: Mapping[str, Any] = field(default_factory=dict)
+    """Frozen parameters read from a pretrained file (``layercheck.pretrained``) and
+    verified there: tensors by key, which complete this file's too."""
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -269,9 +272,10 @@ class VerifiedFile:
 
     @property
     def nbytes(self) -> int:
-        """The memory holding the file (and its full version's): their sizes."""
+        """The memory holding the file (and its full version's, and what it references)."""
         own = len(self.data) + (len(self.apart) if self.apart is not None else 0)
-        return own + (self.frozen.nbytes if self.frozen is not None else 0)
+        refs = sum(t.numel() * t.element_size() for t in self.referenced.values())
+        return own + refs + (self.frozen.nbytes if self.frozen is not None else 0)
 
     def with_frozen(self, full: "VerifiedFile", keys: tuple[str, ...], what: str) -> "VerifiedFile":
         """This file completed by the tensors ``keys`` of ``full`` (a partial version's

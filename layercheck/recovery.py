@@ -38,6 +38,7 @@ about a layer at a time in memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +52,7 @@ from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFai
 from .format import Version, read_state_document, tensor_key
 from .layerfile import DTYPES
 from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
+from .pretrained import Ref, read_ref
 from .ranks import Ranks
 from .store import Store
 
@@ -124,6 +126,7 @@ def tensor_views(file: VerifiedFile) -> Loaded:
     if file.frozen is not None:  # a partial version: its frozen parameters from its full one
         full = tensor_views(file.frozen)
         tensors.update((key, full[key]) for key in file.frozen_keys)
+    tensors.update(file.referenced)  # and those a pretrained file holds
     for key, (buffer, offset) in file.places().items():
         entry = file.header[key]
         dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
@@ -359,18 +362,26 @@ class Planner:
 
     def _completed(self, version: Version, file: VerifiedFile) -> VerifiedFile:
         """``file``, and for a partial version its full version's file too (verified
-        likewise; ``format``: frozen tensors), so that its views are the whole layer."""
-        if version.base is None:
+        likewise; ``format``: frozen tensors), and the frozen parameters the full
+        version holds by reference (read from the pretrained file, verified:
+        ``layercheck.pretrained``), so that its views are the whole layer."""
+        if not version.frozen:
             return file
-        full = self.view.base_of(version)
-        what = f"{version.file}"
+        full = version if version.base is None else self.view.base_of(version)
         if full is None:
-            raise CorruptVersion(f"{what}: its frozen parameters are in the layer's version of "
-                                 f"step {version.base}, which is not committed (retired, or its "
-                                 "write failed)")
-        own = full if version.rank is None else full.per_rank()[version.rank]
-        return file.with_frozen(read_verified_file(self.store, own), tuple(
-            tensor_key("param", name) for name in version.frozen), what)
+            raise CorruptVersion(f"{version.file}: its frozen parameters are in the layer's "
+                                 f"version of step {version.base}, which is not committed "
+                                 "(retired, or its write failed)")
+        refs = {name: Ref(*where) for name, *where in full.refs}
+        held = tuple(tensor_key("param", name) for name in version.frozen if name not in refs)
+        if version.base is not None and held:
+            own = full if version.rank is None else full.per_rank()[version.rank]
+            file = file.with_frozen(read_verified_file(self.store, own), held, version.file)
+        wanted = [name for name in version.frozen if name in refs]
+        if not wanted:
+            return file
+        return dataclasses.replace(file, referenced={
+            tensor_key("param", name): _referenced(refs[name]) for name in wanted})
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:
@@ -402,6 +413,15 @@ def _raise_together(failure: BaseException | None, agreed: np.ndarray,
             raise elsewhere()
         raise LayerCheckError("another rank failed to restore (its error says why); this "
                               "rank stops with it")
+
+
+def _referenced(ref: Ref) -> torch.Tensor:
+    """The tensor a pretrained file holds at ``ref``, verified (``read_ref``)."""
+    data, dtype, shape = read_ref(ref)
+    kind = _DTYPES[dtype]
+    if not data:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(data), dtype=kind).view(shape)
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,

@@ -71,6 +71,8 @@ class LayerSnapshot:
     base: int | None = None
     """Set: a partial version, ``tensors`` without ``frozen``, which the layer's full
     version of this step holds."""
+    refs: tuple[tuple[str, str, str, str], ...] = ()
+    """A full version's frozen parameters left to a pretrained file (``Version.refs``)."""
 
 
 @dataclass
@@ -305,7 +307,8 @@ class Writer:
                 version = self._write(layer_path(snap.name, job.step, rank), snap.tensors,
                                       layer_metadata(snap.name, job.step, rank), job.step,
                                       snap.name, snap.reason)
-                return dataclasses.replace(version, frozen=snap.frozen, base=snap.base)
+                return dataclasses.replace(version, frozen=snap.frozen, base=snap.base,
+                                           refs=snap.refs)
             except BaseException:
                 failed.set()
                 raise

@@ -176,3 +176,45 @@ def test_a_dora_run_is_checkpointed_and_restored_but_not_merged(tmp_path, capsys
     assert main(["export", str(tmp_path / "c"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "DoRA" in err and "merge_and_unload" in err
+
+
+def test_frozen_weights_of_a_pretrained_model_are_recorded_by_reference(tmp_path):
+    """pretrained=: the base checkpoint writes the adapter only; the frozen weights are
+    named by file, key and checksum, read back and verified at restore (and export),
+    and a pretrained file that changed is refused; inspect says what changed."""
+    from safetensors.torch import save_file
+
+    from layercheck.errors import CheckpointNotFound
+    base = tiny_lm(seed=0, layers=2)
+    base.save_pretrained(tmp_path / "pretrained")
+    root = tmp_path / "c"
+    model, opt, sched = lora_lm(seed=0)
+    with LayerCheck(model, opt, root, EVERY_STEP, scheduler=sched,
+                    pretrained=tmp_path / "pretrained") as lc:
+        lc.restore()
+        for _ in range(2):
+            train_step(model, opt, sched)
+            lc.step()
+    view = read_manifest(LocalStore(root))
+    full = view.versions["base_model.model.model.layers.0"][0]
+    assert full.base is None and {r[0] for r in full.refs} == set(full.frozen)
+    assert full.bytes < 20_000  # the adapter and its moments: no frozen weight written
+    assert view.versions["base_model.model.model.embed_tokens"][0].bytes < 200
+    other, opt2, sched2 = lora_lm(seed=9)  # other base weights: the restore brings them back
+    with LayerCheck(other, opt2, root, EVERY_STEP, scheduler=sched2) as lc:
+        assert lc.restore() == 2
+    for (name, p), q in zip(model.named_parameters(), other.parameters()):
+        assert torch.equal(p, q), name
+    export(LocalStore(root), tmp_path / "merged")  # the merged model reads them too
+    merged = model.merge_and_unload().state_dict()
+    from transformers import Qwen2ForCausalLM
+    for name, tensor in Qwen2ForCausalLM.from_pretrained(tmp_path / "merged").state_dict().items():
+        assert torch.equal(tensor, merged[name]), name
+    changed = {k: v + 1 for k, v in base.state_dict().items() if "lm_head" not in k}
+    save_file(changed, tmp_path / "pretrained" / "model.safetensors")
+    other, opt2, sched2 = lora_lm(seed=9)
+    with LayerCheck(other, opt2, root, EVERY_STEP, scheduler=sched2) as lc:
+        with pytest.raises(CheckpointNotFound, match="no committed version intact"):
+            lc.restore()
+    problems = inspect_directory(LocalStore(root))["problems"]
+    assert problems and all("differs from the one recorded" in p for p in problems)
