@@ -12,10 +12,12 @@ Two variants, in an order that alternates between rounds:
 - **lora**: a PEFT LoRA adapter of rank ``rank`` on the attention projections
   (``profiler.models.with_lora``: alpha 2r; everything else frozen), AdamW on
   the adapter;
-- **full**: the same model, every weight trained (the reference).
+- **full**: the same model, every weight trained (the reference);
+- **lora+pretrained**: the LoRA run with ``pretrained=`` MiniLM's own
+  ``model.safetensors``: the frozen weights recorded by reference, not written.
 
 Per round: the bytes each run committed (layer files and training states, as
-the manifest records them); the ratio lora / full. Over the LoRA run's layer
+the manifest records them); the ratios lora / full and lora+pretrained / full. Over the LoRA run's layer
 versions after the base: each version's bytes over its layer's trainable
 tensors plus their optimizer state (weight, exp_avg, exp_avg_sq, step: the
 bytes the version must hold), its max and median (the issue's bar: at most
@@ -41,9 +43,11 @@ sys.path.insert(0, str(ROOT))  # this checkout's layercheck, whatever is install
 from bench_writer import _positive, _spread  # noqa: E402  (the same argument and figure rules)
 
 
-def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0) -> dict:
+def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0,
+          pretrained: bool = False) -> dict:
     """One run into ``folder``: its committed bytes, seconds, and per layer version
-    after the base (LoRA) its bytes over what it must hold."""
+    after the base (LoRA) its bytes over what it must hold; ``pretrained``: the
+    frozen weights recorded by reference to MiniLM's own file."""
     import torch
 
     from layercheck import LayerCheck, LayerCheckConfig
@@ -51,7 +55,8 @@ def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0) -> dict:
     from layercheck.store import LocalStore
     from profiler.models import resolve_model, with_lora
 
-    model, _ = resolve_model("minilm").build(seed=seed, max_len=64)
+    source = resolve_model("minilm")
+    model, _ = source.build(seed=seed, max_len=64)
     if lora is not None:
         model = with_lora(model, lora)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -59,7 +64,8 @@ def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0) -> dict:
     config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1)
     torch.manual_seed(seed)
     start = time.perf_counter()
-    with LayerCheck(model, opt, folder, config) as lc:
+    with LayerCheck(model, opt, folder, config,
+                    pretrained=source.path if pretrained else None) as lc:
         lc.restore()
         for _ in range(steps):
             ids = torch.randint(1000, model.config.vocab_size, (4, 32))
@@ -82,6 +88,7 @@ def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0) -> dict:
     return {"bytes": sum(v.bytes for v in versions) + sum(v.bytes for v in view.states.values()),
             "layer_bytes_after_base": sum(v.bytes for v in versions if v.step > 1),
             "seconds": seconds, "per_version": per_version,
+            "base_bytes": sum(v.bytes for v in versions if v.step == 1),
             "trainable_parameters": sum(p.numel() for p in trainable),
             "partial_versions": len(per_version),
             "frozen_versions_without_training": sum(
@@ -90,29 +97,36 @@ def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0) -> dict:
 
 def run(rounds: int, steps: int, rank: int, folder: Path) -> dict:
     load_start = os.getloadavg()
-    ratios, after, measured = [], [], []
+    ratios, after, referenced, measured = [], [], [], []
+    variants = ("lora", "full", "lora+pretrained")
     for r in range(rounds):
         result = {}
-        for variant in (("lora", "full") if r % 2 == 0 else ("full", "lora")):
+        for variant in (variants if r % 2 == 0 else variants[::-1]):
             target = folder / f"{variant}{r}"
-            result[variant] = train(target, lora=rank if variant == "lora" else None,
-                                    steps=steps)
+            result[variant] = train(target, lora=None if variant == "full" else rank,
+                                    steps=steps, pretrained=variant == "lora+pretrained")
             shutil.rmtree(target)
         ratios.append(result["lora"]["bytes"] / result["full"]["bytes"])
+        referenced.append(result["lora+pretrained"]["bytes"] / result["full"]["bytes"])
         after.append(result["lora"]["layer_bytes_after_base"] /
                      result["full"]["layer_bytes_after_base"])
         measured.append(result)
         print(f"round {r + 1}/{rounds}: lora {result['lora']['bytes'] / 1e6:.2f} MB, full "
               f"{result['full']['bytes'] / 1e6:.1f} MB, ratio {ratios[-1]:.4f}; versions "
-              f"after the base: ratio {after[-1]:.5f}", flush=True)
+              f"after the base: ratio {after[-1]:.5f}; lora+pretrained "
+              f"{result['lora+pretrained']['bytes'] / 1e6:.2f} MB", flush=True)
     per_version = [q for m in measured for q in m["lora"]["per_version"]]
-    lora, full = measured[-1]["lora"], measured[-1]["full"]
+    lora, full, ref = (measured[-1][v] for v in variants)
     return {
         "command": "python benchmarks/bench_lora.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "threads": _threads(), "rounds": rounds, "steps": steps, "rank": rank,
         "load_average_start": load_start[0], "load_average_end": os.getloadavg()[0],
         "lora_bytes": lora["bytes"], "full_bytes": full["bytes"],
+        "lora_pretrained_bytes": ref["bytes"],
+        "base_bytes": {"lora": lora["base_bytes"], "full": full["base_bytes"],
+                       "lora+pretrained": ref["base_bytes"]},
+        "lora_pretrained_over_full": _spread(referenced, 1.0),
         "lora_trainable_parameters": lora["trainable_parameters"],
         "full_trainable_parameters": full["trainable_parameters"],
         "lora_over_full": _spread(ratios, 1.0),
@@ -122,7 +136,9 @@ def run(rounds: int, steps: int, rank: int, folder: Path) -> dict:
             "versions": len(per_version)},
         "lora_versions_of_layers_training_nothing": lora["frozen_versions_without_training"],
         "per_round": [{"lora_bytes": m["lora"]["bytes"], "full_bytes": m["full"]["bytes"],
+                       "lora_pretrained_bytes": m["lora+pretrained"]["bytes"],
                        "lora_s": m["lora"]["seconds"], "full_s": m["full"]["seconds"],
+                       "lora_pretrained_s": m["lora+pretrained"]["seconds"],
                        "ratio": q} for m, q in zip(measured, ratios)],
     }
 
@@ -164,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bytes lora / full        min {q['min']:.4f}, median {q['median']:.4f} "
           f"({result['lora_bytes'] / 1e6:.2f} MB against {result['full_bytes'] / 1e6:.1f} MB)")
     print(f"after the base           min {a['min']:.5f}, median {a['median']:.5f}")
+    p = result["lora_pretrained_over_full"]
+    print(f"lora+pretrained / full   min {p['min']:.5f}, median {p['median']:.5f} "
+          f"({result['lora_pretrained_bytes'] / 1e6:.2f} MB; base checkpoints "
+          + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in result["base_bytes"].items()) + ")")
     print(f"a LoRA version / (trainable tensors + optimizer state)  max {v['max']:.4f}, "
           f"median {v['median']:.4f} over {v['versions']} versions")
     if args.out is not None:
