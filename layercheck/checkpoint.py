@@ -25,21 +25,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import torch
 from torch import nn
 
+from .adapters import describe as describe_adapters
 from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch,
                      ReadFailed, RestoreIncomplete, TimelineNotRecorded)
-from .format import MANIFEST, MODEL_CONFIG, Version, encode_record, header_record, resume_record
+from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Version, encode_record,
+                     header_record, resume_record)
+from .frozen import FrozenParts, trained_nbytes
+from .layerfile import DTYPES
 from .layermap import LayerMap
 from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
+from .pretrained import PretrainedFiles
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state, together
@@ -94,17 +101,22 @@ class LayerCheck:
 
     ``source`` and ``ranks`` are for backends (see the module doc): a backend
     passes where its layers live and how its ranks agree, and gets the whole
-    lifecycle; ``model`` and ``optimizer`` are then the backend's own."""
+    lifecycle; ``model`` and ``optimizer`` are then the backend's own.
+    ``pretrained``: the safetensors files (folder or file) the model was loaded
+    from; frozen parameters found there unchanged are recorded by reference,
+    not written (``layercheck.pretrained``)."""
 
     def __init__(self, model: nn.Module, optimizer: Any, directory: "str | Store",
                  config: LayerCheckConfig | None = None, *, scheduler: Any = None,
                  layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
-                 source: LayerSource | None = None, ranks: Ranks | None = None) -> None:
+                 source: LayerSource | None = None, ranks: Ranks | None = None,
+                 pretrained: "str | os.PathLike[str] | None" = None) -> None:
         self.config = config or LayerCheckConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.layer_map = layer_map or LayerMap.for_model(model, self.config.layers)
         self.source = source or ModuleSource(model, optimizer, self.layer_map)
+        self.pretrained = PretrainedFiles(pretrained) if pretrained is not None else None
         self.ranks = ranks or Ranks()
         self.policy = Policy.from_config(self.config, self.layer_map.names, self.layer_map.kinds)
         self.state = PolicyState(policy=self.policy)
@@ -119,10 +131,12 @@ class LayerCheck:
         except BaseException:
             self._release()
             raise
+        self.frozen = FrozenParts(len(self.layer_map), self.source.frozen)
         self.drift = DriftTracker(self.source.optimizer, self.source.drift_layers(),
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,
-                                  reduce=self.ranks.all_reduce_sum)
+                                  reduce=self.ranks.all_reduce_sum,
+                                  adapters=self.source.drift_adapters())
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
                              on_error=self.config.on_error, commit=self.ranks.commit())
         self.current_step = 0
@@ -160,10 +174,16 @@ class LayerCheck:
         config = getattr(self.model, "config", None)
         if config is not None and hasattr(config, "to_json_string"):
             self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
+        facts = self.source.header_facts()
+        lora = describe_adapters(self.model)
+        if lora is not None:  # what an export merges and PEFT's config for the adapter alone
+            facts["lora"], adapter_config = lora
+            if adapter_config:
+                self.store.write_atomic(ADAPTER_CONFIG, adapter_config)
         header = header_record(layers=self.layer_map.signature(), config=self.config.to_dict(),
                                lr_peak=self.lr_peak,
                                world_size=self.ranks.world_size if self.ranks.sharded else None,
-                               **self.source.header_facts())
+                               **facts)
         self.store.append(MANIFEST, encode_record(header))
         return header
 
@@ -237,7 +257,7 @@ class LayerCheck:
         def check(version: Version, loaded: dict[str, Any]) -> None:
             index = self.layer_map.index[version.layer]
             self.source.check(index, loaded)
-            sizes[index] = tensors_nbytes(loaded)
+            sizes[index] = trained_nbytes(loaded, version.frozen)
         # everything is verified and checked against the live objects before anything changes
         loading = time.perf_counter()
         plan_s = loading - start
@@ -256,9 +276,10 @@ class LayerCheck:
         self._begin_timeline(state.step, view, base_taken=True, applied=True, standing=sources)
         if self.config.write_budget is not None:  # the budget counts from here, in these sizes
             self._set_sizes(sizes)
-        plan = Plan(state.step, state, sources, planner.warnings)
+        plan = Plan(state.step, state, sources, planner.warnings, bases=planner.bases(sources))
         self.restored = RestoreReport(state.step, plan, plan_s, load_s, restore_s,
-                                      sum(v.bytes for v in sources.values()))
+                                      sum(v.bytes for v in [*sources.values(),
+                                                            *plan.bases.values()]))
         return state.step
 
     def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -316,6 +337,7 @@ class LayerCheck:
         self.state.last_written[:] = step
         self.state.base_step = step if base_taken else None
         self.drift.resync()
+        self.frozen.start(self.layer_map.names, standing)
         if self.config.keep_versions is not None:
             self.writer.retention = Retention(self.config.keep_versions, view, standing)
         self._restore_called = True
@@ -365,6 +387,7 @@ class LayerCheck:
         self.current_step += 1
         t = self.current_step
         drift, lr, drift_s = self.drift.take()
+        self.frozen.observe()
         decision = self.state.observe(t, drift, lr_ratio(lr, self.lr_peak))
         decision = self._add_failed(decision)
         start = time.perf_counter()
@@ -386,12 +409,18 @@ class LayerCheck:
     def _submit(self, t: int, decision: Decision, extra: Mapping[str, Any] | None) -> int:
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
-            tensors = self.source.capture(index)
+            part = self.frozen.part(index, t)  # frozen parameters: in the full version only
+            refs = self._references(index, part.frozen) if part.base is None else ()
+            omit = part.omit | {ref[0] for ref in refs}
+            tensors = (self.source.capture(index, omit) if omit  # type: ignore[call-arg]
+                       else self.source.capture(index))
             snaps.append(LayerSnapshot(index, self.layer_map.names[index], Reason(reason).label,
-                                       tensors, tensors_nbytes(tensors)))
+                                       tensors, tensors_nbytes(tensors), part.frozen, part.base,
+                                       refs))
         if t == self.state.base_step:  # every layer, just captured: its size for a budget
             local = np.zeros(len(self.layer_map))
-            local[[snap.index for snap in snaps]] = [snap.nbytes for snap in snaps]
+            local[[snap.index for snap in snaps]] = [  # frozen weights: written this once
+                trained_nbytes(snap.tensors, snap.frozen) for snap in snaps]
             self._set_sizes(local)
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
                               self.source.engine_state(), self.source.group_members())
@@ -400,9 +429,27 @@ class LayerCheck:
         self.writer.submit(job)
         return job.nbytes
 
+    def _references(self, index: int, frozen: tuple[str, ...]
+                    ) -> tuple[tuple[str, str, str, str], ...]:
+        """The frozen parameters of a full version that a pretrained file holds as they
+        are (``pretrained``): recorded by reference and checksum, not written."""
+        if self.pretrained is None or not frozen:
+            return ()
+        params = dict(self.layer_map.parameters(index))
+        refs = []
+        for name in frozen:
+            value = params[name].detach().to("cpu").contiguous()
+            data = value.reshape(-1).view(torch.uint8).numpy()
+            ref = self.pretrained.find(memoryview(data), DTYPES[value.dtype], tuple(value.shape))
+            if ref is not None:
+                refs.append((name, ref.file, ref.key, ref.checksum))
+        return tuple(refs)
+
     def _add_failed(self, decision: Decision) -> Decision:
         """Under on_error='warn', layers whose write failed join the next opportunity."""
-        self._retry |= self.writer.take_failed_layers()
+        failed = self.writer.take_failed_layers()
+        self.frozen.forget(failed)  # a full version that failed holds nothing for later ones
+        self._retry |= failed
         if not self._retry or not self.policy.is_opportunity(decision.step):
             return decision
         extra = sorted(self._retry - set(decision.layers.tolist()))

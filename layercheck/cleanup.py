@@ -65,6 +65,7 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
         plan = make_plan(store, view, step)
         live.add(plan.state)
         live.update(plan.sources.values())
+        live.update(plan.bases.values())  # the full versions holding their frozen parameters
         live.update(plan.passed_over)  # damaged: kept, never deleted
         skipped.update(zip((v.key for v in plan.passed_over), plan.warnings))
     bases = [v for vs in view.versions.values() for v in vs if v.reason == Reason.BASE.label]

@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "directories, same world size); dcp: a torch.distributed.checkpoint that "
                    "dcp.load reads into an FSDP2 model and optimizer (FsdpLayerCheck "
                    "directories, any world size)")
+    p.add_argument("--adapter", action="store_true",
+                   help="hf format of a PEFT LoRA directory: the adapter alone, in PEFT's layout "
+                   "(adapter_config.json, adapter_model.safetensors) for "
+                   "PeftModel.from_pretrained(base, out); without it, the merged model")
     p.add_argument("--adam-step", choices=ADAM_STEPS, default="global",
                    help="deepspeed format: every Adam step count set to the exported step "
                    "(default), or each layer's own, as restore() gives")
@@ -98,10 +102,11 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "export":
         from .export import export
         plan = export(store, args.out, step=args.step, format=args.format,
-                      adam_step=args.adam_step)
+                      adam_step=args.adam_step, adapter=args.adapter)
         for warning in plan.warnings:
             print(f"layercheck: warning: {one_line(warning)}", file=sys.stderr)
-        print(f"exported step {plan.step} to {args.out} ({args.format})")
+        what = f"{args.format}, the adapter alone" if args.adapter else args.format
+        print(f"exported step {plan.step} to {args.out} ({what})")
     elif args.command == "gc":
         from .cleanup import collect_garbage
         from .store import is_temporary
@@ -130,11 +135,15 @@ def _budget_on_resume(write_budget: float, step: int) -> dict:
                      "forces writes")}
 
 
+def _opt(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
 def _format_plan(info: dict) -> str:
     lines = [f"recover step {info['step']} ({info['bytes'] / 2**20:.1f} MiB to read)",
-             f"{'layer':<32} {'from step':>9} {'stale':>6} {'reason':>9}"]
+             f"{'layer':<32} {'from step':>9} {'stale':>6} {'reason':>9} {'frozen from':>11}"]
     lines += [f"{l['layer']:<32} {l['source_step']:>9} {l['staleness']:>6} {l['reason'] or '-':>9}"
-              for l in info["layers"]]
+              f" {_opt(l.get('frozen_from_step')):>11}" for l in info["layers"]]
     lines += [f"WARNING: {w}" for w in info["warnings"]]
     if "budget" in info:
         lines.append(info["budget"]["note"])

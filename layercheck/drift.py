@@ -46,11 +46,14 @@ import time
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from .adapters import AdapterDrift
 
 __all__ = ["DriftTracker", "SAMPLE_MIN", "BLOCK", "local"]
 
@@ -155,7 +158,8 @@ class DriftTracker:
     seconds spent, and resets; ``resync()`` after the optimizer state was
     replaced (a restore). ``layers[i]``: layer i's tensors; those with a param
     group (``groups``: id -> group; default the optimizer's) are tracked, the
-    rest are frozen (|w| measured once). ``reduce``: the (2, layers) sums ->
+    rest are frozen (|w| measured once); ``adapters``: LoRA modules whose share is
+taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, layers) sums ->
     their sum over the ranks. ``fused=False`` keeps every tensor on the torch
     path; ``fused_params``: tensors the last step measured with the kernel.
     """
@@ -163,7 +167,8 @@ class DriftTracker:
     def __init__(self, optimizer: torch.optim.Optimizer,
                  layers: Sequence[Sequence[torch.Tensor]], *, groups: dict[int, dict] | None = None,
                  sampling: int = 1, fused: bool = True,
-                 reduce: Callable[[np.ndarray], np.ndarray] = np.array) -> None:
+                 reduce: Callable[[np.ndarray], np.ndarray] = np.array,
+                 adapters: "AdapterDrift | None" = None) -> None:
         if sampling < 1:
             raise ValueError(f"sampling={sampling}: use 1 (every element) or more")
         self.sampling = sampling
@@ -171,11 +176,16 @@ class DriftTracker:
         self.reduce = reduce
         group_of = groups if groups is not None else {
             id(p): g for g in optimizer.param_groups for p in g["params"]}
-        self._layers = [[self._entry(p, group_of[id(p)], i) for p in params if id(p) in group_of]
+        self._adapters = adapters
+        # a LoRA module's A, B and W count through its effective weight (``adapters``)
+        skip = adapters.params() | adapters.weights() if adapters is not None else set()
+        self._layers = [[self._entry(p, group_of[id(p)], i) for p in params
+                         if id(p) in group_of and id(p) not in skip]
                         for i, params in enumerate(layers)]
         self._all = [e for entries in self._layers for e in entries]
         self._frozen_l1 = np.array([float(sum(float(local(p).detach().abs().sum()) for p in params
-                                              if id(p) not in group_of)) for params in layers])
+                                              if id(p) not in group_of and id(p) not in skip))
+                                    for params in layers])
         self._adam = isinstance(optimizer, torch.optim.Adam)  # AdamW subclasses Adam
         self._fused = fused and self._adam
         self._layouts: dict[tuple[int, ...], _Layout] = {}
@@ -213,8 +223,11 @@ class DriftTracker:
         return drift, self.lr, seconds
 
     def resync(self) -> None:
-        """Forget the step counts read from the optimizer state (it was replaced)."""
+        """Forget the step counts read from the optimizer state (it was replaced), and
+        the adapters' previous weights (so were they)."""
         self._steps.clear()
+        if self._adapters is not None:
+            self._adapters.resync()
 
     def _entry(self, p: nn.Parameter, group: dict, layer: int) -> _Entry:
         n = local(p).numel()
@@ -236,6 +249,10 @@ class DriftTracker:
                                          and id(e) not in done], updates)
                 moved[i] += m
                 size[i] += s
+            if self._adapters is not None:
+                m, s = self._adapters.sums(len(self._layers))
+                moved += m
+                size += s
         self._sums[0] += moved
         self._sums[1] += size
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)

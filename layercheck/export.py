@@ -43,23 +43,27 @@ from safetensors.torch import save_file
 from .dcpcheckpoint import FsdpFacts, assemble, dcp_state, fqn, save_dcp
 from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
 from .errors import CheckpointNotFound, LayerCheckError
-from .format import EXPORT_FORMATS, MODEL_CONFIG, module_tensors, parse_model_config
+from .adapters import LoraFacts, adapter_weights, merged_weights
+from .format import ADAPTER_CONFIG, EXPORT_FORMATS, MODEL_CONFIG, module_tensors, parse_model_config
 from .manifest import ManifestView, read_consistent, read_verified
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
 
-__all__ = ["export", "export_model", "export_deepspeed", "export_dcp", "composite", "write_model",
+__all__ = ["export", "export_model", "write_adapter", "export_deepspeed", "export_dcp", "composite", "write_model",
            "model_config",
            "publish"]
 
 
 def export(store: Store, out: str | os.PathLike[str], *, step: int | None = None,
-           format: str = "hf", adam_step: str = "global") -> Plan:
+           format: str = "hf", adam_step: str = "global", adapter: bool = False) -> Plan:
     """Export the composite of ``step`` to folder ``out`` in ``format`` (one of
     ``format.EXPORT_FORMATS``); ``adam_step`` applies to the DeepSpeed format
-    (see dscheckpoint)."""
+    (see dscheckpoint), ``adapter`` to hf (``export_model``)."""
+    if adapter and format != "hf":
+        raise LayerCheckError(f"--adapter writes a PEFT adapter folder, which only --format hf "
+                              f"does, not --format {format}")
     if format == "hf":
-        return export_model(store, out, step=step)
+        return export_model(store, out, step=step, adapter=adapter)
     if format == "deepspeed":
         return export_deepspeed(store, out, step=step, adam_step=adam_step)
     if format == "dcp":
@@ -68,23 +72,47 @@ def export(store: Store, out: str | os.PathLike[str], *, step: int | None = None
                           f"{', '.join(EXPORT_FORMATS)}")
 
 
-def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None = None) -> Plan:
+def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None = None,
+                 adapter: bool = False) -> Plan:
     """Write the composite model of ``step`` (the newest step at or before it;
-    default newest) to folder ``out``."""
+    default newest) to folder ``out``. A LoRA directory (``adapters``) gives the
+    merged model (W + s·B·A under the base model's names), or with ``adapter`` the
+    adapter alone in PEFT's layout (``adapter_config.json``,
+    ``adapter_model.safetensors``) for ``PeftModel.from_pretrained(base, out)``."""
     target = _empty_target(out)
     model_config(store)  # a damaged config is refused before any layer is read
 
     def prepare(view: ManifestView) -> tuple[Plan, dict[str, torch.Tensor]]:
-        if view.header is not None and "zero" in view.header:
+        if view.header is not None and "zero" in view.header and not adapter:
             return _zero_model(store, view, step)
-        if view.header is not None and "fsdp" in view.header:
+        if view.header is not None and "fsdp" in view.header and not adapter:
             return _fsdp_model(store, view, step)
-        return composite(store, view, step)
+        lora = LoraFacts.from_header(view.header, store.url)
+        if adapter and lora is None:
+            raise LayerCheckError(f"{store.url} was not written from a PEFT LoRA model (its "
+                                  "header records no adapter): export without --adapter")
+        plan, tensors = composite(store, view, step)
+        if lora is None:
+            return plan, tensors
+        return plan, adapter_weights(tensors, lora) if adapter else merged_weights(tensors, lora)
 
     def build(staging: Path, plan: Plan, tensors: dict[str, torch.Tensor]) -> None:
-        write_model(staging, store, plan.step, tensors)
+        (write_adapter if adapter else write_model)(staging, store, plan.step, tensors)
 
     return _export(store, target, prepare, build)
+
+
+def write_adapter(folder: Path, store: Store, step: int, tensors: dict[str, torch.Tensor]) -> None:
+    """``adapter_model.safetensors`` and ``adapter_config.json`` as PEFT's
+    ``save_pretrained`` writes them (the config the directory recorded, for inference)."""
+    if not store.exists(ADAPTER_CONFIG):
+        raise LayerCheckError(f"{store.url} holds no {ADAPTER_CONFIG} (the model had no "
+                              "peft_config): export the merged model without --adapter")
+    config = parse_model_config(store.read(ADAPTER_CONFIG), ADAPTER_CONFIG)
+    config["inference_mode"] = True  # as PeftModel.save_pretrained writes it
+    save_file(tensors, folder / "adapter_model.safetensors",
+              metadata={"format": "pt", "layercheck_step": str(step)})
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def write_model(folder: Path, store: Store, step: int, tensors: dict[str, torch.Tensor]) -> None:

@@ -2,6 +2,7 @@
 
     manifest.jsonl                                 the commit log: one record per line
     model_config.json                              the Hugging Face config, if the model has one
+    adapter_config.json                            PEFT's adapter config, if the model is a LoRA one
     layers/<layer>@<step>[.rank<r>].safetensors    one file per layer version (per rank's shard)
     states/<step>[.rank<r>].safetensors            the training state of each committed step
 
@@ -13,10 +14,40 @@ as float64 0-d tensors), ``buffer/<name>``; ``<owner>`` is a parameter name, or
 Manifest records, one per line as ``{"crc": <crc32 of the JSON>, "r": record}``:
 ``header`` (layers, config, lr_peak, null where thresholds are not scaled and the
 optimizer gave no LR above 0; a sharded job's ``world_size`` and backend
-facts, e.g. ``zero`` or ``fsdp``), ``layer``/``state`` (a committed version: step, file,
+facts, e.g. ``zero`` or ``fsdp``; ``lora`` for a PEFT LoRA model, see below),
+``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
 timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
 sharded, is retired).
+
+Frozen tensors (issue 29; ``layercheck/1`` still, as every field is optional and
+older directories read as before): a layer record may carry ``frozen``, the
+names of the layer's parameters that did not train (``requires_grad`` False) at
+its step, and ``base``, the step of the same layer's version whose file holds
+those parameters. A version with ``base`` (a *partial* version) holds only the
+parameters that trained, their optimizer state and the layer's buffers; its
+``frozen`` parameters come from the file of the layer's version of step
+``base``, a *full* version (no ``base``: its file holds every parameter, which
+every version written before issue 29 is). A partial version is restorable only
+while that full version is live and intact; a full version with ``frozen``
+parameters is kept by retention and ``gc`` like the base checkpoint's. The
+writer makes a version partial only if each of its frozen parameters was
+frozen at every step since the full version it names (so its bytes there are
+still its value); a parameter unfrozen later is written in every version from
+then on, and one frozen later makes the next version of its layer full again.
+A full version may also leave out frozen parameters that come unchanged from a
+pretrained model's safetensors files (``LayerCheck(pretrained=...)``,
+``layercheck.pretrained``): its record's ``refs`` names, per such parameter,
+the file, the tensor key and the checksum of its bytes; a restore reads it
+from there and verifies the checksum.
+
+A PEFT LoRA model (``layercheck.adapters``) adds ``adapter_config.json`` (PEFT's
+own adapter config, as ``save_pretrained`` writes it) and the header fact
+``lora``: ``{"adapter": <name>, "modules": {<module path>: {"scaling": s,
+"fan_in_fan_out": bool}}}``, what an export needs to merge W + s·B·A (or to
+write the adapter alone in PEFT's layout) without PEFT or the live model; with
+``"unsupported": <why>`` (and no modules) where the adapter is not plain LoRA
+(DoRA, several adapters active), which export then refuses.
 
 A file's safetensors metadata says what it is (``layer_metadata``: layer, step
 and, sharded, rank; a training state's document its step): a record that names
@@ -45,7 +76,7 @@ from .errors import CorruptVersion, LayerCheckError
 from .schema import Field, Schema, deeper_than, expect, integer, number, obj, shown, table
 from .store import check_relative
 
-__all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
+__all__ = ["MANIFEST", "MODEL_CONFIG", "ADAPTER_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
            "checksum", "checksum_matches",
            "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
@@ -55,6 +86,8 @@ __all__ = ["MANIFEST", "MODEL_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS",
 
 MANIFEST = "manifest.jsonl"
 MODEL_CONFIG = "model_config.json"
+ADAPTER_CONFIG = "adapter_config.json"
+"""PEFT's adapter config of a LoRA model (see the module doc)."""
 FORMAT = "layercheck/1"
 STATE_FORMAT = "layercheck-state/2"
 EXPORT_FORMATS = ("hf", "deepspeed", "dcp")
@@ -202,10 +235,21 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
         "lr_peak": number(positive=False, required=False, null=True),  # null: lr_scaling off
         "created": number(positive=False, required=False),
         "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1", required=False),
-        "zero": obj(Schema({}), required=False), "fsdp": obj(Schema({}), required=False)}),
+        "zero": obj(Schema({}), required=False), "fsdp": obj(Schema({}), required=False),
+        "lora": obj(Schema({"adapter": _TEXT, "modules": obj(Schema({}))}), required=False)}),
     "layer": Schema({"step": _COUNT, "layer": _TEXT,
                      "reason": expect(lambda v: isinstance(v, str), "a string", required=False,
-                                      null=True)}, _VERSION),
+                                      null=True),
+                     "frozen": expect(lambda v: isinstance(v, list) and all(
+                         isinstance(n, str) for n in v), "a list of parameter names",
+                         required=False),
+                     "base": integer(0, MAX_COUNT, "an integer from 0 to 2**63-1",
+                                     required=False),
+                     "refs": expect(lambda v: isinstance(v, dict) and all(
+                         isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
+                                                     ("file", "key", "checksum"))
+                         for r in v.values()), "an object of {file, key, checksum} per "
+                         "parameter", required=False)}, _VERSION),
     "state": Schema({"step": _COUNT}, _VERSION),
     "resume": Schema({"step": _COUNT}),
     "drop": Schema({"file": Field(_relative)}),
@@ -215,7 +259,8 @@ ranges every reader relies on, checked where the manifest is read (``decode_line
 and on the header as it is written. Of the header's ``config`` (reported as
 recorded by ``inspect``) only ``write_budget`` is used (``plan``); the backend
 facts (``zero``, ``fsdp``) are checked by their own parsers where an export uses
-them (``ZeroFacts``, ``FsdpFacts``)."""
+them (``ZeroFacts``, ``FsdpFacts``), ``lora`` by ``adapters.LoraFacts``. A layer
+record's ``base`` must be below its ``step`` (``Version.from_record``)."""
 
 
 def check_record(record: Any) -> dict[str, Any]:
@@ -236,9 +281,10 @@ def check_record(record: Any) -> dict[str, Any]:
     return record
 
 
-def parse_model_config(data: bytes) -> dict[str, Any]:
-    """The Hugging Face config that ``MODEL_CONFIG`` holds; CorruptVersion saying the
-    fix unless it is a JSON object nesting at most ``MAX_DEPTH`` deep."""
+def parse_model_config(data: bytes, name: str = MODEL_CONFIG) -> dict[str, Any]:
+    """The Hugging Face config that ``MODEL_CONFIG`` (or ``name``: ``ADAPTER_CONFIG``)
+    holds; CorruptVersion saying the fix unless it is a JSON object nesting at most
+    ``MAX_DEPTH`` deep."""
     try:
         config = json.loads(data)
         wrong = None if isinstance(config, dict) else "not a JSON object"
@@ -249,6 +295,9 @@ def parse_model_config(data: bytes) -> dict[str, Any]:
     if wrong is None and deeper_than(config, MAX_DEPTH):
         wrong = f"nested deeper than {MAX_DEPTH} levels"
     if wrong is not None:
+        if name != MODEL_CONFIG:
+            raise CorruptVersion(f"{name} is {wrong}: it should be PEFT's adapter config; "
+                                 "replace it with the adapter_config.json save_pretrained writes")
         raise CorruptVersion(f"{MODEL_CONFIG} is {wrong}: it should be the model's Hugging Face "
                              "config (config.json); replace it with that file, or delete it to "
                              "export the weights without a config")
@@ -289,6 +338,19 @@ class Version:
     rank: int | None = None
     """The rank whose shard ``file`` is (None: unsharded); not recorded, it is the
     shard's place in ``shards``."""
+    frozen: tuple[str, ...] = ()
+    """The layer's parameters that did not train at ``step`` (see the module doc)."""
+    base: int | None = None
+    """A partial version's full version (its step), which holds ``frozen``; None: full."""
+    refs: tuple[tuple[str, str, str, str], ...] = ()
+    """A full version's frozen parameters held by a pretrained file instead of its own:
+    (parameter, file, tensor key, checksum) each (see the module doc)."""
+
+    @property
+    def holds_frozen(self) -> bool:
+        """A full version with frozen parameters: partial versions may name it as their
+        base, so retention and gc keep it as they keep the base checkpoint's."""
+        return bool(self.frozen) and self.base is None
 
     @classmethod
     def from_record(cls, record: dict[str, Any], rank: int | None = None) -> "Version":
@@ -301,9 +363,20 @@ class Version:
                              "restore with the world size the checkpoint was written with")
         own = shards[rank or 0] if shards else Shard.from_record(record)
         layer = record["layer"] if record["kind"] == "layer" else None
+        base = record.get("base") if layer is not None else None
+        if base is not None and base >= record["step"]:
+            raise ValueError(f"layer record of step {record['step']} names base {base}: a "
+                             "partial version's full version comes before it")
+        refs = tuple(sorted((name, r["file"], r["key"], r["checksum"])
+                            for name, r in (record.get("refs") or {}).items()))
+        if refs and (base is not None or not {r[0] for r in refs} <= set(record.get("frozen", ()))):
+            raise ValueError(f"layer record of step {record['step']}: refs name parameters "
+                             "that are not its frozen ones, or it is a partial version")
         return cls(step=record["step"], file=own.file, bytes=own.bytes, checksum=own.checksum,
                    layer=layer, reason=record.get("reason") if layer is not None else None,
-                   shards=shards, rank=(rank or 0) if shards else None)
+                   shards=shards, rank=(rank or 0) if shards else None,
+                   frozen=tuple(record.get("frozen", ())) if layer is not None else (),
+                   base=base, refs=refs if layer is not None else ())
 
     @property
     def key(self) -> str:
@@ -321,7 +394,8 @@ class Version:
 
     def per_rank(self) -> list["Version"]:
         """Every rank's file as a version of its own (just this one if unsharded)."""
-        return [Version(self.step, s.file, s.bytes, s.checksum, self.layer, self.reason, rank=r)
+        return [Version(self.step, s.file, s.bytes, s.checksum, self.layer, self.reason, rank=r,
+                        frozen=self.frozen, base=self.base, refs=self.refs)
                 for r, s in enumerate(self.shards)] if self.shards else [self]
 
     def to_record(self) -> dict[str, Any]:
@@ -334,6 +408,13 @@ class Version:
         if self.layer is not None:
             record["layer"] = self.layer
             record["reason"] = self.reason
+            if self.frozen:  # absent where nothing is frozen: records as before issue 29
+                record["frozen"] = list(self.frozen)
+            if self.base is not None:
+                record["base"] = self.base
+            if self.refs:
+                record["refs"] = {name: {"file": file, "key": key, "checksum": digest}
+                                  for name, file, key, digest in self.refs}
         return record
 
 

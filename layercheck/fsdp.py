@@ -101,6 +101,12 @@ class DTensorShards(ModuleSource):
                                   "parameters: fully_shard replaces every parameter with a "
                                   "DTensor, so create the optimizer after fully_shard")
 
+    def frozen(self, i: int) -> list[str]:
+        return []  # every rank's shard holds all of its layer: no partial versions here
+
+    def drift_adapters(self) -> Any:
+        return None  # DTensor shards: every tensor counts as itself
+
     def capture(self, i: int) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, p in self.layer_map.parameters(i):

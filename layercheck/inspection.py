@@ -5,7 +5,8 @@ from typing import Any
 
 from .errors import CorruptVersion, ReadFailed
 from .format import Version
-from .manifest import read_again, read_manifest, read_verified
+from .manifest import ManifestView, read_again, read_manifest, read_verified
+from .pretrained import Ref, read_ref
 from .store import Store
 
 __all__ = ["inspect_directory", "format_inspection"]
@@ -29,7 +30,8 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
     view = read_manifest(store)
     header = view.require_header(store.url)
     newest = view.latest_step()
-    found = [(v, d) for v in view.all_versions() if (d := _damage(store, v, verify))]
+    found = [(v, d) for v in view.all_versions() if (d := _damage(store, v, verify)
+                                                       or _orphan(view, v))]
     problems = list(view.problems)
     if found or problems:
         now = read_again(store, view)
@@ -44,7 +46,12 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
             "name": layer["name"], "kind": layer["kind"], "params": layer["params"],
             "versions": len(versions), "newest_version_step": last,
             "staleness": (newest - last) if newest is not None and last is not None else None,
-            "bytes_on_disk": sum(v.total_bytes for v in versions)})
+            "bytes_on_disk": sum(v.total_bytes for v in versions),
+            # only what trains (format: frozen tensors): versions that hold the trained
+            # parameters alone, and the frozen ones the newest version reads elsewhere
+            "partial_versions": sum(v.base is not None for v in versions),
+            "frozen_params": len(versions[-1].frozen) if versions else 0,
+            "frozen_from_step": versions[-1].base if versions else None})
     files = store.list("layers") + store.list("states")
     return {
         "directory": store.url, "world_size": view.world_size, "newest_step": newest, "recoverable_steps": len(view.states),
@@ -62,6 +69,14 @@ def _on_disk(store: Store, path: str) -> int:
         return 0
 
 
+def _orphan(view: ManifestView, version: Version) -> str | None:
+    """A partial version whose full version (holding its frozen parameters) is not live."""
+    if version.base is None or view.base_of(version) is not None:
+        return None
+    return (f"{version.file}: its frozen parameters are in the layer's version of step "
+            f"{version.base}, which is not committed: this version cannot be restored")
+
+
 def _damage(store: Store, version: Version, verify: bool) -> str | None:
     """What is wrong with a committed file (any rank's shard), or None."""
     for shard in version.per_rank():
@@ -75,6 +90,11 @@ def _damage(store: Store, version: Version, verify: bool) -> str | None:
                 read_verified(store, shard)
             except (CorruptVersion, ReadFailed) as exc:  # ReadFailed says it is not damage
                 return str(exc)
+    for name, *where in version.refs if verify else ():  # frozen weights by reference
+        try:
+            read_ref(Ref(*where))
+        except CorruptVersion as exc:
+            return f"{version.file}: {name}: {exc}"
     return None
 
 
@@ -86,13 +106,27 @@ def format_inspection(info: dict[str, Any]) -> str:
              "",
              f"{'layer':<32} {'kind':<10} {'params':>12} {'versions':>8} {'newest':>8} "
              f"{'stale':>6} {'bytes':>10}"]
+    frozen = any(layer.get("frozen_params") for layer in info["layers"])
+    if frozen:
+        lines[-1] += f" {'frozen':>7}"
     for layer in info["layers"]:
         lines.append(f"{layer['name']:<32} {layer['kind']:<10} {layer['params']:>12,} "
                      f"{layer['versions']:>8} {_opt(layer['newest_version_step']):>8} "
-                     f"{_opt(layer['staleness']):>6} {_size(layer['bytes_on_disk']):>10}")
+                     f"{_opt(layer['staleness']):>6} {_size(layer['bytes_on_disk']):>10}"
+                     + (f" {_frozen(layer):>7}" if frozen else ""))
+    if frozen:
+        lines.append("frozen: parameters that did not train, held by the version of step @N "
+                     "(written once, not in every version)")
     for problem in info["problems"]:
         lines.append(f"DAMAGE: {problem}")
     return "\n".join(lines)
+
+
+def _frozen(layer: dict[str, Any]) -> str:
+    if not layer.get("frozen_params"):
+        return "-"
+    at = layer.get("frozen_from_step")
+    return f"{layer['frozen_params']}@{at if at is not None else layer['newest_version_step']}"
 
 
 def _opt(value: object) -> str:

@@ -11,10 +11,11 @@ its own shard. Torch-free.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
@@ -70,6 +71,14 @@ class ManifestView:
 
     def latest_step(self) -> int | None:
         return max(self.states) if self.states else None
+
+    def base_of(self, version: Version) -> Version | None:
+        """The live full version that holds a partial ``version``'s frozen parameters
+        (``format``: ``base``); None for a full version, or where it is not live."""
+        if version.base is None or version.layer is None:
+            return None
+        return next((v for v in self.versions.get(version.layer, []) if v.step == version.base
+                     and v.base is None), None)
 
     def all_versions(self) -> Iterable[Version]:
         for versions in self.versions.values():
@@ -249,6 +258,13 @@ class VerifiedFile:
     data_start: int
     apart: ReadBuffer | None = None
     apart_keys: frozenset[str] = frozenset()
+    frozen: "VerifiedFile | None" = None
+    """A partial version's full version, verified too (``with_frozen``): its tensors
+    ``frozen_keys`` complete this file's."""
+    frozen_keys: tuple[str, ...] = ()
+    referenced: Mapping[str, Any] = field(default_factory=dict)
+    """Frozen parameters read from a pretrained file (``layercheck.pretrained``) and
+    verified there: tensors by key, which complete this file's too."""
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -256,8 +272,19 @@ class VerifiedFile:
 
     @property
     def nbytes(self) -> int:
-        """The memory holding the file: its size."""
-        return len(self.data) + (len(self.apart) if self.apart is not None else 0)
+        """The memory holding the file (and its full version's, and what it references)."""
+        own = len(self.data) + (len(self.apart) if self.apart is not None else 0)
+        refs = sum(t.numel() * t.element_size() for t in self.referenced.values())
+        return own + refs + (self.frozen.nbytes if self.frozen is not None else 0)
+
+    def with_frozen(self, full: "VerifiedFile", keys: tuple[str, ...], what: str) -> "VerifiedFile":
+        """This file completed by the tensors ``keys`` of ``full`` (a partial version's
+        full version, verified); CorruptVersion naming ``what`` if it lacks one."""
+        missing = [key for key in keys if key not in full.header]
+        if missing:
+            raise CorruptVersion(f"{what}: its full version holds no {missing[0]}, which the "
+                                 "manifest says it holds")
+        return dataclasses.replace(self, frozen=full, frozen_keys=keys)
 
     def places(self) -> dict[str, tuple[ReadBuffer, int]]:
         """Per tensor (header order): the buffer holding its bytes, and where they start."""

@@ -38,6 +38,7 @@ about a layer at a time in memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,9 +49,10 @@ import numpy as np
 import torch
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
-from .format import Version, read_state_document
+from .format import Version, read_state_document, tensor_key
 from .layerfile import DTYPES
 from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
+from .pretrained import Ref, read_ref
 from .ranks import Ranks
 from .store import Store
 
@@ -83,6 +85,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     passed_over: list[Version] = field(default_factory=list)
     """Versions found damaged and passed over; ``warnings[i]`` says why of the i-th."""
+    bases: dict[str, Version] = field(default_factory=dict)
+    """Per layer whose source is a partial version, the full version holding its
+    frozen parameters (read with it; ``format``: frozen tensors)."""
 
     def staleness(self) -> dict[str, int]:
         return {name: self.step - v.step for name, v in self.sources.items()}
@@ -90,9 +95,12 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step,
                 "layers": [{"layer": n, "source_step": v.step, "staleness": self.step - v.step,
-                            "file": v.file, "bytes": v.bytes, "reason": v.reason}
+                            "file": v.file, "bytes": v.bytes, "reason": v.reason,
+                            # where a layer has frozen parameters: the version holding them
+                            **({"frozen_from_step": v.base if v.base is not None else v.step,
+                                "frozen_tensors": len(v.frozen)} if v.frozen else {})}
                            for n, v in self.sources.items()],
-                "bytes": sum(v.bytes for v in self.sources.values()),
+                "bytes": sum(v.bytes for v in [*self.sources.values(), *self.bases.values()]),
                 "warnings": list(self.warnings)}
 
 
@@ -115,6 +123,10 @@ def tensor_views(file: VerifiedFile) -> Loaded:
     copy, and they keep their buffer alive while any of them lives."""
     tensors = Loaded()
     tensors.own = file.apart_keys
+    if file.frozen is not None:  # a partial version: its frozen parameters from its full one
+        full = tensor_views(file.frozen)
+        tensors.update((key, full[key]) for key in file.frozen_keys)
+    tensors.update(file.referenced)  # and those a pretrained file holds
     for key, (buffer, offset) in file.places().items():
         entry = file.header[key]
         dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
@@ -183,8 +195,14 @@ class Planner:
     def plan(self, step: int | None = None, *, exact: bool = False,
              use: UseLayer | None = None) -> Plan:
         state, _ = self.state(step, exact=exact)
-        return Plan(state.step, state, self.layers(state.step, use), self.warnings,
-                    self.passed_over)
+        sources = self.layers(state.step, use)
+        return Plan(state.step, state, sources, self.warnings, self.passed_over,
+                    self.bases(sources))
+
+    def bases(self, sources: dict[str, Version]) -> dict[str, Version]:
+        """Per layer whose chosen version is partial, its full version (``Plan.bases``)."""
+        return {name: base for name, version in sources.items()
+                if (base := self.view.base_of(version)) is not None}
 
     def state(self, step: int | None = None, *,
               exact: bool = False) -> tuple[Version, VerifiedFile]:
@@ -311,10 +329,10 @@ class Planner:
         ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried)."""
         for delay in REREAD_DELAYS:
             try:
-                return read_verified_file(self.store, version, self.apart)
+                return self._completed(version, read_verified_file(self.store, version, self.apart))
             except ReadFailed:
                 time.sleep(delay)
-        return read_verified_file(self.store, version, self.apart)
+        return self._completed(version, read_verified_file(self.store, version, self.apart))
 
     def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
                        newest: "Future[VerifiedFile] | None" = None
@@ -340,7 +358,30 @@ class Planner:
             if shard.file != version.file:
                 read_verified_file(self.store, shard)
         apart = self.apart if version.layer is not None else None  # a training state: whole
-        return read_verified_file(self.store, version, apart)
+        return self._completed(version, read_verified_file(self.store, version, apart))
+
+    def _completed(self, version: Version, file: VerifiedFile) -> VerifiedFile:
+        """``file``, and for a partial version its full version's file too (verified
+        likewise; ``format``: frozen tensors), and the frozen parameters the full
+        version holds by reference (read from the pretrained file, verified:
+        ``layercheck.pretrained``), so that its views are the whole layer."""
+        if not version.frozen:
+            return file
+        full = version if version.base is None else self.view.base_of(version)
+        if full is None:
+            raise CorruptVersion(f"{version.file}: its frozen parameters are in the layer's "
+                                 f"version of step {version.base}, which is not committed "
+                                 "(retired, or its write failed)")
+        refs = {name: Ref(*where) for name, *where in full.refs}
+        held = tuple(tensor_key("param", name) for name in version.frozen if name not in refs)
+        if version.base is not None and held:
+            own = full if version.rank is None else full.per_rank()[version.rank]
+            file = file.with_frozen(read_verified_file(self.store, own), held, version.file)
+        wanted = [name for name in version.frozen if name in refs]
+        if not wanted:
+            return file
+        return dataclasses.replace(file, referenced={
+            tensor_key("param", name): _referenced(refs[name]) for name in wanted})
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:
@@ -372,6 +413,15 @@ def _raise_together(failure: BaseException | None, agreed: np.ndarray,
             raise elsewhere()
         raise LayerCheckError("another rank failed to restore (its error says why); this "
                               "rank stops with it")
+
+
+def _referenced(ref: Ref) -> torch.Tensor:
+    """The tensor a pretrained file holds at ``ref``, verified (``read_ref``)."""
+    data, dtype, shape = read_ref(ref)
+    kind = _DTYPES[dtype]
+    if not data:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(data), dtype=kind).view(shape)
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,

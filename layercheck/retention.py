@@ -1,7 +1,8 @@
 """Automatic retention: which committed versions to drop once newer ones commit.
 
 With ``keep_versions=k`` every layer keeps its k newest versions plus its
-base-checkpoint version; an older version is dropped once k newer ones of
+base-checkpoint version (and any full version holding frozen parameters, which
+partial versions read: ``format``, frozen tensors); an older version is dropped once k newer ones of
 its layer are part of a recoverable step. Steps older than the newest step a
 dropped version served stop being recoverable, so their training states are
 dropped too: the recoverable steps stay one contiguous, newest range, and
@@ -53,7 +54,7 @@ class Retention:
             raise ValueError(f"keep_versions={keep}: keep at least the newest version (1)")
         self.keep = keep
         standing = standing or {}
-        self._layers = {name: [v for v in versions if v.reason != Reason.BASE.label
+        self._layers = {name: [v for v in versions if not _always_kept(v)
                                and (name not in standing or v.step <= standing[name].step)]
                         for name, versions in view.versions.items()}
         self._states = sorted(view.states.values(), key=lambda v: v.step)
@@ -63,7 +64,7 @@ class Retention:
         for version in versions:
             if version.layer is None:
                 self._states.append(version)
-            elif version.reason != Reason.BASE.label:
+            elif not _always_kept(version):
                 self._layers.setdefault(version.layer, []).append(version)
         if not self._states:
             return []
@@ -79,3 +80,9 @@ class Retention:
         while self._states[0].step < floor:
             states.append(self._states.pop(0))
         return states + layers
+
+
+def _always_kept(version: Version) -> bool:
+    """The base checkpoint's version, and a full version holding frozen parameters that
+    partial versions may read (``format``: frozen tensors): never counted, never dropped."""
+    return version.reason == Reason.BASE.label or version.holds_frozen

@@ -4,7 +4,9 @@
 answers what depends on where the tensors are: ``drift_layers()`` (per
 layer, the tensors the optimizer steps; ``drift_groups()`` names their param
 groups where the optimizer holds them only while stepping), ``capture(i)``
-(host copies of layer i, keyed as ``layercheck.format`` says), ``check(i,
+(host copies of layer i, keyed as ``layercheck.format`` says; ``frozen(i)``
+names the parameters that do not train, which ``capture(i, omit)`` leaves
+out where its full version holds them), ``check(i,
 tensors)`` (ModelMismatch unless a loaded layer i fits the live tensors: keys,
 shapes, dtypes; nothing is copied), ``apply(i, tensors)`` (it back into the
 live tensors), and what the
@@ -118,6 +120,11 @@ class LayerSource:
     def drift_layers(self) -> list[list[torch.Tensor]]:
         raise NotImplementedError
 
+    def drift_adapters(self) -> Any:
+        """The LoRA modules whose drift is taken of their effective weights
+        (``adapters.AdapterDrift``), or None: every tensor counts as itself."""
+        return None
+
     def drift_groups(self) -> dict[int, dict] | None:
         """``id(tensor) -> param group`` for the tensors of ``drift_layers()``;
         None: the optimizer's ``param_groups`` hold them all the time."""
@@ -125,6 +132,12 @@ class LayerSource:
 
     def capture(self, i: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def frozen(self, i: int) -> list[str]:
+        """Layer ``i``'s parameters that do not train now (``layercheck.frozen``): a source
+        that names any must take ``capture(i, omit=...)``, leaving those out. Default
+        none: a backend's versions hold everything."""
+        return []
 
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """ModelMismatch unless ``apply(i, tensors)`` fits; copies nothing."""
@@ -187,9 +200,23 @@ class ModuleSource(LayerSource):
     def drift_layers(self) -> list[list[torch.Tensor]]:
         return [[p for _, p in self.layer_map.parameters(i)] for i in range(len(self.layer_map))]
 
-    def capture(self, i: int) -> dict[str, torch.Tensor]:
+    def frozen(self, i: int) -> list[str]:
+        return [name for name, p in self.layer_map.parameters(i) if not p.requires_grad]
+
+    def drift_adapters(self) -> Any:
+        from .adapters import AdapterDrift, drift_terms
+        layer_of = {name: i for i in range(len(self.layer_map))
+                    for name, _ in self.layer_map.parameters(i)}
+        terms = drift_terms(self.model, layer_of)
+        return AdapterDrift(terms) if terms else None
+
+    def capture(self, i: int, omit: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """Layer ``i``'s tensors but the parameters ``omit`` names (frozen ones, which
+        its full version holds) and their optimizer state."""
         out: dict[str, torch.Tensor] = {}
         for name, p in self.layer_map.parameters(i):
+            if name in omit:
+                continue
             out[tensor_key("param", name)] = host(p)
             out.update(capture_optimizer_state(self.optimizer.state.get(p, {}), name))
         return {**out, **self._capture_buffers(i)}

@@ -100,12 +100,16 @@ LAYER_SCHEMA: dict[str, Column] = {
                      high=MAX_COUNT),
     "bytes": Column(dtype="int64", holds="a positive byte count (an integer up to 2**53)",
                     positive=True, high=MAX_COUNT),
-    "state_bytes": Column(dtype="int64", holds="a positive byte count (an integer up to 2**53)",
-                          positive=True, high=MAX_COUNT, optional=True),
+    "state_bytes": Column(dtype="int64", holds="a byte count (an integer from 0 to 2**53)",
+                          high=MAX_COUNT, optional=True),
+    "base_bytes": Column(dtype="int64", holds="a byte count (an integer from 0 to 2**53)",
+                         high=MAX_COUNT, optional=True),
 }
 """The manifest's ``layers``: one object per layer. ``bytes`` is one version on
 disk (with the file's header); ``state_bytes`` (optional) its tensor bytes, what
-a write budget counts."""
+a write budget counts (0 for a layer that trains nothing: its versions after the
+base hold no tensor); ``base_bytes`` (optional) its base checkpoint's version,
+larger where the layer has frozen parameters, which only that version holds."""
 
 TABLES: dict[str, dict[str, str]] = {table: {name: c.dtype for name, c in columns.items()}
                                      for table, columns in SCHEMA.items()}

@@ -15,6 +15,7 @@ hears.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 from collections import deque
@@ -65,6 +66,13 @@ class LayerSnapshot:
     reason: str
     tensors: dict[str, torch.Tensor]
     nbytes: int
+    frozen: tuple[str, ...] = ()
+    """The layer's parameters that did not train (``format``: frozen tensors)."""
+    base: int | None = None
+    """Set: a partial version, ``tensors`` without ``frozen``, which the layer's full
+    version of this step holds."""
+    refs: tuple[tuple[str, str, str, str], ...] = ()
+    """A full version's frozen parameters left to a pretrained file (``Version.refs``)."""
 
 
 @dataclass
@@ -296,9 +304,11 @@ class Writer:
             if failed.is_set():
                 return None  # the job fails anyway: write no more of it
             try:
-                return self._write(layer_path(snap.name, job.step, rank), snap.tensors,
-                                   layer_metadata(snap.name, job.step, rank), job.step,
-                                   snap.name, snap.reason)
+                version = self._write(layer_path(snap.name, job.step, rank), snap.tensors,
+                                      layer_metadata(snap.name, job.step, rank), job.step,
+                                      snap.name, snap.reason)
+                return dataclasses.replace(version, frozen=snap.frozen, base=snap.base,
+                                           refs=snap.refs)
             except BaseException:
                 failed.set()
                 raise

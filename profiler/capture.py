@@ -43,6 +43,7 @@ from .config import CaptureConfig, ZeroConfig
 from .job import Job, PhaseTimes
 from .jobs import open_job
 from .machine import describe_machine
+from .models import describe_lora
 from .recorder import Recorder
 
 __all__ = ["capture", "CaptureResult", "TRACE_FILES", "summarize"]
@@ -228,8 +229,9 @@ def _trace(job: Job, recorder: Recorder, run: _Run, name: str, machine: dict[str
            argv: list[str] | None, median_step_s: list[float]) -> Trace:
     """The one manifest builder: the job's own words come from ``job.manifest_parts``."""
     tables = recorder.tables()
-    sizes = recorder.layer_bytes()
-    layers = [{**layer, "bytes": sizes.get(i, 0)} for i, layer in enumerate(run.layers)]
+    sizes, base = recorder.layer_bytes(), recorder.base_bytes()
+    layers = [{**layer, "bytes": sizes.get(i, 0), "base_bytes": base.get(i, 0)}
+              for i, layer in enumerate(run.layers)]
     if run.lc["sizes"] is not None:  # what a write budget charged (tensor bytes, no file header)
         for layer, state_bytes in zip(layers, run.lc["sizes"]):
             layer["state_bytes"] = int(state_bytes)
@@ -238,14 +240,20 @@ def _trace(job: Job, recorder: Recorder, run: _Run, name: str, machine: dict[str
     if job.ranks.world > 1:
         parts["sources"].setdefault(job.sources_key, {})["median_step_s_per_rank"] = median_step_s
     shown = f"`{command}`" if command else "`python -m profiler capture`"
+    lora = describe_lora(job.model)
+    adapted = "" if lora is None else (
+        f" with LoRA adapters (r={lora['r']}, alpha {lora['alpha']}, on "
+        f"{', '.join(lora['target_modules'])}: {lora['trainable_parameters']:,} parameters "
+        "train, the rest frozen)")
     manifest = {
         "schema_version": SCHEMA_VERSION, "name": name, "kind": "captured",
         "description": (f"Captured by {shown}: {parts['setup']}{source.label} "
-                        f"({job.num_params:,} parameters) trained {config.steps} steps as a "
+                        f"({job.num_params:,} parameters){adapted} trained {config.steps} steps as a "
                         f"{source.objective} LM on Python's own documentation{parts['detail']}. "
                         f"{config.scaling_note}."),
         "model": {**source.describe(), "parameters": job.num_params,
-                  "architecture": job.architecture, **parts["model"]},
+                  "architecture": job.architecture, **parts["model"],
+                  **({"lora": lora} if lora is not None else {})},
         "layers": layers, "config": run.lc["config"], "lr_peak": run.lc["lr_peak"],
         "machine": {**machine, **parts["machine"]},
         "sources": {"data": job.corpus.describe(), "dataset": job.dataset.describe(),

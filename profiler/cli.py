@@ -179,6 +179,8 @@ def _job_options(p: argparse.ArgumentParser, *,
     p.add_argument("--device", default=d.device, help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lora", type=int, metavar="R", help="train a PEFT LoRA adapter of rank R "
+                   "(alpha 2R, attention projections) instead of every weight (needs peft)")
     p.add_argument("--out", type=Path, help=out_help)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -206,7 +208,8 @@ def _config(args: argparse.Namespace) -> CaptureConfig:
     return CaptureConfig(model=args.model, steps=args.steps, batch_size=args.batch_size,
                          seq_len=args.seq_len, lr=args.lr, threshold=args.threshold,
                          smax=args.smax, warmup_steps=args.warmup_steps, device=args.device,
-                         seed=args.seed, threads=args.threads, layercheck=args.layercheck)
+                         seed=args.seed, threads=args.threads, layercheck=args.layercheck,
+                         lora=args.lora)
 
 
 def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:

@@ -86,6 +86,11 @@ class CaptureConfig:
     eval_sequences: int = 64
     """Held-out sequences for the final evaluation metric."""
 
+    lora: int | None = None
+    """Train a PEFT LoRA adapter of this rank (alpha 2r, on the attention projections:
+    ``profiler.models.with_lora``) instead of every weight; the rest stays frozen.
+    None: full fine-tuning. Needs the ``lora`` extra (peft)."""
+
     layercheck: Mapping[str, Any] | None = None
     """A whole ``LayerCheckConfig`` as a dict (its ``to_dict()``; ``--config``), e.g.
     the line ``python -m sim tune`` recommends. It replaces ``threshold``,
@@ -120,6 +125,8 @@ class CaptureConfig:
         _int_at_least("seed", self.seed, 0)
         if self.threads is not None:
             _positive_int("threads", self.threads)
+        if self.lora is not None:
+            _positive_int("lora", self.lora)
         if self.layercheck is not None:
             given = [f for f in ("threshold", "smax", "warmup_steps") if getattr(self, f) is not None]
             if given:
@@ -282,6 +289,9 @@ class ZeroConfig:
             raise ProfilerError(f"--deepspeed {self.deepspeed}: use {', '.join(ZERO_STAGES)} "
                                 "(the profiler captures under ZeRO-3, as the paper does)")
         _positive_int("ranks", self.ranks)
+        if self.capture.lora is not None:
+            raise ProfilerError(f"--lora with --{self.backend_option}: an adapter run is "
+                                "captured in one process; drop --lora or the sharding")
         if self.capture.batch_size % self.ranks:
             raise ProfilerError(f"batch_size={self.capture.batch_size} does not split evenly over "
                                 f"{self.ranks} ranks: use a multiple of {self.ranks} for "

@@ -111,7 +111,8 @@ class Job:
                 "machine": {}, "model": {}}
 
     def default_name(self) -> str:
-        return f"{self.source.label}-{self.config.steps}steps"
+        lora = f"-lora{self.config.lora}" if getattr(self.config, "lora", None) else ""
+        return f"{self.source.label}{lora}-{self.config.steps}steps"
 
     @property
     def lr_peak(self) -> float:
@@ -132,6 +133,9 @@ def build_model_and_data(config: CaptureConfig, source: ModelSource | None = Non
     _warm_drift_kernels()
     source = source or resolve_model(config.model)
     model, tokenizer = source.build(seed=config.seed, max_len=config.seq_len)
+    if config.lora is not None:  # the adapter's A is drawn from the RNG build() seeded
+        from .models import with_lora
+        model = with_lora(model, config.lora)
     corpus = load_corpus()
     dataset = Dataset.build(corpus, tokenizer, objective=source.objective,
                             seq_len=config.seq_len, batch_size=config.batch_size,

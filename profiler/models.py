@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from .errors import ProfilerError
 
-__all__ = ["ModelSource", "resolve_model", "TINY", "MINILM_PACKAGE"]
+__all__ = ["ModelSource", "resolve_model", "TINY", "MINILM_PACKAGE", "with_lora",
+           "describe_lora", "LORA_TARGETS"]
 
 Objective = Literal["masked", "causal"]
 
@@ -157,6 +158,46 @@ def _build_tiny(max_len: int) -> Any:
     model = Qwen2ForCausalLM(Qwen2Config(**TINY, max_position_embeddings=max(max_len, 64)))
     model.train()
     return model
+
+
+LORA_TARGETS = r".*\.(q_proj|k_proj|v_proj|o_proj|query|key|value|attention\.output\.dense)$"
+"""The attention projections a ``--lora`` run adapts: Qwen2/Llama's q/k/v/o_proj,
+BERT's query/key/value and attention output (a regular expression, as PEFT takes)."""
+
+
+def with_lora(model: Any, r: int) -> Any:
+    """``model`` wrapped by PEFT with a fresh LoRA adapter of rank ``r`` (alpha 2r, no
+    dropout) on ``LORA_TARGETS``; every other weight frozen. The adapter's A is drawn
+    from torch's RNG (seeded by ``build``), B starts at zero, as PEFT does."""
+    try:
+        import peft
+    except ImportError:
+        raise ProfilerError("--lora needs peft: pip install -c constraints.txt -e '.[lora]'"
+                            ) from None
+    config = peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0,
+                             target_modules=LORA_TARGETS)
+    try:
+        wrapped = peft.get_peft_model(model, config)
+    except ValueError as exc:
+        raise ProfilerError(f"--lora: the model has no attention projections PEFT can adapt "
+                            f"({_first_line(exc)})") from None
+    wrapped.train()
+    return wrapped
+
+
+def describe_lora(model: Any) -> dict[str, Any] | None:
+    """What a trace records of a ``with_lora`` model (None for any other)."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return None
+    config = next(iter(configs.values()))
+    targets = sorted({name.rsplit(".", 1)[-1] if "attention.output" not in name
+                      else "attention.output.dense"
+                      for name, module in model.named_modules() if hasattr(module, "lora_A")})
+    return {"r": config.r, "alpha": config.lora_alpha, "target_modules": targets,
+            "trainable_parameters": sum(p.numel() for p in model.parameters()
+                                        if p.requires_grad),
+            "built_by": "profiler.models.with_lora"}
 
 
 def _quiet_transformers() -> None:

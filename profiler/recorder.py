@@ -71,10 +71,22 @@ class Recorder:
                 "recovery": _frame(self._restores, "recovery") if self._restores else None}
 
     def layer_bytes(self) -> dict[int, int]:
-        """Committed bytes of one version of each written layer (the largest seen)."""
+        """Committed bytes of one version of each written layer: the largest seen after
+        the base checkpoint, where there is one (a layer with frozen parameters writes
+        them with the base only: its later versions are what a write costs), else the
+        base's."""
         out: dict[int, int] = {}
         for w in self._writes:
-            out[w["layer"]] = max(out.get(w["layer"], 0), int(w["bytes"]))
+            if w["reason"] != "base":
+                out[w["layer"]] = max(out.get(w["layer"], 0), int(w["bytes"]))
+        return {**self.base_bytes(), **out}
+
+    def base_bytes(self) -> dict[int, int]:
+        """Committed bytes of each layer's base-checkpoint version (the largest seen)."""
+        out: dict[int, int] = {}
+        for w in self._writes:
+            if w["reason"] == "base":
+                out[w["layer"]] = max(out.get(w["layer"], 0), int(w["bytes"]))
         return out
 
     # -- tables ----------------------------------------------------------------

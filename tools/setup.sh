@@ -13,6 +13,8 @@ PIP=(.venv/bin/pip install -q --disable-pip-version-check)
 # torch first, pinned: anything that admits a newer release pulls a multi-GB CUDA build
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" -c constraints.txt -e ".[train,model,dashboard,dev]"
+# PEFT for the LoRA tests (tests/layercheck/test_adapters.py); the library does not need it
+"${PIP[@]}" -c constraints.txt -e ".[lora]"
 # DeepSpeed builds against the torch above (no build isolation); its CPU ops
 # compile on first use (needs g++), into TORCH_EXTENSIONS_DIR
 DS_BUILD_OPS=0 "${PIP[@]}" -c constraints.txt --no-build-isolation -e ".[deepspeed]"

@@ -69,7 +69,7 @@ def test_code_for_an_older_schema_gets_the_new_column():
 
 @pytest.mark.parametrize("change,message", [
     (dict(k_scale=[1.0, 1.0, 0.0, 1.0, 1.0, 1.0]), "k_scale must be a positive number"),
-    (dict(state_bytes=[1, 2, -3]), r"layers table, column state_bytes, row 2: -3 is not positive"),
+    (dict(state_bytes=[1, 2, -3]), r"layers table, column state_bytes, row 2: -3 is negative"),
 ])
 def test_bad_new_fields_say_where(tmp_path, change, message):
     with pytest.raises(TraceError, match=message):
