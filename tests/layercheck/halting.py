@@ -130,6 +130,9 @@ def _child(argv: list[str]) -> None:
 
     LayerCheck.restore, LayerCheck.step = reporting_restore, reporting_step
     sys.argv = [opts.script, *opts.args]
+    # as `python SCRIPT` would: the script's folder first on the path, so that it
+    # imports the modules beside it (examples/trl_sft.py imports examples/tinychat.py)
+    sys.path.insert(0, str(Path(opts.script).resolve().parent))
     runpy.run_path(opts.script, run_name="__main__")
 
 
