@@ -2,8 +2,9 @@
 
 Shared by ``examples/trl_sft.py``, ``examples/trl_dpo.py`` and their tests
 (``tests/layercheck/test_trl.py``): the tokenizer, the model, the SFT and DPO
-datasets, the LoRA adapter, and the command line both scripts share. Nothing
-comes from a model hub.
+datasets, the LoRA adapter, and the command line both scripts share (``main``:
+where the LayerCheck callback is made and the run resumed). Nothing comes from
+a model hub.
 
 The task: the user asks ``count from 7 by 3``, the assistant answers
 ``10 13 16 19``. SFT trains on the answers (prompt-completion, conversational:
@@ -17,13 +18,13 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs a hub; never ask one
 
 import torch  # noqa: E402
-from transformers import (PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,  # noqa: E402
-                          TrainerCallback)
+from finetune_trainer import LossLog  # noqa: E402  (the plain Trainer example's)
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from layercheck import LayerCheckConfig  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
@@ -149,7 +150,8 @@ def dpo_dataset(size: int, seed: int) -> Any:
 
 
 def lora(rank: int) -> Any:
-    """A PEFT LoRA adapter of ``rank`` on the attention's q and v projections."""
+    """A PEFT LoRA adapter of ``rank`` on every linear layer of the blocks (PEFT's
+    ``all-linear``: the head stays as it is)."""
     from peft import LoraConfig
     return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.1,
                       target_modules="all-linear", task_type="CAUSAL_LM")
@@ -163,18 +165,6 @@ def training_arguments(out: str, *, steps: int, lr: float, seed: int) -> dict[st
                 learning_rate=lr, lr_scheduler_type="linear", warmup_steps=max(1, steps // 10),
                 logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
                 disable_tqdm=True, seed=seed, dataset_num_proc=None)
-
-
-class LossLog(TrainerCallback):
-    """Appends one JSON line per logged step: {"step", "loss"}."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n")
 
 
 def command_line(description: str, *, lr: float, lora_lr: float,
@@ -211,26 +201,24 @@ def parse(ap: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
-def callbacks(args: argparse.Namespace) -> tuple[LayerCheckCallback, list[TrainerCallback]]:
-    """The LayerCheck callback the options ask for, and every callback to attach."""
+def main(build_trainer: Callable[..., Any], description: str, *, lr: float, lora_lr: float,
+         threshold: float) -> None:
+    """The command line of ``examples/trl_sft.py`` and ``examples/trl_dpo.py``:
+    ``build_trainer(base, out, steps=, lr=, lora=, seed=, callbacks=)`` makes the
+    script's trainer. The first run starts at step 0; a run over a directory that
+    holds checkpoints resumes at its newest committed step. Prints the summary
+    (resumed step, final step, final training and held-out loss) as JSON."""
+    args = parse(command_line(description, lr=lr, lora_lr=lora_lr, threshold=threshold))
+    torch.set_num_threads(1)
     layercheck = LayerCheckCallback(args.ckpt, LayerCheckConfig(
         base_threshold=args.threshold, embedding_threshold=args.threshold,
         warmup_steps=args.warmup_steps, smax=args.smax))
-    return layercheck, [layercheck] + ([LossLog(args.losses)] if args.losses else [])
-
-
-def output_dir(args: argparse.Namespace) -> str:
-    return args.out or f"{os.fspath(args.ckpt).rstrip('/')}-out"
-
-
-def base_dir(args: argparse.Namespace) -> Path:
-    return base_model(args.base or f"{os.fspath(args.ckpt).rstrip('/')}-base", seed=args.seed)
-
-
-def run(trainer: Any, layercheck: LayerCheckCallback) -> dict[str, Any]:
-    """Train, resuming from the newest committed step if there is one; the summary
-    the scripts print (resumed step, final step, final training and held-out loss)."""
-    result = trainer.train(resume_from_checkpoint=layercheck.resume_checkpoint())
+    logs = [LossLog(args.losses)] if args.losses else []
+    out = args.out or f"{os.fspath(args.ckpt).rstrip('/')}-out"
+    base = base_model(args.base or f"{os.fspath(args.ckpt).rstrip('/')}-base", seed=args.seed)
+    trainer = build_trainer(base, out, steps=args.steps, lr=args.lr, lora=args.lora,
+                            seed=args.seed, callbacks=[layercheck, *logs])
+    result = trainer.train(resume_from_checkpoint=layercheck.resume_checkpoint())  # None: fresh
     final = next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None)
-    return {"resumed_at": layercheck.restored_step, "global_step": result.global_step,
-            "final_loss": final, "eval_loss": trainer.evaluate()["eval_loss"]}
+    print(json.dumps({"resumed_at": layercheck.restored_step, "global_step": result.global_step,
+                      "final_loss": final, "eval_loss": trainer.evaluate()["eval_loss"]}))

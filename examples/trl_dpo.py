@@ -15,11 +15,9 @@ resumes at its newest committed step through the Trainer's own
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-import torch
 from trl import DPOConfig, DPOTrainer
 
 import tinychat
@@ -30,7 +28,7 @@ THRESHOLD = 3e-3
 """The default drift threshold of every layer (DPO amplifies staleness: docs/trainer.md, "TRL")."""
 
 
-def build_trainer(base: "str | os.PathLike[str]", out: str, *, steps: int, lr: float,
+def build_trainer(base: str | os.PathLike[str], out: str, *, steps: int, lr: float,
                   lora: int = 0, seed: int = 0, callbacks: list[Any] = ()) -> DPOTrainer:
     """The DPOTrainer of this example, post-training the model in ``base``; ``lora`` > 0
     trains an adapter of that rank instead of every weight."""
@@ -46,15 +44,6 @@ def build_trainer(base: "str | os.PathLike[str]", out: str, *, steps: int, lr: f
                       callbacks=list(callbacks))
 
 
-def main() -> None:
-    args = tinychat.parse(tinychat.command_line(__doc__.splitlines()[0], lr=LR,
-                                                lora_lr=LORA_LR, threshold=THRESHOLD))
-    torch.set_num_threads(1)
-    layercheck, callbacks = tinychat.callbacks(args)
-    trainer = build_trainer(tinychat.base_dir(args), tinychat.output_dir(args), steps=args.steps,
-                            lr=args.lr, lora=args.lora, seed=args.seed, callbacks=callbacks)
-    print(json.dumps(tinychat.run(trainer, layercheck)))
-
-
 if __name__ == "__main__":
-    main()
+    tinychat.main(build_trainer, __doc__.splitlines()[0], lr=LR, lora_lr=LORA_LR,
+                  threshold=THRESHOLD)

@@ -3,8 +3,6 @@ adapter, on real runs of examples/trl_sft.py and examples/trl_dpo.py (a small Qw
 pretrained in code, CPU): stop and resume bit for bit, SIGKILL and restart."""
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
-from tests.layercheck.halting import HaltingRun  # noqa: E402
+from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
 from tests.layercheck.test_trainer import StopAt, assert_same_training_state, losses  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -100,54 +98,27 @@ STEPS = 60
 KILL_AT = 30  # the child halts once this step is committed; the kill comes then
 
 
-def _run(kind: str, base: Path, ckpt: Path, log: Path, lora: int, **kw) -> HaltingRun:
+def _start(kind: str, base: Path, lora: int):
     script = EXAMPLES / f"trl_{kind}.py"
-    return HaltingRun(script, ["--ckpt", str(ckpt), "--base", str(base), "--steps", str(STEPS),
-                               "--lora", str(lora), "--losses", str(log)], **kw)
 
-
-def _logged(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    def start(ckpt: Path, log: Path, **kw) -> HaltingRun:
+        return HaltingRun(script, ["--ckpt", str(ckpt), "--base", str(base), "--steps",
+                                   str(STEPS), "--lora", str(lora), "--losses", str(log)], **kw)
+    return start
 
 
 @pytest.mark.slow
 @KINDS
 @ADAPTERS
 def test_sigkill_mid_run_then_restart_finishes_within_one_percent(base, tmp_path, kind, lora):
-    clean = _run(kind, base, tmp_path / "clean", tmp_path / "clean.jsonl", lora,
-                 stdout=open(tmp_path / "clean.out", "wb"), stderr=subprocess.DEVNULL)
-    crash = _run(kind, base, tmp_path / "ckpt", tmp_path / "crash.jsonl", lora, halt_at=KILL_AT,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert crash.wait_for("restored")["step"] == 0
-    crash.wait_for("halted")
-    crash.kill()
-    killed_at = max(e["step"] for e in _logged(tmp_path / "crash.jsonl"))
-    assert killed_at == KILL_AT - 1  # halted inside step 30's callback, before its log line
-    store = LocalStore(tmp_path / "ckpt", create=False)
-    view = read_manifest(store)
-    assert view.latest_step() == KILL_AT
-    # the composite is genuinely mixed: some layer comes from before the resume step
-    assert max(make_plan(store, view).staleness().values()) > 0
+    def killed(ckpt: Path) -> None:
+        store = LocalStore(ckpt, create=False)
+        view = read_manifest(store)
+        assert view.latest_step() == KILL_AT
+        if not lora:  # the composite is genuinely mixed: a trained layer is older than step 30
+            assert max(make_plan(store, view).staleness().values()) > 0
+        # (with LoRA every adapter's layer was written at step 30 in these runs: what is
+        # older is frozen, so these resumes are exact; docs/trainer.md, "TRL")
 
-    again = _run(kind, base, tmp_path / "ckpt", tmp_path / "crash.jsonl", lora,
-                 stdout=open(tmp_path / "again.out", "wb"), stderr=subprocess.PIPE)
-    _, err = again.proc.communicate(timeout=300)
-    assert again.wait() == 0, err.decode()[-3000:]
-    assert clean.wait(timeout=300) == 0
-    assert [e["step"] for e in again.events if e["event"] == "restored"] == [KILL_AT]
-    assert again.steps() == list(range(KILL_AT + 1, STEPS + 1))
-    summary = json.loads((tmp_path / "again.out").read_text().splitlines()[-1])
-    reference = json.loads((tmp_path / "clean.out").read_text().splitlines()[-1])
-    assert summary["resumed_at"] == KILL_AT and summary["global_step"] == STEPS
-
-    log = _logged(tmp_path / "crash.jsonl")
-    second = log[[e["step"] for e in log].index(killed_at) + 1:]
-    assert [e["step"] for e in second] == list(range(KILL_AT + 1, STEPS + 1))
-    clean_log = {e["step"]: e["loss"] for e in _logged(tmp_path / "clean.jsonl")}
-    # before the failure both runs are the same computation, in separate processes
-    assert all(clean_log[e["step"]] == e["loss"] for e in log[:killed_at])
-    gaps = {key: abs(summary[key] - reference[key]) / reference[key]
-            for key in ("final_loss", "eval_loss")}
-    print(f"\n{kind} {'lora' if lora else 'full'}: failure-free {reference}, "
-          f"resumed {summary}, relative gaps {gaps}")  # the figures of docs/trainer.md
-    assert all(gap <= 0.01 for gap in gaps.values()), (gaps, summary, reference)
+    print(f"\n{kind} {'lora' if lora else 'full'}:")  # the figures of docs/trainer.md
+    sigkill_drill(_start(kind, base, lora), tmp_path, kill_at=KILL_AT, steps=STEPS, killed=killed)
