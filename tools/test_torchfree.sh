@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv-notorch
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-# the core, the dashboard and the test tools; no train extra, so no torch
-"$VENV/bin/pip" install -q --disable-pip-version-check -c constraints.txt -e ".[dashboard,dev]"
+# the core, the dashboard, dask and numba (tests/sim/test_grid.py, test_kernel.py) and the
+# test tools; no train extra, so no torch
+"$VENV/bin/pip" install -q --disable-pip-version-check -c constraints.txt -e ".[dashboard,dev,distributed,sim-fast]"
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "test_torchfree: torch is importable in $VENV; something pulled it in" >&2
     exit 1

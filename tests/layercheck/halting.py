@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,6 +97,57 @@ class HaltingRun:
             self._fd = -1
 
 
+def sigkill_drill(start: Callable[..., HaltingRun], tmp: Path, *, kill_at: int, steps: int,
+                  killed: Callable[[Path], None] = lambda ckpt: None,
+                  tolerance: float = 0.01) -> dict[str, float]:
+    """The kill-and-restart drill of a training script that prints a JSON summary last
+    (``final_loss``, ``eval_loss``, ``resumed_at``, ``global_step``) and appends one JSON
+    line per logged step to ``--losses``: a failure-free run beside one SIGKILLed once
+    step ``kill_at`` is committed, then that one started again. ``start(ckpt, log,
+    halt_at=None, **popen)`` starts a run. ``killed(ckpt)`` inspects the directory
+    between the kill and the restart. Asserts that the restart resumes at ``kill_at``,
+    runs every later step once, that both runs agree bit for bit before the failure,
+    and that the resumed run ends within ``tolerance`` of the failure-free one; returns
+    the relative gaps (``final_loss``, ``eval_loss``)."""
+    clean = start(tmp / "clean", tmp / "clean.jsonl", stdout=open(tmp / "clean.out", "wb"),
+                  stderr=subprocess.DEVNULL)
+    crash = start(tmp / "ckpt", tmp / "crash.jsonl", halt_at=kill_at, stdout=subprocess.DEVNULL,
+                  stderr=subprocess.DEVNULL)
+    assert crash.wait_for("restored")["step"] == 0
+    crash.wait_for("halted")
+    crash.kill()
+    killed_at = max(e["step"] for e in _logged(tmp / "crash.jsonl"))
+    assert killed_at == kill_at - 1  # halted inside the step's callback, before its log line
+    killed(tmp / "ckpt")
+
+    again = start(tmp / "ckpt", tmp / "crash.jsonl", stdout=open(tmp / "again.out", "wb"),
+                  stderr=subprocess.PIPE)
+    _, err = again.proc.communicate(timeout=300)
+    assert again.wait() == 0, err.decode()[-3000:]
+    assert clean.wait(timeout=300) == 0
+    assert [e["step"] for e in again.events if e["event"] == "restored"] == [kill_at]
+    assert again.steps() == list(range(kill_at + 1, steps + 1))
+    summary = json.loads((tmp / "again.out").read_text().splitlines()[-1])
+    reference = json.loads((tmp / "clean.out").read_text().splitlines()[-1])
+    assert summary["resumed_at"] == kill_at and summary["global_step"] == steps
+
+    log = _logged(tmp / "crash.jsonl")
+    second = log[[e["step"] for e in log].index(killed_at) + 1:]
+    assert [e["step"] for e in second] == list(range(kill_at + 1, steps + 1))
+    clean_log = {e["step"]: e["loss"] for e in _logged(tmp / "clean.jsonl")}
+    # before the failure both runs are the same computation, in separate processes
+    assert all(clean_log[e["step"]] == e["loss"] for e in log[:killed_at])
+    gaps = {key: abs(summary[key] - reference[key]) / reference[key]
+            for key in ("final_loss", "eval_loss")}
+    print(f"\nfailure-free {reference}\nresumed      {summary}\nrelative gaps {gaps}")
+    assert all(gap <= tolerance for gap in gaps.values()), (gaps, summary, reference)
+    return gaps
+
+
+def _logged(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def _child(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--report-fd", type=int, required=True)
@@ -130,6 +181,9 @@ def _child(argv: list[str]) -> None:
 
     LayerCheck.restore, LayerCheck.step = reporting_restore, reporting_step
     sys.argv = [opts.script, *opts.args]
+    # as `python SCRIPT` would: the script's folder first on the path, so that it
+    # imports the modules beside it (examples/trl_sft.py imports examples/tinychat.py)
+    sys.path.insert(0, str(Path(opts.script).resolve().parent))
     runpy.run_path(opts.script, run_name="__main__")
 
 

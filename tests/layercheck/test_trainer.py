@@ -2,9 +2,7 @@
 resume bit for bit, SIGKILL and restart, and the errors of misuse."""
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
-from tests.layercheck.halting import HaltingRun  # noqa: E402
+from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "finetune_trainer.py"
@@ -171,48 +169,16 @@ def _example(ckpt: Path, log: Path, **kw) -> HaltingRun:
                       **kw)
 
 
-def _logged(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 @pytest.mark.slow
 def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
-    clean = _example(tmp_path / "clean", tmp_path / "clean.jsonl",
-                     stdout=open(tmp_path / "clean.out", "wb"))
-    crash = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl", halt_at=KILL_AT,
-                     stdout=subprocess.DEVNULL)
-    assert crash.wait_for("restored")["step"] == 0
-    crash.wait_for("halted")
-    crash.kill()
-    killed_at = max(e["step"] for e in _logged(tmp_path / "crash.jsonl"))
-    assert killed_at == KILL_AT - 1  # halted inside step 50's callback, before its log line
-    store = LocalStore(tmp_path / "ckpt", create=False)
-    view = read_manifest(store)
-    resume_from = view.latest_step()
-    assert resume_from == KILL_AT
-    # the composite is genuinely mixed: some layer comes from before the resume step
-    assert max(make_plan(store, view).staleness().values()) > 0
+    def killed(ckpt: Path) -> None:
+        store = LocalStore(ckpt, create=False)
+        view = read_manifest(store)
+        assert view.latest_step() == KILL_AT
+        # the composite is genuinely mixed: some layer comes from before the resume step
+        assert max(make_plan(store, view).staleness().values()) > 0
 
-    again = _example(tmp_path / "ckpt", tmp_path / "crash.jsonl",
-                     stdout=open(tmp_path / "again.out", "wb"), stderr=subprocess.PIPE)
-    _, err = again.proc.communicate(timeout=300)
-    assert again.wait() == 0, err.decode()[-3000:]
-    assert clean.wait(timeout=300) == 0
-    assert [e["step"] for e in again.events if e["event"] == "restored"] == [resume_from]
-    assert again.steps() == list(range(resume_from + 1, STEPS + 1))
-    summary = json.loads((tmp_path / "again.out").read_text().splitlines()[-1])
-    reference = json.loads((tmp_path / "clean.out").read_text().splitlines()[-1])
-    assert summary["resumed_at"] == resume_from and summary["global_step"] == STEPS
-
-    log = _logged(tmp_path / "crash.jsonl")
-    second = log[[e["step"] for e in log].index(killed_at) + 1:]
-    assert [e["step"] for e in second] == list(range(resume_from + 1, STEPS + 1))
-    clean_log = {e["step"]: e["loss"] for e in _logged(tmp_path / "clean.jsonl")}
-    # before the failure both runs are the same computation, in separate processes
-    assert all(clean_log[e["step"]] == e["loss"] for e in log[:killed_at])
-    for key in ("final_loss", "eval_loss"):
-        assert abs(summary[key] - reference[key]) <= 0.01 * reference[key], (key, summary,
-                                                                              reference)
+    sigkill_drill(_example, tmp_path, kill_at=KILL_AT, steps=STEPS, killed=killed)
 
 
 # -- misuse ---------------------------------------------------------------------------------
