@@ -1,7 +1,7 @@
 """The simulator's predictions against real runs killed at known times (issue 25, part 3).
 
     python benchmarks/bench_validation.py [--trace traces/minilm-200steps] [--capture]
-        [--window 70] [--mtbf 12] [--seed 0] [--repeats 3] [--min-failures 5]
+        [--window 120] [--mtbf 24] [--seed 0] [--repeats 3] [--min-failures 5]
         [--interval K] [--json docs/validation.json]
 
 The full version of ``python -m profiler validate``: for a calibrated plain
@@ -46,8 +46,8 @@ def main() -> int:
     parser.add_argument("--trace", type=Path, default=ROOT / "traces" / "minilm-200steps")
     parser.add_argument("--capture", action="store_true",
                         help="capture (and calibrate) the trace first")
-    parser.add_argument("--window", default="70")
-    parser.add_argument("--mtbf", default="12")
+    parser.add_argument("--window", default="120")
+    parser.add_argument("--mtbf", default="24")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-failures", type=int, default=5)

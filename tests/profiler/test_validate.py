@@ -89,7 +89,7 @@ def test_bad_settings_say_the_fix(fields, words):
     (["validate", "--trace", "traces/minilm-1000steps", "--window", "soon"], "not a duration"),
     (["validate", "--trace", "traces/minilm-1000steps", "--strategies", "lowdif"],
      "choose from"),
-    (["validate", "--trace", "traces/minilm-1000steps", "--mtbf", "100"], "expects 0.7 failures"),
+    (["validate", "--trace", "traces/minilm-1000steps", "--mtbf", "100"], "expects 1.2 failures"),
     (["validate", "--trace", "traces/minilm-1000steps", "--failures", "/no/such.csv"],
      "cannot read"),
 ])
