@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from profiler.checkpointers import CHECKPOINTERS
+from profiler.strategies import CHECKPOINTERS
 from profiler.config import CaptureConfig
 from profiler.mechanisms.restart import spawn_worker
 from profiler.peerstore import start_peer
