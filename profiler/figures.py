@@ -13,22 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
+from layercheck.decision import threshold_matrix
 from layercheck.trace import Trace
 
 from .errors import ProfilerError
 
 __all__ = ["threshold_matrix", "heatmap_png"]
-
-
-def threshold_matrix(trace: Trace) -> np.ndarray:
-    """K_l(t) per step and layer, from the trace's config and learning rates."""
-    config = trace.manifest["config"]
-    overrides = config.get("thresholds") or {}
-    base = np.array([float(overrides.get(l["name"], config["embedding_threshold"]
-                                         if l["kind"] == "embedding" else config["base_threshold"]))
-                     for l in trace.manifest["layers"]])
-    ratio = trace.lr_ratio() if config.get("lr_scaling", True) else np.ones(trace.num_steps)
-    return ratio[:, None] * base[None, :]
+"""``threshold_matrix``: K_l(t) as recorded, ``k_scale`` included (``layercheck.decision``)."""
 
 
 def heatmap_png(trace: Trace, path: Path, *, title: str | None = None,

@@ -77,6 +77,33 @@ def tiny_capture(tmp_path_factory):
                    calibrate=False)
 
 
+BUDGET_STEPS = 80
+"""Steps of ``budget_capture``: enough for the write budget's controller to act."""
+
+
+class Budgeted(NamedTuple):
+    path: Path
+    trace: Trace
+    config: object
+    """The LayerCheckConfig the run was given."""
+
+
+@pytest.fixture(scope="session")
+def budget_capture(tiny_capture, tmp_path_factory):
+    """The tiny job in budget mode (``LayerCheckConfig.write_budget``: half the bytes
+    per step the free run wrote after its base checkpoint), over ``BUDGET_STEPS``."""
+    from layercheck import LayerCheckConfig
+    free = tiny_capture.trace
+    per_step = free.writes.loc[free.writes["reason"] != "base", "bytes"].sum() / (TINY["steps"] - 3)
+    lc = LayerCheckConfig(base_threshold=1e-3, embedding_threshold=1e-2, warmup_steps=3,
+                          smax=30, write_budget=0.5 * per_step)
+    config = CaptureConfig(**{**TINY, "steps": BUDGET_STEPS, "warmup_steps": None, "smax": None},
+                           layercheck=lc.to_dict())
+    done = capture(config, out=tmp_path_factory.mktemp("traces") / "budget", progress=False,
+                   say=lambda _: None, calibrate=False)
+    return Budgeted(done.path, done.trace, lc)
+
+
 @pytest.fixture(scope="session")
 def calibrated_tiny(tiny_capture, tmp_path_factory):
     """A copy of the tiny capture with its costs.json, by
