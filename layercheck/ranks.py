@@ -10,7 +10,9 @@ through the ``Commit`` that ``commit()`` makes (over a group of its own).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -52,6 +54,18 @@ class Ranks:
 
     def close(self) -> None:
         """Release what these ranks made for themselves (after the last collective)."""
+
+    @contextlib.contextmanager
+    def closed_on_failure(self) -> Iterator["Ranks"]:
+        """These ranks, closed again if the block raises: a backend builds everything
+        that can refuse its setup (layer map, source, ``LayerCheck.__init__``) inside
+        it, so that a refused setup leaves none of their process groups open (a gloo
+        group alive at exit can abort the process). ``close`` may then run twice."""
+        try:
+            yield self
+        except BaseException:
+            self.close()
+            raise
 
 
 class ProcessGroupRanks(Ranks):

@@ -72,3 +72,24 @@ def _close_in_a_one_rank_job(root: str) -> tuple[bool, bool]:
         return any(g in live for g in mine), dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def test_ranks_are_closed_when_what_is_built_on_them_fails():
+    """The backends' shared cleanup: a failure inside ``closed_on_failure`` closes the
+    ranks (and is raised as it was); a success leaves them open for the lifecycle."""
+    class Counted(Ranks):
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    ranks = Counted()
+    with ranks.closed_on_failure() as same:
+        assert same is ranks
+    assert ranks.closed == 0
+    try:
+        with ranks.closed_on_failure():
+            raise LayerCheckError("refused")
+    except LayerCheckError as exc:
+        assert str(exc) == "refused"
+    assert ranks.closed == 1
