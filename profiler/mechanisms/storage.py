@@ -40,12 +40,12 @@ class FullSave(Mechanism):
             ranks.barrier()
             loads.append(ranks.max(timed(ckpt.load)[0]))
         held = "sharded job" if ckpt.sharded else "engine"
-        where = (f"under the capture's {bench.job.setup} {held} on {ranks.world} ranks "
+        where = (f"under the capture's {bench.job.setup} {held} on {ranks.world_size} ranks "
                  "(the slowest rank's seconds, every rank's files)" if bench.zero
                  else "a world-size-1 engine (ZeRO stage 0, fp32) around the capture's own "
                       "model, optimizer and scheduler" if ckpt.engine is not None
                  else "the capture's own model and optimizer state")
-        nbytes = int(statistics.median(sizes)) if ranks.leader else 0
+        nbytes = int(statistics.median(sizes)) if ranks.is_coordinator else 0
         save = rate_figure(nbytes, saves, f"{ckpt.method}, {where}; bytes = the tag folder")
         load = rate_figure(nbytes, loads, "engine.load_checkpoint of that save into the live "
                            "engine (module, optimizer, scheduler)" if ckpt.engine is not None
