@@ -6,7 +6,11 @@ changes one thing: writes that fail (``FailingWrites``, ``Faults``, ``HeldFull``
 ``CannotDelete``), reads that fail or let something happen first
 (``FlakyReads``, ``BeforeFirstRead``), writes that are held back, slowed or
 mangled (``GatedStore``, ``CountingStore``, ``DropsBuffers``), or writes that are
-noted (``RecordingStore``). A test that needs another behaviour adds a fake here.
+noted (``RecordingStore``). Where a fake must catch every read method (``read``,
+``read_buffer``, ``read_into``: the restore reads through all three), it is a
+LocalStore subclass instead (``FailingReads``, ``CountedReads``, ``SlowReads``,
+``ThreadNotedReads``, ``NotedScatteredReads``; and ``FullAppends``). A test that
+needs another behaviour adds a fake here.
 The contract itself, on every real backend, is ``tests/layercheck/
 test_store_conformance.py``.
 """
@@ -21,12 +25,15 @@ from pathlib import Path
 from typing import Callable
 from unittest import mock
 
+import numpy as np
+
 from layercheck import store as store_module
 from layercheck.store import LocalStore
 
 __all__ = ["Forwarding", "FailingWrites", "Faults", "HeldFull", "CannotDelete", "FlakyReads",
            "BeforeFirstRead", "GatedStore", "CountingStore", "DropsBuffers", "RecordingStore",
-           "no_space", "layer_step", "one_step_of_layers_from"]
+           "FullAppends", "FailingReads", "CountedReads", "SlowReads", "ThreadNotedReads",
+           "NotedScatteredReads", "no_space", "layer_step", "one_step_of_layers_from"]
 
 
 def no_space(path: str) -> OSError:
@@ -285,3 +292,125 @@ class RecordingStore(Forwarding):
         self.inner.append(path, data)
         if b'"kind":"drop"' in data:
             self.events.append(("drop", self.inner.size(path)))
+
+
+# -- LocalStore itself, one behaviour changed: where the fake must catch every read method
+# (read, read_buffer, read_into), which a Forwarding fake's inner store would answer
+
+
+class FullAppends(LocalStore):
+    """Appends (the manifest's) fail with ENOSPC while ``full``, as on a full disk."""
+
+    def __init__(self, root: Path, *, full: bool = True) -> None:
+        super().__init__(root)
+        self.full = full
+
+    def append(self, path: str, data: bytes) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().append(path, data)
+
+
+class FailingReads(LocalStore):
+    """Reads of layer files fail with EIO: from the ``after``-th read of each file on
+    (``times`` reads, then it answers again; None: for good), or, with ``only``, of
+    those files only."""
+
+    def __init__(self, root, *, after=2, times=None, only=None) -> None:
+        super().__init__(root)
+        self.after, self.times, self.only = after, times, only
+        self.reads: dict[str, int] = {}
+        self.failed = 0
+
+    def _maybe_fail(self, path):
+        if not path.startswith("layers/") or (self.only is not None and path not in self.only):
+            return
+        n = self.reads[path] = self.reads.get(path, 0) + 1
+        if n >= self.after and (self.times is None or n < self.after + self.times):
+            self.failed += 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+    def read_buffer(self, path, limit=None, consume=None):
+        self._maybe_fail(path)
+        return super().read_buffer(path, limit, consume)
+
+    def read_into(self, path, limit, consume, targets):
+        self._maybe_fail(path)
+        return super().read_into(path, limit, consume, targets)
+
+
+class CountedReads(LocalStore):
+    """Each read of a file counted (any read method)."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.reads: dict[str, int] = {}
+
+    def _count(self, path: str) -> None:
+        self.reads[path] = self.reads.get(path, 0) + 1
+
+    def read(self, path, limit=None):
+        self._count(path)
+        return super().read(path, limit)
+
+    def read_buffer(self, path, limit=None, consume=None):
+        self._count(path)
+        return super().read_buffer(path, limit, consume)
+
+    def read_into(self, path, limit, consume, targets):
+        self._count(path)
+        return super().read_into(path, limit, consume, targets)
+
+
+class SlowReads(LocalStore):
+    """Every read takes at least ``delay`` seconds."""
+
+    delay = 0.02
+
+    def read(self, path, limit=None):
+        time.sleep(self.delay)
+        return super().read(path, limit)
+
+    def read_buffer(self, path, limit=None, consume=None):
+        time.sleep(self.delay)
+        return super().read_buffer(path, limit, consume)
+
+
+class ThreadNotedReads(SlowReads):
+    """Notes which thread reads each file, in order; each read
+    takes a while, so that a pool has no idle thread when the next read comes."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.readers: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def read_buffer(self, path, limit=None, consume=None):
+        with self.lock:
+            self.readers.append((path, threading.current_thread().name))
+        return super().read_buffer(path, limit, consume)
+
+    def read(self, path, limit=None):
+        with self.lock:
+            self.readers.append((path, threading.current_thread().name))
+        return super().read(path, limit)
+
+    def layer_files(self):
+        with self.lock:
+            return [(p, t) for p, t in self.readers if p.startswith("layers/")]
+
+
+class NotedScatteredReads(LocalStore):
+    """Notes the memory each scattered read fills (``read_into``)."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.filled: list[tuple[int, int]] = []
+
+    def read_into(self, path, limit, consume, targets):
+        def noted(size):
+            for target in targets(size):
+                start = np.frombuffer(target, dtype=np.uint8).ctypes.data if len(target) else 0
+                self.filled.append((start, start + len(target)))
+                yield target
+        return super().read_into(path, limit, consume, noted)
