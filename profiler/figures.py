@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layercheck.decision import threshold_matrix
+from layercheck.decision import recorded_config, threshold_matrix
 from layercheck.trace import Trace
 
 from .errors import ProfilerError
@@ -53,7 +53,7 @@ def _share_panel(fig, ax, trace: Trace, share: np.ndarray, first: int, last: int
     im = ax.imshow(np.clip(share[first - 1:last].T, 0, 1.5), aspect="auto", cmap="viridis",
                    interpolation="nearest", extent=extent, vmin=0, vmax=1.5)
     fig.colorbar(im, ax=ax, pad=0.01, label="A / K")
-    warmup = int(trace.manifest["config"].get("warmup_steps", 0))
+    warmup = recorded_config(trace).warmup_steps
     if first < warmup:
         ax.axvline(warmup, color="white", lw=1, ls=":")
         ax.annotate("warm-up: no selective writes", (first + 2, -0.5), color="black",

@@ -14,7 +14,6 @@ Pareto points: the ratio column is NaN elsewhere.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
