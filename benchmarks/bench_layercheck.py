@@ -482,18 +482,11 @@ def main() -> None:
 
 
 def machine() -> dict:
-    import platform
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    out = {"cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "python": platform.python_version(),
-           "numba": None, "load_average_at_end": os.getloadavg()}
-    try:
-        import numba
-    except ImportError:
-        return out
-    out["numba"] = numba.__version__
-    return out
+    """``profiler.machine.host`` with torch's and numba's versions, torch's threads and
+    the load average."""
+    from profiler.machine import host
+    return {**host("torch", "numba"), "threads": torch.get_num_threads(),
+            "load_average_at_end": os.getloadavg()}
 
 
 if __name__ == "__main__":

@@ -279,12 +279,11 @@ def run_job(name: str, worker_args: list[str], scratch: Path, script: Path | Non
     result, and the wall time."""
     ckpt = Path(tempfile.mkdtemp(prefix=f"bench-zero-{name}-", dir=scratch))
     result = ckpt.with_suffix(".json")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2",
-               str((script or Path(__file__)).resolve()), "--worker", *worker_args,
-               "--ckpt", str(ckpt), "--result", str(result)]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(THREADS),
-           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    sys.path.insert(0, str(ROOT))
+    from profiler.launch import rank_environment, torchrun
+    command = torchrun([str((script or Path(__file__)).resolve()), "--worker", *worker_args,
+                        "--ckpt", str(ckpt), "--result", str(result)], 2)
+    env = rank_environment(THREADS, DS_ACCELERATOR="cpu")
     started = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=7200)
@@ -437,13 +436,10 @@ def main() -> int:
 
 
 def machine() -> dict:
-    import platform
-    from importlib.metadata import version
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch": version("torch"),
-            "deepspeed": version("deepspeed"), "python": platform.python_version()}
-
+    """``profiler.machine.host`` with torch's and DeepSpeed's versions."""
+    sys.path.insert(0, str(ROOT))
+    from profiler.machine import host
+    return host("torch", "deepspeed")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 A trace is a folder (``layercheck.trace``). The dashboard lists the folders
 under the traces directory (``$LAYERCHECK_TRACES``, else ``./traces``, else the
-repository's ``traces/``), validates each with ``read_trace`` and keeps the
+repository's ``traces/``), validates each with ``load`` and keeps the
 error message of the invalid ones to show instead of a stack trace.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
+from layercheck.decision import recorded_config
 from layercheck.trace import STUDY_FILE, Trace, TraceError, read_trace
 
 __all__ = ["ENV", "DEFAULT_PRESET", "Entry", "traces_dir", "scan", "default_entry", "unpack_upload",
@@ -57,7 +58,7 @@ def traces_dir() -> Path:
 def describe(path: Path) -> Entry:
     """Validate the trace at ``path``; an invalid one becomes an Entry with ``error``."""
     try:
-        trace = read_trace(path)
+        trace = load(path)
     except TraceError as exc:
         return Entry(name=path.name, path=path, error=str(exc))
     return Entry(name=path.name, path=path, kind=trace.kind, model=model_label(trace),
@@ -138,5 +139,9 @@ def _unzip(data: bytes, root: Path) -> Path:
 
 
 def load(path: Path) -> Trace:
-    """``read_trace``; here so the UI has one place to call."""
-    return read_trace(path)
+    """``read_trace``, and the trace's recorded config read (``layercheck.decision``'s
+    error rule: every view re-decides the run from it, so a trace whose config is not
+    valid is an unreadable trace here, with the same TraceError); the UI's one call."""
+    trace = read_trace(path)
+    recorded_config(trace)
+    return trace

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from layercheck.trace import Trace, TraceError, read_trace
+from layercheck.trace import Trace, TraceError
 
 from . import catalog
 from .downloads import csv_bytes, filename, html_bytes
@@ -38,7 +38,7 @@ def _stamp(path: Path) -> float:
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _load(path: str, stamp: float) -> Trace:
-    return read_trace(path)
+    return catalog.load(Path(path))
 
 
 def load(path: Path) -> Trace:

@@ -5,6 +5,7 @@ Pure functions: ``Settings`` -> ``layercheck.policy.Policy`` -> ``fast_replay``
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -12,7 +13,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from layercheck.config import ConfigError, LayerCheckConfig
+from layercheck import decision
+from layercheck.config import LayerCheckConfig
+from layercheck.decision import lr_ratio, recorded_config
 from layercheck.policy import Policy
 from layercheck.trace import Trace, last_written
 
@@ -56,19 +59,11 @@ class Settings:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> "Settings":
-        """The settings the trace was recorded with (unknown config keys ignored,
-        missing ones at the library's defaults)."""
-        cfg = trace.manifest.get("config") or {}
-        known = {f: cfg[f] for f in ("base_threshold", "embedding_threshold", "smax",
-                                     "warmup_steps", "interval", "lr_scaling", "write_budget")
-                 if f in cfg}
-        for key in ("base_threshold", "embedding_threshold"):
-            if key in known:
-                known[key] = float(known[key])  # "inf" in JSON
-        try:
-            return cls(**known)
-        except (ConfigError, TypeError):
-            return cls()
+        """The settings the trace was recorded with (``layercheck.decision.recorded_config``:
+        missing fields at the library's defaults; a config that is not valid raises
+        TraceError, never shows the defaults as the recorded settings)."""
+        config = recorded_config(trace)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,22 +94,10 @@ class Outcome:
 
 
 def policy_for(trace: Trace, settings: Settings) -> Policy:
-    """The library's Policy for this trace's layers (kind 'embedding' gets the
-    embedding threshold; per-layer overrides recorded in the trace are kept)."""
-    overrides = (trace.manifest.get("config") or {}).get("thresholds") or {}
-    names = trace.layer_names
-    thresholds = {k: float(v) for k, v in dict(overrides).items() if k in names}
-    config = LayerCheckConfig(**{**settings.config().to_dict(), "thresholds": thresholds,
-                                 "base_threshold": settings.base_threshold,
-                                 "embedding_threshold": settings.embedding_threshold})
-    return Policy.from_config(config, names, list(trace.layers["kind"]), sizes=trace.budget_sizes)
-
-
-def lr_ratio(trace: Trace) -> np.ndarray:
-    """lr(t) / lr_peak; where a trace has no learning rate (NaN) the ratio is 1,
-    i.e. thresholds at their base values."""
-    ratio = trace.lr_ratio()
-    return np.where(np.isnan(ratio), 1.0, ratio)
+    """The library's Policy of ``settings`` on this trace's layers (kind 'embedding'
+    gets the embedding threshold; the per-layer overrides recorded in the trace are
+    kept: ``layercheck.decision.policy_for``)."""
+    return decision.policy_for(trace, settings.config())
 
 
 def replay_trace(trace: Trace, settings: Settings) -> Replayed:

@@ -70,13 +70,13 @@ class FsdpLayerCheck(LayerCheck):
                  scheduler: Any = None, layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
                  timeout_s: float = 1800.0) -> None:
-        ranks = ProcessGroupRanks(timeout_s)
-        config = config or LayerCheckConfig()
-        layer_map = layer_map or LayerMap.for_model(model, config.layers)
-        super().__init__(model, optimizer, directory, config, scheduler=scheduler,
-                         layer_map=layer_map, storage_options=storage_options,
-                         source=DTensorShards(model, optimizer, layer_map, ranks.world_size),
-                         ranks=ranks)
+        with ProcessGroupRanks(timeout_s).closed_on_failure() as ranks:
+            config = config or LayerCheckConfig()
+            layer_map = layer_map or LayerMap.for_model(model, config.layers)
+            super().__init__(model, optimizer, directory, config, scheduler=scheduler,
+                             layer_map=layer_map, storage_options=storage_options,
+                             source=DTensorShards(model, optimizer, layer_map, ranks.world_size),
+                             ranks=ranks)
 
 
 class DTensorShards(ModuleSource):

@@ -11,7 +11,9 @@ Contract, per optimizer step t = 1, 2, ... (after the step's update):
      layer is written (reason ``base``); otherwise nothing;
    - after it: layer l is written when ``A_l >= K_l(t)`` (reason
      ``threshold``) or when ``t - last_l >= smax`` (reason ``smax``), with
-     ``K_l(t) = base_l * lr(t) / lr_peak`` (or ``base_l`` without LR scaling).
+     ``K_l(t) = base_l * lr(t) / lr_peak * k_scale`` (no LR factor without LR
+     scaling; ``k_scale`` the write budget's factor, 1 without one:
+     ``Policy.thresholds``; what a trace records of it: ``layercheck.decision``).
 3. A written layer gets ``A_l = 0`` and ``last_l = t``.
 
 (A fourth reason, ``retry``, is LayerCheck's own: under ``on_error="warn"``
@@ -110,15 +112,19 @@ class Policy:
         k = self.interval
         return max(k, -(-self.warmup_steps // k) * k)
 
-    def thresholds(self, lr_ratio: "float | np.ndarray") -> np.ndarray:
-        """K_l(t) for ``lr_ratio = lr(t) / lr_peak``: one per layer for a number;
-        steps x layers for an array of one ratio per step (the same products)."""
+    def thresholds(self, lr_ratio: "float | np.ndarray",
+                   k_scale: "float | np.ndarray" = 1.0) -> np.ndarray:
+        """K_l(t) = base_l * lr_ratio * k_scale (``lr_ratio = lr(t) / lr_peak``, 1 without
+        LR scaling; ``k_scale`` the write budget's factor, ``Decision.k_scale``): one
+        per layer for numbers; steps x layers for arrays of one value per step (the
+        same products). The one formula of K (``layercheck.decision``)."""
         ratio = np.asarray(lr_ratio, dtype=np.float64)[..., None]
         if not self.lr_scaling:
-            return np.broadcast_to(self.base, ratio.shape[:-1] + self.base.shape)
-        with np.errstate(invalid="ignore"):  # inf * 0 -> nan: an infinite K stays infinite
-            k = self.base * ratio
-        return np.where(np.isinf(self.base), np.inf, k)
+            k = np.broadcast_to(self.base, ratio.shape[:-1] + self.base.shape)
+        else:
+            with np.errstate(invalid="ignore"):  # inf * 0 -> nan: an infinite K stays infinite
+                k = np.where(np.isinf(self.base), np.inf, self.base * ratio)
+        return k * np.asarray(k_scale, dtype=np.float64)[..., None]
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,7 @@ class PolicyState:
             chosen = np.arange(policy.num_layers)
             reasons = np.full(policy.num_layers, Reason.BASE, dtype=np.int64)
         else:
-            by_drift = self.accumulators >= policy.thresholds(lr_ratio) * k_scale
+            by_drift = self.accumulators >= policy.thresholds(lr_ratio, k_scale)
             by_age = (step - self.last_written) >= policy.smax
             mask = by_drift | by_age
             chosen = np.flatnonzero(mask)

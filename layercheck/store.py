@@ -40,6 +40,15 @@ def is_temporary(path: str) -> bool:
     return bool(_TEMPORARY.match(path.rsplit("/", 1)[-1]))
 
 
+def _listed(name: str, temporary: bool) -> bool:
+    """Whether ``Store.list`` names a file called ``name``: every backend's one rule.
+    Names layercheck could not have written (spaces, odd characters) are not ours,
+    nor dot files (.lock, .readers, anyone's); '.<name>.<hex>.tmp' is a write in
+    flight (or cut short by a crash), named only with ``temporary``."""
+    return bool(_SAFE_PATH.match(name)) and (not name.startswith(".")
+                                             or (temporary and is_temporary(name)))
+
+
 def check_relative(path: str) -> str:
     """``path`` if it is a plain relative path inside the store, else LayerCheckError.
 
@@ -241,14 +250,9 @@ class LocalStore:
         folder = self._path(prefix) if prefix else self.root
         if not folder.is_dir():
             return []
-        # names layercheck could not have written (spaces, odd characters) are not ours,
-        # nor other dot files (.lock, .readers); '.<name>.<hex>.tmp' is a write in flight
-        # (or cut short by a crash)
         with os.scandir(folder) as entries:
             return sorted(f"{prefix}/{e.name}".lstrip("/") for e in entries
-                          if e.is_file(follow_symlinks=False) and _SAFE_PATH.match(e.name)
-                          and (not e.name.startswith(".")
-                               or (temporary and is_temporary(e.name))))
+                          if e.is_file(follow_symlinks=False) and _listed(e.name, temporary))
 
     def delete(self, path: str) -> None:
         self._writable(path).unlink(missing_ok=True)
@@ -458,8 +462,10 @@ class FsspecStore:
         full = self._path(prefix) if prefix else self.root
         if not self.fs.isdir(full):
             return []
-        return sorted(f"{prefix}/{p.rstrip('/').rsplit('/', 1)[-1]}".lstrip("/")
-                      for p in self.fs.ls(full, detail=False) if self.fs.isfile(p))
+        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(full, detail=False)
+                 if self.fs.isfile(p))
+        return sorted(f"{prefix}/{name}".lstrip("/") for name in names
+                      if _listed(name, temporary))
 
     def delete(self, path: str) -> None:
         full = self._path(path)

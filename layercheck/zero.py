@@ -60,17 +60,13 @@ class ZeroLayerCheck(LayerCheck):
                  scheduler: Any = None, layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
                  timeout_s: float = 1800.0) -> None:
-        ranks = ProcessGroupRanks(timeout_s)
-        try:
+        with ProcessGroupRanks(timeout_s).closed_on_failure() as ranks:
             config = config or LayerCheckConfig()
             layer_map = layer_map or LayerMap.for_model(engine.module, config.layers)
             super().__init__(engine.module, engine.optimizer, directory, config,
                              scheduler=scheduler if scheduler is not None else engine.lr_scheduler,
                              layer_map=layer_map, storage_options=storage_options,
                              source=partitions_for(engine, layer_map), ranks=ranks)
-        except BaseException:
-            ranks.close()
-            raise
 
 
 class Partitions(LayerSource):

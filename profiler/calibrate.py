@@ -50,8 +50,8 @@ def calibrate_job(job: Any, trace: Trace | None, *, near: Path,
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ProfilerError(f"repeats={repeats!r}: use an integer >= 1")
     ranks = job.ranks
-    folder = Path(ranks.from_leader(
-        tempfile.mkdtemp(prefix="layercheck-calibrate-", dir=near) if ranks.leader else None))
+    folder = Path(ranks.from_coordinator(
+        tempfile.mkdtemp(prefix="layercheck-calibrate-", dir=near) if ranks.is_coordinator else None))
     bench = Bench(job=job, trace=trace, folder=folder, repeats=repeats, say=say)
     figures: dict[str, Any] = {}
     started = time.perf_counter()
@@ -59,16 +59,16 @@ def calibrate_job(job: Any, trace: Trace | None, *, near: Path,
         for mechanism in MECHANISMS:
             began = time.perf_counter()
             bench.collective = mechanism.collective
-            if mechanism.collective or ranks.leader:
+            if mechanism.collective or ranks.is_coordinator:
                 figures.update(mechanism.measure(bench))
             ranks.barrier()
-            if ranks.leader:
+            if ranks.is_coordinator:
                 say(f"calibrated {mechanism.name} in {time.perf_counter() - began:.1f} s: "
                     f"{', '.join(mechanism.figures)}")
     finally:
-        if ranks.leader:
+        if ranks.is_coordinator:
             shutil.rmtree(folder, ignore_errors=True)
-    if not ranks.leader:
+    if not ranks.is_coordinator:
         return None
     return _calibration(trace, figures, time.perf_counter() - started, repeats)
 

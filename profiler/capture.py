@@ -98,23 +98,23 @@ def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
     ranks = job.ranks
     out = Path(out) if out else Path("traces") / job.default_name()
     scratch = ckpt is None
-    ckpt_dir = Path(ranks.from_leader(
+    ckpt_dir = Path(ranks.from_coordinator(
         str(ckpt) if ckpt else tempfile.mkdtemp(prefix="layercheck-capture-")
-        if ranks.leader else None))
+        if ranks.is_coordinator else None))
     try:
-        machine = describe_machine(job.device, ckpt_dir) if ranks.leader else {}
-        run = _train(job, ckpt_dir, progress and ranks.leader, keep_history)
+        machine = describe_machine(job.device, ckpt_dir) if ranks.is_coordinator else {}
+        run = _train(job, ckpt_dir, progress and ranks.is_coordinator, keep_history)
         trace = _gather_trace(job, run, out.name, machine, argv)
         costs = None
         if calibrate:
             from .calibrate import calibrate_job
             costs = calibrate_job(job, trace, near=ckpt_dir.parent, say=say, repeats=repeats)
     except BaseException:
-        if ranks.leader and scratch and not keep_ckpt:
+        if ranks.is_coordinator and scratch and not keep_ckpt:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         raise
     ranks.barrier()  # every rank is done with the folder
-    if not ranks.leader:
+    if not ranks.is_coordinator:
         return None
     if scratch and not keep_ckpt:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -186,11 +186,11 @@ def _measure_restore(job: Job, ckpt_dir: Path) -> dict[str, Any]:
 def _gather_trace(job: Job, run: _Run, name: str, machine: dict[str, Any],
                   argv: list[str] | None) -> Trace | None:
     """A collective: every rank sends its part; rank 0 returns the trace."""
-    losses = job.ranks.sum([s.share for s in run.steps])
+    losses = job.ranks.all_reduce_sum([s.share for s in run.steps])
     step_s = [s.times.compute_s + s.lc_s for s in run.steps]
     parts = job.ranks.gather({"writes": run.writes, "restore": run.restore,
                               "median_step_s": float(np.median(step_s))})
-    if not job.ranks.leader:
+    if not job.ranks.is_coordinator:
         return None
     recorder = Recorder(len(run.layers))
     for s, loss in zip(run.steps, losses):
@@ -237,7 +237,7 @@ def _trace(job: Job, recorder: Recorder, run: _Run, name: str, machine: dict[str
             layer["state_bytes"] = int(state_bytes)
     config, source, command = job.config, job.source, job.command(argv)
     parts = job.manifest_parts(argv)
-    if job.ranks.world > 1:
+    if job.ranks.world_size > 1:
         parts["sources"].setdefault(job.sources_key, {})["median_step_s_per_rank"] = median_step_s
     shown = f"`{command}`" if command else "`python -m profiler capture`"
     lora = describe_lora(job.model)

@@ -132,7 +132,7 @@ class FullCheckpointer(Checkpointer):
         else:
             self._save_safetensors(tag, step, position)
         stall = time.perf_counter() - start
-        nbytes = folder_bytes(self.folder / tag) if self.job.ranks.leader else 0
+        nbytes = folder_bytes(self.folder / tag) if self.job.ranks.is_coordinator else 0
         self._prune(keep=tag)
         return Saved(stall, bytes=nbytes)
 
@@ -185,7 +185,7 @@ class FullCheckpointer(Checkpointer):
 
     def _prune(self, keep: str) -> None:
         """Drop older saves once a newer one is complete (disk stays one save deep)."""
-        if not self.job.ranks.leader:
+        if not self.job.ranks.is_coordinator:
             return
         for old in self.folder.glob("step*"):
             if old.is_dir() and old.name != keep:

@@ -14,15 +14,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from layercheck import decision
+
 from .errors import ProfilerError
 
 __all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
            "ZERO_STAGES", "VALIDATED"]
 
-PAPER = {"steps": 1692, "warmup_steps": 200, "smax": 1000, "threshold": 1e-3,
-         "embedding_factor": 10.0}
+PAPER = {"steps": decision.PAPER_STEPS, "warmup_steps": decision.PAPER.warmup_steps,
+         "smax": decision.PAPER.smax, "threshold": decision.PAPER.base_threshold,
+         "embedding_factor": decision.EMBEDDING_FACTOR}
 """LayerCheck (IEEE CLUSTER 2026): run length, warm-up, Smax, base threshold,
-embedding threshold / base threshold."""
+embedding threshold / base threshold; the figures of ``layercheck.decision``, whose
+``paper_default`` scales them to a run (the one rule)."""
 
 DEVICES = ("cpu", "cuda")
 
@@ -159,29 +163,26 @@ class CaptureConfig:
     @property
     def scale(self) -> float:
         """``steps / 1692`` for runs shorter than the paper's, else 1."""
-        return min(1.0, self.steps / PAPER["steps"])
+        return decision.paper_scale(self.steps)
 
     @property
     def resolved_warmup(self) -> int:
         if self.layercheck is not None:
             return self._given().warmup_steps
-        if self.warmup_steps is not None:
-            return self.warmup_steps
-        return max(1, round(PAPER["warmup_steps"] * self.scale))
+        return decision.paper_schedule(self.steps, warmup_steps=self.warmup_steps)[0]
 
     @property
     def resolved_smax(self) -> int:
         if self.layercheck is not None:
             return self._given().smax
-        if self.smax is not None:
-            return self.smax
-        return max(self.resolved_warmup, 1, round(PAPER["smax"] * self.scale))
+        return decision.paper_schedule(self.steps, warmup_steps=self.warmup_steps,
+                                       smax=self.smax)[1]
 
     @property
     def resolved_threshold(self) -> float:
         if self.layercheck is not None:
             return self._given().base_threshold
-        return PAPER["threshold"] if self.threshold is None else float(self.threshold)
+        return decision.PAPER.base_threshold if self.threshold is None else float(self.threshold)
 
     @property
     def scaling_note(self) -> str:
@@ -212,13 +213,11 @@ class CaptureConfig:
         newest version and its base only (a profile writes the same layers hundreds
         of times: tens of GB for MiniLM otherwise); recovering the newest step,
         which is what a drill does, needs no more."""
-        from layercheck import LayerCheckConfig
         if self.layercheck is not None:
             return dataclasses.replace(self._given(), keep_versions=keep_versions)
-        k = self.resolved_threshold
-        return LayerCheckConfig(base_threshold=k, embedding_threshold=k * PAPER["embedding_factor"],
-                                warmup_steps=self.resolved_warmup, smax=self.resolved_smax,
-                                keep_versions=keep_versions)
+        return dataclasses.replace(decision.paper_default(
+            self.steps, base_threshold=self.threshold, warmup_steps=self.warmup_steps,
+            smax=self.smax), keep_versions=keep_versions)
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -13,22 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
+from layercheck.decision import recorded_config, threshold_matrix
 from layercheck.trace import Trace
 
 from .errors import ProfilerError
 
 __all__ = ["threshold_matrix", "heatmap_png"]
-
-
-def threshold_matrix(trace: Trace) -> np.ndarray:
-    """K_l(t) per step and layer, from the trace's config and learning rates."""
-    config = trace.manifest["config"]
-    overrides = config.get("thresholds") or {}
-    base = np.array([float(overrides.get(l["name"], config["embedding_threshold"]
-                                         if l["kind"] == "embedding" else config["base_threshold"]))
-                     for l in trace.manifest["layers"]])
-    ratio = trace.lr_ratio() if config.get("lr_scaling", True) else np.ones(trace.num_steps)
-    return ratio[:, None] * base[None, :]
+"""``threshold_matrix``: K_l(t) as recorded, ``k_scale`` included (``layercheck.decision``)."""
 
 
 def heatmap_png(trace: Trace, path: Path, *, title: str | None = None,
@@ -62,7 +53,7 @@ def _share_panel(fig, ax, trace: Trace, share: np.ndarray, first: int, last: int
     im = ax.imshow(np.clip(share[first - 1:last].T, 0, 1.5), aspect="auto", cmap="viridis",
                    interpolation="nearest", extent=extent, vmin=0, vmax=1.5)
     fig.colorbar(im, ax=ax, pad=0.01, label="A / K")
-    warmup = int(trace.manifest["config"].get("warmup_steps", 0))
+    warmup = recorded_config(trace).warmup_steps
     if first < warmup:
         ax.axvline(warmup, color="white", lw=1, ls=":")
         ax.annotate("warm-up: no selective writes", (first + 2, -0.5), color="black",

@@ -29,11 +29,12 @@ from typing import Any, Callable
 
 import torch
 
+from layercheck.ranks import Ranks
+
 from .config import CaptureConfig
 from .corpus import Corpus, load_corpus
 from .dataset import Dataset
 from .models import ModelSource, resolve_model
-from .ranks import Ranks
 
 __all__ = ["Job", "PhaseTimes", "adamw", "lr_schedule", "predicted_tokens"]
 

@@ -24,7 +24,8 @@ from typing import Sequence
 
 from .config import ZeroConfig
 
-__all__ = ["under_torchrun", "world_size", "torchrun_command", "launch", "LAUNCHED_BY_PROFILER"]
+__all__ = ["under_torchrun", "world_size", "torchrun", "rank_environment", "torchrun_command",
+           "launch", "LAUNCHED_BY_PROFILER"]
 
 LAUNCHED_BY_PROFILER = "PROFILER_STARTED_TORCHRUN"
 """Set to 1 in the ranks' environment when the profiler started torchrun itself
@@ -47,19 +48,36 @@ def threads_per_rank(zero: ZeroConfig) -> int:
     return zero.capture.threads or max(1, (os.cpu_count() or 1) // zero.ranks)
 
 
+def torchrun(program: Sequence[str], ranks: int) -> list[str]:
+    """The one torchrun command line of this repository: ``program`` (a script and its
+    arguments, or ``-m``, a module and its arguments) as ``ranks`` local ranks, by
+    this Python (``torch.distributed.run`` is what the ``torchrun`` script runs, so
+    no script on PATH is needed). ``--standalone``: see the module doc. The
+    profiler's launch, the benchmarks' jobs and the tests' workers start it."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            str(ranks), *program]
+
+
+def rank_environment(threads: int, **extra: str) -> dict[str, str]:
+    """This process's environment for the ranks of a torchrun job: ``threads`` torch
+    CPU threads each (``OMP_NUM_THREADS``), Hugging Face offline, this checkout first
+    on ``PYTHONPATH`` (so that the ranks import the code that started them), and
+    ``extra`` (``DS_ACCELERATOR="cpu"`` for DeepSpeed on the CPU)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": path, **extra}
+
+
 def torchrun_command(argv: Sequence[str], ranks: int) -> list[str]:
     """``python -m profiler <argv>`` as ``ranks`` local ranks under torchrun."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-            str(ranks), "-m", "profiler", *argv]
+    return torchrun(["-m", "profiler", *argv], ranks)
 
 
 def launch(argv: Sequence[str], zero: ZeroConfig) -> int:
     """Run ``python -m profiler <argv>`` as ``zero.ranks`` ranks under torchrun;
     their exit status (0 when every rank succeeded)."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(threads_per_rank(zero)),
-           "HF_HUB_OFFLINE": "1", LAUNCHED_BY_PROFILER: "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
+    env = rank_environment(threads_per_rank(zero), DS_ACCELERATOR="cpu",
+                           **{LAUNCHED_BY_PROFILER: "1"})
     command = torchrun_command(argv, zero.ranks)
     print(f"profiler: starting {zero.ranks} ranks: torchrun --nproc_per_node {zero.ranks} "
           f"-m profiler {' '.join(argv)}", file=sys.stderr)

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["describe_machine", "measure_bandwidth", "resolve_device"]
+__all__ = ["describe_machine", "host", "cpu_model", "measure_bandwidth", "resolve_device"]
 
 PROBE_BYTES = 64 << 20
 CHUNK = 4 << 20
@@ -33,11 +33,26 @@ def describe_machine(device: str, directory: Path, *, probe_bytes: int = PROBE_B
     info: dict[str, Any] = {
         "device": device if device == "cpu" else f"cuda:{torch.cuda.get_device_name(0)}",
         "torch": torch.__version__, "python": platform.python_version(),
-        "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
         "platform": platform.platform(),
     }
     info.update(measure_bandwidth(directory, probe_bytes))
     return info
+
+
+def host(*packages: str) -> dict[str, Any]:
+    """The machine as a benchmark records it (``benchmarks/``): CPU model, cores,
+    Python, and the installed version of each of ``packages`` (None where it is not
+    installed). Nothing is imported, so a torch-free benchmark may call it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            **{name: installed(name) for name in packages}}
 
 
 def measure_bandwidth(directory: Path, nbytes: int = PROBE_BYTES) -> dict[str, Any]:
@@ -87,7 +102,8 @@ def _timed_read(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from layercheck.ranks import Ranks
+
 from .config import CaptureConfig
 from .corpus import Corpus
 from .dataset import Dataset
@@ -18,7 +20,6 @@ from .job import (Job, PhaseTimes, adamw, build_model_and_data, has_bert_head,
                   masked_token_losses, predicted_tokens, timer)
 from .machine import resolve_device
 from .models import ModelSource
-from .ranks import Ranks
 
 __all__ = ["PlainJob"]
 

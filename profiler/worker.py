@@ -104,7 +104,7 @@ def _zero_probe(config: CaptureConfig, spec: dict[str, Any]) -> int:
     from .jobs import open_job
     job = open_job(ZeroConfig(capture=config, ranks=spec["zero_ranks"],
                               fsdp=bool(spec.get("fsdp"))), say=lambda _: None)
-    if job.ranks.leader:
+    if job.ranks.is_coordinator:
         with open(spec["log"], "a") as log:
             _emit(log, "ready", pid=os.getpid())
     return 0

@@ -37,6 +37,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from layercheck.ranks import DefaultGroupRanks, Ranks
+
 from .config import CaptureConfig, ZeroConfig
 from .corpus import Corpus
 from .dataset import Dataset
@@ -45,7 +47,6 @@ from .job import (Job, PhaseTimes, adamw, build_model_and_data, has_bert_head,
                   masked_token_losses, predicted_tokens)
 from .launch import LAUNCHED_BY_PROFILER
 from .models import ModelSource, resolve_model
-from .ranks import Ranks
 
 __all__ = ["ZeroJob", "MaskedOnlyBert", "init_distributed"]
 
@@ -122,7 +123,8 @@ class ZeroJob(Job):
         if source.objective == "masked" and has_bert_head(model):
             model = MaskedOnlyBert(model)
         return cls(zero=zero, source=source, corpus=corpus, dataset=dataset,
-                   architecture=architecture, num_params=num_params, ranks=Ranks(rank, world),
+                   architecture=architecture, num_params=num_params,
+                   ranks=Ranks() if world == 1 else DefaultGroupRanks(),
                    **cls.wrap(model, zero, source))
 
     @staticmethod

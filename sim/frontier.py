@@ -14,7 +14,6 @@ Pareto points: the ratio column is NaN elsewhere.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from layercheck.config import ConfigError, LayerCheckConfig
+from layercheck.decision import PAPER_STEPS, lr_ratio, paper_default, policy_for, recorded_config
 from layercheck.lanes import Lanes, replay_many
 from layercheck.policy import Policy
 from layercheck.trace import Trace
@@ -33,12 +33,11 @@ from .api import Scenario, simulate_writes
 from .errors import SimError
 from .workload import LayerWrites
 
+# paper_default, recorded_config and PAPER_STEPS are layercheck.decision's, named here too
 __all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "paper_default", "recorded_config",
            "config_line", "write_bandwidth", "describe", "SETTING_COLUMNS", "PAPER_STEPS",
            "BASE_THRESHOLDS", "EMBEDDING_THRESHOLDS"]
 
-PAPER_STEPS = 1692
-"""The paper's run length: its warm-up (200) and Smax (1000) are for runs this long."""
 BASE_THRESHOLDS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, math.inf)
 """The default grid's base thresholds: half decades (rounded to 3), then Smax only."""
 EMBEDDING_THRESHOLDS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
@@ -104,26 +103,6 @@ class Grid:
                                 smax=int(smax), interval=int(interval),
                                 warmup_steps=min(self.warmup_steps, int(smax)),
                                 lr_scaling=self.lr_scaling)
-
-
-def paper_default(num_steps: int) -> LayerCheckConfig:
-    """The paper's settings (K 1e-3, embeddings 1e-2, Smax 1000, warm-up 200, every
-    step) with warm-up and Smax scaled by ``num_steps / 1692`` for shorter runs: the
-    profiler's rule (``profiler.config.CaptureConfig``), so that a default capture
-    records exactly this."""
-    scale = min(1.0, num_steps / PAPER_STEPS)
-    warmup = max(1, round(200 * scale))
-    return LayerCheckConfig(warmup_steps=warmup, smax=max(warmup, 1, round(1000 * scale)))
-
-
-def recorded_config(trace: Trace) -> LayerCheckConfig:
-    """The LayerCheckConfig the trace was recorded with (fields it lacks at their defaults)."""
-    known = {f.name for f in dataclasses.fields(LayerCheckConfig)}
-    data = {k: v for k, v in (trace.manifest.get("config") or {}).items() if k in known}
-    try:
-        return LayerCheckConfig.from_dict(data)
-    except (ConfigError, TypeError) as exc:
-        raise SimError(f"trace {trace.name!r}: its recorded config is not valid ({exc})") from None
 
 
 def config_line(config: LayerCheckConfig) -> str:
@@ -206,9 +185,7 @@ def evaluate(trace: Trace, configs: Sequence[LayerCheckConfig], *,
     start = time.perf_counter()
     if not configs:
         raise SimError("evaluate needs at least one setting")
-    ratio = trace.lr_ratio()
-    lanes = replay_many(_policies(trace, configs), trace.drift_matrix(),
-                        np.where(np.isnan(ratio), 1.0, ratio))
+    lanes = replay_many(_policies(trace, configs), trace.drift_matrix(), lr_ratio(trace))
     table = pd.DataFrame({c: [getattr(cfg, c) for cfg in configs] for c in SETTING_COLUMNS})
     table["write_budget"] = [cfg.write_budget for cfg in configs]
     table = table.assign(**_measure(trace, lanes))
@@ -222,27 +199,9 @@ def evaluate(trace: Trace, configs: Sequence[LayerCheckConfig], *,
 
 
 def _policies(trace: Trace, configs: Sequence[LayerCheckConfig]) -> list[Policy]:
-    """``Policy.from_config`` of every config on the trace's layers, with the per-layer
-    overrides the trace was recorded with; the thresholds of a whole grid at once."""
-    names, kinds = trace.layer_names, list(trace.layers["kind"])
-    recorded = {k: float(v) for k, v in dict(recorded_config(trace).thresholds).items()}
-    probe = Policy.from_config(LayerCheckConfig(thresholds=recorded), names, kinds,
-                               sizes=trace.budget_sizes)             # checks names and sizes once
-    override = np.array([recorded.get(name, np.nan) for name in names])
-    embedding = np.array(kinds) == "embedding"
-    k = np.array([c.base_threshold for c in configs])[:, None]
-    e = np.array([c.embedding_threshold for c in configs])[:, None]
-    base = np.where(np.isnan(override), np.where(embedding, e, k), override)
-    out = []
-    for row, c in zip(base, configs):
-        if c.thresholds:  # a setting's own overrides: the library's rule, layer by layer
-            c = dataclasses.replace(c, thresholds={**recorded, **c.thresholds})
-            out.append(Policy.from_config(c, names, kinds, sizes=probe.sizes))
-            continue
-        out.append(Policy(base=row, smax=c.smax, warmup_steps=c.warmup_steps, interval=c.interval,
-                          lr_scaling=c.lr_scaling, write_budget=c.write_budget,
-                          sizes=probe.sizes if c.write_budget is not None else None))
-    return out
+    """``layercheck.decision.policy_for`` of every config: the library's Policy on the
+    trace's layers, with the per-layer overrides the trace was recorded with."""
+    return [policy_for(trace, config) for config in configs]
 
 
 def _measure(trace: Trace, lanes: Lanes) -> dict[str, np.ndarray]:

@@ -23,12 +23,13 @@ import numpy as np
 import pandas as pd
 
 from layercheck.config import LayerCheckConfig
+from layercheck.decision import paper_default, recorded_config
 from layercheck.trace import Trace
 
 from .api import Scenario
 from .errors import SimError
 from .frontier import (SETTING_COLUMNS, Evaluation, Grid, config_line, describe, evaluate,
-                       paper_default, pareto, rate, recorded_config, write_bandwidth)
+                       pareto, rate, write_bandwidth)
 from .units import format_duration
 
 __all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_with_references"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from layercheck.decision import recorded_config
 from layercheck.trace import Trace, last_written
 
 from .errors import SimError
@@ -53,7 +54,7 @@ class LayerWrites:
     def from_trace(cls, trace: Trace) -> "LayerWrites":
         return cls(written=trace.write_matrix(), nbytes=trace.layer_bytes,
                    params=trace.layers["params"].to_numpy(dtype=np.float64),
-                   interval=int((trace.manifest.get("config") or {}).get("interval", 1) or 1))
+                   interval=recorded_config(trace).interval)
 
     @property
     def steps(self) -> int:

@@ -43,7 +43,7 @@ class Bench:
 
     @property
     def zero(self) -> bool:
-        return self.job.ranks.world > 1
+        return self.job.ranks.world_size > 1
 
     @property
     def full_bytes(self) -> int:
@@ -67,7 +67,7 @@ class Bench:
         if not self.zero:
             return "in the capture's process, on its model and optimizer state"
         return (f"single process on rank 0 (a plain job of the same model and settings, full "
-                f"unsharded state), not under the {self.job.ranks.world}-rank {self.job.setup} "
+                f"unsharded state), not under the {self.job.ranks.world_size}-rank {self.job.setup} "
                 "job")
 
     def scratch(self, name: str) -> Path:
@@ -75,7 +75,7 @@ class Bench:
         barrier) while a collective mechanism runs, else by the one process."""
         self._count += 1
         path = self.folder / f"{self._count:02d}-{name}"
-        if self.job.ranks.leader:
+        if self.job.ranks.is_coordinator:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
         if self.collective:

@@ -45,9 +45,9 @@ class LayerWise(Mechanism):
             restored = sum(ranks.gather(r.bytes))
             plans.append(ranks.max(r.plan_s))
             loads.append(ranks.max(r.load_s + r.restore_s))
-        if not ranks.leader:
+        if not ranks.is_coordinator:
             return {}
-        who = (f"{bench.job.integration} on {ranks.world} ranks (every rank's shards, the slowest "
+        who = (f"{bench.job.integration} on {ranks.world_size} ranks (every rank's shards, the slowest "
                "rank's seconds)" if bench.zero else "LayerCheck on the capture's own model "
                "and optimizer")
         return {

@@ -40,7 +40,7 @@ class Restart(Mechanism):
         from ..engine import deepspeed_available
         from ..worker import EventReader, write_job
         job = bench.job
-        ranks = job.ranks.world
+        ranks = job.ranks.world_size
         samples = []
         with tempfile.TemporaryDirectory(prefix="layercheck-restart-", dir=bench.folder) as tmp:
             for i in range(bench.repeats):

@@ -32,7 +32,7 @@ class FullSave(Mechanism):
     def measure(self, bench: Bench) -> dict[str, Figure]:
         ranks = bench.job.ranks
         ckpt = FullCheckpointer(bench.job, bench.scratch("full"))
-        every = ranks.from_leader(default_interval(bench.trace) if ranks.leader else None)
+        every = ranks.from_coordinator(default_interval(bench.trace) if ranks.is_coordinator else None)
         saves, loads, sizes = [], [], []
         position = 0
         for i in range(bench.repeats + 1):
@@ -55,12 +55,12 @@ class FullSave(Mechanism):
             ranks.barrier()
             loads.append(ranks.max(timed(ckpt.load)[0]))
         held = "sharded job" if ckpt.sharded else "engine"
-        where = (f"under the capture's {bench.job.setup} {held} on {ranks.world} ranks "
+        where = (f"under the capture's {bench.job.setup} {held} on {ranks.world_size} ranks "
                  "(the slowest rank's seconds, every rank's files)" if bench.zero
                  else "a world-size-1 engine (ZeRO stage 0, fp32) around the capture's own "
                       "model, optimizer and scheduler" if ckpt.engine is not None
                  else "the capture's own model and optimizer state")
-        nbytes = int(statistics.median(sizes)) if ranks.leader else 0
+        nbytes = int(statistics.median(sizes)) if ranks.is_coordinator else 0
         save = rate_figure(nbytes, saves, f"{ckpt.method}, {where}, each save after {every} "
                            "training steps (a short run at the validation's matched interval, "
                            "its first save not counted); bytes = the tag folder")

@@ -71,3 +71,19 @@ def test_budget_mode_replays_the_controller_and_keeps_the_rate(trace):
     assert out.max_staleness <= held.smax
     fig = whatif.budget_figure(trace, replayed, held)
     assert [t.name for t in fig.data] == ["written since the base", "budget x steps", "K factor (right)"]
+
+
+def test_a_garbled_recorded_config_is_refused_not_replaced_by_the_defaults(trace):
+    """The what-if opens at the recorded settings: one that is not valid is the trace
+    error every reader of the recorded config raises (``layercheck.decision``), never
+    the defaults shown as what the run was recorded with."""
+    import dataclasses
+
+    from layercheck.decision import recorded_config
+    from layercheck.trace import TraceError
+    from sim.frontier import recorded_config as frontiers
+    garbled = dataclasses.replace(trace, manifest={**trace.manifest,
+                                                   "config": {"smax": 10, "warmup_steps": 20}})
+    for read in (whatif.Settings.from_trace, recorded_config, frontiers):
+        with pytest.raises(TraceError, match="recorded config .* not valid .*shorten the warm-up"):
+            read(garbled)

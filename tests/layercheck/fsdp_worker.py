@@ -106,8 +106,9 @@ def dcp_load(model, optimizer, scheduler, path: str) -> int:
 
 
 def refusals(args: argparse.Namespace) -> dict:
-    """What FsdpLayerCheck refuses, each with its message."""
-    out = {}
+    """What FsdpLayerCheck refuses, each with its message; under ``groups_left`` how
+    many process groups each refused constructor left open (it makes two of its own)."""
+    out: dict = {"groups_left": {}}
     for name, shard, directory in (("unsharded", False, args.dir + "-unsharded"),
                                    ("optimizer_first", True, args.dir + "-optimizer-first"),
                                    ("world_size", True, args.dir)):
@@ -116,11 +117,13 @@ def refusals(args: argparse.Namespace) -> dict:
             model = tiny_lm(tied=True, layers=3, seed=0)
             optimizer = torch.optim.AdamW(model.parameters())
             fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        groups = len(dist.distributed_c10d._world.pg_map)
         try:
             FsdpLayerCheck(model, optimizer, directory, LayerCheckConfig(), scheduler=scheduler)
             out[name] = None
         except LayerCheckError as exc:
             out[name] = str(exc)
+        out["groups_left"][name] = len(dist.distributed_c10d._world.pg_map) - groups
     return out
 
 

@@ -1,9 +1,6 @@
 """Garbage collection never deletes what it could not verify, and says what it kept."""
 from __future__ import annotations
 
-import errno
-import os
-
 import pytest
 
 from layercheck import LayerCheck, LayerCheckConfig
@@ -14,29 +11,12 @@ from layercheck.manifest import read_manifest
 from layercheck.recovery import make_plan
 from layercheck.store import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
+from tests.stores import FlakyReads
 
 
 @pytest.fixture()
 def ckpt(tmp_path):
     return every_layer_checkpoint(tmp_path / "c")
-
-
-class FlakyReads:
-    """A LocalStore whose first ``times`` reads of ``path`` fail with EIO (a storage
-    hiccup: the file is intact)."""
-
-    def __init__(self, root, path: str, times: int = 1) -> None:
-        self.inner, self.url = LocalStore(root), str(root)
-        self.path, self.left = path, times
-
-    def read(self, path: str, limit: int | None = None) -> bytes:
-        if path == self.path and self.left > 0:
-            self.left -= 1
-            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
-        return self.inner.read(path, limit)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 def test_a_transient_read_error_is_not_damage_and_gc_deletes_nothing(ckpt):

@@ -17,6 +17,7 @@ from layercheck.errors import WriteFailed  # noqa: E402
 from layercheck.format import MANIFEST, Shard, Version, encode_record  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
+from tests.stores import FullAppends  # noqa: E402
 
 
 def _version(step: int, layer: str | None, rank: int) -> Version:
@@ -77,13 +78,6 @@ def test_a_sharded_record_read_by_a_rank_it_does_not_have_is_a_problem(tmp_path)
     assert view.versions == {} and "world size the checkpoint was written with" in view.problems[0]
 
 
-class _FullDisk(LocalStore):
-    """Rank 0's store once its disk is full: appends fail (fault injection)."""
-
-    def append(self, path, data):
-        raise OSError(28, "No space left on device")
-
-
 def _outcome(commit, store, step, versions, error):
     try:
         return "committed " + ",".join(v.file for v in commit.commit(store, step, versions, error))
@@ -111,7 +105,7 @@ def _rank_main(rank: int, root: str, fail_rank: int) -> None:
     error = ValueError("bad tensor") if rank == 1 else OSError(28, "No space left on device")
     out["final"] = _outcome(commit, store, 4, [], error)
     # step 5: every rank wrote its shard, rank 0 cannot append the records
-    out["append"] = _outcome(commit, _FullDisk(root) if rank == 0 else store, 5,
+    out["append"] = _outcome(commit, FullAppends(root) if rank == 0 else store, 5,
                              [_version(5, "a", rank)], None)
     # step 6: both ranks failed, both retryable: each raises its own error
     error = OSError(5, f"I/O error on rank {rank}")

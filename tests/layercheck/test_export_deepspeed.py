@@ -28,6 +28,7 @@ from safetensors.torch import load_file  # noqa: E402
 from layercheck.cli import main  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
+from tests.stores import BeforeFirstRead  # noqa: E402
 from tests.layercheck.test_zero import ROOT, _command, _env, _results  # noqa: E402
 
 T, STEPS = 7, 10
@@ -359,25 +360,17 @@ def test_without_deepspeed_the_export_says_so_in_one_line(runs, tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
-class Retiring:
-    """The reader's LocalStore: just before its first read of a layer shard, a trainer's
-    retention retires (drop records first, then every rank's files) the versions given:
-    after the reader's snapshot of the manifest, before it reads what it planned."""
-
-    def __init__(self, root: Path, versions: list) -> None:
-        self.inner, self.url, self.versions = LocalStore(root, create=False), str(root), versions
-
-    def read(self, path: str, limit=None) -> bytes:
-        if path.startswith("layers/") and self.versions:
-            from layercheck.format import MANIFEST, encode_record
-            versions, self.versions = self.versions, []
-            self.inner.append(MANIFEST, b"".join(encode_record({"kind": "drop", "file": v.key})
-                                                 for v in versions))
-            assert self.inner.delete_unread([s.file for v in versions for s in v.shards])
-        return self.inner.read(path, limit)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+def _retiring(root: Path, versions: list):
+    """A trainer's retention retiring ``versions``: drop records first, then every
+    rank's files (for ``BeforeFirstRead``: after the reader's snapshot of the manifest,
+    before it reads what it planned)."""
+    def retire() -> None:
+        from layercheck.format import MANIFEST, encode_record
+        store = LocalStore(root, create=False)
+        store.append(MANIFEST, b"".join(encode_record({"kind": "drop", "file": v.key})
+                                        for v in versions))
+        assert store.delete_unread([s.file for v in versions for s in v.shards])
+    return retire
 
 
 def test_export_racing_retention_refuses_a_step_it_retired_instead_of_a_false_fallback(
@@ -398,7 +391,7 @@ def test_export_racing_retention_refuses_a_step_it_retired_instead_of_a_false_fa
     plan = make_plan(LocalStore(ckpt, create=False), view, T, exact=True)
     used = plan.sources["model.layers.1"]
     assert plan.warnings == [] and len(view.versions["model.layers.1"]) > 1
-    store = Retiring(ckpt, [used, view.states[T]])
+    store = BeforeFirstRead(ckpt, _retiring(ckpt, [used, view.states[T]]), create=False)
     with pytest.raises(CheckpointNotFound, match=f"step {T} is not a recoverable step"):
         export_deepspeed(store, tmp_path / "out", step=T)
-    assert not store.versions and not (tmp_path / "out").exists()
+    assert store.meanwhile is None and not (tmp_path / "out").exists()  # it retired them

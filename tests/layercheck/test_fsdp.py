@@ -167,14 +167,26 @@ def test_dcp_export_reshards_into_one_process(killed, tmp_path):
             assert torch.equal(optimizer.state[p][field], composite.optimizer[name][field])
 
 
-def test_another_world_size_and_an_unsharded_model_are_refused_with_the_fix(killed, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def refused(killed, tmp_path_factory):
+    """What a one-rank job on the two-rank directory is refused (``--refusals``)."""
+    out = tmp_path_factory.mktemp("refused")
     JOB.run("--dir", str(killed["ckpt"]), "--out", str(out), "--refusals", ranks=1)
-    refused = JOB.results(out, ranks=1)[0]["refusals"]
+    return JOB.results(out, ranks=1)[0]["refusals"]
+
+
+def test_another_world_size_and_an_unsharded_model_are_refused_with_the_fix(refused):
     assert "written by 2 ranks, this job has 1" in refused["world_size"]
     assert "--format dcp" in refused["world_size"] and "reshards" in refused["world_size"]
     assert "fully_shard(model, mesh=mesh)" in refused["unsharded"]
     assert "create the optimizer after fully_shard" in refused["optimizer_first"]
+
+
+def test_a_refused_setup_leaves_no_process_group_open(refused):
+    """FsdpLayerCheck makes two gloo groups before it looks at the model; a refusal
+    must destroy them (a gloo group alive at exit can abort the process), whether the
+    model (its source), the optimizer or the directory is refused."""
+    assert refused["groups_left"] == {"unsharded": 0, "optimizer_first": 0, "world_size": 0}
 
 
 def test_dcp_export_needs_an_fsdp_directory(tmp_path, capsys):

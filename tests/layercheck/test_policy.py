@@ -1,6 +1,7 @@
 """The write policy: pure, deterministic, and bounded staleness."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -329,3 +330,16 @@ def test_base_thresholds_are_float64_even_from_whole_numbers():
     cfg = LayerCheckConfig(base_threshold=1, embedding_threshold=2, thresholds={"l2": 3})
     policy = Policy.from_config(cfg, ["l0", "l1", "l2"], ["embedding", "block", "block"])
     assert policy.base.dtype == np.float64 and policy.base.tolist() == [2.0, 1.0, 3.0]
+
+
+def test_thresholds_carry_the_write_budgets_factor():
+    """K_l(t) = base_l * lr_ratio * k_scale, per step for arrays; 0 and inf stay."""
+    policy = Policy(base=np.array([0.0, 1e-3, math.inf]), smax=9, warmup_steps=1, interval=1,
+                    lr_scaling=True)
+    ratio, factor = np.array([1.0, 0.5, 0.0]), np.array([2.0, 0.25, 4.0])
+    k = policy.thresholds(ratio, factor)
+    np.testing.assert_array_equal(k, policy.thresholds(ratio) * factor[:, None])
+    assert k[2].tolist() == [0.0, 0.0, math.inf]
+    assert policy.thresholds(0.5, 2.0).tolist() == [0.0, 1e-3, math.inf]
+    fixed = dataclasses.replace(policy, lr_scaling=False)
+    assert fixed.thresholds(0.5, 2.0).tolist() == [0.0, 2e-3, math.inf]

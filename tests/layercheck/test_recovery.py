@@ -17,6 +17,7 @@ from layercheck.ranks import Ranks
 from layercheck.recovery import Planner, make_plan
 from layercheck.store import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
+from tests.stores import CountedReads, NotedScatteredReads, SlowReads, ThreadNotedReads
 
 
 @pytest.fixture()
@@ -193,27 +194,6 @@ def test_a_restore_that_fails_leaves_the_model_and_optimizer_untouched(ckpt):
 
 
 # -- one read per file, kept within restore_memory, read ahead in parallel (issue 14) --
-class _CountingStore(LocalStore):
-    """A real LocalStore, each read of a file counted (any read method)."""
-
-    def __init__(self, root) -> None:
-        super().__init__(root)
-        self.reads: dict[str, int] = {}
-
-    def _count(self, path: str) -> None:
-        self.reads[path] = self.reads.get(path, 0) + 1
-
-    def read(self, path, limit=None):
-        self._count(path)
-        return super().read(path, limit)
-
-    def read_buffer(self, path, limit=None, consume=None):
-        self._count(path)
-        return super().read_buffer(path, limit, consume)
-
-    def read_into(self, path, limit, consume, targets):
-        self._count(path)
-        return super().read_into(path, limit, consume, targets)
 
 
 def _fresh():
@@ -225,7 +205,7 @@ def _fresh():
 def _restored(ckpt, **config):
     """(model, optimizer, restore report, counted reads) of a restore into fresh ones."""
     model, opt, sched = _fresh()
-    store = _CountingStore(ckpt)
+    store = CountedReads(ckpt)
     with LayerCheck(model, opt, store, LayerCheckConfig(**config), scheduler=sched) as lc:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the damaged versions passed over
@@ -575,7 +555,7 @@ def test_the_files_kept_for_load_stay_within_keep_bytes_when_ranks_agree_on_olde
     """The peer lacks model.layers.1's and the last layer's newest shards: both are
     chosen again at step 4. What stays in memory for ``load`` is never more than
     ``keep_bytes``, and all of it when the chosen files fit exactly."""
-    store = _CountingStore(ckpt)
+    store = CountedReads(ckpt)
     view = read_manifest(store)
     last = view.layer_names[-1]
     older = {view.layer_names.index("model.layers.1"): 4, view.layer_names.index(last): 4}
@@ -593,22 +573,8 @@ def test_the_files_kept_for_load_stay_within_keep_bytes_when_ranks_agree_on_olde
         assert again == set() if keep == "all" else 0 < kept and again
 
 
-class _SlowStore(LocalStore):
-    """A real LocalStore whose every read takes at least ``delay`` seconds."""
-
-    delay = 0.02
-
-    def read(self, path, limit=None):
-        time.sleep(self.delay)
-        return super().read(path, limit)
-
-    def read_buffer(self, path, limit=None, consume=None):
-        time.sleep(self.delay)
-        return super().read_buffer(path, limit, consume)
-
-
 def test_load_s_is_the_time_load_spent_reading_files_again(ckpt):
-    store = _SlowStore(ckpt)
+    store = SlowReads(ckpt)
     view = read_manifest(store)
     kept = Planner(store, view, keep_bytes=1 << 30)
     plan = kept.plan(use=lambda version, tensors: None)
@@ -624,37 +590,13 @@ def test_load_s_is_the_time_load_spent_reading_files_again(ckpt):
     assert len(plan.sources) * store.delay <= again.load_s <= wall
 
 
-class _ThreadStore(_SlowStore):
-    """A real LocalStore noting which thread reads each file, in order; each read
-    takes a while, so that a pool has no idle thread when the next read comes."""
-
-    def __init__(self, root) -> None:
-        super().__init__(root)
-        self.readers: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-
-    def read_buffer(self, path, limit=None, consume=None):
-        with self.lock:
-            self.readers.append((path, threading.current_thread().name))
-        return super().read_buffer(path, limit, consume)
-
-    def read(self, path, limit=None):
-        with self.lock:
-            self.readers.append((path, threading.current_thread().name))
-        return super().read(path, limit)
-
-    def layer_files(self):
-        with self.lock:
-            return [(p, t) for p, t in self.readers if p.startswith("layers/")]
-
-
 def test_threads_read_the_newest_versions_ahead_in_a_pool_of_that_many(ckpt):
     """threads=1 (the default) reads in the caller's thread; threads=n reads each
     layer's newest version in a pool of at most n 'layercheck-read' threads, also
     when the ranks agree on older versions of only two layers, and at most 2n files
     ahead of the one being chosen."""
     main = threading.current_thread().name
-    store = _ThreadStore(ckpt)
+    store = ThreadNotedReads(ckpt)
     view = read_manifest(store)
     Planner(store, view).plan(use=lambda version, tensors: None)
     assert store.readers and {t for _, t in store.readers} == {main}
@@ -817,20 +759,6 @@ def test_parse_safetensors_of_read_only_bytes_warns_nothing():
 
 
 # -- a fresh optimizer keeps its moments as read: no second copy (issue 14) -----------------
-class _NotingStore(LocalStore):
-    """A real LocalStore that notes the memory each scattered read fills (``read_into``)."""
-
-    def __init__(self, root) -> None:
-        super().__init__(root)
-        self.filled: list[tuple[int, int]] = []
-
-    def read_into(self, path, limit, consume, targets):
-        def noted(size):
-            for target in targets(size):
-                start = np.frombuffer(target, dtype=np.uint8).ctypes.data if len(target) else 0
-                self.filled.append((start, start + len(target)))
-                yield target
-        return super().read_into(path, limit, consume, noted)
 
 
 @pytest.mark.parametrize("threads, memory", [(1, None), (4, 0)])
@@ -840,7 +768,7 @@ def test_a_fresh_optimizer_keeps_the_moments_as_read_not_a_second_copy(ckpt, thr
     only (no weights, no header kept for the run's lifetime); the parameters are
     copied into the model's own storage."""
     model, opt, sched = _fresh()
-    store = _NotingStore(ckpt)
+    store = NotedScatteredReads(ckpt)
     config = LayerCheckConfig(restore_threads=threads, restore_memory=memory)
     with LayerCheck(model, opt, store, config, scheduler=sched) as lc:
         lc.restore()

@@ -16,6 +16,7 @@ from layercheck import LayerCheck, LayerCheckConfig
 from layercheck.errors import DirectoryLocked
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
+from tests.stores import BeforeFirstRead
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,24 +208,6 @@ def test_a_second_layercheck_in_the_same_process_is_told_so(tmp_path):
 EVERY_STEP = dict(base_threshold=0, embedding_threshold=0, warmup_steps=2, keep_versions=1)
 
 
-class Meanwhile:
-    """The reader's LocalStore: just before its first read of a layer file it runs
-    ``meanwhile()`` (a live trainer's next steps), which is where a real race would put
-    them: after the reader's snapshot of the manifest, before it reads what it planned."""
-
-    def __init__(self, root, meanwhile) -> None:
-        self.inner, self.url, self.meanwhile = LocalStore(root), str(root), meanwhile
-
-    def read(self, path: str, limit=None) -> bytes:
-        if path.startswith("layers/") and self.meanwhile is not None:
-            go, self.meanwhile = self.meanwhile, None
-            go()
-        return self.inner.read(path, limit)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 class LiveTrainer:
     """A tiny LM trained with keep_versions=1 and every layer at every step, in this
     process; ``weights[t]``: its parameters after step t."""
@@ -272,12 +255,12 @@ def test_export_inspect_and_plan_while_the_trainer_retires_what_they_planned(tmp
     trainer = LiveTrainer(root)
     try:
         trainer.train(6)
-        plan = export_model(Meanwhile(root, lambda: trainer.train(2)), tmp_path / "out")
+        plan = export_model(BeforeFirstRead(root, lambda: trainer.train(2)), tmp_path / "out")
         assert plan.step == 8
         _recoverable(plan, trainer.weights, load_file(tmp_path / "out" / "model.safetensors"))
-        info = inspect_directory(Meanwhile(root, lambda: trainer.train(2)))
+        info = inspect_directory(BeforeFirstRead(root, lambda: trainer.train(2)))
         assert info["problems"] == [] and info["newest_step"] >= 8
-        reader = Meanwhile(root, lambda: trainer.train(2))
+        reader = BeforeFirstRead(root, lambda: trainer.train(2))
         plan = read_consistent(reader, lambda view: make_plan(reader, view),
                                suspects=lambda p: p.passed_over, finish=lambda p: p)
         assert plan.step == 12

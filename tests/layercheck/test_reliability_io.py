@@ -29,57 +29,10 @@ from layercheck.recovery import make_plan
 from layercheck import store as store_module
 from layercheck.store import FsspecStore, LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.stores import Faults
 
 EVERY_STEP = dict(base_threshold=0, embedding_threshold=0, warmup_steps=2)
 ROOT_DIR = Path(__file__).resolve().parents[2]
-
-
-class FaultyStore:
-    """A LocalStore whose writes fail on demand.
-
-    ``fail(op, prefix, err, times)``: the next ``times`` calls of ``op``
-    ('write_atomic' or 'append') on a path starting with ``prefix`` raise
-    OSError(err). ``torn=True`` makes a failing append get half its bytes onto
-    the disk first (inside LocalStore.append, as a disk that fills up mid-write
-    does), so the store's own rollback is what is tested."""
-
-    def __init__(self, root: Path) -> None:
-        self.inner = LocalStore(root)
-        self.url = self.inner.url
-        self.faults: list[dict] = []
-        self.failures = 0
-
-    def fail(self, op: str, prefix: str, err: int, *, times: int = 1, torn: bool = False) -> None:
-        self.faults.append(dict(op=op, prefix=prefix, err=err, left=times, torn=torn))
-
-    def _fault(self, op: str, path: str) -> dict | None:
-        for fault in self.faults:
-            if fault["op"] == op and path.startswith(fault["prefix"]) and fault["left"] > 0:
-                fault["left"] -= 1
-                self.failures += 1
-                return fault
-        return None
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        fault = self._fault("write_atomic", path)
-        if fault:
-            raise OSError(fault["err"], os.strerror(fault["err"]), path)
-        self.inner.write_atomic(path, data)
-
-    def append(self, path: str, data: bytes) -> None:
-        fault = self._fault("append", path)
-        if fault and not fault["torn"]:
-            raise OSError(fault["err"], os.strerror(fault["err"]), path)
-        if fault:
-            def half_then_fail(fd, chunk, err=fault["err"]):
-                os.write(fd, bytes(chunk[: len(chunk) // 2]))
-                raise OSError(err, os.strerror(err), path)
-            with mock.patch.object(store_module, "_write_all", half_then_fail):
-                self.inner.append(path, data)
-        self.inner.append(path, data)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 def _run(store, steps, *, on_error="raise", model=None, opt=None, sched=None):
@@ -108,7 +61,7 @@ def _committed_steps(root):
     ("states/", errno.EIO), (MANIFEST, errno.ENOSPC), (MANIFEST, errno.EIO)])
 def test_raise_policy_stops_training_with_a_clear_error_and_commits_nothing_partial(
         tmp_path, err, where):
-    store = FaultyStore(tmp_path / "c")
+    store = Faults(tmp_path / "c")
     lc, model, opt, sched = _run(store, 4)
     assert _committed_steps(tmp_path / "c")[0] == [2, 3, 4]
     store.fail("append" if where == MANIFEST else "write_atomic", where, err, torn=True)
@@ -135,7 +88,7 @@ def test_raise_policy_stops_training_with_a_clear_error_and_commits_nothing_part
 
 def test_warn_policy_keeps_training_says_so_loudly_and_rewrites_the_failed_layer(
         tmp_path, caplog):
-    store = FaultyStore(tmp_path / "c")
+    store = Faults(tmp_path / "c")
     lc, model, opt, sched = _run(store, 4, on_error="warn")
     store.fail("write_atomic", "layers/model.layers.0", errno.ENOSPC, times=3)
     with caplog.at_level(logging.ERROR, logger="layercheck"):
@@ -158,7 +111,7 @@ def test_warn_policy_keeps_training_says_so_loudly_and_rewrites_the_failed_layer
 def test_warn_policy_survives_a_failed_base_checkpoint(tmp_path):
     """The base checkpoint fails for one layer: no step may be committed that
     has no version of that layer, or restore() would be stuck."""
-    store = FaultyStore(tmp_path / "c")
+    store = Faults(tmp_path / "c")
     store.fail("write_atomic", "layers/model.norm", errno.EIO, times=1)
     lc, *_ = _run(store, 3, on_error="warn")  # base at step 2 fails for model.norm
     lc.close()
@@ -174,7 +127,7 @@ def test_a_retried_write_is_recorded_as_a_retry_not_as_a_threshold_crossing(tmp_
     """Under 'warn' the layers of a failed job are written again at the next
     opportunity because the write failed, not because they drifted: their
     versions say so, and the traces' reason counts stay honest."""
-    store = FaultyStore(tmp_path / "c")
+    store = Faults(tmp_path / "c")
     store.fail("write_atomic", "layers/model.norm", errno.EIO, times=1)  # fails the base
     torch.manual_seed(0)
     model = tiny_lm()
@@ -196,7 +149,7 @@ def test_a_retried_write_is_recorded_as_a_retry_not_as_a_threshold_crossing(tmp_
 def test_a_torn_manifest_append_never_swallows_the_next_commit(tmp_path):
     """ENOSPC in the middle of the manifest append leaves half a line; the
     records appended after it must still be readable."""
-    store = FaultyStore(tmp_path / "c")
+    store = Faults(tmp_path / "c")
     lc, model, opt, sched = _run(store, 3, on_error="warn")
     store.fail("append", MANIFEST, errno.ENOSPC, torn=True)
     for _ in range(2):

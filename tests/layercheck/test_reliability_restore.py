@@ -9,8 +9,6 @@ the objects now hold. Each test compares the live objects bit for bit.
 """
 from __future__ import annotations
 
-import errno
-import os
 import warnings
 
 import pytest
@@ -24,6 +22,7 @@ from layercheck.format import MANIFEST, checksum, decode_line, encode_record
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
+from tests.stores import FailingReads, FullAppends
 
 EVERY_STEP = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2)
 
@@ -190,32 +189,6 @@ def _strip_state_records(directory, *keys):
 
 
 # -- 4: a failed re-read ------------------------------------------------------------
-class _FailingReads(LocalStore):
-    """A LocalStore whose reads of layer files fail with EIO: from the ``after``-th read
-    of each file on (``times`` reads, then it answers again; None: for good), or,
-    with ``only``, of those files only."""
-
-    def __init__(self, root, *, after=2, times=None, only=None) -> None:
-        super().__init__(root)
-        self.after, self.times, self.only = after, times, only
-        self.reads: dict[str, int] = {}
-        self.failed = 0
-
-    def _maybe_fail(self, path):
-        if not path.startswith("layers/") or (self.only is not None and path not in self.only):
-            return
-        n = self.reads[path] = self.reads.get(path, 0) + 1
-        if n >= self.after and (self.times is None or n < self.after + self.times):
-            self.failed += 1
-            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
-
-    def read_buffer(self, path, limit=None, consume=None):
-        self._maybe_fail(path)
-        return super().read_buffer(path, limit, consume)
-
-    def read_into(self, path, limit, consume, targets):
-        self._maybe_fail(path)
-        return super().read_into(path, limit, consume, targets)
 
 
 @pytest.fixture()
@@ -244,7 +217,7 @@ def test_a_transient_error_on_a_re_read_is_retried_and_restores_the_same(six):
     with lc:
         lc.restore()
     expected = _live(model, opt, sched)
-    store = _FailingReads(six, after=2, times=1)
+    store = FailingReads(six, after=2, times=1)
     lc, model, opt, sched, _ = _restore_into_fresh(six, store, restore_memory=0)
     with lc:
         assert lc.restore() == 6
@@ -257,7 +230,7 @@ def test_storage_lost_between_the_plan_and_the_apply_changes_nothing(six):
     stops answering after the plan: the kept layers were copied in before the first
     re-read failed. The re-reads now come first: nothing is copied."""
     sizes, _ = _sizes(six)
-    store = _FailingReads(six, after=2)
+    store = FailingReads(six, after=2)
     lc, model, opt, sched, before = _restore_into_fresh(six, store,
                                                         restore_memory=sum(sizes[:3]))
     with lc:
@@ -275,7 +248,7 @@ def test_a_re_read_that_fails_for_good_midway_says_what_the_model_holds(six):
     restore() again completes it, which it does."""
     sizes, view = _sizes(six)
     last = view.layer_names[-1]
-    store = _FailingReads(six, after=2, only={view.versions[last][-1].file})
+    store = FailingReads(six, after=2, only={view.versions[last][-1].file})
     lc, model, opt, sched, before = _restore_into_fresh(six, store, restore_memory=0)
     with lc:
         with pytest.raises(RestoreIncomplete, match="call restore\\(\\) again") as info:
@@ -300,7 +273,7 @@ def test_a_second_restore_that_fails_midway_keeps_step_from_training_on(six):
     on from the first restore's timeline with the model half step 5."""
     _, view = _sizes(six)
     last = view.layer_names[-1]
-    store = _FailingReads(six, after=10 ** 9, only={view.versions[last][-2].file})
+    store = FailingReads(six, after=10 ** 9, only={view.versions[last][-2].file})
     lc, model, opt, sched, _ = _restore_into_fresh(six, store, restore_memory=0)
     with lc:
         assert lc.restore() == 6
@@ -313,15 +286,6 @@ def test_a_second_restore_that_fails_midway_keeps_step_from_training_on(six):
 
 
 # -- 6: ENOSPC on the resume record ---------------------------------------------------
-class _FullAtResume(LocalStore):
-    """A LocalStore whose manifest appends fail with ENOSPC while ``full``."""
-
-    full = False
-
-    def append(self, path, data):
-        if self.full and path == MANIFEST:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        super().append(path, data)
 
 
 def test_a_full_disk_at_the_resume_record_says_what_the_objects_hold(six):
@@ -333,7 +297,7 @@ def test_a_full_disk_at_the_resume_record_says_what_the_objects_hold(six):
     clean = _restore_into_fresh(six)
     with clean[0]:
         clean[0].restore()
-    store = _FullAtResume(six)
+    store = FullAppends(six, full=False)
     lc, model, opt, sched, _ = _restore_into_fresh(six, store)
     manifest = (six / MANIFEST).read_bytes()
     with lc:

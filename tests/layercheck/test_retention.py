@@ -14,6 +14,7 @@ from layercheck.manifest import ManifestView, read_manifest
 from layercheck.retention import Retention
 from layercheck.store import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.stores import HeldFull
 
 
 def _v(layer, step, reason="threshold"):
@@ -87,34 +88,12 @@ def _params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-class FullForOneLayer:
-    """A LocalStore that has no room for ``layer`` from step ``from_step`` on (ENOSPC at
-    every write of it). The first failing write holds the writer thread until
-    ``release()``, so that the steps the training thread queues meanwhile go without
-    that layer, as they do when a failure is noticed late."""
-
-    def __init__(self, root, layer: str, from_step: int) -> None:
-        import threading
-        self.inner, self.url = LocalStore(root), str(root)
-        self.prefix, self.from_step = f"layers/{layer}@", from_step
-        self.reached, self._go = threading.Event(), threading.Event()
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        import errno
-        import os
-        if path.startswith(self.prefix) and int(path[len(self.prefix):].split(".")[0]) >= \
-                self.from_step:
-            if not self.reached.is_set():
-                self.reached.set()
-                self._go.wait(120)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        self.inner.write_atomic(path, data)
-
-    def release(self) -> None:
-        self._go.set()
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+def _one_layer_from(layer: str, from_step: int):
+    """For ``HeldFull``: no room for ``layer`` from step ``from_step`` on (every write of
+    it fails; the first holds the writer thread, so that the steps training queues
+    meanwhile go without that layer, as when a failure is noticed late)."""
+    prefix = f"layers/{layer}@"
+    return lambda path: path.startswith(prefix) and int(path[len(prefix):].split(".")[0]) >= from_step
 
 
 def versions_without_any_state(root):
@@ -122,7 +101,7 @@ def versions_without_any_state(root):
     ``model.layers.1`` has no room from the base checkpoint (step 2) on, under 'warn',
     while steps 3 and 4 commit the others. Returns (model, optimizer, scheduler,
     config) of the run, for a second run on the same directory."""
-    store = FullForOneLayer(root, "model.layers.1", 2)
+    store = HeldFull(root, _one_layer_from("model.layers.1", 2))
     cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
                            thresholds={"model.layers.1": math.inf}, on_error="warn")
     model = tiny_lm()
@@ -146,7 +125,7 @@ def test_a_layer_that_keeps_failing_under_warn_never_costs_the_newest_recoverabl
     Retention must not retire step 9, nor a version step 9 uses: no newer state has
     committed, and none ever will while the disk stays full for that layer."""
     root = tmp_path / "c"
-    store = FullForOneLayer(root, "model.layers.1", 8)
+    store = HeldFull(root, _one_layer_from("model.layers.1", 8))
     torch.manual_seed(0)
     model = tiny_lm()
     opt, sched = optimizer_for(model, total=40)

@@ -31,6 +31,8 @@ from layercheck.retention import Retention
 from layercheck.store import LocalStore
 from layercheck.writer import LayerSnapshot, StepJob, Writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.stores import (CannotDelete, CountingStore, DropsBuffers, FailingWrites, GatedStore,
+                          HeldFull, RecordingStore, layer_step, one_step_of_layers_from)
 
 MB = 1 << 20
 
@@ -66,43 +68,6 @@ def _no_call_blocks_forever(request):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-class GatedStore:
-    """A LocalStore whose writer may write job j only once the producer has begun to
-    submit job j + ``lead`` (``announce``) or has finished: the writer can never run
-    ahead, so whether the queue fills up does not depend on thread timing. Counts
-    manifest appends."""
-
-    def __init__(self, root, lead: int) -> None:
-        self.inner, self.lead, self.appends = LocalStore(root), lead, 0
-        self.url = self.inner.url
-        self._cv = threading.Condition()
-        self._announced, self._done = 0, False
-
-    def announce(self, step: int) -> None:
-        with self._cv:
-            self._announced = step
-            self._cv.notify_all()
-
-    def finish(self) -> None:
-        with self._cv:
-            self._done = True
-            self._cv.notify_all()
-
-    def write_atomic(self, path, data):
-        step = int(re.search(r"@(\d+)", path).group(1))
-        with self._cv:
-            assert self._cv.wait_for(lambda: self._done or self._announced >= step + self.lead,
-                                     timeout=120)
-        self.inner.write_atomic(path, data)
-
-    def append(self, path, data):
-        self.inner.append(path, data)
-        self.appends += 1
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def _job(step: int, nbytes: int = MB) -> StepJob:
@@ -275,33 +240,6 @@ def test_a_power_cut_inside_a_steps_append_commits_nothing_of_that_step(tmp_path
     _assert_restores_what_was_decided(run, root, last - 1, torn=cut != "after the first line")
 
 
-class HeldFailure:
-    """A LocalStore whose first layer-file write of a step >= ``from_step`` holds the
-    writer thread until ``release()`` and then fails with ENOSPC, as do the other layer
-    files of that step: training goes on meanwhile and hears of the failure only later."""
-
-    def __init__(self, root: Path, from_step: int) -> None:
-        self.inner, self.url = LocalStore(root), str(root)
-        self.from_step, self.step = from_step, None
-        self.reached, self._go = threading.Event(), threading.Event()
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        step = int(re.search(r"@(\d+)", path).group(1)) if path.startswith("layers/") else -1
-        if step >= self.from_step and self.step in (None, step):
-            if self.step is None:
-                self.step = step
-                self.reached.set()
-                self._go.wait(120)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        self.inner.write_atomic(path, data)
-
-    def release(self) -> None:
-        self._go.set()
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 @trains
 @pytest.mark.parametrize("then", ["stop", "go on"])
 @pytest.mark.parametrize("from_step", [3, 7], ids=["base", "later"])
@@ -312,7 +250,7 @@ def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_pa
     may commit until the failed layers are written again: every committed step
     restores exactly the layer versions its policy decided, and restore() works."""
     root = tmp_path / "c"
-    store = HeldFailure(root, from_step)
+    store = HeldFull(root, one_step_of_layers_from(from_step))
     run = Run(store, LayerCheckConfig(**REAL, on_error="warn"))
     try:
         while not any(run.decided.get(s) for s in range(from_step, run.lc.current_step + 1)):
@@ -320,7 +258,7 @@ def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_pa
         failed = run.lc.current_step  # its layer files fail once the writer gets to them
         for _ in range(2):
             run.step()  # queued behind the held job: no retry of the failed layers yet
-        assert store.reached.wait(120) and store.step == failed
+        assert store.reached.wait(120) and layer_step(store.first) == failed
     finally:
         store.release()
     run.lc.flush()
@@ -348,23 +286,6 @@ def test_a_failed_layer_write_under_warn_never_commits_a_state_without_it(tmp_pa
     _assert_restores_what_was_decided(run, root, max(states, default=0))
 
 
-class BrokenSerialiser:
-    """A LocalStore whose layer-file writes fail with something that is not a storage
-    error (as a tensor that safetensors refuses, or a refused file name, would): the
-    same failure at every try."""
-
-    def __init__(self, root: Path) -> None:
-        self.inner, self.url = LocalStore(root), str(root)
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        if path.startswith("layers/model.layers.1@"):
-            raise ValueError("cannot serialise this tensor")
-        self.inner.write_atomic(path, data)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 @trains
 @pytest.mark.parametrize("on_error", ["raise", "warn"])
 def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy(tmp_path,
@@ -378,7 +299,10 @@ def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy
     opt, sched = optimizer_for(model, total=40)
     cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=2,
                            on_error=on_error)
-    lc = LayerCheck(model, opt, BrokenSerialiser(tmp_path / "c"), cfg, scheduler=sched)
+    # a failure that is not a storage error (as a tensor safetensors refuses): the same at every try
+    broken = FailingWrites(tmp_path / "c", fails=lambda p: p.startswith("layers/model.layers.1@"),
+                           error=lambda p: ValueError("cannot serialise this tensor"))
+    lc = LayerCheck(model, opt, broken, cfg, scheduler=sched)
     lc.restore()
     with pytest.raises(WriteFailed) as info:
         for _ in range(6):
@@ -444,41 +368,6 @@ def _layer_job(step: int, layers: int = 6, floats: int = 1 << 16) -> StepJob:
     state = ({"rng/torch": torch.arange(5)},
              {"format": "layercheck-state/2", "state": json.dumps({"step": step})})
     return StepJob(step=step, layers=snaps, state=state, nbytes=layers * (floats * 6 + 8))
-
-
-class CountingStore:
-    """A LocalStore whose atomic writes each take ``delay`` seconds longer, counting
-    how many are in flight (``most``: at once), what they were handed (``kinds``),
-    and how many were in flight at each manifest append (``at_append``); the
-    writes of layers named in ``fail`` raise ENOSPC after the delay."""
-
-    def __init__(self, root: Path, delay: float = 0.0, fail: tuple[str, ...] = ()) -> None:
-        self.inner, self.url, self.delay, self.fail = LocalStore(root), str(root), delay, fail
-        self.in_flight = self.most = 0
-        self.kinds: dict[str, type] = {}
-        self.at_append: list[int] = []
-        self._lock = threading.Lock()
-
-    def write_atomic(self, path: str, data) -> None:
-        with self._lock:
-            self.in_flight += 1
-            self.most = max(self.most, self.in_flight)
-            self.kinds[path] = type(data)
-        try:
-            time.sleep(self.delay)
-            if any(path.startswith(f"layers/{name}@") for name in self.fail):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-            self.inner.write_atomic(path, data)
-        finally:
-            with self._lock:
-                self.in_flight -= 1
-
-    def append(self, path: str, data: bytes) -> None:
-        self.at_append.append(self.in_flight)
-        self.inner.append(path, data)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 def test_recorded_checksums_and_sizes_are_those_of_the_files_on_disk(tmp_path):
@@ -562,30 +451,6 @@ def test_a_writer_needs_at_least_one_thread(tmp_path, threads):
 ENOSPC = f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}"
 
 
-class FailingStore:
-    """A LocalStore whose atomic writes of the paths ``fails`` picks raise ``error(path)``
-    (ENOSPC unless given), and whose manifest appends raise ENOSPC if ``append_fails``."""
-
-    def __init__(self, root: Path, fails=lambda path: False, error=None,
-                 append_fails: bool = False) -> None:
-        self.inner, self.url = LocalStore(root), str(root)
-        self.fails, self.append_fails = fails, append_fails
-        self.error = error or (lambda path: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path))
-
-    def write_atomic(self, path: str, data) -> None:
-        if self.fails(path):
-            raise self.error(path)
-        self.inner.write_atomic(path, data)
-
-    def append(self, path: str, data: bytes) -> None:
-        if self.append_fails:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        self.inner.append(path, data)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 def _messages(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "layercheck"]
 
@@ -601,7 +466,7 @@ def test_a_failed_write_says_what_failed_at_which_step_and_what_training_hears(
     says checkpointing stops, and flush raises saying to fix the storage."""
     failing = {"layer": "layers/enc.2@000000001.safetensors",
                "state": "states/000000001.safetensors", "manifest": "manifest.jsonl"}[what]
-    store = FailingStore(tmp_path, fails=lambda path: path == failing,
+    store = FailingWrites(tmp_path, fails=lambda path: path == failing,
                          append_fails=what == "manifest")
     writer = Writer(store, queue_bytes=64 * MB, on_error=on_error, threads=1)
     with caplog.at_level(logging.ERROR, logger="layercheck"):
@@ -637,20 +502,7 @@ def test_a_failure_no_retry_can_fix_says_so_word_for_word(tmp_path, caplog, on_e
     checkpointing under either policy, and the message says to fix its cause, not the
     storage. A store that drops buffers yet reports success is such a failure: the
     writer counts what passed through it and refuses the file."""
-
-    class DropsBuffers:
-        """A LocalStore whose write_atomic writes only the first buffer it is handed."""
-
-        def __init__(self, root: Path) -> None:
-            self.inner, self.url = LocalStore(root), str(root)
-
-        def write_atomic(self, path: str, data) -> None:
-            self.inner.write_atomic(path, [next(iter(data))])
-
-        def __getattr__(self, name: str):
-            return getattr(self.inner, name)
-
-    for store, cause in ((FailingStore(tmp_path / "a", fails=lambda p: p.startswith("layers/enc.2@"),
+    for store, cause in ((FailingWrites(tmp_path / "a", fails=lambda p: p.startswith("layers/enc.2@"),
                                        error=lambda p: ValueError("cannot serialise this tensor")),
                           "cannot serialise this tensor"),
                          (DropsBuffers(tmp_path / "b"), None)):
@@ -739,7 +591,7 @@ def test_a_bug_in_the_writer_thread_says_when_its_step_was_not_committed(tmp_pat
 
     commit = VanishingGroup()
     failing = {"layers/a@000000001.safetensors"} if where == "its state held back" else set()
-    writer = Writer(FailingStore(tmp_path, fails=lambda path: path in failing),
+    writer = Writer(FailingWrites(tmp_path, fails=lambda path: path in failing),
                     queue_bytes=64 * MB, on_error="warn", commit=commit)
     writer.submit(_job_of(1, (0, "a"), (1, "b")))
     writer.flush()
@@ -810,7 +662,7 @@ def test_layers_owed_by_several_failed_steps_hold_states_back_until_all_are_writ
     but not a: its state must not commit (a committed step needs a version of every
     layer). Step 4 rewrites a: its state commits. Training hears of both failed layers."""
     failing = {"layers/a@000000001.safetensors", "layers/b@000000002.safetensors"}
-    writer = Writer(FailingStore(tmp_path, fails=lambda path: path in failing),
+    writer = Writer(FailingWrites(tmp_path, fails=lambda path: path in failing),
                     queue_bytes=64 * MB, on_error="warn")
     writer.submit(_job_of(1, (0, "a")))
     writer.submit(_job_of(2, (1, "b")))
@@ -864,26 +716,6 @@ def test_a_rank_of_a_sharded_job_names_its_files_and_state_by_rank_and_retires_n
 
 
 # -- retention: drop records, compaction, deletion once no reader reads ----------------------
-class RecordingStore:
-    """A LocalStore that notes the manifest's size after each append of drop records
-    (``("drop", size)``), and the size of every file written atomically (``written``:
-    the versions' files, and the manifest as compaction rewrites it)."""
-
-    def __init__(self, root: Path, events: list) -> None:
-        self.inner, self.url, self.events = LocalStore(root), str(root), events
-        self.written: dict[str, int] = {}
-
-    def write_atomic(self, path: str, data) -> None:
-        self.inner.write_atomic(path, data)
-        self.written[path] = self.inner.size(path)
-
-    def append(self, path: str, data: bytes) -> None:
-        self.inner.append(path, data)
-        if b'"kind":"drop"' in data:
-            self.events.append(("drop", self.inner.size(path)))
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 LAYERS = "abcdefgh"
@@ -1014,17 +846,6 @@ def test_files_of_dropped_versions_wait_for_readers_and_all_go_once_none_reads(t
 def test_a_failed_retirement_is_logged_and_never_stops_training(tmp_path, caplog):
     """Retiring loses nothing when it fails (the versions stay, or their files become
     gc's leftovers): a warning says so, and training and commits go on."""
-
-    class CannotDelete:
-        def __init__(self, root: Path) -> None:
-            self.inner, self.url = LocalStore(root), str(root)
-
-        def delete_unread(self, paths):
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-
-        def __getattr__(self, name: str):
-            return getattr(self.inner, name)
-
     writer = Writer(CannotDelete(tmp_path), queue_bytes=64 * MB, on_error="raise")
     writer.retention = Retention(1, ManifestView())
     with caplog.at_level(logging.WARNING, logger="layercheck"):

@@ -23,13 +23,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from layercheck.format import Version
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore, open_store
+from profiler.launch import rank_environment, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,14 +39,12 @@ class Torchrun:
 
     def __init__(self, worker: Path, *, env: dict[str, str] | None = None, ranks: int = 2) -> None:
         self.worker, self.ranks = worker, ranks
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                    "PYTHONPATH": str(ROOT), **(env or {})}
+        self.env = rank_environment(1, **(env or {}))
 
     def command(self, *args: str, ranks: int | None = None) -> list[str]:
-        # --standalone: the rendezvous binds a port the system gives it, so jobs of
-        # tests running at once (pytest-xdist) never race for one
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(ranks or self.ranks), str(self.worker), *args]
+        # --standalone (profiler.launch.torchrun): the rendezvous binds a port the
+        # system gives it, so jobs of tests running at once never race for one
+        return torchrun([str(self.worker), *args], ranks or self.ranks)
 
     def run(self, *args: str, timeout: float = 300, ranks: int | None = None,
             ok: bool = True) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +15,7 @@ pytest.importorskip("transformers")
 from layercheck.trace import Trace, read_trace  # noqa: E402
 from profiler.capture import capture  # noqa: E402
 from profiler.config import CaptureConfig  # noqa: E402
+from profiler.launch import torchrun_command  # noqa: E402
 from tests.layercheck.torchrun import failure  # noqa: E402
 
 TINY = dict(model="tiny", steps=14, batch_size=4, seq_len=32, warmup_steps=3, smax=8,
@@ -63,9 +63,7 @@ def torchrun_capture(out: Path, *options: str) -> Captured:
     """``torchrun --nproc_per_node 2 -m profiler capture <options> <JOB> --out <out>``,
     typed by hand (a test module's fixture, run once); rank 0 alone says that it
     wrote the trace. The folder and the trace read back."""
-    done = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node", "2", "-m", "profiler", "capture", *options, *JOB,
-                        "--out", str(out)])
+    done = run_command(torchrun_command(["capture", *options, *JOB, "--out", str(out)], 2))
     assert done.stdout.count(f"wrote {out}") == 1
     return Captured(out, read_trace(out))
 
@@ -75,6 +73,33 @@ def tiny_capture(tmp_path_factory):
     out = tmp_path_factory.mktemp("traces") / "tiny"
     return capture(CaptureConfig(**TINY), out=out, progress=False, say=lambda _: None,
                    calibrate=False)
+
+
+BUDGET_STEPS = 80
+"""Steps of ``budget_capture``: enough for the write budget's controller to act."""
+
+
+class Budgeted(NamedTuple):
+    path: Path
+    trace: Trace
+    config: object
+    """The LayerCheckConfig the run was given."""
+
+
+@pytest.fixture(scope="session")
+def budget_capture(tiny_capture, tmp_path_factory):
+    """The tiny job in budget mode (``LayerCheckConfig.write_budget``: half the bytes
+    per step the free run wrote after its base checkpoint), over ``BUDGET_STEPS``."""
+    from layercheck import LayerCheckConfig
+    free = tiny_capture.trace
+    per_step = free.writes.loc[free.writes["reason"] != "base", "bytes"].sum() / (TINY["steps"] - 3)
+    lc = LayerCheckConfig(base_threshold=1e-3, embedding_threshold=1e-2, warmup_steps=3,
+                          smax=30, write_budget=0.5 * per_step)
+    config = CaptureConfig(**{**TINY, "steps": BUDGET_STEPS, "warmup_steps": None, "smax": None},
+                           layercheck=lc.to_dict())
+    done = capture(config, out=tmp_path_factory.mktemp("traces") / "budget", progress=False,
+                   say=lambda _: None, calibrate=False)
+    return Budgeted(done.path, done.trace, lc)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import pytest
 
 from layercheck import LayerCheckConfig
 from layercheck.trace import SCHEMA_VERSION, TABLES, read_trace, write_trace
-from tests.profiler.conftest import TINY
+from tests.profiler.conftest import BUDGET_STEPS, TINY
 
 
 def test_trace_round_trips_through_read_trace(tiny_capture, tmp_path):
@@ -114,24 +114,15 @@ def test_replaying_the_policy_over_the_trace_gives_the_recorded_writes(tiny_capt
     assert np.array_equal(decided, trace.write_matrix())
 
 
-def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(tiny_capture, tmp_path):
+def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(budget_capture):
     """Budget mode on a real run: the trace records the factor the controller put on
     K at every step and the sizes it charged; the torch-free replay, given the
     drift, takes the same decisions and the same factors; the realised rate is
     the budget's."""
     from layercheck.fastreplay import fast_replay
     from layercheck.policy import Policy, replay
-    from profiler.capture import capture
-    from profiler.config import CaptureConfig
-    free = tiny_capture.trace
-    per_step = free.writes.loc[free.writes["reason"] != "base", "bytes"].sum() / (TINY["steps"] - 3)
-    lc = LayerCheckConfig(base_threshold=1e-3, embedding_threshold=1e-2, warmup_steps=3,
-                          smax=30, write_budget=0.5 * per_step)
-    steps = 80
-    config = CaptureConfig(**{**TINY, "steps": steps, "warmup_steps": None, "smax": None},
-                           layercheck=lc.to_dict())
-    trace = capture(config, out=tmp_path / "budget", progress=False, say=lambda _: None,
-                    calibrate=False).trace
+    trace, steps = budget_capture.trace, BUDGET_STEPS
+    lc = budget_capture.config
     assert LayerCheckConfig.from_dict(trace.manifest["config"]).write_budget == lc.write_budget
     sizes = trace.budget_sizes
     assert all("state_bytes" in layer for layer in trace.manifest["layers"])
