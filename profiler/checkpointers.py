@@ -1,6 +1,6 @@
 """The checkpointing strategies' real mechanisms on a live job, each in a folder of its own.
 
-One base, three strategies; the calibration times these very objects and the
+One base, five strategies; the calibration times these very objects and the
 validation's workers drive them, so what is costed is what runs:
 
 - ``FullCheckpointer`` ("deepspeed"): a synchronous full save of model and
@@ -16,6 +16,11 @@ validation's workers drive them, so what is costed is what runs:
   the files are written (the persist). A save first waits for the previous
   persist. A folder is a recovery point only once DCP's ``.metadata`` exists;
   loaded with ``dcp.load`` into the live tensors.
+- ``PeerCheckpointer`` ("gemini", ``profiler.inmemory``): host copies sent to a
+  peer process's memory over loopback, storage as the last tier.
+- ``DiffCheckpointer`` ("lowdiff", ``profiler.differential``): compressed
+  training, each step's differential queued to a writer process that writes
+  batches, full saves (this module's ``FullCheckpointer``) every k steps.
 - ``LayerCheckpointer`` ("layercheck"): the library itself (``job.make_layercheck``),
   a step recoverable once its training state is committed.
 
@@ -38,7 +43,7 @@ from typing import Any, Iterator
 from .state import TrainingState, fsync_path
 
 __all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerCheckpointer",
-           "CHECKPOINTERS", "Resume", "Saved", "folder_bytes"]
+           "CHECKPOINTERS", "Resume", "Saved", "folder_bytes", "single_process"]
 
 MECHANISM_VERSIONS = {"deepspeed checkpointer": 1, "checkfreq checkpointer": 1}
 """The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
@@ -202,7 +207,7 @@ class TwoPhaseCheckpointer(Checkpointer):
         start = time.perf_counter()
         self.wait()
         target = self.folder / f"step{step}"
-        with _single_process():
+        with single_process():
             self.pending = dcp.async_save(self._state_dict(step, position),
                                           checkpoint_id=str(target), no_dist=True)
         self.pending_folder = target
@@ -229,7 +234,7 @@ class TwoPhaseCheckpointer(Checkpointer):
         if not done:
             return None
         state = self._state_dict(0, 0)
-        with _single_process():
+        with single_process():
             dcp.load(state, checkpoint_id=str(done[-1]), no_dist=True)
         step, position = self.state.apply_meta(state["meta"])
         return Resume(step, position)
@@ -284,9 +289,6 @@ class LayerCheckpointer(Checkpointer):
         self.lc.close()
 
 
-CHECKPOINTERS: dict[str, type[Checkpointer]] = {
-    c.name: c for c in (FullCheckpointer, TwoPhaseCheckpointer, LayerCheckpointer)}
-"""The strategies a validation runs for real, by the simulator's names."""
 
 
 def folder_bytes(path: Path) -> int:
@@ -294,9 +296,22 @@ def folder_bytes(path: Path) -> int:
 
 
 @contextmanager
-def _single_process() -> Iterator[None]:
+def single_process() -> Iterator[None]:
     """DCP warns that it saves in one process when asked to (no_dist=True): it is asked.
     The save's warning comes from async_save's own thread, so the filter is global."""
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
     yield
 
+
+def __getattr__(name: str) -> Any:
+    """``CHECKPOINTERS``: every strategy a validation runs for real, by the simulator's
+    names, in its report order. Built on first use: gemini's and lowdiff's modules build
+    on the classes here, so they cannot be imported while this one is."""
+    if name != "CHECKPOINTERS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .differential import DiffCheckpointer
+    from .inmemory import PeerCheckpointer
+    table = {c.name: c for c in (FullCheckpointer, TwoPhaseCheckpointer, PeerCheckpointer,
+                                 DiffCheckpointer, LayerCheckpointer)}
+    globals()["CHECKPOINTERS"] = table
+    return table

@@ -98,14 +98,19 @@ def _parser() -> argparse.ArgumentParser:
                          "killed at known times: validation.json")
     val.add_argument("--trace", type=Path, required=True,
                      help="a calibrated plain capture (its folder holds costs.json)")
-    val.add_argument("--window", default="600", help="wall-clock length of each strategy's "
-                     "real run (default 600 s; units s, m, h)")
-    val.add_argument("--mtbf", default="150", help="mean time between the failures drawn "
-                     "(default 150 s)")
-    val.add_argument("--seed", type=int, default=0, help="seeds the failure times (default 0)")
+    val.add_argument("--window", default="90", help="wall-clock length of each strategy's "
+                     "real run (default 90 s; units s, m, h)")
+    val.add_argument("--mtbf", default="15", help="mean time between the failures drawn "
+                     "(default 15 s: 6 expected per window)")
+    val.add_argument("--seed", type=int, default=0, help="seeds the failure times: repeat r "
+                     "draws with seed + r (default 0)")
+    val.add_argument("--repeats", type=int, default=3, help="runs per strategy, each on its "
+                     "own failure log (default 3)")
+    val.add_argument("--min-failures", type=int, default=5, help="the fewest failures a "
+                     "run's log may have; a drawn log with fewer is redrawn (default 5)")
     val.add_argument("--failures", type=Path, help="a failure log instead (CSV, one time per "
                      "row, seconds from the start)")
-    val.add_argument("--interval", type=int, help="steps between deepspeed's and checkfreq's "
+    val.add_argument("--interval", type=int, help="steps between the rollback strategies' "
                      "checkpoints (default: LayerCheck's mean staleness on the trace)")
     val.add_argument("--strategies", default=",".join(VALIDATED),
                      help=f"comma-separated, from {','.join(VALIDATED)} (default all)")
@@ -323,7 +328,8 @@ def _validation_config(args: argparse.Namespace) -> ValidationConfig:
     except SimError as exc:
         raise ProfilerError(str(exc)) from None
     return ValidationConfig(window_s=window, mtbf_s=mtbf, seed=args.seed, failures_s=failures,
-                            interval=args.interval,
+                            interval=args.interval, repeats=args.repeats,
+                            min_failures=args.min_failures,
                             strategies=tuple(s.strip() for s in args.strategies.split(",")
                                              if s.strip()))
 

@@ -320,39 +320,53 @@ class ZeroConfig:
                 "steps_per_print": 10 ** 9, "zero_optimization": {"stage": self.stage}}
 
 
-VALIDATED = ("deepspeed", "checkfreq", "layercheck")
-"""The strategies a validation runs for real (``profiler.checkpointers``)."""
+VALIDATED = ("deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ValidationConfig:
     """Predictions against real killed runs (``python -m profiler validate``)."""
 
-    window_s: float = 600.0
+    window_s: float = 90.0
     """Wall-clock seconds each strategy's real run lasts (from the first worker's
     start of training)."""
 
-    mtbf_s: float = 150.0
-    """Mean time between the failures drawn (exponential gaps) when no log is given."""
+    mtbf_s: float = 15.0
+    """Mean time between the failures drawn (exponential gaps) when no log is given;
+    with the default window a run expects 6 failures."""
 
     seed: int = 0
-    """Seeds the failure times drawn from ``mtbf_s``."""
+    """Seeds the failure times drawn from ``mtbf_s``: repeat r draws with seed
+    ``seed + r`` (redrawn with ``seed + r + repeats``, ... while it has fewer than
+    ``min_failures``)."""
 
     failures_s: tuple[float, ...] | None = None
-    """A failure log: seconds from the start, ascending (overrides mtbf_s and seed)."""
+    """A failure log: seconds from the start, ascending (overrides mtbf_s and seed;
+    every repeat replays it)."""
 
     interval: int | None = None
-    """Steps between the full checkpoints of deepspeed and checkfreq. None: the
-    paper's matched freshness, LayerCheck's mean parameter-weighted staleness on
-    the trace, rounded (at least 1)."""
+    """Steps between the checkpoints of the rollback strategies (deepspeed and
+    checkfreq: full checkpoints; gemini: in-memory copies; lowdiff: full
+    checkpoints between its per-step differentials). None: the paper's matched
+    freshness, LayerCheck's mean parameter-weighted staleness on the trace,
+    rounded (at least 1)."""
 
     strategies: tuple[str, ...] = VALIDATED
-    """Which strategies to run: some of deepspeed, checkfreq, layercheck."""
+    """Which strategies to run: some of deepspeed, checkfreq, gemini, lowdiff, layercheck."""
+
+    repeats: int = 3
+    """Runs per strategy, each on its own failure log (the table gives the median
+    relative error over them, with the smallest and largest)."""
+
+    min_failures: int = 5
+    """The fewest failures a run's log may have."""
 
     def __post_init__(self) -> None:
         _positive_float("window_s", self.window_s)
         _positive_float("mtbf_s", self.mtbf_s)
         _int_at_least("seed", self.seed, 0)
+        _positive_int("repeats", self.repeats)
+        _int_at_least("min_failures", self.min_failures, 0)
         if self.interval is not None:
             _positive_int("interval", self.interval)
         unknown = [s for s in self.strategies if s not in VALIDATED]
@@ -367,6 +381,16 @@ class ValidationConfig:
             if times and times[-1] >= self.window_s:
                 raise ProfilerError(f"a failure at {times[-1]} s is not inside the {self.window_s} s "
                                     "window: raise --window or drop the late failures")
+            if len(times) < self.min_failures:
+                raise ProfilerError(f"the failure log has {len(times)} failure(s); a validation "
+                                    f"needs at least {self.min_failures} per run: give more, or "
+                                    "lower --min-failures")
+        elif self.window_s / self.mtbf_s < self.min_failures:
+            raise ProfilerError(
+                f"a {self.window_s:g} s window at an MTBF of {self.mtbf_s:g} s expects "
+                f"{self.window_s / self.mtbf_s:.1f} failures; a validation needs at least "
+                f"{self.min_failures} per run: use --mtbf {self.window_s / self.min_failures:g} "
+                "or less, or a longer --window")
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -1,12 +1,20 @@
-"""Where the wall-clock time of a real run under failures went, from its workers' event logs.
+"""Where the wall-clock time of a real run under failures went, from its processes' event logs.
 
-Pure (no torch). The rules are the simulator's (``sim.engine``), applied to
-what really happened:
+Pure (no torch), and independent of the simulator's code: the run's own
+logs, read back from its folder (``read_run``): the supervisor's
+(``supervisor.jsonl``: each worker's spawn, each kill, a peer lost with it)
+and every worker's (``worker<i>.jsonl``: ready, resumed with the step it
+restored, and per step the wall-clock ``begin``, ``computed`` (the
+checkpoint begins) and ``time`` (it ends), ``profiler.worker``). Every
+duration below is a difference of those timestamps (less the strategy's
+tracking inside the optimizer, which the worker reports as ``tracking_s``).
+The rules are the simulator's (``sim.engine``), applied to what really
+happened:
 
 - the window starts when the first worker resumes (its model is ready and
   training starts) and lasts ``window_s``; events after it do not count;
-- ``useful_s``: the compute (forward + backward + optimizer, the
-  strategy's drift tracking excluded) of every step never rolled back;
+- ``useful_s``: the compute (``computed - begin``: forward + backward +
+  optimizer, the strategy's tracking excluded) of every step never rolled back;
 - a worker that resumes job j at step c rolls back every step of job j after
   c (their compute is lost work); a job's steps are final once the next job
   starts;
@@ -15,7 +23,8 @@ what really happened:
   surviving steps after max(step of the layer's copy, the step the job last
   resumed from) up to c;
 - ``checkpoint_stall_s``: what the training thread spent on checkpoints
-  (saves, waits, snapshots, tracking), whether or not its steps survived;
+  (``time - computed`` plus tracking: saves, waits, snapshots), whether or
+  not its steps survived;
 - ``recovery_s``: from each kill to the next worker's resume (``restart_s``
   to its ready, ``load_s`` from ready to resume);
 - ``lost_work_s``: rolled-back compute plus the time the killed worker had
@@ -25,11 +34,15 @@ The measured effective ratio is ``(useful_s - stale_s) / window_s``.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["Ledger", "WorkerLog", "account"]
+__all__ = ["Ledger", "WorkerLog", "account", "read_run", "SUPERVISOR_LOG"]
+
+SUPERVISOR_LOG = "supervisor.jsonl"
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,33 @@ def account(workers: Sequence[WorkerLog], *, window_s: float,
     return book.close()
 
 
+def read_run(root: Path) -> list[WorkerLog]:
+    """The logs of a run in folder ``root`` (``profiler.supervisor``), workers in the order
+    they ran: each one's spawn and kill from the supervisor's log, its events from its own."""
+    spawned: dict[int, float] = {}
+    killed: dict[int, float] = {}
+    for event in _lines(Path(root) / SUPERVISOR_LOG):
+        if event["event"] == "spawn":
+            spawned[int(event["worker"])] = float(event["time"])
+        elif event["event"] == "kill":
+            killed[int(event["worker"])] = float(event["time"])
+    return [WorkerLog(spawned[i], killed.get(i), _lines(Path(root) / f"worker{i}.jsonl"))
+            for i in sorted(spawned)]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines log; a torn last line (the writer killed mid-line) is not an event."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def _first_resume(worker: WorkerLog) -> int | None:
     return next((k for k, e in enumerate(worker.events) if e["event"] == "resumed"), None)
 
@@ -115,10 +155,12 @@ class _Book:
         if kind == "resumed":
             self._resumed(event, recovery)
         elif kind == "step":
-            self.timeline[int(event["step"])] = float(event["compute_s"])
-            self.computes.append(float(event["compute_s"]))
-            led.checkpoint_stall_s += float(event["stall_s"])
-            led.tracking_s += float(event.get("tracking_s", 0.0))
+            tracking = float(event.get("tracking_s", 0.0))
+            compute = float(event["computed"]) - float(event["begin"]) - tracking
+            self.timeline[int(event["step"])] = compute
+            self.computes.append(compute)
+            led.checkpoint_stall_s += float(event["time"]) - float(event["computed"]) + tracking
+            led.tracking_s += tracking
             led.steps_done += 1
         elif kind == "job_done":
             self._final()

@@ -4,21 +4,31 @@
 back to back under one strategy), waits until it resumes (time 0: its
 model is ready and training starts), then at each failure time t_k kills
 whatever worker is running with SIGKILL (training, saving, restarting or
-loading) and at once starts a new one, which rebuilds the model, loads its
-newest durable recovery point and trains on. At ``window_s`` the last
-worker is killed too. Returns every worker's event log for
-``profiler.ledger.account``.
+loading), with every process it started (its process group: LowDiff's
+writer dies with it, as on a failed machine), and at once starts a new one,
+which rebuilds the model, loads its newest durable recovery point and
+trains on. At ``window_s`` the last worker is killed too.
+
+GEMINI's peer (``profiler.peerstore``) is this process's child, so it
+outlives the workers; at a failure whose ``peer_lost`` is true it is killed
+too and a new, empty one started (the failure took the peer's memory).
+
+Every spawn and kill is written, with its wall-clock time, to the run's
+``supervisor.jsonl`` (``profiler.ledger.SUPERVISOR_LOG``); ``supervise``
+returns the run's logs as read back from its folder
+(``profiler.ledger.read_run``).
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .ledger import WorkerLog
+from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
 from .mechanisms.restart import spawn_worker
 from .worker import EventReader, write_job
 
@@ -40,24 +50,32 @@ class RunSpec:
     window_s: float
     root: Path
     """Scratch: the checkpoint folders and the workers' logs."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The checkpointer's own keywords (``profiler.worker.write_job``)."""
+    peer_lost: tuple[bool, ...] = ()
+    """Per failure: whether it takes GEMINI's peer too (missing: it does not)."""
 
 
 class _Worker:
-    def __init__(self, spec: RunSpec, index: int) -> None:
+    def __init__(self, spec: RunSpec, index: int, options: dict[str, Any], log: "_Log") -> None:
         root = spec.root
+        self.index = index
         self.log = root / f"worker{index}.jsonl"
         self.output = root / f"worker{index}.out"
         job = write_job(root / f"worker{index}.json", config=spec.config, device=spec.device,
                         root=root / "ckpt", log=self.log, strategy=spec.strategy,
-                        interval=spec.interval, repeat=True, engine=True)
-        self.spawned = time.time()
+                        interval=spec.interval, repeat=True, engine=True, options=options)
+        self.spawned = log.write("spawn", worker=index)
         self.proc = spawn_worker(job, self.output, spec.config.threads)
         self.killed: float | None = None
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.killed = time.time()
+    def kill(self, log: "_Log", **fields: Any) -> None:
+        """SIGKILL the worker's whole process group (it leads one: ``spawn_worker``)."""
+        self.killed = log.write("kill", worker=self.index, **fields)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc.wait()
 
     def check(self) -> None:
@@ -67,27 +85,70 @@ class _Worker:
             tail = self.output.read_text()[-2000:].strip().splitlines()[-6:]
             raise RuntimeError(f"a validation worker exited with {code}: " + " | ".join(tail))
 
-    def record(self) -> WorkerLog:
-        return WorkerLog(self.spawned, self.killed, EventReader(self.log).poll())
-
 
 def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[WorkerLog]:
     """Run ``spec`` for real (module doc)."""
     spec.root.mkdir(parents=True, exist_ok=True)
-    workers = [_Worker(spec, 0)]
+    log = _Log(spec.root / SUPERVISOR_LOG)
+    peer = _Peer(log) if spec.strategy == "gemini" else None
+    options = lambda: {**spec.options, **({"peer": peer.port} if peer else {})}  # noqa: E731
+    workers = [_Worker(spec, 0, options(), log)]
     try:
         start = _wait_for_start(workers[0])
-        for t in [*spec.failures_s, spec.window_s]:
+        log.write("window", start=start, end=start + spec.window_s)
+        for k, t in enumerate([*spec.failures_s, spec.window_s]):
             _sleep_until(start + t, workers[-1])
-            workers[-1].kill()
-            if t < spec.window_s:
-                say(f"  {spec.strategy}: failure at {t:.1f} s, worker {len(workers)} starts")
-                workers.append(_Worker(spec, len(workers)))
+            if t >= spec.window_s:
+                workers[-1].kill(log)
+                break
+            lost = peer is not None and k < len(spec.peer_lost) and spec.peer_lost[k]
+            workers[-1].kill(log, peer_lost=lost)
+            if lost:
+                peer.restart()
+            say(f"  {spec.strategy}: failure at {t:.1f} s{' (and its peer)' if lost else ''}, "
+                f"worker {len(workers)} starts")
+            workers.append(_Worker(spec, len(workers), options(), log))
     finally:
         for w in workers:
             if w.killed is None:
-                w.kill()
-    return [w.record() for w in workers]
+                w.kill(log)
+        if peer is not None:
+            peer.stop()
+    return read_run(spec.root)
+
+
+class _Log:
+    """The supervisor's own event log (JSON lines, flushed as written)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, event: str, **fields: Any) -> float:
+        now = time.time()
+        with open(self.path, "a") as out:
+            out.write(json.dumps({"event": event, "time": now, **fields}) + "\n")
+        return now
+
+
+class _Peer:
+    """GEMINI's peer process, restarted empty when a failure takes it."""
+
+    def __init__(self, log: _Log) -> None:
+        from .peerstore import start_peer
+        self.log, self.start = log, start_peer
+        self.proc, self.port = start_peer()
+        log.write("peer", port=self.port)
+
+    def restart(self) -> None:
+        self.stop()
+        self.proc, self.port = self.start()
+        self.log.write("peer", port=self.port)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
 
 
 def _wait_for_start(worker: _Worker) -> float:

@@ -1,25 +1,35 @@
 """``python -m profiler validate``: the simulator's predictions against real runs killed at known times.
 
-For a calibrated plain capture (``costs.json`` beside its trace), with one
-failure log (drawn from ``mtbf_s`` with ``seed``, or given):
+For a calibrated plain capture (``costs.json`` beside its trace), ``repeats``
+times, each repeat with a failure log of its own (drawn from ``mtbf_s`` with
+seed ``seed + r``, redrawn while it has fewer than ``min_failures``; or the
+log given, replayed by every repeat):
 
-1. per strategy (deepspeed, checkfreq, layercheck: ``profiler.checkpointers``)
-   a real run of the trace's job on this machine for ``window_s`` seconds,
-   its workers SIGKILLed at the failure times and restarted
-   (``profiler.supervisor``), accounted as the simulator does
-   (``profiler.ledger``): the measured effective ratio
-   (useful - stale) / window and its parts;
-2. the simulator on the same trace, costs, failure log, window and interval
-   (``sim.simulate`` with ``FailureModel.exact_log``): the predicted ratio;
-3. a table: strategy, measured, predicted, relative error
-   ((predicted - measured) / measured), failures, window; written as JSON
-   (``validation.json`` in the trace folder unless ``out`` is given).
+1. per strategy (deepspeed, checkfreq, gemini, lowdiff, layercheck:
+   ``profiler.checkpointers``) a real run of the trace's job on this machine
+   for ``window_s`` seconds, at the cadence the simulator gives that strategy
+   on that log (``sim.api.cadences``: the interval, GEMINI's storage
+   interval, LowDiff's batch), its workers SIGKILLed at the failure times and
+   restarted, GEMINI's peer killed with them at the failures where the
+   simulator's own draws say the failure took it (``sim.api.primary_loss_draws``)
+   (``profiler.supervisor``); the measured effective ratio
+   (useful - stale) / window and its parts, from the processes' own
+   timestamped logs (``profiler.ledger``);
+2. the simulator on the same trace, costs, failure log, window and cadence
+   (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat):
+   the predicted ratio;
+3. per repeat a row per strategy (measured, predicted, relative error
+   (predicted - measured) / measured, failures, the parts), and per strategy
+   the median relative error over the repeats with its smallest and largest;
+   written as JSON (``validation.json`` in the trace folder unless ``out`` is
+   given) and printed by ``format_table``.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,10 +41,13 @@ from layercheck.trace import Trace, read_trace
 from .config import CaptureConfig, ValidationConfig
 from .errors import ProfilerError
 
-__all__ = ["validate", "ValidationResult", "failure_times", "VALIDATION_FILE"]
+__all__ = ["validate", "ValidationResult", "failure_times", "failure_logs", "summarise",
+           "format_table", "VALIDATION_FILE"]
 
 VALIDATION_FILE = "validation.json"
 PARTS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s")
+REDRAWS = 1000
+"""Draws a repeat may try before a log with ``min_failures`` is given up on."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,16 @@ class ValidationResult:
     @property
     def table(self) -> list[dict[str, Any]]:
         return self.doc["table"]
+
+
+@dataclass(frozen=True)
+class FailureLog:
+    """One repeat's failures: the seed that drew them (None: given), the draws it took."""
+
+    repeat: int
+    times: tuple[float, ...]
+    seed: int | None = None
+    redraws: int = 0
 
 
 def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = None,
@@ -58,25 +81,18 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
     except CalibrationError as exc:
         raise ProfilerError(f"{exc}") from None
     job = CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
-    times = config.failures_s if config.failures_s is not None else failure_times(
-        mtbf_s=config.mtbf_s, window_s=config.window_s, seed=config.seed)
     interval = config.interval or max(1, round(trace.mean_weighted_staleness()))
+    logs = failure_logs(config)
     load = {"start": os.getloadavg()}
-    measured = {}
+    runs = []
     root = Path(tempfile.mkdtemp(prefix="layercheck-validate-", dir=scratch))
     try:
-        for strategy in config.strategies:
-            say(f"validate: {strategy}, {config.window_s:g} s, failures at "
-                f"{', '.join(f'{t:g}' for t in times) or 'none'} s")
-            measured[strategy] = _measure(strategy, trace, job, interval, times, config, root, say)
+        for log in logs:
+            runs.append(_repeat(trace, calibration, job, interval, log, config, root, say))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     load["end"] = os.getloadavg()
-    predicted = _predict(trace, calibration, times, interval, config)
-    paced = {s: _predict(_at_pace(trace, _pace(trace, measured[s])), calibration, times, interval,
-                         config, strategies=[s])[s] for s in config.strategies}
-    doc = _document(trace, calibration, config, times, interval, measured, predicted, paced,
-                    load, argv)
+    doc = _document(trace, calibration, config, interval, runs, load, argv)
     path = Path(out) if out else Path(trace_dir) / VALIDATION_FILE
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return ValidationResult(path, doc)
@@ -94,6 +110,52 @@ def failure_times(*, mtbf_s: float, window_s: float, seed: int) -> tuple[float, 
         times.append(round(t, 3))
 
 
+def failure_logs(config: ValidationConfig) -> list[FailureLog]:
+    """Each repeat's failure log (``ValidationConfig.seed`` says how they are drawn)."""
+    if config.failures_s is not None:
+        return [FailureLog(r, tuple(config.failures_s)) for r in range(config.repeats)]
+    logs = []
+    for r in range(config.repeats):
+        for attempt in range(REDRAWS):
+            seed = config.seed + r + attempt * config.repeats
+            times = failure_times(mtbf_s=config.mtbf_s, window_s=config.window_s, seed=seed)
+            if len(times) >= config.min_failures:
+                logs.append(FailureLog(r, times, seed, attempt))
+                break
+        else:
+            raise ProfilerError(f"{REDRAWS} draws at an MTBF of {config.mtbf_s:g} s gave no "
+                                f"{config.window_s:g} s log with {config.min_failures} failures: "
+                                "lower --mtbf or raise --window")
+    return logs
+
+
+def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, log: FailureLog,
+            config: ValidationConfig, root: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """One repeat: every strategy run for real on ``log``, and predicted."""
+    from sim.api import cadences, primary_loss_draws
+    scenario = _scenario(trace, calibration, log, interval)
+    plans = cadences(scenario, config.strategies)
+    lost = tuple(bool(u < scenario.costs.peer_loss_probability)
+                 for u in primary_loss_draws(scenario.seed, len(log.times)))
+    measured = {}
+    for strategy in config.strategies:
+        say(f"validate: repeat {log.repeat + 1}/{config.repeats}, {strategy}, "
+            f"{config.window_s:g} s, failures at {', '.join(f'{t:g}' for t in log.times)} s")
+        measured[strategy] = _measure(strategy, trace, job, plans[strategy], scenario.costs, log,
+                                      lost, config, root / f"r{log.repeat}" / strategy, say)
+    predicted = _predict(scenario, config.window_s, list(config.strategies))
+    paced = {s: _predict(_scenario(_at_pace(trace, _pace(trace, measured[s])), calibration,
+                                   log, interval), config.window_s, [s])[s]
+             for s in config.strategies}
+    table = [_row(trace, s, measured[s], predicted[s], paced[s], config.window_s)
+             for s in config.strategies]
+    return {"repeat": log.repeat, "seed": log.seed, "redraws": log.redraws,
+            "failures_s": list(log.times), "peer_lost": list(lost),
+            "cadences": {s: _cadence_dict(c) for s, c in plans.items()},
+            "table": table, "measured": measured, "predicted": predicted,
+            "predicted_at_pace": paced}
+
+
 def _plain_capture(trace_dir: Path) -> Trace:
     trace = read_trace(trace_dir)
     sources = trace.manifest.get("sources", {})
@@ -108,15 +170,21 @@ def _plain_capture(trace_dir: Path) -> Trace:
     return trace
 
 
-def _measure(strategy: str, trace: Trace, job: CaptureConfig, interval: int,
-             times: tuple[float, ...], config: ValidationConfig, root: Path,
+def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, costs: Any,
+             log: FailureLog, lost: tuple[bool, ...], config: ValidationConfig, root: Path,
              say: Callable[[str], None]) -> dict[str, Any]:
     from .ledger import account
     from .machine import resolve_device
     from .supervisor import RunSpec, supervise
     device, _ = resolve_device(job.device)
-    spec = RunSpec(strategy=strategy, config=job, device=device, interval=interval,
-                   failures_s=times, window_s=config.window_s, root=root / strategy)
+    options: dict[str, Any] = {}
+    if strategy == "gemini":
+        options["storage_every"] = cadence.storage_every
+    elif strategy == "lowdiff":
+        options["batch"] = cadence.batch or costs.diff_batch
+    spec = RunSpec(strategy=strategy, config=job, device=device,
+                   interval=cadence.every if cadence is not None else 1, options=options,
+                   failures_s=log.times, peer_lost=lost, window_s=config.window_s, root=root)
     workers = supervise(spec, say=say)
     layers = trace.layers
     shares = dict(zip(layers["name"], layers["params"] / layers["params"].sum()))
@@ -124,6 +192,23 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, interval: int,
                      shares=shares if strategy == "layercheck" else None)
     shutil.rmtree(spec.root / "ckpt", ignore_errors=True)
     return ledger.to_dict()
+
+
+def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) -> Any:
+    from sim import CostModel, FailureModel, Scenario
+    # stale_cost=1: the ledger counts every update stale layers discarded as lost
+    # (profiler/ledger.py), whatever the calibration's stale cost factor; the seed is the
+    # repeat's, so its draws of GEMINI's peer losses are the real run's too
+    return Scenario.from_trace(trace, costs=CostModel.from_calibration(calibration),
+                               failures=FailureModel.exact_log(log.times), interval=interval,
+                               stale_cost=1.0, seed=log.seed or 0)
+
+
+def _cadence_dict(cadence: Any) -> dict[str, Any] | None:
+    if cadence is None:
+        return None
+    return {"every": cadence.every, "storage_every": cadence.storage_every,
+            "batch": cadence.batch}
 
 
 def _pace(trace: Trace, ledger: dict[str, Any]) -> float:
@@ -144,55 +229,67 @@ def _at_pace(trace: Trace, factor: float) -> Trace:
     return dataclasses.replace(trace, steps=steps)
 
 
-def _predict(trace: Trace, calibration: Any, times: tuple[float, ...], interval: int,
-             config: ValidationConfig, strategies: list[str] | None = None
-             ) -> dict[str, dict[str, Any]]:
-    from sim import CostModel, FailureModel, Scenario, simulate
-    if not times:
-        failures = FailureModel.exact_log([config.window_s * 2])  # none inside the window
-    else:
-        failures = FailureModel.exact_log(times)
-    # stale_cost=1: the ledger counts every update stale layers discarded as lost
-    # (profiler/ledger.py), whatever the calibration's stale cost factor
-    scenario = Scenario.from_trace(trace, costs=CostModel.from_calibration(calibration),
-                                   failures=failures, interval=interval, stale_cost=1.0)
-    frame = simulate(scenario, mtbf_s=None, seeds=1, window_s=config.window_s,
-                     strategies=strategies or list(config.strategies))
+def _predict(scenario: Any, window_s: float, strategies: list[str]) -> dict[str, dict[str, Any]]:
+    from sim import simulate
+    frame = simulate(scenario, mtbf_s=None, seeds=1, window_s=window_s, strategies=strategies)
     return {row["strategy"]: {k: _plain(v) for k, v in row.items()}
             for row in frame.to_dict(orient="records")}
 
 
-def _document(trace: Trace, calibration: Any, config: ValidationConfig, times: tuple[float, ...],
-              interval: int, measured: dict[str, Any], predicted: dict[str, Any],
-              paced: dict[str, Any], load: dict[str, Any], argv: list[str] | None
+def _row(trace: Trace, strategy: str, m: dict[str, Any], p: dict[str, Any], q: dict[str, Any],
+         window_s: float) -> dict[str, Any]:
+    return {"strategy": strategy, "measured_ratio": m["effective_ratio"],
+            "predicted_ratio": p["effective_ratio"], "relative_error": _error(p, m),
+            "failures": m["failures"], "window_s": window_s,
+            "pace": _pace(trace, m), "predicted_at_pace": q["effective_ratio"],
+            "relative_error_at_pace": _error(q, m),
+            **{f"measured_{k}": m[k] for k in PARTS},
+            **{f"predicted_{k}": p.get(k) for k in PARTS}}
+
+
+def summarise(runs: list[dict[str, Any]], strategies: tuple[str, ...] | list[str]
+              ) -> list[dict[str, Any]]:
+    """Per strategy over the repeats' rows: the median of every number, the relative
+    error's smallest and largest, and the failures of each repeat."""
+    out = []
+    for strategy in strategies:
+        rows = [row for run in runs for row in run["table"] if row["strategy"] == strategy]
+        summary: dict[str, Any] = {"strategy": strategy, "repeats": len(rows)}
+        for key, value in rows[0].items():
+            if key in ("strategy", "failures") or not isinstance(value, (int, float)):
+                continue
+            summary[key] = statistics.median(row[key] for row in rows)
+        errors = [row["relative_error"] for row in rows]
+        summary["relative_error_min"], summary["relative_error_max"] = min(errors), max(errors)
+        summary["failures"] = [row["failures"] for row in rows]
+        out.append(summary)
+    return out
+
+
+def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval: int,
+              runs: list[dict[str, Any]], load: dict[str, Any], argv: list[str] | None
               ) -> dict[str, Any]:
-    table = []
-    for strategy in config.strategies:
-        m, p, q = measured[strategy], predicted[strategy], paced[strategy]
-        table.append({"strategy": strategy, "measured_ratio": m["effective_ratio"],
-                      "predicted_ratio": p["effective_ratio"],
-                      "relative_error": _error(p, m),
-                      "failures": m["failures"], "window_s": config.window_s,
-                      "pace": _pace(trace, m), "predicted_at_pace": q["effective_ratio"],
-                      "relative_error_at_pace": _error(q, m),
-                      **{f"measured_{k}": m[k] for k in PARTS},
-                      **{f"predicted_{k}": p.get(k) for k in PARTS}})
-    return {"trace": trace.name, "window_s": config.window_s, "failures_s": list(times),
-            "mtbf_s": None if config.failures_s is not None else config.mtbf_s,
-            "seed": None if config.failures_s is not None else config.seed,
+    given = config.failures_s is not None
+    return {"trace": trace.name, "window_s": config.window_s, "repeats": config.repeats,
+            "min_failures": config.min_failures,
+            "failures_s": list(config.failures_s) if given else None,
+            "mtbf_s": None if given else config.mtbf_s, "seed": None if given else config.seed,
             "interval": interval, "costs": calibration.name,
             "command": "python -m profiler " + " ".join(argv) if argv else None,
             "load_average": load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "table": table, "measured": measured, "predicted": predicted,
-            "predicted_at_pace": paced,
-            "method": ("measured: real runs of the trace's job killed with SIGKILL at the "
-                       "failure times and restarted, accounted as the simulator does "
-                       "(profiler/ledger.py); predicted: sim.simulate on the trace with its "
-                       "costs.json and the same failure log (FailureModel.exact_log), window "
-                       "and interval; predicted_at_pace (a diagnostic): the same, with the "
-                       "trace's step times scaled by pace, the run's median step compute over "
-                       "the capture's, which separates the model's error from a machine that "
-                       "ran at another speed than during the capture")}
+            "table": summarise(runs, config.strategies), "runs": runs,
+            "method": ("measured: real runs of the trace's job killed with SIGKILL (with their "
+                       "process groups) at the failure times and restarted, at the cadence the "
+                       "simulator gives each strategy on that log, GEMINI's peer process killed "
+                       "too where the simulator's draws say the failure took it; accounted from "
+                       "the processes' own timestamped logs (profiler/ledger.py); predicted: "
+                       "sim.simulate on the trace with its costs.json and the same failure log "
+                       "(FailureModel.exact_log), window, cadence and seed; table: per strategy "
+                       "the median over the repeats (relative_error_min/max: the spread), runs: "
+                       "every repeat's rows; predicted_at_pace (a diagnostic): the same, with "
+                       "the trace's step times scaled by pace, the run's median step compute "
+                       "over the capture's, which separates the model's error from a machine "
+                       "that ran at another speed than during the capture")}
 
 
 def _error(predicted: dict[str, Any], measured: dict[str, Any]) -> float:
@@ -201,13 +298,28 @@ def _error(predicted: dict[str, Any], measured: dict[str, Any]) -> float:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    lines = [f"{'strategy':12s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
-             f"{'failures':>8s} {'window':>7s}   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}"]
+    """Every repeat's rows, then the summary per strategy (median and spread)."""
+    lines = []
+    for run in doc["runs"]:
+        seed = f"seed {run['seed']}, " if run["seed"] is not None else ""
+        lines.append(f"repeat {run['repeat'] + 1}: {seed}failures at "
+                     + ", ".join(f"{t:g}" for t in run["failures_s"]) + " s")
+        lines.append(f"  {'strategy':11s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
+                     f"{'failures':>8s}   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}")
+        for row in run["table"]:
+            lines.append(f"  {row['strategy']:11s} {row['measured_ratio']:9.4f} "
+                         f"{row['predicted_ratio']:9.4f} {row['relative_error']:+8.2%} "
+                         f"{row['failures']:8d}   {row['pace']:5.2f} "
+                         f"{row['predicted_at_pace']:8.4f} {row['relative_error_at_pace']:+8.2%}")
+    lines.append(f"median over {doc['repeats']} repeat(s), {doc['window_s']:g} s windows "
+                 "(relative error: median [min, max])")
+    lines.append(f"  {'strategy':11s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
+                 f"{'spread':>19s}  failures")
     for row in doc["table"]:
-        lines.append(f"{row['strategy']:12s} {row['measured_ratio']:9.4f} "
+        lines.append(f"  {row['strategy']:11s} {row['measured_ratio']:9.4f} "
                      f"{row['predicted_ratio']:9.4f} {row['relative_error']:+8.2%} "
-                     f"{row['failures']:8d} {row['window_s']:6.0f}s   {row['pace']:5.2f} "
-                     f"{row['predicted_at_pace']:8.4f} {row['relative_error_at_pace']:+8.2%}")
+                     f"[{row['relative_error_min']:+7.2%}, {row['relative_error_max']:+7.2%}]  "
+                     + ",".join(str(f) for f in row["failures"]))
     return "\n".join(lines)
 
 

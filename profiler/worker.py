@@ -12,9 +12,15 @@ event to ``job["log"]`` (a supervisor reads it as it grows, ``EventReader``):
   with ``resume_s`` (the whole load) and, under LayerCheck, the restore's
   parts (``plan_s``, ``load_s``, ``restore_s``, ``bytes``) and the step of
   each layer's version (``sources``).
-- ``step``: one optimizer step: ``loss``, ``compute_s`` (forward + backward +
-  optimizer, less the strategy's drift tracking), ``stall_s`` (the
-  training thread's checkpoint work, tracking included), ``tracking_s``.
+- ``step``: one optimizer step, with wall-clock timestamps: ``begin`` (the
+  step starts), ``computed`` (its forward, backward and optimizer are done:
+  the checkpoint, if any, begins) and ``time`` (the checkpoint is done); and
+  ``loss``, ``tracking_s`` (the part of the optimizer phase that was the
+  strategy's: LayerCheck's drift tracking, LowDiff's compression), and the
+  process's own timers of the same spans, ``compute_s`` (forward + backward
+  + optimizer, less tracking) and ``stall_s`` (the training thread's
+  checkpoint work, tracking included). ``profiler.ledger`` counts from the
+  timestamps.
 - ``halted`` (a drill: after step ``halt_at`` is committed it waits to be
   killed with SIGKILL), ``job_done`` (a validation goes on with the next job
   at step 1 from the initial model, in a fresh folder), ``done`` (a drill's
@@ -41,16 +47,19 @@ __all__ = ["run_job", "write_job", "EventReader"]
 def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log: Path,
               strategy: str = "layercheck", interval: int = 1, halt_at: int | None = None,
               repeat: bool = False, engine: bool = False, probe: bool = False,
-              zero_ranks: int | None = None, fsdp: bool = False) -> Path:
+              zero_ranks: int | None = None, fsdp: bool = False,
+              options: dict[str, Any] | None = None) -> Path:
     """The job file of one worker. ``root`` holds the checkpoint folders;
     ``repeat``: jobs back to back until killed (a validation), else one job and
     an evaluation (a drill); ``engine``: build the DeepSpeed engine at start-up;
     ``probe``: stop once ready; ``zero_ranks``: (a probe only) build the ZeRO-3
-    job (with ``fsdp``: the FSDP2 job) as one rank of that many, under torchrun."""
+    job (with ``fsdp``: the FSDP2 job) as one rank of that many, under torchrun;
+    ``options``: the strategy's checkpointer's own keywords (gemini's ``storage_every``
+    and ``peer``, lowdiff's ``batch``)."""
     job = {"config": config.to_dict(), "device": device, "root": str(root), "log": str(log),
            "strategy": strategy, "interval": interval, "halt_at": halt_at, "repeat": repeat,
            "engine": engine, "probe": probe, "zero_ranks": zero_ranks,
-           "fsdp": fsdp}
+           "fsdp": fsdp, "options": options or {}}
     path.write_text(json.dumps(job, indent=2))
     return path
 
@@ -76,7 +85,8 @@ def run_job(path: Path) -> int:
         while True:
             number = _current(root)
             checkpointer = CHECKPOINTERS[spec["strategy"]](job, root / f"job{number}",
-                                                          interval=spec["interval"])
+                                                          interval=spec["interval"],
+                                                          **spec.get("options", {}))
             _train_one(job, checkpointer, number, spec["halt_at"], log)
             if initial is None:
                 break
@@ -110,11 +120,13 @@ def _train_one(job: Any, checkpointer: Any, number: int, halt_at: int | None,
     _emit(log, "resumed", job=number, step=step, resume_s=time.perf_counter() - start,
           sources=resume.sources if resume else {}, **fields)
     for step in range(step + 1, config.steps + 1):
+        begin = time.time()
         loss, times = job.step(position)
+        computed = time.time()
         position += config.batch_size
         saved = checkpointer.save(step, position) if checkpointer.due(step, config.steps) else None
         tracking = saved.tracking_s if saved else 0.0
-        _emit(log, "step", job=number, step=step, loss=loss,
+        _emit(log, "step", job=number, step=step, loss=loss, begin=begin, computed=computed,
               compute_s=times.compute_s - tracking, stall_s=saved.stall_s if saved else 0.0,
               tracking_s=tracking)
         if step == halt_at:

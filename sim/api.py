@@ -39,7 +39,7 @@ from .work import bound_work
 from .workload import LayerWrites, Workload
 
 __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "limit_ratio", "PRESETS", "COLUMNS",
-           "LIMIT", "DAY", "ENGINES"]
+           "LIMIT", "DAY", "ENGINES", "cadences", "primary_loss_draws"]
 
 DAY = 86400.0
 LIMIT = "limit"
@@ -273,12 +273,29 @@ def _failure_rows(scenario: Scenario, mtbfs: list[float | None], seeds: int, win
     times, uniforms = [], []
     for mtbf in mtbfs:
         for i in range(seeds):
-            gap_seq, u_seq = np.random.SeedSequence([scenario.seed, i]).spawn(2)
+            gap_seq, _ = np.random.SeedSequence([scenario.seed, i]).spawn(2)
             t = scenario.failures.failure_times(np.random.default_rng(gap_seq), mtbf_s=mtbf,
                                                 window_s=window_s)
             times.append(t)
-            uniforms.append(np.random.default_rng(u_seq).random(len(t)))
+            uniforms.append(primary_loss_draws(scenario.seed, len(t), run=i))
     return times, uniforms
+
+
+def primary_loss_draws(seed: int, count: int, *, run: int = 0) -> np.ndarray:
+    """The uniforms run ``run`` of a ``Scenario`` with ``seed`` compares with a strategy's
+    ``backup_probability`` at each of its ``count`` failures (below it: the failure took
+    the primary tier too, GEMINI's peer copy). A real run replaying the same failures
+    (``python -m profiler validate``) takes the same draws."""
+    _, u_seq = np.random.SeedSequence([seed, run]).spawn(2)
+    return np.random.default_rng(u_seq).random(count)
+
+
+def cadences(scenario: Scenario, strategies: Sequence[str], *,
+             mtbf_s: float | None = None) -> dict[str, Cadence | None]:
+    """How often each strategy checkpoints in ``simulate(scenario, mtbf_s=...)``: what a
+    real run of the same scenario must do to be compared with it."""
+    rule = scenario.interval
+    return {name: _cadence(name, scenario, rule, mtbf_s) for name in strategies}
 
 
 def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:

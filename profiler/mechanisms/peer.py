@@ -30,7 +30,7 @@ from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 from ..state import TrainingState
 from .base import Bench, Mechanism, rate_figure
 
-__all__ = ["PeerCopy", "loopback_copy_seconds", "PEER_TIMEOUT_S"]
+__all__ = ["PeerCopy", "loopback_copy_seconds", "byte_views", "PEER_TIMEOUT_S"]
 
 PEER_TIMEOUT_S = 120.0
 """The most one measurement may take, start to end; past it the peer is killed."""
@@ -67,11 +67,15 @@ conn.close()
 """
 
 
-def _views(tensors: Sequence[torch.Tensor]) -> list[memoryview]:
-    """Each tensor's bytes as it lies in memory (CPU, contiguous)."""
+def byte_views(tensors: Sequence[torch.Tensor]) -> list[memoryview]:
+    """Each tensor's bytes as it lies in memory (CPU, contiguous), to send from or to
+    receive into (the views share the tensors' memory: a tensor that is not contiguous
+    on the CPU is refused, a copy would receive nothing)."""
     out = []
     for t in tensors:
-        flat = t.detach().to("cpu").contiguous().reshape(-1)
+        flat = t.detach().reshape(-1)
+        if flat.device.type != "cpu" or flat.data_ptr() != t.data_ptr() or not flat.is_contiguous():
+            raise ValueError("byte_views needs contiguous CPU tensors (copy to host buffers first)")
         out.append(memoryview(flat.view(torch.uint8).numpy()))
     return out
 
@@ -81,7 +85,7 @@ def loopback_copy_seconds(tensors: Sequence[torch.Tensor], repeats: int, *,
     """Send ``tensors``' bytes ``repeats`` times to a peer process over 127.0.0.1 and
     return (bytes per copy, seconds of each copy until the peer acknowledged it). The
     peer process is gone when this returns, whatever happened."""
-    views = _views(tensors)
+    views = byte_views([t.detach().to("cpu").contiguous() for t in tensors])
     nbytes = sum(v.nbytes for v in views)
     if nbytes == 0 or repeats < 1:
         raise ValueError("a peer copy needs a state of at least one byte and repeats >= 1")

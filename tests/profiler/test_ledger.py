@@ -7,8 +7,13 @@ from profiler.ledger import WorkerLog, account
 
 
 def _step(t, job, step, compute=1.0, stall=0.0, tracking=0.0):
-    return {"event": "step", "time": t, "job": job, "step": step, "compute_s": compute,
-            "stall_s": stall, "tracking_s": tracking}
+    """A step ending at t (its checkpoint's end): the worker's timestamps of a step whose
+    compute took ``compute`` and whose checkpoint ``stall`` (tracking: of the stall, inside
+    the optimizer phase)."""
+    computed = t - (stall - tracking)
+    return {"event": "step", "time": t, "job": job, "step": step,
+            "begin": computed - compute - tracking, "computed": computed,
+            "compute_s": compute, "stall_s": stall, "tracking_s": tracking}
 
 
 def _resumed(t, job, step, sources=None):
