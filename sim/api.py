@@ -30,6 +30,7 @@ from .costs import GB, CostModel
 from .engine import RESULT_FIELDS, LaneResults, run_lanes, run_limit
 from .errors import SimError
 from .failures import FailureModel
+from .nodes import NodeFailures
 from .intervals import parse_interval, resolve_interval
 from .reference import run_reference
 from .strategies import PROTOCOLS, STRATEGIES, Cadence, Schedule, get_strategy
@@ -72,7 +73,9 @@ class Scenario:
     name: str
     workload: Workload
     costs: CostModel = field(default_factory=CostModel.paper_a100)
-    failures: FailureModel = field(default_factory=FailureModel)
+    failures: FailureModel | NodeFailures = field(default_factory=FailureModel)
+    """The job's failure process: one distribution of the job's gaps (``FailureModel``)
+    or the superposition of its nodes' processes and failure domains (``NodeFailures``)."""
     protocol: str = "matched"
     """How often rollback strategies checkpoint (``strategies.PROTOCOLS``). 'matched'
     needs a trace; without one, 'native'."""
@@ -93,6 +96,9 @@ class Scenario:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "interval", parse_interval(self.interval))
+        if not isinstance(self.failures, (FailureModel, NodeFailures)):
+            raise SimError("failures must be a FailureModel (the job's gaps) or a NodeFailures "
+                           "(a job of N nodes, sim.nodes)")
         if self.protocol not in PROTOCOLS:
             raise SimError(f"protocol {self.protocol!r}: use one of {', '.join(PROTOCOLS)}")
         if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s)
@@ -178,8 +184,7 @@ class Scenario:
                 "stale_as_useful": self.stale_figure().value == 0,
                 "stale_cost": _stale_dict(self.stale_figure()), "accounting": self.accounting(),
                 "window_s": self.window_s, "seed": self.seed,
-                "failures": {"kind": self.failures.kind, "shape": self.failures.shape,
-                             "repeat": self.failures.repeat},
+                "failures": self.failures.to_dict(),
                 "costs": self.costs.to_dict()}
 
 
@@ -307,8 +312,9 @@ def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:
     if not (math.isfinite(window) and window > 0):
         raise SimError(f"window_s={window_s!r} must be positive")
     for m in mtbfs:
-        if m is None and scenario.failures.kind != "log":
-            raise SimError("mtbf is required (e.g. 0.5h) unless failures replay a log")
+        if m is None and scenario.failures.own_mtbf_s is None:
+            raise SimError("mtbf is required (e.g. 0.5h) unless failures replay a log or come "
+                           "from a job's nodes")
         if m is not None and not (math.isfinite(m) and m > 0):
             raise SimError(f"mtbf={m!r} must be a positive duration, e.g. 0.5h")
     return window
@@ -365,7 +371,7 @@ def _cadence(name: str, scenario: Scenario, rule, mtbf) -> Cadence | None:
     strategy = STRATEGIES[name]()
     if not strategy.rollback:
         return None
-    mtbf = mtbf if mtbf is not None else scenario.failures.log_mtbf
+    mtbf = mtbf if mtbf is not None else scenario.failures.own_mtbf_s
     steps = None if rule is None else resolve_interval(rule, scenario.workload, scenario.costs, mtbf)
     return strategy.cadence(scenario.protocol, scenario.workload, scenario.costs, mtbf_s=mtbf,
                             interval=steps)

@@ -9,6 +9,11 @@
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
     python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
     python -m sim paper [--mtbf 0.5h] [--seeds 10] [--json]      the paper's own figure beside ours
+    python -m sim --nodes 2048 --node-mtbf 6350h --failures weibull --shape 0.7
+                  [--domain rack:32:3000d]                  a job of N nodes (sim.nodes)
+    python -m sim --nodes 1024 --failure-log lanl --system 18   a node record replayed
+    python -m sim fit-failures lanl --system 18 [--json]   per-node law fitted to a record
+    python -m sim scale --gpus 8..16384 [--json | --csv]  the ratio against job size (sim.scalecli)
 """
 from __future__ import annotations
 
@@ -27,10 +32,12 @@ from layercheck.trace import TraceError, read_trace
 from layercheck.calibration import FIGURES, read_calibration
 from layercheck.measurement import age_warning
 
+from . import scalecli
 from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
+from .nodes import Domain, NodeFailures
 from .outputs import output_folder, writing
 from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
 from .report import figure
@@ -40,7 +47,7 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper", "fit-failures", "scale")
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -69,9 +76,20 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     f.add_argument("--gpus", type=int, help="GPUs in the job (with --gpu-mtbf or --regime)")
     f.add_argument("--gpu-mtbf", help="MTBF of one GPU; the job's MTBF is this / --gpus")
     f.add_argument("--regime", choices=tuple(REGIMES), help="a published failure regime")
-    f.add_argument("--failures", choices=("exponential", "weibull", "log"), default=None)
+    f.add_argument("--failures", choices=("exponential", "weibull", "log"), default=None,
+                   help="the law of the job's gaps, or with --nodes of each node's")
     f.add_argument("--shape", type=float, default=0.7, help="Weibull shape (default 0.7)")
-    f.add_argument("--failure-log", help="CSV of failure times (column time or time_s)")
+    f.add_argument("--failure-log", help="CSV of the job's failure times (column time or "
+                   "time_s); with --nodes a record of nodes replayed: lanl (shipped, with "
+                   "--system N) or a CSV of node and time columns")
+    f.add_argument("--nodes", type=int, help="a job of N nodes, each failing on its own (the "
+                   "job's failures are their superposition): with --node-mtbf, or a record "
+                   "(--failure-log)")
+    f.add_argument("--node-mtbf", help="with --nodes: one node's MTBF, e.g. 6350h")
+    f.add_argument("--domain", action="append", default=[], metavar="KIND:SIZE:MTBF",
+                   help="with --nodes: a failure domain taking SIZE nodes at once, one instance "
+                   "every MTBF, e.g. rack:32:3000d (repeatable; kind rack or switch)")
+    f.add_argument("--system", type=int, help="the LANL system of --failure-log lanl, e.g. 18")
     f.add_argument("--log-once", action="store_true", help="play the failure log once from time 0, "
                    "as written (no cycling, no random start; a real run killed at those times)")
     r = p.add_argument_group("run")
@@ -141,6 +159,15 @@ def _parser() -> argparse.ArgumentParser:
     pa.add_argument("--seed", type=int, default=0)
     pa.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
     pa.add_argument("--json", action="store_true")
+    fi = sub.add_parser("fit-failures", help="a failure record's per-node rate, Weibull shape "
+                        "(with 95%% intervals), co-failures and goodness of fit")
+    fi.add_argument("record", help="lanl or philly (shipped: sim/data/failures/) or a file: "
+                    "LANL's release, Philly's interruptions, or a CSV of node and time columns")
+    fi.add_argument("--system", type=int, help="LANL: the system, e.g. 18")
+    fi.add_argument("--cofailure-window", default="0s", help="failures this close count as "
+                    "together (default 0s: the same recorded instant)")
+    fi.add_argument("--json", action="store_true")
+    scalecli.add_parser(sub)
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
@@ -166,14 +193,65 @@ def _costs(args, base: CostModel) -> CostModel:
     return base.with_overrides(**changes) if changes else base
 
 
-def _failure_model(args) -> FailureModel:
+def _failure_model(args) -> FailureModel | NodeFailures:
     kind = args.failures or ("log" if args.failure_log else "exponential")
+    if args.nodes is not None:
+        return _node_failures(args, kind)
+    for flag, given in (("--node-mtbf", args.node_mtbf), ("--domain", args.domain),
+                        ("--system", args.system is not None)):
+        if given:
+            raise SimError(f"{flag} describes a job's nodes: give --nodes N too")
     if kind == "log":
         if not args.failure_log:
             raise SimError("--failures log needs --failure-log FILE.csv")
         return FailureModel(kind="log", log_times=read_failure_log(args.failure_log),
                             repeat=not args.log_once)
     return FailureModel(kind=kind, shape=args.shape if kind == "weibull" else 1.0)
+
+
+def _node_failures(args, kind: str) -> NodeFailures:
+    """--nodes N: each node by --node-mtbf and the law, or a record replayed."""
+    from .records import InterruptionRecord, read_record
+    if args.log_once:
+        raise SimError("--log-once plays a job's log as written; a record of nodes replays "
+                       "from a random start each seed: drop --log-once")
+    domains = tuple(_domain(text) for text in args.domain)
+    if kind == "log":
+        if not args.failure_log:
+            raise SimError("--failures log with --nodes needs --failure-log RECORD (lanl "
+                           "--system 18, or a CSV of node and time columns)")
+        if args.node_mtbf is not None:
+            raise SimError("a record fails at its own rate: drop --node-mtbf (or the record)")
+        record = read_record(args.failure_log, system=args.system)
+        if isinstance(record, InterruptionRecord):
+            raise SimError(f"{record.name} are jobs' interruptions, not nodes' failures (it does "
+                           "not say which machine failed): fit it with `python -m sim "
+                           "fit-failures philly`, or replay lanl --system N")
+        return NodeFailures(nodes=args.nodes, node_law=record, domains=domains)
+    if args.failure_log or args.system is not None:
+        raise SimError(f"--failures {kind} draws the nodes' failures: drop --failure-log and "
+                       "--system, or replay them with --failures log")
+    if args.node_mtbf is None:
+        raise SimError("--nodes N needs --node-mtbf X (one node's MTBF, e.g. 6350h) or a "
+                       "record (--failure-log lanl --system 18)")
+    return NodeFailures(nodes=args.nodes, node_law=FailureModel(
+        kind=kind, shape=args.shape if kind == "weibull" else 1.0),
+        node_mtbf_s=parse_duration(args.node_mtbf, what="--node-mtbf"), domains=domains)
+
+
+def _domain(text: str) -> Domain:
+    """--domain KIND:SIZE:MTBF."""
+    kind, size, mtbf = text.split(":") if text.count(":") == 2 else ("", "", "")
+    try:
+        count = int(size)
+    except ValueError:
+        raise SimError(f"--domain {text!r}: give KIND:SIZE:MTBF, e.g. rack:32:3000d (kind rack or "
+                       "switch, SIZE nodes it takes, MTBF of one instance)") from None
+    try:
+        return Domain(name=kind, size=count, mtbf_s=parse_duration(mtbf, what="MTBF"),
+                      source=f"given: --domain {text}")
+    except SimError as exc:
+        raise SimError(f"--domain {text!r}: {exc}") from None
 
 
 def _stale_cost(args) -> float | None:
@@ -236,7 +314,15 @@ def _warn_age(calibration, where: str) -> None:
 
 
 def _mtbf(args, value: str | None) -> float | None:
-    """--mtbf, else --gpu-mtbf / --gpus, else the regime's; None only for a failure log."""
+    """--mtbf, else --gpu-mtbf / --gpus, else the regime's; None for a failure log or a job
+    of nodes (their own rate)."""
+    if args.nodes is not None:
+        given = [f for f, v in (("--mtbf", value), ("--gpus", args.gpus), ("--gpu-mtbf", args.gpu_mtbf),
+                                ("--regime", args.regime)) if v is not None]
+        if given:
+            raise SimError(f"--nodes sets the job's failures from its nodes: drop {', '.join(given)} "
+                           "(or drop --nodes for a job-level MTBF)")
+        return None
     if value is not None:
         return parse_duration(value, what="--mtbf")
     regime = REGIMES.get(args.regime) if args.regime else None
@@ -267,7 +353,9 @@ def _cmd_run(args) -> None:
     elif args.csv:
         print(to_csv(df), end="")
     else:
-        when = "log" if mtbf is None else format_duration(mtbf)
+        when = format_duration(mtbf) if mtbf is not None else \
+            format_duration(scenario.failures.own_mtbf_s) + " (its nodes')" \
+            if isinstance(scenario.failures, NodeFailures) else "log"
         print(header(scenario, mtbf=when, seeds=args.seeds))
         print(table(df))
         note = ranking_note(df, scenario.stale_figure())
@@ -324,6 +412,8 @@ def _cmd_tune(args) -> None:
     scenario = _scenario(args)
     trace = _tune_trace(args)
     mtbf = _mtbf(args, args.mtbf)
+    if mtbf is None and isinstance(scenario.failures, NodeFailures):
+        mtbf = scenario.failures.job_mtbf_s()
     if mtbf is None:
         raise SimError("tune needs --mtbf (a failure log has no single rate to tune for)")
     advice = recommend(trace, scenario, budgets, mtbf_s=mtbf, seeds=args.seeds)
@@ -358,6 +448,16 @@ def _cmd_paper(args) -> None:
     print(json.dumps(result.to_dict(), indent=2, default=float) if args.json else result.text())
 
 
+def _cmd_fit_failures(args) -> None:
+    import json
+
+    from .fitting import fit_record
+    from .records import read_record
+    window = parse_duration(args.cofailure_window, what="--cofailure-window", allow_zero=True)
+    result = fit_record(read_record(args.record, system=args.system), window_s=window)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+
+
 def _tune_trace(args):
     from .presets import preset_trace
     if args.trace:
@@ -372,7 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
-         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "paper": _cmd_paper}[args.command](args)
+         "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "paper": _cmd_paper,
+         "fit-failures": _cmd_fit_failures, "scale": scalecli.run}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

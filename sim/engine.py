@@ -107,22 +107,27 @@ def _check_resolution(timelines: Sequence[Timeline], span: float) -> None:
 
 
 def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequence[np.ndarray],
-              row: np.ndarray, uniforms: Sequence[np.ndarray], window_s: float) -> LaneResults:
+              row: np.ndarray, uniforms: Sequence[np.ndarray], window_s: float,
+              downtime: Sequence[np.ndarray] | None = None) -> LaneResults:
     """Run lane i = timeline ``strategy[i]`` against failure times ``failures[row[i]]``
     (ascending, < window_s) for ``window_s`` seconds; ``uniforms[row[i]][k]`` decides
-    whether failure k destroys the primary tier (GEMINI's peer copy)."""
+    whether failure k destroys the primary tier (GEMINI's peer copy). ``downtime[row[i]][k]``
+    (optional, seconds) is added to the recovery failure k starts: its detection and
+    rescheduling (``sim.recovery``), paid again by each failure that interrupts it."""
     st = _Stack(timelines)
     counts = np.array([len(f) for f in failures], dtype=np.int64)
     segs = [np.diff(np.concatenate(([0.0], f, [window_s]))) for f in failures]
     seg_off = np.concatenate(([0], np.cumsum([len(s) for s in segs])[:-1])).astype(np.int64)
     seg_flat = np.concatenate(segs)
     u_flat = np.concatenate([np.concatenate((u[: len(f)], [1.0])) for u, f in zip(uniforms, failures)])
+    d_flat = np.zeros(seg_flat.size) if downtime is None else np.concatenate(
+        [np.concatenate((np.asarray(d, dtype=float)[: len(f)], [0.0])) for d, f in zip(downtime, failures)])
     order = np.argsort(counts[row], kind="stable")
     lanes = _Lanes(st, timelines, np.asarray(strategy)[order], np.asarray(row)[order], counts, seg_off)
     k_sorted = counts[lanes.row]
     for k in range(int(k_sorted.max()) + 1 if len(k_sorted) else 0):
         first = int(np.searchsorted(k_sorted, k, side="left"))
-        lanes.advance(slice(first, None), k, seg_flat, u_flat)
+        lanes.advance(slice(first, None), k, seg_flat, u_flat, d_flat)
     out = lanes.results()
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
@@ -159,9 +164,12 @@ class _Lanes:
         self.pos = np.zeros(n, dtype=np.int64)
         self.backup = np.zeros(n, dtype=np.int64)
         self.pending = np.zeros(n)
+        self.base = np.zeros(n)
+        """The recovery in progress without its downtime (what a repeat of it costs)."""
         self.tot = {f: np.zeros(n) for f in RESULT_FIELDS}
 
-    def advance(self, a: slice, k: int, seg_flat: np.ndarray, u_flat: np.ndarray) -> None:
+    def advance(self, a: slice, k: int, seg_flat: np.ndarray, u_flat: np.ndarray,
+                d_flat: np.ndarray) -> None:
         st, tot, off = self.st, self.tot, self.off[a]
         g = seg_flat[self.seg_off[a] + k]
         fail = self.count[a] > k
@@ -204,8 +212,11 @@ class _Lanes:
         trained = g >= pending
         self.pos[a] = np.where(fail, c, j)
         self.backup[a] = np.where(fail, backup, self.backup[a])
-        # a failure during recovery repeats it, unless it also forced a deeper rollback
-        self.pending[a] = np.where(fail & (trained | (c != j)), recover_next, pending)
+        # a failure during recovery repeats it, unless it also forced a deeper rollback;
+        # either way after this failure's own downtime
+        base = np.where(fail & (trained | (c != j)), recover_next, self.base[a])
+        self.base[a] = np.where(fail, base, self.base[a])
+        self.pending[a] = np.where(fail, base + d_flat[self.seg_off[a] + k], pending)
 
     def _whole_jobs(self, a, tau, gj, first_end, finish):
         """Time left after finishing the current job and any whole jobs after it, and
@@ -241,18 +252,22 @@ class _Lanes:
         return LaneResults(**self.tot)
 
 
-def run_limit(failures: Sequence[np.ndarray], window_s: float, restart_s: float) -> LaneResults:
+def run_limit(failures: Sequence[np.ndarray], window_s: float, restart_s: float,
+              downtime: Sequence[np.ndarray] | None = None) -> LaneResults:
     """The perfect checkpointer: checkpoints are free and every instant is durable, so a
-    failure costs only the restart (which failures may interrupt too)."""
+    failure costs only the restart (which failures may interrupt too), after its
+    ``downtime`` where given (as ``run_lanes``)."""
     cols = {f: [] for f in RESULT_FIELDS}
-    for times in failures:
+    for r, times in enumerate(failures):
         seg = np.diff(np.concatenate(([0.0], times, [window_s])))
         pending = np.full(seg.size, restart_s)
+        if downtime is not None:
+            pending[1:] += np.asarray(downtime[r], dtype=float)[: len(times)]
         pending[0] = 0.0
         rec = np.minimum(seg, pending)
         values = {"useful_s": float((seg - rec).sum()), "recovery_s": float(rec.sum()),
                   "failures": float(len(times)),
-                  "events": float(len(times) + ((seg[1:] >= restart_s).sum() if restart_s > 0 else 0))}
+                  "events": float(len(times) + ((seg[1:] >= pending[1:]) & (pending[1:] > 0)).sum())}
         for f in RESULT_FIELDS:
             cols[f].append(values.get(f, 0.0))
     return LaneResults(**{f: np.array(v) for f, v in cols.items()})

@@ -20,7 +20,7 @@ from scipy.special import gammaln
 from .errors import SimError
 from .units import parse_duration
 
-__all__ = ["FailureModel", "job_mtbf", "read_failure_log"]
+__all__ = ["FailureModel", "job_mtbf", "read_failure_log", "weibull_from_exponential"]
 
 Kind = Literal["exponential", "weibull", "log"]
 
@@ -98,6 +98,15 @@ class FailureModel:
         return rate + max(0.0, (cv * cv - 1) / 2) if math.isfinite(cv) else math.inf
 
     @property
+    def own_mtbf_s(self) -> float | None:
+        """The MTBF a run uses when none is given: a log's mean gap; None otherwise."""
+        return self.log_mtbf
+
+    def to_dict(self) -> dict:
+        """JSON-ready (a report's ``scenario.failures``)."""
+        return {"kind": self.kind, "shape": self.shape, "repeat": self.repeat}
+
+    @property
     def log_mtbf(self) -> float | None:
         """Mean gap of the log (None unless kind='log')."""
         if self.kind != "log":
@@ -137,7 +146,8 @@ class FailureModel:
             # the same variates as rng.weibull, without Gamma(1 + 1/k) overflowing (k < 0.006)
             # or the root itself overflowing before the scale brings it back
             log_scale = math.log(mtbf_s) - float(gammaln(1.0 + 1.0 / self.shape))
-            return lambda n: _weibull(rng.standard_exponential(n), self.shape, log_scale)
+            return lambda n: weibull_from_exponential(rng.standard_exponential(n), self.shape,
+                                                      log_scale)
         gaps = np.diff(np.concatenate(([0.0], np.asarray(self.log_times, dtype=float))))
         if mtbf_s is not None:
             gaps = gaps * (mtbf_s / gaps.mean())
@@ -153,7 +163,9 @@ class FailureModel:
         return draw
 
 
-def _weibull(exponential: np.ndarray, shape: float, log_scale: float) -> np.ndarray:
+def weibull_from_exponential(exponential: np.ndarray, shape: float, log_scale: float) -> np.ndarray:
+    """Weibull variates of ``shape`` and scale e^log_scale from standard exponential ones
+    (the k-th root, taken in logarithms so that neither overflows)."""
     with np.errstate(divide="ignore"):               # an exponential variate of 0: a gap of 0
         return np.exp(np.log(exponential) / shape + log_scale)
 

@@ -24,9 +24,11 @@ def header(scenario: Any, *, mtbf: str, seeds: int) -> str:
     costs = scenario.costs
     sources = ", ".join(f"{n} {k}" for k, n in sorted(costs.sources().items(), key=lambda kv: -kv[1]))
     interval = f", every rollback strategy every {scenario.interval} steps" if scenario.interval else ""
+    nodes = [f"failures: {scenario.failures.describe()}"] \
+        if getattr(scenario.failures, "kind", None) == "nodes" else []
     return "\n".join([
         f"{scenario.name} ({scenario.workload.kind}), MTBF {mtbf}, "
-        f"{format_duration(scenario.window_s)} window x {seeds} seeds",
+        f"{format_duration(scenario.window_s)} window x {seeds} seeds", *nodes,
         f"costs: {costs.name} ({costs.description.rstrip('.')}; figures: {sources})",
         f"protocol: {scenario.protocol}{interval}; accounting: {scenario.accounting()}",
         stale_line(scenario.stale_figure())])

@@ -151,6 +151,10 @@ class Strategy:
     rollback: ClassVar[bool] = False
     """Whether it checkpoints on a cadence (and so rolls back to its last checkpoint)."""
     needs_trace: ClassVar[bool] = False
+    storage_tier: ClassVar[str | None] = None
+    """The ``Schedule`` array that carries its writes to shared storage ('snap': a
+    synchronous save, 'persist': the background writer, 'backup': a non-blocking tier),
+    which ``sim.storage.contended`` re-times; None: none, or timed by its own writer."""
 
     # -- cadence -----------------------------------------------------------------
     def cadence(self, protocol: str, workload: Workload, costs: CostModel, *,
@@ -249,6 +253,7 @@ class DeepSpeed(Strategy):
     name = "deepspeed"
     label = "synchronous full save (engine.save_checkpoint)"
     rollback = True
+    storage_tier = "snap"
 
     def _native(self, workload, costs, mtbf_s) -> Cadence:
         return Cadence(every=_daly_steps(costs.save_s(workload.full_bytes), workload, mtbf_s))
@@ -270,6 +275,7 @@ class CheckFreq(Strategy):
     name = "checkfreq"
     label = "two-phase: snapshot overlapped with the next step, persist in background"
     rollback = True
+    storage_tier = "persist"
 
     def _native(self, workload, costs, mtbf_s) -> Cadence:
         step_s, full = float(workload.compute_s.mean()), workload.full_bytes
@@ -304,6 +310,7 @@ class Gemini(Strategy):
     name = "gemini"
     label = "in-memory copies on a peer, storage as the last tier"
     rollback = True
+    storage_tier = "backup"
 
     def _fixed(self, k, workload, costs, mtbf_s) -> Cadence:
         return Cadence(every=k, storage_every=max(k, self._storage_every(workload, costs, mtbf_s)))
@@ -422,6 +429,7 @@ class LayerCheck(Strategy):
     name = "layercheck"
     label = "layer-wise, background writer (the layercheck library)"
     needs_trace = True
+    storage_tier = "persist"
     synchronous: ClassVar[bool] = False
 
     def _checkpoints(self, b: _Builder) -> None:
@@ -451,6 +459,7 @@ class LayerCheckSync(LayerCheck):
     name = "layercheck-sync"
     label = "layer-wise, synchronous writes (the paper's implementation)"
     synchronous = True
+    storage_tier = "snap"
 
 
 STRATEGIES: dict[str, type[Strategy]] = {

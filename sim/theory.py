@@ -6,6 +6,11 @@
 - Expected time to finish a segment of work T followed by a checkpoint C, with
   restart R after each failure, failures at rate 1/M striking anywhere
   (work, checkpoint, restart): E = e^(R/M) M (e^((T + C)/M) - 1).
+- Meta ("Revisiting Reliability in Large-Scale Machine Learning Research Clusters",
+  arXiv 2410.21680): for N nodes failing at rate r each, restart overhead u0,
+  checkpoint stall w every dt of training, ETTR ~ (1 - N r (u0 + dt/2)) / (1 + w/dt),
+  best dt* = sqrt(2 w / (N r)). First order in N r (u0 + dt): it holds where a failure
+  during a recovery or a second failure within one interval is rare.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import math
 import numpy as np
 
 __all__ = ["young_interval_s", "daly_interval_s", "segment_time_s", "periodic_ratio",
-           "limit_ratio_exponential"]
+           "limit_ratio_exponential", "meta_ettr", "meta_best_interval_s"]
 
 
 def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
@@ -54,3 +59,16 @@ def limit_ratio_exponential(restart_s: float, mtbf_s: float | np.ndarray) -> flo
     costs a restart, itself subject to failures, so the ratio is e^(-R/M)."""
     return np.exp(-restart_s / np.asarray(mtbf_s, dtype=float)) if not np.isscalar(mtbf_s) \
         else math.exp(-restart_s / mtbf_s)
+
+
+def meta_ettr(*, nodes: int, node_rate: float, restart_s: float, stall_s: float,
+              interval_s: float) -> float:
+    """Meta's ETTR ~ (1 - N r (u0 + dt/2)) / (1 + w/dt): ``node_rate`` r per second per node,
+    u0 ``restart_s`` (everything a failure costs before training resumes), w ``stall_s`` per
+    checkpoint, dt ``interval_s`` of training between checkpoints."""
+    return (1.0 - nodes * node_rate * (restart_s + interval_s / 2.0)) / (1.0 + stall_s / interval_s)
+
+
+def meta_best_interval_s(*, nodes: int, node_rate: float, stall_s: float) -> float:
+    """dt* = sqrt(2 w / (N r)), the interval that maximises ``meta_ettr``."""
+    return math.sqrt(2.0 * stall_s / (nodes * node_rate))

@@ -29,6 +29,7 @@ from typing import Sequence
 
 from .errors import SimError
 from .failures import MAX_RUN_FAILURES, FailureModel
+from .nodes import NodeFailures
 from .units import format_duration
 
 __all__ = ["MAX_RUN_FAILURES", "MAX_FAILURES", "MAX_LANE_FAILURES", "MAX_SIMPY_STEPS",
@@ -42,7 +43,7 @@ MAX_JOB_STEPS = 1_000_000
 _WHERE = "docs/sim.md, Work limits"
 
 
-def bound_work(failures: FailureModel, mtbfs: Sequence[float | None], *, seeds: int,
+def bound_work(failures: FailureModel | NodeFailures, mtbfs: Sequence[float | None], *, seeds: int,
                window_s: float, strategies: int, engine: str, mean_step_s: float) -> None:
     """Refuse (``SimError``) a call whose estimated work passes a limit: ``seeds`` runs at
     each MTBF of ``mtbfs`` (None: a log at its own rate) over ``window_s``, each run against
@@ -94,9 +95,9 @@ def _runs(seeds: int, points: int) -> str:
     return f"{seeds:,} seeds x {points:,} MTBFs"
 
 
-def _too_many_per_run(failures: FailureModel, mtbf_s: float | None, window_s: float,
+def _too_many_per_run(failures: FailureModel | NodeFailures, mtbf_s: float | None, window_s: float,
                       expected: float) -> str:
-    mean = mtbf_s if mtbf_s is not None else failures.log_mtbf
+    mean = mtbf_s if mtbf_s is not None else failures.own_mtbf_s
     limit = f"more than the simulator's limit of {MAX_RUN_FAILURES:,} failures per run ({_WHERE})"
     if failures.kind == "weibull" and window_s / mean <= MAX_RUN_FAILURES:
         # the rate fits: the shape's clustering, (CV^2 - 1)/2, is what passes the limit
@@ -110,6 +111,8 @@ def _too_many_per_run(failures: FailureModel, mtbf_s: float | None, window_s: fl
                 f"{limit}: use a shape of at least {least:.4g} at this MTBF and window (field "
                 "studies of large clusters report 0.5 to 0.8)")
     source, raise_it = (("MTBF", "raise the MTBF") if mtbf_s is not None else
+                        ("the nodes' job MTBF", "use fewer nodes or a node MTBF giving a job MTBF")
+                        if failures.kind == "nodes" else
                         ("the failure log's mean gap", "rescale the log to an MTBF"))
     return (f"about {expected:.3g} failures per run (window {format_duration(window_s)} / {source} "
             f"{format_duration(mean)}), {limit}: {raise_it} of at least "

@@ -313,6 +313,8 @@ def _log(folder: Path, times) -> str:
     (["--iteration-time", "1s", "--checkpoint-gb", "1e300", "--mtbf", "1h"], "checkpoint size"),
     (["sweep", "--points", "1000000000"], "failures in all"),
     (["sweep", "--mtbf", "1e-7s..1h", "--points", "3"], "failures per run"),
+    (["--nodes", "1000000", "--node-mtbf", "1s"], "failures per run"),
+    (["--nodes", "1000000", "--node-mtbf", "1e9h", "--seeds", "100"], "random streams"),
     (["sweep", "--out", "/etc/passwd", "--points", "2", "--seeds", "1", "--window", "1h"], "--out"),
     (["presets", "--write", "--seed", "-1"], "--seed"),
 ])
@@ -354,3 +356,80 @@ def test_an_old_calibration_warns_in_one_line_and_a_current_one_does_not(tmp_pat
     done = _run("--costs", str(tmp_path / "old.json"), "--mtbf", "1h", "--seeds", "1",
                 "--window", "1d")
     assert f"--trace {tmp_path}`" in done.stderr and done.returncode == 0
+
+
+# --- issue 26: a job of N nodes, failure domains, real failure records ---------------------
+def test_a_job_of_nodes_runs_with_its_own_mtbf_and_domains(capsys):
+    assert main(["--nodes", "2048", "--node-mtbf", "6350h", "--failures", "weibull", "--shape",
+                 "0.7", "--domain", "rack:32:3000d", "--window", "3d", "--seeds", "2",
+                 "--preset", "llama-3.2-1b", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    failures = out["scenario"]["failures"]
+    assert failures["kind"] == "nodes" and failures["nodes"] == 2048 and failures["shape"] == 0.7
+    assert failures["job_mtbf_s"] == pytest.approx(1 / (2048 / (6350 * 3600) + 64 / (3000 * 86400)))
+    assert failures["domains"] == [{"name": "rack", "size": 32, "mtbf_s": 3000 * 86400.0,
+                                    "source": "given: --domain rack:32:3000d"}]
+    assert out["scenario"]["mtbf_s"] is None and len({r["failures"] for r in out["rows"]}) == 1
+    assert main(["--nodes", "64", "--node-mtbf", "100h", "--window", "1d", "--seeds", "1",
+                 "--preset", "llama-3.2-1b", "--strategies", "deepspeed"]) == 0
+    text = capsys.readouterr().out
+    assert "MTBF 1.56h (its nodes')" in text and "failures: 64 nodes, exponential" in text
+
+
+def test_a_replayed_record_carries_its_attribution(capsys):
+    assert main(["--nodes", "1024", "--failure-log", "lanl", "--system", "18", "--window", "3d",
+                 "--seeds", "2", "--preset", "llama-3.2-1b", "--strategies", "deepspeed,gemini",
+                 "--json"]) == 0
+    failures = json.loads(capsys.readouterr().out)["scenario"]["failures"]
+    assert failures["record"] == "LANL system 18" and "Los Alamos" in failures["attribution"]
+    assert main(["--nodes", "1024", "--failure-log", "lanl", "--system", "18", "--window", "1d",
+                 "--seeds", "1", "--preset", "llama-3.2-1b", "--strategies", "deepspeed"]) == 0
+    assert "recognize Los Alamos for providing these data" in capsys.readouterr().out
+
+
+def test_fit_failures_prints_the_fit_and_the_attribution(capsys):
+    assert main(["fit-failures", "lanl", "--system", "18", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["failures"] == 3997 and out["summary"]["nodes"] == 1024
+    assert {"system", "node gaps"} == set(out["fits"]) and "Los Alamos" in out["attribution"]
+    assert out["cofailures"]["largest"] == 6
+    assert main(["fit-failures", "philly"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("data: Microsoft Philly traces") and "restart_gap" in lines[-2]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--nodes", "8"], "--node-mtbf X"),
+    (["--nodes", "8", "--node-mtbf", "1h", "--mtbf", "1h"], "drop --mtbf"),
+    (["--nodes", "8", "--node-mtbf", "1h", "--gpus", "8"], "drop --gpus"),
+    (["--node-mtbf", "1h", "--mtbf", "1h"], "give --nodes N"),
+    (["--domain", "rack:4:1d", "--mtbf", "1h"], "give --nodes N"),
+    (["--nodes", "0", "--node-mtbf", "1h"], "from 1 to"),
+    (["--nodes", "8", "--node-mtbf=-1h"], "--node-mtbf"),
+    (["fit-failures", "lanl", "--system", "18", "--cofailure-window=-1s"], "--cofailure-window"),
+    (["--nodes", "8", "--node-mtbf", "1h", "--domain", "rack:x:1d"], "KIND:SIZE:MTBF"),
+    (["--nodes", "8", "--node-mtbf", "1h", "--domain", "pdu:4:1d"], "rack, switch"),
+    (["--nodes", "8", "--node-mtbf", "1h", "--domain", "rack:4:0s"], "positive"),
+    (["--nodes", "8", "--failure-log", "lanl"], "--system N"),
+    (["--nodes", "8", "--failure-log", "lanl", "--system", "99"], "system 99"),
+    (["--nodes", "8", "--failure-log", "philly"], "fit-failures philly"),
+    (["--nodes", "8", "--failure-log", "lanl", "--system", "18", "--node-mtbf", "1h"], "own rate"),
+    (["--nodes", "8", "--failure-log", "lanl", "--system", "18", "--log-once"], "--log-once"),
+    (["--nodes", "8", "--failures", "weibull", "--node-mtbf", "1h", "--failure-log", "lanl"],
+     "--failures log"),
+    (["--nodes", "1000000", "--node-mtbf", "1s"], "failures per run"),
+    (["fit-failures", "lanl"], "--system N"),
+    (["fit-failures", "no-such.csv"], "no such file"),
+    (["fit-failures", "philly", "--system", "1"], "not LANL"),
+])
+def test_bad_node_input_is_one_line_exit_2(capsys, args, words):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and words in err, err
+    assert err.startswith("python -m sim: error:")
+
+
+def test_bad_node_input_from_the_shell_has_no_traceback():
+    result = _run("--nodes", "8", "--node-mtbf", "1h", "--domain", "rack:1:1d")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "at least 2" in result.stderr

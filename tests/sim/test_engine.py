@@ -209,3 +209,36 @@ def test_times_the_float64_keys_cannot_resolve_are_refused():
     with pytest.raises(SimError, match="float64 cannot resolve its shortest step"):
         run_lanes([timeline], np.zeros(1, dtype=int), [np.array([5.0])], np.zeros(1, dtype=int),
                   [np.array([0.5])], 3600.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_constant_downtime_is_a_longer_restart(name):
+    """Downtime d per failure (detection, rescheduling) costs exactly what a restart longer
+    by d costs, lane by lane, including failures that interrupt a recovery."""
+    import dataclasses
+    rng = np.random.default_rng(NAMES.index(name))
+    window, d = 3000.0, 7.5
+    failures = [np.sort(rng.uniform(0, window, rng.integers(0, 60))) for _ in range(6)]
+    uniforms = [rng.random(len(f)) for f in failures]
+    costs = dataclasses.replace(SMALL_COSTS, peer_loss_probability=0.5)
+    plain = _schedule(name, small_workload(), costs, 4)
+    longer = _schedule(name, small_workload(),
+                       dataclasses.replace(costs, restart_s=costs.restart_s + d), 4)
+    lanes = dict(strategy=np.zeros(len(failures), dtype=int), failures=failures,
+                 row=np.arange(len(failures)), uniforms=uniforms, window_s=window)
+    with_down = run_lanes([Timeline.build(plain)], **lanes,
+                          downtime=[np.full(len(f), d) for f in failures])
+    expected = run_lanes([Timeline.build(longer)], **lanes)
+    for field in RESULT_FIELDS:
+        np.testing.assert_allclose(getattr(with_down, field), getattr(expected, field),
+                                   rtol=1e-9, atol=1e-6, err_msg=field)
+    limit = run_limit(failures, window, costs.restart_s, downtime=[np.full(len(f), d) for f in failures])
+    np.testing.assert_allclose(limit.recovery_s,
+                               run_limit(failures, window, costs.restart_s + d).recovery_s)
+
+
+def test_each_failure_pays_its_own_downtime():
+    schedule = _schedule("none", small_workload(), SMALL_COSTS, 1)
+    res = run_lanes([Timeline.build(schedule)], np.zeros(1, dtype=int), [np.array([100.0, 1000.0])],
+                    np.zeros(1, dtype=int), [np.ones(2)], 3000.0, downtime=[np.array([50.0, 400.0])])
+    assert res.recovery_s[0] == pytest.approx(2 * SMALL_COSTS.restart_s + 450.0)

@@ -64,3 +64,37 @@ def test_young_and_daly_intervals():
     assert young_interval_s(60, 3600) == pytest.approx(math.sqrt(2 * 60 * 3600))
     assert daly_interval_s(60, 3600) < young_interval_s(60, 3600) + 60
     assert daly_interval_s(10_000, 3600) == 3600
+
+
+@pytest.mark.parametrize("gpus,job_hours,step,interval,checkpoint_gb", [
+    (1024, 8, 6.0, 100, 1000.0), (8192, 3, 4.0, 60, 4000.0), (64, 24, 10.0, 200, 300.0)])
+def test_meta_ettr_closed_form(gpus, job_hours, step, interval, checkpoint_gb):
+    """Meta's ETTR ~ (1 - N r (u0 + dt/2)) / (1 + w/dt) (arXiv 2410.21680), where its
+    assumptions hold (N r (u0 + dt) of a few percent, exponential nodes, every failure
+    costing the same u0): the scale model's mean ratio within 1% (in practice 0.03%).
+    u0 is everything a failure costs before training resumes: detection (no hangs),
+    host selection, restart on N nodes and the load; w the save on N nodes."""
+    from sim.recovery import RecoveryModel
+    from sim.scale import ScaleModel, scale_costs, simulate_scale
+    from sim.theory import meta_ettr
+    nodes = gpus // 8
+    recovery = RecoveryModel(hang_share=0.0)
+    model = ScaleModel(node_mtbf_s=job_hours * 3600.0 * nodes, recovery=recovery)
+    scenario = Scenario.custom(iteration_s=step, iterations=100_000, checkpoint_gb=checkpoint_gb,
+                               window_s=YEAR, interval=interval)
+    row = simulate_scale(scenario, model, gpus=gpus, seeds=10, strategies=["deepspeed"]).iloc[0]
+    costs = scale_costs(scenario.costs, nodes, model.storage(scenario.costs, nodes), recovery)
+    full = scenario.workload.full_bytes
+    u0 = recovery.crash_detect_s + recovery.host_selection_s + costs.restart_s + costs.load_s(full)
+    expected = meta_ettr(nodes=nodes, node_rate=1 / model.node_mtbf_s, restart_s=u0,
+                         stall_s=costs.save_s(full), interval_s=interval * step)
+    assert row.ci95 / expected < 0.002          # the comparison is sharp enough to fail
+    assert abs(row.effective_ratio - expected) / expected < 0.01
+
+
+def test_meta_best_interval_maximises_its_ettr():
+    from sim.theory import meta_best_interval_s, meta_ettr
+    kw = dict(nodes=2048, node_rate=1 / (264 * 86400.0), stall_s=3.0)
+    best = meta_best_interval_s(**kw)
+    at = lambda dt: meta_ettr(restart_s=300.0, interval_s=dt, **kw)  # noqa: E731
+    assert at(best) > at(best * 0.8) and at(best) > at(best * 1.25)

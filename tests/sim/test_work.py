@@ -71,3 +71,24 @@ def test_the_api_refuses_before_drawing():
     weibull = dataclasses.replace(scenario, failures=FailureModel(kind="weibull", shape=0.002))
     with pytest.raises(SimError, match="Weibull shape 0.002"):
         simulate(weibull, mtbf_s=3600.0, seeds=1)
+
+
+def test_a_job_of_nodes_is_bounded_by_its_failures_and_its_streams():
+    """A job of nodes expects window / job MTBF failures exactly (stationary nodes), and its
+    streams (one per 64 nodes a run) are counted over the call's runs."""
+    from sim.nodes import NodeFailures
+    from sim.work import MAX_STREAMS
+    model = NodeFailures(nodes=1000, node_law=FailureModel(kind="weibull", shape=0.7),
+                         node_mtbf_s=1000 * 3600.0)
+    counts = [len(model.failure_times(np.random.default_rng(s), mtbf_s=None, window_s=30 * DAY))
+              for s in range(100)]
+    assert np.mean(counts) == pytest.approx(model.expected_failures(mtbf_s=None, window_s=30 * DAY),
+                                            rel=0.03)
+    _bound(model, mtbfs=[None])
+    with pytest.raises(SimError, match="nodes' job MTBF"):
+        _bound(NodeFailures(nodes=1000, node_mtbf_s=1.0), mtbfs=[None])
+    big = NodeFailures(nodes=1_000_000, node_mtbf_s=1e12)
+    assert big.streams == 15_625
+    _bound(big, mtbfs=[None], seeds=MAX_STREAMS // 15_625)
+    with pytest.raises(SimError, match="random streams"):
+        _bound(big, mtbfs=[None], seeds=MAX_STREAMS // 15_625 + 1)

@@ -1,0 +1,62 @@
+"""``python -m sim scale``: the table, --json, --csv, and bad input as one line with exit 2."""
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.scale import SCALE_COLUMNS
+
+FAST = ["scale", "--preset", "llama-3.2-1b", "--seeds", "2", "--window", "1d"]
+
+
+def _main(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:        # argparse's own refusals
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_table_names_every_size_and_where_the_time_goes():
+    code, out, err = _main(*FAST, "--gpus", "8..32")
+    assert code == 0, err
+    for size in ("8 GPUs (1 nodes)", "16 GPUs (2 nodes)", "32 GPUs (4 nodes)"):
+        assert size in out
+    assert "waiting for storage" in out and "limit" in out and "layercheck" in out
+    # one node's synchronous save waits for its own Lustre link (paper-a100: 1.24 GB/s)
+    deepspeed = next(line for line in out.splitlines() if line.strip().startswith("deepspeed"))
+    assert float(deepspeed.split()[5].rstrip("%")) > 1.0
+
+
+def test_json_and_csv_carry_the_rows():
+    code, out, _ = _main(*FAST, "--gpus", "16..32", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {r["gpus"] for r in doc["rows"]} == {16, 32}
+    assert doc["scale"]["recovery"]["hang_timeout_s"] == 600.0
+    assert "Llama 3" in doc["scale"]["node_mtbf_source"]
+    code, out, _ = _main(*FAST, "--gpus", "16", "--csv", "--spares", "0", "--domain", "rack:2:30d")
+    assert code == 0
+    frame = pd.read_csv(io.StringIO(out))
+    assert list(frame.columns) == list(SCALE_COLUMNS) and set(frame["gpus"]) == {16}
+
+
+@pytest.mark.parametrize("argv,fix", [
+    (["--gpus", "8..abc"], "write LOW..HIGH in GPUs"),
+    (["--gpus", "12"], "multiple of 8"),
+    (["--gpus", "64..8"], "low end"),
+    (["--gpus", "8", "--seeds", "1"], "at least 2"),
+    (["--gpus", "8", "--domain", "rack:16"], "give KIND:SIZE:MTBF"),
+    (["--gpus", "8", "--spares", "-1"], "spares"),
+    (["--gpus", "8", "--node-mtbf", "soon"], "--node-mtbf"),
+    (["--gpus", "8", "--aggregate-gbps", "0"], "positive bandwidth"),
+])
+def test_bad_input_is_one_line_that_says_the_fix(argv, fix):
+    code, out, err = _main(*FAST, *argv)
+    assert code == 2 and out == ""
+    assert fix in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
