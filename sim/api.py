@@ -27,11 +27,12 @@ from layercheck.trace import Trace
 from layercheck.traceschema import MAX_COUNT
 
 from .costs import GB, CostModel
-from .engine import RESULT_FIELDS, LaneResults, run_lanes, run_limit
+from .engine import RESULT_FIELDS, LaneResults, run_limit
 from .errors import SimError
 from .failures import FailureModel
-from .nodes import NodeFailures
+from .grid import run_grid
 from .intervals import parse_interval, resolve_interval
+from .nodes import NodeFailures
 from .reference import run_reference
 from .strategies import PROTOCOLS, STRATEGIES, Cadence, Schedule, get_strategy
 from .theory import limit_ratio_exponential
@@ -207,25 +208,32 @@ def trace_costs(trace: Trace) -> CostModel:
 
 def simulate(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequence[str] | None = None,
              seeds: int = 10, window_s: float | None = None, interval: str | int | None = None,
-             engine: str = "fast") -> pd.DataFrame:
+             engine: str = "fast", workers: int | None = None,
+             scheduler: str | None = None) -> pd.DataFrame:
     """One row per strategy (``COLUMNS``): the effective ratio (useful compute / wall
     clock) averaged over ``seeds`` runs with its 95% confidence half-width, and the mean
     seconds per run that went to each use. ``mtbf_s`` may be None only for a replayed
-    failure log (played at its own rate)."""
-    frame = _run(scenario, [mtbf_s], strategies, seeds, window_s, interval, engine, with_limit=False)
+    failure log (played at its own rate). ``workers`` and ``scheduler``: where the fast
+    engine's lanes run (``sim.grid``: a local process pool, or a Dask scheduler's
+    address); the same numbers wherever."""
+    frame = _run(scenario, [mtbf_s], strategies, seeds, window_s, interval, engine,
+                 with_limit=False, workers=workers, scheduler=scheduler)
     return frame.drop(columns="mtbf_s").reset_index(drop=True)
 
 
 def sweep(scenario: Scenario, *, mtbf_s: Sequence[float], strategies: Sequence[str] | None = None,
           seeds: int = 10, window_s: float | None = None, interval: str | int | None = None,
-          limit: bool = True, engine: str = "fast") -> pd.DataFrame:
+          limit: bool = True, engine: str = "fast", workers: int | None = None,
+          scheduler: str | None = None) -> pd.DataFrame:
     """Long format: one row per (mtbf_s, strategy), columns ``mtbf_s`` + ``COLUMNS``. With
     ``limit`` the perfect checkpointer's rows (strategy 'limit': free checkpoints,
-    restart cost only) are included, simulated on the same failures."""
+    restart cost only) are included, simulated on the same failures. ``workers`` and
+    ``scheduler`` as in ``simulate``."""
     points = [float(m) for m in mtbf_s]
     if not points:
         raise SimError("sweep needs at least one MTBF")
-    return _run(scenario, points, strategies, seeds, window_s, interval, engine, with_limit=limit)
+    return _run(scenario, points, strategies, seeds, window_s, interval, engine, with_limit=limit,
+                workers=workers, scheduler=scheduler)
 
 
 def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf_s: float,
@@ -247,8 +255,8 @@ def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf
         workload = dataclasses.replace(scenario.workload, layers=layers)
         timelines.append(Timeline.build(get_strategy(strategy).schedule(workload, scenario.costs)))
     lane_t = np.repeat(np.arange(len(variants)), seeds)
-    res = run_lanes(timelines, lane_t, times, np.tile(np.arange(seeds), len(variants)), uniforms,
-                    window)
+    res = run_grid(timelines, lane_t, times, np.tile(np.arange(seeds), len(variants)), uniforms,
+                   window)
     frame = _aggregate(res, [(0, int(v), None) for v in lane_t], [mtbf_s], window,
                        scenario.stale_figure())
     return frame.drop(columns="mtbf_s").reset_index(drop=True)
@@ -326,7 +334,8 @@ def _bound(scenario, mtbfs, seeds, window, strategies, engine) -> None:
                engine=engine, mean_step_s=float(scenario.workload.compute_s.mean()))
 
 
-def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with_limit) -> pd.DataFrame:
+def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with_limit,
+         workers=None, scheduler=None) -> pd.DataFrame:
     names = _check_strategies(scenario, strategies)
     window = _check_run(scenario, mtbfs, seeds, window_s, engine)
     _bound(scenario, mtbfs, seeds, window, len(names), engine)
@@ -347,7 +356,8 @@ def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with
     if engine == "simpy":
         res = _run_reference(timelines, lane_t, lane_row, times, uniforms, window)
     else:
-        res = run_lanes(timelines, np.array(lane_t), times, np.array(lane_row), uniforms, window)
+        res = run_grid(timelines, np.array(lane_t), times, np.array(lane_row), uniforms, window,
+                       workers=workers, scheduler=scheduler)
     frame = _aggregate(res, lane_key, mtbfs, window, scenario.stale_figure())
     if with_limit:
         lim = run_limit(times, window, scenario.costs.restart_s)

@@ -4,6 +4,7 @@
     python -m sim --mtbf 30m --json | --csv
     python -m sim --trace traces/NAME --mtbf 1h    the trace's own costs.json
     python -m sim sweep --mtbf 0.01h..3h --points 20 --out runs/sweep
+                       [--workers N] [--scheduler tcp://HOST:8786]   where the lanes run
     python -m sim presets [--write]
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
@@ -37,6 +38,7 @@ from .api import ENGINES, Scenario, simulate, sweep
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
+from .grid import SCHEDULER_ENV
 from .nodes import Domain, NodeFailures
 from .outputs import output_folder, writing
 from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
@@ -119,6 +121,14 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
                    help=f"set one cost figure (repeatable): {', '.join(FIGURES)}")
 
 
+def _grid_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where the lanes run (sim/grid.py; the same numbers wherever)")
+    g.add_argument("--workers", type=int, help="local processes (default: every CPU, for grids "
+                   "large enough to gain)")
+    g.add_argument("--scheduler", help=f"a Dask scheduler's address, tcp://HOST:8786 (or "
+                   f"{SCHEDULER_ENV}): its workers run the lanes (needs dask[distributed])")
+
+
 def _parser() -> argparse.ArgumentParser:
     top = OneLineParser(prog="python -m sim", description="LayerCheck failure simulator (docs/sim.md)")
     sub = top.add_subparsers(dest="command", parser_class=OneLineParser)
@@ -128,11 +138,13 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true")
     out.add_argument("--csv", action="store_true")
     _scenario_args(run)
+    _grid_args(run)
     sw = sub.add_parser("sweep", help="effective ratio against MTBF: CSV, JSON, HTML figure")
     sw.add_argument("--mtbf", default="0.01h..3h", help="LOW..HIGH, e.g. 0.01h..3h")
     sw.add_argument("--points", type=int, default=20, help="MTBF points, log-spaced")
     sw.add_argument("--out", default="runs/sweep", help="output folder")
     _scenario_args(sw)
+    _grid_args(sw)
     tu = sub.add_parser("tune", help="the LayerCheck setting with the best effective ratio "
                         "within your budgets, and the LayerCheckConfig line to paste")
     tu.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
@@ -346,7 +358,7 @@ def _cmd_run(args) -> None:
     scenario = _scenario(args)
     mtbf = _mtbf(args, args.mtbf)
     df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
-                  engine=args.engine)
+                  engine=args.engine, workers=args.workers, scheduler=args.scheduler)
     info = {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds, "engine": args.engine}
     if args.json:
         print(to_json(df, info))
@@ -375,7 +387,7 @@ def _cmd_sweep(args) -> None:
     out = output_folder(args.out)
     points = np.geomspace(low, high, args.points)
     df = sweep(scenario, mtbf_s=points, strategies=_strategies(args), seeds=args.seeds,
-               engine=args.engine)
+               engine=args.engine, workers=args.workers, scheduler=args.scheduler)
     info = {**scenario.to_dict(), "seeds": args.seeds, "mtbf_s": points.tolist(), "engine": args.engine}
     with writing(out):
         (out / "sweep.csv").write_text(to_csv(df, extra=("mtbf_s",)))

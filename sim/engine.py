@@ -18,6 +18,8 @@ stale layers (``Schedule.stale_s``); the caller decides whether it counts.
 """
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,10 +28,20 @@ import numpy as np
 from .errors import SimError
 from .timeline import Timeline
 
-__all__ = ["LaneResults", "run_lanes", "run_limit", "RESULT_FIELDS"]
+__all__ = ["LaneResults", "run_lanes", "run_limit", "resolve_kernel", "RESULT_FIELDS", "KERNELS",
+           "AUTO_COMPILED_TURNS"]
 
 RESULT_FIELDS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s",
                  "failures", "bytes_written", "events", "jobs", "rolled_back_steps")
+KERNELS = ("auto", "compiled", "numpy")
+"""How ``run_lanes`` loops: see its docstring."""
+AUTO_COMPILED_TURNS = 5_000
+"""'auto' takes the compiled loop from this many numpy loop turns (failures of the lane
+with the most) on, or once numba is loaded: below, the numpy loop (about 0.1 ms a turn)
+finishes before importing numba and loading the compiled loop from its cache would
+(0.5 to 1 s)."""
+_KERNEL = None
+"""``sim.kernel`` once imported; False where numba is missing."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +95,19 @@ class _Stack:
             return np.zeros(len(c))
         since = np.maximum(self.stale_last[off + c], np.minimum(j, c)[:, None])
         gone = self.work[(off + c)[:, None]] - self.work[off[:, None] + since]
-        return gone @ self.stale_weights
+        # summed layer by layer, in order (an accumulate is sequential by definition), as
+        # the compiled loop sums: ``gone @ weights`` summed in BLAS's order, which depends
+        # on the BLAS build and CPU and which no scalar loop reproduces (a few ulp apart)
+        return np.cumsum(gone * self.stale_weights, axis=1)[:, -1]
 
     def _tier(self, timelines, name):
         keys, pos = [], []
         for s, t in enumerate(timelines):
             keys.append(np.concatenate(([-1.0], getattr(t, f"{name}_time"))) + s * self.big)
             pos.append(np.concatenate(([0], getattr(t, f"{name}_pos"))))
+        # where each timeline's block starts and ends (the compiled loop searches one block)
+        bounds = np.cumsum([0] + [len(k) for k in keys]).astype(np.int64)
+        setattr(self, f"{name}_bounds", bounds)
         return np.concatenate(keys), np.concatenate(pos).astype(np.int64)
 
 
@@ -108,12 +126,21 @@ def _check_resolution(timelines: Sequence[Timeline], span: float) -> None:
 
 def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequence[np.ndarray],
               row: np.ndarray, uniforms: Sequence[np.ndarray], window_s: float,
-              downtime: Sequence[np.ndarray] | None = None) -> LaneResults:
+              downtime: Sequence[np.ndarray] | None = None, *,
+              kernel: str | None = None) -> LaneResults:
     """Run lane i = timeline ``strategy[i]`` against failure times ``failures[row[i]]``
     (ascending, < window_s) for ``window_s`` seconds; ``uniforms[row[i]][k]`` decides
     whether failure k destroys the primary tier (GEMINI's peer copy). ``downtime[row[i]][k]``
     (optional, seconds) is added to the recovery failure k starts: its detection and
-    rescheduling (``sim.recovery``), paid again by each failure that interrupts it."""
+    rescheduling (``sim.recovery``), paid again by each failure that interrupts it.
+
+    ``kernel`` (``KERNELS``; None: the environment's ``LAYERCHECK_SIM_KERNEL``, else
+    'auto'): 'compiled' runs each lane's loop in machine code (``sim.kernel``, needs
+    numba), 'numpy' the vectorised loop below, 'auto' the compiled one where numba
+    imports and the call is long enough (``AUTO_COMPILED_TURNS``). Both give the same
+    totals bit for bit, and a lane's totals never depend on the other lanes of the call.
+    The compiled loop has no downtime term: a call with non-zero ``downtime`` runs the
+    numpy loop whatever ``kernel`` says."""
     st = _Stack(timelines)
     counts = np.array([len(f) for f in failures], dtype=np.int64)
     segs = [np.diff(np.concatenate(([0.0], f, [window_s]))) for f in failures]
@@ -122,8 +149,13 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     u_flat = np.concatenate([np.concatenate((u[: len(f)], [1.0])) for u, f in zip(uniforms, failures)])
     d_flat = np.zeros(seg_flat.size) if downtime is None else np.concatenate(
         [np.concatenate((np.asarray(d, dtype=float)[: len(f)], [0.0])) for d, f in zip(downtime, failures)])
+    strategy, row = np.asarray(strategy, dtype=np.int64), np.asarray(row, dtype=np.int64)
+    if not d_flat.any() and resolve_kernel(
+            kernel, turns=int(counts[row].max()) + 1 if len(row) else 0) == "compiled":
+        out = _KERNEL.run(st, _Lanes(st, timelines, strategy, row, counts, seg_off), seg_flat, u_flat)
+        return LaneResults(**{f: out[i] for i, f in enumerate(RESULT_FIELDS)})
     order = np.argsort(counts[row], kind="stable")
-    lanes = _Lanes(st, timelines, np.asarray(strategy)[order], np.asarray(row)[order], counts, seg_off)
+    lanes = _Lanes(st, timelines, strategy[order], row[order], counts, seg_off)
     k_sorted = counts[lanes.row]
     for k in range(int(k_sorted.max()) + 1 if len(k_sorted) else 0):
         first = int(np.searchsorted(k_sorted, k, side="left"))
@@ -132,6 +164,30 @@ def run_lanes(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Seq
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     return LaneResults(**{f: getattr(out, f)[inverse] for f in RESULT_FIELDS})
+
+
+def resolve_kernel(kernel: str | None, *, turns: int | None = None) -> str:
+    """The loop ``kernel`` names: 'compiled' or 'numpy' (None: the environment's
+    ``LAYERCHECK_SIM_KERNEL``, else 'auto': 'compiled' where numba imports, unless the
+    call's ``turns`` are fewer than ``AUTO_COMPILED_TURNS`` and numba is not loaded yet)."""
+    kernel = kernel or os.environ.get("LAYERCHECK_SIM_KERNEL") or "auto"
+    if kernel not in KERNELS:
+        raise SimError(f"kernel {kernel!r} (argument or LAYERCHECK_SIM_KERNEL): use one of "
+                       f"{', '.join(KERNELS)}")
+    global _KERNEL
+    if kernel == "numpy":
+        return kernel
+    if kernel == "auto" and turns is not None and turns < AUTO_COMPILED_TURNS and not _KERNEL:
+        return "numpy"
+    if _KERNEL is None:
+        try:
+            _KERNEL = importlib.import_module(".kernel", __package__)
+        except ImportError:
+            _KERNEL = False
+    if _KERNEL is False and kernel == "compiled":
+        raise SimError("the compiled engine loop needs numba: pip install 'layercheck[fast]', "
+                       "or use kernel='numpy' (LAYERCHECK_SIM_KERNEL=numpy)")
+    return "compiled" if _KERNEL else "numpy"
 
 
 def _stale_layers(timelines) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -167,6 +223,12 @@ class _Lanes:
         self.base = np.zeros(n)
         """The recovery in progress without its downtime (what a repeat of it costs)."""
         self.tot = {f: np.zeros(n) for f in RESULT_FIELDS}
+        # what the compiled loop needs besides: each lane's blocks of the stacked keys
+        self.ready_hi = self.end + 1
+        self.commit_lo, self.commit_hi = st.commit_bounds[strategy], st.commit_bounds[strategy + 1]
+        self.backup_lo, self.backup_hi = st.backup_bounds[strategy], st.backup_bounds[strategy + 1]
+        self.has_stale = np.array([t.schedule.stale_last is not None for t in timelines],
+                                  dtype=np.bool_)[strategy]
 
     def advance(self, a: slice, k: int, seg_flat: np.ndarray, u_flat: np.ndarray,
                 d_flat: np.ndarray) -> None:

@@ -1,10 +1,15 @@
 """Tiny fixtures shared by the simulator's tests."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from sim import CostModel, Workload
+from sim import CostModel, Scenario, Workload
+from sim.api import _cadence, _failure_rows
+from sim.strategies import get_strategy
+from sim.timeline import Timeline
 from sim.workload import LayerWrites
 
 LAYER_BYTES = np.array([4e9, 2e9, 6e9, 8e9])
@@ -32,3 +37,20 @@ SMALL_COSTS = CostModel(save_gbps=2.0, persist_gbps=2.0, lc_write_gbps=2.0, peer
 @pytest.fixture
 def workload() -> Workload:
     return small_workload()
+
+
+def sweep_lanes(mtbfs=(36.0, 300.0, 3600.0), seeds=4, window=3 * 86400.0, costs=None):
+    """The sweep's lanes on the default preset: every strategy x MTBF x seed."""
+    scenario = Scenario.from_preset("qwen2.5-7b")
+    if costs:
+        scenario = dataclasses.replace(scenario, costs=scenario.costs.with_overrides(**costs))
+    times, uniforms = _failure_rows(scenario, list(mtbfs), seeds, window)
+    timelines, strategy, row = [], [], []
+    for mi, mtbf in enumerate(mtbfs):
+        for name in scenario.available():
+            cadence = _cadence(name, scenario, None, mtbf)
+            timelines.append(Timeline.build(get_strategy(name).schedule(
+                scenario.workload, scenario.costs, cadence)))
+            strategy += [len(timelines) - 1] * seeds
+            row += [mi * seeds + i for i in range(seeds)]
+    return timelines, np.array(strategy), times, np.array(row), uniforms, window

@@ -110,7 +110,9 @@ def test_sweep_writes_files(tmp_path, capsys):
                                   ["--mtbf", "1h", "--cost", "save_gbps=fast"],
                                   ["--mtbf", "1h", "--write-gbps", "0"],
                                   ["--mtbf", "1h", "--protocol", "fair"],
-                                  ["--mtbf", "1h", "--engine", "turbo"]])
+                                  ["--mtbf", "1h", "--engine", "turbo"],
+                                  ["--mtbf", "1h", "--workers", "0"],
+                                  ["sweep", "--points", "2", "--scheduler", "localhost:8786"]])
 def test_bad_input_is_one_line_exit_2(args):
     result = _run(*args)
     assert result.returncode == 2

@@ -17,6 +17,15 @@ COMPARED = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recover
 NAMES = list(STRATEGIES)
 
 
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def kernel(request, monkeypatch):
+    """Every test here on both engine loops (``run_lanes``' kernel): each equals SimPy."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("LAYERCHECK_SIM_KERNEL", request.param)
+    return request.param
+
+
 def _schedule(name, workload, costs, every):
     strategy = get_strategy(name)
     cadence = Cadence(every=every, storage_every=2 * every) if strategy.rollback else None

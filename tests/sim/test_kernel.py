@@ -1,0 +1,56 @@
+"""The compiled engine loop (``sim.kernel``) against the numpy loop it replaces, on a grid."""
+import numpy as np
+import pytest
+
+from sim.engine import RESULT_FIELDS, run_lanes
+from sim.errors import SimError
+
+from .conftest import sweep_lanes
+
+pytest.importorskip("numba")
+
+
+SLOW_WRITER = {"persist_gbps": 0.1, "lc_write_gbps": 0.3}
+"""Persists that outlast the 106-step interval: snapshots wait for the writer (wait_skip)."""
+
+
+@pytest.mark.parametrize("costs", [None, SLOW_WRITER], ids=["preset", "slow-writer"])
+def test_compiled_loop_equals_the_numpy_loop_on_a_sweep_grid(costs):
+    """Bit for bit on every field; the grid has lanes of 0 to 7,200 failures, finished
+    jobs, GEMINI's lost peer copies, LayerCheck's stale layers and (slow writer)
+    snapshots that wait for the writer."""
+    grid = sweep_lanes(costs=costs)
+    if costs:
+        assert sum((t.wait_skip > 0).any() for t in grid[0][:7]) == 2   # CheckFreq, LayerCheck
+    fast, slow = run_lanes(*grid, kernel="compiled"), run_lanes(*grid, kernel="numpy")
+    assert slow.failures.max() > 7000 and slow.jobs.max() > 0 and slow.stale_s.max() > 0
+    for field in RESULT_FIELDS:
+        np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field), err_msg=field)
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "numpy"])
+def test_a_lane_does_not_depend_on_the_others_of_its_call(kernel):
+    """What lets a grid be cut into pieces run anywhere (``sim.grid``): any subset of the
+    lanes, with the same timelines, gives those lanes' totals exactly, in either loop."""
+    timelines, strategy, times, row, uniforms, window = sweep_lanes(seeds=2)
+    whole = run_lanes(timelines, strategy, times, row, uniforms, window, kernel=kernel)
+    pick = np.array([3, 0, len(row) - 1, 7, 9, 12, 13, 20, 30])
+    part = run_lanes(timelines, strategy[pick], times, row[pick], uniforms, window, kernel=kernel)
+    for field in RESULT_FIELDS:
+        np.testing.assert_array_equal(getattr(part, field), getattr(whole, field)[pick])
+
+
+def test_kernel_names_are_checked(monkeypatch):
+    grid = sweep_lanes(mtbfs=(3600.0,), seeds=1, window=86400.0)
+    with pytest.raises(SimError, match="use one of auto, compiled, numpy"):
+        run_lanes(*grid, kernel="fortran")
+    monkeypatch.setenv("LAYERCHECK_SIM_KERNEL", "fast")
+    with pytest.raises(SimError, match="LAYERCHECK_SIM_KERNEL"):
+        run_lanes(*grid)
+    import sim.engine
+    monkeypatch.setattr(sim.engine, "_KERNEL", False)       # as where numba does not import
+    monkeypatch.delenv("LAYERCHECK_SIM_KERNEL")
+    with pytest.raises(SimError, match="needs numba"):
+        run_lanes(*grid, kernel="compiled")
+    auto = run_lanes(*grid)                                  # auto: the numpy loop then
+    np.testing.assert_array_equal(auto.useful_s, run_lanes(*grid, kernel="numpy").useful_s)
