@@ -13,6 +13,7 @@ from .api import (COLUMNS, DAY, ENGINES, LIMIT, PRESETS, Scenario, limit_ratio, 
 from .costs import COST_MODELS, CostModel
 from .errors import SimError
 from .failures import FailureModel, job_mtbf, read_failure_log
+from .nodes import Domain, FailureEvents, NodeFailures
 from .presets import REGIMES
 from .report import figure as sweep_figure
 from .strategies import PROTOCOLS, STRATEGIES
@@ -21,4 +22,5 @@ from .workload import Workload
 
 __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "sweep_figure", "limit_ratio", "PRESETS", "COLUMNS",
            "LIMIT", "DAY", "ENGINES", "PROTOCOLS", "COST_MODELS", "CostModel", "FailureModel", "SimError", "STRATEGIES", "REGIMES",
-           "Workload", "job_mtbf", "read_failure_log", "parse_duration"]
+           "Workload", "job_mtbf", "read_failure_log", "parse_duration", "NodeFailures", "Domain",
+           "FailureEvents"]

@@ -20,6 +20,9 @@ The limits (docs/sim.md, "Work limits"), each with what it protects:
   (5 to 8 us each): four to seven minutes.
 - ``MAX_JOB_STEPS``: steps of one job; every strategy's timeline holds about
   fifteen float arrays of that length (about 120 MB a strategy at the limit).
+- ``MAX_STREAMS``: a job of nodes (``sim.nodes``) opens a random stream per 64
+  nodes a run, 55-80 us each on the shared development machine, failures or
+  not: about a minute over a call.
 """
 from __future__ import annotations
 
@@ -33,12 +36,13 @@ from .nodes import NodeFailures
 from .units import format_duration
 
 __all__ = ["MAX_RUN_FAILURES", "MAX_FAILURES", "MAX_LANE_FAILURES", "MAX_SIMPY_STEPS",
-           "MAX_JOB_STEPS", "bound_work", "check_runs", "check_job_steps"]
+           "MAX_JOB_STEPS", "MAX_STREAMS", "bound_work", "check_runs", "check_job_steps"]
 
 MAX_FAILURES = 20_000_000
 MAX_LANE_FAILURES = 200_000_000
 MAX_SIMPY_STEPS = 50_000_000
 MAX_JOB_STEPS = 1_000_000
+MAX_STREAMS = 1_000_000
 
 _WHERE = "docs/sim.md, Work limits"
 
@@ -53,6 +57,12 @@ def bound_work(failures: FailureModel | NodeFailures, mtbfs: Sequence[float | No
     worst = max(range(len(mtbfs)), key=lambda i: per_run[i])
     if not per_run[worst] <= MAX_RUN_FAILURES:
         raise SimError(_too_many_per_run(failures, mtbfs[worst], window_s, per_run[worst]))
+    streams = getattr(failures, "streams", 0) * seeds * len(mtbfs)
+    if streams > MAX_STREAMS:
+        raise SimError(f"{_runs(seeds, len(mtbfs))} of {failures.nodes:,} nodes would open "
+                       f"{streams:,} random streams (one per 64 nodes a run), more than the "
+                       f"simulator's limit of {MAX_STREAMS:,} ({_WHERE}): use fewer nodes, seeds "
+                       "or MTBF points")
     drawn = seeds * sum(f + 1 for f in per_run)      # a run without failures is one segment
     if drawn > MAX_FAILURES:
         raise SimError(f"{_runs(seeds, len(mtbfs))} would draw about {drawn:.3g} failures in "
