@@ -21,6 +21,7 @@ from layercheck.figure import CALIBRATE
 from .. import checkpointers
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
+from .jit import JitDetection
 from .layerwise import LayerWise
 from .lowdiff import Differential
 from .peer import PeerCopy
@@ -31,7 +32,7 @@ __all__ = ["MECHANISMS", "INSTALLED_VERSIONS", "Bench", "Mechanism", "check_cove
            "check_measured"]
 
 MECHANISMS: tuple[Mechanism, ...] = (LayerWise(), FullSave(), TwoPhase(), HostCopy(),
-                                     Differential(), PeerCopy(), Restart())
+                                     Differential(), PeerCopy(), JitDetection(), Restart())
 """In the order they run: the collective ones first, then rank 0's, the spawns last."""
 
 INSTALLED_VERSIONS: dict[str, int] = {

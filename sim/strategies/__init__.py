@@ -19,7 +19,7 @@ from __future__ import annotations
 from layercheck.figure import FigureSpec
 
 from ..errors import SimError
-from . import base, checkfreq, deepspeed, gemini, layercheck, lowdiff, none
+from . import base, checkfreq, deepspeed, gemini, jit, layercheck, lowdiff, none
 from .base import PROTOCOLS, Cadence, Schedule, Strategy
 from .checkfreq import CHECKFREQ_OVERHEAD, CheckFreq
 from .deepspeed import DeepSpeed
@@ -33,7 +33,7 @@ __all__ = ["Cadence", "Schedule", "Strategy", "STRATEGIES", "MODULES", "SCHEMA",
            "NoCheckpoint", "DeepSpeed", "CheckFreq", "Gemini", "LowDiff", "LayerCheck",
            "LayerCheckSync"]
 
-MODULES = (base, none, deepspeed, checkfreq, gemini, lowdiff, layercheck)
+MODULES = (base, none, deepspeed, checkfreq, gemini, lowdiff, layercheck, jit)
 """The registry: every strategy module, in report order."""
 
 
