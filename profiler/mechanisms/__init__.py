@@ -50,6 +50,9 @@ def check_coverage(mechanisms: Sequence[Mechanism] = MECHANISMS) -> None:
     figure nobody declared or one another command measures."""
     owner: dict[str, str] = {}
     for mechanism in mechanisms:
+        if not set(mechanism.stated) <= set(mechanism.figures):
+            raise ProfilerError(f"mechanism {mechanism.name!r} states {list(mechanism.stated)} "
+                                f"but registers only {list(mechanism.figures)}: register them")
         for name in mechanism.figures:
             if name not in FIGURES:
                 raise ProfilerError(f"mechanism {mechanism.name!r} registers {name!r}, which no "

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from layercheck.calibration import Figure
-from sim.strategies.jit import FIGURES as JIT_FIGURES
 
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
@@ -102,6 +101,7 @@ class JitDetection(Mechanism):
 
     name = "jit detection"
     figures = ("jit_detect_s", "jit_replica_loss_probability", "jit_overhead_fraction")
+    stated = ("jit_replica_loss_probability", "jit_overhead_fraction")
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         samples, error = detection_seconds(bench.scratch("jit"), bench.repeats)
@@ -111,9 +111,5 @@ class JitDetection(Mechanism):
             f"all-reduce it never joins: kill to the survivor's {error}; median of "
             f"{len(samples)}, {seconds:.3f} s (a crash seen through the closed connection; a "
             f"hang would wait for the collective's timeout, {JIT_TIMEOUT_S:.0f} s here)"))}
-        for name in ("jit_replica_loss_probability", "jit_overhead_fraction"):
-            default = JIT_FIGURES[name].default
-            out[name] = Figure(value=default.value, source=default.source, band=default.band,
-                               method=f"not measurable on one machine: the declared default, "
-                                      f"{default.method}")
+        out.update(self.stated_figures())
         return out

@@ -11,6 +11,16 @@ def test_it_is_registered_for_the_strategys_figures():
     assert set(JitDetection.figures) == {n for n in FIGURES if n.startswith("jit_")}
 
 
+def test_what_one_machine_cannot_measure_is_the_declared_default_said_so():
+    stated = JitDetection().stated_figures()
+    assert set(stated) == {"jit_replica_loss_probability", "jit_overhead_fraction"}
+    for name, figure in stated.items():
+        default = FIGURES[name].default
+        assert (figure.value, figure.source, figure.band) == (default.value, default.source,
+                                                             default.band)
+        assert figure.method.startswith("not measurable on one machine")
+
+
 def test_a_killed_peer_is_detected_well_before_the_timeout(tmp_path):
     samples, error = detection_seconds(tmp_path, repeats=1)
     assert len(samples) == 1 and math.isfinite(samples[0])

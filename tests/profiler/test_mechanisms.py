@@ -31,6 +31,7 @@ def test_a_figure_no_mechanism_measures_is_refused_by_name():
     (_Registers("again", "save_gbps"), "registered by both"),
     (_Registers("typo", "save_gbp"), "no strategy declares"),
     (_Registers("phi", "stale_cost"), "python -m profiler staleness"),
+    (type("S", (_Registers,), {"stated": ("restart_s",)})("stating"), "states"),
 ])
 def test_a_figure_registered_twice_unknown_or_measured_elsewhere_is_refused(extra, match):
     with pytest.raises(ProfilerError, match=match):
