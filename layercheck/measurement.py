@@ -25,7 +25,7 @@ __all__ = ["MECHANISM_VERSIONS", "MEASURED_BY", "code_record", "outdated", "age_
 
 MECHANISM_VERSIONS: dict[str, int] = {
     "restart": 1,                  # profiler/mechanisms/restart.py (Restart)
-    "full save": 1,                # profiler/mechanisms/storage.py (FullSave)
+    "full save": 2,                # profiler/mechanisms/storage.py (FullSave): 2, timed inside a short run
     "two-phase save": 1,           # profiler/mechanisms/storage.py (TwoPhase)
     "host copy": 1,                # profiler/mechanisms/storage.py (HostCopy)
     "differential": 1,             # profiler/mechanisms/lowdiff.py (Differential)

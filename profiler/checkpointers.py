@@ -24,6 +24,8 @@ validation's workers drive them, so what is costed is what runs:
 - ``LayerCheckpointer`` ("layercheck"): the library itself (``job.make_layercheck``),
   a step recoverable once its training state is committed.
 
+``profiler.strategies.CHECKPOINTERS`` names all five.
+
 Contract: ``load()`` once, first (the newest recovery point into the live job,
 or None: start the job at step 1); ``due(step, last)`` says whether ``save``
 runs after that step; ``save(step, position)`` returns what the training
@@ -43,7 +45,7 @@ from typing import Any, Iterator
 from .state import TrainingState, fsync_path
 
 __all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerCheckpointer",
-           "CHECKPOINTERS", "Resume", "Saved", "folder_bytes", "single_process"]
+           "Resume", "Saved", "folder_bytes", "single_process"]
 
 MECHANISM_VERSIONS = {"deepspeed checkpointer": 1, "checkfreq checkpointer": 1}
 """The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
@@ -301,17 +303,3 @@ def single_process() -> Iterator[None]:
     The save's warning comes from async_save's own thread, so the filter is global."""
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
     yield
-
-
-def __getattr__(name: str) -> Any:
-    """``CHECKPOINTERS``: every strategy a validation runs for real, by the simulator's
-    names, in its report order. Built on first use: gemini's and lowdiff's modules build
-    on the classes here, so they cannot be imported while this one is."""
-    if name != "CHECKPOINTERS":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .differential import DiffCheckpointer
-    from .inmemory import PeerCheckpointer
-    table = {c.name: c for c in (FullCheckpointer, TwoPhaseCheckpointer, PeerCheckpointer,
-                                 DiffCheckpointer, LayerCheckpointer)}
-    globals()["CHECKPOINTERS"] = table
-    return table

@@ -98,10 +98,10 @@ def _parser() -> argparse.ArgumentParser:
                          "killed at known times: validation.json")
     val.add_argument("--trace", type=Path, required=True,
                      help="a calibrated plain capture (its folder holds costs.json)")
-    val.add_argument("--window", default="90", help="wall-clock length of each strategy's "
-                     "real run (default 90 s; units s, m, h)")
-    val.add_argument("--mtbf", default="15", help="mean time between the failures drawn "
-                     "(default 15 s: 6 expected per window)")
+    val.add_argument("--window", default="120", help="wall-clock length of each strategy's "
+                     "real run (default 120 s; units s, m, h)")
+    val.add_argument("--mtbf", default="24", help="mean time between the failures drawn "
+                     "(default 24 s: 5 expected per window)")
     val.add_argument("--seed", type=int, default=0, help="seeds the failure times: repeat r "
                      "draws with seed + r (default 0)")
     val.add_argument("--repeats", type=int, default=3, help="runs per strategy, each on its "

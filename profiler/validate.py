@@ -41,7 +41,7 @@ from layercheck.trace import Trace, read_trace
 from .config import CaptureConfig, ValidationConfig
 from .errors import ProfilerError
 
-__all__ = ["validate", "ValidationResult", "failure_times", "failure_logs", "summarise",
+__all__ = ["validate", "ValidationResult", "failure_times", "default_interval", "failure_logs", "summarise",
            "format_table", "VALIDATION_FILE"]
 
 VALIDATION_FILE = "validation.json"
@@ -81,7 +81,7 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
     except CalibrationError as exc:
         raise ProfilerError(f"{exc}") from None
     job = CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
-    interval = config.interval or max(1, round(trace.mean_weighted_staleness()))
+    interval = config.interval or default_interval(trace)
     logs = failure_logs(config)
     load = {"start": os.getloadavg()}
     runs = []
@@ -96,6 +96,13 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
     path = Path(out) if out else Path(trace_dir) / VALIDATION_FILE
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return ValidationResult(path, doc)
+
+
+def default_interval(trace: Trace) -> int:
+    """The rollback strategies' interval unless one is given: the paper's matched
+    freshness, LayerCheck's mean parameter-weighted staleness on the trace, rounded
+    (at least 1). The calibration times DeepSpeed's saves at it too."""
+    return max(1, round(trace.mean_weighted_staleness()))
 
 
 def failure_times(*, mtbf_s: float, window_s: float, seed: int) -> tuple[float, ...]:

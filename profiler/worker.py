@@ -65,7 +65,7 @@ def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log
 
 
 def run_job(path: Path) -> int:
-    from .checkpointers import CHECKPOINTERS
+    from .strategies import CHECKPOINTERS
     from .plainjob import PlainJob
     spec = json.loads(Path(path).read_text())
     config = CaptureConfig.from_dict(spec["config"]).replace(device=spec["device"])

@@ -101,18 +101,11 @@ def test_gemini_recovers_from_the_peer_and_from_storage_once_the_peer_is_lost(tm
     _same(job, states[6])
     again.close()
 
-    peer[0].kill()  # the failure took the peer's memory too: storage is the last tier
-    peer[0].wait()
-    fresh, port = start_peer()
-    try:
-        last = PeerCheckpointer(job, tmp_path / "job0", interval=2, storage_every=4, peer=port)
-        assert last.load().step == 4
-        _same(job, states[4])
-        last.close()
-    finally:
-        fresh.kill()
-        fresh.wait()
-        fresh.stdout.close()
+    # the failure took the peer's memory too: storage is the last tier
+    resume = _load_after_losing_the_peer(peer[0], job, tmp_path / "job0", interval=2,
+                                         storage_every=4)
+    assert resume.step == 4
+    _same(job, states[4])
 
 
 def test_gemini_storage_steps_off_the_copies_grid_take_their_own_copy(tmp_path, peer):
@@ -122,14 +115,22 @@ def test_gemini_storage_steps_off_the_copies_grid_take_their_own_copy(tmp_path, 
     states = _train(job, ckpt, 3)
     ckpt.flush()
     ckpt.close()
-    peer[0].kill()
-    peer[0].wait()
+    resume = _load_after_losing_the_peer(peer[0], job, tmp_path / "job0", interval=2,
+                                         storage_every=3)
+    assert resume.step == 3
+    _same(job, states[3])
+
+
+def _load_after_losing_the_peer(proc, job, folder, **options):
+    """Kill the peer, start an empty one, and load from it (storage, then)."""
+    proc.kill()
+    proc.wait()
     fresh, port = start_peer()
     try:
-        again = PeerCheckpointer(job, tmp_path / "job0", interval=2, storage_every=3, peer=port)
-        assert again.load().step == 3
-        _same(job, states[3])
-        again.close()
+        ckpt = PeerCheckpointer(job, folder, peer=port, **options)
+        resume = ckpt.load()
+        ckpt.close()
+        return resume
     finally:
         fresh.kill()
         fresh.wait()

@@ -86,3 +86,59 @@ def test_a_worker_killed_while_restarting_extends_the_recovery():
 def test_no_time_zero_without_a_start():
     with pytest.raises(ValueError, match="never started"):
         account([WorkerLog(0.0, 1.0, [])], window_s=10.0)
+
+
+@pytest.mark.slow
+def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_path):
+    """A real run (the tiny job under deepspeed, saves every 2 steps, killed at 2 s and
+    32 s of a 40 s window; a restart of the tiny job takes ~8 s on a quiet machine, so the
+    second worker resumes and trains): the ledger read back from the run's folder against
+    what its raw logs say directly."""
+    from profiler.config import CaptureConfig
+    from profiler.ledger import SUPERVISOR_LOG, _lines, read_run
+    from profiler.supervisor import RunSpec, supervise
+    from tests.profiler.conftest import TINY
+
+    config = CaptureConfig(**{**TINY, "warmup_steps": 1})
+    window, kills, every = 40.0, (2.0, 32.0), 2
+    spec = RunSpec(strategy="deepspeed", config=config, device="cpu", interval=every,
+                   failures_s=kills, window_s=window, root=tmp_path)
+    workers = supervise(spec, say=lambda _: None)
+    assert workers == read_run(tmp_path)                    # what it returns is its folder
+    led = account(workers, window_s=window)
+
+    supervisor = _lines(tmp_path / SUPERVISOR_LOG)
+    (start,) = [e["start"] for e in supervisor if e["event"] == "window"]
+    end = start + window
+    killed = [e["time"] for e in supervisor if e["event"] == "kill"][:len(kills)]
+    assert [round(t - start, 1) for t in killed] == [2.0, 32.0]  # on time, to 0.05 s
+    assert led.failures == 2
+    # the parts add up to the window, with little left over (job switches, a cut step)
+    assert 0 <= led.other_s < 0.1 * window
+    steps = [e for w in workers for e in w.events if e["event"] == "step" and e["time"] <= end]
+    assert led.steps_done == len(steps)
+    for e in steps:  # the timestamps and the process's own timers tell the same story (the
+        # timestamps also hold the batch's fetch, before the timed phases, a few ms)
+        compute = e["computed"] - e["begin"] - e["tracking_s"]
+        assert e["compute_s"] - 1e-3 <= compute <= e["compute_s"] + 0.1
+        assert e["time"] - e["computed"] + e["tracking_s"] == pytest.approx(e["stall_s"], abs=0.05)
+    # every step's compute is either kept or lost; lost also holds what was in flight
+    in_flight = sum(k - max(e["time"] for e in w.events if e["event"] in ("resumed", "step")
+                            and e["time"] <= k)
+                    for w, k in zip(workers, killed) if any(e["event"] == "resumed" for e in w.events))
+    computed = sum(e["computed"] - e["begin"] - e["tracking_s"] for e in steps)
+    assert led.useful_s + led.lost_work_s == pytest.approx(computed + in_flight, abs=1e-6)
+    # recovery: from each kill to the next worker's resume, read straight from the logs
+    # (a worker killed before it resumed: its recovery runs to its own kill)
+    resumes = [next((e["time"] for e in w.events if e["event"] == "resumed"), w.killed)
+               for w in workers[1:]]
+    assert led.recovery_s == pytest.approx(sum(min(r, end) - k for r, k in zip(resumes, killed)))
+    # each recovery resumed at the newest save the killed worker had logged (or the one in
+    # flight at the kill): a multiple of the interval, in the job it was killed in
+    assert led.resumed_at, "no worker resumed after a kill: is the machine this loaded?"
+    for w, got in zip(workers, led.resumed_at):
+        last = [e for e in w.events if e["event"] in ("resumed", "step")][-1]
+        logged = [e["step"] for e in w.events if e["event"] == "step" and e["job"] == last["job"]
+                  and e["step"] % every == 0 and e["step"] < config.steps]
+        durable = max(logged + [last["step"] if last["event"] == "resumed" else 0])
+        assert got % every == 0 and durable <= got <= durable + every

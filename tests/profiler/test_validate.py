@@ -15,24 +15,29 @@ import pytest
 from profiler.cli import main
 from profiler.config import ValidationConfig
 from profiler.errors import ProfilerError
-from profiler.validate import failure_times
+from profiler.validate import failure_logs, failure_times, format_table, summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 20.0
 
 
 @pytest.mark.slow
-def test_a_short_validation_gives_a_sane_table(calibrated_tiny, tmp_path, capsys):
+def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny, tmp_path, capsys):
     log = tmp_path / "failures.csv"
     log.write_text("time_s\n6\n")
     out = tmp_path / "validation.json"
     assert main(["validate", "--trace", str(calibrated_tiny), "--window", f"{WINDOW:g}",
-                 "--failures", str(log), "--interval", "2", "--out", str(out), "--quiet"]) == 0
+                 "--failures", str(log), "--interval", "2", "--repeats", "1",
+                 "--min-failures", "1", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
-    assert [row["strategy"] for row in doc["table"]] == ["deepspeed", "checkfreq", "layercheck"]
+    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
+    assert [row["strategy"] for row in doc["table"]] == strategies
     assert doc["failures_s"] == [6.0] and doc["interval"] == 2 and doc["costs"] == "tiny"
-    for row in doc["table"]:
+    (run,) = doc["runs"]
+    assert run["failures_s"] == [6.0] and len(run["peer_lost"]) == 1
+    assert run["cadences"]["gemini"]["every"] == 2 and run["cadences"]["layercheck"] is None
+    for row in run["table"]:
         assert row["failures"] == 1 and row["window_s"] == WINDOW
         assert 0 < row["measured_ratio"] < 1 and 0 < row["predicted_ratio"] < 1
         assert math.isfinite(row["relative_error"])
@@ -43,10 +48,15 @@ def test_a_short_validation_gives_a_sane_table(calibrated_tiny, tmp_path, capsys
         assert parts <= WINDOW + 0.5  # the rest: job switches, a step cut by the window
         assert row["measured_recovery_s"] > 1  # a new process importing torch
         assert row["strategy"] in printed
-    measured = doc["measured"]
+    for summary in doc["table"]:  # one repeat: its median is its row
+        row = next(r for r in run["table"] if r["strategy"] == summary["strategy"])
+        assert summary["relative_error"] == summary["relative_error_min"] == \
+            summary["relative_error_max"] == row["relative_error"]
+    measured = run["measured"]
     assert measured["deepspeed"]["checkpoint_stall_s"] > 0  # saves every 2 steps
     assert measured["layercheck"]["tracking_s"] > 0
-    assert doc["predicted"]["layercheck"]["failures"] == 1
+    assert measured["lowdiff"]["tracking_s"] > 0            # its compression, every step
+    assert run["predicted"]["layercheck"]["failures"] == 1
 
 
 def test_failure_times_are_seeded_and_inside_the_window():
@@ -58,9 +68,13 @@ def test_failure_times_are_seeded_and_inside_the_window():
 
 @pytest.mark.parametrize("fields, words", [
     ({"window_s": 0}, "window_s=0"),
-    ({"strategies": ("gemini",)}, "choose from deepspeed, checkfreq, layercheck"),
+    ({"strategies": ("none",)}, "choose from deepspeed, checkfreq, gemini, lowdiff, layercheck"),
     ({"failures_s": (5.0, 3.0)}, "strictly increasing"),
-    ({"failures_s": (700.0,)}, "not inside the 600.0 s window"),
+    ({"failures_s": (700.0,), "window_s": 600}, "not inside the 600 s window"),
+    ({"window_s": 60, "mtbf_s": 20}, "expects 3.0 failures; a validation needs at least 5 per "
+     "run: use --mtbf 12 or less"),
+    ({"failures_s": (1.0, 2.0)}, "has 2 failure"),
+    ({"repeats": 0}, "repeats=0"),
     ({"interval": 0}, "interval=0"),
 ])
 def test_bad_settings_say_the_fix(fields, words):
@@ -73,8 +87,9 @@ def test_bad_settings_say_the_fix(fields, words):
     (["validate", "--trace", "traces/qwen2.5-7b-synthetic"], "has no capture settings"),
     (["validate", "--trace", "traces/minilm-zero3-200steps"], "a DeepSpeed capture"),
     (["validate", "--trace", "traces/minilm-1000steps", "--window", "soon"], "not a duration"),
-    (["validate", "--trace", "traces/minilm-1000steps", "--strategies", "lowdiff"],
+    (["validate", "--trace", "traces/minilm-1000steps", "--strategies", "lowdif"],
      "choose from"),
+    (["validate", "--trace", "traces/minilm-1000steps", "--mtbf", "100"], "expects 1.2 failures"),
     (["validate", "--trace", "traces/minilm-1000steps", "--failures", "/no/such.csv"],
      "cannot read"),
 ])
@@ -97,12 +112,62 @@ def test_the_prediction_counts_stale_time_as_the_ledger_does():
 
     from layercheck.calibration import Figure
     from layercheck.trace import read_trace
-    from profiler.validate import _predict
+    from profiler.validate import FailureLog, _predict, _scenario
 
     trace = read_trace(ROOT / "traces/minilm-200steps")
     record = Figure(value=0.3, low=0.1, high=0.5, source="measured", method="a test's")
     calibration = dataclasses.replace(trace.costs,
                                       figures={**trace.costs.figures, "stale_cost": record})
-    config = ValidationConfig(window_s=120.0, failures_s=(30.0, 70.0), strategies=("layercheck",))
-    row = _predict(trace, calibration, (30.0, 70.0), 10, config)["layercheck"]
+    scenario = _scenario(trace, calibration, FailureLog(0, (30.0, 70.0)), 10)
+    row = _predict(scenario, 120.0, ["layercheck"])["layercheck"]
     assert row["stale_s"] > 0 and row["stale_lost_s"] == row["stale_s"]
+
+
+def test_every_repeat_draws_its_own_log_with_the_fewest_failures_required():
+    config = ValidationConfig(window_s=90.0, mtbf_s=15.0, seed=4, repeats=3, min_failures=5)
+    logs = failure_logs(config)
+    assert logs == failure_logs(config)                    # seeded
+    assert [log.repeat for log in logs] == [0, 1, 2]
+    assert len({log.seed for log in logs}) == 3            # seed + r, redrawn + repeats
+    for log in logs:
+        assert len(log.times) >= 5
+        assert log.seed % 3 == (4 + log.repeat) % 3 and log.seed >= 4 + log.repeat
+        assert log.times == failure_times(mtbf_s=15.0, window_s=90.0, seed=log.seed)
+        # every draw it passed over had fewer than 5
+        for attempt in range(log.redraws):
+            skipped = failure_times(mtbf_s=15.0, window_s=90.0, seed=4 + log.repeat + 3 * attempt)
+            assert len(skipped) < 5
+    assert any(log.redraws for log in failure_logs(
+        ValidationConfig(window_s=75.0, mtbf_s=15.0, repeats=6)))  # redrawing happens
+    given = failure_logs(ValidationConfig(failures_s=(1.0, 2.0), min_failures=2, repeats=2))
+    assert [log.times for log in given] == [(1.0, 2.0)] * 2 and given[0].seed is None
+
+
+def test_the_summary_is_the_median_of_the_repeats_with_their_spread():
+    def row(strategy, error, measured):
+        return {"strategy": strategy, "relative_error": error, "measured_ratio": measured,
+                "failures": 5, "window_s": 90.0}
+    runs = [{"table": [row("deepspeed", 0.04, 0.5), row("gemini", -0.01, 0.7)]},
+            {"table": [row("deepspeed", -0.02, 0.6), row("gemini", 0.03, 0.8)]},
+            {"table": [row("deepspeed", 0.01, 0.4), row("gemini", 0.02, 0.9)]}]
+    table = summarise(runs, ["deepspeed", "gemini"])
+    assert [t["strategy"] for t in table] == ["deepspeed", "gemini"]
+    ds = table[0]
+    assert ds["repeats"] == 3 and ds["relative_error"] == 0.01
+    assert (ds["relative_error_min"], ds["relative_error_max"]) == (-0.02, 0.04)
+    assert ds["measured_ratio"] == 0.5 and ds["failures"] == [5, 5, 5]
+    assert table[1]["relative_error"] == 0.02
+
+
+def test_the_printed_table_has_every_repeat_and_the_summary():
+    row = {"strategy": "lowdiff", "measured_ratio": 0.5, "predicted_ratio": 0.52,
+           "relative_error": 0.04, "failures": 6, "pace": 1.0, "predicted_at_pace": 0.51,
+           "relative_error_at_pace": 0.02}
+    doc = {"repeats": 2, "window_s": 90.0,
+           "runs": [{"repeat": 0, "seed": 0, "failures_s": [3.0], "table": [row]},
+                    {"repeat": 1, "seed": 1, "failures_s": [4.5], "table": [row]}],
+           "table": [{**row, "relative_error_min": -0.01, "relative_error_max": 0.05,
+                      "failures": [6, 6]}]}
+    text = format_table(doc)
+    assert "repeat 1: seed 0, failures at 3 s" in text and "repeat 2: seed 1" in text
+    assert "median over 2 repeat(s)" in text and "[ -1.00%,  +5.00%]" in text

@@ -248,3 +248,25 @@ def test_the_ranking_note_says_when_the_first_strategy_depends_on_phi():
     two = pd.concat([df.assign(mtbf_s=600.0),
                      df.assign(mtbf_s=3600.0, ratio_at_phi_low=[0.80, 0.70, 0.99])])
     assert ranking_notes(two, phi) == ["MTBF 10m: " + ranking_note(df, phi)]
+
+
+def test_a_replay_of_a_log_gets_the_simulators_cadences_and_peer_loss_draws():
+    """What ``python -m profiler validate`` reads to run the same scenario for real: each
+    strategy's cadence, and the draws that decide which failures take GEMINI's peer."""
+    from sim import FailureModel
+    from sim.api import _failure_rows, cadences, primary_loss_draws
+
+    times = (40.0, 95.0, 130.0, 170.0, 230.0)
+    s = Scenario.from_preset("llama-3.2-1b", failures=FailureModel.exact_log(times), interval=6,
+                             seed=7)
+    plans = cadences(s, ["deepspeed", "gemini", "lowdiff", "layercheck"])
+    assert plans["deepspeed"].every == plans["gemini"].every == plans["lowdiff"].every == 6
+    assert plans["layercheck"] is None and plans["gemini"].storage_every >= 6
+    _, uniforms = _failure_rows(s, [None], 1, 300.0)
+    np.testing.assert_array_equal(uniforms[0], primary_loss_draws(7, len(times)))
+    # a peer lost at every failure (probability 1) or never (0): the draws decide in between
+    lost = simulate(dataclasses.replace(s, costs=s.costs.with_overrides(peer_loss_probability=1.0)),
+                    mtbf_s=None, seeds=1, window_s=300.0, strategies=["gemini"]).iloc[0]
+    kept = simulate(dataclasses.replace(s, costs=s.costs.with_overrides(peer_loss_probability=0.0)),
+                    mtbf_s=None, seeds=1, window_s=300.0, strategies=["gemini"]).iloc[0]
+    assert lost.effective_ratio < kept.effective_ratio
