@@ -227,7 +227,7 @@ def _node_failures(args, kind: str) -> NodeFailures:
     if args.log_once:
         raise SimError("--log-once plays a job's log as written; a record of nodes replays "
                        "from a random start each seed: drop --log-once")
-    domains = tuple(_domain(text) for text in args.domain)
+    domains = tuple(Domain.parse(text) for text in args.domain)
     if kind == "log":
         if not args.failure_log:
             raise SimError("--failures log with --nodes needs --failure-log RECORD (lanl "
@@ -249,21 +249,6 @@ def _node_failures(args, kind: str) -> NodeFailures:
     return NodeFailures(nodes=args.nodes, node_law=FailureModel(
         kind=kind, shape=args.shape if kind == "weibull" else 1.0),
         node_mtbf_s=parse_duration(args.node_mtbf, what="--node-mtbf"), domains=domains)
-
-
-def _domain(text: str) -> Domain:
-    """--domain KIND:SIZE:MTBF."""
-    kind, size, mtbf = text.split(":") if text.count(":") == 2 else ("", "", "")
-    try:
-        count = int(size)
-    except ValueError:
-        raise SimError(f"--domain {text!r}: give KIND:SIZE:MTBF, e.g. rack:32:3000d (kind rack or "
-                       "switch, SIZE nodes it takes, MTBF of one instance)") from None
-    try:
-        return Domain(name=kind, size=count, mtbf_s=parse_duration(mtbf, what="MTBF"),
-                      source=f"given: --domain {text}")
-    except SimError as exc:
-        raise SimError(f"--domain {text!r}: {exc}") from None
 
 
 def _stale_cost(args) -> float | None:

@@ -183,7 +183,8 @@ def _fmt(value: Any) -> str:
 
 
 def fit_record(record: NodeRecord | InterruptionRecord, *, window_s: float = 0.0) -> RecordFit:
-    """Fit a record (see the module)."""
+    """Fit a record (see the module); a sample with fewer than ``MIN_GAPS`` gaps is left out
+    (a record of few failures may have a system fit and no node one)."""
     if isinstance(record, InterruptionRecord):
         return _fit_interruptions(record)
     t, node = record.times_s, record.node
@@ -206,7 +207,11 @@ def fit_record(record: NodeRecord | InterruptionRecord, *, window_s: float = 0.0
     # the node's shape from the gaps between one node's own failures, pooled (a node's
     # time before its first and after its last failure is censored and left out; so
     # is a node failing twice in one recorded minute)
-    fits = {"system": fit_gaps(np.diff(instants)), "node gaps": fit_gaps(node_gaps[node_gaps > 0])}
+    samples = {"system": np.diff(instants), "node gaps": node_gaps[node_gaps > 0]}
+    fits = {name: fit_gaps(x) for name, x in samples.items() if x.size >= MIN_GAPS}
+    if not fits:
+        raise SimError(f"record {record.name}: {instants.size - 1} gaps between its failures are "
+                       f"too few to fit (at least {MIN_GAPS})")
     return RecordFit(record=record.name, attribution=record.attribution, summary=summary,
                      fits=fits, extra={"cofailures": cofailures(record, window_s)})
 

@@ -33,7 +33,7 @@ from scipy.special import gammaln
 from .errors import SimError
 from .failures import MAX_RUN_FAILURES, FailureModel, weibull_from_exponential
 from .records import NodeRecord
-from .units import format_duration
+from .units import format_duration, parse_duration
 
 __all__ = ["DOMAINS", "Domain", "FailureEvents", "NodeFailures", "BLOCK", "MAX_NODES"]
 
@@ -118,6 +118,19 @@ class Domain:
                            "(a single node's failures are the node law's)")
         if not (isinstance(self.mtbf_s, (int, float)) and math.isfinite(self.mtbf_s) and self.mtbf_s > 0):
             raise SimError(f"{self.name} mtbf={self.mtbf_s!r} must be a positive duration, e.g. 5000d")
+
+    @classmethod
+    def parse(cls, text: str) -> "Domain":
+        """``KIND:SIZE:MTBF`` (the command line's ``--domain``), e.g. ``rack:32:3000d``."""
+        kind, size, mtbf = text.split(":") if text.count(":") == 2 else ("", "", "")
+        try:
+            return cls(name=kind, size=int(size), mtbf_s=parse_duration(mtbf, what="MTBF"),
+                       source=f"given: --domain {text}")
+        except ValueError as exc:        # SimError is one; int() of a bad size the other
+            detail = str(exc) if isinstance(exc, SimError) else (
+                "give KIND:SIZE:MTBF, e.g. rack:32:3000d (kind rack or switch, SIZE nodes it "
+                "takes, MTBF of one instance)")
+            raise SimError(f"--domain {text!r}: {detail}") from None
 
     def instances(self, nodes: int) -> int:
         """Instances a job of ``nodes`` packed nodes spans."""

@@ -155,7 +155,13 @@ def _lanl_frame(path: Path) -> pd.DataFrame:
         frame = pd.read_csv(path, usecols=list(_LANL_COLUMNS))
     except (OSError, ValueError, EOFError) as exc:
         raise SimError(f"LANL record {path}: cannot read it ({exc})") from None
+    # a value that is not a number or a date is missing (NaN/NaT), which the readers refuse
+    for column in ("System", "nodes", "nodenumz"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
     frame["start"] = pd.to_datetime(frame["Prob Started"], format="%m/%d/%Y %H:%M", errors="coerce")
+    frame = frame[frame["System"].notna()]
+    if frame.empty:
+        raise SimError(f"LANL record {path}: no row names its system")
     return frame
 
 
@@ -181,7 +187,8 @@ def read_lanl(path: str | Path = "lanl", *, system: int) -> NodeRecord:
     rows = frame[frame["System"] == system]
     if rows.empty:
         raise SimError(f"LANL system {system!r} is not in the record: {_systems_text(record_path(path))}")
-    if rows["nodes"].isna().any() or rows["nodenumz"].isna().any() or rows["start"].isna().any():
+    numbers = rows[["nodes", "nodenumz"]]
+    if numbers.isna().any().any() or rows["start"].isna().any() or (numbers % 1 != 0).any().any():
         raise SimError(f"LANL system {system} lacks node counts, node numbers or start times "
                        "in the release: choose another --system")
     seconds = (rows["start"] - rows["start"].min()).dt.total_seconds().to_numpy()
@@ -196,7 +203,10 @@ def read_philly(path: str | Path = "philly") -> InterruptionRecord:
         frame = pd.read_csv(path, usecols=list(_PHILLY_COLUMNS))
     except (OSError, ValueError) as exc:
         raise SimError(f"Philly record {path}: cannot read it ({exc})") from None
-    if frame.isna().any().any() or (frame["attempt_len_s"] <= 0).any():
+    for column in _PHILLY_COLUMNS[1:]:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    if frame.empty or frame.isna().any().any() or (frame["attempt_len_s"] <= 0).any() \
+            or (frame["num_gpus"] % 1 != 0).any():
         raise SimError(f"Philly record {path}: every row needs a positive attempt_len_s, a "
                        "num_gpus and a restart_gap_s")
     return InterruptionRecord(name="Microsoft Philly 2017 interruptions",

@@ -43,6 +43,7 @@ from .recovery import GPUS_PER_NODE, RecoveryModel
 from .storage import AGGREGATE_SOURCE, SharedStorage, contended
 from .strategies import get_strategy
 from .timeline import Timeline
+from .work import bound_work
 
 __all__ = ["ScaleModel", "scale_costs", "simulate_scale", "scale_curve", "SCALE_COLUMNS",
            "LLAMA3_NODE_MTBF_S", "gpu_steps", "shares", "WHERE"]
@@ -186,6 +187,8 @@ def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: i
     job = dataclasses.replace(scenario, costs=costs)
     names = _check_strategies(job, strategies)
     failures = model.failures(nodes)
+    bound_work(failures, [None], seeds=int(seeds), window_s=window, strategies=len(names) + 1,
+               engine="fast", mean_step_s=float(job.workload.compute_s.mean()))
     mtbf = failures.job_mtbf_s()
     placement = ReplicaPlacement(nodes=nodes, rack_nodes=min(model.rack_nodes(), nodes),
                                  kind=model.placement)

@@ -14,6 +14,7 @@ from layercheck.trace import read_trace
 from .api import PRESETS, Scenario
 from .costs import CostModel
 from .errors import SimError
+from .nodes import Domain
 from .peers import PLACEMENTS
 from .presets import DEFAULT_PRESET
 from .recovery import NO_SPARE, RECOVERY_FIGURES, RecoveryModel
@@ -111,8 +112,7 @@ def _model(args) -> ScaleModel:
         changes["comm_init_per_doubling_s"] = parse_duration(
             args.comm_init_per_doubling, what="--comm-init-per-doubling", allow_zero=True)
     recovery = RecoveryModel(spares=args.spares, no_spare=args.no_spare, **changes)
-    from .cli import _domain     # one parser for --domain (sim.cli imports this module)
-    domains = tuple(_domain(text) for text in args.domain)
+    domains = tuple(Domain.parse(text) for text in args.domain)
     node = parse_duration(args.node_mtbf, what="--node-mtbf") if args.node_mtbf else LLAMA3_NODE_MTBF_S
     return ScaleModel(node_mtbf_s=node, node_shape=args.node_shape, domains=domains,
                       recovery=recovery, aggregate_gbps=args.aggregate_gbps,

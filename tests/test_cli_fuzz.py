@@ -343,6 +343,48 @@ def test_sim_sweep_malformed(option):
                                    "--out", out, *option])
 
 
+LANL_HEADER = (b"System,machine type,nodes,procstot,procsinnode,nodenum,nodenumz,node install,"
+               b"node prod,node decom,fru type,mem,cputype,memtype,num intercon,purpose,"
+               b"Prob Started,Prob Fixed,Down Time,Facilities,Hardware,Human Error,Network,"
+               b"Undetermined,Software,Same Event\n")
+PHILLY_HEADER = (b"job_id,num_gpus,attempt_idx,attempt_start,attempt_end,next_start,"
+                 b"restart_gap_s,attempt_len_s\n")
+# a record whose header is right and whose rows are garbage (or a half-right row)
+record_file = st.tuples(st.sampled_from([LANL_HEADER, PHILLY_HEADER, b"node,time\n", b""]),
+                        st.one_of(garbage, st.sampled_from([
+                            b"18,cluster,x,4,4,0,0,a,b,c,d,e,f,g,h,i,6/21/2005 10:54,,6,,,,,,,No\n",
+                            b"18,cluster,1024,4,4,0,y,a,b,c,d,e,f,g,h,i,6/21/2005 10:54,,6,,,,,,,No\n",
+                            b"a,4,0,s,e,n,7,-1\n", b"-1,1h\n0,2h\n", b"0,1h\n0,1h\n"]))
+                        ).map(lambda parts: _garbage_file(parts[0] + parts[1], "record.csv"))
+NODES_BASE = ["--seeds", "1", "--window", "6h", "--preset", "llama-3.2-1b"]
+
+
+@given(option=st.one_of(
+    st.tuples(st.just("--nodes"), bad_count | st.sampled_from(["0", "2000000"])),
+    st.tuples(st.just("--node-mtbf"), bad_duration),
+    st.tuples(st.just("--domain"), st.one_of(text, st.tuples(
+        st.sampled_from(["rack", "switch", "pdu", ""]), bad_count | st.just("1"), bad_duration
+    ).map(":".join))),
+    st.tuples(st.just("--failure-log"), record_file),
+))
+@FUZZ
+def test_sim_nodes_malformed(option):
+    from sim.cli import main
+    flag, value = option
+    good = {"--nodes": ["--nodes", "8"], "--node-mtbf": ["--node-mtbf", "1h"]}
+    if flag == "--failure-log":
+        good.pop("--node-mtbf")
+    good.pop(flag, None)
+    _assert_one_line_exit_2(main, ["run", *NODES_BASE, *sum(good.values(), []), flag, value])
+
+
+@given(record=st.one_of(record_file, missing_path), system=st.sampled_from([[], ["--system", "18"]]))
+@FUZZ
+def test_sim_fit_failures_malformed(record, system):
+    from sim.cli import main
+    _assert_one_line_exit_2(main, ["fit-failures", record, *system])
+
+
 # -- profiler ---------------------------------------------------------------------
 def _profiler_main():
     from profiler.cli import main

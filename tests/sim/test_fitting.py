@@ -101,3 +101,14 @@ def test_philly_fit_by_job_size():
 def test_bad_gaps(gaps, match):
     with pytest.raises(SimError, match=match):
         fit_gaps(gaps)
+
+
+def test_a_small_record_fits_what_it_can(tmp_path):
+    """12 failures on 12 nodes: the system's 11 gaps fit, no node failed twice."""
+    record = NodeRecord(name="small", nodes=12, times_s=np.cumsum(np.arange(1.0, 13.0)) * 60,
+                        node=np.arange(12), span_s=1e5, attribution="test")
+    assert set(fit_record(record).fits) == {"system"}
+    few = NodeRecord(name="few", nodes=3, times_s=[0.0, 60.0, 300.0], node=[0, 1, 2], span_s=1e3,
+                     attribution="test")
+    with pytest.raises(SimError, match="too few"):
+        fit_record(few)

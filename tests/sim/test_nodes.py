@@ -152,3 +152,13 @@ def test_a_draw_stops_at_its_limit():
     model = NodeFailures(nodes=1000, node_mtbf_s=HOUR)
     with pytest.raises(SimError, match="more than 5,000 failures"):
         model.draw(np.random.default_rng(0), 100 * HOUR, limit=5_000)
+
+
+def test_a_domain_from_the_command_line():
+    rack = Domain.parse("rack:32:3000d")
+    assert (rack.name, rack.size, rack.mtbf_s) == ("rack", 32, 3000 * 86400.0)
+    assert rack.source == "given: --domain rack:32:3000d" and rack.instances(100) == 4
+    for text, match in (("rack:x:1d", "KIND:SIZE:MTBF"), ("rack:4", "KIND:SIZE:MTBF"),
+                        ("pdu:4:1d", "rack, switch"), ("switch:4:soon", "MTBF")):
+        with pytest.raises(SimError, match=f"--domain '{text}': .*{match}"):
+            Domain.parse(text)

@@ -55,6 +55,8 @@ def test_json_and_csv_carry_the_rows():
     (["--gpus", "8", "--spares", "-1"], "spares"),
     (["--gpus", "8", "--node-mtbf", "soon"], "--node-mtbf"),
     (["--gpus", "8", "--aggregate-gbps", "0"], "positive bandwidth"),
+    (["--gpus", "8000000", "--node-mtbf", "1e9h", "--seeds", "100"], "random streams"),
+    (["--gpus", "64", "--node-mtbf", "0.01s"], "failures per run"),
 ])
 def test_bad_input_is_one_line_that_says_the_fix(argv, fix):
     code, out, err = _main(*FAST, *argv)
