@@ -185,7 +185,7 @@ def resolve_kernel(kernel: str | None, *, turns: int | None = None) -> str:
         except ImportError:
             _KERNEL = False
     if _KERNEL is False and kernel == "compiled":
-        raise SimError("the compiled engine loop needs numba: pip install 'layercheck[fast]', "
+        raise SimError("the compiled engine loop needs numba: pip install 'layercheck[sim-fast]', "
                        "or use kernel='numpy' (LAYERCHECK_SIM_KERNEL=numpy)")
     return "compiled" if _KERNEL else "numpy"
 

@@ -16,9 +16,9 @@ Where the pieces run:
   (``dask[distributed]``, the optional extra ``layercheck[distributed]``; each
   worker needs this package installed). The timelines go to every worker once.
 - otherwise a local process pool (``concurrent.futures``) of ``workers``
-  processes (default: the CPUs this process may use), when the grid has at
-  least ``POOL_MIN_WORK`` lane-segments; a smaller one runs in this process,
-  where starting processes would cost more than it saves.
+  processes (default: the CPUs this process may use) when ``workers`` is given
+  or the grid has at least ``POOL_MIN_WORK`` lane-segments; a smaller one runs in
+  this process, where starting processes would cost more than it saves.
 """
 from __future__ import annotations
 
@@ -38,9 +38,13 @@ from .timeline import Timeline
 __all__ = ["run_grid", "SCHEDULER_ENV", "POOL_MIN_WORK", "PIECES_PER_WORKER"]
 
 SCHEDULER_ENV = "LAYERCHECK_SIM_SCHEDULER"
-POOL_MIN_WORK = 2_000_000
+POOL_MIN_WORK = 50_000_000
 """Lane-segments (a lane's failures + 1, summed) below which a grid runs in this
-process: about 0.1 s of the compiled loop, under what starting a pool costs."""
+process unless ``workers`` is given: about 3 s of the compiled loop on one core. A
+pool costs about 0.3 s to fork and close, and on a shared machine its workers
+compete with the load for the same cores: the issue's sweep (19.4 M) took 4.9 s in
+one process and 6.7 s on a pool of 2 at load average 10 (docs/benchmarks-sim.md), so
+only grids that can save seconds go to a pool by default."""
 PIECES_PER_WORKER = 4
 """Pieces per worker, so that a worker held up by other load leaves work to the rest."""
 CONNECT_TIMEOUT_S = 10.0
@@ -57,21 +61,32 @@ def run_grid(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequ
     strategy, row = np.asarray(strategy, dtype=np.int64), np.asarray(row, dtype=np.int64)
     counts = np.array([len(f) for f in failures], dtype=np.int64)
     kernel = resolve_kernel(kernel, turns=int(counts[row].max()) + 1 if len(row) else 0)
-    workers = _workers(workers)
+    given, workers = workers, _workers(workers)
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
     if scheduler is not None:
         return _on_dask(scheduler, timelines, strategy, failures, row, uniforms, window_s, kernel)
     work = int((counts[row] + 1).sum())
-    if workers == 1 or work < POOL_MIN_WORK or len(row) < 2:
+    if workers == 1 or (given is None and work < POOL_MIN_WORK) or len(row) < 2:
         return run_lanes(timelines, strategy, failures, row, uniforms, window_s, kernel=kernel)
     pieces = _pieces(row, counts, workers * PIECES_PER_WORKER)
     if kernel == "compiled":
         # compiled (or loaded from numba's cache) once here, so forked workers inherit it
         run_lanes(timelines, strategy[:0], failures, row[:0], uniforms, window_s, kernel=kernel)
-    with ProcessPoolExecutor(max_workers=min(workers, len(pieces)), mp_context=_context()) as pool:
-        futures = [pool.submit(_run_piece, timelines, *_piece_args(p, strategy, failures, row,
-                                                                   uniforms), window_s, kernel)
-                   for p in pieces]
+    context = _context()
+    global _INHERITED
+    with ProcessPoolExecutor(max_workers=min(workers, len(pieces)), mp_context=context) as pool:
+        if context.get_start_method() == "fork":
+            # forked workers (started at the first submit) inherit the grid: only each
+            # piece's lane indices are sent, not its timelines and failures
+            _INHERITED = (timelines, strategy, failures, row, uniforms)
+            try:
+                futures = [pool.submit(_run_inherited, p, window_s, kernel) for p in pieces]
+            finally:
+                _INHERITED = None
+        else:
+            futures = [pool.submit(_run_piece, timelines, *_piece_args(p, strategy, failures, row,
+                                                                       uniforms), window_s, kernel)
+                       for p in pieces]
         return _assemble(pieces, [f.result() for f in futures], len(row))
 
 
@@ -106,6 +121,17 @@ def _piece_args(lanes: np.ndarray, strategy, failures, row, uniforms):
 
 def _run_piece(timelines, strategy, failures, row, uniforms, window_s, kernel) -> LaneResults:
     return run_lanes(timelines, strategy, failures, row, uniforms, window_s, kernel=kernel)
+
+
+_INHERITED = None
+"""The grid a pool of forked workers is started with: (timelines, strategy, failures,
+row, uniforms)."""
+
+
+def _run_inherited(lanes: np.ndarray, window_s: float, kernel: str) -> LaneResults:
+    timelines, strategy, failures, row, uniforms = _INHERITED
+    return _run_piece(timelines, *_piece_args(lanes, strategy, failures, row, uniforms),
+                      window_s, kernel)
 
 
 def _assemble(pieces: list[np.ndarray], results: list[LaneResults], n: int) -> LaneResults:

@@ -33,14 +33,23 @@ def test_pieces_cover_every_lane_once_and_keep_rows_whole():
         assert all(a.isdisjoint(b) for i, a in enumerate(owners) for b in owners[i + 1:])
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_a_process_pool_gives_the_numbers_of_one_process(grid, monkeypatch, workers):
-    monkeypatch.setattr(sim.grid, "POOL_MIN_WORK", 0)      # the pool even for this small grid
+@pytest.mark.parametrize("workers,start", [(1, None), (2, "fork"), (3, "fork"), (2, "forkserver")])
+def test_a_process_pool_gives_the_numbers_of_one_process(grid, monkeypatch, workers, start):
+    """Forked workers inherit the grid; others (forkserver: where this process has other
+    threads) are sent their pieces."""
+    import multiprocessing
+    if start:
+        monkeypatch.setattr(sim.grid, "_context", lambda: multiprocessing.get_context(start))
     used = []
     monkeypatch.setattr(sim.grid, "ProcessPoolExecutor",
                         lambda **kw: used.append(kw["max_workers"]) or POOL(**kw))
     _equal(run_grid(*grid, workers=workers), run_lanes(*grid))
-    assert used == ([] if workers == 1 else [workers])
+    assert used == ([] if workers == 1 else [workers])       # a given count: a pool, however small
+    used.clear()
+    monkeypatch.setattr(sim.grid, "POOL_MIN_WORK", 0)       # the default count, for a grid this big
+    _equal(run_grid(*grid), run_lanes(*grid))
+    cpus = sim.grid._workers(None)
+    assert used == ([] if cpus == 1 else [cpus])
 
 
 def test_a_real_dask_cluster_gives_the_numbers_of_one_process(grid):
@@ -89,7 +98,6 @@ from sim.grid import run_grid
 from sim.errors import SimError
 from tests.sim.conftest import sweep_lanes
 grid = sweep_lanes(mtbfs=(15.0,), seeds=2, window=86400.0)           # 5,760 turns: auto would compile
-sim.grid.POOL_MIN_WORK = 0
 res = run_grid(*grid, workers=2)
 np.save(sys.argv[1], np.stack([res.useful_s, res.stale_s, res.events]))
 try:
