@@ -79,6 +79,12 @@ class FailureEvents:
         """The same events with every time multiplied by ``factor``."""
         return FailureEvents(self.times_s * factor, self.nodes_lost, self.domain, self.first_node)
 
+    def before(self, time_s: float) -> "FailureEvents":
+        """The events before ``time_s``."""
+        n = int(np.searchsorted(self.times_s, time_s, side="left"))
+        return FailureEvents(self.times_s[:n], self.nodes_lost[:n], self.domain[:n],
+                             self.first_node[:n])
+
     @classmethod
     def merge(cls, times, nodes_lost, domain, first_node) -> "FailureEvents":
         """Events from several sources in one ascending sequence; events at the same
@@ -246,7 +252,8 @@ class NodeFailures:
         if mtbf_s is not None and not (math.isfinite(mtbf_s) and mtbf_s > 0):
             raise SimError(f"mtbf={mtbf_s!r} must be a positive duration, e.g. 0.5h")
         factor = 1.0 if mtbf_s is None else mtbf_s / self.job_mtbf_s()
-        return self.draw(rng, window_s / factor, limit).scaled(factor)
+        events = self.draw(rng, window_s / factor, limit).scaled(factor)
+        return events.before(window_s)          # a time rounded up to the window's end
 
     def failure_times(self, rng: np.random.Generator, *, mtbf_s: float | None,
                       window_s: float, limit: int = MAX_RUN_FAILURES) -> np.ndarray:

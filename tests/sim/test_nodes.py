@@ -162,3 +162,17 @@ def test_a_domain_from_the_command_line():
                         ("pdu:4:1d", "rack, switch"), ("switch:4:soon", "MTBF")):
         with pytest.raises(SimError, match=f"--domain '{text}': .*{match}"):
             Domain.parse(text)
+
+
+def test_rescaled_events_stay_inside_the_window(monkeypatch):
+    """Scaling to an MTBF can round a time up to the window's end: a failure drawn at the
+    last float before horizon 864,000 s, scaled by 0.1, lands on 86,400 s exactly; the
+    engine needs every time before the window's end."""
+    model = NodeFailures(nodes=10, node_mtbf_s=10 * HOUR)          # job MTBF 1 h
+    last = np.nextafter(864_000.0, 0.0)
+    assert last * 0.1 == 86_400.0
+    one = FailureEvents(np.array([5.0, last]), np.ones(2, np.int64), np.zeros(2, np.int8),
+                        np.zeros(2, np.int64))
+    monkeypatch.setattr(NodeFailures, "draw", lambda self, rng, horizon_s, limit: one)
+    times = model.failure_times(np.random.default_rng(0), mtbf_s=0.1 * HOUR, window_s=86_400.0)
+    np.testing.assert_array_equal(times, [0.5])
