@@ -45,7 +45,8 @@ def calibrate_job(job: Any, trace: Trace | None, *, near: Path,
     """Measure every figure on ``job`` (contract in the module doc). ``trace``: the
     job's trace (rank 0; the others may pass None); ``near``: a folder on the
     storage the checkpoints go to (scratch space is made and removed there)."""
-    from .mechanisms import MECHANISMS, Bench
+    from .mechanisms import MECHANISMS, Bench, check_coverage, check_measured
+    check_coverage(MECHANISMS)      # before minutes of measuring, not after
     repeats = REPEATS if repeats is None else repeats
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ProfilerError(f"repeats={repeats!r}: use an integer >= 1")
@@ -60,7 +61,10 @@ def calibrate_job(job: Any, trace: Trace | None, *, near: Path,
             began = time.perf_counter()
             bench.collective = mechanism.collective
             if mechanism.collective or ranks.is_coordinator:
-                figures.update(mechanism.measure(bench))
+                measured = mechanism.measure(bench)
+                if ranks.is_coordinator:
+                    check_measured(mechanism, measured)
+                figures.update(measured)
             ranks.barrier()
             if ranks.is_coordinator:
                 say(f"calibrated {mechanism.name} in {time.perf_counter() - began:.1f} s: "

@@ -270,7 +270,7 @@ def limit_ratio(scenario: Scenario, mtbf_s: float | np.ndarray) -> float | np.nd
 # ---------------------------------------------------------------------------
 def _check_strategies(scenario: Scenario, strategies: Sequence[str] | None) -> list[str]:
     if strategies is None:
-        return list(scenario.available())
+        return [n for n in scenario.available() if STRATEGIES[n].compared]
     names = [s.strip() for s in (strategies.split(",") if isinstance(strategies, str) else strategies)]
     for name in names:
         get_strategy(name)

@@ -443,6 +443,8 @@ def _cmd_paper(args) -> None:
     result = paper_figure(mtbf_s=parse_duration(args.mtbf, what="--mtbf"), seeds=args.seeds,
                           window_s=parse_duration(args.window, what="--window"), seed=args.seed)
     print(json.dumps(result.to_dict(), indent=2, default=float) if args.json else result.text())
+
+
 def _cmd_fit_failures(args) -> None:
     import json
 

@@ -18,6 +18,11 @@ FORBIDDEN = {
     "dashboard": {"profiler"},                        # torch-free, reads traces and sim
     "profiler": {"dashboard"},
 }
+SCHEMA_READS = {("layercheck.calibration", "sim.strategies")}
+"""The one crossing allowed: the calibration schema is the union of the figures the strategy
+modules declare beside their models (issue 28), read on first use. sim.strategies imports
+only ``layercheck.figure``/``band``/``placement`` of the library, never the calibration,
+so the cycle test below still holds."""
 
 
 def _modules() -> dict[str, Path]:
@@ -59,7 +64,8 @@ def graph() -> dict[str, set[str]]:
 def test_packages_import_one_way(graph):
     wrong = sorted(f"{name} imports {target}" for name, targets in graph.items()
                    for target in targets
-                   if target.split(".")[0] in FORBIDDEN[name.split(".")[0]])
+                   if target.split(".")[0] in FORBIDDEN[name.split(".")[0]]
+                   and (name, target) not in SCHEMA_READS)
     assert not wrong
 
 

@@ -2,31 +2,76 @@
 
 One ``Mechanism`` per strategy's mechanism (``base``): ``Restart`` (all),
 ``FullSave`` (deepspeed), ``TwoPhase`` (checkfreq), ``HostCopy`` and ``PeerCopy`` (gemini),
-``Differential`` (lowdiff), ``LayerWise`` (layercheck). Together they give
-every figure of ``layercheck.calibration.FIGURES``.
+``Differential`` (lowdiff), ``LayerWise`` (layercheck). Each registers the figures
+it measures (``Mechanism.figures``); together they must cover every figure of
+``layercheck.calibration.FIGURES`` that ``python -m profiler calibrate`` measures
+(``FigureSpec.measured_by``), each exactly once: ``check_coverage``, which
+``calibrate`` runs before it times anything. A new strategy's figures therefore
+need a mechanism here, in ``MECHANISMS``.
 """
 from __future__ import annotations
 
+import sys
+from typing import Sequence
+
 from layercheck import recovery, writer
+from layercheck.calibration import FIGURES
+from layercheck.figure import CALIBRATE
 
 from .. import checkpointers
-from . import layerwise, lowdiff, restart, storage
+from ..errors import ProfilerError
 from .base import Bench, Mechanism
+from .jit import JitDetection
 from .layerwise import LayerWise
 from .lowdiff import Differential
 from .peer import PeerCopy
 from .restart import Restart
 from .storage import FullSave, HostCopy, TwoPhase
 
-__all__ = ["MECHANISMS", "INSTALLED_VERSIONS", "Bench", "Mechanism"]
+__all__ = ["MECHANISMS", "INSTALLED_VERSIONS", "Bench", "Mechanism", "check_coverage",
+           "check_measured"]
 
 MECHANISMS: tuple[Mechanism, ...] = (LayerWise(), FullSave(), TwoPhase(), HostCopy(),
-                                     Differential(), PeerCopy(), Restart())
+                                     Differential(), PeerCopy(), JitDetection(), Restart())
 """In the order they run: the collective ones first, then rank 0's, the spawns last."""
 
 INSTALLED_VERSIONS: dict[str, int] = {
     name: version
-    for module in (restart, storage, lowdiff, layerwise, checkpointers, writer, recovery)
-    for name, version in module.MECHANISM_VERSIONS.items()}
+    for module in (*dict.fromkeys(sys.modules[type(m).__module__] for m in MECHANISMS),
+                   checkpointers, writer, recovery)
+    for name, version in getattr(module, "MECHANISM_VERSIONS", {}).items()}
 """Every mechanism's version as its own module declares it: what ``calibrate`` records in
 costs.json (``layercheck.measurement.code_record``)."""
+
+
+def check_coverage(mechanisms: Sequence[Mechanism] = MECHANISMS) -> None:
+    """Refuse (``ProfilerError``, naming what to fix) a set of mechanisms that leaves a
+    figure ``calibrate`` must measure unregistered, registers one twice, or registers a
+    figure nobody declared or one another command measures."""
+    owner: dict[str, str] = {}
+    for mechanism in mechanisms:
+        if not set(mechanism.stated) <= set(mechanism.figures):
+            raise ProfilerError(f"mechanism {mechanism.name!r} states {list(mechanism.stated)} "
+                                f"but registers only {list(mechanism.figures)}: register them")
+        for name in mechanism.figures:
+            if name not in FIGURES:
+                raise ProfilerError(f"mechanism {mechanism.name!r} registers {name!r}, which no "
+                                    "strategy declares (sim.strategies): declare it or drop it")
+            if FIGURES[name].measured_by != CALIBRATE:
+                raise ProfilerError(f"mechanism {mechanism.name!r} registers {name!r}, which "
+                                    f"`{FIGURES[name].measured_by}` measures, not calibrate")
+            if name in owner:
+                raise ProfilerError(f"{name!r} is registered by both {owner[name]!r} and "
+                                    f"{mechanism.name!r}: one mechanism measures each figure")
+            owner[name] = mechanism.name
+    missing = [n for n, spec in FIGURES.items() if spec.measured_by == CALIBRATE and n not in owner]
+    if missing:
+        raise ProfilerError(f"no mechanism measures {missing}: add one to "
+                            "profiler.mechanisms.MECHANISMS that registers them (Mechanism.figures)")
+
+
+def check_measured(mechanism: Mechanism, figures: dict) -> None:
+    """Refuse a measurement that returned other figures than its mechanism registers."""
+    if set(figures) != set(mechanism.figures):
+        raise ProfilerError(f"mechanism {mechanism.name!r} registers {sorted(mechanism.figures)} "
+                            f"but measured {sorted(figures)}: make the two agree")

@@ -11,6 +11,7 @@ model and settings (full, unsharded state), and say so.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import statistics
 import time
@@ -86,10 +87,26 @@ class Bench:
 class Mechanism:
     name = ""
     figures: tuple[str, ...] = ()
+    """Every figure ``measure`` returns: what this mechanism registers (``check_coverage``)."""
+    stated: tuple[str, ...] = ()
+    """Those of ``figures`` one machine cannot measure: ``measure`` reports them as their
+    declared default (``stated_figures``)."""
     collective = False
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         raise NotImplementedError
+
+    def stated_figures(self) -> dict[str, Figure]:
+        """``stated`` as their declarations' defaults (value, source and band), the method
+        saying why they are not measured here."""
+        from layercheck.calibration import FIGURES
+        out = {}
+        for name in self.stated:
+            default = FIGURES[name].default
+            out[name] = dataclasses.replace(default, method=(
+                f"not measurable on one machine ({self.name}): the declared default, "
+                f"{default.method}"))
+        return out
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -6,8 +6,11 @@ import pytest
 from layercheck.calibration import FIGURES, read_calibration
 from profiler.cli import main
 
+from profiler.mechanisms import MECHANISMS
+
 ASSUMED = {"diff_batch"}
 DERIVED = {"load_fixed_s", "peer_loss_probability"}   # peer loss: layercheck.placement
+STATED = {n for m in MECHANISMS for n in m.stated}    # their declared defaults, said so
 
 
 @pytest.fixture
@@ -21,7 +24,8 @@ def test_every_figure_is_there_with_its_source_and_method(calibrated, capsys):
     assert set(costs.figures) == set(FIGURES)
     for name, figure in costs.figures.items():
         expected = ("assumed" if name in ASSUMED else "derived" if name in DERIVED
-                    else "transferred" if name == "stale_cost" else "measured")
+                    else "transferred" if name == "stale_cost"
+                    else FIGURES[name].default.source if name in STATED else "measured")
         assert figure.source == expected, name
         assert len(figure.method) > 40, name
         if FIGURES[name].unit == "GB/s" and figure.source == "measured":

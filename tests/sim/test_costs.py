@@ -91,3 +91,21 @@ def test_every_figure_is_range_checked(field, value, match):
     strategy's 1e300-second commits swamped every other lane's float64 times)."""
     with pytest.raises(SimError, match=match):
         CostModel(**{field: value})
+
+
+def test_a_cost_model_is_a_validated_immutable_mapping_over_the_schema():
+    """Issue 28: one entry per declared figure, read by name or attribute; no field list of
+    its own to drift from the declarations."""
+    import dataclasses
+
+    from sim.strategies import MODULES
+    c = CostModel.paper_a100()
+    assert list(c) == list(FIGURES) == [n for m in MODULES for n in m.FIGURES]
+    assert dict(c)["save_gbps"] == c["save_gbps"] == c.save_gbps == FIGURES["save_gbps"].default.value
+    assert len(c) == len(FIGURES) and "name" not in c
+    with pytest.raises(KeyError):
+        c["restart"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.save_gbps = 2.0
+    with pytest.raises(SimError, match="whole number"):
+        CostModel(diff_batch=2.5)

@@ -1,0 +1,264 @@
+"""Checkpointing strategies as small classes behind one base.
+
+A strategy turns a job (``Workload``), a cost model and a ``Cadence`` into a
+``Schedule``: what checkpointing costs after each step and what a recovery
+costs from each position. The engines (``engine`` fast, ``reference`` SimPy)
+execute schedules; no strategy knows about failures.
+
+Contract of ``Strategy.schedule`` (subclasses override the hooks, called in
+this order):
+
+1. ``_checkpoints(b)`` fills ``b.snap`` (training stalls this long after step
+   i), ``b.persist`` (then the blocking background writer works this long; the
+   step's snapshot first waits until the writer is idle), ``b.commit`` (step i
+   becomes a recovery point once durable: at the end of its persist, or of its
+   snapshot when nothing is persisted) and ``b.bytes``.
+2. ``_backup(b)`` optionally fills ``b.backup``: a second, non-blocking tier
+   (seconds after the snapshot until durable; NaN where none).
+3. ``_recovery(b)`` returns the seconds a recovery takes when resuming at
+   position j = 0..N from the primary tier (and ``_recovery_backup`` from the
+   backup tier).
+
+``Strategy.cadence`` says how often a rollback strategy checkpoints under a
+protocol: ``matched`` (the paper's matched freshness), ``native`` (as its
+authors designed it: the ``_native`` hook) or a fixed interval.
+
+No strategy has a recovery point before its first durable checkpoint:
+position 0 (the job's start) is where a failure before it resumes, and
+resuming there costs only the restart (``restart_s`` builds the model from
+its initial weights; there is no checkpoint to load). Step N is the job's end: the training script's own final save
+commits it, the same for every strategy, so no strategy is charged a
+checkpoint there.
+
+This module holds the base and the figure every strategy uses (``restart_s``)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from layercheck.band import Band
+from layercheck.figure import Figure, FigureSpec
+
+from ..errors import SimError
+from ..theory import daly_interval_s
+
+# ``Workload`` (sim.workload) and ``CostModel`` (sim.costs) appear in annotations only and
+# are not imported: both read the calibration schema, which is the union of this
+# package's declarations, so importing them here would be a cycle.
+
+__all__ = ["Cadence", "Schedule", "Strategy", "PROTOCOLS", "FIGURES", "STRATEGIES"]
+
+FIGURES: dict[str, FigureSpec] = {
+    "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
+                                        "(process start, imports, model built from its initial "
+                                        "weights), after a failure; all a resume at the job's "
+                                        "start costs",
+        band=Band(low=0.5, high=2.0, relative=True, reason=(
+            "one process's restart measured 10.6 and 10.8 s here (minilm-1000steps, "
+            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps; 2026-12-01): ranks nearly "
+            "double it; half to twice")),
+        default=Figure(value=30.0, source="assumed", method=(
+        "relaunching 8 ranks on one server up to a model built from its initial weights "
+        "(process start, CUDA context, NCCL init); the paper's recovery times exclude it"), band=Band(low=10.8, high=120.0, reason=(
+        "low: one CPU process's restart measured here (10.8 s, traces/minilm-200steps "
+        "restart_s, 2026-12-01), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
+        "paper's recovery times exclude the restart)")))),
+}
+"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+
+
+PROTOCOLS = ("matched", "native")
+"""matched: rollback strategies checkpoint every ``round(staleness)`` steps, LayerCheck's
+mean parameter-weighted staleness on the same trace (the paper's comparison); native:
+each strategy as its authors designed it (``Strategy._native``)."""
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cadence:
+    """How often a rollback strategy checkpoints, in steps."""
+
+    every: int
+    """The primary tier (deepspeed, checkfreq: full checkpoints; gemini: in-memory
+    copies; lowdiff: full checkpoints between its per-step differentials)."""
+    storage_every: int | None = None
+    """gemini's storage tier (its last resort)."""
+    batch: int | None = None
+    """lowdiff's differentials per write (None: the cost model's ``diff_batch``)."""
+
+    def __post_init__(self) -> None:
+        for value in (self.every, self.storage_every, self.batch):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < 1):
+                raise SimError(f"a checkpoint interval of {value!r} steps: use a whole number >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """A strategy's costs on one job; arrays have N+1 entries, index i = after step i."""
+
+    strategy: str
+    compute: np.ndarray
+    snap: np.ndarray
+    persist: np.ndarray
+    commit: np.ndarray
+    bytes: np.ndarray
+    recover: np.ndarray
+    backup: np.ndarray | None = None
+    recover_backup: np.ndarray | None = None
+    backup_probability: float = 0.0
+    """Chance that a failure destroys the primary tier, forcing the backup."""
+    stale_last: np.ndarray | None = None
+    """(N+1) x layers: the step whose copy of each layer a recovery at position c loads
+    (LayerCheck's composite); None: a recovery loads a consistent state of step c."""
+    stale_weights: np.ndarray | None = None
+    """Each layer's share of the parameters (weights of ``stale_s``)."""
+    cadence: Cadence | None = None
+
+    @property
+    def steps(self) -> int:
+        return int(self.compute.size - 1)
+
+    def stale_s(self, c: int, j: int) -> float:
+        """Training time whose updates a recovery at position c discards through stale
+        layers, when the run last resumed at j <= c: per layer, the compute of the steps
+        after its copy (or after j, where the restored layers equalled their copies) up to
+        c, weighted by its parameter share. 0 for a consistent recovery point."""
+        if self.stale_last is None or c == 0:
+            return 0.0
+        work = np.cumsum(self.compute)
+        since = np.maximum(self.stale_last[c], min(j, c))
+        return float((work[c] - work[since]) @ self.stale_weights)
+
+
+@dataclass(kw_only=True)
+class _Builder:
+    workload: Workload
+    costs: CostModel
+    cadence: Cadence | None
+    snap: np.ndarray
+    persist: np.ndarray
+    commit: np.ndarray
+    bytes: np.ndarray
+    backup: np.ndarray | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.workload.steps
+
+    @property
+    def full(self) -> float:
+        return float(self.workload.full_bytes)
+
+    def every(self, k: int) -> np.ndarray:
+        """Step numbers k, 2k, ... below N (step N is the job's end)."""
+        return np.arange(k, self.steps, k)
+
+
+class Strategy:
+    """Base class: ``schedule`` checks its inputs, delegates to the hooks, checks the result."""
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    """One line for reports: what the strategy models."""
+    rollback: ClassVar[bool] = False
+    """Whether it checkpoints on a cadence (and so rolls back to its last checkpoint)."""
+    needs_trace: ClassVar[bool] = False
+    compared: ClassVar[bool] = True
+    """Whether a run that names no strategies runs it (the paper's comparison); False: a
+    strategy from elsewhere in the literature, run when named (``--strategies``)."""
+    storage_tier: ClassVar[str | None] = None
+    """The ``Schedule`` array that carries its writes to shared storage ('snap': a
+    synchronous save, 'persist': the background writer, 'backup': a non-blocking tier),
+    which ``sim.storage.contended`` re-times; None: none, or timed by its own writer."""
+
+    # -- cadence -----------------------------------------------------------------
+    def cadence(self, protocol: str, workload: Workload, costs: CostModel, *,
+                mtbf_s: float | None, interval: int | None = None) -> Cadence | None:
+        """How often this strategy checkpoints: every ``interval`` steps when given, else
+        by ``protocol``. None for strategies without a cadence."""
+        if not self.rollback:
+            return None
+        if interval is not None:
+            return self._fixed(int(interval), workload, costs, mtbf_s)
+        if protocol == "matched":
+            if workload.staleness is None:
+                raise SimError("protocol 'matched' needs a trace (LayerCheck's staleness): use a "
+                               "preset or --trace, or --protocol native, or --interval STEPS")
+            return self._fixed(max(1, round(workload.staleness)), workload, costs, mtbf_s)
+        if protocol == "native":
+            return self._native(workload, costs, mtbf_s)
+        raise SimError(f"protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
+
+    def _fixed(self, k: int, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
+        return Cadence(every=k)
+
+    def _native(self, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
+        raise NotImplementedError
+
+    # -- schedule ----------------------------------------------------------------
+    def schedule(self, workload: Workload, costs: CostModel, cadence: Cadence | None = None) -> Schedule:
+        if self.rollback and cadence is None:
+            raise SimError(f"{self.name} checkpoints on a cadence: give one (Strategy.cadence)")
+        if self.needs_trace and not workload.has_trace:
+            raise SimError(f"{self.name} needs a trace of layer writes: use a preset or --trace, "
+                           "or leave it out with --strategies")
+        n = workload.steps
+        b = _Builder(workload=workload, costs=costs, cadence=cadence,
+                     snap=np.zeros(n + 1), persist=np.zeros(n + 1),
+                     commit=np.zeros(n + 1, dtype=bool), bytes=np.zeros(n + 1))
+        self._checkpoints(b)
+        self._backup(b)
+        for array in (b.snap, b.persist, b.commit, b.bytes):
+            array[0] = array[n] = 0
+        if b.backup is not None:
+            b.backup[0] = b.backup[n] = np.nan
+        last, weights = self._stale(b)
+        recover, recover_backup = self._recovery(b), self._recovery_backup(b)
+        for array in (recover, recover_backup):
+            if array is not None:  # the job's start: the restarted process built its initial model
+                array[0] = costs.restart_s
+        return Schedule(strategy=self.name, compute=np.concatenate(([0.0], workload.compute_s)),
+                        snap=b.snap, persist=b.persist, commit=b.commit, bytes=b.bytes,
+                        recover=recover, backup=b.backup, recover_backup=recover_backup,
+                        backup_probability=self._backup_probability(b),
+                        stale_last=last, stale_weights=weights, cadence=cadence)
+
+    # hooks -------------------------------------------------------------------
+    def _checkpoints(self, b: _Builder) -> None:
+        """Fill snap/persist/commit/bytes (see the module contract)."""
+
+    def _backup(self, b: _Builder) -> None:
+        """Optionally fill ``b.backup`` (a non-blocking second tier)."""
+
+    def _recovery(self, b: _Builder) -> np.ndarray:
+        """Seconds to recover when resuming at position j (N+1 entries; position 0, the
+        job's start, costs the restart alone whatever this returns). Default: restart,
+        then load a full checkpoint."""
+        return np.full(b.steps + 1, b.costs.restart_s + b.costs.load_s(b.full))
+
+    def _recovery_backup(self, b: _Builder) -> np.ndarray | None:
+        return None
+
+    def _backup_probability(self, b: _Builder) -> float:
+        return 0.0
+
+    def _stale(self, b: _Builder) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """A recovery point's stale layers (LayerCheck's composite); none by default."""
+        return None, None
+
+
+def _daly_steps(checkpoint_s: float, workload: Workload, mtbf_s: float | None) -> int:
+    """Daly's optimal interval for a checkpoint taking ``checkpoint_s``, in steps."""
+    if mtbf_s is None:
+        raise SimError("a native cadence needs an MTBF (or a failure log)")
+    step_s = float(workload.compute_s.mean())
+    tau = daly_interval_s(checkpoint_s, mtbf_s)
+    return max(1, min(workload.steps, math.floor(tau / step_s + 0.5)))
+
+
+STRATEGIES: tuple = ()
+"""The base models no strategy of its own."""
