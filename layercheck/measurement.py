@@ -34,6 +34,7 @@ MECHANISM_VERSIONS: dict[str, int] = {
     "checkfreq checkpointer": 1,   # profiler/checkpointers.py (TwoPhaseCheckpointer)
     "layercheck writer": 1,        # layercheck/writer.py (the background writer)
     "layercheck restore": 1,       # layercheck/recovery.py (restore's plan and load)
+    "jit detection": 1,            # profiler/mechanisms/jit.py (JitDetection)
 }
 """The installed library's version of each mechanism (bump rules in the module doc)."""
 
@@ -60,6 +61,9 @@ MEASURED_BY: dict[str, tuple[str, ...]] = {
     "lc_commit_s": _LC_WRITE,
     "lc_load_fixed_s": _LC_LOAD,
     "lc_load_gbps": _LC_LOAD,
+    "jit_detect_s": ("jit detection",),
+    "jit_replica_loss_probability": ("jit detection",),
+    "jit_overhead_fraction": ("jit detection",),
 }
 """Figure -> the mechanisms whose code measures it (stale_cost is measured by
 ``python -m profiler staleness``, a study, not a mechanism: it has no entry)."""

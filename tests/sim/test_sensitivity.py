@@ -60,7 +60,9 @@ def test_a_measured_figure_has_no_band_and_an_interval_is_its_band():
     assert (band_of("stale_cost", point).low, band_of("stale_cost", point).high) == (0.0, 1.0)
     minilm = Scenario.from_trace(__import__("layercheck.trace", fromlist=["read_trace"]).read_trace(
         ROOT / "traces" / "minilm-200steps")).costs
-    assert minilm.band("save_gbps") is None and minilm.band("peer_gbps") is not None
+    # measured on the capture: no band; assumed there (LowDiff's batch size): its band
+    assert minilm.band("save_gbps") is None and minilm.band("peer_gbps") is None
+    assert minilm.band("diff_batch") is not None
 
 
 def test_a_band_states_its_reason_and_holds_the_value():
@@ -116,10 +118,11 @@ def test_measured_and_given_figures_are_not_varied():
     from layercheck.trace import read_trace
     scenario = Scenario.from_trace(read_trace(ROOT / "traces" / "minilm-200steps"), stale_cost=0.5)
     result = sensitivity(scenario, mtbf_s=3600.0, seeds=1, window_s=0.5 * DAY,
-                         figures=["save_gbps", "peer_gbps", "stale_cost"])
-    assert [r["figure"] for r in result.rows] == ["peer_gbps"]
+                         figures=["save_gbps", "peer_gbps", "diff_batch", "stale_cost"])
+    assert [r["figure"] for r in result.rows] == ["diff_batch"]
     why = {u["figure"]: u["why"] for u in result.unvaried}
-    assert why == {"save_gbps": "measured here", "stale_cost": "given for this run (--stale-cost)"}
+    assert why == {"save_gbps": "measured here", "peer_gbps": "measured here",
+                   "stale_cost": "given for this run (--stale-cost)"}
 
 
 def test_the_work_bound_covers_every_run_before_the_first():
