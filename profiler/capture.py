@@ -40,6 +40,7 @@ import numpy as np
 from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
 
 from .config import CaptureConfig, ZeroConfig
+from .contention import ContentionMeter, Lap, summarize as summarize_contention, warning
 from .job import Job, PhaseTimes
 from .jobs import open_job
 from .machine import describe_machine
@@ -82,6 +83,8 @@ class _Run:
     pruned: int
     metric: float
     restore: dict[str, Any]
+    laps: list[Lap]
+    """Per step: wall, machine-busy and this rank's CPU seconds (``profiler.contention``)."""
 
 
 def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
@@ -121,6 +124,9 @@ def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
     _clear(out)
     write_trace(trace, out)
     summary = summarize(trace)
+    said = warning(trace.manifest["machine"].get("contention"), f"capture of {out}")
+    if said:
+        say(f"warning: {said}")
     if costs is not None:
         from layercheck.calibration import write_calibration
         write_calibration(costs, out)
@@ -143,6 +149,8 @@ def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run
         bar = tqdm(total=config.steps, desc=f"capture {label}", unit="step",
                    disable=not progress, mininterval=2.0, file=sys.stderr)
         position = 0
+        meter, laps = ContentionMeter(), []
+        meter.start()
         for _ in range(config.steps):
             share, times = job.step(position)
             position += config.batch_size
@@ -151,6 +159,7 @@ def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run
             t0 = time.perf_counter()
             report = lc.step(extra={"position": position})
             steps.append(_Step(times, share, report, before, hook_s, time.perf_counter() - t0))
+            laps.append(meter.lap())
             writes.extend(_rows(lc.drain_writes()))
             bar.update(1)
             bar.set_postfix(loss=f"{share:.3f}", refresh=False)
@@ -164,7 +173,7 @@ def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run
         lc.close()
     metric = job.evaluate()
     return _Run(steps, writes, layers, lc_dict, lc.writer.bytes_dropped, metric,
-                _measure_restore(job, ckpt_dir))
+                _measure_restore(job, ckpt_dir), laps)
 
 
 def _rows(records: list[Any]) -> list[list[Any]]:
@@ -187,6 +196,7 @@ def _gather_trace(job: Job, run: _Run, name: str, machine: dict[str, Any],
                   argv: list[str] | None) -> Trace | None:
     """A collective: every rank sends its part; rank 0 returns the trace."""
     losses = job.ranks.all_reduce_sum([s.share for s in run.steps])
+    job_cpu = job.ranks.all_reduce_sum([lap.own_s for lap in run.laps])
     step_s = [s.times.compute_s + s.lc_s for s in run.steps]
     parts = job.ranks.gather({"writes": run.writes, "restore": run.restore,
                               "median_step_s": float(np.median(step_s))})
@@ -197,7 +207,9 @@ def _gather_trace(job: Job, run: _Run, name: str, machine: dict[str, Any],
         recorder.step(s.times, loss, s.report, s.before, drift_in_optimizer_s=s.hook_s)
     recorder.writes(_merge_writes([p["writes"] for p in parts]))
     recorder.restore(_merge_restores([p["restore"] for p in parts]))
-    return _trace(job, recorder, run, name, machine, argv,
+    # rank 0's view of the machine against every rank's own CPU: the other processes
+    contention = summarize_contention(run.laps, job_cpu)
+    return _trace(job, recorder, run, name, {**machine, "contention": contention}, argv,
                   [p["median_step_s"] for p in parts])
 
 

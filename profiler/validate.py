@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from typing import Any, Callable
 from layercheck.trace import Trace, read_trace
 
 from .config import CaptureConfig, ValidationConfig
+from .contention import warning
 from .errors import ProfilerError
 
 __all__ = ["validate", "ValidationResult", "failure_times", "default_interval", "failure_logs", "summarise",
@@ -76,6 +78,11 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
     """Run the validation of the module doc on the trace at ``trace_dir``."""
     from layercheck.calibration import CalibrationError, read_calibration
     trace = _plain_capture(trace_dir)
+    # a capture that shared the machine gives the predicted side step times that are
+    # not the job's: the comparison would measure the other job, so say it first
+    said = warning(trace.manifest["machine"].get("contention"), f"the capture of {trace_dir}")
+    if said:  # a warning, so shown even when progress is quiet
+        print(f"warning: {said}; the predictions replay those step times", file=sys.stderr)
     try:
         calibration = read_calibration(trace_dir)
     except CalibrationError as exc:
@@ -283,7 +290,9 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
             "mtbf_s": None if given else config.mtbf_s, "seed": None if given else config.seed,
             "interval": interval, "costs": calibration.name,
             "command": "python -m profiler " + " ".join(argv) if argv else None,
-            "load_average": load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_average": load,
+            "capture_contention": trace.manifest["machine"].get("contention"),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "table": summarise(runs, config.strategies), "runs": runs,
             "method": ("measured: real runs of the trace's job killed with SIGKILL (with their "
                        "process groups) at the failure times and restarted, at the cadence the "

@@ -33,6 +33,30 @@ def test_manifest_describes_model_config_and_machine(tiny_capture):
     assert m["sources"]["capture"]["threads"] == 1
     assert m["sources"]["data"]["chars"] > 500_000
     assert np.isfinite(m["evaluation"]["value"])
+    contention = machine["contention"]  # what else used the machine, step by step
+    assert contention["checked"] and contention["laps"] == TINY["steps"]
+    assert 0 <= contention["other_cores_mean"] <= contention["other_cores_max"]
+
+
+def test_a_capture_that_shared_the_machine_warns(tmp_path):
+    # a process spinning a core next to the capture: its steps are not the job's alone
+    import subprocess
+    import sys
+    from profiler.capture import capture
+    from profiler.config import CaptureConfig
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    said: list[str] = []
+    try:
+        capture(CaptureConfig(**TINY), out=tmp_path / "shared", progress=False,
+                say=said.append, calibrate=False)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    record = read_trace(tmp_path / "shared").manifest["machine"]["contention"]
+    assert record["other_cores_mean"] >= 0.5, record
+    assert [line for line in said if line.startswith("warning: capture of ")
+            and "measure again on a quiet machine" in line], said
 
 
 def test_steps_are_real_measurements(tiny_capture):

@@ -105,6 +105,27 @@ def test_an_uncalibrated_trace_says_to_calibrate(tiny_capture, capsys):
     assert "python -m profiler calibrate --trace" in capsys.readouterr().err
 
 
+def test_a_capture_that_shared_the_machine_is_named_before_anything_runs(tiny_capture, tmp_path,
+                                                                        capsys):
+    import shutil
+    from profiler.contention import Lap, summarize
+    trace = tmp_path / "shared"
+    shutil.copytree(tiny_capture.path, trace)
+    manifest = json.loads((trace / "manifest.json").read_text())
+    # what profiler.capture recorded for a run that had another job spinning a core
+    manifest["machine"]["contention"] = summarize([Lap(wall_s=1.0, busy_s=2.0, own_s=1.0)] * 10)
+    (trace / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["validate", "--trace", str(trace), "--quiet"]) == 2  # uncalibrated, as before
+    err = capsys.readouterr().err
+    assert f"warning: the capture of {trace}: other processes used 1.00 cores" in err
+    assert "measure again on a quiet machine" in err
+    # a quiet capture says nothing (the fixture's own record depends on this machine's load)
+    manifest["machine"]["contention"] = summarize([Lap(wall_s=1.0, busy_s=1.0, own_s=1.0)] * 10)
+    (trace / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["validate", "--trace", str(trace), "--quiet"]) == 2
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_the_prediction_counts_stale_time_as_the_ledger_does():
     """The ledger counts every update stale layers discarded as lost (profiler/ledger.py):
     the prediction does too, whatever stale cost factor the calibration carries."""
