@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["THRESHOLD_CORES", "WARN_SHARE", "ContentionMeter", "Lap", "summarize", "warning"]
+__all__ = ["THRESHOLD_CORES", "WARN_SHARE", "ContentionMeter", "Descendants", "Lap", "summarize",
+           "warning"]
 
 THRESHOLD_CORES = 0.5
 """Other processes' cores over which an interval counts as contended."""
@@ -89,6 +90,44 @@ class ContentionMeter:
             return None
         values = [int(v) for v in first[1:]]
         return sum(values[i] for i in _BUSY_FIELDS if i < len(values)) / self._tick
+
+
+class Descendants:
+    """The CPU seconds of processes this one cannot reap: the members of given process
+    groups whose parent is not this process (a worker's own children, as LowDiff's
+    writer, are orphaned when the worker is SIGKILLed with its group, so their CPU never
+    reaches ``os.times().children_*``). ``sample(groups)`` reads ``/proc`` and keeps each
+    such process's newest total; ``cpu_s`` is their sum (a process's time up to its last
+    sample: call ``sample`` often, every half second or so, and just before a kill)."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._seen: dict[tuple[int, int], float] = {}
+        """(pid, start time in ticks) -> CPU seconds: a reused pid is another process."""
+
+    def sample(self, groups: set[int]) -> None:
+        me = os.getpid()
+        try:
+            entries = list(self._proc.iterdir())
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                # fields after the command's closing parenthesis: state ppid pgrp ...
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            ppid, pgrp = int(fields[1]), int(fields[2])
+            if pgrp in groups and ppid != me:
+                cpu = (int(fields[11]) + int(fields[12])) / self._tick
+                self._seen[(int(entry.name), int(fields[19]))] = cpu
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self._seen.values())
 
 
 def summarize(laps: Sequence[Lap], job_cpu_s: Sequence[float] | None = None) -> dict[str, Any]:

@@ -26,7 +26,10 @@ happened:
   (``time - computed`` plus tracking: saves, waits, snapshots), whether or
   not its steps survived;
 - ``recovery_s``: from each kill to the next worker's resume (``restart_s``
-  to its ready, ``load_s`` from ready to resume);
+  to its ready, ``load_s`` from ready to resume), plus ``warmup_s``: the first
+  step of a worker resumed past the job's start, beyond the median compute of
+  the run's steps so far (a new process's first forward and backward are
+  slower; the simulator charges the capture's own, ``sim.workload.warmup_from``);
 - ``lost_work_s``: rolled-back compute plus the time the killed worker had
   spent since its last step (a step, or a save, in flight).
 
@@ -65,6 +68,8 @@ class Ledger:
     recovery_s: float = 0.0
     restart_s: float = 0.0
     load_s: float = 0.0
+    warmup_s: float = 0.0
+    """Of ``recovery_s``: the first steps of resumed workers beyond the run's pace."""
     failures: int = 0
     jobs_done: int = 0
     steps_done: int = 0
@@ -148,6 +153,8 @@ class _Book:
     """Surviving steps of the current job: step -> compute seconds."""
     last_resume: int = 0
     computes: list[float] = field(default_factory=list)
+    warming: bool = False
+    """The next step is the first of a worker resumed past the job's start."""
 
     def take(self, event: dict[str, Any], *, recovery: bool) -> None:
         """``recovery``: the event is a new worker's resume after a failure."""
@@ -157,6 +164,14 @@ class _Book:
         elif kind == "step":
             tracking = float(event.get("tracking_s", 0.0))
             compute = float(event["computed"]) - float(event["begin"]) - tracking
+            if self.warming and self.computes:
+                # a new process's first step: its time beyond the run's pace is the
+                # restart's warm-up (sim: Workload.warmup_s), not work
+                excess = max(0.0, compute - statistics.median(self.computes))
+                compute -= excess
+                led.warmup_s += excess
+                led.recovery_s += excess
+            self.warming = False
             self.timeline[int(event["step"])] = compute
             self.computes.append(compute)
             led.checkpoint_stall_s += float(event["time"]) - float(event["computed"]) + tracking
@@ -175,6 +190,7 @@ class _Book:
         self.ledger.lost_work_s += sum(self.timeline.pop(s) for s in gone)
         if recovery:
             self.ledger.resumed_at.append(c)
+        self.warming = recovery and c > 0
         if c > 0 and event.get("sources"):
             self.ledger.stale_s += self._stale(event["sources"], c)
         self.last_resume = c

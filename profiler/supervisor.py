@@ -16,7 +16,11 @@ too and a new, empty one started (the failure took the peer's memory).
 Every spawn and kill is written, with its wall-clock time, to the run's
 ``supervisor.jsonl`` (``profiler.ledger.SUPERVISOR_LOG``); ``supervise``
 returns the run's logs as read back from its folder
-(``profiler.ledger.read_run``).
+(``profiler.ledger.read_run``). What other processes used the machine during
+the run, from the first spawn to the last kill (``profiler.contention``: the
+machine's busy CPU less this process's, its reaped children's and the
+workers' own children's), is written to the folder's ``contention.json``
+(``CONTENTION_FILE``): a measured side is only this job's if that is near 0.
 """
 from __future__ import annotations
 
@@ -28,13 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .contention import ContentionMeter, Descendants, summarize
 from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
 from .mechanisms.restart import spawn_worker
 from .worker import EventReader, write_job
 
-__all__ = ["supervise", "RunSpec"]
+__all__ = ["supervise", "RunSpec", "CONTENTION_FILE"]
 
+CONTENTION_FILE = "contention.json"
 POLL_S = 0.05
+SAMPLE_S = 0.5
+"""How often the workers' own children's CPU is read (``contention.Descendants``)."""
 START_TIMEOUT_S = 600
 
 
@@ -90,14 +98,18 @@ def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[Work
     """Run ``spec`` for real (module doc)."""
     spec.root.mkdir(parents=True, exist_ok=True)
     log = _Log(spec.root / SUPERVISOR_LOG)
+    meter, others = ContentionMeter(children=True), Descendants()
+    meter.start()
     peer = _Peer(log) if spec.strategy == "gemini" else None
     options = lambda: {**spec.options, **({"peer": peer.port} if peer else {})}  # noqa: E731
     workers = [_Worker(spec, 0, options(), log)]
+    watch = _Watch(others, workers)
     try:
         start = _wait_for_start(workers[0])
         log.write("window", start=start, end=start + spec.window_s)
         for k, t in enumerate([*spec.failures_s, spec.window_s]):
-            _sleep_until(start + t, workers[-1])
+            _sleep_until(start + t, workers[-1], watch)
+            watch.sample()  # the newest CPU of the worker's children, just before they die
             if t >= spec.window_s:
                 workers[-1].kill(log)
                 break
@@ -114,7 +126,25 @@ def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[Work
                 w.kill(log)
         if peer is not None:
             peer.stop()
+    lap = meter.lap()  # every worker and the peer reaped: their CPU is in os.times()
+    record = summarize([lap], [lap.own_s + others.cpu_s])
+    (spec.root / CONTENTION_FILE).write_text(json.dumps(record) + "\n")
     return read_run(spec.root)
+
+
+class _Watch:
+    """Samples the running workers' own children every ``SAMPLE_S``."""
+
+    def __init__(self, others: Descendants, workers: list["_Worker"]) -> None:
+        self.others, self.workers, self.last = others, workers, 0.0
+
+    def sample(self) -> None:
+        self.others.sample({w.proc.pid for w in self.workers if w.killed is None})
+        self.last = time.monotonic()
+
+    def due(self) -> None:
+        if time.monotonic() - self.last >= SAMPLE_S:
+            self.sample()
 
 
 class _Log:
@@ -163,10 +193,11 @@ def _wait_for_start(worker: _Worker) -> float:
     raise RuntimeError(f"the first worker did not start training within {START_TIMEOUT_S} s")
 
 
-def _sleep_until(when: float, worker: _Worker) -> None:
+def _sleep_until(when: float, worker: _Worker, watch: _Watch) -> None:
     while True:
         left = when - time.time()
         if left <= 0:
             return
         worker.check()
+        watch.due()
         time.sleep(min(POLL_S, left))

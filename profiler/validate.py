@@ -189,7 +189,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
              say: Callable[[str], None]) -> dict[str, Any]:
     from .ledger import account
     from .machine import resolve_device
-    from .supervisor import RunSpec, supervise
+    from .supervisor import CONTENTION_FILE, RunSpec, supervise
     device, _ = resolve_device(job.device)
     options: dict[str, Any] = {}
     if strategy == "gemini":
@@ -205,7 +205,12 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     ledger = account(workers, window_s=config.window_s,
                      shares=shares if strategy == "layercheck" else None)
     shutil.rmtree(spec.root / "ckpt", ignore_errors=True)
-    return ledger.to_dict()
+    contention = json.loads((spec.root / CONTENTION_FILE).read_text())
+    said = warning({**contention, "laps": 1}, f"the {strategy} run") \
+        if contention.get("checked") else None
+    if said:
+        print(f"warning: {said}", file=sys.stderr)
+    return {**ledger.to_dict(), "contention": contention}
 
 
 def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) -> Any:

@@ -6,6 +6,7 @@ jobs back to back until its wall-clock window ends.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -18,7 +19,7 @@ from layercheck.trace import Trace, last_written
 from .errors import SimError
 from .work import check_job_steps
 
-__all__ = ["Workload", "LayerWrites"]
+__all__ = ["Workload", "LayerWrites", "warmup_from"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +115,13 @@ class Workload:
     kind: str = "custom"
     """captured, synthetic or custom."""
     meta: dict[str, Any] = field(default_factory=dict)
+    warmup_s: float = 0.0
+    """What a restarted process's first step costs beyond a steady one: a fresh process
+    pays its first forward and backward again (allocator, lazy initialisation, caches).
+    From a capture, whose step 1 is a fresh process's first step (``warmup_from``); 0 for
+    synthetic and custom jobs, whose steps are all alike. Charged to every recovery that
+    resumes past the job's start (``Strategy.schedule``); a resume at the start re-runs
+    step 1, whose compute already holds it."""
 
     def __post_init__(self) -> None:
         compute = np.asarray(self.compute_s, dtype=np.float64)
@@ -127,6 +135,9 @@ class Workload:
         object.__setattr__(self, "compute_s", compute)
         if not (isinstance(self.full_bytes, (int, np.integer)) and self.full_bytes > 0):
             raise SimError(f"workload {self.name!r}: full_bytes must be a positive integer")
+        if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise SimError(f"workload {self.name!r}: warmup_s={self.warmup_s!r} must be a "
+                           "finite number of seconds >= 0")
         if self.layers is not None and self.layers.steps != compute.size:
             raise SimError(f"workload {self.name!r}: the layer writes cover {self.layers.steps} "
                            f"steps, the job has {compute.size}")
@@ -162,4 +173,18 @@ class Workload:
         layers = LayerWrites.from_trace(trace)
         return cls(name=trace.name, compute_s=trace.compute_seconds(),
                    full_bytes=int(trace.full_checkpoint_bytes), layers=layers, kind=trace.kind,
-                   meta={"layers": len(layers.nbytes), "layer_writes": int(layers.written.sum())})
+                   meta={"layers": len(layers.nbytes), "layer_writes": int(layers.written.sum())},
+                   warmup_s=warmup_from(trace))
+
+
+def warmup_from(trace: Trace) -> float:
+    """A captured trace's restart warm-up (``Workload.warmup_s``): its step 1's forward and
+    backward beyond their medians over the steps after it. The optimizer's first step is
+    left out: it allocates Adam's moments, which a restored process loads instead. 0 for
+    a synthetic trace (its steps are modelled alike) or a job of one step."""
+    steps = trace.steps
+    if trace.kind != "captured" or len(steps) < 2:
+        return 0.0
+    passes = (steps["forward_s"] + steps["backward_s"]).to_numpy(dtype=np.float64)
+    return max(0.0, float(passes[0] - np.median(passes[1:])))
+

@@ -219,7 +219,11 @@ class Strategy:
         last, weights = self._stale(b)
         recover, recover_backup = self._recovery(b), self._recovery_backup(b)
         for array in (recover, recover_backup):
-            if array is not None:  # the job's start: the restarted process built its initial model
+            if array is not None:
+                # a resume past the start pays the new process's first-step warm-up; at the
+                # job's start the restarted process builds its initial model and re-runs
+                # step 1, whose compute already holds the warm-up
+                array[1:] += workload.warmup_s
                 array[0] = costs.restart_s
         return Schedule(strategy=self.name, compute=np.concatenate(([0.0], workload.compute_s)),
                         snap=b.snap, persist=b.persist, commit=b.commit, bytes=b.bytes,

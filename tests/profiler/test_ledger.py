@@ -39,6 +39,26 @@ def test_a_rollback_run_by_hand():
     assert led.compute_median_s == pytest.approx(1.0)  # the run's own pace
 
 
+def test_a_resumed_worker_s_slow_first_step_is_the_restart_s_warmup():
+    # steps of 1 s; the worker resumed at step 2 takes 1.6 s for its first: 0.6 s warm-up
+    w0 = WorkerLog(0.0, 4.5, [_resumed(0.0, 0, 0), _step(1.0, 0, 1), _step(2.0, 0, 2),
+                              _step(3.0, 0, 3), _step(4.0, 0, 4)])
+    w1 = WorkerLog(4.5, None, [{"event": "ready", "time": 8.0}, _resumed(8.5, 0, 2),
+                               _step(10.1, 0, 3, compute=1.6), _step(11.1, 0, 4),
+                               _step(12.3, 0, 5, compute=1.2)])
+    led = account([w0, w1], window_s=13.0)
+    assert led.warmup_s == pytest.approx(0.6)  # only the first step: step 5's 0.2 s is pace
+    assert led.recovery_s == pytest.approx(4.0 + 0.6)
+    assert led.useful_s == pytest.approx(2.0 + 1.0 + 1.0 + 1.2)
+    assert led.lost_work_s == pytest.approx(2.0 + 0.5)
+    # a worker restarted at the job's start re-runs step 1: its warm-up is step 1's own,
+    # as in the capture (and the simulator), so it stays compute
+    r0 = WorkerLog(0.0, 2.5, [_resumed(0.0, 0, 0), _step(1.0, 0, 1), _step(2.0, 0, 2)])
+    r1 = WorkerLog(2.5, None, [_resumed(5.0, 0, 0), _step(6.6, 0, 1, compute=1.6)])
+    fresh = account([r0, r1], window_s=7.0)
+    assert fresh.warmup_s == 0 and fresh.useful_s == pytest.approx(1.6)
+
+
 def test_stale_layers_discard_the_steps_after_their_copy():
     shares = {"a": 0.25, "b": 0.75}
     w0 = WorkerLog(0.0, 10.0, [_resumed(1.0, 0, 0), *[_step(1.0 + s, 0, s) for s in range(1, 8)]])
@@ -105,6 +125,10 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
                    failures_s=kills, window_s=window, root=tmp_path)
     workers = supervise(spec, say=lambda _: None)
     assert workers == read_run(tmp_path)                    # what it returns is its folder
+    import json
+    from profiler.supervisor import CONTENTION_FILE
+    record = json.loads((tmp_path / CONTENTION_FILE).read_text())  # what else ran meanwhile
+    assert record["checked"] and record["laps"] == 1 and record["other_cores_mean"] >= 0
     led = account(workers, window_s=window)
 
     supervisor = _lines(tmp_path / SUPERVISOR_LOG)
@@ -127,12 +151,15 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
                             and e["time"] <= k)
                     for w, k in zip(workers, killed) if any(e["event"] == "resumed" for e in w.events))
     computed = sum(e["computed"] - e["begin"] - e["tracking_s"] for e in steps)
-    assert led.useful_s + led.lost_work_s == pytest.approx(computed + in_flight, abs=1e-6)
+    # (less a resumed worker's first-step warm-up, which is recovery)
+    assert led.useful_s + led.lost_work_s + led.warmup_s == pytest.approx(computed + in_flight,
+                                                                          abs=1e-6)
     # recovery: from each kill to the next worker's resume, read straight from the logs
     # (a worker killed before it resumed: its recovery runs to its own kill)
     resumes = [next((e["time"] for e in w.events if e["event"] == "resumed"), w.killed)
                for w in workers[1:]]
-    assert led.recovery_s == pytest.approx(sum(min(r, end) - k for r, k in zip(resumes, killed)))
+    assert led.recovery_s - led.warmup_s == pytest.approx(
+        sum(min(r, end) - k for r, k in zip(resumes, killed)))
     # each recovery resumed at the newest save the killed worker had logged (or the one in
     # flight at the kill): a multiple of the interval, in the job it was killed in
     assert led.resumed_at, "no worker resumed after a kill: is the machine this loaded?"

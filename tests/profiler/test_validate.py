@@ -53,6 +53,7 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
         assert summary["relative_error"] == summary["relative_error_min"] == \
             summary["relative_error_max"] == row["relative_error"]
     measured = run["measured"]
+    assert all(m["contention"]["checked"] for m in measured.values())  # Linux: /proc/stat
     assert measured["deepspeed"]["checkpoint_stall_s"] > 0  # saves every 2 steps
     assert measured["layercheck"]["tracking_s"] > 0
     assert measured["lowdiff"]["tracking_s"] > 0            # its compression, every step

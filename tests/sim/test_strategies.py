@@ -35,6 +35,46 @@ def test_resuming_at_the_jobs_start_costs_only_the_restart(name):
         assert s.recover_backup[0] == COSTS.restart_s
 
 
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_a_resume_past_the_start_pays_the_new_process_s_warmup(name):
+    """The restarted process's first step is slower (Workload.warmup_s): every resume
+    past the job's start pays it; a resume at the start re-runs step 1, which holds it."""
+    import dataclasses
+    cold = small_workload()
+    warm = dataclasses.replace(cold, warmup_s=0.75)
+    a, b = _schedule(name, cold), _schedule(name, warm)
+    assert b.recover[0] == a.recover[0] == COSTS.restart_s
+    np.testing.assert_allclose(b.recover[1:], a.recover[1:] + 0.75)
+    if a.recover_backup is not None:
+        assert b.recover_backup[0] == COSTS.restart_s
+        np.testing.assert_allclose(b.recover_backup[1:], a.recover_backup[1:] + 0.75)
+
+
+def test_a_workload_s_warmup_is_seconds_at_least_zero():
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(SimError, match="warmup_s=.* must be a finite number of seconds >= 0"):
+            Workload(name="w", compute_s=np.ones(4), full_bytes=4, warmup_s=bad)
+
+
+def test_a_capture_s_warmup_is_its_first_forward_and_backward_beyond_the_median():
+    from pathlib import Path
+    from layercheck.trace import read_trace
+    from sim.workload import warmup_from
+    root = Path(__file__).resolve().parents[2] / "traces"
+    captured = read_trace(root / "minilm-200steps")
+    passes = (captured.steps["forward_s"] + captured.steps["backward_s"]).to_numpy()
+    expected = max(0.0, passes[0] - float(np.median(passes[1:])))
+    assert warmup_from(captured) == pytest.approx(expected)
+    assert Workload.from_trace(captured).warmup_s == pytest.approx(expected)
+    # the optimizer's first step (Adam's moments allocated) is not a restart's cost
+    optimizer = captured.steps["optimizer_s"].to_numpy()
+    whole = captured.compute_seconds()
+    if optimizer[0] > np.median(optimizer[1:]):
+        assert warmup_from(captured) < whole[0] - float(np.median(whole[1:]))
+    synthetic = read_trace(root / "qwen2.5-7b-synthetic")
+    assert warmup_from(synthetic) == 0.0 and Workload.from_trace(synthetic).warmup_s == 0.0
+
+
 def test_deepspeed_stalls_for_the_write_checkfreq_for_the_snapshot():
     ds, cf = _schedule("deepspeed"), _schedule("checkfreq")
     assert list(np.flatnonzero(ds.commit)) == [10, 20, 30]
