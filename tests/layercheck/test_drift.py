@@ -163,11 +163,11 @@ def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, mo
     """Numba must not fight torch for the cores: the pass runs on torch's own
     OpenMP team, sized by torch's thread count (the calling thread included),
     and hires no helper threads of its own."""
-    from layercheck import kernels
+    from layercheck import kernels, passthreads
     teams, hired = [], []
-    run, crew_run = kernels._Team.run, kernels._Crew.run
-    monkeypatch.setattr(kernels._Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))
-    monkeypatch.setattr(kernels._Crew, "run", lambda self, pieces, work, helpers:
+    run, crew_run = passthreads.Team.run, passthreads.Crew.run
+    monkeypatch.setattr(passthreads.Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))
+    monkeypatch.setattr(passthreads.Crew, "run", lambda self, pieces, work, helpers:
                         hired.append(helpers) or crew_run(self, pieces, work, helpers=helpers))
     parts = _flat_parts([4 * kernels.PER_THREAD])  # enough to be worth several threads
     opt = torch.optim.AdamW(parts, lr=1e-3)
