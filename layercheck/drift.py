@@ -2,21 +2,18 @@
 
 For Adam and AdamW the update of step t is recomputed, right after
 ``optimizer.step()`` (a step post-hook), from tensors the optimizer already
-holds: the moments, the step count and the group's hyper-parameters. No copy
-of the weights is kept. For torch's AdamW (decoupled weight decay):
-
-    w(t) = w(t-1) (1 - lr wd) - u,   u = lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
-    => |w(t) - w(t-1)| = |lr wd w(t) + u| / (1 - lr wd)
-
-and for Adam (L2 decay folded into the gradient) ``|w(t) - w(t-1)| = |u|``.
-Other optimizers fall back to remembering the previous weights (exact, but
-one extra copy of the model: a warning says so).
+holds: the moments, the step count and the group's hyper-parameters
+(``layercheck.adamupdate``: |w(t) - w(t-1)| = scale |q| / shrink, with
+q = m / (sqrt(v) + eps_c) + alpha w). No copy of the weights is kept. Other
+optimizers fall back to remembering the previous weights (exact, but one
+extra copy of the model: a warning says so).
 
 Cost: the pass re-reads the weights and both moments once per step. With
 numba installed (the ``train`` extra), contiguous CPU fp32 tensors go through
-one fused kernel (``layercheck.kernels``): w, m and v are read once, both sums
-come out of the same pass, float64 accumulation. Anything else (GPU tensors,
-other dtypes, non-contiguous, no numba) takes the torch path: a handful of
+one fused kernel (``layercheck.fusedsums``, ``layercheck.kernels``): w, m and
+v are read once, both sums come out of the same pass, float64 accumulation.
+Anything else (GPU tensors, other dtypes, non-contiguous, no numba) takes the
+torch path: a handful of
 ``torch._foreach_*`` calls per layer over scratch copies (not a dozen calls per
 tensor, which would dominate a small model's step). Both give the same numbers
 (the same fp32 element arithmetic; only the summation order differs).
@@ -40,17 +37,18 @@ missing the same elements.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import time
 import warnings
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
+
+from .adamupdate import AdamTerms, adam_terms
+from .fusedsums import FusedSums
 
 if TYPE_CHECKING:
     from .adapters import AdapterDrift
@@ -62,26 +60,12 @@ BLOCK = 64
 SAMPLE_MIN = 65536
 """Tensors smaller than this are always measured whole."""
 _TINY = 1e-30
-_kernels: ModuleType | bool | None = None
-"""layercheck.kernels once imported; False where numba is missing or fails to
-import; None before the first try (numba takes a second or more to import, so
-only a tracker that steps pays for it)."""
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The elements of ``t`` this process holds: a DTensor's local shard, else ``t``."""
     to_local = getattr(t, "to_local", None)  # DTensor's; a plain tensor has none
     return to_local() if to_local is not None else t
-
-
-def _load_kernels() -> ModuleType | None:
-    global _kernels
-    if _kernels is None:
-        try:
-            _kernels = importlib.import_module(".kernels", __package__)
-        except ImportError:
-            _kernels = False
-    return _kernels or None
 
 
 @dataclass(frozen=True)
@@ -112,41 +96,6 @@ class _Entry:
     def extent(self) -> tuple[int, int, int]:
         """(numel, span, take): a ``layercheck.kernels.Extent``."""
         return self.data.numel(), self.span, self.take
-
-
-@dataclass(frozen=True)
-class _Adam:
-    """One (param group, step)'s update terms: |w(t) - w(t-1)| = scale |q| / shrink,
-    q = m / (sqrt(v) + eps_c) + alpha w."""
-
-    eps_c: float
-    alpha: float
-    scale: float
-    shrink: float
-
-    def moved(self, abs_sum_q: float) -> float:
-        return self.scale * abs_sum_q / self.shrink
-
-
-_NOT_STEPPED = _Adam(0.0, 0.0, 0.0, 1.0)
-"""The terms of an entry the kernel reads only for sum |w| (m = v = 0: moved is 0)."""
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """What the fused pass needs about one set of entries, built once for it:
-    the kernel's segments, and each entry's layer, scale and identity."""
-
-    plan: object  # layercheck.kernels.FusedPass
-    layer: np.ndarray
-    scale: np.ndarray
-    ids: frozenset[int]
-
-    @classmethod
-    def of(cls, kernels: ModuleType, entries: list[_Entry]) -> "_Layout":
-        return cls(kernels.FusedPass([e.extent() for e in entries]),
-                   np.array([e.layer for e in entries], dtype=np.intp),
-                   np.array([e.scale for e in entries]), frozenset(id(e) for e in entries))
 
 
 class DriftTracker:
@@ -187,14 +136,13 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                                               if id(p) not in group_of and id(p) not in skip))
                                     for params in layers])
         self._adam = isinstance(optimizer, torch.optim.Adam)  # AdamW subclasses Adam
-        self._fused = fused and self._adam
-        self._layouts: dict[tuple[int, ...], _Layout] = {}
+        self._fused = FusedSums(self._all, len(self._layers), self._moments, sampling=sampling,
+                                enabled=fused and self._adam)
         self._steps: dict[int, int] = {}
         self._phase = 0
         self._previous: dict[int, torch.Tensor] = {}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._sums = np.zeros((2, len(self._layers)), dtype=np.float64)
-        self._fused_now = 0
         self.lr = math.nan
         self.seconds = 0.0
         self.fused_params = 0
@@ -218,7 +166,7 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
             drift = np.where(total > 0, moved / np.where(total > 0, total, 1.0),
                              np.where(moved > 0, np.inf, 0.0))
         self._phase += 1
-        self.fused_params, self._fused_now = self._fused_now, 0
+        self.fused_params, self._fused.count = self._fused.count, 0
         seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
         return drift, self.lr, seconds
 
@@ -243,7 +191,7 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         with torch.no_grad():
             updates = self._updates(stepped) if self._adam else {}
-            moved, size, done = self._fused_sums(stepped, updates)
+            moved, size, done = self._fused.sums(stepped, updates, self._phase)
             for i, entries in enumerate(self._layers):
                 m, s = self._layer_sums([e for e in entries if id(e.param) in stepped
                                          and id(e) not in done], updates)
@@ -258,10 +206,10 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
         self.seconds += time.perf_counter() - start
 
-    def _updates(self, stepped: set[int]) -> dict[int, _Adam]:
+    def _updates(self, stepped: set[int]) -> dict[int, AdamTerms]:
         """The update terms of each parameter that Adam moved in this call."""
-        out: dict[int, _Adam] = {}
-        terms: dict[tuple[int, int], _Adam] = {}
+        out: dict[int, AdamTerms] = {}
+        terms: dict[tuple[int, int], AdamTerms] = {}
         for e in self._all:
             if id(e.param) not in stepped:
                 continue
@@ -275,96 +223,24 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
             step = int(state["step"]) if step is None else step + 1
             self._steps[key] = step
             if (id(e.group), step) not in terms:
-                terms[id(e.group), step] = self._adam_terms(e.group, step)
+                terms[id(e.group), step] = adam_terms(
+                    e.group, step, adamw=isinstance(self.optimizer, torch.optim.AdamW))
             out[key] = terms[id(e.group), step]
         return out
-
-    def _adam_terms(self, group: dict, step: int) -> _Adam:
-        lr, eps = float(group["lr"]), float(group["eps"])
-        beta1, beta2 = (float(b) for b in group["betas"])
-        bc1, c = 1 - beta1 ** step, math.sqrt(1 - beta2 ** step)
-        # m / (sqrt(v)/c + eps) == c * m / (sqrt(v) + eps*c)
-        scale = lr / bc1 * c
-        if scale == 0.0:  # lr 0 (a warm-up's first step): nothing moved
-            return _Adam(eps * c, 0.0, 0.0, 1.0)
-        wd = float(group.get("weight_decay", 0.0))
-        decoupled = group.get("decoupled_weight_decay", isinstance(self.optimizer, torch.optim.AdamW))
-        if wd and decoupled:
-            # |scale q + lr wd w| = scale |q + (lr wd / scale) w|
-            return _Adam(eps * c, lr * wd / scale, scale, 1 - lr * wd)
-        return _Adam(eps * c, 0.0, scale, 1.0)
 
     def _moments(self, e: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         """(exp_avg, the second moment Adam divides by), from one look-up of the state."""
         state = self.optimizer.state[e.param]
-        return (local(state["exp_avg"]),
-                local(state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"]))
+        return local(state["exp_avg"]), local(state[_second_moment_key(e.group)])
 
     def _first_moment(self, e: _Entry) -> torch.Tensor:
         return local(self.optimizer.state[e.param]["exp_avg"])
 
     def _second_moment(self, e: _Entry) -> torch.Tensor:
-        state = self.optimizer.state[e.param]
-        return local(state["max_exp_avg_sq" if e.group.get("amsgrad") else "exp_avg_sq"])
-
-    # -- the fused path (layercheck.kernels) -----------------------------------
-    def _fused_sums(self, stepped: set[int],
-                    updates: dict[int, _Adam]) -> tuple[np.ndarray, np.ndarray, frozenset[int]]:
-        """Per-layer sums over the stepped entries the kernel can read, and which those were.
-
-        Per step this only reads each tensor's address and checks that the kernel
-        may read it (FSDP2 may swap tensors, a restore replaces the moments); what
-        depends on which entries those are (the kernel's segments, each entry's
-        layer and scale) is built once per set of entries (``_Layout``)."""
-        kernels = _load_kernels() if self._fused else None
-        if kernels is None:
-            return np.zeros(len(self._layers)), np.zeros(len(self._layers)), frozenset()
-        chosen, ptr, terms = [], [], []
-        for index, e in enumerate(self._all):
-            key = id(e.param)
-            if key not in stepped:
-                continue
-            w = e.data
-            if not _fusable(w):
-                continue
-            t = updates.get(key)
-            if t is None:
-                chosen.append(index)
-                ptr.append((w.data_ptr(), 0, 0))
-                terms.append(_NOT_STEPPED)
-                continue
-            m, v = self._moments(e)
-            if _fusable(m) and _fusable(v):
-                chosen.append(index)
-                ptr.append((w.data_ptr(), m.data_ptr(), v.data_ptr()))
-                terms.append(t)
-        self._fused_now += len(chosen)
-        if not chosen:
-            return np.zeros(len(self._layers)), np.zeros(len(self._layers)), frozenset()
-        layout = self._layouts.get(tuple(chosen))
-        if layout is None:
-            layout = self._layouts[tuple(chosen)] = _Layout.of(kernels, [self._all[i] for i in chosen])
-        # a step's entries share a few update terms (one per param group)
-        unique: dict[int, int] = {}
-        which = np.array([unique.setdefault(id(t), len(unique)) for t in terms], dtype=np.intp)
-        table = np.array([(t.eps_c, t.alpha, t.moved(1.0)) for t in
-                          {id(t): t for t in terms}.values()]).T
-        raw_moved, raw_size = layout.plan.run(
-            np.array(ptr, dtype=np.int64), table[0].astype(np.float32)[which],
-            table[1].astype(np.float32)[which], self._phase % self.sampling, self._threads())
-        moved = np.bincount(layout.layer, raw_moved * table[2][which] * layout.scale,
-                            minlength=len(self._layers))
-        size = np.bincount(layout.layer, raw_size * layout.scale, minlength=len(self._layers))
-        return moved, size, layout.ids
-
-    @staticmethod
-    def _threads() -> int:
-        """Threads the kernel may use: torch's own count, so that the pass takes
-        the cores training uses and no more (see layercheck.kernels, Threads)."""
-        return torch.get_num_threads()
+        return local(self.optimizer.state[e.param][_second_moment_key(e.group)])
 
     # -- the torch path ----------------------------------------------------------
-    def _layer_sums(self, entries: list[_Entry], updates: dict[int, _Adam]) -> tuple[float, float]:
+    def _layer_sums(self, entries: list[_Entry], updates: dict[int, AdamTerms]) -> tuple[float, float]:
         """(sum |w(t) - w(t-1)|, sum |w(t)|) over a layer's trainable parameters."""
         if not entries:
             return 0.0, 0.0
@@ -378,7 +254,7 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                 batches.setdefault(id(updates[id(e.param)]), []).append(e)
         return sum(self._adam_moved(b, updates[id(b[0].param)]) for b in batches.values()), size
 
-    def _adam_moved(self, batch: list[_Entry], t: _Adam) -> float:
+    def _adam_moved(self, batch: list[_Entry], t: AdamTerms) -> float:
         """sum |w(t) - w(t-1)| over entries sharing update terms (one foreach batch)."""
         buf, flat = self._buffers([e.view(self._second_moment(e), self._phase) for e in batch])
         # The +TINY keeps torch's CPU sqrt off its slow path for exact zeros (7x slower;
@@ -429,6 +305,6 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         return self._scaled_abs_sum([buf], flat, [e.scale])
 
 
-def _fusable(t: torch.Tensor) -> bool:
-    """Whether the kernel may read ``t`` through its address (see layercheck.kernels)."""
-    return t.is_cpu and t.dtype is torch.float32 and t.is_contiguous()
+def _second_moment_key(group: dict) -> str:
+    """The state key of the second moment Adam divides by (AMSGrad: its running maximum)."""
+    return "max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"

@@ -34,25 +34,18 @@ arithmetic (one sqrt and one division per element) runs at about 1.1 cycles
 per element, under the time the memory takes to deliver the three tensors,
 so the pass costs about one plain read of them.
 
-Threads. A pass of several pieces runs as one parallel region of torch's
-own OpenMP runtime (``GOMP_parallel``, called through ctypes, the body a
-numba C callback), on ``threads`` threads, the caller's included: the
-threads that just ran ``optimizer.step()`` and are still spinning for work
-take the pieces at once, and no other thread competes with them for the
-cores (with a pool of its own beside torch's, a pass right after the
-optimizer step ran about 25% slower on 2 cores: its second thread shared a
-core with torch's spinning one). Pieces are handed out by an atomic ticket,
-so a thread that starts late takes fewer. Where torch's runtime is not
-loaded, or in a process forked after this module was imported (the child's
-runtime waits forever for its parent's threads), the pass runs on the
-calling thread and on up to ``threads - 1`` helper threads of this module
-(plain Python threads; the kernel releases the GIL), which pull pieces the
-same way and block on a queue between passes. Numba's own parallel layers
-are not used: their threads are a third pool on the same cores; the GNU
-OpenMP layer aborts any process forked after it ran ("fork() called from a
-process already using GNU OpenMP"); and a serial twin compiled from the same
-function with ``cache=True`` shares the parallel kernel's cache entry
-(numba's cache index does not key on ``parallel``). Here there is one
+Threads. A pass of several pieces runs on ``threads`` threads, the caller's
+included (``layercheck.passthreads``): torch's own OpenMP team as one parallel
+region (the body ``_team_work``, a numba C callback), or where torch's runtime
+is not loaded, or in a process forked after that module was imported, on up
+to ``threads - 1`` helper threads. Pieces are handed out by an atomic ticket
+(a shared counter for the helpers), so a thread that starts late takes
+fewer. Numba's own parallel layers are not used: their threads are a third
+pool on the same cores; the GNU OpenMP layer aborts any process forked after
+it ran ("fork() called from a process already using GNU OpenMP"); and a
+serial twin compiled from the same function with ``cache=True`` shares the
+parallel kernel's cache entry (numba's cache index does not key on
+``parallel``). Here there is one
 compiled kernel, run by whichever threads; the sums do not depend on which.
 
 Zero-copy: the kernel views the tensors' memory through their addresses (one
@@ -62,18 +55,15 @@ the import fails.
 """
 from __future__ import annotations
 
-import ctypes
-import os
-import queue
-import sys
-import threading
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import cfunc, njit, types
 from numba.extending import intrinsic
+
+from . import passthreads
 
 __all__ = ["CHUNK", "SUM_BLOCK", "TINY", "PER_THREAD", "PREFETCH_RUNS", "Extent", "FusedPass",
            "warm"]
@@ -133,15 +123,20 @@ class FusedPass:
         if len(self.seg):
             cuts = self._pieces(threads)
             threads = min(threads, len(cuts) - 1)
-            team = _team()
+            team = passthreads.team()
             if threads == 1:
                 _sums(ptr, eps_c, alpha, self.seg, 0, len(self.seg), phase, self._out)
             elif team is not None:
-                team.run(ptr, eps_c, alpha, self.seg, cuts, phase, self._out, threads)
+                ptr, eps_c, alpha = (np.ascontiguousarray(a) for a in (ptr, eps_c, alpha))
+                call = np.array([ptr.ctypes.data, len(ptr), eps_c.ctypes.data, alpha.ctypes.data,
+                                 self.seg.ctypes.data, len(self.seg), cuts.ctypes.data,
+                                 len(cuts) - 1, phase, self._out.ctypes.data, 0], dtype=np.int64)
+                # _team_work's argument block; the arrays outlive the call
+                team.run(_team_work.address, call.ctypes.data, threads)
             else:
                 def piece(i: int) -> None:
                     _sums(ptr, eps_c, alpha, self.seg, cuts[i], cuts[i + 1], phase, self._out)
-                _crew().run(len(cuts) - 1, piece, helpers=threads - 1)
+                passthreads.crew().run(len(cuts) - 1, piece, helpers=threads - 1)
         k = self.seg[:, 0]
         return (np.bincount(k, self._out[:, 0], minlength=self.entries),
                 np.bincount(k, self._out[:, 1], minlength=self.entries))
@@ -157,162 +152,6 @@ class FusedPass:
             cuts = self._cuts[threads] = np.unique(np.concatenate(
                 [[0], inner, [len(self.seg)]])).astype(np.int64)
         return cuts
-
-
-# -- torch's own OpenMP team -------------------------------------------------------
-class _Team:
-    """A pass run as one parallel region of torch's OpenMP runtime: its threads
-    (the ones that just ran ``optimizer.step()``, still spinning for work) take
-    the pieces, and no other thread competes with them for the cores."""
-
-    def __init__(self, runtime: ctypes.CDLL) -> None:
-        self._parallel = runtime.GOMP_parallel  # the GNU ABI: libiomp5 and libomp export it too
-        self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
-        self._parallel.restype = None
-        self._work = _team_work.address
-
-    def run(self, ptr: np.ndarray, eps_c: np.ndarray, alpha: np.ndarray, seg: np.ndarray,
-            cuts: np.ndarray, phase: int, out: np.ndarray, threads: int) -> None:
-        """``_sums`` over every piece of ``cuts``, on ``threads`` threads of the team
-        (the caller's included); returns when all are done."""
-        ptr, eps_c, alpha = (np.ascontiguousarray(a) for a in (ptr, eps_c, alpha))
-        call = np.array([ptr.ctypes.data, len(ptr), eps_c.ctypes.data, alpha.ctypes.data,
-                         seg.ctypes.data, len(seg), cuts.ctypes.data, len(cuts) - 1, phase,
-                         out.ctypes.data, 0], dtype=np.int64)
-        # ctypes lets go of the GIL for the call; the arrays outlive it
-        self._parallel(self._work, call.ctypes.data, threads, 0)
-
-
-_UNSEEN = object()
-_TEAM: _Team | None | object = _UNSEEN
-"""This process's team once looked for: None where torch's runtime was not found."""
-_FORKED = False
-"""Whether this process was forked after this module was imported."""
-
-
-def _forked() -> None:
-    global _FORKED
-    _FORKED = True
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
-def _team() -> _Team | None:
-    """torch's OpenMP runtime, where this process has it loaded and was not forked
-    after importing this module; else None (the helper threads below take the pass).
-
-    A forked child inherits the runtime's idea of its thread pool but not the
-    threads: a parallel region there waits for them forever (torch's own ops
-    hang in such a child, unless it trains on one thread)."""
-    global _TEAM
-    if _FORKED or "torch" not in sys.modules:  # looked for once torch is there
-        return None
-    if _TEAM is _UNSEEN:
-        runtime = _torch_openmp()
-        _TEAM = _Team(runtime) if runtime is not None else None
-    return _TEAM
-
-
-def _torch_openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime that torch loaded, found among this process's mapped
-    files (Linux): the copy under torch's folder that its wheels bundle. None
-    without one (torch not built with OpenMP, or linked to a runtime elsewhere:
-    then the helper threads take the pass, as before)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            fields = (line.split(None, 5) for line in maps)
-            paths = {f[5].strip() for f in fields if len(f) == 6}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        name = os.path.basename(path)
-        if "torch" in path and name.startswith(("libgomp", "libiomp5", "libomp")) and ".so" in name:
-            try:
-                runtime = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
-                runtime.GOMP_parallel  # noqa: B018 (raises AttributeError where it is missing)
-                return runtime
-            except (OSError, AttributeError):
-                continue
-    return None
-
-
-# -- the helper threads ------------------------------------------------------------
-class _Call:
-    """One pass cut into pieces: whoever is free takes the next piece."""
-
-    def __init__(self, pieces: int, work: Callable[[int], None]) -> None:
-        self._pieces, self._work = pieces, work
-        self._next = 0
-        self._open = pieces
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-    def work(self) -> None:
-        while True:
-            with self._lock:
-                i, self._next = self._next, self._next + 1
-            if i >= self._pieces:
-                return
-            try:
-                self._work(i)
-            except BaseException as exc:  # re-raised on the calling thread by wait()
-                self._error = self._error or exc
-            finally:
-                with self._lock:
-                    self._open -= 1
-                    if self._open == 0:
-                        self._done.set()
-
-    def wait(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-
-
-class _Crew:
-    """A process's helper threads: they wait on a queue (blocking, not spinning)
-    and join whatever pass is queued."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-
-    def run(self, pieces: int, work: Callable[[int], None], helpers: int) -> None:
-        """Run ``work(i)`` for every piece i, here and on up to ``helpers`` helpers."""
-        call = _Call(pieces, work)
-        self._hire(helpers)
-        for _ in range(helpers):
-            self._calls.put(call)
-        call.work()
-        call.wait()
-
-    def _hire(self, helpers: int) -> None:
-        with self._lock:
-            while len(self._threads) < helpers:
-                t = threading.Thread(target=self._serve, daemon=True,
-                                     name=f"layercheck-drift-{len(self._threads) + 1}")
-                t.start()
-                self._threads.append(t)
-
-    def _serve(self) -> None:
-        while True:
-            self._calls.get().work()
-
-
-_CREW: _Crew | None = None
-
-
-def _crew() -> _Crew:
-    """This process's helpers; a forked child hires its own (its parent's
-    threads were not copied into it, and their locks may be held)."""
-    global _CREW
-    if _CREW is None or _CREW.pid != os.getpid():
-        _CREW = _Crew()
-    return _CREW
 
 
 def warm() -> None:
@@ -464,7 +303,7 @@ def _next_ticket(typingctx, address):
 
 
 # The body of the team's parallel region, on each of its threads (a C callback:
-# void fn(void *data), data being the addresses that _Team.run packs). Pieces
+# void fn(void *data), data being the addresses that FusedPass.run packs). Pieces
 # are handed out by an atomic ticket, so a thread that starts late takes fewer;
 # the region's closing barrier orders the results before GOMP_parallel returns.
 @cfunc(types.void(types.int64), nopython=True, error_model="numpy", cache=True)

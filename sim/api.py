@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from layercheck.calibration import Figure
 from layercheck.trace import Trace
@@ -34,6 +33,7 @@ from .grid import run_grid
 from .intervals import parse_interval, resolve_interval
 from .nodes import NodeFailures
 from .reference import run_reference
+from .results import COLUMNS, LIMIT, aggregate
 from .strategies import PROTOCOLS, STRATEGIES, Cadence, Schedule, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
@@ -44,15 +44,6 @@ __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "limit_ratio", "P
            "LIMIT", "DAY", "ENGINES", "cadences", "primary_loss_draws"]
 
 DAY = 86400.0
-LIMIT = "limit"
-"""The strategy name of the perfect checkpointer's rows in ``sweep``."""
-COLUMNS = ("strategy", "effective_ratio", "ci95", "ratio_at_phi_low", "ratio_at_phi_high",
-           "useful_s", "stale_s", "stale_lost_s", "checkpoint_stall_s", "lost_work_s",
-           "recovery_s", "failures", "bytes_written", "interval", "storage_interval")
-"""The result columns (and the keys of every JSON row), in order. ``effective_ratio`` is
-at the stale cost factor phi in force (``Scenario.stale_figure``), ``ratio_at_phi_low``
-and ``ratio_at_phi_high`` at its interval's bounds, on the same lanes; ``useful_s`` is
-net of ``stale_lost_s`` = phi x ``stale_s``."""
 ENGINES = ("fast", "simpy")
 """fast: jumps from failure to failure (``sim.engine``); simpy: every step an event
 (``sim.reference``, the model to read and extend; slower)."""
@@ -154,12 +145,39 @@ class Scenario:
         """Strategies this scenario can run (LayerCheck needs a trace)."""
         return tuple(n for n, c in STRATEGIES.items() if self.workload.has_trace or not c.needs_trace)
 
+    def strategy_names(self, strategies: str | Sequence[str] | None = None) -> list[str]:
+        """The strategies a run of this scenario compares: ``strategies`` (names, or one
+        comma list) checked and de-duplicated in order, else every ``compared`` one it can
+        run. Unknown names and ones that need a trace this job lacks are refused."""
+        if strategies is None:
+            return [n for n in self.available() if STRATEGIES[n].compared]
+        names = [s.strip() for s in (strategies.split(",") if isinstance(strategies, str) else strategies)]
+        for name in names:
+            get_strategy(name)
+            if name not in self.available():
+                raise SimError(f"{name} needs a trace of layer writes: use a preset or --trace")
+        if not names:
+            raise SimError("no strategies given; choose from " + ", ".join(STRATEGIES))
+        return list(dict.fromkeys(names))
+
+    def cadence(self, strategy: str, mtbf_s: float | None, *,
+                interval: str | int | None = None) -> Cadence | None:
+        """How often ``strategy`` checkpoints on this job at ``mtbf_s`` (None: the failures'
+        own rate): by the protocol, or every ``interval`` steps (or Young's or Daly's;
+        default the scenario's own override); None for a strategy that does not roll back."""
+        spec = STRATEGIES[strategy]()
+        if not spec.rollback:
+            return None
+        rule = self.interval if interval is None else parse_interval(interval)
+        mtbf = mtbf_s if mtbf_s is not None else self.failures.own_mtbf_s
+        steps = None if rule is None else resolve_interval(rule, self.workload, self.costs, mtbf)
+        return spec.cadence(self.protocol, self.workload, self.costs, mtbf_s=mtbf, interval=steps)
+
     def schedule(self, strategy: str, mtbf_s: float | None) -> Schedule:
         """``strategy``'s schedule on this job at ``mtbf_s``: its cadence by the protocol or
         the interval override, as ``simulate`` runs it."""
-        _check_strategies(self, [strategy])
-        cadence = _cadence(strategy, self, self.interval, mtbf_s)
-        return get_strategy(strategy).schedule(self.workload, self.costs, cadence)
+        self.strategy_names([strategy])
+        return get_strategy(strategy).schedule(self.workload, self.costs, self.cadence(strategy, mtbf_s))
 
     def stale_figure(self) -> Figure:
         """The stale cost factor phi in force, with its interval and provenance: the given
@@ -257,7 +275,7 @@ def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf
     lane_t = np.repeat(np.arange(len(variants)), seeds)
     res = run_grid(timelines, lane_t, times, np.tile(np.arange(seeds), len(variants)), uniforms,
                    window)
-    frame = _aggregate(res, [(0, int(v), None) for v in lane_t], [mtbf_s], window,
+    frame = aggregate(res, [(0, int(v), None) for v in lane_t], [mtbf_s], window,
                        scenario.stale_figure())
     return frame.drop(columns="mtbf_s").reset_index(drop=True)
 
@@ -268,19 +286,6 @@ def limit_ratio(scenario: Scenario, mtbf_s: float | np.ndarray) -> float | np.nd
 
 
 # ---------------------------------------------------------------------------
-def _check_strategies(scenario: Scenario, strategies: Sequence[str] | None) -> list[str]:
-    if strategies is None:
-        return [n for n in scenario.available() if STRATEGIES[n].compared]
-    names = [s.strip() for s in (strategies.split(",") if isinstance(strategies, str) else strategies)]
-    for name in names:
-        get_strategy(name)
-        if name not in scenario.available():
-            raise SimError(f"{name} needs a trace of layer writes: use a preset or --trace")
-    if not names:
-        raise SimError("no strategies given; choose from " + ", ".join(STRATEGIES))
-    return list(dict.fromkeys(names))
-
-
 def _failure_rows(scenario: Scenario, mtbfs: list[float | None], seeds: int, window_s: float):
     """Failure times and uniforms per (mtbf index, seed), seed i from SeedSequence([seed, i])."""
     times, uniforms = [], []
@@ -307,8 +312,7 @@ def cadences(scenario: Scenario, strategies: Sequence[str], *,
              mtbf_s: float | None = None) -> dict[str, Cadence | None]:
     """How often each strategy checkpoints in ``simulate(scenario, mtbf_s=...)``: what a
     real run of the same scenario must do to be compared with it."""
-    rule = scenario.interval
-    return {name: _cadence(name, scenario, rule, mtbf_s) for name in strategies}
+    return {name: scenario.cadence(name, mtbf_s) for name in strategies}
 
 
 def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:
@@ -336,7 +340,7 @@ def _bound(scenario, mtbfs, seeds, window, strategies, engine) -> None:
 
 def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with_limit,
          workers=None, scheduler=None) -> pd.DataFrame:
-    names = _check_strategies(scenario, strategies)
+    names = scenario.strategy_names(strategies)
     window = _check_run(scenario, mtbfs, seeds, window_s, engine)
     _bound(scenario, mtbfs, seeds, window, len(names), engine)
     rule = scenario.interval if interval is None else parse_interval(interval)
@@ -344,7 +348,7 @@ def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with
     timelines, index, lane_t, lane_row, lane_key = [], {}, [], [], []
     for mi, mtbf in enumerate(mtbfs):
         for name in names:
-            cadence = _cadence(name, scenario, rule, mtbf)
+            cadence = scenario.cadence(name, mtbf, interval=rule)
             if (name, cadence) not in index:
                 index[(name, cadence)] = len(timelines)
                 schedule = get_strategy(name).schedule(scenario.workload, scenario.costs, cadence)
@@ -358,12 +362,12 @@ def _run(scenario, mtbfs, strategies, seeds, window_s, interval, engine, *, with
     else:
         res = run_grid(timelines, np.array(lane_t), times, np.array(lane_row), uniforms, window,
                        workers=workers, scheduler=scheduler)
-    frame = _aggregate(res, lane_key, mtbfs, window, scenario.stale_figure())
+    frame = aggregate(res, lane_key, mtbfs, window, scenario.stale_figure())
     if with_limit:
         lim = run_limit(times, window, scenario.costs.restart_s)
         keys = [(mi, LIMIT, None) for mi in range(len(mtbfs)) for _ in range(seeds)]
         # the perfect checkpointer has no stale layers: every phi gives it the same ratio
-        frame = pd.concat([frame, _aggregate(lim, keys, mtbfs, window, scenario.stale_figure())],
+        frame = pd.concat([frame, aggregate(lim, keys, mtbfs, window, scenario.stale_figure())],
                           ignore_index=True)
     frame.attrs["events"] = float(res.events.sum())
     return frame
@@ -375,50 +379,3 @@ def _run_reference(timelines, lane_t, lane_row, times, uniforms, window) -> Lane
               for t, r in zip(lane_t, lane_row)]
     cols = {f: np.array([tot.get(f, 0.0) for tot in totals], dtype=np.float64) for f in RESULT_FIELDS}
     return LaneResults(**cols)
-
-
-def _cadence(name: str, scenario: Scenario, rule, mtbf) -> Cadence | None:
-    strategy = STRATEGIES[name]()
-    if not strategy.rollback:
-        return None
-    mtbf = mtbf if mtbf is not None else scenario.failures.own_mtbf_s
-    steps = None if rule is None else resolve_interval(rule, scenario.workload, scenario.costs, mtbf)
-    return strategy.cadence(scenario.protocol, scenario.workload, scenario.costs, mtbf_s=mtbf,
-                            interval=steps)
-
-
-def _stale_lost(res: LaneResults, phi: float) -> np.ndarray:
-    """Each lane's stale time counted as lost, phi x stale_s, but never more than the
-    lane's useful time: a run whose recoveries cost more steps than it trains between
-    them makes no progress; it does not train backwards (phi above useful_s / stale_s,
-    e.g. at a high bound)."""
-    return np.minimum(phi * res.stale_s, res.useful_s)
-
-
-def _aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
-               phi: Figure) -> pd.DataFrame:
-    """Mean per key over its lanes; phi x stale_s is lost, the rest of stale_s useful. The
-    ratio at phi's bounds is the same arithmetic on the same lanes (stale_s is per lane)."""
-    low, high = phi.interval
-    lost = _stale_lost(res, phi.value)
-    useful = res.useful_s - lost
-    lanes = pd.DataFrame({"key": keys, "ratio": useful / window, "useful_s": useful,
-                          "ratio_at_phi_low": (res.useful_s - _stale_lost(res, low)) / window,
-                          "ratio_at_phi_high": (res.useful_s - _stale_lost(res, high)) / window,
-                          "stale_lost_s": lost,
-                          **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s",
-                                                          "lost_work_s", "recovery_s",
-                                                          "failures", "bytes_written")}})
-    rows = []
-    for key, group in lanes.groupby("key", sort=False):
-        mi, name, cadence = key
-        n, ratio = len(group), group["ratio"].to_numpy()
-        half = float(stats.t.ppf(0.975, n - 1) * ratio.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        row = {"mtbf_s": mtbfs[mi], "strategy": name, "effective_ratio": float(ratio.mean()),
-               "ci95": half}
-        for f in COLUMNS[3:-2]:
-            row[f] = float(group[f].mean())
-        row["interval"] = cadence.every if cadence else None
-        row["storage_interval"] = cadence.storage_every if cadence else None
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["mtbf_s", *COLUMNS])

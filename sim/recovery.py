@@ -105,8 +105,7 @@ class RecoveryModel:
                 raise SimError(f"recovery {name}={value!r}: give a finite number >= 0")
         if self.hang_share > 1:
             raise SimError(f"recovery hang_share={self.hang_share!r}: a share in [0, 1]")
-        if self.spares is not None and (isinstance(self.spares, bool) or not isinstance(
-                self.spares, (int, np.integer)) or self.spares < 0):
+        if self.spares is not None and not _whole(self.spares, 0):
             raise SimError(f"spares={self.spares!r}: give a whole number of nodes >= 0 "
                            "(or none for a pool that never runs out)")
         if self.no_spare not in NO_SPARE:
@@ -136,9 +135,9 @@ class RecoveryModel:
         return Downtime(detection_s=detection, reschedule_s=self._reschedule(times, lost, nodes))
 
     def _reschedule(self, times: np.ndarray, lost: np.ndarray, nodes: int) -> np.ndarray:
-        """Host selection when the pool has a spare for every lost node; else the wait (or,
-        shrinking, the lost capacity) until the nodes missing are back from repair. A lost
-        node returns ``repair_s`` after its failure; a returned node refills the pool,
+        """Host selection, plus, when the pool lacks a spare for every lost node, the wait
+        (or, shrinking, the lost capacity) until the nodes missing are back from repair. A
+        lost node returns ``repair_s`` after its failure; a returned node refills the pool,
         unless the job is waiting for (or short of) it, then it rejoins the job."""
         if self.spares is None:
             return np.full(times.size, self.host_selection_s)
@@ -148,24 +147,33 @@ class RecoveryModel:
             while back and back[0] <= t:
                 heapq.heappop(back)
                 free += 1
+            repaired = t + self.repair_s
             for _ in range(n):
-                heapq.heappush(back, t + self.repair_s)
-            if free >= n:                     # every lost node replaced by a spare
-                free -= n
-                out[k] = self.host_selection_s
-                continue
-            short, free = n - free, 0         # nodes the pool cannot give now
-            returns = [heapq.heappop(back) for _ in range(short)]   # they rejoin the job
-            if self.no_spare == "wait":
-                out[k] = self.host_selection_s + (returns[-1] - t)
-            else:
-                # restart at once on nodes - short, each missing node's share of the job
-                # until it is back charged as downtime (exact while no other failure falls
-                # in between: the engine sees the job at full speed after its downtime)
-                out[k] = self.host_selection_s + sum(r - t for r in returns) / nodes
+                heapq.heappush(back, repaired)
+            short = max(0, n - free)          # nodes the pool cannot give now
+            free -= n - short
+            # the missing nodes rejoin the job as they come back from repair
+            out[k] = self.host_selection_s + self._short_s(
+                [heapq.heappop(back) for _ in range(short)], t, nodes)
         return out
+
+    def _short_s(self, returns: list[float], t: float, nodes: int) -> float:
+        """What being short of the nodes back at ``returns`` costs an event at ``t``: 0 with
+        none short; waiting, until the last is back; shrinking, each missing node's share
+        of the job until it is back, charged as downtime (exact while no other failure
+        falls in between: the engine sees the job at full speed after its downtime)."""
+        if not returns:
+            return 0.0
+        if self.no_spare == "wait":
+            return returns[-1] - t
+        return sum(r - t for r in returns) / nodes
+
+
+def _whole(value: object, least: int) -> bool:
+    """Whether ``value`` is a whole number (an int, not a bool) of at least ``least``."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
 
 
 def _check_nodes(nodes: int) -> None:
-    if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or nodes < 1:
+    if not _whole(nodes, 1):
         raise SimError(f"nodes={nodes!r}: a job needs a whole number of nodes >= 1")

@@ -31,7 +31,7 @@ import pandas as pd
 
 from layercheck.calibration import Figure
 
-from .api import LIMIT, Scenario, _aggregate, _cadence, _check_strategies
+from .api import Scenario
 from .costs import CostModel
 from .engine import run_lanes, run_limit
 from .errors import SimError
@@ -40,6 +40,7 @@ from .nodes import Domain, NodeFailures
 from .peers import PLACEMENTS, ReplicaPlacement
 from .presets import REGIMES
 from .recovery import GPUS_PER_NODE, RecoveryModel
+from .results import LIMIT, aggregate
 from .storage import AGGREGATE_SOURCE, SharedStorage, contended
 from .strategies import get_strategy
 from .timeline import Timeline
@@ -185,7 +186,7 @@ def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: i
     storage = model.storage(scenario.costs, nodes)
     costs = scale_costs(scenario.costs, nodes, storage, model.recovery)
     job = dataclasses.replace(scenario, costs=costs)
-    names = _check_strategies(job, strategies)
+    names = job.strategy_names(strategies)
     failures = model.failures(nodes)
     bound_work(failures, [None], seeds=int(seeds), window_s=window, strategies=len(names) + 1,
                engine="fast", mean_step_s=float(job.workload.compute_s.mean()))
@@ -206,7 +207,7 @@ def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: i
     timelines, stall_share, keys, lane_t, lane_row = [], [], [], [], []
     rng = np.random.default_rng([scenario.seed, nodes])
     for name in names:
-        cadence = _cadence(name, job, job.interval, mtbf)
+        cadence = job.cadence(name, mtbf)
         schedule = get_strategy(name).schedule(job.workload, costs, cadence)
         schedule = contended(schedule, storage, full_bytes=float(job.workload.full_bytes), rng=rng)
         timelines.append(Timeline.build(schedule))
@@ -218,9 +219,9 @@ def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: i
     res = run_lanes(timelines, np.array(lane_t), times, np.array(lane_row), peer, window,
                     downtime=down)
     phi = job.stale_figure()
-    frame = _aggregate(res, keys, [mtbf], window, phi)
+    frame = aggregate(res, keys, [mtbf], window, phi)
     lim = run_limit(times, window, costs.restart_s, downtime=down)
-    frame = pd.concat([frame, _aggregate(lim, [(0, LIMIT, None)] * seeds, [mtbf], window, phi)],
+    frame = pd.concat([frame, aggregate(lim, [(0, LIMIT, None)] * seeds, [mtbf], window, phi)],
                       ignore_index=True)
     loads = [_loads(t.schedule, costs.restart_s) for t in timelines] + [(0.0, 0.0)]
     return _breakdown(frame, gpus, nodes, costs.restart_s, loads, stall_share + [0.0], parts)

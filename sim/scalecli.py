@@ -6,23 +6,20 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 
-from layercheck.trace import read_trace
-
 from .api import PRESETS, Scenario
-from .costs import CostModel
 from .errors import SimError
 from .nodes import Domain
 from .peers import PLACEMENTS
-from .presets import DEFAULT_PRESET
 from .recovery import NO_SPARE, RECOVERY_FIGURES, RecoveryModel
 from .scale import LLAMA3_NODE_MTBF_S, WHERE, ScaleModel, gpu_steps, scale_curve, shares
+from .scenarioargs import job_scenario
 from .strategies import PROTOCOLS
 from .units import format_duration, parse_duration
 
 __all__ = ["add_parser", "run"]
+
 
 def add_parser(sub) -> None:
     sc = sub.add_parser("scale", help="each strategy's ratio against job size, with the perfect "
@@ -70,26 +67,8 @@ def add_parser(sub) -> None:
     s.add_argument("--read-aggregate-gbps", type=float, default=2000.0)
     s.add_argument("--tenants", type=int, default=0, help="other jobs like this one on the same "
                    "file system, at random phases")
-
-
-def _scenario(args) -> Scenario:
-    common = {"seed": args.seed, "window_s": parse_duration(args.window, what="--window"),
-              "stale_cost": args.stale_cost}
-    if args.interval is not None:
-        common["interval"] = args.interval
-    if args.protocol is not None:
-        common["protocol"] = args.protocol
-    costs = CostModel.named(args.costs) if args.costs else None
-    if sum(x is not None for x in (args.preset, args.trace, args.iteration_time)) > 1:
-        raise SimError("give one of --preset, --trace, --iteration-time")
-    if args.trace:
-        return Scenario.from_trace(read_trace(args.trace), costs=costs, **common)
-    if args.iteration_time:
-        return Scenario.custom(iteration_s=parse_duration(args.iteration_time, what="--iteration-time"),
-                               iterations=args.iterations, checkpoint_gb=args.checkpoint_gb,
-                               costs=costs, **common)
-    return Scenario.from_preset(args.preset or DEFAULT_PRESET, **common,
-                                **({"costs": costs} if costs else {}))
+    # the rest of the job vocabulary sim.scenarioargs.job_scenario reads: flags scale lacks
+    sc.set_defaults(checkpoint_cost=None, stale_as_useful=False)
 
 
 def _sizes(text: str) -> list[int]:
@@ -123,7 +102,7 @@ def _model(args) -> ScaleModel:
 def run(args) -> None:
     sizes = _sizes(args.gpus)
     model = _model(args)
-    scenario = _scenario(args)
+    scenario = job_scenario(args)     # its failures are the model's nodes'
     strategies = args.strategies.split(",") if args.strategies else None
     frame = scale_curve(scenario, model, gpus=sizes, seeds=args.seeds, strategies=strategies)
     if args.json:

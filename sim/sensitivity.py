@@ -27,7 +27,7 @@ import pandas as pd
 
 from layercheck.calibration import FIGURES
 
-from .api import Scenario, _check_strategies, simulate
+from .api import Scenario, simulate
 from .errors import SimError
 from .work import bound_work
 
@@ -133,7 +133,7 @@ def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequenc
     """The point run, then every banded figure (or those of ``figures``) at each end of its
     band, on the same failures; refused (``SimError``) before any run if the whole passes
     the simulator's work bound."""
-    names = _check_strategies(scenario, strategies)
+    names = scenario.strategy_names(strategies)
     chosen = list(FIGURES) if figures is None else list(figures)
     unknown = [f for f in chosen if f not in FIGURES]
     if unknown:

@@ -50,6 +50,17 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         # layercheck.kernels' threading, not drift's values; the rest run at 1 thread
         "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
         "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
+    # drift's fused path and its Adam terms, moved out of drift.py: the same tests, and their own
+    "fusedsums": ("layercheck/fusedsums.py", [
+        "tests/layercheck/test_fusedsums.py", "tests/layercheck/test_drift.py",
+        "--deselect", "tests/layercheck/test_drift.py::test_drift_imports_and_works_without_numba",
+        "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
+        "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
+    "adamupdate": ("layercheck/adamupdate.py", [
+        "tests/layercheck/test_adamupdate.py", "tests/layercheck/test_drift.py",
+        "--deselect", "tests/layercheck/test_drift.py::test_drift_imports_and_works_without_numba",
+        "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
+        "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
     "engine": ("sim/engine.py", [
         "tests/sim/test_engine.py"]),
     "manifest": ("layercheck/manifest.py", [
@@ -159,7 +170,7 @@ EQUIVALENT: dict[str, str] = {
         "u < p vs u <= p for a uniform draw u: they differ only when u equals the loss "
         "probability exactly (probability zero)",
     "sim.engine.x_run_limit__mutmut_37": TIE,
-    # drift
+    # drift (its fused path in fusedsums, its Adam terms in adamupdate since the split)
     "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_43":
         "_previous starts as None instead of {}: only the copy fallback reads it, and it "
         "sets it itself; Adam never touches it",
@@ -187,32 +198,32 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_19": "as _updates 18",
     "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_22": "as _updates 18",
     "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_29": "as _updates 18",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_33":
+    "layercheck.adamupdate.x_adam_terms__mutmut_33":
         "at lr 0 the scale is 0, so moved is 0 whatever eps_c, alpha or shrink are",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_34": "as _adam_terms 33",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_36": "as _adam_terms 33",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_40":
+    "layercheck.adamupdate.x_adam_terms__mutmut_34": "as _adam_terms 33",
+    "layercheck.adamupdate.x_adam_terms__mutmut_36": "as _adam_terms 33",
+    "layercheck.adamupdate.x_adam_terms__mutmut_40":
         "the default of group.get('weight_decay'): torch's Adam and AdamW groups always "
         "hold the key",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_42": "as _adam_terms 40",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_45": "as _adam_terms 40",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_48":
+    "layercheck.adamupdate.x_adam_terms__mutmut_42": "as _adam_terms 40",
+    "layercheck.adamupdate.x_adam_terms__mutmut_45": "as _adam_terms 40",
+    "layercheck.adamupdate.x_adam_terms__mutmut_48":
         "the default of group.get('decoupled_weight_decay'): torch 2.13's Adam and AdamW "
         "groups always hold the key",
-    "layercheck.drift.xǁDriftTrackerǁ_adam_terms__mutmut_50": "as _adam_terms 48",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_23":
+    "layercheck.adamupdate.x_adam_terms__mutmut_50": "as _adam_terms 48",
+    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_23":
         "the v address 1 for an entry without moments: the kernel reads m and v only where "
         "the m address is non-zero (kernels._run_sums, _sums' prefetch)",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_52":
+    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_52":
         "np.array of Python ints without a dtype is int64, which is np.intp on the 64-bit "
         "platforms torch supports: the same array",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_54": "as _fused_sums 52",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_77":
+    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_54": "as FusedSums.sums 52",
+    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_77":
         "the addresses without dtype=int64: Python ints below 2**63 (user-space addresses "
         "and 0) make an int64 array anyway",
-    "layercheck.drift.xǁDriftTrackerǁ_fused_sums__mutmut_79": "as _fused_sums 77",
-    "layercheck.drift.xǁ_Layoutǁof__mutmut_11": "the layers' dtype dropped: as _fused_sums 52",
-    "layercheck.drift.xǁ_Layoutǁof__mutmut_13": "as _Layout.of 11",
+    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_79": "as FusedSums.sums 77",
+    "layercheck.fusedsums.xǁ_Layoutǁof__mutmut_11": "the layers' dtype dropped: as FusedSums.sums 52",
+    "layercheck.fusedsums.xǁ_Layoutǁof__mutmut_13": "as _Layout.of 11",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_6":
         "the scratch buffer not reused: a fresh one each call holds the same values "
         "(reuse saves page faults, not results)",

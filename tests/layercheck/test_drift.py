@@ -14,7 +14,9 @@ import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
 from layercheck import drift as drift_module
-from layercheck.drift import BLOCK, DriftTracker, _Entry, _fusable
+from layercheck import fusedsums
+from layercheck.drift import BLOCK, DriftTracker, _Entry
+from layercheck.fusedsums import fusable
 from layercheck.layermap import LayerMap
 from tests.conftest import in_a_fresh_python, tiny_lm
 
@@ -163,11 +165,11 @@ def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, mo
     """Numba must not fight torch for the cores: the pass runs on torch's own
     OpenMP team, sized by torch's thread count (the calling thread included),
     and hires no helper threads of its own."""
-    from layercheck import kernels
+    from layercheck import kernels, passthreads
     teams, hired = [], []
-    run, crew_run = kernels._Team.run, kernels._Crew.run
-    monkeypatch.setattr(kernels._Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))
-    monkeypatch.setattr(kernels._Crew, "run", lambda self, pieces, work, helpers:
+    run, crew_run = passthreads.Team.run, passthreads.Crew.run
+    monkeypatch.setattr(passthreads.Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))
+    monkeypatch.setattr(passthreads.Crew, "run", lambda self, pieces, work, helpers:
                         hired.append(helpers) or crew_run(self, pieces, work, helpers=helpers))
     parts = _flat_parts([4 * kernels.PER_THREAD])  # enough to be worth several threads
     opt = torch.optim.AdamW(parts, lr=1e-3)
@@ -231,13 +233,13 @@ def test_fallback_for_a_non_contiguous_parameter():
 def test_fallback_for_other_dtypes():
     torch.manual_seed(0)
     assert _one_step_against_reference(tiny_lm(tied=False, layers=2).double()).fused_params == 0
-    assert not _fusable(torch.zeros(4, device="meta"))  # stands in for a GPU tensor
-    assert not _fusable(torch.zeros(4, dtype=torch.bfloat16))
-    assert _fusable(torch.zeros(4))
+    assert not fusable(torch.zeros(4, device="meta"))  # stands in for a GPU tensor
+    assert not fusable(torch.zeros(4, dtype=torch.bfloat16))
+    assert fusable(torch.zeros(4))
 
 
 def test_fallback_without_numba(monkeypatch):
-    monkeypatch.setattr(drift_module, "_kernels", False)  # as if `import numba` had failed
+    monkeypatch.setattr(fusedsums, "_kernels", False)  # as if `import numba` had failed
     torch.manual_seed(0)
     assert _one_step_against_reference(tiny_lm(tied=False, layers=2)).fused_params == 0
 
@@ -520,29 +522,6 @@ def _sgd_tracker(params_by_layer, **kw):
         return opt, DriftTracker(opt, params_by_layer, **kw)
 
 
-def test_kernels_load_on_first_use_and_a_failed_import_means_the_torch_path(monkeypatch):
-    import layercheck.kernels
-    lin = torch.nn.Linear(8, 8)
-    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
-    tracker = DriftTracker(opt, [list(lin.parameters())])
-    monkeypatch.setattr(drift_module, "_kernels", None)  # as in a fresh process
-    lin(torch.randn(2, 8)).sum().backward()
-    opt.step()
-    tracker.take()
-    assert drift_module._kernels is layercheck.kernels and tracker.fused_params == (2 if HAVE_NUMBA else 0)
-    # numba missing: the import fails once, is remembered, and the torch path measures
-    monkeypatch.setattr(drift_module, "_kernels", None)
-    monkeypatch.setitem(sys.modules, "numba", None)
-    monkeypatch.delitem(sys.modules, "layercheck.kernels")
-    before = {n: p.detach().clone() for n, p in lin.named_parameters()}
-    lin(torch.randn(2, 8)).sum().backward()
-    opt.step()
-    drift, _, _ = tracker.take()
-    assert drift_module._kernels is False and tracker.fused_params == 0
-    moved = sum(float((p.detach().double() - before[n].double()).abs().sum()) for n, p in lin.named_parameters())
-    assert drift[0] == pytest.approx(moved / sum(float(p.detach().double().abs().sum()) for p in lin.parameters()), rel=1e-5)
-
-
 def test_layers_of_zero_small_and_infinite_weight():
     """d = moved / size, also when both are below 1; a layer that moved to all zeros
     drifted infinitely (however little it moved), one that is and stays zero not at
@@ -760,39 +739,6 @@ def test_a_hook_call_measures_only_what_that_call_stepped():
     assert drift[0] == 0.0 and drift[1] == pytest.approx(0.0101 / 0.9899, rel=1e-4)
     # and the kernel measured `mine` although a tensor not stepped came first
     assert tracker.fused_params == (1 if HAVE_NUMBA else 0)
-
-
-@needs_numba
-def test_the_fused_layout_is_built_once_per_set_of_entries(monkeypatch):
-    """The fused pass's segments depend only on which tensors it reads: built at the
-    first step that reads a given set, then reused (a step whose set differs builds
-    its own once, and the first set's comes back unchanged). A parameter is read by
-    the kernel only if its weights and both moments are: a restore may leave one
-    moment non-contiguous beside a contiguous other, and the torch path takes it."""
-    from layercheck import kernels
-    built = []
-
-    class Counted(kernels.FusedPass):
-        def __init__(self, extents):
-            built.append([tuple(e) for e in extents])
-            super().__init__(extents)
-
-    monkeypatch.setattr(kernels, "FusedPass", Counted)
-    a, b = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(3))
-    opt = torch.optim.AdamW([a, b], lr=1e-2)
-    tracker = DriftTracker(opt, [[a], [b]])
-    for step in range(5):
-        a.grad = torch.ones(8)
-        b.grad = torch.ones(3)
-        if step == 2:  # b's moment is swapped for one the kernel cannot read
-            opt.state[b]["exp_avg"] = torch.zeros(3, 2)[:, 0].copy_(opt.state[b]["exp_avg"])
-        opt.step()
-        if step == 2:
-            opt.state[b]["exp_avg"] = opt.state[b]["exp_avg"].contiguous()
-        drift, _, _ = tracker.take()
-        assert drift[0] > 0 and drift[1] > 0
-        assert tracker.fused_params == (1 if step == 2 else 2)
-    assert built == [[(8, 8, 8), (3, 3, 3)], [(8, 8, 8)]]
 
 
 @pytest.mark.parametrize("fused", [pytest.param(True, marks=needs_numba), False], ids=["fused", "foreach"])

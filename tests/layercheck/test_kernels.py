@@ -1,5 +1,5 @@
-"""The streaming drift pass (layercheck.kernels): pieces, torch's OpenMP team, helper
-threads, fork safety.
+"""The streaming drift pass (layercheck.kernels): pieces, on torch's OpenMP team or helper
+threads (layercheck.passthreads), fork safety.
 
 Its sums against the torch path and against weight copies are tested in
 test_drift.py; here, what the threads must not change or break."""
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba")  # the kernel is optional: test_drift covers the torch path without it
-from layercheck import kernels  # noqa: E402
+from layercheck import kernels, passthreads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,31 +91,14 @@ def test_every_element_is_read_by_exactly_one_piece():
         assert size.tolist() == [float(n) for n in sizes]
 
 
-def test_a_failing_piece_raises_on_the_calling_thread_and_the_crew_lives_on():
-    crew = kernels._crew()
-    done = []
-
-    def work(i: int) -> None:
-        if i == 3:
-            raise RuntimeError("piece 3")
-        done.append(i)
-
-    with pytest.raises(RuntimeError, match="piece 3"):
-        crew.run(8, work, helpers=1)
-    assert sorted(done) == [0, 1, 2, 4, 5, 6, 7]  # the other pieces still ran
-    done.clear()
-    crew.run(8, lambda i: done.append(i), helpers=1)
-    assert sorted(done) == list(range(8))
-
-
 @pytest.mark.parametrize("threads_of", ["torch's team", "helper threads"])
 def test_two_threads_may_run_passes_at_once(threads_of, monkeypatch):
     if threads_of == "torch's team":
         pytest.importorskip("torch")
-        monkeypatch.setattr(kernels, "_TEAM", kernels._UNSEEN)  # look again, torch being loaded
-        assert kernels._team() is not None
+        monkeypatch.setattr(passthreads, "_TEAM", passthreads._UNSEEN)  # look again, torch loaded
+        assert passthreads.team() is not None
     else:
-        monkeypatch.setattr(kernels, "_team", lambda: None)
+        monkeypatch.setattr(passthreads, "team", lambda: None)
     sizes = [2 << 20, 1 << 20]
     _, ptr, eps_c, alpha = _inputs(sizes)
     plans = [kernels.FusedPass([(n, n, n) for n in sizes]) for _ in range(2)]
@@ -146,7 +129,7 @@ def _fork_script(prelude: str, parent_checks: str, epilogue: str = "") -> str:
     return textwrap.dedent("""
         import os, signal, threading
         import numpy as np
-        from layercheck import kernels
+        from layercheck import kernels, passthreads
     """) + textwrap.dedent(prelude) + textwrap.dedent("""
         n = 3 << 20
         rng = np.random.default_rng(0)
@@ -206,13 +189,13 @@ def test_a_pass_runs_on_torchs_openmp_team_and_sums_what_one_thread_sums(monkeyp
     (the ones that ran the optimizer step): no helper thread is started, and the
     sums are those of one thread, bit for bit."""
     pytest.importorskip("torch")
-    monkeypatch.setattr(kernels, "_TEAM", kernels._UNSEEN)  # look again, torch being loaded
+    monkeypatch.setattr(passthreads, "_TEAM", passthreads._UNSEEN)  # look again, torch being loaded
     monkeypatch.setattr(kernels, "PER_THREAD", 4096)
-    assert kernels._team() is not None
+    assert passthreads.team() is not None
     ran = []
-    team_run = kernels._Team.run
-    monkeypatch.setattr(kernels._Team, "run", lambda self, *a: ran.append(a[-1]) or team_run(self, *a))
-    monkeypatch.setattr(kernels._Crew, "run", lambda *a, **k: pytest.fail("a helper thread ran"))
+    team_run = passthreads.Team.run
+    monkeypatch.setattr(passthreads.Team, "run", lambda self, *a: ran.append(a[-1]) or team_run(self, *a))
+    monkeypatch.setattr(passthreads.Crew, "run", lambda *a, **k: pytest.fail("a helper thread ran"))
     sizes = [3 << 20, 70_001, 5, 1 << 20, 300_000]
     _, ptr, eps_c, alpha = _inputs(sizes, frozen={3})
     threads_before = threading.active_count()
@@ -238,7 +221,7 @@ def test_a_child_forked_after_a_pass_on_torchs_team_computes_the_same_sums(tmp_p
         torch.set_num_threads(2)
         torch.ones(1 << 22).mul_(2.0)  # torch's team runs, then waits for work
     """, """
-        assert kernels._team() is not None, "the parent's pass did not run on torch's team"
+        assert passthreads.team() is not None, "the parent's pass did not run on torch's team"
         assert threading.active_count() == 1, "the parent hired a helper thread"
     """)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "PYTHONPATH": str(ROOT)}

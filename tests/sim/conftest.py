@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim import CostModel, Scenario, Workload
-from sim.api import _cadence, _failure_rows
+from sim.api import _failure_rows
 from sim.strategies import get_strategy
 from sim.timeline import Timeline
 from sim.workload import LayerWrites
@@ -48,7 +48,7 @@ def sweep_lanes(mtbfs=(36.0, 300.0, 3600.0), seeds=4, window=3 * 86400.0, costs=
     timelines, strategy, row = [], [], []
     for mi, mtbf in enumerate(mtbfs):
         for name in scenario.available():
-            cadence = _cadence(name, scenario, None, mtbf)
+            cadence = scenario.cadence(name, mtbf)
             timelines.append(Timeline.build(get_strategy(name).schedule(
                 scenario.workload, scenario.costs, cadence)))
             strategy += [len(timelines) - 1] * seeds

@@ -145,6 +145,22 @@ def test_a_scenarios_schedule_is_the_one_simulate_runs():
         Scenario.custom(iteration_s=6.0, iterations=100).schedule("layercheck", 1800.0)
 
 
+def test_a_scenarios_strategies_and_cadences_are_what_its_runs_use():
+    """Scenario.strategy_names: the given ones checked and de-duplicated in order (a comma
+    list too), else every compared one the job can run; Scenario.cadence: the protocol's,
+    or an interval override (the scenario's, else the one given)."""
+    s = Scenario.from_preset("qwen2.5-7b", window_s=DAY)
+    assert s.strategy_names("gemini, deepspeed,gemini") == ["gemini", "deepspeed"]
+    assert s.strategy_names() == list(simulate(s, mtbf_s=1800.0, seeds=1).strategy)
+    with pytest.raises(SimError, match="no strategies given"):
+        s.strategy_names([])
+    assert s.cadence("layercheck", 1800.0) is None
+    assert s.cadence("deepspeed", 1800.0, interval="9").every == 9
+    assert Scenario.from_preset("qwen2.5-7b", interval=7).cadence("deepspeed", 1800.0).every == 7
+    row = sweep(s, mtbf_s=[1800.0], strategies=["deepspeed"], seeds=1, interval=11, limit=False)
+    assert row["interval"].tolist() == [11]
+
+
 # -- the stale cost factor phi -------------------------------------------------------------
 def _with_phi_interval(scenario, value=0.5, low=0.0, high=1.0):
     """The scenario with a cost model whose stale cost factor has an interval."""

@@ -56,6 +56,17 @@ def test_shrink_charges_the_missing_capacity():
     np.testing.assert_allclose(d.reschedule_s, [10.0 + 2 * 1000.0 / 100])
 
 
+def test_a_partial_pool_charges_only_the_nodes_it_could_not_replace():
+    """The pool's spares go first; waiting or shrinking is charged only for the rest."""
+    kw = dict(spares=1, repair_s=1000.0, host_selection_s=10.0)
+    times, lost = np.array([0.0, 400.0]), np.array([3, 1])
+    wait = RecoveryModel(**kw).downtime(times, lost, 100, RNG(0))
+    # t=0: one spare, two nodes back at 1000; t=400: the pool is empty, waits for t=0's third
+    np.testing.assert_array_equal(wait.reschedule_s, [10.0 + 1000.0, 10.0 + 600.0])
+    shrink = RecoveryModel(**kw, no_spare="shrink").downtime(times, lost, 100, RNG(0))
+    np.testing.assert_array_equal(shrink.reschedule_s, [10.0 + 2 * 1000.0 / 100, 10.0 + 600.0 / 100])
+
+
 def test_restart_grows_with_log2_of_nodes():
     model = RecoveryModel()
     assert model.restart_s(30.0, 1) == 30.0

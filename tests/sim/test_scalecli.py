@@ -62,3 +62,47 @@ def test_bad_input_is_one_line_that_says_the_fix(argv, fix):
     code, out, err = _main(*FAST, *argv)
     assert code == 2 and out == ""
     assert fix in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# -- the job: the same scenario vocabulary as python -m sim's (sim.scenarioargs) ----------
+def test_an_old_calibration_warns_in_one_line_on_python_m_sim_scale(tmp_path):
+    """A trace (or --costs file) measured by older mechanisms says so before the scale
+    curve rests on it, as ``python -m sim --trace`` does."""
+    import dataclasses
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from layercheck.calibration import read_calibration, write_calibration
+    root = Path(__file__).resolve().parents[2]
+    trace = tmp_path / "t"
+    shutil.copytree(root / "traces" / "minilm-200steps", trace)
+    write_calibration(dataclasses.replace(read_calibration(trace), code={}), trace)
+    for flags in (["--trace", str(trace)],
+                  ["--preset", "llama-3.2-1b", "--costs", str(trace / "costs.json")]):
+        done = subprocess.run([sys.executable, "-m", "sim", "scale", *flags, "--gpus", "8",
+                               "--seeds", "2", "--window", "1d", "--strategies", "deepspeed"],
+                              cwd=root, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warning) == 1, done.stderr
+        assert f"`python -m profiler calibrate --trace {trace}`" in warning[0]
+
+
+@pytest.mark.parametrize("make", ["missing", "a file", "no manifest", "bad parquet"])
+def test_a_bad_trace_is_one_line_naming_the_flag(make, tmp_path):
+    import shutil
+    from pathlib import Path
+    trace = tmp_path / "t"
+    if make == "a file":
+        trace.write_text("x")
+    elif make == "no manifest":
+        trace.mkdir()
+    elif make == "bad parquet":
+        shutil.copytree(Path(__file__).resolve().parents[2] / "traces" / "minilm-200steps", trace)
+        (trace / "steps.parquet").write_text("garbage")
+    code, out, err = _main("scale", "--trace", str(trace), "--gpus", "8", "--seeds", "2",
+                           "--window", "1d")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m sim: error: --trace: "), err

@@ -1,0 +1,68 @@
+"""The result table: the engine's lanes (one run each) averaged into one row per key.
+
+A key is ``(mtbf index, strategy, cadence)``: ``sim.api`` keys its lanes by MTBF and
+strategy, ``sim.scale`` by strategy at one job size, ``simulate_writes`` by write
+pattern. Every row carries the same columns (``COLUMNS``), whoever ran the lanes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from layercheck.calibration import Figure
+
+from .engine import LaneResults
+
+__all__ = ["COLUMNS", "LIMIT", "aggregate", "stale_lost"]
+
+LIMIT = "limit"
+"""The strategy name of the perfect checkpointer's rows in ``sweep``."""
+COLUMNS = ("strategy", "effective_ratio", "ci95", "ratio_at_phi_low", "ratio_at_phi_high",
+           "useful_s", "stale_s", "stale_lost_s", "checkpoint_stall_s", "lost_work_s",
+           "recovery_s", "failures", "bytes_written", "interval", "storage_interval")
+"""The result columns (and the keys of every JSON row), in order. ``effective_ratio`` is
+at the stale cost factor phi in force (``Scenario.stale_figure``), ``ratio_at_phi_low``
+and ``ratio_at_phi_high`` at its interval's bounds, on the same lanes; ``useful_s`` is
+net of ``stale_lost_s`` = phi x ``stale_s``."""
+
+
+def stale_lost(res: LaneResults, phi: float) -> np.ndarray:
+    """Each lane's stale time counted as lost, phi x stale_s, but never more than the
+    lane's useful time: a run whose recoveries cost more steps than it trains between
+    them makes no progress; it does not train backwards (phi above useful_s / stale_s,
+    e.g. at a high bound)."""
+    return np.minimum(phi * res.stale_s, res.useful_s)
+
+
+def aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
+              phi: Figure) -> pd.DataFrame:
+    """One row per key (``keys[i]`` is lane i's), in the keys' first-seen order, columns
+    ``mtbf_s`` + ``COLUMNS``: the mean over the key's lanes and the ratio's 95% confidence
+    half-width (NaN for one lane). phi x stale_s is lost, the rest of stale_s useful; the
+    ratio at phi's bounds is the same arithmetic on the same lanes (stale_s is per lane)."""
+    low, high = phi.interval
+    lost = stale_lost(res, phi.value)
+    useful = res.useful_s - lost
+    lanes = pd.DataFrame({"key": keys, "ratio": useful / window, "useful_s": useful,
+                          "ratio_at_phi_low": (res.useful_s - stale_lost(res, low)) / window,
+                          "ratio_at_phi_high": (res.useful_s - stale_lost(res, high)) / window,
+                          "stale_lost_s": lost,
+                          **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s",
+                                                          "lost_work_s", "recovery_s",
+                                                          "failures", "bytes_written")}})
+    rows = []
+    for key, group in lanes.groupby("key", sort=False):
+        mi, name, cadence = key
+        n, ratio = len(group), group["ratio"].to_numpy()
+        half = float(stats.t.ppf(0.975, n - 1) * ratio.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        row = {"mtbf_s": mtbfs[mi], "strategy": name, "effective_ratio": float(ratio.mean()),
+               "ci95": half}
+        for f in COLUMNS[3:-2]:
+            row[f] = float(group[f].mean())
+        row["interval"] = cadence.every if cadence else None
+        row["storage_interval"] = cadence.storage_every if cadence else None
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["mtbf_s", *COLUMNS])

@@ -1,0 +1,47 @@
+"""The result table (sim.results): lanes averaged per key, phi's accounting, the 95% band."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from layercheck.calibration import Figure
+from sim.engine import RESULT_FIELDS, LaneResults
+from sim.results import COLUMNS, aggregate, stale_lost
+from sim.strategies import Cadence
+
+WINDOW = 100.0
+
+
+def _lanes(**given) -> LaneResults:
+    n = len(next(iter(given.values())))
+    return LaneResults(**{f: np.asarray(given.get(f, np.zeros(n)), dtype=np.float64)
+                          for f in RESULT_FIELDS})
+
+
+def test_one_row_per_key_in_first_seen_order_with_its_mean_and_band():
+    res = _lanes(useful_s=[50.0, 70.0, 90.0, 10.0], stale_s=[0.0, 0.0, 0.0, 4.0],
+                 failures=[1.0, 3.0, 2.0, 5.0])
+    every = Cadence(every=12, storage_every=48)
+    keys = [(1, "b", every), (1, "b", every), (1, "b", every), (0, "a", None)]
+    frame = aggregate(res, keys, [900.0, 1800.0], WINDOW, Figure(value=0.5, source="given", method="a test's"))
+    assert list(frame.columns) == ["mtbf_s", *COLUMNS]
+    assert list(frame.strategy) == ["b", "a"] and list(frame.mtbf_s) == [1800.0, 900.0]
+    b, a = frame.iloc[0], frame.iloc[1]
+    assert b.effective_ratio == pytest.approx(0.7) and b.failures == 2.0
+    ratio = np.array([0.5, 0.7, 0.9])
+    assert b.ci95 == pytest.approx(stats.t.ppf(0.975, 2) * ratio.std(ddof=1) / math.sqrt(3))
+    assert (b.interval, b.storage_interval) == (12, 48)
+    # one lane: no band; phi 0.5 of its 4 s stale counted as lost
+    assert math.isnan(a.ci95) and frame["interval"].isna().tolist() == [False, True]
+    assert a.stale_lost_s == 2.0 and a.useful_s == 8.0 and a.effective_ratio == 0.08
+
+
+def test_phis_bounds_are_the_same_lanes_recomputed_and_never_train_backwards():
+    res = _lanes(useful_s=[10.0], stale_s=[8.0])
+    phi = Figure(value=0.5, low=0.25, high=2.0, source="measured", method="a test's")
+    row = aggregate(res, [(0, "lc", None)], [60.0], WINDOW, phi).iloc[0]
+    assert row.ratio_at_phi_low == (10.0 - 2.0) / WINDOW
+    assert row.effective_ratio == (10.0 - 4.0) / WINDOW
+    assert row.ratio_at_phi_high == 0.0          # 2 x 8 s is more than the 10 s it trained
+    assert stale_lost(res, 2.0).tolist() == [10.0]
