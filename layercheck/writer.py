@@ -39,7 +39,7 @@ from .store import Store
 __all__ = ["LayerSnapshot", "StepJob", "Writer", "WriteRecord"]
 
 MECHANISM_VERSIONS = {"layercheck writer": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 log = logging.getLogger("layercheck")
 

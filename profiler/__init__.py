@@ -8,8 +8,8 @@
     python -m profiler calibrate --trace TRACE [--repeats N]
     python -m profiler validate  --trace TRACE [--window 600] [--mtbf 150] [--seed 0]
 
-``capture`` writes ``traces/<name>/`` in the format of ``layercheck.trace``
-and, unless ``--no-calibrate``, ``costs.json`` (``layercheck.calibration``:
+``capture`` writes ``traces/<name>/`` in the format of ``layercheck.contract.trace``
+and, unless ``--no-calibrate``, ``costs.json`` (``layercheck.contract.calibration``:
 what each checkpointing strategy's mechanism costs on this model and
 machine); ``calibrate`` measures it for an existing capture; ``drill`` adds
 ``drill.json`` (recovery fidelity, measured with real SIGKILLs); ``validate``

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
+from layercheck.contract.trace import SCHEMA_VERSION, Trace, write_trace
 
 from .config import CaptureConfig, ZeroConfig
 from .job import Job, PhaseTimes
@@ -122,7 +122,7 @@ def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
     write_trace(trace, out)
     summary = summarize(trace)
     if costs is not None:
-        from layercheck.calibration import write_calibration
+        from layercheck.contract.calibration import write_calibration
         write_calibration(costs, out)
         summary["costs"] = {name: f.value for name, f in costs.figures.items()}
     return CaptureResult(out, trace, {**summary, "wall_s": time.perf_counter() - started})

@@ -48,7 +48,7 @@ __all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerChe
            "Resume", "Saved", "folder_bytes", "single_process"]
 
 MECHANISM_VERSIONS = {"deepspeed checkpointer": 1, "checkfreq checkpointer": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 
 @dataclass(frozen=True)

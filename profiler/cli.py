@@ -288,8 +288,8 @@ def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     """A ZeRO trace is calibrated under torchrun with its own world size (started here)."""
-    from layercheck.calibration import read_calibration
-    from layercheck.trace import read_trace
+    from layercheck.contract.calibration import read_calibration
+    from layercheck.contract.trace import read_trace
 
     from .calibrate import calibrate_trace, job_spec
     from .launch import launch, world_size
@@ -338,7 +338,7 @@ def _validation_config(args: argparse.Namespace) -> ValidationConfig:
 
 
 def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:
-    from layercheck.trace import read_trace
+    from layercheck.contract.trace import read_trace
 
     from .figures import heatmap_png
     trace = read_trace(args.trace)

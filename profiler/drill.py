@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layercheck.trace import Trace, TraceError, read_trace, write_trace
+from layercheck.contract.trace import Trace, TraceError, read_trace, write_trace
 
 from .capture import capture
 from .config import CaptureConfig, DrillConfig

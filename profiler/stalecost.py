@@ -9,7 +9,7 @@ study measures it:
    steps, with one real ``LayerCheck`` per threshold attached (each in its own
    directory on ``scratch``; they only read the training state). Their writes
    give each threshold's parameter-weighted staleness S(t)
-   (``layercheck.trace.weighted_staleness``) and so its failure steps
+   (``layercheck.contract.trace.weighted_staleness``) and so its failure steps
    (``profiler.staleness.failure_steps``: the stalest step of each window, the
    paper's choice), among the steps that leave the shortest horizon to run.
 2. **Snapshots**: the same job trained again from its initial weights up to
@@ -54,8 +54,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layercheck.calibration import COSTS_FILE, Figure, read_calibration, write_calibration
-from layercheck.trace import STUDY_FILE
+from layercheck.contract.calibration import COSTS_FILE, Figure, read_calibration, write_calibration
+from layercheck.contract.trace import STUDY_FILE
 
 from .config import CaptureConfig
 from .convergence import Reading, SequenceLosses, read_delta, steps_behind

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from layercheck.snapshot import apply_rng, capture_rng
-from layercheck.trace import weighted_staleness
+from layercheck.contract.trace import weighted_staleness
 
 from .config import PAPER
 from .convergence import SequenceLosses

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from layercheck.trace import Trace, read_trace
+from layercheck.contract.trace import Trace, read_trace
 
 from .config import CaptureConfig, ValidationConfig
 from .errors import ProfilerError
@@ -74,7 +74,7 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
              scratch: Path | None = None, say: Callable[[str], None] = print,
              argv: list[str] | None = None) -> ValidationResult:
     """Run the validation of the module doc on the trace at ``trace_dir``."""
-    from layercheck.calibration import CalibrationError, read_calibration
+    from layercheck.contract.calibration import CalibrationError, read_calibration
     trace = _plain_capture(trace_dir)
     try:
         calibration = read_calibration(trace_dir)

@@ -28,10 +28,10 @@ from typing import Sequence
 import numpy as np
 
 from layercheck.errors import OneLineParser, one_line
-from layercheck.trace import TraceError, read_trace
+from layercheck.contract.trace import TraceError, read_trace
 
-from layercheck.calibration import FIGURES, read_calibration
-from layercheck.measurement import age_warning
+from layercheck.contract.calibration import FIGURES, read_calibration
+from layercheck.contract.measurement import age_warning
 
 from . import scalecli
 from .api import ENGINES, Scenario, simulate, sweep

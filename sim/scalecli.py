@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 
 from .api import PRESETS, Scenario
 from .costs import CostModel

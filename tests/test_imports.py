@@ -18,10 +18,10 @@ FORBIDDEN = {
     "dashboard": {"profiler"},                        # torch-free, reads traces and sim
     "profiler": {"dashboard"},
 }
-SCHEMA_READS = {("layercheck.calibration", "sim.strategies")}
+SCHEMA_READS = {("layercheck.contract.calibration", "sim.strategies")}
 """The one crossing allowed: the calibration schema is the union of the figures the strategy
 modules declare beside their models (issue 28), read on first use. sim.strategies imports
-only ``layercheck.figure``/``band``/``placement`` of the library, never the calibration,
+only ``layercheck.contract.figure``/``band``/``placement`` of the library, never the calibration,
 so the cycle test below still holds."""
 
 

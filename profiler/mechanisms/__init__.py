@@ -4,7 +4,7 @@ One ``Mechanism`` per strategy's mechanism (``base``): ``Restart`` (all),
 ``FullSave`` (deepspeed), ``TwoPhase`` (checkfreq), ``HostCopy`` and ``PeerCopy`` (gemini),
 ``Differential`` (lowdiff), ``LayerWise`` (layercheck). Each registers the figures
 it measures (``Mechanism.figures``); together they must cover every figure of
-``layercheck.calibration.FIGURES`` that ``python -m profiler calibrate`` measures
+``layercheck.contract.calibration.FIGURES`` that ``python -m profiler calibrate`` measures
 (``FigureSpec.measured_by``), each exactly once: ``check_coverage``, which
 ``calibrate`` runs before it times anything. A new strategy's figures therefore
 need a mechanism here, in ``MECHANISMS``.
@@ -15,8 +15,8 @@ import sys
 from typing import Sequence
 
 from layercheck import recovery, writer
-from layercheck.calibration import FIGURES
-from layercheck.figure import CALIBRATE
+from layercheck.contract.calibration import FIGURES
+from layercheck.contract.figure import CALIBRATE
 
 from .. import checkpointers
 from ..errors import ProfilerError
@@ -41,7 +41,7 @@ INSTALLED_VERSIONS: dict[str, int] = {
                    checkpointers, writer, recovery)
     for name, version in getattr(module, "MECHANISM_VERSIONS", {}).items()}
 """Every mechanism's version as its own module declares it: what ``calibrate`` records in
-costs.json (``layercheck.measurement.code_record``)."""
+costs.json (``layercheck.contract.measurement.code_record``)."""
 
 
 def check_coverage(mechanisms: Sequence[Mechanism] = MECHANISMS) -> None:

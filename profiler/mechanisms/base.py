@@ -1,7 +1,7 @@
 """The base of every measurement, and what each one gets (``Bench``).
 
 Contract: ``Mechanism.measure(bench)`` returns its ``figures`` (a dict of
-``layercheck.calibration.Figure``), measured on the bench's job, machine and
+``layercheck.contract.calibration.Figure``), measured on the bench's job, machine and
 scratch folder. A ``collective`` mechanism runs on every rank of a ZeRO or
 FSDP2 job at once (the real implementation is a collective there:
 DeepSpeed's own checkpoint or DCP's save, ZeroLayerCheck or
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 __all__ = ["Bench", "Mechanism", "rate_figure", "timed", "GB"]
 
 GB = 1e9
-"""Rates are decimal GB/s, as ``layercheck.calibration`` says."""
+"""Rates are decimal GB/s, as ``layercheck.contract.calibration`` says."""
 
 
 @dataclass(eq=False)
@@ -99,7 +99,7 @@ class Mechanism:
     def stated_figures(self) -> dict[str, Figure]:
         """``stated`` as their declarations' defaults (value, source and band), the method
         saying why they are not measured here."""
-        from layercheck.calibration import FIGURES
+        from layercheck.contract.calibration import FIGURES
         out = {}
         for name in self.stated:
             default = FIGURES[name].default

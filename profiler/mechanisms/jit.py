@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
@@ -32,7 +32,7 @@ from .restart import ROOT, worker_env
 __all__ = ["JitDetection", "detection_seconds", "JIT_TIMEOUT_S"]
 
 MECHANISM_VERSIONS = {"jit detection": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 JIT_TIMEOUT_S = 60.0
 """The collective's timeout and the most one measurement may take; past it, killed."""

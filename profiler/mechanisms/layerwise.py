@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import statistics
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .base import Bench, Mechanism, rate_figure
 
 __all__ = ["LayerWise"]
 
 MECHANISM_VERSIONS = {"layercheck": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 COMMITS = 5
 """State-only commits timed per repeat (they take milliseconds)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from ..state import TrainingState, fsync_path
 from .base import GB, Bench, Mechanism, rate_figure, timed
@@ -26,7 +26,7 @@ from .base import GB, Bench, Mechanism, rate_figure, timed
 __all__ = ["Differential", "DENSITY", "BATCH"]
 
 MECHANISM_VERSIONS = {"differential": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 DENSITY = 0.01
 """Share of each gradient's entries kept: ASSUMED 1%, LowDiff's typical compression."""

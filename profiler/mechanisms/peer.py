@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 
 from ..state import TrainingState

@@ -19,14 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .base import Bench, Mechanism
 
 __all__ = ["Restart", "spawn_worker", "worker_env"]
 
 MECHANISM_VERSIONS = {"restart": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600

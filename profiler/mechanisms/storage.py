@@ -9,7 +9,7 @@ import statistics
 
 import torch
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from ..checkpointers import FullCheckpointer, TwoPhaseCheckpointer, folder_bytes
 from ..validate import default_interval
@@ -19,7 +19,7 @@ from .base import GB, Bench, Mechanism, rate_figure, timed
 __all__ = ["FullSave", "TwoPhase", "HostCopy"]
 
 MECHANISM_VERSIONS = {"full save": 2, "two-phase save": 1, "host copy": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
+"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
 
 
 class FullSave(Mechanism):

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 from profiler.config import CaptureConfig, DrillConfig
 from profiler.drill import _load_failure_free, drill
 from profiler.errors import ProfilerError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 from profiler.cli import main
 from tests.profiler.conftest import assert_trains_the_plain_job, torchrun_capture
 
@@ -73,7 +73,7 @@ def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp, tmp_pat
     import shutil
     import sys
 
-    from layercheck.calibration import read_calibration
+    from layercheck.contract.calibration import read_calibration
     from tests.profiler.conftest import run_command
     folder = tmp_path / "tiny-fsdp"
     shutil.copytree(fsdp.path, folder)

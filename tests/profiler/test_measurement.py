@@ -1,5 +1,5 @@
 """The profiler's mechanisms declare the versions the torch-free table compares against."""
-from layercheck.measurement import MEASURED_BY, MECHANISM_VERSIONS
+from layercheck.contract.measurement import MEASURED_BY, MECHANISM_VERSIONS
 
 
 def test_the_profilers_mechanisms_declare_the_same_versions():
@@ -17,7 +17,7 @@ def test_each_mechanism_measures_the_figures_the_table_names():
 
 def test_calibrate_records_the_code_that_measured(monkeypatch):
     from profiler import calibrate
-    from layercheck.trace import read_trace
+    from layercheck.contract.trace import read_trace
     from pathlib import Path
     trace = read_trace(Path(__file__).resolve().parents[2] / "traces" / "minilm-200steps")
     figures = dict(trace.costs.figures)

@@ -110,8 +110,8 @@ def test_the_prediction_counts_stale_time_as_the_ledger_does():
     the prediction does too, whatever stale cost factor the calibration carries."""
     import dataclasses
 
-    from layercheck.calibration import Figure
-    from layercheck.trace import read_trace
+    from layercheck.contract.calibration import Figure
+    from layercheck.contract.trace import read_trace
     from profiler.validate import FailureLog, _predict, _scenario
 
     trace = read_trace(ROOT / "traces/minilm-200steps")

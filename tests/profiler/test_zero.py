@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from layercheck import LayerCheckConfig  # noqa: E402
-from layercheck.trace import TABLES, read_trace  # noqa: E402
+from layercheck.contract.trace import TABLES, read_trace  # noqa: E402
 from profiler.cli import main  # noqa: E402
 from tests.profiler.conftest import (TINY, assert_trains_the_plain_job,  # noqa: E402
                                      run_command as _run, torchrun_capture)
@@ -112,7 +112,7 @@ def test_python_m_profiler_starts_torchrun_itself(tmp_path):
     assert trace.num_steps == 3 and len(trace.writes) >= len(trace.layer_names)
     # calibrated by default: DeepSpeed's save and LayerCheck under the ZeRO-3 engine on both
     # ranks, the rest single-process on rank 0, and the methods say which
-    from layercheck.calibration import read_calibration
+    from layercheck.contract.calibration import read_calibration
     costs = read_calibration(out)
     assert "under the capture's ZeRO-3 engine on 2 ranks" in costs.figures["save_gbps"].method
     assert "ZeroLayerCheck on 2 ranks" in costs.figures["lc_write_gbps"].method

@@ -1,4 +1,4 @@
-"""layercheck.lanes: many policies at once, each decided exactly as layercheck.policy.replay decides."""
+"""layercheck.contract.lanes: many policies at once, each decided exactly as layercheck.policy.replay decides."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from layercheck.fastreplay import fast_replay
-from layercheck.lanes import replay_many
+from layercheck.contract.fastreplay import fast_replay
+from layercheck.contract.lanes import replay_many
 from layercheck.policy import Policy, replay
 
 from .test_fastreplay import drift_values, threshold_values

@@ -1,4 +1,4 @@
-"""layercheck.decision: the recorded config and its one error rule, K_l(t) as a trace
+"""layercheck.contract.decision: the recorded config and its one error rule, K_l(t) as a trace
 records it (the write budget's factor included), the paper's defaults scaled."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layercheck import decision
+from layercheck.contract import decision
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import Policy
-from layercheck.trace import TraceError, read_trace
+from layercheck.contract.trace import TraceError, read_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "traces"
+TRACES = Path(__file__).resolve().parents[3] / "traces"
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 ``replay_many(policies, drift, lr_ratio)`` decides a whole run under every
 policy of a list (a grid of thresholds, Smax values, intervals, write budgets)
 exactly as ``layercheck.policy.replay`` decides it under each one
-(``tests/layercheck/test_lanes.py``).
+(``tests/layercheck/contract/test_lanes.py``).
 
 A *lane* is one layer under one setting. Without a write budget a layer's
 decisions depend only on its own drift and its own threshold, Smax, interval
@@ -18,7 +18,7 @@ dozen numpy operations over all lanes: the same additions, comparisons and
 resets as the reference, in the same order, so the answer is exact for any
 input (NaN, inf, negative drift too) and the interpreter's work grows with the
 run's length, not with the number of settings. For one setting without a
-budget ``layercheck.fastreplay`` is faster still (it does not walk the steps);
+budget ``layercheck.contract.fastreplay`` is faster still (it does not walk the steps);
 with a budget the walk is the method itself, since the threshold at t depends
 on what was written before t.
 """
@@ -29,9 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import budget
+from .. import budget
 from .replayed import NO_WRITE, Replayed
-from .policy import Policy, Reason
+from ..policy import Policy, Reason
 
 __all__ = ["Lanes", "replay_many"]
 
@@ -61,7 +61,7 @@ class Lanes:
         return len(self.lane_of)
 
     def replayed(self, s: int) -> Replayed:
-        """Policy s's decisions in ``layercheck.fastreplay``'s shape."""
+        """Policy s's decisions in ``layercheck.contract.fastreplay``'s shape."""
         return Replayed(reasons=np.ascontiguousarray(self.reasons[:, self.lane_of[s]]),
                         method="lanes", k_scale=self.k_scale[:, s].copy())
 

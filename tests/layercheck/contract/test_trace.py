@@ -1,4 +1,4 @@
-"""layercheck.trace: schema versions (old traces still read), k_scale, the one staleness."""
+"""layercheck.contract.trace: schema versions (old traces still read), k_scale, the one staleness."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from layercheck.trace import (ADDED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, last_written,
+from layercheck.contract.trace import (ADDED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, last_written,
                               read_trace, weighted_staleness, write_trace)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def small_trace(steps: int = 6, *, k_scale=None, state_bytes=None) -> Trace:
@@ -190,3 +190,11 @@ def test_any_loss_reads(tmp_path, value):
     """A loss is any number (a diverged run's is infinite or NaN); nothing computes from it."""
     trace = _tampered(tmp_path, "steps", "loss", 1, value)
     assert trace.steps["loss"][1] == value or np.isnan(value)
+
+
+def test_the_public_name_is_the_contracts_trace():
+    """``layercheck.trace`` (the name the package doc gives users) is the contract's trace."""
+    import layercheck.contract.trace as contract
+    import layercheck.trace as public
+    assert public.__all__ == contract.__all__
+    assert all(getattr(public, name) is getattr(contract, name) for name in contract.__all__)

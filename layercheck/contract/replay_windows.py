@@ -1,4 +1,4 @@
-"""The general exact method of ``layercheck.fastreplay``: windowed tables.
+"""The general exact method of ``layercheck.contract.fastreplay``: windowed tables.
 
 Used for any input (negative, NaN or infinite drift included) and as the
 fallback of the certified method. Steps after the base checkpoint are cut
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .policy import Policy, Reason
+from ..policy import Policy, Reason
 
 __all__ = ["windowed"]
 

@@ -15,7 +15,7 @@ A ``costs.json``::
 
 ``FIGURES`` is the union of the figures the strategies declare, one module per
 strategy (``sim.strategies``; the declaration, ``FigureSpec``, and the record,
-``Figure``, are in ``layercheck.figure``). A costs.json written before a figure
+``Figure``, are in ``layercheck.contract.figure``). A costs.json written before a figure
 was declared reads with that figure filled in from its declared default (the
 paper's value), marked ``assumed`` and named in ``Calibration.filled``, its
 method saying so; a carried-over default (``stale_cost``'s) stays
@@ -47,7 +47,7 @@ COSTS_FILE = "costs.json"
 class _Schema(Mapping):
     """``FIGURES``: the union of the strategies' declarations (``sim.strategies.SCHEMA``),
     read on first use. The declarations live with the strategies' models, one module per
-    strategy, and import only ``layercheck.figure``; reading them here on first use (not
+    strategy, and import only ``layercheck.contract.figure``; reading them here on first use (not
     at import) lets ``sim`` import this module while its strategies load."""
 
     def __init__(self) -> None:
@@ -108,8 +108,8 @@ class Calibration:
     """Figures the costs.json lacked, filled in with their declared default on reading
     (``FigureSpec.default``); a figure named here is not a measurement of this file's."""
     code: Mapping[str, Any] = field(default_factory=dict)
-    """Which code measured the figures (``layercheck.measurement.code_record``); empty in a
-    costs.json written before it was recorded (``layercheck.measurement.outdated``)."""
+    """Which code measured the figures (``layercheck.contract.measurement.code_record``); empty in a
+    costs.json written before it was recorded (``layercheck.contract.measurement.outdated``)."""
 
     def __post_init__(self) -> None:
         missing = [n for n in FIGURES if n not in self.figures]

@@ -1,6 +1,6 @@
 """The decisions of a whole replayed run, as one steps x layers array.
 
-What ``layercheck.fastreplay`` (one setting) and ``layercheck.lanes`` (many
+What ``layercheck.contract.fastreplay`` (one setting) and ``layercheck.contract.lanes`` (many
 settings at once) both return, so that neither imports the other for it.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .policy import Reason
+from ..policy import Reason
 
 __all__ = ["NO_WRITE", "REPLAYED_REASONS", "Replayed"]
 

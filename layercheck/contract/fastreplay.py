@@ -5,7 +5,7 @@ must answer in well under 100 ms on a 31-layer x 10,000-step trace
 (``benchmarks/bench_dashboard.py``). The reference replay walks the run step
 by step in Python; this twin does the arithmetic on whole arrays. Torch-free,
 next to the policy, so that the dashboard and the simulator's tuner
-(``sim.frontier``) share it; ``layercheck.lanes`` replays many settings at once.
+(``sim.frontier``) share it; ``layercheck.contract.lanes`` replays many settings at once.
 
 Exactness is the contract: ``fast_replay`` returns, for every input, the
 decisions ``layercheck.policy.replay`` makes (``tests/layercheck/
@@ -25,7 +25,7 @@ right as the policy sums. A candidate that passes every check is the
 reference's answer (by induction over steps: each decision is the policy's,
 given the earlier ones). One that fails falls back to:
 
-``windowed`` (``layercheck.replay_windows``): exact by construction for any
+``windowed`` (``layercheck.contract.replay_windows``): exact by construction for any
 input (NaN, inf and negative drift too), slower.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Literal
 import numpy as np
 
 from .lanes import replay_many
-from .policy import Policy, Reason
+from ..policy import Policy, Reason
 from .replay_windows import windowed
 from .replayed import NO_WRITE, Replayed
 
@@ -64,7 +64,7 @@ def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
     certified method and falls back to the windowed one; naming a method is for
     tests and benchmarks (``certified`` still falls back when it cannot certify).
     ``window`` (1..62) tunes the windowed method; it never changes the answer.
-    A policy with a write budget is replayed by ``layercheck.lanes`` (its
+    A policy with a write budget is replayed by ``layercheck.contract.lanes`` (its
     thresholds depend on the writes before, so the steps are walked); ``method``
     is then ``lanes``.
     """

@@ -1,12 +1,12 @@
 import json
 from pathlib import Path
 
-from layercheck.calibration import Calibration, read_calibration, write_calibration
-from layercheck.measurement import (MEASURED_BY, MECHANISM_VERSIONS, age_warning, code_record,
+from layercheck.contract.calibration import Calibration, read_calibration, write_calibration
+from layercheck.contract.measurement import (MEASURED_BY, MECHANISM_VERSIONS, age_warning, code_record,
                                     outdated)
-from layercheck.calibration import FIGURES
+from layercheck.contract.calibration import FIGURES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "traces" / "minilm-1000steps" / "costs.json"
 
 

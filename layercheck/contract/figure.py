@@ -1,6 +1,6 @@
 """One cost figure and the declaration of one (``Figure``, ``FigureSpec``): torch-free and
 import-free of the rest, so the strategies that declare figures (``sim.strategies``) and the
-calibration that reads them (``layercheck.calibration``) share it without a cycle."""
+calibration that reads them (``layercheck.contract.calibration``) share it without a cycle."""
 from __future__ import annotations
 
 import math

@@ -1,8 +1,8 @@
 """A figure's plausible band: the range ``python -m sim sensitivity`` varies it across, and why.
 
-Torch-free. A ``Band`` lives with the figure it bounds (``layercheck.calibration.Figure.band``,
+Torch-free. A ``Band`` lives with the figure it bounds (``layercheck.contract.calibration.Figure.band``,
 the paper-a100 figures in ``sim.costs``) or as a figure's default rule
-(``layercheck.calibration.FigureSpec.band``).
+(``layercheck.contract.calibration.FigureSpec.band``).
 """
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 import numpy as np
 
-from .config import ConfigError, LayerCheckConfig
-from .policy import Policy
+from ..config import ConfigError, LayerCheckConfig
+from ..policy import Policy
 from .trace import Trace, TraceError
 
 __all__ = ["PAPER", "PAPER_STEPS", "EMBEDDING_FACTOR", "paper_scale", "paper_schedule", "paper_default",

@@ -6,7 +6,7 @@ the trace's Parquet tables (``SCHEMA``) and of the manifest's layer table
 raise ``TraceError`` naming the file, the table, the column and the (0-based)
 row of the first bad cell, with what the column must hold. Relations between
 tables (a step index within the steps table, a layer index within the
-manifest's layers, one drift row per step and layer) are ``layercheck.trace``'s.
+manifest's layers, one drift row per step and layer) are ``layercheck.contract.trace``'s.
 
 Why each range: a trace feeds the simulator and the tuner, which divide by
 learning rates, weight staleness by parameter counts and add up bytes; a
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .policy import Reason
+from ..policy import Reason
 
 __all__ = ["Column", "SCHEMA", "LAYER_SCHEMA", "TABLES", "WRITE_REASONS", "MAX_COUNT",
            "TraceError", "check_table", "check_layers"]

@@ -1,4 +1,4 @@
-"""layercheck.fastreplay decides exactly what layercheck.policy.replay decides."""
+"""layercheck.contract.fastreplay decides exactly what layercheck.policy.replay decides."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from layercheck.fastreplay import base_step, fast_replay
-from layercheck.replayed import NO_WRITE
+from layercheck.contract.fastreplay import base_step, fast_replay
+from layercheck.contract.replayed import NO_WRITE
 from layercheck.policy import Policy, replay
 
 # Values that make ties likely (sums of them hit thresholds exactly or within

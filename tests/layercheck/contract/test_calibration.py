@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.calibration import (FIGURES, SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST,
+from layercheck.contract.calibration import (FIGURES, SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST,
                                     Calibration, CalibrationError, Figure, read_calibration,
                                     write_calibration)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _figures(**changes):
