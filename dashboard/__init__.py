@@ -13,3 +13,5 @@ and Plotly figures:
 - ``catalog``, ``downloads``: view 5, traces and uploads; CSV and HTML bytes;
 - ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons).
 """
+
+import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)

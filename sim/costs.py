@@ -29,10 +29,11 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
-from layercheck.contract.calibration import (FIGURES, Band, Calibration, CalibrationError, Figure, band_of,
-                                    read_calibration)
+from layercheck.contract.calibration import (Band, Calibration, CalibrationError, Figure, band_of,
+                                             read_calibration)
 
 from .errors import SimError
+from .strategies import SCHEMA as FIGURES  # the owner's declarations: CostModel's fields below
 
 __all__ = ["CostModel", "GB", "COST_MODELS", "PAPER_A100", "declared_band"]
 

@@ -14,8 +14,9 @@ A ``costs.json``::
                                "samples": [...], "bytes": 272882456, "seconds": 0.88}, ...}}
 
 ``FIGURES`` is the union of the figures the strategies declare, one module per
-strategy (``sim.strategies``; the declaration, ``FigureSpec``, and the record,
-``Figure``, are in ``layercheck.contract.figure``). A costs.json written before a figure
+strategy, which ``sim.strategies`` declares here on import (``FigureSchema.declare``;
+this module imports nothing of the simulator); the declaration, ``FigureSpec``, and
+the record, ``Figure``, are in ``layercheck.contract.figure``. A costs.json written before a figure
 was declared reads with that figure filled in from its declared default (the
 paper's value), marked ``assumed`` and named in ``Calibration.filled``, its
 method saying so; a carried-over default (``stale_cost``'s) stays
@@ -38,41 +39,65 @@ from .figure import (SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST, Calibr
                      FigureSpec)
 
 __all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Band", "Figure", "FigureSpec",
-           "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
+           "FigureSchema", "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
            "TRANSFERRED_STALE_COST", "STALE_COST_CAPTURE"]
 
 SCHEMA_VERSION = 1
 COSTS_FILE = "costs.json"
 
-class _Schema(Mapping):
-    """``FIGURES``: the union of the strategies' declarations (``sim.strategies.SCHEMA``),
-    read on first use. The declarations live with the strategies' models, one module per
-    strategy, and import only ``layercheck.contract.figure``; reading them here on first use (not
-    at import) lets ``sim`` import this module while its strategies load."""
+class FigureSchema(Mapping):
+    """``FIGURES``: the figures every calibration holds, declared by their owners.
+
+    The strategies declare their figures beside their models (one module each;
+    ``sim.strategies`` declares the union of its modules' on import, ``declare``); the
+    contract reads what was declared and never imports its owners (imports point one
+    way: the library imports nothing of the simulator). Reading the schema before any
+    owner declared it is a ``CalibrationError`` that says so."""
 
     def __init__(self) -> None:
-        self._specs: dict[str, FigureSpec] | None = None
+        self._owners: dict[str, dict[str, FigureSpec]] = {}
+        self._union: dict[str, FigureSpec] = {}
 
-    def _load(self) -> dict[str, FigureSpec]:
-        if self._specs is None:
-            from sim.strategies import SCHEMA
-            self._specs = SCHEMA
-        return self._specs
+    def declare(self, owner: str, specs: Mapping[str, FigureSpec]) -> None:
+        """Declare ``specs`` (name -> ``FigureSpec``, in report order) as ``owner``'s figures,
+        replacing what ``owner`` declared before (a reload declares again). A figure another
+        owner declared, or one without a default (what a costs.json that predates it reads
+        as), is refused with the fix."""
+        for name, spec in specs.items():
+            if not isinstance(spec, FigureSpec):
+                raise CalibrationError(f"{owner}: figure {name!r} must be a FigureSpec, not "
+                                       f"{type(spec).__name__}")
+            if spec.default is None:
+                raise CalibrationError(f"{owner}: figure {name!r} declares no default: give the "
+                                       "paper's value with its provenance (FigureSpec.default)")
+            for other, theirs in self._owners.items():
+                if other != owner and name in theirs:
+                    raise CalibrationError(f"figure {name!r} is declared by both {other} and "
+                                           f"{owner}: declare it once, where it is owned")
+        self._owners[owner] = dict(specs)
+        self._union = {n: s for declared in self._owners.values() for n, s in declared.items()}
+
+    def _specs(self) -> dict[str, FigureSpec]:
+        if not self._union:
+            raise CalibrationError("no cost figures are declared yet: the strategies declare "
+                                   "them (sim.strategies, on import); import sim before reading "
+                                   "or making a calibration")
+        return self._union
 
     def __getitem__(self, name: str) -> FigureSpec:
-        return self._load()[name]
+        return self._specs()[name]
 
     def __iter__(self):
-        return iter(self._load())
+        return iter(self._specs())
 
     def __len__(self) -> int:
-        return len(self._load())
+        return len(self._specs())
 
     def __repr__(self) -> str:
-        return f"FIGURES({list(self)})"
+        return f"FIGURES({list(self._union)})"
 
 
-FIGURES: Mapping[str, FigureSpec] = _Schema()
+FIGURES = FigureSchema()
 """Every figure of a calibration: name -> unit, users, meaning, range, default, band rule,
 in the strategies' report order. The simulator's ``CostModel`` has one entry per figure."""
 

@@ -4,9 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.contract.calibration import (FIGURES, SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST,
-                                    Calibration, CalibrationError, Figure, read_calibration,
-                                    write_calibration)
+import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
+from layercheck.contract.calibration import (FIGURES, SOURCES, STALE_COST_CAPTURE,
+                                             TRANSFERRED_STALE_COST, Calibration, CalibrationError,
+                                             Figure, FigureSchema, read_calibration,
+                                             write_calibration)
+from layercheck.contract.figure import FigureSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -116,3 +119,34 @@ def test_every_shipped_costs_file_reads_complete():
     assert paths
     for path in paths:
         assert set(read_calibration(path).figures) == set(FIGURES), path
+
+
+def _spec(value: float = 1.0, default: bool = True) -> FigureSpec:
+    return FigureSpec("s", "all", "a test figure", default=Figure(
+        value=value, source="assumed", method="a test default") if default else None)
+
+
+def test_the_schema_is_what_its_owners_declared():
+    """The contract holds no figure of its own: the strategies declare theirs
+    (``sim.strategies`` on import, what every other test here reads), in order."""
+    assert list(FIGURES) == list(sim.strategies.SCHEMA)
+    schema = FigureSchema()
+    with pytest.raises(CalibrationError, match="no cost figures are declared yet.*import sim"):
+        list(schema)
+    schema.declare("a", {"x_s": _spec(), "y_s": _spec()})
+    schema.declare("b", {"z_s": _spec()})
+    assert list(schema) == ["x_s", "y_s", "z_s"] and len(schema) == 3 and "z_s" in schema
+    schema.declare("a", {"x_s": _spec(2.0)})          # an owner declaring again replaces its own
+    assert list(schema) == ["x_s", "z_s"] and schema["x_s"].default.value == 2.0
+
+
+def test_a_figure_has_one_owner_and_a_default():
+    schema = FigureSchema()
+    schema.declare("a", {"x_s": _spec()})
+    with pytest.raises(CalibrationError, match="'x_s' is declared by both a and b"):
+        schema.declare("b", {"x_s": _spec()})
+    with pytest.raises(CalibrationError, match="'w_s' declares no default"):
+        schema.declare("b", {"w_s": _spec(default=False)})
+    with pytest.raises(CalibrationError, match="must be a FigureSpec"):
+        schema.declare("b", {"w_s": 1.0})
+    assert list(schema) == ["x_s"]

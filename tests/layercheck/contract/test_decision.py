@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract import decision
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import Policy

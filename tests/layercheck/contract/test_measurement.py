@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract.calibration import Calibration, read_calibration, write_calibration
 from layercheck.contract.measurement import (MEASURED_BY, MECHANISM_VERSIONS, age_warning, code_record,
                                     outdated)
