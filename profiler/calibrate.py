@@ -82,12 +82,11 @@ def _calibration(trace: Trace, figures: dict[str, Any], seconds: float,
     machine = {k: trace.manifest["machine"][k] for k in MACHINE_KEYS
                if k in trace.manifest["machine"]}
     from layercheck import __version__
-    from layercheck.contract.measurement import code_record
+    from layercheck.contract.measurement import MECHANISM_VERSIONS, code_record
 
-    from .mechanisms import INSTALLED_VERSIONS
     figures = {**figures, "stale_cost": _stale_cost(trace)}
     return Calibration(
-        code=code_record(INSTALLED_VERSIONS, __version__),
+        code=code_record(MECHANISM_VERSIONS, __version__),
         name=trace.name,
         description=(f"Measured by the profiler on the job of trace {trace.name} "
                      f"({trace.manifest['model'].get('label')}, {trace.num_steps} steps) on "

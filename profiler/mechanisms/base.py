@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from layercheck.contract.calibration import Figure
+from layercheck.contract.measurement import MEASURES
+
+from ..errors import ProfilerError
 
 __all__ = ["Bench", "Mechanism", "rate_figure", "timed", "GB"]
 
@@ -87,11 +90,25 @@ class Bench:
 class Mechanism:
     name = ""
     figures: tuple[str, ...] = ()
-    """Every figure ``measure`` returns: what this mechanism registers (``check_coverage``)."""
+    """Every figure ``measure`` returns: what this mechanism registers (``check_coverage``).
+    A named subclass gets it from the contract's declaration of its name
+    (``layercheck.contract.measurement.CODE``, which holds its version beside it)."""
     stated: tuple[str, ...] = ()
     """Those of ``figures`` one machine cannot measure: ``measure`` reports them as their
     declared default (``stated_figures``)."""
     collective = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.name:
+            return
+        if "figures" in cls.__dict__:
+            raise ProfilerError(f"mechanism {cls.name!r} lists its figures itself: they are "
+                                "declared once, in layercheck.contract.measurement.CODE")
+        if cls.name not in MEASURES:
+            raise ProfilerError(f"mechanism {cls.name!r} is not declared: add it, its version and "
+                                "its figures to layercheck.contract.measurement.CODE")
+        cls.figures = MEASURES[cls.name]
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         raise NotImplementedError

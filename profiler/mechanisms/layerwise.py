@@ -19,17 +19,12 @@ from .base import Bench, Mechanism, rate_figure
 
 __all__ = ["LayerWise"]
 
-MECHANISM_VERSIONS = {"layercheck": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
-
 COMMITS = 5
 """State-only commits timed per repeat (they take milliseconds)."""
 
 
 class LayerWise(Mechanism):
     name = "layercheck"
-    figures = ("tracking_fraction", "lc_snapshot_gbps", "lc_write_gbps", "lc_commit_s",
-               "lc_load_fixed_s", "lc_load_gbps")
     collective = True
 
     def measure(self, bench: Bench) -> dict[str, Figure]:

@@ -122,7 +122,6 @@ class PeerCopy(Mechanism):
     failure takes that peer too (``layercheck.placement``: the peer shares the host)."""
 
     name = "peer copy"
-    figures = ("peer_gbps", "peer_loss_probability")
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()

@@ -25,16 +25,12 @@ from .base import Bench, Mechanism
 
 __all__ = ["Restart", "spawn_worker", "worker_env"]
 
-MECHANISM_VERSIONS = {"restart": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
-
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
 
 
 class Restart(Mechanism):
     name = "restart"
-    figures = ("restart_s",)
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         from ..engine import deepspeed_available

@@ -1,10 +1,12 @@
 import json
 from pathlib import Path
 
+import pytest
+
 import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract.calibration import Calibration, read_calibration, write_calibration
-from layercheck.contract.measurement import (MEASURED_BY, MECHANISM_VERSIONS, age_warning, code_record,
-                                    outdated)
+from layercheck.contract.measurement import (CODE, MEASURED_BY, MEASURES, MECHANISM_VERSIONS,
+                                             MeasuringCode, age_warning, code_record, outdated)
 from layercheck.contract.calibration import FIGURES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,6 +30,21 @@ def _current(calibration: Calibration) -> Calibration:
 def test_every_measurable_figure_names_known_mechanisms():
     assert set(MEASURED_BY) == set(FIGURES) - {"stale_cost"}
     assert {u for units in MEASURED_BY.values() for u in units} == set(MECHANISM_VERSIONS)
+
+
+def test_the_tables_are_derived_from_one_declaration_per_piece_of_code():
+    """A version and the figures it measures are declared once (``CODE``); each figure
+    has one mechanism, named first, then the implementations that mechanism times."""
+    assert len({c.name for c in CODE}) == len(CODE)
+    assert MECHANISM_VERSIONS == {c.name: c.version for c in CODE}
+    assert MEASURES == {c.name: c.figures for c in CODE if c.mechanism}
+    kind = {c.name: c.mechanism for c in CODE}
+    for figure, units in MEASURED_BY.items():
+        assert [kind[u] for u in units] == [True] + [False] * (len(units) - 1), figure
+        assert all(figure in next(c for c in CODE if c.name == u).figures for u in units)
+    assert MEASURED_BY["peer_gbps"] == ("peer copy",)       # PeerCopy measures it, not HostCopy
+    with pytest.raises(ValueError, match="version 0 must be a whole number >= 1"):
+        MeasuringCode(name="x", version=0, figures=("restart_s",), code="m:o")
 
 
 def test_an_old_costs_json_still_reads_and_is_outdated(tmp_path):
