@@ -257,7 +257,7 @@ def _capture(spec: CaptureConfig | ZeroConfig, args: argparse.Namespace, argv: l
 
 
 def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
-    from .drill import drill
+    from .failures.drill import drill
     if args.from_trace is None:
         config = DrillConfig(capture=_config(args), failures=args.failures)
     else:
@@ -311,7 +311,7 @@ def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_validate(args: argparse.Namespace, argv: list[str]) -> int:
-    from .validate import format_table, validate
+    from .failures.validate import format_table, validate
     config = _validation_config(args)
     if args.scratch is not None and not args.scratch.is_dir():
         raise ProfilerError(f"--scratch {args.scratch}: no such folder")
@@ -348,5 +348,5 @@ def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_worker(args: argparse.Namespace, argv: list[str]) -> int:
-    from .worker import run_job
+    from .failures.worker import run_job
     return run_job(args.job)

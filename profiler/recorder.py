@@ -20,7 +20,7 @@ import pandas as pd
 
 from layercheck.contract.trace import TABLES
 
-from .job import PhaseTimes
+from .jobs.job import PhaseTimes
 
 __all__ = ["Recorder"]
 

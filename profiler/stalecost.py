@@ -301,7 +301,7 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
     job of the plain capture ``from_trace``), write ``staleness.json`` (``out``, or
     into the trace, or ``runs/staleness/``) and, into a trace that has a
     ``costs.json``, its ``stale_cost`` figure. Returns (path, document)."""
-    from .drill import plain_capture
+    from .failures.drill import plain_capture
     if from_trace is not None:
         trace, capture = plain_capture(Path(from_trace), "a staleness study")
         config = dataclasses.replace(config, capture=capture)

@@ -19,8 +19,8 @@ from layercheck.contract.trace import weighted_staleness
 from .config import PAPER
 from .convergence import SequenceLosses
 from .errors import ProfilerError
-from .job import lr_schedule
-from .plainjob import PlainJob
+from .jobs.job import lr_schedule
+from .jobs.plain import PlainJob
 
 
 __all__ = ["Runs", "Reference", "Snapshot", "Recovered"]

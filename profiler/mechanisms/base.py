@@ -61,7 +61,7 @@ class Bench:
             if not self.zero:
                 self._single = self.job
             else:
-                from ..plainjob import PlainJob
+                from ..jobs.plain import PlainJob
                 self._single = PlainJob.prepare(self.job.config, say=lambda _: None)
                 self._single.step(0)
         return self._single

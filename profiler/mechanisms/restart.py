@@ -34,7 +34,7 @@ class Restart(Mechanism):
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         from ..engine import deepspeed_available
-        from ..worker import EventReader, write_job
+        from ..failures.worker import EventReader, write_job
         job = bench.job
         ranks = job.ranks.world_size
         samples = []

@@ -12,7 +12,7 @@ import torch
 from layercheck.contract.calibration import Figure
 
 from ..checkpointers import FullCheckpointer, TwoPhaseCheckpointer, folder_bytes
-from ..validate import default_interval
+from ..failures.validate import default_interval
 from ..state import TrainingState
 from .base import GB, Bench, Mechanism, rate_figure, timed
 

@@ -12,9 +12,9 @@ log given, replayed by every repeat):
    interval, LowDiff's batch), its workers SIGKILLed at the failure times and
    restarted, GEMINI's peer killed with them at the failures where the
    simulator's own draws say the failure took it (``sim.api.primary_loss_draws``)
-   (``profiler.supervisor``); the measured effective ratio
+   (``profiler.failures.supervisor``); the measured effective ratio
    (useful - stale) / window and its parts, from the processes' own
-   timestamped logs (``profiler.ledger``);
+   timestamped logs (``profiler.failures.ledger``);
 2. the simulator on the same trace, costs, failure log, window and cadence
    (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat):
    the predicted ratio;
@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 from layercheck.contract.trace import Trace, read_trace
 
-from .config import CaptureConfig, ValidationConfig
-from .errors import ProfilerError
+from ..config import CaptureConfig, ValidationConfig
+from ..errors import ProfilerError
 
 __all__ = ["validate", "ValidationResult", "failure_times", "default_interval", "failure_logs", "summarise",
            "format_table", "VALIDATION_FILE"]
@@ -181,7 +181,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
              log: FailureLog, lost: tuple[bool, ...], config: ValidationConfig, root: Path,
              say: Callable[[str], None]) -> dict[str, Any]:
     from .ledger import account
-    from .machine import resolve_device
+    from ..machine import resolve_device
     from .supervisor import RunSpec, supervise
     device, _ = resolve_device(job.device)
     options: dict[str, Any] = {}
@@ -204,7 +204,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
 def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) -> Any:
     from sim import CostModel, FailureModel, Scenario
     # stale_cost=1: the ledger counts every update stale layers discarded as lost
-    # (profiler/ledger.py), whatever the calibration's stale cost factor; the seed is the
+    # (profiler/failures/ledger.py), whatever the calibration's stale cost factor; the seed is the
     # repeat's, so its draws of GEMINI's peer losses are the real run's too
     return Scenario.from_trace(trace, costs=CostModel.from_calibration(calibration),
                                failures=FailureModel.exact_log(log.times), interval=interval,
@@ -289,7 +289,7 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
                        "process groups) at the failure times and restarted, at the cadence the "
                        "simulator gives each strategy on that log, GEMINI's peer process killed "
                        "too where the simulator's draws say the failure took it; accounted from "
-                       "the processes' own timestamped logs (profiler/ledger.py); predicted: "
+                       "the processes' own timestamped logs (profiler/failures/ledger.py); predicted: "
                        "sim.simulate on the trace with its costs.json and the same failure log "
                        "(FailureModel.exact_log), window, cadence and seed; table: per strategy "
                        "the median over the repeats (relative_error_min/max: the spread), runs: "

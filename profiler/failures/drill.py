@@ -36,11 +36,11 @@ import pandas as pd
 
 from layercheck.contract.trace import Trace, TraceError, read_trace, write_trace
 
-from .capture import capture
-from .config import CaptureConfig, DrillConfig
-from .errors import ProfilerError
-from .machine import resolve_device
-from .staleness import failure_steps
+from ..capture import capture
+from ..config import CaptureConfig, DrillConfig
+from ..errors import ProfilerError
+from ..machine import resolve_device
+from ..staleness import failure_steps
 from .worker import EventReader, write_job
 
 __all__ = ["drill", "DrillResult", "PAPER_FIDELITY", "plain_capture"]
@@ -137,7 +137,7 @@ def _failed_run(config: CaptureConfig, device: str, steps: list[int],
 def _run_segment(job: Path, stderr_path: Path, halt: int | None, reader: EventReader,
                  bar: Any) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "profiler", "worker", str(job)],
                                 stdout=err, stderr=subprocess.STDOUT, env=env)

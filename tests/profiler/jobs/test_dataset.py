@@ -6,8 +6,8 @@ import zlib
 import pytest
 import torch
 
-from profiler.corpus import EVAL_EVERY, load_corpus
-from profiler.dataset import MASK_PROB, Dataset
+from profiler.jobs.corpus import EVAL_EVERY, load_corpus
+from profiler.jobs.dataset import MASK_PROB, Dataset
 
 
 @pytest.fixture(scope="module")

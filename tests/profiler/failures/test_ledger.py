@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.ledger import WorkerLog, account
+from profiler.failures.ledger import WorkerLog, account
 
 
 def _step(t, job, step, compute=1.0, stall=0.0, tracking=0.0):
@@ -95,8 +95,8 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
     second worker resumes and trains): the ledger read back from the run's folder against
     what its raw logs say directly."""
     from profiler.config import CaptureConfig
-    from profiler.ledger import SUPERVISOR_LOG, _lines, read_run
-    from profiler.supervisor import RunSpec, supervise
+    from profiler.failures.ledger import SUPERVISOR_LOG, _lines, read_run
+    from profiler.failures.supervisor import RunSpec, supervise
     from tests.profiler.conftest import TINY
 
     config = CaptureConfig(**{**TINY, "warmup_steps": 1})

@@ -1,6 +1,6 @@
 """The FSDP2 job: the plain job under PyTorch's ``fully_shard``, one process per rank.
 
-Contract (``zerojob.ZeroJob``'s, which this extends): every rank calls
+Contract (``zero.ZeroJob``'s, which this extends): every rank calls
 ``FsdpJob.prepare(zero)`` under torchrun (it starts torch.distributed with
 gloo), then the same sequence of ``step(position)`` and ``evaluate()``: each
 forward gathers a unit's parameters from every rank, so these are
@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import ZeroConfig
+from ..config import ZeroConfig
 from .job import adamw
-from .models import ModelSource
-from .zerojob import ZeroJob
+from ..models import ModelSource
+from .zero import ZeroJob
 
 __all__ = ["FsdpJob", "init_fsdp"]
 

@@ -19,7 +19,7 @@ event to ``job["log"]`` (a supervisor reads it as it grows, ``EventReader``):
   strategy's: LayerCheck's drift tracking, LowDiff's compression), and the
   process's own timers of the same spans, ``compute_s`` (forward + backward
   + optimizer, less tracking) and ``stall_s`` (the training thread's
-  checkpoint work, tracking included). ``profiler.ledger`` counts from the
+  checkpoint work, tracking included). ``profiler.failures.ledger`` counts from the
   timestamps.
 - ``halted`` (a drill: after step ``halt_at`` is committed it waits to be
   killed with SIGKILL), ``job_done`` (a validation goes on with the next job
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .config import CaptureConfig
+from ..config import CaptureConfig
 
 __all__ = ["run_job", "write_job", "EventReader"]
 
@@ -65,15 +65,15 @@ def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log
 
 
 def run_job(path: Path) -> int:
-    from .strategies import CHECKPOINTERS
-    from .plainjob import PlainJob
+    from ..strategies import CHECKPOINTERS
+    from ..jobs.plain import PlainJob
     spec = json.loads(Path(path).read_text())
     config = CaptureConfig.from_dict(spec["config"]).replace(device=spec["device"])
     if spec.get("zero_ranks"):
         return _zero_probe(config, spec)
     job = PlainJob.prepare(config, say=lambda _: None)
     if spec["engine"]:
-        from .engine import deepspeed_available, engine_for
+        from ..engine import deepspeed_available, engine_for
         if deepspeed_available():
             engine_for(job)
     root = Path(spec["root"])
@@ -100,8 +100,8 @@ def run_job(path: Path) -> int:
 
 
 def _zero_probe(config: CaptureConfig, spec: dict[str, Any]) -> int:
-    from .config import ZeroConfig
-    from .jobs import open_job
+    from ..config import ZeroConfig
+    from ..jobs import open_job
     job = open_job(ZeroConfig(capture=config, ranks=spec["zero_ranks"],
                               fsdp=bool(spec.get("fsdp"))), say=lambda _: None)
     if job.ranks.is_coordinator:

@@ -8,7 +8,7 @@ import pytest
 
 from layercheck.contract.trace import read_trace
 from profiler.config import CaptureConfig, DrillConfig
-from profiler.drill import _load_failure_free, drill
+from profiler.failures.drill import _load_failure_free, drill
 from profiler.errors import ProfilerError
 from profiler.staleness import failure_steps, weighted_staleness
 from tests.profiler.conftest import TINY
@@ -52,6 +52,6 @@ def test_from_trace_takes_the_job_from_a_captured_trace(tiny_capture):
 
 
 def test_from_trace_refuses_a_synthetic_trace():
-    synthetic = Path(__file__).resolve().parents[2] / "traces" / "qwen2.5-7b-synthetic"
+    synthetic = Path(__file__).resolve().parents[3] / "traces" / "qwen2.5-7b-synthetic"
     with pytest.raises(ProfilerError, match="made by `python -m profiler capture`"):
         _load_failure_free(synthetic, 1)

@@ -13,13 +13,13 @@ import torch
 
 from layercheck.ranks import Ranks
 
-from .config import CaptureConfig
+from ..config import CaptureConfig
 from .corpus import Corpus
 from .dataset import Dataset
 from .job import (Job, PhaseTimes, adamw, build_model_and_data, has_bert_head,
                   masked_token_losses, predicted_tokens, timer)
-from .machine import resolve_device
-from .models import ModelSource
+from ..machine import resolve_device
+from ..models import ModelSource
 
 __all__ = ["PlainJob"]
 

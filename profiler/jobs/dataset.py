@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .corpus import Corpus
-from .errors import ProfilerError
+from ..errors import ProfilerError
 
 __all__ = ["Dataset", "MASK_PROB"]
 

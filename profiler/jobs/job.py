@@ -1,10 +1,10 @@
 """The job protocol: what a capture, a calibration or a worker asks of a training job.
 
 One base class, three implementations: ``PlainJob`` (one process, the
-model and AdamW as they are; ``profiler.plainjob``), ``ZeroJob`` (the same
+model and AdamW as they are; ``profiler.jobs.plain``), ``ZeroJob`` (the same
 job inside a DeepSpeed ZeRO-3 engine, one process per rank;
-``profiler.zerojob``) and ``FsdpJob`` (the same job under PyTorch FSDP2,
-``profiler.fsdpjob``). ``profiler.jobs.open_job`` builds the one a config asks for.
+``profiler.jobs.zero``) and ``FsdpJob`` (the same job under PyTorch FSDP2,
+``profiler.jobs.fsdp``). ``profiler.jobs.open_job`` builds the one a config asks for.
 
 Contract (every rank calls the same sequence; under ZeRO each forward is a
 collective): ``step(position)`` trains one optimizer step on the batch at
@@ -31,10 +31,10 @@ import torch
 
 from layercheck.ranks import Ranks
 
-from .config import CaptureConfig
+from ..config import CaptureConfig
 from .corpus import Corpus, load_corpus
 from .dataset import Dataset
-from .models import ModelSource, resolve_model
+from ..models import ModelSource, resolve_model
 
 __all__ = ["Job", "PhaseTimes", "adamw", "lr_schedule", "predicted_tokens"]
 
@@ -135,7 +135,7 @@ def build_model_and_data(config: CaptureConfig, source: ModelSource | None = Non
     source = source or resolve_model(config.model)
     model, tokenizer = source.build(seed=config.seed, max_len=config.seq_len)
     if config.lora is not None:  # the adapter's A is drawn from the RNG build() seeded
-        from .models import with_lora
+        from ..models import with_lora
         model = with_lora(model, config.lora)
     corpus = load_corpus()
     dataset = Dataset.build(corpus, tokenizer, objective=source.objective,

@@ -5,7 +5,7 @@ logs, read back from its folder (``read_run``): the supervisor's
 (``supervisor.jsonl``: each worker's spawn, each kill, a peer lost with it)
 and every worker's (``worker<i>.jsonl``: ready, resumed with the step it
 restored, and per step the wall-clock ``begin``, ``computed`` (the
-checkpoint begins) and ``time`` (it ends), ``profiler.worker``). Every
+checkpoint begins) and ``time`` (it ends), ``profiler.failures.worker``). Every
 duration below is a difference of those timestamps (less the strategy's
 tracking inside the optimizer, which the worker reports as ``tracking_s``).
 The rules are the simulator's (``sim.engine``), applied to what really
@@ -109,7 +109,7 @@ def account(workers: Sequence[WorkerLog], *, window_s: float,
 
 
 def read_run(root: Path) -> list[WorkerLog]:
-    """The logs of a run in folder ``root`` (``profiler.supervisor``), workers in the order
+    """The logs of a run in folder ``root`` (``profiler.failures.supervisor``), workers in the order
     they ran: each one's spawn and kill from the supervisor's log, its events from its own."""
     spawned: dict[int, float] = {}
     killed: dict[int, float] = {}

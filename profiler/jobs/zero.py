@@ -39,14 +39,14 @@ from torch import nn
 
 from layercheck.ranks import DefaultGroupRanks, Ranks
 
-from .config import CaptureConfig, ZeroConfig
+from ..config import CaptureConfig, ZeroConfig
 from .corpus import Corpus
 from .dataset import Dataset
-from .errors import ProfilerError
+from ..errors import ProfilerError
 from .job import (Job, PhaseTimes, adamw, build_model_and_data, has_bert_head,
                   masked_token_losses, predicted_tokens)
-from .launch import LAUNCHED_BY_PROFILER
-from .models import ModelSource, resolve_model
+from ..launch import LAUNCHED_BY_PROFILER
+from ..models import ModelSource, resolve_model
 
 __all__ = ["ZeroJob", "MaskedOnlyBert", "init_distributed"]
 

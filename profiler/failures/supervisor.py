@@ -1,6 +1,6 @@
 """A real run under failures: workers started, SIGKILLed at the failure times, restarted.
 
-``supervise`` starts a worker (``profiler.worker``, in validation mode: jobs
+``supervise`` starts a worker (``profiler.failures.worker``, in validation mode: jobs
 back to back under one strategy), waits until it resumes (time 0: its
 model is ready and training starts), then at each failure time t_k kills
 whatever worker is running with SIGKILL (training, saving, restarting or
@@ -14,9 +14,9 @@ outlives the workers; at a failure whose ``peer_lost`` is true it is killed
 too and a new, empty one started (the failure took the peer's memory).
 
 Every spawn and kill is written, with its wall-clock time, to the run's
-``supervisor.jsonl`` (``profiler.ledger.SUPERVISOR_LOG``); ``supervise``
+``supervisor.jsonl`` (``profiler.failures.ledger.SUPERVISOR_LOG``); ``supervise``
 returns the run's logs as read back from its folder
-(``profiler.ledger.read_run``).
+(``profiler.failures.ledger.read_run``).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
-from .mechanisms.restart import spawn_worker
+from ..mechanisms.restart import spawn_worker
 from .worker import EventReader, write_job
 
 __all__ = ["supervise", "RunSpec"]
@@ -51,7 +51,7 @@ class RunSpec:
     root: Path
     """Scratch: the checkpoint folders and the workers' logs."""
     options: dict[str, Any] = field(default_factory=dict)
-    """The checkpointer's own keywords (``profiler.worker.write_job``)."""
+    """The checkpointer's own keywords (``profiler.failures.worker.write_job``)."""
     peer_lost: tuple[bool, ...] = ()
     """Per failure: whether it takes GEMINI's peer too (missing: it does not)."""
 
@@ -134,7 +134,7 @@ class _Peer:
     """GEMINI's peer process, restarted empty when a failure takes it."""
 
     def __init__(self, log: _Log) -> None:
-        from .peerstore import start_peer
+        from ..peerstore import start_peer
         self.log, self.start = log, start_peer
         self.proc, self.port = start_peer()
         log.write("peer", port=self.port)

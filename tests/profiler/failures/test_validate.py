@@ -15,9 +15,9 @@ import pytest
 from profiler.cli import main
 from profiler.config import ValidationConfig
 from profiler.errors import ProfilerError
-from profiler.validate import failure_logs, failure_times, format_table, summarise
+from profiler.failures.validate import failure_logs, failure_times, format_table, summarise
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WINDOW = 20.0
 
 
@@ -106,13 +106,13 @@ def test_an_uncalibrated_trace_says_to_calibrate(tiny_capture, capsys):
 
 
 def test_the_prediction_counts_stale_time_as_the_ledger_does():
-    """The ledger counts every update stale layers discarded as lost (profiler/ledger.py):
+    """The ledger counts every update stale layers discarded as lost (profiler/failures/ledger.py):
     the prediction does too, whatever stale cost factor the calibration carries."""
     import dataclasses
 
     from layercheck.contract.calibration import Figure
     from layercheck.contract.trace import read_trace
-    from profiler.validate import FailureLog, _predict, _scenario
+    from profiler.failures.validate import FailureLog, _predict, _scenario
 
     trace = read_trace(ROOT / "traces/minilm-200steps")
     record = Figure(value=0.3, low=0.1, high=0.5, source="measured", method="a test's")
