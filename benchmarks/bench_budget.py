@@ -31,6 +31,7 @@ from layercheck.config import LayerCheckConfig  # noqa: E402
 from layercheck.contract.lanes import replay_many  # noqa: E402
 from layercheck.policy import Policy, replay  # noqa: E402
 from layercheck.contract.trace import read_trace  # noqa: E402
+import sim.strategies  # noqa: E402,F401  declares the cost figures a captured trace's costs.json holds
 
 FACTORS = np.geomspace(1e-3, 1e3, 481)
 
