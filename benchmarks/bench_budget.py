@@ -10,7 +10,7 @@ base checkpoint, the base not counted), decided by the library's own policy
 realised bytes per step against the budget, the staleness, and the staleness of
 fixed thresholds that write no more (every threshold scaled by one constant,
 the best of 481 constants from 1/1000 to 1000, 3% apart, replayed at once by
-``layercheck.lanes``): what the controller's moving K costs or buys at equal bytes.
+``layercheck.contract.lanes``): what the controller's moving K costs or buys at equal bytes.
 
 ``--captured DIR``: a trace captured in budget mode (``python -m profiler capture
 --config '{..., "write_budget": B}'``): the realised rate on disk (file bytes,
@@ -28,9 +28,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from layercheck.config import LayerCheckConfig  # noqa: E402
-from layercheck.lanes import replay_many  # noqa: E402
+from layercheck.contract.lanes import replay_many  # noqa: E402
 from layercheck.policy import Policy, replay  # noqa: E402
-from layercheck.trace import read_trace  # noqa: E402
+from layercheck.contract.trace import read_trace  # noqa: E402
+import sim.strategies  # noqa: E402,F401  declares the cost figures a captured trace's costs.json holds
 
 FACTORS = np.geomspace(1e-3, 1e3, 481)
 
@@ -39,7 +40,7 @@ def staleness(trace, written):
     series = trace.weighted_staleness(written)
     steps = np.arange(1, len(written) + 1)
     defined = ~np.isnan(series)
-    from layercheck.trace import last_written
+    from layercheck.contract.trace import last_written
     oldest = steps[defined] - last_written(written)[defined].min(axis=1)
     return series[defined].mean(), series[defined].max(), oldest.max()
 

@@ -1,4 +1,4 @@
-"""What-if replay speed: layercheck.fastreplay against layercheck.policy.replay.
+"""What-if replay speed: layercheck.contract.fastreplay against layercheck.policy.replay.
 
     python benchmarks/bench_dashboard.py [--steps 10000] [--layers 31] [--repeat 7]
 
@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from layercheck.fastreplay import fast_replay  # noqa: E402
+from layercheck.contract.fastreplay import fast_replay  # noqa: E402
 from layercheck.policy import Policy, replay  # noqa: E402
 
 SETTINGS = [  # (label, base threshold, smax, warm-up, interval)

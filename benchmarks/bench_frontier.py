@@ -3,11 +3,11 @@
     python benchmarks/bench_frontier.py [--trace traces/qwen2.5-7b-synthetic] [--repeat 5]
 
 Variant: ``sim.frontier.evaluate`` of the trace's default grid (400 settings: 10 base
-thresholds x 5 embedding thresholds x 4 Smax x 2 intervals), one ``layercheck.lanes``
+thresholds x 5 embedding thresholds x 4 Smax x 2 intervals), one ``layercheck.contract.lanes``
 replay of all of them plus their measures. Reference, in the same run and
 interleaved with it: the same settings one by one, each replayed with
-``layercheck.fastreplay.fast_replay`` (the fastest single-setting replay) and
-measured with ``layercheck.trace``'s weighted staleness, as the What-if view
+``layercheck.contract.fastreplay.fast_replay`` (the fastest single-setting replay) and
+measured with ``layercheck.contract.trace``'s weighted staleness, as the What-if view
 measures one setting. Every number of every setting must agree. Prints min and
 median of each and the load average (the machine is shared), then the time to
 simulate the effective ratio of the Pareto points (not part of the replay).
@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from layercheck.fastreplay import fast_replay  # noqa: E402
-from layercheck.trace import last_written, read_trace  # noqa: E402
+from layercheck.contract.fastreplay import fast_replay  # noqa: E402
+from layercheck.contract.trace import last_written, read_trace  # noqa: E402
 from sim.api import Scenario  # noqa: E402
 from sim.frontier import Grid, _policies, evaluate, rate  # noqa: E402
 

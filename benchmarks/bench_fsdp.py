@@ -167,8 +167,8 @@ class Variant:
 
 def batches(tokenizer, rank: int, ranks: int):
     """The profiler's masked-LM batches of MiniLM: this rank's rows of each."""
-    from profiler.corpus import load_corpus
-    from profiler.dataset import Dataset
+    from profiler.jobs.corpus import load_corpus
+    from profiler.jobs.dataset import Dataset
     data = Dataset.build(load_corpus(), tokenizer, objective="masked", seq_len=64, batch_size=8,
                          seed=0)
     per_rank = data.batch_size // ranks

@@ -273,7 +273,7 @@ def drift_ratio(seq: int, steps: int, repeats: int, sampling: int = 16, warmup: 
     capture job at ``seq`` tokens: in ``steps`` training steps and ``repeats``
     times alone (see the module doc)."""
     from profiler.config import CaptureConfig
-    from profiler.plainjob import PlainJob
+    from profiler.jobs.plain import PlainJob
     trainer = PlainJob.prepare(CaptureConfig(model="minilm", seq_len=seq, steps=warmup + steps,
                                              threads=torch.get_num_threads()), say=lambda _: None)
     opt, batch = trainer.optimizer, trainer.config.batch_size

@@ -24,7 +24,7 @@ competes with the hook.
 
 A job is a real 2-rank DeepSpeed ZeRO-3 training run (torchrun, gloo,
 DeepSpeed's cpu accelerator, one thread per rank) of the profiler's job
-(``profiler.zerojob.ZeroJob``): MiniLM-L6 masked-LM fine-tuning on
+(``profiler.jobs.zero.ZeroJob``): MiniLM-L6 masked-LM fine-tuning on
 Python's documentation, or the profiler's tiny Qwen2 causal LM; batch 8 x 64
 tokens, 4 sequences per rank. Each job holds three engines of the same
 model, one per variant, each training on from the same start:
@@ -127,7 +127,7 @@ class Variant:
 def worker(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
     from profiler.config import CaptureConfig, ZeroConfig
-    from profiler.zerojob import ZeroJob, init_distributed
+    from profiler.jobs.zero import ZeroJob, init_distributed
     rank, world = init_distributed()
     steps = args.warmup + args.segments * args.segment_steps
     config = CaptureConfig(model=args.model, steps=steps, warmup_steps=args.warmup,
@@ -178,8 +178,8 @@ def drift_worker(args: argparse.Namespace) -> int:
     from layercheck import LayerCheck, LayerCheckConfig
     from layercheck.zero import ZeroLayerCheck
     from profiler.config import CaptureConfig, ZeroConfig
-    from profiler.plainjob import PlainJob
-    from profiler.zerojob import ZeroJob, init_distributed
+    from profiler.jobs.plain import PlainJob
+    from profiler.jobs.zero import ZeroJob, init_distributed
     rank, world = init_distributed()
     steps = 2 * (args.warmup + args.rounds * args.turn_steps)
     config = CaptureConfig(model="minilm", steps=steps, threads=THREADS)

@@ -1,8 +1,8 @@
 """The LayerCheck dashboard (``streamlit run dashboard/app.py``).
 
-Torch-free: it reads traces (``layercheck.trace``), re-decides them with the
-library's pure policy (``layercheck.policy``; ``layercheck.fastreplay`` and
-``layercheck.lanes`` are its vectorised twins) and runs the simulator (``sim``). Views are thin scripts in
+Torch-free: it reads traces (``layercheck.contract.trace``), re-decides them with the
+library's pure policy (``layercheck.policy``; ``layercheck.contract.fastreplay`` and
+``layercheck.contract.lanes`` are its vectorised twins) and runs the simulator (``sim``). Views are thin scripts in
 ``dashboard/views/`` over the pure modules here, which return numbers, tables
 and Plotly figures:
 
@@ -13,3 +13,5 @@ and Plotly figures:
 - ``catalog``, ``downloads``: view 5, traces and uploads; CSV and HTML bytes;
 - ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons).
 """
+
+import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)

@@ -1,6 +1,6 @@
 """Which traces exist, which one opens by default, and reading an uploaded one.
 
-A trace is a folder (``layercheck.trace``). The dashboard lists the folders
+A trace is a folder (``layercheck.contract.trace``). The dashboard lists the folders
 under the traces directory (``$LAYERCHECK_TRACES``, else ``./traces``, else the
 repository's ``traces/``), validates each with ``load`` and keeps the
 error message of the invalid ones to show instead of a stack trace.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
-from layercheck.decision import recorded_config
-from layercheck.trace import STUDY_FILE, Trace, TraceError, read_trace
+from layercheck.contract.decision import recorded_config
+from layercheck.contract.trace import STUDY_FILE, Trace, TraceError, read_trace
 
 __all__ = ["ENV", "DEFAULT_PRESET", "Entry", "traces_dir", "scan", "default_entry", "unpack_upload",
            "UPLOAD_FILES"]
@@ -139,7 +139,7 @@ def _unzip(data: bytes, root: Path) -> Path:
 
 
 def load(path: Path) -> Trace:
-    """``read_trace``, and the trace's recorded config read (``layercheck.decision``'s
+    """``read_trace``, and the trace's recorded config read (``layercheck.contract.decision``'s
     error rule: every view re-decides the run from it, so a trace whose config is not
     valid is an unreadable trace here, with the same TraceError); the UI's one call."""
     trace = read_trace(path)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from layercheck.trace import Trace
+from layercheck.contract.trace import Trace
 
 __all__ = ["MAX_COLUMNS", "heatmap_figure", "rates_frame", "rates_figure", "window_stats"]
 

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.config import LayerCheckConfig
-from layercheck.trace import Trace
+from layercheck.contract.trace import Trace
 from sim.api import Scenario
 from sim.frontier import Evaluation, config_line, rate, write_bandwidth
 from sim.tuning import Budgets, Recommendation, evaluate_with_references, recommend

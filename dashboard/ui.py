@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from layercheck.trace import Trace, TraceError
+from layercheck.contract.trace import Trace, TraceError
 
 from . import catalog
 from .downloads import csv_bytes, filename, html_bytes

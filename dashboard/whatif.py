@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from layercheck import decision
+from layercheck.contract import decision
 from layercheck.config import LayerCheckConfig
-from layercheck.decision import lr_ratio, recorded_config
+from layercheck.contract.decision import lr_ratio, recorded_config
 from layercheck.policy import Policy
-from layercheck.trace import Trace, last_written
+from layercheck.contract.trace import Trace, last_written
 
-from layercheck.fastreplay import base_step, fast_replay
-from layercheck.replayed import REPLAYED_REASONS, Replayed
+from layercheck.contract.fastreplay import base_step, fast_replay
+from layercheck.contract.replayed import REPLAYED_REASONS, Replayed
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
            "staleness_figure", "io_figure", "writes_figure", "budget_figure", "summary_frame", "GB"]
@@ -59,7 +59,7 @@ class Settings:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> "Settings":
-        """The settings the trace was recorded with (``layercheck.decision.recorded_config``:
+        """The settings the trace was recorded with (``layercheck.contract.decision.recorded_config``:
         missing fields at the library's defaults; a config that is not valid raises
         TraceError, never shows the defaults as the recorded settings)."""
         config = recorded_config(trace)
@@ -96,7 +96,7 @@ class Outcome:
 def policy_for(trace: Trace, settings: Settings) -> Policy:
     """The library's Policy of ``settings`` on this trace's layers (kind 'embedding'
     gets the embedding threshold; the per-layer overrides recorded in the trace are
-    kept: ``layercheck.decision.policy_for``)."""
+    kept: ``layercheck.contract.decision.policy_for``)."""
     return decision.policy_for(trace, settings.config())
 
 
@@ -107,7 +107,7 @@ def replay_trace(trace: Trace, settings: Settings) -> Replayed:
 
 def weighted_staleness_series(trace: Trace, writes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(max over layers, parameter-weighted mean) staleness per step, NaN before the
-    base checkpoint (``layercheck.trace``'s one definition)."""
+    base checkpoint (``layercheck.contract.trace``'s one definition)."""
     weighted = trace.weighted_staleness(writes)
     oldest = (np.arange(1, len(writes) + 1) - last_written(writes).min(axis=1)).astype(np.float64)
     return np.where(np.isnan(weighted), np.nan, oldest), weighted

@@ -5,6 +5,9 @@
 ``LayerCheckConfig``, ``layercheck.policy`` and ``layercheck.trace`` import
 without torch; ``LayerCheck`` and the rest of the library need torch and are
 imported on first use, so the simulator and the dashboard never pull torch.
+``layercheck.contract`` is what the profiler hands the simulator and the
+dashboard (the trace, the calibration, the replays), torch-free;
+``layercheck.trace`` stays importable as the name users read traces by.
 """
 from __future__ import annotations
 

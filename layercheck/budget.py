@@ -25,7 +25,7 @@ then sits at ``MAX_LEVEL``).
 Why this rule: every quantity is an exact integer or one IEEE operation
 (``spent`` sums integer byte counts; ``B * (t - base)`` is one product), so a
 scalar loop (``layercheck.policy``) and the vectorised replays
-(``layercheck.lanes``) take bit-for-bit the same decisions, and ``scale``
+(``layercheck.contract.lanes``) take bit-for-bit the same decisions, and ``scale``
 is a table lookup, not a ``pow`` that vector and scalar code may round
 differently. Measured on the shipped traces the realised rate lands within
 3% of the budget (docs/tuning.md).

@@ -13,7 +13,7 @@ Contract, per optimizer step t = 1, 2, ... (after the step's update):
      ``threshold``) or when ``t - last_l >= smax`` (reason ``smax``), with
      ``K_l(t) = base_l * lr(t) / lr_peak * k_scale`` (no LR factor without LR
      scaling; ``k_scale`` the write budget's factor, 1 without one:
-     ``Policy.thresholds``; what a trace records of it: ``layercheck.decision``).
+     ``Policy.thresholds``; what a trace records of it: ``layercheck.contract.decision``).
 3. A written layer gets ``A_l = 0`` and ``last_l = t``.
 
 (A fourth reason, ``retry``, is LayerCheck's own: under ``on_error="warn"``
@@ -117,7 +117,7 @@ class Policy:
         """K_l(t) = base_l * lr_ratio * k_scale (``lr_ratio = lr(t) / lr_peak``, 1 without
         LR scaling; ``k_scale`` the write budget's factor, ``Decision.k_scale``): one
         per layer for numbers; steps x layers for arrays of one value per step (the
-        same products). The one formula of K (``layercheck.decision``)."""
+        same products). The one formula of K (``layercheck.contract.decision``)."""
         ratio = np.asarray(lr_ratio, dtype=np.float64)[..., None]
         if not self.lr_scaling:
             k = np.broadcast_to(self.base, ratio.shape[:-1] + self.base.shape)
@@ -251,7 +251,7 @@ def replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray) -> list[Deci
     """Reference replay over a whole run: ``drift[t-1, l]`` and ``lr_ratio[t-1]``
     for steps t = 1..T. Returns the decision at every step (empty when nothing
     is written). Plain and step by step: the yardstick for faster twins
-    (``layercheck.fastreplay``, ``layercheck.lanes``)."""
+    (``layercheck.contract.fastreplay``, ``layercheck.contract.lanes``)."""
     drift = np.asarray(drift, dtype=np.float64)
     if drift.ndim != 2 or drift.shape[1] != policy.num_layers:
         raise ValueError(f"drift must be steps x {policy.num_layers} layers, got {drift.shape}")

@@ -38,9 +38,6 @@ from .store import Store
 
 __all__ = ["LayerSnapshot", "StepJob", "Writer", "WriteRecord"]
 
-MECHANISM_VERSIONS = {"layercheck writer": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
-
 log = logging.getLogger("layercheck")
 
 MAX_RECORDS = 10_000

@@ -8,8 +8,8 @@
     python -m profiler calibrate --trace TRACE [--repeats N]
     python -m profiler validate  --trace TRACE [--window 600] [--mtbf 150] [--seed 0]
 
-``capture`` writes ``traces/<name>/`` in the format of ``layercheck.trace``
-and, unless ``--no-calibrate``, ``costs.json`` (``layercheck.calibration``:
+``capture`` writes ``traces/<name>/`` in the format of ``layercheck.contract.trace``
+and, unless ``--no-calibrate``, ``costs.json`` (``layercheck.contract.calibration``:
 what each checkpointing strategy's mechanism costs on this model and
 machine); ``calibrate`` measures it for an existing capture; ``drill`` adds
 ``drill.json`` (recovery fidelity, measured with real SIGKILLs); ``validate``
@@ -21,6 +21,8 @@ with ``--fsdp`` under PyTorch FSDP2 with ``layercheck.fsdp.FsdpLayerCheck``;
 rank 0 writes the trace, in the same format.
 """
 from __future__ import annotations
+
+import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)
 
 from .config import CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError

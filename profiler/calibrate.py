@@ -3,7 +3,7 @@
 ``calibrate_job`` runs every ``profiler.mechanisms`` measurement on a live
 job (the end of ``capture``, or a job rebuilt from a trace by ``calibrate``)
 in a scratch folder beside the checkpoints, and returns the
-``layercheck.calibration.Calibration`` that goes into ``costs.json``: every
+``layercheck.contract.calibration.Calibration`` that goes into ``costs.json``: every
 figure with its source (measured, derived or assumed) and its method. A
 collective on several ranks (rank 0 returns the calibration, the others None).
 
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from layercheck.calibration import TRANSFERRED_STALE_COST, Calibration, Figure, write_calibration
-from layercheck.trace import Trace, read_trace
+from layercheck.contract.calibration import TRANSFERRED_STALE_COST, Calibration, Figure, write_calibration
+from layercheck.contract.trace import Trace, read_trace
 
 from .config import CaptureConfig, ZeroConfig
 from .errors import ProfilerError
@@ -82,12 +82,11 @@ def _calibration(trace: Trace, figures: dict[str, Any], seconds: float,
     machine = {k: trace.manifest["machine"][k] for k in MACHINE_KEYS
                if k in trace.manifest["machine"]}
     from layercheck import __version__
-    from layercheck.measurement import code_record
+    from layercheck.contract.measurement import MECHANISM_VERSIONS, code_record
 
-    from .mechanisms import INSTALLED_VERSIONS
     figures = {**figures, "stale_cost": _stale_cost(trace)}
     return Calibration(
-        code=code_record(INSTALLED_VERSIONS, __version__),
+        code=code_record(MECHANISM_VERSIONS, __version__),
         name=trace.name,
         description=(f"Measured by the profiler on the job of trace {trace.name} "
                      f"({trace.manifest['model'].get('label')}, {trace.num_steps} steps) on "

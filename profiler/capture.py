@@ -1,6 +1,6 @@
 """``python -m profiler capture``: real training with LayerCheck attached, recorded as a trace.
 
-One pipeline for every job (``profiler.job``: a plain process, or a rank of a
+One pipeline for every job (``profiler.jobs.job``: a plain process, or a rank of a
 DeepSpeed ZeRO-3 or a PyTorch FSDP2 job under torchrun; at world size 1
 every collective is a no-op). Order of work: build the job, agree on the checkpoint folder (rank
 0's choice), rank 0 measures the storage bandwidth there, train ``steps``
@@ -37,11 +37,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
+from layercheck.contract.trace import SCHEMA_VERSION, Trace, write_trace
 
 from .config import CaptureConfig, ZeroConfig
 from .contention import ContentionMeter, Lap, summarize as summarize_contention, warning
-from .job import Job, PhaseTimes
+from .jobs.job import Job, PhaseTimes
 from .jobs import open_job
 from .machine import describe_machine
 from .models import describe_lora
@@ -128,7 +128,7 @@ def capture(spec: CaptureConfig | ZeroConfig, *, out: Path | None = None,
     if said:
         say(f"warning: {said}")
     if costs is not None:
-        from layercheck.calibration import write_calibration
+        from layercheck.contract.calibration import write_calibration
         write_calibration(costs, out)
         summary["costs"] = {name: f.value for name, f in costs.figures.items()}
     return CaptureResult(out, trace, {**summary, "wall_s": time.perf_counter() - started})

@@ -47,10 +47,6 @@ from .state import TrainingState, fsync_path
 __all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerCheckpointer",
            "Resume", "Saved", "folder_bytes", "single_process"]
 
-MECHANISM_VERSIONS = {"deepspeed checkpointer": 1, "checkfreq checkpointer": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
-
-
 @dataclass(frozen=True)
 class Resume:
     """Where a load left the job."""

@@ -257,7 +257,7 @@ def _capture(spec: CaptureConfig | ZeroConfig, args: argparse.Namespace, argv: l
 
 
 def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
-    from .drill import drill
+    from .failures.drill import drill
     if args.from_trace is None:
         config = DrillConfig(capture=_config(args), failures=args.failures)
     else:
@@ -288,8 +288,8 @@ def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     """A ZeRO trace is calibrated under torchrun with its own world size (started here)."""
-    from layercheck.calibration import read_calibration
-    from layercheck.trace import read_trace
+    from layercheck.contract.calibration import read_calibration
+    from layercheck.contract.trace import read_trace
 
     from .calibrate import calibrate_trace, job_spec
     from .launch import launch, world_size
@@ -311,7 +311,7 @@ def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_validate(args: argparse.Namespace, argv: list[str]) -> int:
-    from .validate import format_table, validate
+    from .failures.validate import format_table, validate
     config = _validation_config(args)
     if args.scratch is not None and not args.scratch.is_dir():
         raise ProfilerError(f"--scratch {args.scratch}: no such folder")
@@ -338,7 +338,7 @@ def _validation_config(args: argparse.Namespace) -> ValidationConfig:
 
 
 def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:
-    from layercheck.trace import read_trace
+    from layercheck.contract.trace import read_trace
 
     from .figures import heatmap_png
     trace = read_trace(args.trace)
@@ -348,5 +348,5 @@ def _run_heatmap(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_worker(args: argparse.Namespace, argv: list[str]) -> int:
-    from .worker import run_job
+    from .failures.worker import run_job
     return run_job(args.job)

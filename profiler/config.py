@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from layercheck import decision
+from layercheck.contract import decision
 
 from .errors import ProfilerError
 
@@ -25,7 +25,7 @@ PAPER = {"steps": decision.PAPER_STEPS, "warmup_steps": decision.PAPER.warmup_st
          "smax": decision.PAPER.smax, "threshold": decision.PAPER.base_threshold,
          "embedding_factor": decision.EMBEDDING_FACTOR}
 """LayerCheck (IEEE CLUSTER 2026): run length, warm-up, Smax, base threshold,
-embedding threshold / base threshold; the figures of ``layercheck.decision``, whose
+embedding threshold / base threshold; the figures of ``layercheck.contract.decision``, whose
 ``paper_default`` scales them to a run (the one rule)."""
 
 DEVICES = ("cpu", "cuda")

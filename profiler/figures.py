@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from layercheck.decision import recorded_config, threshold_matrix
-from layercheck.trace import Trace
+from layercheck.contract.decision import recorded_config, threshold_matrix
+from layercheck.contract.trace import Trace
 
 from .errors import ProfilerError
 
 __all__ = ["threshold_matrix", "heatmap_png"]
-"""``threshold_matrix``: K_l(t) as recorded, ``k_scale`` included (``layercheck.decision``)."""
+"""``threshold_matrix``: K_l(t) as recorded, ``k_scale`` included (``layercheck.contract.decision``)."""
 
 
 def heatmap_png(trace: Trace, path: Path, *, title: str | None = None,

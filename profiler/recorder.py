@@ -4,7 +4,7 @@ Contract: per step call ``step()`` with the step's phase times, loss, the
 LayerCheck ``StepReport`` and the accumulators as they were before that
 step; ``writes()`` with every committed ``WriteRecord`` (in any order, any
 time); ``restore()`` with measured restores. ``tables()`` returns the four
-tables of ``layercheck.trace.TABLES`` exactly.
+tables of ``layercheck.contract.trace.TABLES`` exactly.
 
 Derived columns: ``drift.accumulator`` is A_l after adding d_l(t) and before
 a write at t resets it; ``writes.stall_s`` is the step's training-thread
@@ -18,9 +18,9 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from layercheck.trace import TABLES
+from layercheck.contract.trace import TABLES
 
-from .job import PhaseTimes
+from .jobs.job import PhaseTimes
 
 __all__ = ["Recorder"]
 

@@ -9,7 +9,7 @@ study measures it:
    steps, with one real ``LayerCheck`` per threshold attached (each in its own
    directory on ``scratch``; they only read the training state). Their writes
    give each threshold's parameter-weighted staleness S(t)
-   (``layercheck.trace.weighted_staleness``) and so its failure steps
+   (``layercheck.contract.trace.weighted_staleness``) and so its failure steps
    (``profiler.staleness.failure_steps``: the stalest step of each window, the
    paper's choice), among the steps that leave the shortest horizon to run.
 2. **Snapshots**: the same job trained again from its initial weights up to
@@ -54,8 +54,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layercheck.calibration import COSTS_FILE, Figure, read_calibration, write_calibration
-from layercheck.trace import STUDY_FILE
+from layercheck.contract.calibration import COSTS_FILE, Figure, read_calibration, write_calibration
+from layercheck.contract.trace import STUDY_FILE
 
 from .config import CaptureConfig
 from .convergence import Reading, SequenceLosses, read_delta, steps_behind
@@ -301,7 +301,7 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
     job of the plain capture ``from_trace``), write ``staleness.json`` (``out``, or
     into the trace, or ``runs/staleness/``) and, into a trace that has a
     ``costs.json``, its ``stale_cost`` figure. Returns (path, document)."""
-    from .drill import plain_capture
+    from .failures.drill import plain_capture
     if from_trace is not None:
         trace, capture = plain_capture(Path(from_trace), "a staleness study")
         config = dataclasses.replace(config, capture=capture)

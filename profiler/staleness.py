@@ -1,6 +1,6 @@
 """Where a drill strikes: the stalest steps of a run's checkpoint.
 
-Staleness itself has one definition, ``layercheck.trace.weighted_staleness``
+Staleness itself has one definition, ``layercheck.contract.trace.weighted_staleness``
 (``Trace.weighted_staleness``): S(t) = sum_l params_l * (t - newest write of
 l at or before t) / sum_l params_l, NaN before the base checkpoint. It is
 re-exported here for the drill's callers.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from layercheck.trace import weighted_staleness
+from layercheck.contract.trace import weighted_staleness
 
 __all__ = ["weighted_staleness", "failure_steps"]
 

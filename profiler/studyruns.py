@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 from layercheck.snapshot import apply_rng, capture_rng
-from layercheck.trace import weighted_staleness
+from layercheck.contract.trace import weighted_staleness
 
 from .config import PAPER
 from .convergence import SequenceLosses
 from .errors import ProfilerError
-from .job import lr_schedule
-from .plainjob import PlainJob
+from .jobs.job import lr_schedule
+from .jobs.plain import PlainJob
 
 
 __all__ = ["Runs", "Reference", "Snapshot", "Recovered"]

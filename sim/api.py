@@ -21,9 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from layercheck.calibration import Figure
-from layercheck.trace import Trace
-from layercheck.traceschema import MAX_COUNT
+from layercheck.contract.calibration import Figure
+from layercheck.contract.trace import Trace
+from layercheck.contract.traceschema import MAX_COUNT
 
 from .costs import GB, CostModel
 from .engine import RESULT_FIELDS, LaneResults, run_limit

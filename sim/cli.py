@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from layercheck.errors import OneLineParser, one_line
-from layercheck.trace import TraceError, read_trace
+from layercheck.contract.trace import TraceError, read_trace
 
 from . import scalecli
 from .api import simulate, sweep

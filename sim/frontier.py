@@ -6,8 +6,8 @@
     rated = rate(result, scenario, rows=front.index, mtbf_s=1800, seeds=10)
 
 Every setting is re-decided exactly as the library would decide it on the
-trace's drift (``layercheck.lanes``, proven equal to ``layercheck.policy.replay``),
-and measured with the one staleness definition (``layercheck.trace``). The
+trace's drift (``layercheck.contract.lanes``, proven equal to ``layercheck.policy.replay``),
+and measured with the one staleness definition (``layercheck.contract.trace``). The
 effective ratio is simulated (``sim.api.simulate_writes``: LayerCheck with each
 setting's writes, on the same failures) for the rows asked for, typically the
 Pareto points: the ratio column is NaN elsewhere.
@@ -24,16 +24,16 @@ import numpy as np
 import pandas as pd
 
 from layercheck.config import ConfigError, LayerCheckConfig
-from layercheck.decision import PAPER_STEPS, lr_ratio, paper_default, policy_for, recorded_config
-from layercheck.lanes import Lanes, replay_many
+from layercheck.contract.decision import PAPER_STEPS, lr_ratio, paper_default, policy_for, recorded_config
+from layercheck.contract.lanes import Lanes, replay_many
 from layercheck.policy import Policy
-from layercheck.trace import Trace
+from layercheck.contract.trace import Trace
 
 from .api import Scenario, simulate_writes
 from .errors import SimError
 from .workload import LayerWrites
 
-# paper_default, recorded_config and PAPER_STEPS are layercheck.decision's, named here too
+# paper_default, recorded_config and PAPER_STEPS are layercheck.contract.decision's, named here too
 __all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "paper_default", "recorded_config",
            "config_line", "write_bandwidth", "describe", "SETTING_COLUMNS", "PAPER_STEPS",
            "BASE_THRESHOLDS", "EMBEDDING_THRESHOLDS"]
@@ -157,7 +157,7 @@ class Evaluation:
 
     def detail(self, rows: Sequence[int]) -> pd.DataFrame:
         """For ``rows``: checkpoints (steps that write any layer) and the peak of the
-        parameter-weighted staleness (``layercheck.trace.weighted_staleness``)."""
+        parameter-weighted staleness (``layercheck.contract.trace.weighted_staleness``)."""
         out = []
         for row in rows:
             written = self.written(int(row))
@@ -199,13 +199,13 @@ def evaluate(trace: Trace, configs: Sequence[LayerCheckConfig], *,
 
 
 def _policies(trace: Trace, configs: Sequence[LayerCheckConfig]) -> list[Policy]:
-    """``layercheck.decision.policy_for`` of every config: the library's Policy on the
+    """``layercheck.contract.decision.policy_for`` of every config: the library's Policy on the
     trace's layers, with the per-layer overrides the trace was recorded with."""
     return [policy_for(trace, config) for config in configs]
 
 
 def _measure(trace: Trace, lanes: Lanes) -> dict[str, np.ndarray]:
-    """Per setting, from the lanes' writes. Staleness is ``layercheck.trace``'s
+    """Per setting, from the lanes' writes. Staleness is ``layercheck.contract.trace``'s
     definition; its parameter-weighted mean over the steps from the base checkpoint
     on is linear in the layers, so it is the weighted sum of each lane's own mean:
     one pass over the lanes, not over settings x layers (tests check it against

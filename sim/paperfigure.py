@@ -18,7 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .api import DAY, Scenario, simulate
 from .firstorder import FirstOrder, first_order

@@ -25,8 +25,8 @@ import pandas as pd
 
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import Policy, Reason, replay
-from layercheck.calibration import FIGURES, Calibration, Figure
-from layercheck.trace import (SCHEMA_VERSION, Trace, TraceError, last_written, read_trace,
+from layercheck.contract.calibration import FIGURES, Calibration, Figure
+from layercheck.contract.trace import (SCHEMA_VERSION, Trace, TraceError, last_written, read_trace,
                               weighted_staleness, write_trace)
 
 from .architectures import ARCHITECTURES, BYTES_PER_PARAM

@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .errors import SimError
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .engine import LaneResults
 

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .api import Scenario
 from .costs import CostModel

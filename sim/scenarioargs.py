@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layercheck.calibration import FIGURES, read_calibration
-from layercheck.measurement import age_warning
-from layercheck.trace import TraceError, read_trace
+from layercheck.contract.calibration import FIGURES, read_calibration
+from layercheck.contract.measurement import age_warning
+from layercheck.contract.trace import TraceError, read_trace
 
 from .api import ENGINES, Scenario
 from .costs import COST_MODELS, CostModel

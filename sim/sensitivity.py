@@ -3,7 +3,7 @@
 ``sensitivity(scenario, mtbf_s=...)`` runs the scenario once at the cost model's
 point values and then, one figure at a time, at the low and at the high end of
 each figure's band (``CostModel.band``: the band declared with the figure, else
-its ``FigureSpec`` rule; ``layercheck.calibration.band_of``). A figure measured
+its ``FigureSpec`` rule; ``layercheck.contract.calibration.band_of``). A figure measured
 on this machine has no band and is not varied. Every run faces the same
 failures (common random numbers), so a difference between two runs is the
 figure's, not the draw's.
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from layercheck.calibration import FIGURES
+from layercheck.contract.calibration import FIGURES
 
 from .api import Scenario, simulate
 from .errors import SimError

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from layercheck.config import LayerCheckConfig
-from layercheck.decision import paper_default, recorded_config
-from layercheck.trace import Trace
+from layercheck.contract.decision import paper_default, recorded_config
+from layercheck.contract.trace import Trace
 
 from .api import Scenario
 from .errors import SimError

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from layercheck.decision import recorded_config
-from layercheck.trace import Trace, last_written
+from layercheck.contract.decision import recorded_config
+from layercheck.contract.trace import Trace, last_written
 
 from .errors import SimError
 from .work import check_job_steps
@@ -84,7 +84,7 @@ class LayerWrites:
 
     @cached_property
     def staleness(self) -> float:
-        """Mean parameter-weighted staleness from the base on (``layercheck.trace``'s definition)."""
+        """Mean parameter-weighted staleness from the base on (``layercheck.contract.trace``'s definition)."""
         if self.base_step is None:
             return 0.0
         steps = np.arange(self.base_step, self.steps + 1)

@@ -4,7 +4,7 @@ import streamlit as st
 
 from dashboard import catalog, ui
 from dashboard.downloads import human_bytes
-from layercheck.trace import TraceError
+from layercheck.contract.trace import TraceError
 
 ui.page("Traces", "Shipped traces (captured by the profiler, or synthetic presets from the "
         "paper's figures) and your own: upload a .zip of a trace folder, or its files.")

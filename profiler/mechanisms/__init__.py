@@ -2,23 +2,22 @@
 
 One ``Mechanism`` per strategy's mechanism (``base``): ``Restart`` (all),
 ``FullSave`` (deepspeed), ``TwoPhase`` (checkfreq), ``HostCopy`` and ``PeerCopy`` (gemini),
-``Differential`` (lowdiff), ``LayerWise`` (layercheck). Each registers the figures
-it measures (``Mechanism.figures``); together they must cover every figure of
-``layercheck.calibration.FIGURES`` that ``python -m profiler calibrate`` measures
-(``FigureSpec.measured_by``), each exactly once: ``check_coverage``, which
-``calibrate`` runs before it times anything. A new strategy's figures therefore
-need a mechanism here, in ``MECHANISMS``.
+``Differential`` (lowdiff), ``LayerWise`` (layercheck), ``JitDetection`` (jit). Each is
+declared once, as data, in ``layercheck.contract.measurement.CODE`` (its version and the
+figures it measures; the simulator reads that table without torch), and registers those
+figures (``Mechanism.figures``, filled in from the declaration). Together they must cover
+every figure of ``layercheck.contract.calibration.FIGURES`` that ``python -m profiler
+calibrate`` measures (``FigureSpec.measured_by``), each exactly once: ``check_coverage``,
+which ``calibrate`` runs before it times anything. A new strategy's figures therefore
+need a mechanism here, in ``MECHANISMS``, and its line in ``CODE``.
 """
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
-from layercheck import recovery, writer
-from layercheck.calibration import FIGURES
-from layercheck.figure import CALIBRATE
+from layercheck.contract.calibration import FIGURES
+from layercheck.contract.figure import CALIBRATE
 
-from .. import checkpointers
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
 from .jit import JitDetection
@@ -28,21 +27,12 @@ from .peer import PeerCopy
 from .restart import Restart
 from .storage import FullSave, HostCopy, TwoPhase
 
-__all__ = ["MECHANISMS", "INSTALLED_VERSIONS", "Bench", "Mechanism", "check_coverage",
+__all__ = ["MECHANISMS", "Bench", "Mechanism", "check_coverage",
            "check_measured"]
 
 MECHANISMS: tuple[Mechanism, ...] = (LayerWise(), FullSave(), TwoPhase(), HostCopy(),
                                      Differential(), PeerCopy(), JitDetection(), Restart())
 """In the order they run: the collective ones first, then rank 0's, the spawns last."""
-
-INSTALLED_VERSIONS: dict[str, int] = {
-    name: version
-    for module in (*dict.fromkeys(sys.modules[type(m).__module__] for m in MECHANISMS),
-                   checkpointers, writer, recovery)
-    for name, version in getattr(module, "MECHANISM_VERSIONS", {}).items()}
-"""Every mechanism's version as its own module declares it: what ``calibrate`` records in
-costs.json (``layercheck.measurement.code_record``)."""
-
 
 def check_coverage(mechanisms: Sequence[Mechanism] = MECHANISMS) -> None:
     """Refuse (``ProfilerError``, naming what to fix) a set of mechanisms that leaves a

@@ -1,7 +1,7 @@
 """The base of every measurement, and what each one gets (``Bench``).
 
 Contract: ``Mechanism.measure(bench)`` returns its ``figures`` (a dict of
-``layercheck.calibration.Figure``), measured on the bench's job, machine and
+``layercheck.contract.calibration.Figure``), measured on the bench's job, machine and
 scratch folder. A ``collective`` mechanism runs on every rank of a ZeRO or
 FSDP2 job at once (the real implementation is a collective there:
 DeepSpeed's own checkpoint or DCP's save, ZeroLayerCheck or
@@ -19,12 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
+from layercheck.contract.measurement import MEASURES
+
+from ..errors import ProfilerError
 
 __all__ = ["Bench", "Mechanism", "rate_figure", "timed", "GB"]
 
 GB = 1e9
-"""Rates are decimal GB/s, as ``layercheck.calibration`` says."""
+"""Rates are decimal GB/s, as ``layercheck.contract.calibration`` says."""
 
 
 @dataclass(eq=False)
@@ -58,7 +61,7 @@ class Bench:
             if not self.zero:
                 self._single = self.job
             else:
-                from ..plainjob import PlainJob
+                from ..jobs.plain import PlainJob
                 self._single = PlainJob.prepare(self.job.config, say=lambda _: None)
                 self._single.step(0)
         return self._single
@@ -87,11 +90,25 @@ class Bench:
 class Mechanism:
     name = ""
     figures: tuple[str, ...] = ()
-    """Every figure ``measure`` returns: what this mechanism registers (``check_coverage``)."""
+    """Every figure ``measure`` returns: what this mechanism registers (``check_coverage``).
+    A named subclass gets it from the contract's declaration of its name
+    (``layercheck.contract.measurement.CODE``, which holds its version beside it)."""
     stated: tuple[str, ...] = ()
     """Those of ``figures`` one machine cannot measure: ``measure`` reports them as their
     declared default (``stated_figures``)."""
     collective = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.name:
+            return
+        if "figures" in cls.__dict__:
+            raise ProfilerError(f"mechanism {cls.name!r} lists its figures itself: they are "
+                                "declared once, in layercheck.contract.measurement.CODE")
+        if cls.name not in MEASURES:
+            raise ProfilerError(f"mechanism {cls.name!r} is not declared: add it, its version and "
+                                "its figures to layercheck.contract.measurement.CODE")
+        cls.figures = MEASURES[cls.name]
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         raise NotImplementedError
@@ -99,7 +116,7 @@ class Mechanism:
     def stated_figures(self) -> dict[str, Figure]:
         """``stated`` as their declarations' defaults (value, source and band), the method
         saying why they are not measured here."""
-        from layercheck.calibration import FIGURES
+        from layercheck.contract.calibration import FIGURES
         out = {}
         for name in self.stated:
             default = FIGURES[name].default

@@ -23,16 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
 from .restart import ROOT, worker_env
 
 __all__ = ["JitDetection", "detection_seconds", "JIT_TIMEOUT_S"]
-
-MECHANISM_VERSIONS = {"jit detection": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
 
 JIT_TIMEOUT_S = 60.0
 """The collective's timeout and the most one measurement may take; past it, killed."""
@@ -100,7 +97,6 @@ class JitDetection(Mechanism):
     machine cannot measure (their declared defaults)."""
 
     name = "jit detection"
-    figures = ("jit_detect_s", "jit_replica_loss_probability", "jit_overhead_fraction")
     stated = ("jit_replica_loss_probability", "jit_overhead_fraction")
 
     def measure(self, bench: Bench) -> dict[str, Figure]:

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import statistics
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .base import Bench, Mechanism, rate_figure
 
 __all__ = ["LayerWise"]
-
-MECHANISM_VERSIONS = {"layercheck": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
 
 COMMITS = 5
 """State-only commits timed per repeat (they take milliseconds)."""
@@ -28,8 +25,6 @@ COMMITS = 5
 
 class LayerWise(Mechanism):
     name = "layercheck"
-    figures = ("tracking_fraction", "lc_snapshot_gbps", "lc_write_gbps", "lc_commit_s",
-               "lc_load_fixed_s", "lc_load_gbps")
     collective = True
 
     def measure(self, bench: Bench) -> dict[str, Figure]:

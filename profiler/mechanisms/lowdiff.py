@@ -18,15 +18,12 @@ from typing import Any
 
 import torch
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from ..state import TrainingState, fsync_path
 from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["Differential", "DENSITY", "BATCH"]
-
-MECHANISM_VERSIONS = {"differential": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
 
 DENSITY = 0.01
 """Share of each gradient's entries kept: ASSUMED 1%, LowDiff's typical compression."""
@@ -37,7 +34,6 @@ implies 1,692 / 914 = 1.85 steps per LowDiff write)."""
 
 class Differential(Mechanism):
     name = "differential"
-    figures = ("diff_fraction", "diff_batch", "diff_snapshot_gbps", "diff_replay_gbps")
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()

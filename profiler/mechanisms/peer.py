@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 
 from ..state import TrainingState
@@ -122,7 +122,6 @@ class PeerCopy(Mechanism):
     failure takes that peer too (``layercheck.placement``: the peer shares the host)."""
 
     name = "peer copy"
-    figures = ("peer_gbps", "peer_loss_probability")
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()

@@ -19,14 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from .base import Bench, Mechanism
 
 __all__ = ["Restart", "spawn_worker", "worker_env"]
-
-MECHANISM_VERSIONS = {"restart": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
@@ -34,11 +31,10 @@ READY_TIMEOUT_S = 600
 
 class Restart(Mechanism):
     name = "restart"
-    figures = ("restart_s",)
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         from ..engine import deepspeed_available
-        from ..worker import EventReader, write_job
+        from ..failures.worker import EventReader, write_job
         job = bench.job
         ranks = job.ranks.world_size
         samples = []

@@ -9,24 +9,20 @@ import statistics
 
 import torch
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 
 from ..checkpointers import FullCheckpointer, TwoPhaseCheckpointer, folder_bytes
-from ..validate import default_interval
+from ..failures.validate import default_interval
 from ..state import TrainingState
 from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["FullSave", "TwoPhase", "HostCopy"]
-
-MECHANISM_VERSIONS = {"full save": 2, "two-phase save": 1, "host copy": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.measurement``)."""
 
 
 class FullSave(Mechanism):
     """deepspeed: a synchronous full save of model and optimizer, and its load."""
 
     name = "full save"
-    figures = ("save_gbps", "load_fixed_s", "load_gbps")
     collective = True
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
@@ -79,7 +75,6 @@ class TwoPhase(Mechanism):
     """checkfreq: snapshot to host memory (blocking), persist in the background, load."""
 
     name = "two-phase save"
-    figures = ("snapshot_gbps", "persist_gbps", "async_load_gbps")
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()
@@ -111,7 +106,6 @@ class HostCopy(Mechanism):
     the copy to the peer is ``PeerCopy``)."""
 
     name = "host copy"
-    figures = ("host_copy_gbps",)
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()

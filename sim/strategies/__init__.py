@@ -2,21 +2,23 @@
 
 Each strategy module (``base`` for what all share) holds
 
-- ``FIGURES``: the cost figures it owns, each a ``layercheck.figure.FigureSpec`` (unit,
+- ``FIGURES``: the cost figures it owns, each a ``layercheck.contract.figure.FigureSpec`` (unit,
   range, meaning, the paper's default with its provenance, the band ``python -m sim
   sensitivity`` varies it across, what measures it) -- a figure is declared once, by one
   module; other strategies may read it;
 - ``STRATEGIES``: its ``Strategy`` classes (the model: ``base``'s contract).
 
 ``MODULES`` below is the registry, in report order. ``SCHEMA``, the union of their
-``FIGURES``, is the calibration schema (``layercheck.calibration.FIGURES``) and so every
-``costs.json``'s and ``sim.costs.CostModel``'s figures. Adding a strategy is one module
+``FIGURES``, is the calibration schema: this package declares it on import
+(``layercheck.contract.calibration.FIGURES.declare``), so it is every ``costs.json``'s
+and ``sim.costs.CostModel``'s figures. Adding a strategy is one module
 here, its test, its profiler mechanism (``profiler.mechanisms``) and its name in
 ``MODULES``.
 """
 from __future__ import annotations
 
-from layercheck.figure import FigureSpec
+from layercheck.contract import calibration
+from layercheck.contract.figure import FigureSpec
 
 from ..errors import SimError
 from . import base, checkfreq, deepspeed, gemini, jit, layercheck, lowdiff, none
@@ -56,7 +58,9 @@ def schema(modules=MODULES) -> dict[str, FigureSpec]:
 
 
 SCHEMA: dict[str, FigureSpec] = schema()
-"""Every cost figure: name -> declaration (``layercheck.calibration.FIGURES`` reads it)."""
+"""Every cost figure: name -> declaration, declared here as the calibration schema
+(``layercheck.contract.calibration.FIGURES``; the contract never imports the simulator)."""
+calibration.FIGURES.declare(__name__, SCHEMA)
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for module in MODULES for cls in module.STRATEGIES}

@@ -6,7 +6,7 @@ the paper's numbers or a hardware spec (a judgment says so).
 """
 from __future__ import annotations
 
-from layercheck.band import Band
+from layercheck.contract.band import Band
 
 __all__ = ["PAPER", "STORAGE_RULE", "COPY_RULE", "LOAD_FIXED_RULE", "WRITE_BAND", "READ_BAND",
            "READ_FIXED_BAND", "COPY_BAND"]

@@ -39,8 +39,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from layercheck.band import Band
-from layercheck.figure import Figure, FigureSpec
+from layercheck.contract.band import Band
+from layercheck.contract.figure import Figure, FigureSpec
 
 from ..errors import SimError
 from ..theory import daly_interval_s
@@ -67,7 +67,7 @@ FIGURES: dict[str, FigureSpec] = {
         "restart_s, 2026-12-01), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
         "paper's recovery times exclude the restart)")))),
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 PROTOCOLS = ("matched", "native")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from layercheck.figure import Figure, FigureSpec
+from layercheck.contract.figure import Figure, FigureSpec
 
 from .base import Cadence, Strategy, _Builder
 from .bands import COPY_BAND, COPY_RULE, READ_BAND, STORAGE_RULE, WRITE_BAND
@@ -26,7 +26,7 @@ FIGURES: dict[str, FigureSpec] = {
         band=STORAGE_RULE,
         default=Figure(value=17.9, source="fit", method="the same Lustre reads as load_gbps", band=READ_BAND)),
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 CHECKFREQ_OVERHEAD = 0.035

@@ -1,7 +1,7 @@
 """DeepSpeed's default: a synchronous full save, and the figures of saving and loading one."""
 from __future__ import annotations
 
-from layercheck.figure import Figure, FigureSpec
+from layercheck.contract.figure import Figure, FigureSpec
 
 from .base import Cadence, Strategy, _Builder, _daly_steps
 from .bands import LOAD_FIXED_RULE, PAPER, READ_BAND, READ_FIXED_BAND, STORAGE_RULE, WRITE_BAND
@@ -32,7 +32,7 @@ FIGURES: dict[str, FigureSpec] = {
         band=STORAGE_RULE,
         default=Figure(value=17.9, source="fit", method="see load_fixed_s: the same Lustre reads", band=READ_BAND)),
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 class DeepSpeed(Strategy):

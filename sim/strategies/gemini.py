@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 
-from layercheck.figure import Figure, FigureSpec
+from layercheck.contract.figure import Figure, FigureSpec
 from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
-from layercheck.band import Band
+from layercheck.contract.band import Band
 
 from .base import Cadence, Strategy, _Builder, _daly_steps
 from .bands import COPY_BAND, COPY_RULE, PAPER
@@ -41,7 +41,7 @@ FIGURES: dict[str, FigureSpec] = {
         f"32 / 419 = {HOST_LOSS_SHARE:.4f} (on different hosts it would be that share x the "
         "chance the peer's host fails before the copy is re-made)"))),
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 class Gemini(Strategy):

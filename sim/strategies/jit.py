@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from layercheck.band import Band
-from layercheck.figure import Figure, FigureSpec
+from layercheck.contract.band import Band
+from layercheck.contract.figure import Figure, FigureSpec
 from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 
 from .base import Strategy, _Builder
@@ -82,7 +82,7 @@ FIGURES: dict[str, FigureSpec] = {
                 "0 to 1% of a step, a judgment of \"nearly zero\" (the transparent variant "
                 "intercepts the job's GPU calls)")))),
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 class JustInTime(Strategy):

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from layercheck.band import Band
-from layercheck.figure import TRANSFERRED_STALE_COST, Figure, FigureSpec
+from layercheck.contract.band import Band
+from layercheck.contract.figure import TRANSFERRED_STALE_COST, Figure, FigureSpec
 
 from .base import Strategy, _Builder
 from .bands import COPY_BAND, COPY_RULE, LOAD_FIXED_RULE, PAPER, READ_BAND, READ_FIXED_BAND, STORAGE_RULE, WRITE_BAND
@@ -63,7 +63,7 @@ FIGURES: dict[str, FigureSpec] = {
             "interval of its own (a measured one) uses that")),
         measured_by="python -m profiler staleness"),
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 class LayerCheck(Strategy):

@@ -1,7 +1,7 @@
 """No checkpoints: a failure restarts the job (it declares no figure of its own)."""
 from __future__ import annotations
 
-from layercheck.figure import FigureSpec
+from layercheck.contract.figure import FigureSpec
 
 from .base import Strategy
 
@@ -9,7 +9,7 @@ __all__ = ["NoCheckpoint", "FIGURES", "STRATEGIES"]
 
 FIGURES: dict[str, FigureSpec] = {
 }
-"""The figures this module declares (``layercheck.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
 
 
 class NoCheckpoint(Strategy):

@@ -11,7 +11,7 @@ import pytest
 
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import Policy, PolicyState, Reason
-from layercheck.trace import SCHEMA_VERSION, Trace, write_trace
+from layercheck.contract.trace import SCHEMA_VERSION, Trace, write_trace
 from sim.presets import preset_calibration
 
 

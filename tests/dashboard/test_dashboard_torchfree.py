@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["dashboard", "layercheck.fastreplay", "layercheck.replay_windows", "layercheck.lanes",
+MODULES = ["dashboard", "layercheck.contract.fastreplay", "layercheck.contract.replay_windows", "layercheck.contract.lanes",
            "layercheck.budget", "dashboard.whatif", "dashboard.tuning", "sim.frontier", "sim.tuning",
            "dashboard.driftmap", "dashboard.fidelity", "dashboard.mtbf", "dashboard.catalog",
            "dashboard.downloads", "dashboard.ui", "dashboard.scale"]
@@ -34,7 +34,7 @@ class Block:
             raise ImportError("torch is blocked in this test")
 sys.meta_path.insert(0, Block())
 from conftest import make_trace
-from layercheck.trace import write_trace
+from layercheck.contract.trace import write_trace
 root = {str(tmp_path)!r}
 write_trace(make_trace(steps=120), root + "/t")
 os.environ["LAYERCHECK_TRACES"] = root

@@ -19,7 +19,7 @@ def test_rates_over_a_window(trace):
 def test_heatmap_bins_long_runs_keeping_peaks(trace):
     fig = driftmap.heatmap_figure(trace)
     assert fig.data[0].z.shape == (len(trace.layer_names), trace.num_steps)
-    from layercheck.trace import Trace  # noqa: F401
+    from layercheck.contract.trace import Trace  # noqa: F401
     old = driftmap.MAX_COLUMNS
     try:
         driftmap.MAX_COLUMNS = 100

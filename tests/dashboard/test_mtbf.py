@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from dashboard import mtbf, whatif
-from layercheck.calibration import FIGURES
+from layercheck.contract.calibration import FIGURES
 from sim.presets import preset_calibration
 
 DAY = 86400.0
@@ -48,7 +48,7 @@ def test_phi_in_the_failures_numbers(trace):
     """The breakdown counts phi x stale_s as lost once (the rest is in useful compute), the
     threshold table carries the ratio at phi's bounds, and the notes name phi and say when
     the first strategy depends on it."""
-    from layercheck.calibration import Figure
+    from layercheck.contract.calibration import Figure
     paper = preset_calibration("llama-3.2-1b")
     record = Figure(value=0.5, low=0.0, high=1.0, source="measured", method="a test's")
     costs = mtbf.cost_model(dataclasses.replace(trace, costs=dataclasses.replace(

@@ -154,7 +154,7 @@ def test_traces_lists_invalid_ones_and_switching_changes_numbers(traces_dir):
 ])
 def test_invalid_upload_is_a_message_not_a_stack_trace(traces_dir, name, payload, message):
     from dashboard.catalog import unpack_upload
-    from layercheck.trace import TraceError
+    from layercheck.contract.trace import TraceError
     with pytest.raises(TraceError, match=message):
         unpack_upload([(name, payload)])
 
@@ -168,7 +168,7 @@ def test_upload_of_a_broken_trace_in_the_app(traces_dir, tmp_path):
     at.run()
     # AppTest has no file_uploader driver: exercise the same path the page runs.
     from dashboard.catalog import load, unpack_upload
-    from layercheck.trace import TraceError
+    from layercheck.contract.trace import TraceError
     with pytest.raises(TraceError, match="missing keys"):
         load(unpack_upload([("mine.zip", buf.getvalue())], into=tmp_path))
 

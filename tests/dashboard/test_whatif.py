@@ -75,12 +75,12 @@ def test_budget_mode_replays_the_controller_and_keeps_the_rate(trace):
 
 def test_a_garbled_recorded_config_is_refused_not_replaced_by_the_defaults(trace):
     """The what-if opens at the recorded settings: one that is not valid is the trace
-    error every reader of the recorded config raises (``layercheck.decision``), never
+    error every reader of the recorded config raises (``layercheck.contract.decision``), never
     the defaults shown as what the run was recorded with."""
     import dataclasses
 
-    from layercheck.decision import recorded_config
-    from layercheck.trace import TraceError
+    from layercheck.contract.decision import recorded_config
+    from layercheck.contract.trace import TraceError
     from sim.frontier import recorded_config as frontiers
     garbled = dataclasses.replace(trace, manifest={**trace.manifest,
                                                    "config": {"smax": 10, "warmup_steps": 20}})

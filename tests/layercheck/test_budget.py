@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from layercheck import budget
 from layercheck.config import ConfigError, LayerCheckConfig
-from layercheck.lanes import replay_many
+from layercheck.contract.lanes import replay_many
 from layercheck.policy import Policy, PolicyState, replay
-from layercheck.trace import last_written, read_trace
+from layercheck.contract.trace import last_written, read_trace
 
 
 def _run(steps=3000, layers=8, seed=0):

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from layercheck.trace import Trace, read_trace  # noqa: E402
+from layercheck.contract.trace import Trace, read_trace  # noqa: E402
 from profiler.capture import capture  # noqa: E402
 from profiler.config import CaptureConfig  # noqa: E402
 from profiler.launch import torchrun_command  # noqa: E402

@@ -17,7 +17,7 @@ from profiler.differential import DiffCheckpointer
 from profiler.diffwriter import batch_files, frame, read_batch
 from profiler.inmemory import PeerCheckpointer
 from profiler.peerstore import recv_frame, send_frame, start_peer
-from profiler.plainjob import PlainJob
+from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
 from tests.profiler.conftest import TINY
 

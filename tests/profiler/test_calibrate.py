@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from layercheck.calibration import FIGURES, read_calibration
+from layercheck.contract.calibration import FIGURES, read_calibration
 from profiler.cli import main
 
 from profiler.mechanisms import MECHANISMS
@@ -81,8 +81,8 @@ def test_a_calibration_keeps_a_measured_stale_cost_else_writes_the_transferred_o
     import dataclasses
     from pathlib import Path
 
-    from layercheck.calibration import TRANSFERRED_STALE_COST, Figure
-    from layercheck.trace import read_trace
+    from layercheck.contract.calibration import TRANSFERRED_STALE_COST, Figure
+    from layercheck.contract.trace import read_trace
     from profiler.calibrate import _stale_cost
 
     trace = read_trace(Path(__file__).resolve().parents[2] / "traces/minilm-200steps")

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from layercheck import LayerCheckConfig
-from layercheck.trace import SCHEMA_VERSION, TABLES, read_trace, write_trace
+from layercheck.contract.trace import SCHEMA_VERSION, TABLES, read_trace, write_trace
 from tests.profiler.conftest import BUDGET_STEPS, TINY
 
 
@@ -143,7 +143,7 @@ def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(budget_ca
     K at every step and the sizes it charged; the torch-free replay, given the
     drift, takes the same decisions and the same factors; the realised rate is
     the budget's."""
-    from layercheck.fastreplay import fast_replay
+    from layercheck.contract.fastreplay import fast_replay
     from layercheck.policy import Policy, replay
     trace, steps = budget_capture.trace, BUDGET_STEPS
     lc = budget_capture.config

@@ -7,7 +7,7 @@ import torch
 from profiler.checkpointers import (FullCheckpointer, LayerCheckpointer, TwoPhaseCheckpointer,
                                     folder_bytes)
 from profiler.config import CaptureConfig
-from profiler.plainjob import PlainJob
+from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
 from tests.profiler.conftest import TINY
 

@@ -61,7 +61,7 @@ def test_a_real_process_exits_2_with_one_line():
 
 
 def test_capture_command_writes_a_readable_trace(tmp_path, capsys):
-    from layercheck.trace import read_trace
+    from layercheck.contract.trace import read_trace
     out = tmp_path / "cli-trace"
     code = main(["capture", "--model", "tiny", "--steps", "6", "--warmup-steps", "2",
                  "--batch-size", "2", "--seq-len", "16", "--threads", "1", "--quiet",

@@ -20,9 +20,9 @@ from profiler.strategies import CHECKPOINTERS
 from profiler.config import CaptureConfig
 from profiler.mechanisms.restart import spawn_worker
 from profiler.peerstore import start_peer
-from profiler.plainjob import PlainJob
+from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
-from profiler.worker import EventReader, write_job
+from profiler.failures.worker import EventReader, write_job
 from tests.profiler.conftest import TINY
 
 pytestmark = pytest.mark.slow

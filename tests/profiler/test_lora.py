@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 from profiler.cli import main
 from profiler.config import CaptureConfig, ZeroConfig
 from profiler.errors import ProfilerError

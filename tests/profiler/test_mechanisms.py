@@ -1,8 +1,8 @@
 """Each mechanism registers the figures it measures; together they cover the schema."""
 import pytest
 
-from layercheck.calibration import FIGURES
-from layercheck.figure import CALIBRATE
+from layercheck.contract.calibration import FIGURES
+from layercheck.contract.figure import CALIBRATE
 from profiler import mechanisms
 from profiler.calibrate import calibrate_job
 from profiler.errors import ProfilerError

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 from sim import COLUMNS, PRESETS, Scenario, SimError, limit_ratio, simulate, sweep, sweep_figure
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 from sim.presets import TRACES_DIR
 from sim.report import ranking_note, ranking_notes
 

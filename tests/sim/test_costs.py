@@ -2,7 +2,7 @@ from dataclasses import fields
 
 import pytest
 
-from layercheck.calibration import (FIGURES, TRANSFERRED_STALE_COST, Calibration, Figure,
+from layercheck.contract.calibration import (FIGURES, TRANSFERRED_STALE_COST, Calibration, Figure,
                                     write_calibration)
 from sim.costs import CostModel
 from sim.errors import SimError

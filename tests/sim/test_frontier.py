@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import Policy, replay
-from layercheck.trace import last_written, read_trace
+from layercheck.contract.trace import last_written, read_trace
 from sim.api import Scenario, simulate
 from sim.costs import CostModel
 from sim.errors import SimError

@@ -5,7 +5,7 @@ import pytest
 
 from layercheck.config import LayerCheckConfig
 from layercheck.policy import Policy, replay
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 from sim.api import Scenario
 from sim.presets import (PRESET_NAMES, PUBLISHED, REGIMES, TRACES_DIR, build_trace, compute_seconds,
                          trace_stats)

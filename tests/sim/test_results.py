@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from layercheck.calibration import Figure
+from layercheck.contract.calibration import Figure
 from sim.engine import RESULT_FIELDS, LaneResults
 from sim.results import COLUMNS, aggregate, stale_lost
 from sim.strategies import Cadence

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.calibration import FIGURES, read_calibration
+from layercheck.contract.calibration import FIGURES, read_calibration
 from sim.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,8 +90,8 @@ def test_bad_stale_cost_is_one_line_exit_2(args, words, capsys):
 def test_an_old_calibration_warns_in_one_line_and_a_current_one_does_not(tmp_path):
     import dataclasses
 
-    from layercheck.calibration import write_calibration
-    from layercheck.measurement import MECHANISM_VERSIONS, code_record
+    from layercheck.contract.calibration import write_calibration
+    from layercheck.contract.measurement import MECHANISM_VERSIONS, code_record
     trace = tmp_path / "t"
     shutil.copytree(ROOT / "traces" / "minilm-200steps", trace)
     shipped = read_calibration(trace)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.band import BandError
-from layercheck.calibration import (FIGURES, TRANSFERRED_STALE_COST, Band, CalibrationError,
+from layercheck.contract.band import BandError
+from layercheck.contract.calibration import (FIGURES, TRANSFERRED_STALE_COST, Band, CalibrationError,
                                     Figure, band_of)
 from sim import CostModel, Scenario, SimError
 from sim.presets import PRESET_NAMES
@@ -58,7 +58,7 @@ def test_a_measured_figure_has_no_band_and_an_interval_is_its_band():
     # an interval of no width is no band: the spec's rule (0 to 1) applies
     point = Figure(value=0.4, low=0.4, high=0.4, source="transferred", method="m")
     assert (band_of("stale_cost", point).low, band_of("stale_cost", point).high) == (0.0, 1.0)
-    minilm = Scenario.from_trace(__import__("layercheck.trace", fromlist=["read_trace"]).read_trace(
+    minilm = Scenario.from_trace(__import__("layercheck.contract.trace", fromlist=["read_trace"]).read_trace(
         ROOT / "traces" / "minilm-200steps")).costs
     # measured on the capture: no band; assumed there (LowDiff's batch size): its band
     assert minilm.band("save_gbps") is None and minilm.band("peer_gbps") is None
@@ -115,7 +115,7 @@ def test_no_flip_is_reported_as_none():
 
 
 def test_measured_and_given_figures_are_not_varied():
-    from layercheck.trace import read_trace
+    from layercheck.contract.trace import read_trace
     scenario = Scenario.from_trace(read_trace(ROOT / "traces" / "minilm-200steps"), stale_cost=0.5)
     result = sensitivity(scenario, mtbf_s=3600.0, seeds=1, window_s=0.5 * DAY,
                          figures=["save_gbps", "peer_gbps", "diff_batch", "stale_cost"])

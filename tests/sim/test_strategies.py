@@ -58,7 +58,7 @@ def test_a_workload_s_warmup_is_seconds_at_least_zero():
 
 def test_a_capture_s_warmup_is_its_first_forward_and_backward_beyond_the_median():
     from pathlib import Path
-    from layercheck.trace import read_trace
+    from layercheck.contract.trace import read_trace
     from sim.workload import warmup_from
     root = Path(__file__).resolve().parents[2] / "traces"
     captured = read_trace(root / "minilm-200steps")

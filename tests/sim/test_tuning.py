@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from layercheck.config import LayerCheckConfig
-from layercheck.trace import read_trace
+from layercheck.contract.trace import read_trace
 from sim.api import Scenario
 from sim.costs import CostModel
 from sim.errors import SimError

@@ -1,0 +1,195 @@
+"""The validation: real runs killed at known times against the simulator's predictions.
+
+The slow test runs a short version on the tiny model (a 20 s window, one
+failure); it checks that the table is produced and sane, not the 5% goal
+(a window this short is dominated by one restart).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from profiler.cli import main
+from profiler.config import ValidationConfig
+from profiler.errors import ProfilerError
+from profiler.failures.validate import failure_logs, failure_times, format_table, summarise
+
+ROOT = Path(__file__).resolve().parents[3]
+WINDOW = 20.0
+
+
+@pytest.mark.slow
+def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny, tmp_path, capsys):
+    log = tmp_path / "failures.csv"
+    log.write_text("time_s\n6\n")
+    out = tmp_path / "validation.json"
+    assert main(["validate", "--trace", str(calibrated_tiny), "--window", f"{WINDOW:g}",
+                 "--failures", str(log), "--interval", "2", "--repeats", "1",
+                 "--min-failures", "1", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
+    assert [row["strategy"] for row in doc["table"]] == strategies
+    assert doc["failures_s"] == [6.0] and doc["interval"] == 2 and doc["costs"] == "tiny"
+    (run,) = doc["runs"]
+    assert run["failures_s"] == [6.0] and len(run["peer_lost"]) == 1
+    assert run["cadences"]["gemini"]["every"] == 2 and run["cadences"]["layercheck"] is None
+    for row in run["table"]:
+        assert row["failures"] == 1 and row["window_s"] == WINDOW
+        assert 0 < row["measured_ratio"] < 1 and 0 < row["predicted_ratio"] < 1
+        assert math.isfinite(row["relative_error"])
+        # the diagnostic: the same prediction at the run's own step time
+        assert row["pace"] > 0 and 0 <= row["predicted_at_pace"] < 1
+        parts = sum(row[f"measured_{k}"] for k in ("useful_s", "checkpoint_stall_s",
+                                                   "lost_work_s", "recovery_s"))
+        assert parts <= WINDOW + 0.5  # the rest: job switches, a step cut by the window
+        assert row["measured_recovery_s"] > 1  # a new process importing torch
+        assert row["strategy"] in printed
+    for summary in doc["table"]:  # one repeat: its median is its row
+        row = next(r for r in run["table"] if r["strategy"] == summary["strategy"])
+        assert summary["relative_error"] == summary["relative_error_min"] == \
+            summary["relative_error_max"] == row["relative_error"]
+    measured = run["measured"]
+    assert all(m["contention"]["checked"] for m in measured.values())  # Linux: /proc/stat
+    assert measured["deepspeed"]["checkpoint_stall_s"] > 0  # saves every 2 steps
+    assert measured["layercheck"]["tracking_s"] > 0
+    assert measured["lowdiff"]["tracking_s"] > 0            # its compression, every step
+    assert run["predicted"]["layercheck"]["failures"] == 1
+
+
+def test_failure_times_are_seeded_and_inside_the_window():
+    times = failure_times(mtbf_s=100.0, window_s=600.0, seed=3)
+    assert times == failure_times(mtbf_s=100.0, window_s=600.0, seed=3)
+    assert times != failure_times(mtbf_s=100.0, window_s=600.0, seed=4)
+    assert all(0 < a < b < 600 for a, b in zip(times, times[1:]))
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"window_s": 0}, "window_s=0"),
+    ({"strategies": ("none",)}, "choose from deepspeed, checkfreq, gemini, lowdiff, layercheck"),
+    ({"failures_s": (5.0, 3.0)}, "strictly increasing"),
+    ({"failures_s": (700.0,), "window_s": 600}, "not inside the 600 s window"),
+    ({"window_s": 60, "mtbf_s": 20}, "expects 3.0 failures; a validation needs at least 5 per "
+     "run: use --mtbf 12 or less"),
+    ({"failures_s": (1.0, 2.0)}, "has 2 failure"),
+    ({"repeats": 0}, "repeats=0"),
+    ({"interval": 0}, "interval=0"),
+])
+def test_bad_settings_say_the_fix(fields, words):
+    with pytest.raises(ProfilerError, match=words):
+        ValidationConfig(**fields)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["validate", "--trace", "/no/such"], "no such trace folder"),
+    (["validate", "--trace", "traces/qwen2.5-7b-synthetic"], "has no capture settings"),
+    (["validate", "--trace", "traces/minilm-zero3-200steps"], "a DeepSpeed capture"),
+    (["validate", "--trace", "traces/minilm-1000steps", "--window", "soon"], "not a duration"),
+    (["validate", "--trace", "traces/minilm-1000steps", "--strategies", "lowdif"],
+     "choose from"),
+    (["validate", "--trace", "traces/minilm-1000steps", "--mtbf", "100"], "expects 1.2 failures"),
+    (["validate", "--trace", "traces/minilm-1000steps", "--failures", "/no/such.csv"],
+     "cannot read"),
+])
+def test_bad_validate_input_is_one_line_and_exit_2(args, words, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_uncalibrated_trace_says_to_calibrate(tiny_capture, capsys):
+    assert main(["validate", "--trace", str(tiny_capture.path)]) == 2
+    assert "python -m profiler calibrate --trace" in capsys.readouterr().err
+
+
+def test_a_capture_that_shared_the_machine_is_named_before_anything_runs(tiny_capture, tmp_path,
+                                                                        capsys):
+    import shutil
+    from profiler.contention import Lap, summarize
+    trace = tmp_path / "shared"
+    shutil.copytree(tiny_capture.path, trace)
+    manifest = json.loads((trace / "manifest.json").read_text())
+    # what profiler.capture recorded for a run that had another job spinning a core
+    manifest["machine"]["contention"] = summarize([Lap(wall_s=1.0, busy_s=2.0, own_s=1.0)] * 10)
+    (trace / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["validate", "--trace", str(trace), "--quiet"]) == 2  # uncalibrated, as before
+    err = capsys.readouterr().err
+    assert f"warning: the capture of {trace}: other processes used 1.00 cores" in err
+    assert "measure again on a quiet machine" in err
+    # a quiet capture says nothing (the fixture's own record depends on this machine's load)
+    manifest["machine"]["contention"] = summarize([Lap(wall_s=1.0, busy_s=1.0, own_s=1.0)] * 10)
+    (trace / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["validate", "--trace", str(trace), "--quiet"]) == 2
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_prediction_counts_stale_time_as_the_ledger_does():
+    """The ledger counts every update stale layers discarded as lost (profiler/failures/ledger.py):
+    the prediction does too, whatever stale cost factor the calibration carries."""
+    import dataclasses
+
+    from layercheck.contract.calibration import Figure
+    from layercheck.contract.trace import read_trace
+    from profiler.failures.validate import FailureLog, _predict, _scenario
+
+    trace = read_trace(ROOT / "traces/minilm-200steps")
+    record = Figure(value=0.3, low=0.1, high=0.5, source="measured", method="a test's")
+    calibration = dataclasses.replace(trace.costs,
+                                      figures={**trace.costs.figures, "stale_cost": record})
+    scenario = _scenario(trace, calibration, FailureLog(0, (30.0, 70.0)), 10)
+    row = _predict(scenario, 120.0, ["layercheck"])["layercheck"]
+    assert row["stale_s"] > 0 and row["stale_lost_s"] == row["stale_s"]
+
+
+def test_every_repeat_draws_its_own_log_with_the_fewest_failures_required():
+    config = ValidationConfig(window_s=90.0, mtbf_s=15.0, seed=4, repeats=3, min_failures=5)
+    logs = failure_logs(config)
+    assert logs == failure_logs(config)                    # seeded
+    assert [log.repeat for log in logs] == [0, 1, 2]
+    assert len({log.seed for log in logs}) == 3            # seed + r, redrawn + repeats
+    for log in logs:
+        assert len(log.times) >= 5
+        assert log.seed % 3 == (4 + log.repeat) % 3 and log.seed >= 4 + log.repeat
+        assert log.times == failure_times(mtbf_s=15.0, window_s=90.0, seed=log.seed)
+        # every draw it passed over had fewer than 5
+        for attempt in range(log.redraws):
+            skipped = failure_times(mtbf_s=15.0, window_s=90.0, seed=4 + log.repeat + 3 * attempt)
+            assert len(skipped) < 5
+    assert any(log.redraws for log in failure_logs(
+        ValidationConfig(window_s=75.0, mtbf_s=15.0, repeats=6)))  # redrawing happens
+    given = failure_logs(ValidationConfig(failures_s=(1.0, 2.0), min_failures=2, repeats=2))
+    assert [log.times for log in given] == [(1.0, 2.0)] * 2 and given[0].seed is None
+
+
+def test_the_summary_is_the_median_of_the_repeats_with_their_spread():
+    def row(strategy, error, measured):
+        return {"strategy": strategy, "relative_error": error, "measured_ratio": measured,
+                "failures": 5, "window_s": 90.0}
+    runs = [{"table": [row("deepspeed", 0.04, 0.5), row("gemini", -0.01, 0.7)]},
+            {"table": [row("deepspeed", -0.02, 0.6), row("gemini", 0.03, 0.8)]},
+            {"table": [row("deepspeed", 0.01, 0.4), row("gemini", 0.02, 0.9)]}]
+    table = summarise(runs, ["deepspeed", "gemini"])
+    assert [t["strategy"] for t in table] == ["deepspeed", "gemini"]
+    ds = table[0]
+    assert ds["repeats"] == 3 and ds["relative_error"] == 0.01
+    assert (ds["relative_error_min"], ds["relative_error_max"]) == (-0.02, 0.04)
+    assert ds["measured_ratio"] == 0.5 and ds["failures"] == [5, 5, 5]
+    assert table[1]["relative_error"] == 0.02
+
+
+def test_the_printed_table_has_every_repeat_and_the_summary():
+    row = {"strategy": "lowdiff", "measured_ratio": 0.5, "predicted_ratio": 0.52,
+           "relative_error": 0.04, "failures": 6, "pace": 1.0, "predicted_at_pace": 0.51,
+           "relative_error_at_pace": 0.02}
+    doc = {"repeats": 2, "window_s": 90.0,
+           "runs": [{"repeat": 0, "seed": 0, "failures_s": [3.0], "table": [row]},
+                    {"repeat": 1, "seed": 1, "failures_s": [4.5], "table": [row]}],
+           "table": [{**row, "relative_error_min": -0.01, "relative_error_max": 0.05,
+                      "failures": [6, 6]}]}
+    text = format_table(doc)
+    assert "repeat 1: seed 0, failures at 3 s" in text and "repeat 2: seed 1" in text
+    assert "median over 2 repeat(s)" in text and "[ -1.00%,  +5.00%]" in text
