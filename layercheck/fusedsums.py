@@ -13,15 +13,27 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from .adamupdate import NOT_STEPPED, AdamTerms
 
-if TYPE_CHECKING:
-    from .drift import _Entry
+
+
+class _Entry(Protocol):
+    """What the fused path reads of one tracked parameter (``layercheck.drift``'s entries
+    are these; stated here so that the dependency points one way)."""
+
+    param: torch.Tensor
+    layer: int
+    scale: float
+
+    @property
+    def data(self) -> torch.Tensor: ...
+
+    def extent(self) -> tuple[int, int, int]: ...
 
 __all__ = ["FusedSums", "fusable", "load_kernels"]
 
