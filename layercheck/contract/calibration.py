@@ -45,6 +45,10 @@ __all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Band", "Figure
 SCHEMA_VERSION = 1
 COSTS_FILE = "costs.json"
 
+OWNERS_GROUP = "layercheck.figures"
+"""The entry-point group under which a package registers a module that declares figures."""
+
+
 class FigureSchema(Mapping):
     """``FIGURES``: the figures every calibration holds, declared by their owners.
 
@@ -79,10 +83,21 @@ class FigureSchema(Mapping):
 
     def _specs(self) -> dict[str, FigureSpec]:
         if not self._union:
+            self._discover()
+        if not self._union:
             raise CalibrationError("no cost figures are declared yet: the strategies declare "
-                                   "them (sim.strategies, on import); import sim before reading "
-                                   "or making a calibration")
+                                   "them (sim.strategies, on import); install the project "
+                                   "(pip install -e .) or import sim before reading or making a "
+                                   "calibration")
         return self._union
+
+    def _discover(self) -> None:
+        """Load the owners installed packages register under the entry-point group
+        ``OWNERS_GROUP`` (the simulator's strategies do, in pyproject.toml): a plug-in
+        found by its own registration, so the contract still names none of them."""
+        from importlib.metadata import entry_points
+        for point in entry_points(group=OWNERS_GROUP):
+            point.load()  # importing the owner declares its figures
 
     def __getitem__(self, name: str) -> FigureSpec:
         return self._specs()[name]

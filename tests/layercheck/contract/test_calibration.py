@@ -140,6 +140,32 @@ def test_the_schema_is_what_its_owners_declared():
     assert list(schema) == ["x_s", "z_s"] and schema["x_s"].default.value == 2.0
 
 
+def test_a_fresh_interpreter_reads_a_costs_json_without_importing_the_simulator_itself(tmp_path):
+    """The owners are found by their own registration (the entry-point group
+    ``layercheck.figures`` in pyproject.toml), so ``read_trace`` of a calibrated trace
+    just works, and the contract's code still names no owner."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from layercheck.contract.calibration import OWNERS_GROUP
+    root = Path(__file__).resolve().parents[3]
+    code = ("import sys\n"
+            "from layercheck.contract.trace import read_trace\n"
+            "from layercheck.contract.calibration import read_calibration\n"
+            "assert 'sim' not in sys.modules\n"
+            f"c = read_calibration({str(root / 'traces' / 'minilm-200steps')!r})\n"
+            "print(len(c.figures), 'sim.strategies' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path)  # not the repository root: found as installed
+    assert done.returncode == 0, done.stderr
+    count, loaded = done.stdout.split()
+    assert int(count) == len(FIGURES) and loaded == "True"
+    assert OWNERS_GROUP == "layercheck.figures"
+    text = (root / "pyproject.toml").read_text()
+    assert '[project.entry-points."layercheck.figures"]' in text and '"sim.strategies"' in text
+
+
 def test_a_figure_has_one_owner_and_a_default():
     schema = FigureSchema()
     schema.declare("a", {"x_s": _spec()})
