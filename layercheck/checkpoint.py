@@ -45,7 +45,8 @@ from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Version, encode_rec
 from .frozen import FrozenParts, trained_nbytes
 from .layerfile import DTYPES
 from .layermap import LayerMap
-from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
+from .layerread import VerifiedFile
+from .manifest import ManifestView, read_manifest, seal_torn_tail
 from .pretrained import PretrainedFiles
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 import torch
 
 from .errors import CorruptVersion, LayerCheckError
-from .manifest import read_verified
+from .layerread import read_verified
 from .recovery import Plan, parse_safetensors
 from .store import Store
 

@@ -45,7 +45,8 @@ from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
 from .errors import CheckpointNotFound, LayerCheckError
 from .adapters import LoraFacts, adapter_weights, merged_weights
 from .format import ADAPTER_CONFIG, EXPORT_FORMATS, MODEL_CONFIG, module_tensors, parse_model_config
-from .manifest import ManifestView, read_consistent, read_verified
+from .layerread import read_verified
+from .manifest import ManifestView, read_consistent
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
 

@@ -51,7 +51,8 @@ import torch
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
 from .format import Version, read_state_document, tensor_key
 from .layerfile import DTYPES
-from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
+from .layerread import VerifiedFile, parse_header, read_verified_file
+from .manifest import ManifestView
 from .pretrained import Ref, read_ref
 from .ranks import Ranks
 from .store import Store
@@ -106,7 +107,7 @@ class Plan:
 
 _DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 """The torch dtype of each safetensors dtype the writer stores (``layerfile.DTYPES``,
-inverted); ``manifest.DTYPE_SIZES`` has their sizes."""
+inverted); ``layerread.DTYPE_SIZES`` has their sizes."""
 
 
 class Loaded(dict):

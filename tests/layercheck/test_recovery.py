@@ -313,7 +313,7 @@ def test_tensor_views_are_the_tensors_safetensors_reads():
     """Every dtype layercheck writes, 0-d and empty tensors: the views equal
     safetensors' own load, and share the verified buffer."""
     from safetensors.torch import load, save
-    from layercheck.manifest import VerifiedFile, parse_header
+    from layercheck.layerread import VerifiedFile, parse_header
     from layercheck.recovery import parse_safetensors, tensor_views
     torch.manual_seed(0)
     tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16),
