@@ -7,7 +7,8 @@ so a torn or garbled line is detected and skipped (with a problem reported),
 never half-trusted. A ``resume`` record abandons every later step of the
 timeline before it; a ``drop`` record retires a version. A rank's view of a
 sharded checkpoint (``read_manifest(store, rank=r)``) sees each version as
-its own shard. Torch-free.
+its own shard. The layouts the versions were written in (``format``: layouts)
+are replayed too: ``layouts`` and ``layout_of``. Torch-free.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
-from .format import MANIFEST, Version, decode_line, encode_record
+from .format import MANIFEST, Layout, Version, decode_line, encode_record
 from .store import Store
 
 __all__ = ["ManifestView", "read_manifest", "read_again", "read_consistent", "seal_torn_tail", "compact",
@@ -43,6 +44,12 @@ class ManifestView:
     """The rank whose shards ``versions`` and ``states`` show (sharded checkpoints)."""
     source: bytes = field(default=b"", repr=False, compare=False)
     """The manifest's bytes this view replays (``read_again`` compares them)."""
+    layouts: dict[int, Layout] = field(default_factory=dict)
+    """Per id, every layout recorded (``format``: layouts; 0, the header's, once it is read)."""
+
+    def layout_of(self, version: Version) -> Layout:
+        """The layout ``version`` was written in (replay refuses a record naming another)."""
+        return self.layouts.get(version.layout) or Layout.of_header(self.header)
 
     @property
     def world_size(self) -> int:
@@ -85,18 +92,38 @@ class ManifestView:
         if kind == "header":
             if self.header is None:
                 self.header = record
+                self.layouts[0] = Layout.of_header(record)
         elif kind == "layer":
-            version = Version.from_record(record, self.rank)
+            version = self._version(record)
             self.versions.setdefault(version.layer, []).append(version)
         elif kind == "state":
-            version = Version.from_record(record, self.rank)
+            version = self._version(record)
             self.states[version.step] = version
+        elif kind == "layout":
+            if record["id"] in self.layouts:
+                raise ValueError(f"layout {record['id']} is recorded twice")
+            self.layouts[record["id"]] = Layout.from_record(record)
         elif kind == "resume":
             self._truncate(record["step"])
         elif kind == "drop":
             self._drop(record["file"])
         else:
             raise ValueError(f"unknown record kind {kind!r}")
+
+    def _version(self, record: dict[str, Any]) -> Version:
+        """The version of a layer or state record, as this view's rank sees it; ValueError
+        unless its layout is recorded and it has that layout's shards (before any
+        header, layout 0's world size is not known: not checked)."""
+        version = Version.from_record(record, self.rank)
+        if version.layout not in self.layouts:
+            if version.layout or self.header is not None:
+                raise ValueError(f"a version of layout {version.layout}, which no layout "
+                                 "record before it describes")
+            return version
+        wrong = self.layouts[version.layout].shards_problem(len(version.shards))
+        if wrong is not None:
+            raise ValueError(wrong)
+        return version
 
     def _drop(self, key: str) -> None:
         for name, versions in self.versions.items():
@@ -146,16 +173,20 @@ def _replay(data: bytes, rank: int | None) -> ManifestView:
     return view
 
 
-def encode_manifest(header: dict[str, Any], versions: Iterable[Version]) -> bytes:
-    """A whole manifest: the header, then ``versions`` by step, each step's state last."""
+def encode_manifest(header: dict[str, Any], versions: Iterable[Version],
+                    layouts: Iterable[Layout] = ()) -> bytes:
+    """A whole manifest: the header, the ``layouts`` besides the header's (by id), then
+    ``versions`` by step, each step's state last."""
     ordered = sorted(versions, key=lambda v: (v.step, v.layer is None, v.layer or ""))
-    return encode_record(header) + b"".join(encode_record(v.to_record()) for v in ordered)
+    added = sorted((layout for layout in layouts if layout.id), key=lambda layout: layout.id)
+    return encode_record(header) + b"".join(encode_record(layout.to_record()) for layout in added) \
+        + b"".join(encode_record(v.to_record()) for v in ordered)
 
 
 def compact(store: Store) -> int:
     """Rewrite the manifest with only what replaying it keeps: the header, the live
     versions and, as they are, the lines it skips (so ``inspect`` still reports
-    them). Replaying the result gives the same header, versions and states;
+    them). Replaying the result gives the same header, layouts, versions and states;
     records of retired versions, drop and resume records are gone. Atomic
     (``write_atomic``): a crash leaves the old manifest or the new one, never a
     mix. Call only where nothing else appends meanwhile (the directory's
@@ -163,7 +194,7 @@ def compact(store: Store) -> int:
     view = read_manifest(store)
     if view.header is None:
         raise LayerCheckError(f"{store.url}: no header to keep, so the manifest is not compacted")
-    data = encode_manifest(view.header, view.all_versions()) + b"".join(
+    data = encode_manifest(view.header, view.all_versions(), view.layouts.values()) + b"".join(
         line + b"\n" for line in view.skipped)
     store.write_atomic(MANIFEST, data)
     return len(data)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
@@ -50,12 +49,12 @@ import torch
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
 from .format import Version, read_state_document, tensor_key
-from .layerfile import DTYPES
-from .layerread import VerifiedFile, parse_header, read_verified_file
+from .layerread import VerifiedFile, read_verified_file
 from .manifest import ManifestView
-from .pretrained import Ref, read_ref
+from .pretrained import Ref
 from .ranks import Ranks
 from .store import Store
+from .views import Loaded, parse_safetensors, referenced, tensor_views
 
 __all__ = ["Loaded", "Plan", "Planner", "make_plan", "parse_safetensors", "read_state",
            "tensor_views", "together", "REREAD_DELAYS"]
@@ -103,52 +102,6 @@ class Plan:
                            for n, v in self.sources.items()],
                 "bytes": sum(v.bytes for v in [*self.sources.values(), *self.bases.values()]),
                 "warnings": list(self.warnings)}
-
-
-_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
-"""The torch dtype of each safetensors dtype the writer stores (``layerfile.DTYPES``,
-inverted); ``layerread.DTYPE_SIZES`` has their sizes."""
-
-
-class Loaded(dict):
-    """A file's tensors by key (``tensor_views``); those named in ``own`` were read
-    apart (``read_verified_file(apart=...)``): memory holding nothing else of the
-    file, that a source may keep as live state instead of copying
-    (``LayerSource.apply``)."""
-
-    own: frozenset[str] = frozenset()
-
-
-def tensor_views(file: VerifiedFile) -> Loaded:
-    """The tensors of a verified file (header order), each a view of its bytes: no
-    copy, and they keep their buffer alive while any of them lives."""
-    tensors = Loaded()
-    tensors.own = file.apart_keys
-    if file.frozen is not None:  # a partial version: its frozen parameters from its full one
-        full = tensor_views(file.frozen)
-        tensors.update((key, full[key]) for key in file.frozen_keys)
-    tensors.update(file.referenced)  # and those a pretrained file holds
-    for key, (buffer, offset) in file.places().items():
-        entry = file.header[key]
-        dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
-        if stop == start:  # no elements: frombuffer refuses an empty view
-            tensors[key] = torch.empty(entry["shape"], dtype=dtype)
-            continue
-        flat = torch.frombuffer(buffer, dtype=dtype, offset=offset,
-                                count=(stop - start) // dtype.itemsize)
-        tensors[key] = flat.view(entry["shape"])
-    return tensors
-
-
-def parse_safetensors(data: bytes | bytearray,
-                      what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors (copies, not views of ``data``) and metadata of a safetensors blob
-    (no pickle); CorruptVersion if malformed."""
-    header, data_start = parse_header(data, what)
-    with warnings.catch_warnings():  # read-only bytes: the views are only copied from
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        views = tensor_views(VerifiedFile(data, header, data_start))  # type: ignore[arg-type]
-        return {key: view.clone() for key, view in views.items()}, header.get("__metadata__") or {}
 
 
 def read_state(store: Store, version: Version, data: VerifiedFile | None = None
@@ -382,7 +335,7 @@ class Planner:
         if not wanted:
             return file
         return dataclasses.replace(file, referenced={
-            tensor_key("param", name): _referenced(refs[name]) for name in wanted})
+            tensor_key("param", name): referenced(refs[name]) for name in wanted})
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:
@@ -414,15 +367,6 @@ def _raise_together(failure: BaseException | None, agreed: np.ndarray,
             raise elsewhere()
         raise LayerCheckError("another rank failed to restore (its error says why); this "
                               "rank stops with it")
-
-
-def _referenced(ref: Ref) -> torch.Tensor:
-    """The tensor a pretrained file holds at ``ref``, verified (``read_ref``)."""
-    data, dtype, shape = read_ref(ref)
-    kind = _DTYPES[dtype]
-    if not data:
-        return torch.empty(shape, dtype=kind)
-    return torch.frombuffer(bytearray(data), dtype=kind).view(shape)
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .errors import ModelMismatch
-from .format import group_members, optimizer_state, tensor_key
+from .format import Layout, group_members, optimizer_state, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -157,6 +157,35 @@ class LayerSource:
         rather than copy them; asked once per restore, before anything is read.
         None: it copies everything."""
         return None
+
+    # -- another layout (format: layouts) ------------------------------------------
+    ElasticRead = Callable[[int, str, int, int], torch.Tensor]
+    """``read(rank, key, start, stop)``: the flat elements [start, stop) of tensor ``key``
+    in rank ``rank``'s verified file of the version being loaded (``elastic.ElasticRead``:
+    a rank's file is read and verified when first touched; CorruptVersion where damaged)."""
+
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        """The ranks of ``written`` whose files of layer ``i``'s version this rank's
+        ``apply_elastic`` reads: the plan verifies them (falling back past a damaged
+        one) before anything changes. Default: every rank's."""
+        return list(range(written.world_size))
+
+    def check_elastic(self, i: int, written: Layout, read: "LayerSource.ElasticRead") -> None:
+        """ModelMismatch unless ``apply_elastic(i, written, read)`` fits; changes nothing.
+        Default: a source without ``apply_elastic`` is refused here, before any layer is
+        copied in; one with it checks in it."""
+        if type(self).apply_elastic is LayerSource.apply_elastic:
+            raise ModelMismatch(self.cannot_reshard(written))
+
+    def apply_elastic(self, i: int, written: Layout, read: "LayerSource.ElasticRead") -> None:
+        """Load layer ``i`` from a version written under ``written`` (another world size
+        or backend) through ``read`` (``ElasticRead``). Default: ModelMismatch naming
+        ``resize_advice``."""
+        raise ModelMismatch(self.cannot_reshard(written))
+
+    def cannot_reshard(self, written: Layout) -> str:
+        return (f"{type(self).__name__} cannot reshard a version that {written.describe()} "
+                f"wrote: {self.resize_advice}")
 
     def _capture_buffers(self, i: int) -> dict[str, torch.Tensor]:
         return {tensor_key("buffer", name): host(b) for name, b in self.layer_map.buffers(i)}

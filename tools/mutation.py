@@ -56,7 +56,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/layercheck/test_manifest.py", "tests/layercheck/test_cleanup.py",
         # a rank's view of a sharded manifest (in-process; not the two-process test)
         "tests/layercheck/test_commit.py::test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file",
-        "tests/layercheck/test_commit.py::test_a_sharded_record_read_by_a_rank_it_does_not_have_is_a_problem",
+        "tests/layercheck/test_commit.py::test_a_sharded_record_without_a_shard_per_rank_of_its_layout_is_a_problem",
         # a minute of real training per mutant; test_cleanup compacts too
         "--deselect",
         "tests/layercheck/test_manifest.py::test_under_retention_the_manifest_is_compacted_while_training"]),
