@@ -23,11 +23,12 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .errors import CorruptVersion, LayerCheckError, ModelMismatch
-from .format import Layout, Version
+from .format import Layout, Version, optimizer_fields, tensor_key
 from .layerread import VerifiedFile
 from .views import Loaded, tensor_views
 
-__all__ = ["ElasticRead", "chunk_rows", "rows", "rows_ranks", "fsdp_params"]
+__all__ = ["ElasticRead", "chunk_rows", "rows", "rows_ranks", "fsdp_params", "resharded",
+           "needed_ranks"]
 
 
 class ElasticRead:
@@ -126,18 +127,60 @@ def rows_ranks(layout: Layout, name: str, shape: tuple[int, ...], start: int, st
 
 
 def rows(read: Callable[[int, str, int, int], torch.Tensor], layout: Layout, name: str,
-         key: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
+         key: str, shape: tuple[int, ...], start: int, stop: int, *,
+         empty_from: int = 0) -> torch.Tensor:
     """Rows [start, stop) along dim 0 of the whole tensor ``key`` (shaped like parameter
     ``name``, global ``shape``) of a version written in ``layout``: from each old
     rank's slice that holds some (FSDP2, dim 0), or from the one file of a plain
-    module. A new tensor (a copy), shaped (stop - start, *shape[1:])."""
+    module. A new tensor (a copy), shaped (stop - start, *shape[1:]); where no rows are
+    asked for, its dtype is that of ``key`` in rank ``empty_from``'s file."""
     inner = math.prod(shape[1:])
     if not shape:  # a 0-d parameter: whole on every rank of a plain or FSDP2 file
-        return read(0, key, 0, 1).reshape(()).clone()
+        return read(empty_from, key, 0, 1).reshape(()).clone()
     parts = []
     chunks = chunk_rows(shape[0], layout.world_size) if fsdp_params(layout) else [(0, shape[0])]
     for rank, lo, hi in rows_ranks(layout, name, shape, start, stop):
         first = chunks[rank][0]
         parts.append(read(rank, key, (lo - first) * inner, (hi - first) * inner))
-    flat = torch.cat(parts) if parts else read(0, key, 0, 0)  # an empty local shard: the dtype
+    flat = torch.cat(parts) if parts else read(empty_from, key, 0, 0)  # none: the dtype
     return flat.reshape(stop - start, *shape[1:]).clone()
+
+
+RowsOf = Callable[[str, torch.Tensor], "tuple[int, int]"]
+"""Per parameter (name, live tensor): the rows [start, stop) of dim 0 of the whole
+tensor that this rank holds (all of them in one process)."""
+
+
+def needed_ranks(layout: Layout, params: list[tuple[str, torch.Tensor]],
+                 rows_of: RowsOf) -> list[int]:
+    """The ranks of ``layout`` whose files hold rows this rank needs of ``params`` (at
+    least one: where it needs none, rank 0's gives the scalars and buffers)."""
+    ranks = {rank for name, p in params
+             for rank, _, _ in rows_ranks(layout, name, tuple(p.shape), *rows_of(name, p))}
+    return sorted(ranks) or [0]
+
+
+def resharded(read: ElasticRead, params: list[tuple[str, torch.Tensor]],
+              buffers: list[tuple[str, torch.Tensor]], rows_of: RowsOf) -> dict[str, torch.Tensor]:
+    """A layer's tensors as this rank's layout would have saved them, read from a version
+    of another (FSDP2 sharded along dim 0, or a plain module's): per parameter the rows
+    ``rows_of`` names of its weight and of each optimizer-state tensor, its scalar state
+    (Adam's step, the same on every rank) and the layer's buffers (whole on every rank),
+    under the keys of ``format.tensor_key``. Copies, not views of the files."""
+    layout = read.layout
+    first = needed_ranks(layout, params, rows_of)[0]  # a file this rank reads anyway
+    keys = read.tensors(first)
+    out: dict[str, torch.Tensor] = {}
+    for name, p in params:
+        shape, (start, stop) = tuple(p.shape), rows_of(name, p)
+        key = tensor_key("param", name)
+        out[key] = rows(read, layout, name, key, shape, start, stop, empty_from=first)
+        for field, value in optimizer_fields(keys, name).items():
+            key = tensor_key("optim", name, field)
+            out[key] = value.clone() if value.dim() == 0 else rows(
+                read, layout, name, key, shape, start, stop, empty_from=first)
+    for name, _ in buffers:
+        key = tensor_key("buffer", name)
+        if key in keys:
+            out[key] = keys[key].clone()
+    return out

@@ -19,7 +19,7 @@ from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
 from .format import MANIFEST, Layout, Version, decode_line, encode_record
 from .store import Store
 
-__all__ = ["ManifestView", "read_manifest", "read_again", "read_consistent", "seal_torn_tail", "compact",
+__all__ = ["ManifestView", "job_layout", "read_manifest", "read_again", "read_consistent", "seal_torn_tail", "compact",
            "encode_manifest"]
 
 T = TypeVar("T")
@@ -135,6 +135,16 @@ class ManifestView:
         for name, versions in self.versions.items():
             self.versions[name] = [v for v in versions if v.step <= step]
         self.states = {s: v for s, v in self.states.items() if s <= step}
+
+
+def job_layout(view: ManifestView, world_size: int, facts: dict[str, Any]) -> tuple[Layout, bool]:
+    """The layout a job of ``world_size`` ranks whose source gives ``facts`` writes in
+    (``format``: layouts): the newest recorded one of its world size and backend, else
+    a new one (True: not recorded yet), whose id is one above the highest so far."""
+    for layout in sorted(view.layouts.values(), key=lambda layout: -layout.id):
+        if layout.same_job(world_size, facts):
+            return layout, False
+    return Layout(id=max(view.layouts, default=0) + 1, world_size=world_size, facts=facts), True
 
 
 def read_manifest(store: Store, rank: int | None = None) -> ManifestView:

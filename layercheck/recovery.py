@@ -47,8 +47,9 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
+from .elastic import ElasticRead
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
-from .format import Version, read_state_document, tensor_key
+from .format import Layout, Version, read_state_document, tensor_key
 from .layerread import VerifiedFile, read_verified_file
 from .manifest import ManifestView
 from .pretrained import Ref
@@ -96,6 +97,7 @@ class Plan:
         return {"step": self.step,
                 "layers": [{"layer": n, "source_step": v.step, "staleness": self.step - v.step,
                             "file": v.file, "bytes": v.bytes, "reason": v.reason,
+                            **({"layout": v.layout} if v.layout else {}),  # format: layouts
                             # where a layer has frozen parameters: the version holding them
                             **({"frozen_from_step": v.base if v.base is not None else v.step,
                                 "frozen_tensors": len(v.frozen)} if v.frozen else {})}
@@ -121,7 +123,11 @@ class Planner:
     may stay in memory from ``layers`` to ``load`` (0: none, each is read again);
     ``threads``: files read at once (1: serially); ``apart``: which tensors of a
     layer file to read into memory of their own (``read_verified_file``; given
-    to ``load``'s caller as ``Loaded.own``). Memory held while choosing: at most
+    to ``load``'s caller as ``Loaded.own``); ``running``: the layout the live job
+    writes in (``format``: layouts; None offline), a layer version of another one
+    being read as an ``ElasticRead`` (``use`` and ``load`` give that instead of its
+    tensors) whose files ``elastic_ranks(version, layout)`` names are verified in the
+    plan (default: every rank's). Memory held while choosing: at most
     ``keep_bytes`` plus ``2 * threads`` files read ahead.
     Call ``state`` first, then ``layers`` with its step (or ``plan`` for both).
     ``warnings`` collects every fallback; ``load_s`` the seconds ``load`` spent
@@ -129,7 +135,8 @@ class Planner:
 
     def __init__(self, store: Store, view: ManifestView, *, ranks: Ranks | None = None,
                  every_shard: bool = False, keep_bytes: int = 0, threads: int = 1,
-                 apart: Callable[[str], bool] | None = None) -> None:
+                 apart: Callable[[str], bool] | None = None, running: int | None = None,
+                 elastic_ranks: Callable[[Version, Layout], list[int]] | None = None) -> None:
         if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
             raise ValueError(f"keep_bytes={keep_bytes!r}: give the bytes of layer files a "
                              "restore may keep in memory, an integer >= 0 (0: read again)")
@@ -140,10 +147,12 @@ class Planner:
         self.ranks = ranks or Ranks()
         self.every_shard = every_shard
         self.keep_bytes, self.threads, self.apart = keep_bytes, threads, apart
+        self.running = running
+        self.elastic_ranks = elastic_ranks or (lambda _, layout: list(range(layout.world_size)))
         self.warnings: list[str] = []
         self.passed_over: list[Version] = []
         self.load_s = 0.0
-        self._kept: dict[str, VerifiedFile] = {}
+        self._kept: dict[str, VerifiedFile | ElasticRead] = {}
         """This rank's verified file of each chosen layer version held for ``load``."""
 
     def plan(self, step: int | None = None, *, exact: bool = False,
@@ -261,36 +270,54 @@ class Planner:
         on the ranks where it did not."""
         return together(self.ranks, work, elsewhere)
 
-    def load(self, version: Version) -> Loaded:
+    def load(self, version: Version) -> Loaded | ElasticRead:
         """The tensors of a planned version (this rank's file): views of the file kept
         from ``layers`` (then released), else of the file read and verified again.
-        A source copies what it keeps (``LayerSource.apply``)."""
+        A source copies what it keeps (``LayerSource.apply``). A version of another
+        layout gives its ``ElasticRead``: the files the plan verified where kept, else
+        each read and verified again (retried likewise) as the source first asks."""
         file = self._kept.pop(version.file, None)
+        if file is None and self.elastic(version):
+            file = self._elastic_read(version, lambda shard: self._read_again(shard, None))
         if file is None:
             start = time.perf_counter()
             try:
                 file = self._read_again(version)
             finally:
                 self.load_s += time.perf_counter() - start
-        return tensor_views(file)
+        return file if isinstance(file, ElasticRead) else tensor_views(file)
+
+    def elastic(self, version: Version) -> bool:
+        """Whether a live restore reads layer ``version`` resharded (another layout)."""
+        return self.running is not None and version.layer is not None and \
+            version.layout != self.running
+
+    def _elastic_read(self, version: Version,
+                      read: Callable[[Version], VerifiedFile]) -> ElasticRead:
+        """The ``ElasticRead`` of ``version``, each rank's file read by ``read``."""
+        shards = version.per_rank()
+        return ElasticRead(version, self.view.layout_of(version),
+                           lambda rank: self._completed(shards[rank], read(shards[rank])))
 
     def kept(self, version: Version) -> bool:
         """Whether ``load`` gives ``version`` from memory (else it reads it again)."""
         return version.file in self._kept
 
-    def _read_again(self, version: Version) -> VerifiedFile:
+    def _read_again(self, version: Version, apart: Any = True) -> VerifiedFile:
         """``version``'s file read and verified again, tried again after each of
-        ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried)."""
+        ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried);
+        ``apart`` as ``read_verified_file``'s (True: the planner's)."""
+        apart = self.apart if apart is True else apart
         for delay in REREAD_DELAYS:
             try:
-                return self._completed(version, read_verified_file(self.store, version, self.apart))
+                return self._completed(version, read_verified_file(self.store, version, apart))
             except ReadFailed:
                 time.sleep(delay)
-        return self._completed(version, read_verified_file(self.store, version, self.apart))
+        return self._completed(version, read_verified_file(self.store, version, apart))
 
     def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
-                       newest: "Future[VerifiedFile] | None" = None
-                       ) -> tuple[Version | None, VerifiedFile | None]:
+                       newest: "Future[VerifiedFile | ElasticRead] | None" = None
+                       ) -> tuple[Version | None, VerifiedFile | ElasticRead | None]:
         """The newest version of ``versions`` whose file is intact (and that ``use``
         accepts), with that file; ``newest``: its newest version's file, being read."""
         for n, version in enumerate(_newest_first(versions)):
@@ -301,13 +328,20 @@ class Planner:
                 self.passed_over.append(version)
                 continue
             if use is not None:
-                use(version, tensor_views(file))
+                use(version, file if isinstance(file, ElasticRead) else tensor_views(file))
             return version, file
         return None, None
 
-    def _read(self, version: Version) -> VerifiedFile:
+    def _read(self, version: Version) -> VerifiedFile | ElasticRead:
         """The view's own file of ``version``, verified (with every other rank's
-        shard, under ``every_shard``)."""
+        shard, under ``every_shard``); for a version of another layout, its
+        ``ElasticRead`` with the files ``elastic_ranks`` names verified."""
+        if self.elastic(version):
+            read = self._elastic_read(
+                version, lambda shard: read_verified_file(self.store, shard))
+            for rank in self.elastic_ranks(version, read.layout):
+                read.verified(rank)
+            return read
         for shard in version.per_rank() if self.every_shard else ():
             if shard.file != version.file:
                 read_verified_file(self.store, shard)

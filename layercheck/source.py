@@ -285,6 +285,27 @@ class ModuleSource(LayerSource):
                                  live.get(field), own=tensor_key("optim", name, field) in own)
                     for field, value in state.get(name, {}).items()}
 
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        return list(range(written.world_size))  # one process holds the whole layer
+
+    def check_elastic(self, i: int, written: Layout, read: Any) -> None:
+        """A version of FSDP2 ranks (or a plain module's): its slices joined into whole
+        tensors, checked as a same-size version is (``check``)."""
+        self.check(i, self._whole(i, written, read))
+
+    def apply_elastic(self, i: int, written: Layout, read: Any) -> None:
+        self.apply(i, self._whole(i, written, read))
+
+    def _whole(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+        """Layer ``i``'s whole tensors, from a version of ``written`` (see ``elastic``);
+        ModelMismatch for a layout whose files are not read by rows (ZeRO's flat
+        partitions: ``zero``'s to read)."""
+        from .elastic import resharded
+        if written.backend not in (None, "fsdp"):
+            raise ModelMismatch(self.cannot_reshard(written))
+        return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),
+                         lambda _, p: (0, p.shape[0] if p.dim() else 1))
+
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layer = self.layer_map.names[i]
