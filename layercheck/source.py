@@ -305,7 +305,7 @@ class ModuleSource(LayerSource):
             read.held = None
         self.apply(i, tensors)
 
-    def _resharded(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+    def _whole(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
         """Layer ``i``'s whole tensors, from a version of ``written`` (see ``elastic``);
         ModelMismatch for a layout whose files are not read by rows (ZeRO's flat
         partitions: ``zero``'s to read)."""
@@ -314,6 +314,11 @@ class ModuleSource(LayerSource):
             raise ModelMismatch(self.cannot_reshard(written))
         return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),
                          lambda _, p: (0, p.shape[0] if p.dim() else 1))
+
+    def _resharded(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+        """Layer ``i``'s tensors as this source holds them, from a version of ``written``:
+        whole, in one process (``_whole``); a sharded source, its own share."""
+        return self._whole(i, written, read)
 
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
