@@ -53,7 +53,7 @@ from .format import Layout, Version, read_state_document, tensor_key
 from .layerread import VerifiedFile, read_verified_file
 from .manifest import ManifestView
 from .pretrained import Ref
-from .ranks import Ranks
+from .ranks import FAILED as _FAILED, Ranks, raise_together as _raise_together, together
 from .store import Store
 from .views import Loaded, parse_safetensors, referenced, tensor_views
 
@@ -67,8 +67,6 @@ UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
 """Called with (chosen version, its tensors) as each layer is chosen; it may refuse
 the plan (ModelMismatch) or pass the version over (CorruptVersion)."""
 T = TypeVar("T")
-_FAILED = -3
-"""What a rank proposes in an agreement when it failed: every rank then raises."""
 REREAD_DELAYS = (0.1, 0.5, 2.0)
 """Seconds ``Planner.load`` waits before each further read of a file it reads again
 (a layer beyond ``keep_bytes``) after an I/O error (ReadFailed): the file verified
@@ -376,31 +374,6 @@ class Planner:
             return f"{what} has no committed version at or before step {step}"
         where = " on every rank" if self.view.world_size > 1 else ""
         return f"{what}: no committed version intact{where} ({len(versions)} tried, all damaged)"
-
-
-def together(ranks: Ranks, work: Callable[[], T],
-             elsewhere: Callable[[], BaseException] | None = None) -> T:
-    """``work()`` on each of ``ranks``; if it raises on any, it raises on all (see
-    ``Planner.together``)."""
-    failure, result = None, None
-    try:
-        result = work()
-    except Exception as exc:  # noqa: BLE001 - raised below, on every rank
-        failure = exc
-    agreed, _ = ranks.agree_min(np.array([_FAILED if failure else 0], dtype=np.int64))
-    _raise_together(failure, agreed, elsewhere)
-    return result  # type: ignore[return-value]
-
-
-def _raise_together(failure: BaseException | None, agreed: np.ndarray,
-                    elsewhere: Callable[[], BaseException] | None = None) -> None:
-    if failure is not None:
-        raise failure
-    if (agreed == _FAILED).any():
-        if elsewhere is not None:
-            raise elsewhere()
-        raise LayerCheckError("another rank failed to restore (its error says why); this "
-                              "rank stops with it")
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,
