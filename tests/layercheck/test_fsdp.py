@@ -311,3 +311,33 @@ def test_fsdp2_resumes_on_a_one_rank_mesh_then_on_three_ranks_exactly(elastic_me
     resumed, free = elastic_mesh["three"][0]["global_losses"], elastic_mesh["free"][0]["global_losses"]
     assert abs(resumed[last] - free[last]) <= 0.01 * free[last], (resumed, free)
     assert len({json.dumps(r["params"]) for r in elastic_mesh["three"]}) == 1
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_dcp_export_of_a_composite_of_two_layouts_loads_whole(elastic, tmp_path):
+    """Step 7's composite takes layers from the 2-rank and the one-process layout: the DCP
+    export joins each version by its own layout, and a plain model loads it whole."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from layercheck.dcpcheckpoint import assemble
+    from layercheck.recovery import make_plan
+    from tests.layercheck.fsdp_worker import build
+    export = tmp_path / "dcp"
+    assert cli(["export", str(elastic["ckpt"]), "--step", "7", "--format", "dcp",
+                "--out", str(export)]) == 0
+    store = LocalStore(elastic["ckpt"])
+    view = read_manifest(store)
+    plan = make_plan(store, view, 7)
+    assert {v.layout for v in plan.sources.values()} == {0, 1}
+    model, optimizer, _ = build(STEPS, shard=False)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "layercheck": {"step": 0}}
+    dcp.load(state, checkpoint_id=str(export), no_dist=True)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    composite = assemble(store, plan, None, layouts=view.layouts)
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), composite.weights[name]), name
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optimizer.state[p][field], composite.optimizer[name][field])
