@@ -12,13 +12,14 @@ groups of its own. One vocabulary for all three: ``rank``, ``world_size``,
 ``from_coordinator``, ``max``, ``barrier``.
 Contract: every rank calls the collectives in the same order, from the training
 thread; the writer thread talks only through the ``Commit`` that ``commit()``
-makes (over a group of its own).
+makes (over a group of its own). ``together(ranks, work)`` runs ``work`` on every
+rank and, if it raises on any, raises on all (a restore, a timeline's record).
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -27,7 +28,12 @@ import torch.distributed as dist
 from .commit import Commit, ShardedCommit
 from .errors import LayerCheckError
 
-__all__ = ["Ranks", "DefaultGroupRanks", "ProcessGroupRanks"]
+__all__ = ["Ranks", "DefaultGroupRanks", "ProcessGroupRanks", "together", "raise_together",
+           "FAILED"]
+
+T = TypeVar("T")
+FAILED = -3
+"""What a rank proposes in an agreement when it failed: every rank then raises."""
 
 
 class Ranks:
@@ -149,3 +155,31 @@ class ProcessGroupRanks(DefaultGroupRanks):
         for group in (self._step_group, self._commit_group):
             if group in dist.distributed_c10d._world.pg_map:
                 dist.destroy_process_group(group)
+
+
+def together(ranks: Ranks, work: Callable[[], T],
+             elsewhere: Callable[[], BaseException] | None = None) -> T:
+    """``work()`` on each of ``ranks``; if it raises on any, it raises on all (see
+    ``recovery.Planner.together``)."""
+    failure, result = None, None
+    try:
+        result = work()
+    except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+        failure = exc
+    agreed, _ = ranks.agree_min(np.array([FAILED if failure else 0], dtype=np.int64))
+    raise_together(failure, agreed, elsewhere)
+    return result  # type: ignore[return-value]
+
+
+def raise_together(failure: BaseException | None, agreed: np.ndarray,
+                   elsewhere: Callable[[], BaseException] | None = None) -> None:
+    """After ranks agreed (``agree_min``) on what each proposed, FAILED where it failed:
+    ``failure`` where it is this rank's, else ``elsewhere()`` (default: a
+    LayerCheckError saying so) where another rank failed."""
+    if failure is not None:
+        raise failure
+    if (agreed == FAILED).any():
+        if elsewhere is not None:
+            raise elsewhere()
+        raise LayerCheckError("another rank failed to restore (its error says why); this "
+                              "rank stops with it")
