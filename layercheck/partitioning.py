@@ -244,6 +244,10 @@ class Partitioning:
             return tensor_key("param" if self.kind == PLAIN else "master", owner)
         return tensor_key(kind, owner, field)
 
+    def holds(self, param: str) -> bool:
+        """Whether a ZeRO layout's sub-groups hold ``param`` (plain: every one)."""
+        return self.kind == PLAIN or param in self._where
+
     def numel(self, param: str) -> int:
         """``param``'s element count as the layout records it (ZeRO)."""
         return self._where[param][2]

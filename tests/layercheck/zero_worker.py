@@ -36,6 +36,7 @@ from layercheck.groups import layer_aligned_param_groups  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import open_store  # noqa: E402
 from layercheck.zero import ZeroLayerCheck  # noqa: E402
+from tests.layercheck.elastic import elastic_restore, gathered  # noqa: E402
 from tests.layercheck.torchrun import (VOCAB, Report, batch, digest,  # noqa: E402
                                        newest_versions, reference_drift, saved_shards,
                                        schedule, worker_arguments)
@@ -122,6 +123,12 @@ def check_full_weights(parts, k: int, masters: list[torch.Tensor], name: str) ->
     return problems
 
 
+def gathered_on(parts, rank: int):
+    """The gathered whole tensors (every rank gathers), kept by rank 0."""
+    whole = gathered(parts)
+    return whole if rank == 0 else None
+
+
 def loaded_state(engine, scheduler) -> dict:
     """The engine's counters, the learning rates and the Adam step count of every
     flat partition (ZeRO's sub-groups, in order)."""
@@ -161,6 +168,12 @@ def main() -> int:
                     help="one optimizer group for the whole model (must be refused)")
     ap.add_argument("--reverse-groups", action="store_true",
                     help="the layer-aligned groups in reverse order (must be refused at restore)")
+    ap.add_argument("--elastic-from", default="",
+                    help="resume from this directory, written at another world size or stage "
+                         "(tests.layercheck.elastic's stand-in), into the empty --dir")
+    ap.add_argument("--dump", action="store_true",
+                    help="save the gathered whole tensors of each layer version written "
+                         "(O/gathered/<step>.pt) and of the restored state (O/restored<r>.pt)")
     ap.add_argument("--keep-versions", type=int, default=None)
     ap.add_argument("--on-error", default="raise")
     args = ap.parse_args()
@@ -194,8 +207,17 @@ def main() -> int:
         lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
         result["sub_groups"] = len(lc.source.flats)
         result["sampled_tensors"] = sum(e.take < e.span for e in lc.drift._all)
-        start = lc.restore()
-        report.restored(lc, start)
+        if args.elastic_from:
+            start, result["sources"] = elastic_restore(lc, args.elastic_from, rank,
+                                                       lc.source.apply_elastic)
+            result["restored_step"] = start
+            restored = gathered(lc.source)
+            restored["module"] = full_weights(engine, args.stage)  # refreshed from the masters?
+            torch.save(restored, out / f"restored{rank}.pt")
+            report.write()  # what was restored, should the job be killed later
+        else:
+            start = lc.restore()
+            report.restored(lc, start)
         if start:
             result["loaded"] = loaded_state(engine, scheduler)
         if args.check and start:
@@ -211,7 +233,8 @@ def main() -> int:
                                                                             full_weights(engine, args.stage)))
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
-        report.step(lc, step, float(loss.detach()), args.halt_at)
+        report.step(lc, step, float(loss.detach()), args.halt_at,
+                    dump=(lambda: gathered_on(lc.source, rank)) if args.dump else None)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
