@@ -28,7 +28,6 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -40,16 +39,19 @@ from .config import LayerCheckConfig
 from .drift import DriftTracker
 from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch,
                      ReadFailed, RestoreIncomplete, TimelineNotRecorded)
-from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Version, encode_record,
-                     header_record, resume_record)
+from .elastic import ElasticRead
+from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Layout, Version, encode_record,
+                     header_record, layout_record, resume_record)
 from .frozen import FrozenParts, trained_nbytes
 from .layerfile import DTYPES
 from .layermap import LayerMap
-from .manifest import ManifestView, VerifiedFile, read_manifest, seal_torn_tail
+from .layerread import VerifiedFile
+from .manifest import ManifestView, job_layout, read_manifest, seal_torn_tail
 from .pretrained import PretrainedFiles
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks
 from .recovery import Plan, Planner, read_state, together
+from .reports import RestoreReport, StepReport
 from .retention import Retention
 from .snapshot import apply_state, capture_state, check_state
 from .source import LayerSource, ModuleSource, tensors_nbytes
@@ -59,41 +61,6 @@ from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
 __all__ = ["LayerCheck", "StepReport", "RestoreReport"]
 
 log = logging.getLogger("layercheck")
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What ``step()`` did: the decision, the drift added, and its costs; ``k_scale``:
-    the write budget's factor on every threshold at this step (1 without one)."""
-
-    step: int
-    decision: Decision
-    drift: np.ndarray
-    lr: float
-    drift_s: float
-    stall_s: float
-    bytes_queued: int
-    k_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class RestoreReport:
-    """What ``restore()`` did; ``plan`` is None on a fresh start. Its seconds add up
-    to the whole restore but opening the new timeline."""
-
-    step: int
-    plan: Any
-    plan_s: float
-    """The fixed part: the manifest read, the training state chosen, verified and checked."""
-    load_s: float
-    """Reading and verifying each layer's chosen version (and any damaged one passed
-    over) and checking it against the live model; with the re-reads at the apply
-    of layers beyond ``restore_memory``."""
-    restore_s: float
-    """Copying the verified tensors into the live model and optimizer, and the
-    scheduler, RNGs and backend's counters."""
-    bytes: int
-    """The bytes of this rank's chosen layer files."""
 
 
 class LayerCheck:
@@ -165,10 +132,8 @@ class LayerCheck:
             raise LayerCheckError(f"{self.store.url}: rank {self.ranks.rank} cannot see the "
                                   "manifest rank 0 wrote; the directory must be shared by all ranks")
         self.layer_map.check_signature(view.header["layers"])
-        if view.world_size != self.ranks.world_size:
-            raise ModelMismatch(f"{self.store.url} was written by {view.world_size} ranks, this "
-                                f"job has {self.ranks.world_size}: resume at the same world size, "
-                                f"or {self.source.resize_advice}")
+        self.layout, self._new_layout = job_layout(
+            view, self.ranks.world_size if self.ranks.sharded else 1, self.source.header_facts())
 
     def _write_header(self) -> dict[str, Any]:
         config = getattr(self.model, "config", None)
@@ -249,13 +214,20 @@ class LayerCheck:
             self.restored = RestoreReport(0, None, time.perf_counter() - start, 0.0, 0.0, 0)
             return 0
         planner = Planner(self.store, view, ranks=self.ranks, keep_bytes=self.config.restore_bytes(),
-                          threads=self.config.restore_threads, apart=self.source.kept_apart())
+                          threads=self.config.restore_threads, apart=self.source.kept_apart(),
+                          running=self.layout.id, elastic_ranks=lambda version, written:
+                          self.source.elastic_ranks(self.layer_map.index[version.layer], written))
         state, data = planner.state(step, exact=exact)
         tensors, doc = planner.together(lambda: self._read_state(state, data))
         sizes = np.zeros(len(self.layer_map))
 
-        def check(version: Version, loaded: dict[str, Any]) -> None:
+        def check(version: Version, loaded: Any) -> None:
             index = self.layer_map.index[version.layer]
+            if isinstance(loaded, ElasticRead):  # another layout: resharded on read
+                self._elastic(version, loaded.layout,
+                              lambda: self.source.check_elastic(index, loaded.layout, loaded))
+                sizes[index] = version.total_bytes / self.ranks.world_size  # its share, about
+                return
             self.source.check(index, loaded)
             sizes[index] = trained_nbytes(loaded, version.frozen)
         # everything is verified and checked against the live objects before anything changes
@@ -300,8 +272,14 @@ class LayerCheck:
         step, done = doc["step"], []
         order = sorted(sources, key=lambda name: planner.kept(sources[name]))  # stable
         for name in order:
-            try:
+            index = self.layer_map.index[name]
+            try:  # a version of another layout reads (again) as its source asks: in here
                 loaded = planner.load(sources[name])
+                if isinstance(loaded, ElasticRead):
+                    self._elastic(sources[name], loaded.layout, lambda: self.source.apply_elastic(
+                        index, loaded.layout, loaded))  # noqa: B023 - called at once
+                else:
+                    self.source.apply(index, loaded)
             except (ReadFailed, CorruptVersion) as exc:
                 if not done:
                     raise type(exc)(f"{exc}. Restore read it again to copy it in, before "
@@ -309,9 +287,19 @@ class LayerCheck:
                                     "again once the storage answers") from None
                 raise RestoreIncomplete.copying(self.store.url, step, exc, done, [
                     n for n in order if n not in done]) from None
-            self.source.apply(self.layer_map.index[name], loaded)
             done.append(name)
         apply_state(tensors, doc, self.source.optimizer, self.scheduler)
+
+    def _elastic(self, version: Version, written: Layout, work: Any) -> None:
+        """``work()``, a source's check or apply of a version written in another layout;
+        a refusal (ModelMismatch) says which version, and both world sizes."""
+        try:
+            work()
+        except ModelMismatch as exc:
+            raise ModelMismatch(
+                f"layer {version.layer}: its version of step {version.step} was written by "
+                f"{_ranks(written.world_size)}, this job has {self.ranks.world_size} "
+                f"({written.describe()} -> {self.layout.describe()}): {exc}") from None
 
     def _begin_timeline(self, step: int, view: ManifestView, *, base_taken: bool = False,
                         applied: bool = False,
@@ -327,29 +315,36 @@ class LayerCheck:
         passed over)."""
         self.writer.flush()
         resume = resume_record(step)
-        together(self.ranks, lambda: self._record(resume, applied),
+        records = [resume] + ([layout_record(self.layout)] if self._new_layout else [])
+        together(self.ranks, lambda: self._record(records, applied),
                  elsewhere=lambda: TimelineNotRecorded.at(
                      self.store.url, step, "rank 0 could not append it: its error says why",
                      applied))
-        view.apply(resume)
+        for record in records:
+            view.apply(record)
+        self._new_layout = False  # recorded: this job's versions name it from now on
+        self.writer.layout = self.layout.id
         self.current_step = step
         self.state = PolicyState(policy=self.policy)
         self.state.last_written[:] = step
         self.state.base_step = step if base_taken else None
         self.drift.resync()
-        self.frozen.start(self.layer_map.names, standing)
+        self.frozen.start(self.layer_map.names, {  # a full version of another layout holds
+            name: v for name, v in (standing or {}).items()  # no shard of this one's ranks
+            if v.layout == self.layout.id})
         if self.config.keep_versions is not None:
             self.writer.retention = Retention(self.config.keep_versions, view, standing)
         self._restore_called = True
         self.ranks.barrier()  # no rank writes into the new timeline before it is opened
 
-    def _record(self, resume: dict[str, Any], applied: bool) -> None:
+    def _record(self, records: list[dict[str, Any]], applied: bool) -> None:
+        """Append the ``resume`` record (and this job's new layout) in one append."""
         if not self.ranks.is_coordinator:
             return
         try:
-            self.store.append(MANIFEST, encode_record(resume))
+            self.store.append(MANIFEST, b"".join(encode_record(r) for r in records))
         except OSError as exc:
-            raise TimelineNotRecorded.at(self.store.url, resume["step"], exc, applied) from None
+            raise TimelineNotRecorded.at(self.store.url, records[0]["step"], exc, applied) from None
 
     def _start_without_restore(self) -> None:
         """A run that never called restore(): fine on an empty directory; on one
@@ -469,3 +464,7 @@ class LayerCheck:
     @property
     def bytes_written(self) -> int:
         return self.writer.bytes_written
+
+
+def _ranks(world_size: int) -> str:
+    return "1 process" if world_size == 1 else f"{world_size} ranks"

@@ -38,11 +38,12 @@ from typing import Any, Mapping
 import torch
 
 from .errors import CorruptVersion, LayerCheckError
-from .manifest import read_verified
+from .format import Layout
+from .layerread import read_verified
 from .recovery import Plan, parse_safetensors
 from .store import Store
 
-__all__ = ["FsdpFacts", "Composite", "assemble", "dcp_state", "save_dcp", "fqn"]
+__all__ = ["FsdpFacts", "Composite", "assemble", "layout_facts", "dcp_state", "save_dcp", "fqn"]
 
 WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 """Module-path segments that wrappers add and state-dict FQNs leave out
@@ -106,29 +107,55 @@ class Composite:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def assemble(store: Store, plan: Plan, facts: FsdpFacts, *, moments: bool = True) -> Composite:
+def assemble(store: Store, plan: Plan, facts: FsdpFacts, *, moments: bool = True,
+             layouts: Mapping[int, Layout] | None = None) -> Composite:
     """The whole tensors of ``plan``'s layer versions (every rank's shard read and
-    verified, one layer at a time); ``moments=False`` leaves out the optimizer state."""
+    verified, one layer at a time); ``moments=False`` leaves out the optimizer state.
+    ``layouts`` (``ManifestView.layouts``): each version is joined by its own layout's
+    facts, a plain module's taken whole (``format``: layouts); else by ``facts``."""
     out = Composite()
     for version in plan.sources.values():
-        if len(version.shards) != facts.world_size:
-            raise LayerCheckError(f"{version.file}: {len(version.shards)} shards, but the header "
-                                  f"says {facts.world_size} ranks")
-        shards = [parse_safetensors(read_verified(store, own), own.file)[0]
-                  for own in version.per_rank()]
-        for key in shards[0]:
-            kind, _, rest = key.partition("/")
-            slices = _slices(shards, key, version.file)
-            if kind == "param":
-                out.weights[rest] = facts.whole(rest, slices)
-                out.optimizer.setdefault(rest, {})
-            elif kind == "buffer":
-                out.buffers[rest] = slices[0]  # FSDP2 keeps buffers whole on every rank
-            elif kind == "optim" and moments:
-                name_field, _, name = rest.partition("/")
-                out.optimizer.setdefault(name, {})[name_field] = (
-                    slices[0] if slices[0].dim() == 0 else facts.whole(name, slices))
+        layout = (layouts or {}).get(version.layout)
+        facts_of = facts if layout is None else layout_facts(layout, store.url)
+        _join(store, version, facts_of, out, moments)
     return out
+
+
+def layout_facts(layout: Layout, url: str) -> FsdpFacts | None:
+    """The facts that join a version of ``layout``: FSDP2's, or None for a plain module's
+    (one whole file); LayerCheckError for another backend's, which cannot be joined."""
+    if layout.backend is None:
+        return None
+    if layout.backend != "fsdp":
+        raise LayerCheckError(f"{url}: a version of layout {layout.id} was written by "
+                              f"{layout.describe()}, whose flat partitions an FSDP2 export "
+                              "cannot join: restore it under FsdpLayerCheck and let its layers "
+                              "be written again, or export --format hf")
+    return FsdpFacts.from_header(layout.header(), url)
+
+
+def _join(store: Store, version: Any, facts: FsdpFacts | None, out: Composite,
+          moments: bool) -> None:
+    """Add ``version``'s whole tensors to ``out``: its shards joined by ``facts``, or
+    (None) a plain module's one file, which holds them whole."""
+    if facts is not None and len(version.shards) != facts.world_size:
+        raise LayerCheckError(f"{version.file}: {len(version.shards)} shards, but its layout "
+                              f"says {facts.world_size} ranks")
+    join = facts.whole if facts is not None else lambda _, slices: slices[0]
+    shards = [parse_safetensors(read_verified(store, own), own.file)[0]
+              for own in version.per_rank()]
+    for key in shards[0]:
+        kind, _, rest = key.partition("/")
+        slices = _slices(shards, key, version.file)
+        if kind == "param":
+            out.weights[rest] = join(rest, slices)
+            out.optimizer.setdefault(rest, {})
+        elif kind == "buffer":
+            out.buffers[rest] = slices[0]  # FSDP2 keeps buffers whole on every rank
+        elif kind == "optim" and moments:
+            name_field, _, name = rest.partition("/")
+            out.optimizer.setdefault(name, {})[name_field] = (
+                slices[0] if slices[0].dim() == 0 else join(name, slices))
 
 
 def _slices(shards: list[dict[str, torch.Tensor]], key: str, file: str) -> list[torch.Tensor]:

@@ -44,8 +44,10 @@ from .dcpcheckpoint import FsdpFacts, assemble, dcp_state, fqn, save_dcp
 from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
 from .errors import CheckpointNotFound, LayerCheckError
 from .adapters import LoraFacts, adapter_weights, merged_weights
-from .format import ADAPTER_CONFIG, EXPORT_FORMATS, MODEL_CONFIG, module_tensors, parse_model_config
-from .manifest import ManifestView, read_consistent, read_verified
+from .format import (ADAPTER_CONFIG, EXPORT_FORMATS, MODEL_CONFIG, Layout, module_tensors,
+                     parse_model_config)
+from .layerread import read_verified
+from .manifest import ManifestView, read_consistent
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
 
@@ -83,9 +85,10 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
     model_config(store)  # a damaged config is refused before any layer is read
 
     def prepare(view: ManifestView) -> tuple[Plan, dict[str, torch.Tensor]]:
-        if view.header is not None and "zero" in view.header and not adapter:
+        backends = {layout.backend for layout in view.layouts.values()}  # format: layouts
+        if "zero" in backends and not adapter:
             return _zero_model(store, view, step)
-        if view.header is not None and "fsdp" in view.header and not adapter:
+        if "fsdp" in backends and not adapter:
             return _fsdp_model(store, view, step)
         lora = LoraFacts.from_header(view.header, store.url)
         if adapter and lora is None:
@@ -151,8 +154,9 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
     package = _import_deepspeed()
 
     def prepare(view: ManifestView) -> tuple[Plan, ZeroFacts, Any]:
-        facts = ZeroFacts.from_header(view.require_header(store.url), store.url)
+        view.require_header(store.url)
         plan = make_plan(store, view, step, exact=True)
+        facts = ZeroFacts.from_header(_one_layout(view, plan, "deepspeed").header(), store.url)
         _check_world(plan, facts)
         _, doc = read_state(store, plan.state)
         return plan, facts, layout_for(facts, doc, plan.step, adam_step)
@@ -182,10 +186,10 @@ def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = 
     target = _empty_target(out)
 
     def prepare(view: ManifestView) -> tuple[Plan, dict[str, Any]]:
-        facts = FsdpFacts.from_header(view.header, store.url)
+        facts = _fsdp_facts(store, view)
         plan = make_plan(store, view, step, exact=True)
         _, doc = read_state(store, plan.state)
-        return plan, dcp_state(assemble(store, plan, facts), facts, doc)
+        return plan, dcp_state(assemble(store, plan, facts, layouts=view.layouts), facts, doc)
 
     def build(staging: Path, plan: Plan, state: dict[str, Any]) -> None:
         save_dcp(state, staging)
@@ -197,10 +201,35 @@ def _fsdp_model(store: Store, view: ManifestView,
                 step: int | None) -> tuple[Plan, dict[str, torch.Tensor]]:
     """The composite model of an FSDP2 directory: whole weights joined from every
     rank's slices, and rank 0's buffers, under their state-dict names."""
-    facts = FsdpFacts.from_header(view.header, store.url)
+    facts = _fsdp_facts(store, view)
     plan = make_plan(store, view, step)
-    whole = assemble(store, plan, facts, moments=False)
+    whole = assemble(store, plan, facts, moments=False, layouts=view.layouts)
     return plan, {fqn(n): t for n, t in {**whole.weights, **whole.buffers}.items()}
+
+
+def _fsdp_facts(store: Store, view: ManifestView) -> FsdpFacts:
+    """The FSDP2 facts of the newest FSDP2 layout (the groups and tied keys a DCP export
+    lays out; every layout of one directory describes one model), or the header's
+    refusal where no FSDP2 job wrote there."""
+    fsdp = [layout for layout in view.layouts.values() if layout.backend == "fsdp"]
+    if not fsdp:
+        return FsdpFacts.from_header(view.header, store.url)  # says what --format dcp needs
+    return FsdpFacts.from_header(max(fsdp, key=lambda layout: layout.id).header(), store.url)
+
+
+def _one_layout(view: ManifestView, plan: Plan, what: str) -> Layout:
+    """The one layout of every version ``plan`` uses, for an export of ZeRO's flat
+    partitions (``what``), which holds one world size; LayerCheckError with the fix
+    where the composite mixes layouts (``format``: layouts)."""
+    used = {view.layout_of(v).id: view.layout_of(v) for v in [plan.state, *plan.sources.values()]}
+    if len(used) > 1:
+        described = ", ".join(f"layout {k}: {layout.describe()}" for k, layout in sorted(used.items()))
+        raise LayerCheckError(
+            f"the composite of step {plan.step} mixes versions of several "
+            f"layouts ({described}): a ZeRO checkpoint ({what}) holds one world size's flat "
+            "partitions. Restore it with ZeroLayerCheck at one world size and train until every "
+            "layer is written again, then export; or export --format hf from one layout")
+    return next(iter(used.values()))
 
 
 def _check_world(plan: Plan, facts: ZeroFacts) -> None:
@@ -222,8 +251,9 @@ def _zero_model(store: Store, view: ManifestView,
                 step: int | None) -> tuple[Plan, dict[str, torch.Tensor]]:
     """The composite model of a ZeRO directory: full weights from every rank's
     master partitions (in the module's dtype) and rank 0's buffers."""
-    facts = ZeroFacts.from_header(view.header or {}, store.url, deepspeed=False)
     plan = make_plan(store, view, step)
+    facts = ZeroFacts.from_header(_one_layout(view, plan, "hf").header(), store.url,
+                                  deepspeed=False)
     _check_world(plan, facts)
     params = facts.parameters
     weights = {name: torch.empty(shape, dtype=facts.dtype) for name, shape in params.items()}

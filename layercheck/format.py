@@ -18,7 +18,39 @@ facts, e.g. ``zero`` or ``fsdp``; ``lora`` for a PEFT LoRA model, see below),
 ``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
 timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
-sharded, is retired).
+sharded, is retired), ``layout`` (see below).
+
+Layouts (issue 30; ``layercheck/1`` still: every new field is optional, and a
+directory without them reads as before). A *layout* (``Layout``) is how the
+versions of one job were laid out across ranks: its world size (1 for one
+process) and its backend's facts (``LayerSource.header_facts()``: ``zero`` or
+``fsdp``, {} for a plain module). Layout 0 is the header's own (its
+``world_size``, 1 where absent, and its backend facts). A job whose world size
+or backend differs from every layout already recorded appends, with the
+``resume`` record that opens its timeline, ``{"kind": "layout", "id": k,
+"world_size": W, "facts": {...}}`` (k: one above the highest id so far; a job
+at the world size and backend of a recorded layout writes in that one). A
+``layer`` or ``state`` record carries ``layout: k`` (absent: 0). A version of a
+layout of W ranks has exactly W ``shards``, or, W = 1, one unsharded file
+(``file``/``bytes``/``checksum``); a record that breaks this, or names a layout
+not recorded before it, is skipped as a damaged line. The header never changes.
+
+So a directory may hold versions of several layouts, and a composite may take
+each layer from a version of another layout. Restore at world size W', rank r':
+the training state is read from rank r''s file of the chosen state (rank 0's
+where its layout has fewer ranks: the RNG of a rank that did not exist is rank
+0's); a layer whose chosen version is of the running layout loads as before; one
+of another layout is resharded on read (``LayerSource.apply_elastic``): the rank
+reads, from the recorded shapes, shard dims and partition facts of that version's
+layout, only the files of the old ranks whose slices its new shard needs, each
+verified whole (size, checksum, layout, identity) before use, falling back past a
+damaged one with the same rules (and the same agreement across ranks) as a
+same-size restore. What a backend cannot reshard (its default: every backend
+without ``apply_elastic``; FSDP2 sharded along a dim other than 0) is refused
+before anything changes, naming the reason and ``resize_advice``. Retention,
+``gc`` (which keeps every ``layout`` record), ``plan`` and ``inspect`` count
+versions whatever their layout; each export reads a version by its own layout,
+or refuses, with the reason and the fix, a combination it cannot express.
 
 Frozen tensors (issue 29; ``layercheck/1`` still, as every field is optional and
 older directories read as before): a layer record may carry ``frozen``, the
@@ -68,20 +100,21 @@ import json
 import re
 import time
 import zlib
-from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
 
 from .checksums import CHECKSUM, CHECKSUMS, Checksummer, checksum, checksum_matches
 from .errors import CorruptVersion, LayerCheckError
+from .layout import BACKENDS, Layout
 from .schema import Field, Schema, deeper_than, expect, integer, number, obj, shown, table
 from .store import check_relative
+from .version import Shard, Version
 
 __all__ = ["MANIFEST", "MODEL_CONFIG", "ADAPTER_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
            "checksum", "checksum_matches",
            "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
-           "drop_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH",
-           "parse_model_config", "Shard", "Version", "layer_metadata", "described", "state_metadata", "group_members",
+           "drop_record", "layout_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH",
+           "parse_model_config", "Shard", "Version", "Layout", "BACKENDS", "layer_metadata", "described", "state_metadata", "group_members",
            "read_state_document"]
 
 MANIFEST = "manifest.jsonl"
@@ -195,6 +228,11 @@ def drop_record(key: str) -> dict[str, Any]:
     return {"kind": "drop", "file": key}
 
 
+def layout_record(layout: Layout) -> dict[str, Any]:
+    """The record that adds ``layout`` (id >= 1) to a directory (see the module doc)."""
+    return check_record(layout.to_record())
+
+
 # -- the record schema ------------------------------------------------------------------
 MAX_COUNT = 2**63 - 1
 """The largest step, size or parameter count a record may hold: int64, as the readers
@@ -223,6 +261,7 @@ _FILE = {"file": Field(_relative), "bytes": _COUNT, "checksum": expect(
     lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+:[0-9a-f]+", v) is not None,
     "a string '<algorithm>:<hex digits>'")}
 _VERSION = ({"shards": table(Schema(_FILE), "{file, bytes, checksum}")}, _FILE)
+_LAYOUT = integer(0, MAX_WORLD, "a layout id, an integer from 0 to 2**31-1", required=False)
 _LAYER_ENTRY = Schema({"name": _TEXT, "kind": _TEXT, "params": _COUNT,  # a name may be ''
                        "weight_bytes": integer(0, MAX_COUNT, "an integer from 0 to 2**63-1",
                                                required=False)})
@@ -249,8 +288,11 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
                          isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
                                                      ("file", "key", "checksum"))
                          for r in v.values()), "an object of {file, key, checksum} per "
-                         "parameter", required=False)}, _VERSION),
-    "state": Schema({"step": _COUNT}, _VERSION),
+                         "parameter", required=False), "layout": _LAYOUT}, _VERSION),
+    "state": Schema({"step": _COUNT, "layout": _LAYOUT}, _VERSION),
+    "layout": Schema({"id": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1"),
+                      "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1"),
+                      "facts": obj(Schema({}))}),
     "resume": Schema({"step": _COUNT}),
     "drop": Schema({"file": Field(_relative)}),
 }
@@ -302,120 +344,6 @@ def parse_model_config(data: bytes, name: str = MODEL_CONFIG) -> dict[str, Any]:
                              "config (config.json); replace it with that file, or delete it to "
                              "export the weights without a config")
     return config
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One rank's file of a sharded version."""
-
-    file: str
-    bytes: int
-    checksum: str
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "Shard":
-        """The shard of a record that passed ``check_record``."""
-        return cls(record["file"], record["bytes"], record["checksum"])
-
-    def to_record(self) -> dict[str, Any]:
-        return {"file": self.file, "bytes": self.bytes, "checksum": self.checksum}
-
-
-@dataclass(frozen=True)
-class Version:
-    """A committed file: a layer version (``layer`` set) or a step's state (``layer`` None).
-
-    For a sharded version ``file``/``bytes``/``checksum`` are the shard of
-    the rank the manifest was read for, and ``shards`` lists every rank's."""
-
-    step: int
-    file: str
-    bytes: int
-    checksum: str
-    layer: str | None = None
-    reason: str | None = None
-    shards: tuple[Shard, ...] = ()
-    rank: int | None = None
-    """The rank whose shard ``file`` is (None: unsharded); not recorded, it is the
-    shard's place in ``shards``."""
-    frozen: tuple[str, ...] = ()
-    """The layer's parameters that did not train at ``step`` (see the module doc)."""
-    base: int | None = None
-    """A partial version's full version (its step), which holds ``frozen``; None: full."""
-    refs: tuple[tuple[str, str, str, str], ...] = ()
-    """A full version's frozen parameters held by a pretrained file instead of its own:
-    (parameter, file, tensor key, checksum) each (see the module doc)."""
-
-    @property
-    def holds_frozen(self) -> bool:
-        """A full version with frozen parameters: partial versions may name it as their
-        base, so retention and gc keep it as they keep the base checkpoint's."""
-        return bool(self.frozen) and self.base is None
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any], rank: int | None = None) -> "Version":
-        """The version a layer or state record (one that passed ``check_record``)
-        describes, as ``rank`` sees it (for a sharded record; rank 0 when None);
-        ValueError if it has no shard for ``rank``."""
-        shards = tuple(Shard.from_record(s) for s in record.get("shards", ()))
-        if shards and (rank or 0) >= len(shards):
-            raise ValueError(f"a version with {len(shards)} shards read as rank {rank}: "
-                             "restore with the world size the checkpoint was written with")
-        own = shards[rank or 0] if shards else Shard.from_record(record)
-        layer = record["layer"] if record["kind"] == "layer" else None
-        base = record.get("base") if layer is not None else None
-        if base is not None and base >= record["step"]:
-            raise ValueError(f"layer record of step {record['step']} names base {base}: a "
-                             "partial version's full version comes before it")
-        refs = tuple(sorted((name, r["file"], r["key"], r["checksum"])
-                            for name, r in (record.get("refs") or {}).items()))
-        if refs and (base is not None or not {r[0] for r in refs} <= set(record.get("frozen", ()))):
-            raise ValueError(f"layer record of step {record['step']}: refs name parameters "
-                             "that are not its frozen ones, or it is a partial version")
-        return cls(step=record["step"], file=own.file, bytes=own.bytes, checksum=own.checksum,
-                   layer=layer, reason=record.get("reason") if layer is not None else None,
-                   shards=shards, rank=(rank or 0) if shards else None,
-                   frozen=tuple(record.get("frozen", ())) if layer is not None else (),
-                   base=base, refs=refs if layer is not None else ())
-
-    @property
-    def key(self) -> str:
-        """The name a ``drop`` record uses: the file, or rank 0's file if sharded."""
-        return self.shards[0].file if self.shards else self.file
-
-    @property
-    def files(self) -> list[str]:
-        """Every file of the version (all ranks' shards)."""
-        return [s.file for s in self.shards] if self.shards else [self.file]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.bytes for s in self.shards) if self.shards else self.bytes
-
-    def per_rank(self) -> list["Version"]:
-        """Every rank's file as a version of its own (just this one if unsharded)."""
-        return [Version(self.step, s.file, s.bytes, s.checksum, self.layer, self.reason, rank=r,
-                        frozen=self.frozen, base=self.base, refs=self.refs)
-                for r, s in enumerate(self.shards)] if self.shards else [self]
-
-    def to_record(self) -> dict[str, Any]:
-        kind = "state" if self.layer is None else "layer"
-        record: dict[str, Any] = {"kind": kind, "step": self.step}
-        if self.shards:
-            record["shards"] = [s.to_record() for s in self.shards]
-        else:
-            record.update(file=self.file, bytes=self.bytes, checksum=self.checksum)
-        if self.layer is not None:
-            record["layer"] = self.layer
-            record["reason"] = self.reason
-            if self.frozen:  # absent where nothing is frozen: records as before issue 29
-                record["frozen"] = list(self.frozen)
-            if self.base is not None:
-                record["base"] = self.base
-            if self.refs:
-                record["refs"] = {name: {"file": file, "key": key, "checksum": digest}
-                                  for name, file, key, digest in self.refs}
-        return record
 
 
 # -- safetensors metadata and the state document --------------------------------------------

@@ -33,10 +33,10 @@ the embedding, the final norm and the head, is split into those layers, at
 no cost in bytes or copies. ``units()`` lists which layers each unit holds;
 the directory's header records it.
 
-Resuming needs the same world size (every shard file holds one rank's
-slices); to change it, export the composite as a DCP checkpoint
-(``python -m layercheck export --format dcp``), which ``dcp.load`` reshards
-to any world size. Supported: a 1-D device mesh over all ranks (FSDP, not
+At another world size (or from one process's plain versions) a restore
+reshards on read (``apply_elastic``, docs/elastic.md): each rank reads the
+old slices that hold its new rows of each parameter (dim 0 only). The DCP
+export (``python -m layercheck export --format dcp``) reshards offline. Supported: a 1-D device mesh over all ranks (FSDP, not
 HSDP or tensor parallelism), every parameter managed by ``fully_shard``.
 """
 from __future__ import annotations
@@ -48,8 +48,9 @@ import torch
 from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
 from .drift import local
-from .errors import LayerCheckError
-from .format import optimizer_fields, tensor_key
+from .elastic import chunk_rows, needed_ranks, resharded
+from .errors import LayerCheckError, ModelMismatch
+from .format import Layout, optimizer_fields, tensor_key
 from .layermap import LayerMap
 from .ranks import ProcessGroupRanks
 from .source import ModuleSource, capture_optimizer_state, host, owned, take
@@ -154,6 +155,39 @@ class DTensorShards(ModuleSource):
             state[field] = DTensor.from_local(owned(value, shard.device), p.device_mesh,
                                               p.placements, shape=p.shape, stride=p.stride())
         return state
+
+    # -- another layout (format: layouts) ------------------------------------------------
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        """The old ranks whose slices hold rows of this rank's new ones."""
+        return needed_ranks(written, self.layer_map.parameters(i), self._rows)
+
+    def check_elastic(self, i: int, written: Layout, read: Any) -> None:
+        self.check(i, self._resharded(i, written, read))
+
+    def apply_elastic(self, i: int, written: Layout, read: Any) -> None:
+        """Layer ``i`` from a version of FSDP2 at another world size (or of one plain
+        process): this rank's rows of every weight and moment, read from the old
+        slices that hold them, then applied as a same-size shard is (``apply``)."""
+        self.apply(i, self._resharded(i, written, read))
+
+    def _resharded(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+        if written.backend not in (None, "fsdp"):
+            raise ModelMismatch(self.cannot_reshard(written))
+        return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),
+                         self._rows)
+
+    def _rows(self, name: str, p: torch.Tensor) -> tuple[int, int]:
+        """The rows of dim 0 of ``name``'s whole tensor that this rank's shard holds."""
+        import torch.distributed as dist
+        if self.shard_dims[name] != 0:
+            raise ModelMismatch(f"this job shards {name} along dim {self.shard_dims[name]} (a "
+                                "shard_placement_fn): resharding reads rows of dim 0 only")
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        start, stop = chunk_rows(p.shape[0], self.world_size)[rank]
+        if local(p).shape[0] != stop - start:
+            raise ModelMismatch(f"{name}: this rank holds {local(p).shape[0]} rows, FSDP2's "
+                                f"chunks give it {stop - start}: an FSDP2 this does not know")
+        return start, stop
 
     def header_facts(self) -> dict[str, Any]:
         """What an offline export needs to rebuild whole tensors and a DCP

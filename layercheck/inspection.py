@@ -5,7 +5,8 @@ from typing import Any
 
 from .errors import CorruptVersion, ReadFailed
 from .format import Version
-from .manifest import ManifestView, read_again, read_manifest, read_verified
+from .layerread import read_verified
+from .manifest import ManifestView, read_again, read_manifest
 from .pretrained import Ref, read_ref
 from .store import Store
 

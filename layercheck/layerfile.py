@@ -37,7 +37,7 @@ DTYPES: dict[torch.dtype, str] = {
 """Torch dtypes and their safetensors names, in safetensors' own dtype order: a
 file lists its tensors by that order descending, then by name (as ``save`` does).
 Restore reads them back by the same table (``recovery.tensor_views``); their sizes
-are ``manifest.DTYPE_SIZES``."""
+are ``layerread.DTYPE_SIZES``."""
 _RANK = {name: i for i, name in enumerate(DTYPES.values())}
 
 

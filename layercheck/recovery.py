@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
@@ -48,13 +47,15 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
+from .elastic import ElasticRead
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
-from .format import Version, read_state_document, tensor_key
-from .layerfile import DTYPES
-from .manifest import ManifestView, VerifiedFile, parse_header, read_verified_file
-from .pretrained import Ref, read_ref
+from .format import Layout, Version, read_state_document, tensor_key
+from .layerread import VerifiedFile, read_verified_file
+from .manifest import ManifestView
+from .pretrained import Ref
 from .ranks import Ranks
 from .store import Store
+from .views import Loaded, parse_safetensors, referenced, tensor_views
 
 __all__ = ["Loaded", "Plan", "Planner", "make_plan", "parse_safetensors", "read_state",
            "tensor_views", "together", "REREAD_DELAYS"]
@@ -96,58 +97,13 @@ class Plan:
         return {"step": self.step,
                 "layers": [{"layer": n, "source_step": v.step, "staleness": self.step - v.step,
                             "file": v.file, "bytes": v.bytes, "reason": v.reason,
+                            **({"layout": v.layout} if v.layout else {}),  # format: layouts
                             # where a layer has frozen parameters: the version holding them
                             **({"frozen_from_step": v.base if v.base is not None else v.step,
                                 "frozen_tensors": len(v.frozen)} if v.frozen else {})}
                            for n, v in self.sources.items()],
                 "bytes": sum(v.bytes for v in [*self.sources.values(), *self.bases.values()]),
                 "warnings": list(self.warnings)}
-
-
-_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
-"""The torch dtype of each safetensors dtype the writer stores (``layerfile.DTYPES``,
-inverted); ``manifest.DTYPE_SIZES`` has their sizes."""
-
-
-class Loaded(dict):
-    """A file's tensors by key (``tensor_views``); those named in ``own`` were read
-    apart (``read_verified_file(apart=...)``): memory holding nothing else of the
-    file, that a source may keep as live state instead of copying
-    (``LayerSource.apply``)."""
-
-    own: frozenset[str] = frozenset()
-
-
-def tensor_views(file: VerifiedFile) -> Loaded:
-    """The tensors of a verified file (header order), each a view of its bytes: no
-    copy, and they keep their buffer alive while any of them lives."""
-    tensors = Loaded()
-    tensors.own = file.apart_keys
-    if file.frozen is not None:  # a partial version: its frozen parameters from its full one
-        full = tensor_views(file.frozen)
-        tensors.update((key, full[key]) for key in file.frozen_keys)
-    tensors.update(file.referenced)  # and those a pretrained file holds
-    for key, (buffer, offset) in file.places().items():
-        entry = file.header[key]
-        dtype, (start, stop) = _DTYPES[entry["dtype"]], entry["data_offsets"]
-        if stop == start:  # no elements: frombuffer refuses an empty view
-            tensors[key] = torch.empty(entry["shape"], dtype=dtype)
-            continue
-        flat = torch.frombuffer(buffer, dtype=dtype, offset=offset,
-                                count=(stop - start) // dtype.itemsize)
-        tensors[key] = flat.view(entry["shape"])
-    return tensors
-
-
-def parse_safetensors(data: bytes | bytearray,
-                      what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors (copies, not views of ``data``) and metadata of a safetensors blob
-    (no pickle); CorruptVersion if malformed."""
-    header, data_start = parse_header(data, what)
-    with warnings.catch_warnings():  # read-only bytes: the views are only copied from
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        views = tensor_views(VerifiedFile(data, header, data_start))  # type: ignore[arg-type]
-        return {key: view.clone() for key, view in views.items()}, header.get("__metadata__") or {}
 
 
 def read_state(store: Store, version: Version, data: VerifiedFile | None = None
@@ -167,7 +123,11 @@ class Planner:
     may stay in memory from ``layers`` to ``load`` (0: none, each is read again);
     ``threads``: files read at once (1: serially); ``apart``: which tensors of a
     layer file to read into memory of their own (``read_verified_file``; given
-    to ``load``'s caller as ``Loaded.own``). Memory held while choosing: at most
+    to ``load``'s caller as ``Loaded.own``); ``running``: the layout the live job
+    writes in (``format``: layouts; None offline), a layer version of another one
+    being read as an ``ElasticRead`` (``use`` and ``load`` give that instead of its
+    tensors) whose files ``elastic_ranks(version, layout)`` names are verified in the
+    plan (default: every rank's). Memory held while choosing: at most
     ``keep_bytes`` plus ``2 * threads`` files read ahead.
     Call ``state`` first, then ``layers`` with its step (or ``plan`` for both).
     ``warnings`` collects every fallback; ``load_s`` the seconds ``load`` spent
@@ -175,7 +135,8 @@ class Planner:
 
     def __init__(self, store: Store, view: ManifestView, *, ranks: Ranks | None = None,
                  every_shard: bool = False, keep_bytes: int = 0, threads: int = 1,
-                 apart: Callable[[str], bool] | None = None) -> None:
+                 apart: Callable[[str], bool] | None = None, running: int | None = None,
+                 elastic_ranks: Callable[[Version, Layout], list[int]] | None = None) -> None:
         if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
             raise ValueError(f"keep_bytes={keep_bytes!r}: give the bytes of layer files a "
                              "restore may keep in memory, an integer >= 0 (0: read again)")
@@ -186,10 +147,12 @@ class Planner:
         self.ranks = ranks or Ranks()
         self.every_shard = every_shard
         self.keep_bytes, self.threads, self.apart = keep_bytes, threads, apart
+        self.running = running
+        self.elastic_ranks = elastic_ranks or (lambda _, layout: list(range(layout.world_size)))
         self.warnings: list[str] = []
         self.passed_over: list[Version] = []
         self.load_s = 0.0
-        self._kept: dict[str, VerifiedFile] = {}
+        self._kept: dict[str, VerifiedFile | ElasticRead] = {}
         """This rank's verified file of each chosen layer version held for ``load``."""
 
     def plan(self, step: int | None = None, *, exact: bool = False,
@@ -307,36 +270,54 @@ class Planner:
         on the ranks where it did not."""
         return together(self.ranks, work, elsewhere)
 
-    def load(self, version: Version) -> Loaded:
+    def load(self, version: Version) -> Loaded | ElasticRead:
         """The tensors of a planned version (this rank's file): views of the file kept
         from ``layers`` (then released), else of the file read and verified again.
-        A source copies what it keeps (``LayerSource.apply``)."""
+        A source copies what it keeps (``LayerSource.apply``). A version of another
+        layout gives its ``ElasticRead``: the files the plan verified where kept, else
+        each read and verified again (retried likewise) as the source first asks."""
         file = self._kept.pop(version.file, None)
+        if file is None and self.elastic(version):
+            file = self._elastic_read(version, lambda shard: self._read_again(shard, None))
         if file is None:
             start = time.perf_counter()
             try:
                 file = self._read_again(version)
             finally:
                 self.load_s += time.perf_counter() - start
-        return tensor_views(file)
+        return file if isinstance(file, ElasticRead) else tensor_views(file)
+
+    def elastic(self, version: Version) -> bool:
+        """Whether a live restore reads layer ``version`` resharded (another layout)."""
+        return self.running is not None and version.layer is not None and \
+            version.layout != self.running
+
+    def _elastic_read(self, version: Version,
+                      read: Callable[[Version], VerifiedFile]) -> ElasticRead:
+        """The ``ElasticRead`` of ``version``, each rank's file read by ``read``."""
+        shards = version.per_rank()
+        return ElasticRead(version, self.view.layout_of(version),
+                           lambda rank: self._completed(shards[rank], read(shards[rank])))
 
     def kept(self, version: Version) -> bool:
         """Whether ``load`` gives ``version`` from memory (else it reads it again)."""
         return version.file in self._kept
 
-    def _read_again(self, version: Version) -> VerifiedFile:
+    def _read_again(self, version: Version, apart: Any = True) -> VerifiedFile:
         """``version``'s file read and verified again, tried again after each of
-        ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried)."""
+        ``REREAD_DELAYS`` where it fails with an I/O error (damage is not retried);
+        ``apart`` as ``read_verified_file``'s (True: the planner's)."""
+        apart = self.apart if apart is True else apart
         for delay in REREAD_DELAYS:
             try:
-                return self._completed(version, read_verified_file(self.store, version, self.apart))
+                return self._completed(version, read_verified_file(self.store, version, apart))
             except ReadFailed:
                 time.sleep(delay)
-        return self._completed(version, read_verified_file(self.store, version, self.apart))
+        return self._completed(version, read_verified_file(self.store, version, apart))
 
     def _newest_intact(self, versions: list[Version], what: str, use: UseLayer | None,
-                       newest: "Future[VerifiedFile] | None" = None
-                       ) -> tuple[Version | None, VerifiedFile | None]:
+                       newest: "Future[VerifiedFile | ElasticRead] | None" = None
+                       ) -> tuple[Version | None, VerifiedFile | ElasticRead | None]:
         """The newest version of ``versions`` whose file is intact (and that ``use``
         accepts), with that file; ``newest``: its newest version's file, being read."""
         for n, version in enumerate(_newest_first(versions)):
@@ -347,13 +328,20 @@ class Planner:
                 self.passed_over.append(version)
                 continue
             if use is not None:
-                use(version, tensor_views(file))
+                use(version, file if isinstance(file, ElasticRead) else tensor_views(file))
             return version, file
         return None, None
 
-    def _read(self, version: Version) -> VerifiedFile:
+    def _read(self, version: Version) -> VerifiedFile | ElasticRead:
         """The view's own file of ``version``, verified (with every other rank's
-        shard, under ``every_shard``)."""
+        shard, under ``every_shard``); for a version of another layout, its
+        ``ElasticRead`` with the files ``elastic_ranks`` names verified."""
+        if self.elastic(version):
+            read = self._elastic_read(
+                version, lambda shard: read_verified_file(self.store, shard))
+            for rank in self.elastic_ranks(version, read.layout):
+                read.verified(rank)
+            return read
         for shard in version.per_rank() if self.every_shard else ():
             if shard.file != version.file:
                 read_verified_file(self.store, shard)
@@ -381,7 +369,7 @@ class Planner:
         if not wanted:
             return file
         return dataclasses.replace(file, referenced={
-            tensor_key("param", name): _referenced(refs[name]) for name in wanted})
+            tensor_key("param", name): referenced(refs[name]) for name in wanted})
 
     def _none_intact(self, what: str, versions: list[Version], step: int) -> str:
         if not versions:
@@ -413,15 +401,6 @@ def _raise_together(failure: BaseException | None, agreed: np.ndarray,
             raise elsewhere()
         raise LayerCheckError("another rank failed to restore (its error says why); this "
                               "rank stops with it")
-
-
-def _referenced(ref: Ref) -> torch.Tensor:
-    """The tensor a pretrained file holds at ``ref``, verified (``read_ref``)."""
-    data, dtype, shape = read_ref(ref)
-    kind = _DTYPES[dtype]
-    if not data:
-        return torch.empty(shape, dtype=kind)
-    return torch.frombuffer(bytearray(data), dtype=kind).view(shape)
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .errors import ModelMismatch
-from .format import group_members, optimizer_state, tensor_key
+from .format import Layout, group_members, optimizer_state, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -158,6 +158,35 @@ class LayerSource:
         None: it copies everything."""
         return None
 
+    # -- another layout (format: layouts) ------------------------------------------
+    ElasticRead = Callable[[int, str, int, int], torch.Tensor]
+    """``read(rank, key, start, stop)``: the flat elements [start, stop) of tensor ``key``
+    in rank ``rank``'s verified file of the version being loaded (``elastic.ElasticRead``:
+    a rank's file is read and verified when first touched; CorruptVersion where damaged)."""
+
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        """The ranks of ``written`` whose files of layer ``i``'s version this rank's
+        ``apply_elastic`` reads: the plan verifies them (falling back past a damaged
+        one) before anything changes. Default: every rank's."""
+        return list(range(written.world_size))
+
+    def check_elastic(self, i: int, written: Layout, read: "LayerSource.ElasticRead") -> None:
+        """ModelMismatch unless ``apply_elastic(i, written, read)`` fits; changes nothing.
+        Default: a source without ``apply_elastic`` is refused here, before any layer is
+        copied in; one with it checks in it."""
+        if type(self).apply_elastic is LayerSource.apply_elastic:
+            raise ModelMismatch(self.cannot_reshard(written))
+
+    def apply_elastic(self, i: int, written: Layout, read: "LayerSource.ElasticRead") -> None:
+        """Load layer ``i`` from a version written under ``written`` (another world size
+        or backend) through ``read`` (``ElasticRead``). Default: ModelMismatch naming
+        ``resize_advice``."""
+        raise ModelMismatch(self.cannot_reshard(written))
+
+    def cannot_reshard(self, written: Layout) -> str:
+        return (f"{type(self).__name__} cannot reshard a version that {written.describe()} "
+                f"wrote: {self.resize_advice}")
+
     def _capture_buffers(self, i: int) -> dict[str, torch.Tensor]:
         return {tensor_key("buffer", name): host(b) for name, b in self.layer_map.buffers(i)}
 
@@ -255,6 +284,27 @@ class ModuleSource(LayerSource):
                     field: owned(value, "cpu" if field == "step" and not on_device else p.device,
                                  live.get(field), own=tensor_key("optim", name, field) in own)
                     for field, value in state.get(name, {}).items()}
+
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        return list(range(written.world_size))  # one process holds the whole layer
+
+    def check_elastic(self, i: int, written: Layout, read: Any) -> None:
+        """A version of FSDP2 ranks (or a plain module's): its slices joined into whole
+        tensors, checked as a same-size version is (``check``)."""
+        self.check(i, self._whole(i, written, read))
+
+    def apply_elastic(self, i: int, written: Layout, read: Any) -> None:
+        self.apply(i, self._whole(i, written, read))
+
+    def _whole(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+        """Layer ``i``'s whole tensors, from a version of ``written`` (see ``elastic``);
+        ModelMismatch for a layout whose files are not read by rows (ZeRO's flat
+        partitions: ``zero``'s to read)."""
+        from .elastic import resharded
+        if written.backend not in (None, "fsdp"):
+            raise ModelMismatch(self.cannot_reshard(written))
+        return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),
+                         lambda _, p: (0, p.shape[0] if p.dim() else 1))
 
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:

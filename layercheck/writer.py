@@ -114,6 +114,8 @@ class Writer:
         self.bytes_dropped = 0
         self.retention: Retention | None = None
         """Set by LayerCheck (keep_versions); used only by the writer thread."""
+        self.layout = 0
+        """The id of the layout every version it writes names (``format``: layouts)."""
         self.completed: deque[WriteRecord] = deque(maxlen=MAX_RECORDS)
         self._jobs: queue.Queue[StepJob | None] = queue.Queue()
         self._pending = 0
@@ -328,7 +330,7 @@ class Writer:
                                f"{path} and reported success: its write_atomic must consume "
                                "every buffer it is given")
         return Version(step=step, file=path, bytes=tally.bytes, checksum=tally.checksum.value,
-                       layer=layer, reason=reason)
+                       layer=layer, reason=reason, layout=self.layout)
 
     def _fail(self, exc: BaseException, job: StepJob, what: str) -> None:
         """Record a failed job: its layers are owed (and retried under 'warn')."""

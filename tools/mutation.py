@@ -56,10 +56,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/layercheck/test_manifest.py", "tests/layercheck/test_cleanup.py",
         # a rank's view of a sharded manifest (in-process; not the two-process test)
         "tests/layercheck/test_commit.py::test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file",
-        "tests/layercheck/test_commit.py::test_a_sharded_record_read_by_a_rank_it_does_not_have_is_a_problem",
+        "tests/layercheck/test_commit.py::test_a_sharded_record_without_a_shard_per_rank_of_its_layout_is_a_problem",
         # a minute of real training per mutant; test_cleanup compacts too
         "--deselect",
         "tests/layercheck/test_manifest.py::test_under_retention_the_manifest_is_compacted_while_training"]),
+    "layerread": ("layercheck/layerread.py", [
+        "tests/layercheck/test_manifest.py", "tests/layercheck/test_layerfile.py"]),
     "store": ("layercheck/store.py", [
         "tests/layercheck/test_store.py",
         *(f"tests/layercheck/test_reliability_io.py::{t}" for t in (
@@ -219,18 +221,18 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
     "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
     # manifest
-    "layercheck.manifest.x_read_verified_file__mutmut_4":
+    "layercheck.layerread.x_read_verified_file__mutmut_4":
         "rpartition for partition on 'algorithm:hex': a checksum holds one colon",
-    "layercheck.manifest.x_read_verified_file__mutmut_19":
+    "layercheck.layerread.x_read_verified_file__mutmut_19":
         "no read limit: a regular file longer than committed is read whole and refused with "
         "the same message (the limit only bounds the memory)",
-    "layercheck.manifest.x_read_verified_file__mutmut_29":
+    "layercheck.layerread.x_read_verified_file__mutmut_29":
         "as read_verified_file 19, read apart: a size other than the committed one is read "
         "whole (_Split.targets) and refused with the same message",
     "layercheck.manifest.x_encode_manifest__mutmut_9":
         "the sort key's name for a state ('XXXX' for ''): a step has one state, after its "
         "layers by the key before it",
-    "layercheck.manifest.x_read_verified_file__mutmut_47":
+    "layercheck.layerread.x_read_verified_file__mutmut_47":
         "<= for <: that branch is taken only when the sizes differ",
     # recovery
     "layercheck.recovery.x_parse_safetensors__mutmut_9":
@@ -275,32 +277,32 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.recovery.xǁPlannerǁtogether__mutmut_12":
         "what a rank that did not fail proposes (1 for 0): only _FAILED (-3) is looked for "
         "in the agreed values",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_3":
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_3":
         "a placeholder no read sees: read_verified_file reads data_start (and apart, "
         "apart_keys) only when targets parsed the header, and targets sets them then",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_4": "as _Split.__init__ 3",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_5":
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_4": "as _Split.__init__ 3",
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_5":
         "a placeholder no read sees: targets sets data before the read can end with the "
         "committed size (every read asks for the first buffer; only a shrunk file, refused "
         "as short, stops it earlier)",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_7": "as _Split.__init__ 5",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_9": "as _Split.__init__ 5",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_10": "as _Split.__init__ 5",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_11": "as _Split.__init__ 3 (apart)",
-    "layercheck.manifest.xǁ_Splitǁ__init____mutmut_12": "as _Split.__init__ 3 (apart_keys)",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_14":
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_7": "as _Split.__init__ 5",
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_9": "as _Split.__init__ 5",
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_10": "as _Split.__init__ 5",
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_11": "as _Split.__init__ 3 (apart)",
+    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_12": "as _Split.__init__ 3 (apart_keys)",
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_14":
         "n of a head shorter than 8 bytes: that is a file shorter than 8 bytes, where no "
         "n >= 0 satisfies n <= size - 8 < 0, so the file is read whole either way",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_23": "as _Split.targets 14 (+1 for -1)",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_24": "as _Split.targets 14 (-2 for -1)",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_28":
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_23": "as _Split.targets 14 (+1 for -1)",
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_24": "as _Split.targets 14 (-2 for -1)",
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_28":
         "a header length of 0 not tried: the empty text is no JSON, so the original reads "
         "the file whole too, after an empty read that adds no byte",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_29": "as _Split.targets 28",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_45":
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_29": "as _Split.targets 28",
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_45":
         "the file's name in _header's message: targets drops that error (the file is read "
         "whole and parse_header names it)",
-    "layercheck.manifest.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
+    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
     # writer
     "layercheck.writer.xǁWriterǁclose__mutmut_1":
         "_retire(None) for _retire([]): both are falsy, and _retire reads its versions only "

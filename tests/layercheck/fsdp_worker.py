@@ -17,7 +17,15 @@ of layercheck; ``--check-composite D`` then compares the loaded state with
 the composite of layercheck directory D at the loaded step. ``--save-final F``
 writes the whole parameters at the end to F (safetensors, rank 0).
 ``--refusals`` (one rank, on a directory two ranks wrote) records what
-FsdpLayerCheck refuses: an unsharded model, another world size.
+FsdpLayerCheck refuses: an unsharded model, the optimizer made first.
+Elastic (issue 30): ``--plain`` trains the unsharded model in one process under
+a plain ``LayerCheck``; ``--data-ranks D`` keeps the global batch of D ranks
+at any world size (each process takes the micro-batches of ranks r, r+W, ...,
+the loss scaled by W/D, so the gradient is the D-rank mean) and records the
+global loss of each step; ``--check-elastic`` compares the restored state with
+the composite's whole tensors (every layout joined offline); ``--learnable``
+trains on sequences that step through the vocabulary (``learnable_batch``),
+whose loss falls, where the default random tokens stay at chance.
 Data depends only on (step, rank), never on the global RNG, so runs that
 resume by different routes see the same batches.
 """
@@ -39,13 +47,14 @@ from layercheck.drift import local  # noqa: E402
 from layercheck.errors import LayerCheckError  # noqa: E402
 from layercheck.fsdp import FsdpLayerCheck  # noqa: E402
 from tests.conftest import tiny_lm  # noqa: E402
-from tests.layercheck.torchrun import (Report, batch, digest, newest_versions,  # noqa: E402
+from tests.layercheck.torchrun import (VOCAB, Report, batch, digest, newest_versions,  # noqa: E402
                                        reference_drift, saved_shards, schedule,
                                        worker_arguments)
 
 
-def build(steps: int, *, shard: bool = True):
-    """The model (sharded unless ``shard`` is False), AdamW and the LR schedule."""
+def build(steps: int, *, shard: bool = True, lr: float = 3e-3):
+    """The model (sharded unless ``shard`` is False), AdamW at peak ``lr`` and the LR
+    schedule."""
     model = tiny_lm(tied=True, layers=3, seed=0)
     if shard:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
@@ -55,7 +64,7 @@ def build(steps: int, *, shard: bool = True):
     decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
     plain = [p for _, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                   {"params": plain, "weight_decay": 0.0}], lr=3e-3)
+                                   {"params": plain, "weight_decay": 0.0}], lr=lr)
     return model, optimizer, schedule(optimizer, steps)
 
 
@@ -85,9 +94,58 @@ def check_composite(model, optimizer, layer_map, url: str, sources: dict) -> lis
     return problems
 
 
+def learnable_batch(step: int, rank: int) -> torch.Tensor:
+    """As ``batch``, but each sequence steps through the vocabulary by a stride of 1 to
+    3 from a random start: the next token is predictable, so the loss falls."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    start = torch.randint(0, VOCAB, (2, 1), generator=g)
+    stride = torch.randint(1, 4, (2, 1), generator=g)
+    return (start + stride * torch.arange(16)) % VOCAB
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective), or the tensor itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def full_weights(model) -> dict[str, torch.Tensor]:
     """Whole copies of every parameter (a collective)."""
-    return {n: p.full_tensor().detach().clone().double() for n, p in model.named_parameters()}
+    return {n: whole(p).detach().clone().double() for n, p in model.named_parameters()}
+
+
+def check_elastic(optimizer, layer_map, url: str, step: int) -> list[str]:
+    """Every mismatch between this rank's live state and its rows of the composite of
+    ``step`` as whole tensors (``assemble``, each version joined by its own layout):
+    each parameter's local tensor, its Adam moments and step count, bit for bit."""
+    from layercheck.dcpcheckpoint import assemble
+    from layercheck.elastic import chunk_rows
+    from layercheck.manifest import read_manifest
+    from layercheck.recovery import make_plan
+    from layercheck.store import open_store
+    store = open_store(url)
+    view = read_manifest(store)
+    composite = assemble(store, make_plan(store, view, step, exact=True), None,
+                         layouts=view.layouts)
+    problems = []
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for i in range(len(layer_map)):
+        for name, p in layer_map.parameters(i):
+            sharded = hasattr(p, "to_local")
+            def mine(t):  # noqa: E306 - this rank's rows of a whole tensor
+                if not sharded or t.dim() == 0:
+                    return t
+                start, stop = chunk_rows(t.shape[0], world)[rank]
+                return t[start:stop]
+            state = optimizer.state[p]
+            pairs = [("weight", local(p), mine(composite.weights[name]))]
+            pairs += [(f, local(state[f]) if f != "step" else state[f],
+                       mine(composite.optimizer[name][f])) for f in ("exp_avg", "exp_avg_sq", "step")]
+            for what, live, saved in pairs:
+                if not torch.equal(live.detach().cpu(), saved):
+                    problems.append(f"{name} {what} differs from the composite of step {step}")
+            if sharded and state["exp_avg"].placements != p.placements:
+                problems.append(f"{name} exp_avg is placed {state['exp_avg'].placements}")
+    return problems
 
 
 def dcp_load(model, optimizer, scheduler, path: str) -> int:
@@ -107,11 +165,11 @@ def dcp_load(model, optimizer, scheduler, path: str) -> int:
 
 def refusals(args: argparse.Namespace) -> dict:
     """What FsdpLayerCheck refuses, each with its message; under ``groups_left`` how
-    many process groups each refused constructor left open (it makes two of its own)."""
+    many process groups each refused constructor left open (it makes two of its own).
+    Another world size is no longer refused (issue 30: it reshards on restore)."""
     out: dict = {"groups_left": {}}
     for name, shard, directory in (("unsharded", False, args.dir + "-unsharded"),
-                                   ("optimizer_first", True, args.dir + "-optimizer-first"),
-                                   ("world_size", True, args.dir)):
+                                   ("optimizer_first", True, args.dir + "-optimizer-first")):
         model, optimizer, scheduler = build(args.steps, shard=shard)
         if name == "optimizer_first":  # an optimizer over the parameters before fully_shard
             model = tiny_lm(tied=True, layers=3, seed=0)
@@ -133,6 +191,11 @@ def main() -> int:
     ap.add_argument("--dcp-load", default="")
     ap.add_argument("--save-final", default="")
     ap.add_argument("--refusals", action="store_true")
+    ap.add_argument("--plain", action="store_true")
+    ap.add_argument("--data-ranks", type=int, default=0)
+    ap.add_argument("--check-elastic", action="store_true")
+    ap.add_argument("--learnable", action="store_true")
+    ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -144,7 +207,7 @@ def main() -> int:
         report.write()
         dist.destroy_process_group()
         return 0
-    model, optimizer, scheduler = build(args.steps)
+    model, optimizer, scheduler = build(args.steps, shard=not args.plain, lr=args.lr)
     lc = None
     if args.dcp_load:
         start = dcp_load(model, optimizer, scheduler, args.dcp_load)
@@ -157,18 +220,37 @@ def main() -> int:
     else:
         config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
                                   smax=args.smax, warmup_steps=2, interval=1)
-        lc = FsdpLayerCheck(model, optimizer, args.dir, config, scheduler=scheduler)
-        result["units"] = lc.source.header_facts()["fsdp"]["units"]
+        if args.plain:
+            from layercheck import LayerCheck
+            lc = LayerCheck(model, optimizer, args.dir, config, scheduler=scheduler)
+        else:
+            lc = FsdpLayerCheck(model, optimizer, args.dir, config, scheduler=scheduler)
+            result["units"] = lc.source.header_facts()["fsdp"]["units"]
         start = lc.restore(args.restore_step, exact=args.restore_step is not None)
         report.restored(lc, start)
         if args.check and start:
             result["problems"] = check_composite(model, optimizer, lc.layer_map, args.dir,
                                                  lc.restored.plan.sources)
+        if args.check_elastic and start:
+            result["problems"] = check_elastic(optimizer, lc.layer_map, args.dir, start)
+            result["layouts"] = sorted({v.layout for v in lc.restored.plan.sources.values()})
     result["lr_at_start"] = scheduler.get_last_lr()
     for step in range(start + 1, (args.stop_at or args.steps) + 1):
-        ids = batch(step, rank)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        if args.data_ranks:  # the global batch of --data-ranks ranks, at any world size
+            world = dist.get_world_size()
+            total = torch.zeros((), dtype=torch.float64)
+            for data_rank in range(rank, args.data_ranks, world):
+                ids = (learnable_batch if args.learnable else batch)(step, data_rank)
+                micro = model(input_ids=ids, labels=ids).loss
+                (micro * world / args.data_ranks).backward()
+                total += float(micro.detach())
+            dist.all_reduce(total)
+            result.setdefault("global_losses", {})[step] = float(total) / args.data_ranks
+            loss = micro
+        else:
+            ids = batch(step, rank)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
         before = full_weights(model) if args.check_drift else None
         optimizer.step()
         scheduler.step()
@@ -180,11 +262,11 @@ def main() -> int:
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
-    whole = {n: p.full_tensor().detach().contiguous() for n, p in model.named_parameters()}
-    result["params"] = {n: digest(t) for n, t in whole.items()}
+    weights = {n: whole(p).detach().contiguous() for n, p in model.named_parameters()}
+    result["params"] = {n: digest(t) for n, t in weights.items()}
     if args.save_final and rank == 0:
         from safetensors.torch import save_file
-        save_file(whole, args.save_final)
+        save_file(weights, args.save_final)
     report.write()
     dist.destroy_process_group()
     return 0

@@ -69,13 +69,18 @@ def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):
     assert read_manifest(store, rank=1).versions["a"] == []
 
 
-def test_a_sharded_record_read_by_a_rank_it_does_not_have_is_a_problem(tmp_path):
+def test_a_sharded_record_without_a_shard_per_rank_of_its_layout_is_a_problem(tmp_path):
+    # issue 30: a rank absent from a version's layout reads rank 0's shard (a restore at
+    # another world size); a record whose shards are not its layout's ranks is damaged
     store = LocalStore(tmp_path)
     shard = Shard("layers/a@1.rank0.safetensors", 1, "crc32:00000000")
+    store.append(MANIFEST, encode_record({"kind": "header", "format": "layercheck/1",
+                                          "layers": [{"name": "a", "kind": "block", "params": 1}],
+                                          "world_size": 2}))
     store.append(MANIFEST, encode_record({"kind": "layer", "step": 1, "layer": "a",
                                           "reason": "base", "shards": [shard.to_record()]}))
     view = read_manifest(store, rank=3)
-    assert view.versions == {} and "world size the checkpoint was written with" in view.problems[0]
+    assert view.versions == {} and "1 shards in a version of layout 0" in view.problems[0]
 
 
 def _outcome(commit, store, step, versions, error):

@@ -58,7 +58,7 @@ def test_a_sharded_version_is_one_version_per_rank():
 
 def test_the_format_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; "
-            "import layercheck.format, layercheck.manifest, layercheck.inspection, "
+            "import layercheck.format, layercheck.manifest, layercheck.layerread, layercheck.inspection, "
             "layercheck.errors")
     subprocess.run([sys.executable, "-c", code], check=True)
 

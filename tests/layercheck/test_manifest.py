@@ -153,7 +153,7 @@ def _committed(store, *, layer="a", step=3, rank=None, metadata=None, name="laye
 def test_a_committed_file_is_read_once_and_verified(tmp_path):
     import dataclasses
     from layercheck.errors import CorruptVersion, ReadFailed
-    from layercheck.manifest import check_structure, read_verified, read_verified_file
+    from layercheck.layerread import check_structure, read_verified, read_verified_file
     store = LocalStore(tmp_path)
     data, version = _committed(store)
     verified = read_verified_file(store, version)
@@ -221,7 +221,7 @@ def _file(header, data=b""):
 ])
 def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
     from layercheck.errors import CorruptVersion
-    from layercheck.manifest import check_structure, parse_header
+    from layercheck.layerread import check_structure, parse_header
     with pytest.raises(CorruptVersion) as err:
         parse_header(raw, "layers/x")
     assert str(err.value).startswith("layers/x: not a valid safetensors file (") and says in str(err.value)
@@ -233,7 +233,7 @@ def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
 
 
 def test_well_formed_files_parse_with_and_without_tensors():
-    from layercheck.manifest import check_structure, parse_header
+    from layercheck.layerread import check_structure, parse_header
     empty = _file({})
     assert parse_header(empty, "x") == ({}, len(empty)) and check_structure(empty, "x") == {}
     raw = _file({"__metadata__": {"k": "v"}, "a": {"dtype": "BF16", "shape": [2, 0], "data_offsets": [0, 0]},
@@ -390,7 +390,7 @@ def test_compaction_orders_each_steps_layers_then_its_state_and_needs_a_header(t
 def test_a_committed_file_that_is_no_safetensors_file_names_itself(tmp_path):
     from layercheck.errors import CorruptVersion
     from layercheck.format import checksum
-    from layercheck.manifest import read_verified_file
+    from layercheck.layerread import read_verified_file
     store = LocalStore(tmp_path)
     store.write_atomic("layers/g.safetensors", b"garbage, checksummed all the same")
     version = Version(step=1, file="layers/g.safetensors", bytes=33,
@@ -432,7 +432,7 @@ def test_a_file_read_apart_is_verified_as_a_whole_read_and_holds_only_the_chosen
     import numpy as np
     import torch
     from layercheck.errors import CorruptVersion
-    from layercheck.manifest import read_verified_file
+    from layercheck.layerread import read_verified_file
     from layercheck.recovery import tensor_views
     for store in (LocalStore(tmp_path), open_store(f"memory://apart-{uuid.uuid4().hex}")):
         data, version = _committed(store)
@@ -474,7 +474,7 @@ def test_a_damaged_header_read_apart_is_reported_as_a_whole_read_reports_it(tmp_
     safetensors header (checksummed all the same) is still named as such."""
     from layercheck.errors import CorruptVersion
     from layercheck.format import checksum
-    from layercheck.manifest import read_verified_file
+    from layercheck.layerread import read_verified_file
     store = LocalStore(tmp_path)
     data, version = _committed(store)
     n = int.from_bytes(data[:8], "little")
@@ -522,7 +522,7 @@ def test_tensors_read_apart_in_runs_are_placed_where_the_file_has_them(tmp_path)
     holding its tensors back to back in file order."""
     import uuid
     import numpy as np
-    from layercheck.manifest import read_verified_file
+    from layercheck.layerread import read_verified_file
     rng = np.random.default_rng(15)
     layout = [("z", "F32", [3], False), ("q", "I64", [2], False),  # data, data
               ("m", "F32", [2], True), ("k", "F16", [3], True),  # apart, apart
@@ -555,7 +555,7 @@ def test_tensors_read_apart_in_runs_are_placed_where_the_file_has_them(tmp_path)
 def test_a_file_without_tensor_bytes_read_apart_still_keeps_the_chosen_apart(tmp_path):
     """A data section of no bytes (every tensor empty: the header ends the file):
     the chosen tensors are apart all the same, in an empty buffer of their own."""
-    from layercheck.manifest import read_verified_file
+    from layercheck.layerread import read_verified_file
     store = LocalStore(tmp_path)
     data, version = _handmade(store, [("e", "F32", [0], b""), ("f", "U8", [0, 4], b"")],
                               header_order=["f", "e"])
@@ -570,7 +570,7 @@ def test_a_header_longer_than_its_file_read_apart_is_named_as_a_whole_read_names
     the same 'not a valid safetensors file' as a whole read gives, whichever store."""
     import uuid
     from layercheck.errors import CorruptVersion
-    from layercheck.manifest import read_verified_file
+    from layercheck.layerread import read_verified_file
     tensors = [("w", "F32", [2], bytes(range(8)))]
     for store in (LocalStore(tmp_path), open_store(f"memory://long-{uuid.uuid4().hex}")):
         size = len(_handmade(store, tensors, header_order=["w"])[0])

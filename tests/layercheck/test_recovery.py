@@ -313,7 +313,7 @@ def test_tensor_views_are_the_tensors_safetensors_reads():
     """Every dtype layercheck writes, 0-d and empty tensors: the views equal
     safetensors' own load, and share the verified buffer."""
     from safetensors.torch import load, save
-    from layercheck.manifest import VerifiedFile, parse_header
+    from layercheck.layerread import VerifiedFile, parse_header
     from layercheck.recovery import parse_safetensors, tensor_views
     torch.manual_seed(0)
     tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16),
@@ -496,14 +496,19 @@ def test_a_damaged_state_is_named_as_the_training_state(ckpt):
 
 def _shard_in_two(ckpt, version):
     """Rewrite ``version``'s record as two ranks' shards: its own file (rank 0's) and a
-    copy of it as rank 1's (unsharded files say no rank). Returns the copy's path."""
-    from layercheck.format import Shard
+    copy of it as rank 1's (unsharded files say no rank), of a 2-rank layout recorded
+    before it (issue 30: a version has its layout's shards). Returns the copy's path."""
+    from layercheck.format import Layout, Shard, encode_record
+    manifest = ckpt / "manifest.jsonl"
+    header, rest = manifest.read_bytes().split(b"\n", 1)
+    layout = Layout(id=1, world_size=2, facts={"fsdp": {}}).to_record()
+    manifest.write_bytes(header + b"\n" + encode_record(layout) + rest)
     copy = f"{version.file}.rank1"
     (ckpt / copy).write_bytes((ckpt / version.file).read_bytes())
     shards = [Shard(version.file, version.bytes, version.checksum).to_record(),
               Shard(copy, version.bytes, version.checksum).to_record()]
     record = {k: v for k, v in version.to_record().items() if k not in ("file", "bytes", "checksum")}
-    _rewrite(ckpt, version, {**record, "shards": shards})
+    _rewrite(ckpt, version, {**record, "shards": shards, "layout": 1})
     return ckpt / copy
 
 

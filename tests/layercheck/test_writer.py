@@ -26,7 +26,8 @@ from layercheck.commit import Commit
 from layercheck.errors import WriteFailed
 from layercheck.format import CHECKSUM, checksum_matches
 from layercheck.format import MANIFEST, encode_record
-from layercheck.manifest import ManifestView, check_structure, read_manifest
+from layercheck.layerread import check_structure
+from layercheck.manifest import ManifestView, read_manifest
 from layercheck.retention import Retention
 from layercheck.store import LocalStore
 from layercheck.writer import LayerSnapshot, StepJob, Writer

@@ -264,6 +264,7 @@ class Report:
         self.result["losses"][step] = loss
         if lc is not None and step == halt_at:
             lc.flush()  # the failure strikes once step T is committed on every rank
+            self.write()  # what it found so far (a restore's checks) outlives the kill
             (self.out / f"halted{self.rank}").write_text(str(step))
             while True:
                 time.sleep(3600)
