@@ -128,13 +128,13 @@ class Partitioning:
     @classmethod
     def from_facts(cls, facts: Mapping[str, Any], world_size: int) -> "Partitioning":
         """The layout that ``facts`` (a job's ``LayerSource.header_facts()``: ``zero`` for
-        ZeRO, none for a single process) and ``world_size`` describe; LayerCheckError
-        saying why where its flat layout cannot be read back (or ModelMismatch where
-        the facts contradict themselves)."""
+        ZeRO, none for a single process) and ``world_size`` describe; ModelMismatch
+        saying why where its flat layout cannot be read back or the facts contradict
+        themselves (LayerCheckError where they are malformed)."""
         zero = facts.get("zero")
         if zero is None:
             if world_size != 1:
-                raise LayerCheckError(f"a layout of {world_size} ranks without ZeRO facts: only "
+                raise ModelMismatch(f"a layout of {world_size} ranks without ZeRO facts: only "
                                       "ZeRO and single-process versions are read as flat ranges")
             return cls(kind=PLAIN, world_size=1)
         try:
@@ -153,12 +153,12 @@ class Partitioning:
         reordered = [name for name in ("round_robin_gradients", "parameter_alignment")
                      if options.get(name)]
         if reordered:
-            raise LayerCheckError(
+            raise ModelMismatch(
                 f"the version was written under ZeRO-{stage} with {' and '.join(reordered)}, "
                 "which reorder or pad its flat partitions in ways the header does not record: "
                 "resume it at its own world size, or train without them to resume elsewhere")
         if mp != 1:
-            raise LayerCheckError(f"the version was written with model parallelism ({mp} ways): "
+            raise ModelMismatch(f"the version was written with model parallelism ({mp} ways): "
                                   "only pure data-parallel ZeRO partitions are resharded")
         if [g.index for g in groups] != list(range(len(groups))):
             raise LayerCheckError("malformed ZeRO facts in the layout (sub-groups out of order)")

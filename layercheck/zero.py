@@ -40,7 +40,7 @@ import torch
 from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
 from .errors import LayerCheckError, ModelMismatch
-from .format import group_members, optimizer_fields, sub_group, tensor_key
+from .format import Layout, group_members, optimizer_fields, sub_group, tensor_key
 from .layermap import LayerMap
 from .partitioning import Partitioning
 from .pieces import Read, gather, moment_fields, read_buffers, step_of
@@ -169,18 +169,43 @@ class Partitions(LayerSource):
             for live, saved in buffers:
                 live.copy_(saved)
 
-    def apply_elastic(self, i: int, written: Any, read: Read) -> None:
-        """Load layer ``i`` from a version written in another layout (``written``, a
-        ``format.Layout``: ZeRO 1-3 at any world size, or one process): each of this
-        rank's partitions of the layer reads just its pieces (``partitioning``:
-        from the facts recorded with the version and this engine's own) of the
-        masters, Adam's moments and step counts through ``read``
-        (``LayerSource.apply_elastic``), padding zero, and the layer's buffers; all
-        of the layer is read and checked before any of it is copied in. A stage
-        change is read as any other layout; what cannot be (round-robin gradients,
-        parameter alignment, model parallelism, another optimizer) is refused with
-        the reason. ``after_restore`` refreshes the module weights, as after a
-        same-size restore."""
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        """The old ranks whose files hold pieces of this rank's partitions of layer ``i``
+        (and rank 0, for the buffers); every rank where the layout cannot be read
+        (``check_elastic`` then says why)."""
+        try:
+            source, target = Partitioning.from_facts(written.facts, written.world_size), \
+                self._target()
+            ranks = {0}
+            for k in self.of_layer[i]:
+                ranks |= {piece.rank for piece in source.pieces(target, self._rank(k), k)}
+                ranks |= {rank for rank, _ in source.owners(
+                    [name for name, _ in target.groups[k].params])}
+        except LayerCheckError:
+            return list(range(written.world_size))
+        return sorted(ranks)
+
+    def check_elastic(self, i: int, written: Layout, read: Read) -> None:
+        self._elastic(i, written, read)
+
+    def apply_elastic(self, i: int, written: Layout, read: Read) -> None:
+        """Load layer ``i`` from a version written in another layout (``written``: ZeRO
+        1-3 at any world size, or one process): each of this rank's partitions of the
+        layer reads just its pieces (``partitioning``: from the facts recorded with
+        the version and this engine's own) of the masters, Adam's moments and step
+        counts through ``read`` (``LayerSource.apply_elastic``), padding zero, and the
+        layer's buffers; all of the layer is read and checked before any of it is
+        copied in. A stage change is read as any other layout; what cannot be
+        (round-robin gradients, parameter alignment, model parallelism, another
+        optimizer) is refused with the reason. ``after_restore`` refreshes the module
+        weights, as after a same-size restore."""
+        self._put(*self._elastic(i, written, read))
+
+    def _elastic(self, i: int, written: Layout, read: Read
+                 ) -> tuple[list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]],
+                            list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Layer ``i``'s (sub-group, master, optimizer state) and (live, saved) buffers,
+        read from a version of ``written``: new tensors, nothing live changed."""
         source = Partitioning.from_facts(written.facts, written.world_size)
         target = self._target()
         layer, masters = self.layer_map.names[i], []
@@ -195,7 +220,7 @@ class Partitions(LayerSource):
                 state = {"step": step, **state}
             masters.append((k, gather(read, source, pieces, "master", None, flat.numel(),
                                       flat.dtype, layer), state))
-        self._put(masters, read_buffers(read, self.layer_map.buffers(i), layer))
+        return masters, read_buffers(read, self.layer_map.buffers(i), layer)
 
     def _target(self) -> Partitioning:
         """This engine's own layout, described as its header would record it."""
