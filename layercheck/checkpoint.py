@@ -34,19 +34,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .adapters import describe as describe_adapters
 from .config import LayerCheckConfig
+from .directory import open_directory, refuse_to_abandon, write_header
 from .drift import DriftTracker
-from .errors import (CheckpointNotFound, CorruptVersion, LayerCheckError, ModelMismatch,
-                     ReadFailed, RestoreIncomplete, TimelineNotRecorded)
 from .elastic import ElasticRead
-from .format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Layout, Version, encode_record,
-                     header_record, layout_record, resume_record)
+from .errors import (CorruptVersion, LayerCheckError, ModelMismatch, ReadFailed,
+                     RestoreIncomplete, TimelineNotRecorded)
+from .format import MANIFEST, Layout, Version, encode_record, layout_record, resume_record
 from .frozen import FrozenParts, trained_nbytes
 from .layerfile import DTYPES
 from .layermap import LayerMap
 from .layerread import VerifiedFile
-from .manifest import ManifestView, job_layout, read_manifest, seal_torn_tail
+from .manifest import ManifestView, read_manifest
 from .pretrained import PretrainedFiles
 from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
 from .ranks import Ranks
@@ -115,42 +114,12 @@ class LayerCheck:
 
     # -- lifecycle -----------------------------------------------------------
     def _init_directory(self) -> None:
-        """The coordinator creates the header once; every rank then checks that it
-        describes this model and this world size."""
-        view = None
-        if self.ranks.is_coordinator:
-            if seal_torn_tail(self.store):
-                log.warning("layercheck: %s ended in a torn record (a crash mid-append); it is "
-                            "skipped, and new records start on a line of their own", MANIFEST)
-            view = read_manifest(self.store, self.ranks.rank)
-            if view.header is None:
-                view.apply(self._write_header())
-        self.ranks.barrier()
-        if view is None:
-            view = read_manifest(self.store, self.ranks.rank)
-        if view.header is None:
-            raise LayerCheckError(f"{self.store.url}: rank {self.ranks.rank} cannot see the "
-                                  "manifest rank 0 wrote; the directory must be shared by all ranks")
-        self.layer_map.check_signature(view.header["layers"])
-        self.layout, self._new_layout = job_layout(
-            view, self.ranks.world_size if self.ranks.sharded else 1, self.source.header_facts())
-
-    def _write_header(self) -> dict[str, Any]:
-        config = getattr(self.model, "config", None)
-        if config is not None and hasattr(config, "to_json_string"):
-            self.store.write_atomic(MODEL_CONFIG, config.to_json_string().encode())
-        facts = self.source.header_facts()
-        lora = describe_adapters(self.model)
-        if lora is not None:  # what an export merges and PEFT's config for the adapter alone
-            facts["lora"], adapter_config = lora
-            if adapter_config:
-                self.store.write_atomic(ADAPTER_CONFIG, adapter_config)
-        header = header_record(layers=self.layer_map.signature(), config=self.config.to_dict(),
-                               lr_peak=self.lr_peak,
-                               world_size=self.ranks.world_size if self.ranks.sharded else None,
-                               **facts)
-        self.store.append(MANIFEST, encode_record(header))
-        return header
+        """The directory's header (written once) checked against this model, and the
+        layout this job writes in (``directory.open_directory``)."""
+        self.layout, self._new_layout = open_directory(
+            self.store, self.ranks, self.layer_map, self.source.header_facts(),
+            lambda facts: write_header(self.store, self.model, self.layer_map, self.config,
+                                       self.lr_peak, self.ranks, facts))
 
     def close(self) -> None:
         """Wait for every pending write to commit, then release the directory."""
@@ -207,7 +176,7 @@ class LayerCheck:
         for problem in view.problems if self.ranks.is_coordinator else []:
             warnings.warn(f"layercheck: {problem}", stacklevel=2)
         if step is None and not view.states:
-            self._refuse_to_abandon(view)
+            refuse_to_abandon(self.store.url, view)
             log.info("layercheck: %s holds no recoverable step; starting from step 0",
                      self.store.url)
             self._begin_timeline(0, view)
@@ -350,25 +319,8 @@ class LayerCheck:
         """A run that never called restore(): fine on an empty directory; on one
         holding checkpoints, starting over would abandon them, so refuse."""
         view = read_manifest(self.store, self.ranks.rank)
-        self._refuse_to_abandon(view)
+        refuse_to_abandon(self.store.url, view)
         self._begin_timeline(0, view)
-
-    def _refuse_to_abandon(self, view: ManifestView) -> None:
-        """Starting at step 0 records ``resume 0``, which abandons every version in
-        ``view``: refuse unless there is none."""
-        url, newest = self.store.url, view.latest_step()
-        if newest is not None:
-            raise LayerCheckError(
-                f"{url} holds checkpoints up to step {newest}: call restore() before "
-                "the first step() to resume from them, or use a new directory to start over")
-        steps = sorted(v.step for versions in view.versions.values() for v in versions)
-        if steps:
-            raise CheckpointNotFound(
-                f"{url} holds {len(steps)} layer versions (steps {steps[0]} to {steps[-1]}) but "
-                "no committed training state, so no step can be restored (a write that kept "
-                "failing held every state back); starting at step 0 would abandon them. Look "
-                f"with `python -m layercheck inspect {url}`, fix the storage, and to start over "
-                "move the directory aside or use a new one")
 
     # -- training --------------------------------------------------------------
     def step(self, extra: Mapping[str, Any] | None = None) -> StepReport:

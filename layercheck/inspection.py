@@ -54,7 +54,10 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
             "frozen_params": len(versions[-1].frozen) if versions else 0,
             "frozen_from_step": versions[-1].base if versions else None})
     files = store.list("layers") + store.list("states")
-    return {
+    live = [view.layout_of(v).id for v in view.all_versions()]
+    layouts = [{"id": k, "world_size": layout.world_size, "backend": layout.backend,
+                "versions": live.count(k)} for k, layout in sorted(view.layouts.items())]
+    return {"layouts": layouts,  # format: layouts
         "directory": store.url, "world_size": view.world_size, "newest_step": newest, "recoverable_steps": len(view.states),
         "oldest_step": min(view.states) if view.states else None,
         "layers": layers, "layer_versions": sum(len(v) for v in view.versions.values()),
@@ -107,6 +110,10 @@ def format_inspection(info: dict[str, Any]) -> str:
              "",
              f"{'layer':<32} {'kind':<10} {'params':>12} {'versions':>8} {'newest':>8} "
              f"{'stale':>6} {'bytes':>10}"]
+    if len(info.get("layouts", [])) > 1:  # several world sizes wrote here (format: layouts)
+        lines.insert(3, "layouts: " + "; ".join(
+            f"{lay['id']}: {lay['world_size']} x {lay['backend'] or 'plain'}, "
+            f"{lay['versions']} live versions" for lay in info["layouts"]))
     frozen = any(layer.get("frozen_params") for layer in info["layers"])
     if frozen:
         lines[-1] += f" {'frozen':>7}"

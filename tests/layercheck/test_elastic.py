@@ -116,3 +116,156 @@ def test_a_source_without_apply_elastic_is_refused_before_anything_is_read():
     with pytest.raises(LayerCheckError, match="cannot reshard"):
         source.apply_elastic(0, written, untouched)
     assert source.elastic_ranks(0, written) == [0, 1]
+
+
+# --- a directory of two layouts, in one process -------------------------------------------
+def _as_two_ranks(ckpt, steps, backend="fsdp", layers=None):
+    """Rewrite every layer version of ``steps`` in ``ckpt`` (a plain module's) as FSDP2 on
+    2 ranks would have written it (each weight and moment split by rows of dim 0, the
+    scalars and buffers on both), in a layout recorded after the header; returns the
+    original tensors of each rewritten version by (layer, step); ``layers``: only those."""
+    from layercheck.format import MANIFEST, decode_line, encode_record
+    from layercheck.recovery import parse_safetensors
+    store = LocalStore(ckpt)
+    lines = (ckpt / MANIFEST).read_bytes().splitlines(keepends=True)
+    records = [decode_line(line) for line in lines]
+    params = {}
+    out, originals = [], {}
+    for record in records:
+        if record["kind"] != "layer" or record["step"] not in steps or \
+                (layers is not None and record["layer"] not in layers):
+            out.append(record)
+            continue
+        tensors, _ = parse_safetensors((ckpt / record["file"]).read_bytes(), record["file"])
+        originals[(record["layer"], record["step"])] = tensors
+        split = [{}, {}]
+        for key, value in tensors.items():
+            name = key.rsplit("/", 1)[-1]
+            if value.dim() and not key.startswith("buffer/"):
+                params[name] = {"shape": list(value.shape), "dim": 0, "dtype": "float32"}
+                for rank, part in enumerate(torch.chunk(value, 2)):
+                    split[rank][key] = part.clone()
+            else:
+                split[0][key] = split[1][key] = value
+        version = _commit(store, split, step=record["step"], layer=record["layer"])
+        out.append({**{k: v for k, v in record.items() if k not in ("file", "bytes", "checksum")},
+                    "shards": [s.to_record() for s in version.shards], "layout": 1})
+    layout = Layout(id=1, world_size=2, facts={backend: {
+        "world_size": 2, "params": params, "param_groups": [sorted(params)], "aliases": {}}})
+    out.insert(1, layout.to_record())
+    (ckpt / MANIFEST).write_bytes(b"".join(encode_record(r) for r in out))
+    return originals
+
+
+@pytest.fixture
+def two_layouts(tmp_path):
+    from tests.conftest import every_layer_checkpoint
+    ckpt = every_layer_checkpoint(tmp_path / "ckpt", steps=6)
+    return ckpt, _as_two_ranks(ckpt, {5, 6})
+
+
+def _fresh():
+    from layercheck import LayerCheck, LayerCheckConfig
+    from tests.conftest import optimizer_for, tiny_lm
+    model = tiny_lm(seed=1)
+    opt, sched = optimizer_for(model, total=20)
+    return model, opt, sched, lambda d: LayerCheck(model, opt, d, LayerCheckConfig(),
+                                                   scheduler=sched)
+
+
+def test_a_plain_restore_joins_the_two_rank_versions_of_a_mixed_composite_exactly(two_layouts):
+    ckpt, originals = two_layouts
+    model, opt, _, make = _fresh()
+    with make(ckpt) as lc:
+        assert lc.restore() == 6
+        sources = lc.restored.plan.sources
+        assert {v.layout for v in sources.values()} == {1}  # newest: the 2-rank versions
+        for name, version in sources.items():
+            saved = originals[(name, version.step)]
+            for pname, p in lc.layer_map.parameters(lc.layer_map.index[name]):
+                assert torch.equal(p.detach(), saved[f"param/{pname}"]), pname
+                for field in ("exp_avg", "exp_avg_sq", "step"):
+                    assert torch.equal(opt.state[p][field], saved[f"optim/{field}/{pname}"])
+        assert lc.layout.id == 0  # a plain job again: it writes in the header's layout
+
+
+def test_a_damaged_shard_of_another_layout_is_passed_over_like_any_version(two_layouts):
+    ckpt, originals = two_layouts
+    view = __import__("layercheck.manifest", fromlist=["read_manifest"]).read_manifest(
+        LocalStore(ckpt))
+    newest = view.versions["model.layers.1"][-1]
+    path = ckpt / newest.shards[1].file
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 1
+    path.write_bytes(bytes(data))
+    model, opt, _, make = _fresh()
+    with pytest.warns(UserWarning, match="model.layers.1.*step 6.*checksum"), make(ckpt) as lc:
+        assert lc.restore() == 6
+        version = lc.restored.plan.sources["model.layers.1"]
+        assert (version.step, version.layout) == (5, 1)
+        (pname, p), *_ = lc.layer_map.parameters(lc.layer_map.index["model.layers.1"])
+        assert torch.equal(p.detach(), originals[("model.layers.1", 5)][f"param/{pname}"])
+
+
+def test_what_a_source_cannot_reshard_is_refused_before_anything_changes(tmp_path):
+    from tests.conftest import every_layer_checkpoint
+    ckpt = every_layer_checkpoint(tmp_path / "ckpt", steps=6)
+    _as_two_ranks(ckpt, {6}, backend="zero")
+    model, opt, _, make = _fresh()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with make(ckpt) as lc, pytest.raises(ModelMismatch) as refused:
+        lc.restore()
+    assert "its version of step 6 was written by 2 ranks, this job has 1" in str(refused.value)
+    assert "ModuleSource cannot reshard a version that 2 ranks (zero) wrote" in str(refused.value)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_inspect_plan_and_gc_on_a_directory_of_two_layouts(two_layouts, capsys):
+    import json
+
+    from layercheck.cleanup import collect_garbage
+    from layercheck.cli import main as cli
+    from layercheck.inspection import format_inspection, inspect_directory
+    from layercheck.manifest import read_manifest
+    ckpt, originals = two_layouts
+    info = inspect_directory(LocalStore(ckpt))
+    assert info["problems"] == []
+    layers = len(info["layers"])
+    assert info["layouts"] == [  # steps 2..6 of every layer, 5 and 6 in the 2-rank layout
+        {"id": 0, "world_size": 1, "backend": None, "versions": 3 * layers + 5},
+        {"id": 1, "world_size": 2, "backend": "fsdp", "versions": 2 * layers}]
+    assert "layouts: 0: 1 x plain" in format_inspection(info)
+    assert cli(["plan", str(ckpt), "--step", "6", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert {layer["layout"] for layer in planned["layers"]} == {1}
+    report = collect_garbage(LocalStore(ckpt), keep=2)
+    assert report.kept_steps == [5, 6] and report.skipped == []
+    view = read_manifest(LocalStore(ckpt))
+    assert view.problems == [] and view.layouts[1].world_size == 2  # the layout is kept
+    assert all(len(v.shards) == 2 for vs in view.versions.values() for v in vs if v.step >= 5)
+    model, opt, _, make = _fresh()
+    with make(ckpt) as lc:  # and the composite restores as before gc
+        assert lc.restore() == 6
+        (pname, p), *_ = lc.layer_map.parameters(0)
+        assert torch.equal(p.detach(), originals[(lc.layer_map.names[0], 6)][f"param/{pname}"])
+
+
+def test_an_hf_export_joins_each_version_by_its_own_layout(tmp_path):
+    """Two layers' newest versions of a 2-rank layout, the others a plain module's."""
+    from safetensors.torch import load_file
+
+    from layercheck.cli import main as cli
+    from layercheck.recovery import parse_safetensors
+    from tests.conftest import every_layer_checkpoint
+    ckpt = every_layer_checkpoint(tmp_path / "ckpt", steps=6)
+    plain = {}
+    for path in ckpt.glob("layers/*@000000006.safetensors"):
+        plain.update(parse_safetensors(path.read_bytes(), path.name)[0])
+    rewritten = _as_two_ranks(ckpt, {6}, layers={"model.layers.0", "model.layers.1"})
+    assert len(rewritten) == 2
+    assert cli(["export", str(ckpt), "--step", "6", "--out", str(tmp_path / "hf")]) == 0
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    params = {key[6:]: value for key, value in plain.items() if key.startswith("param/")}
+    assert params and set(params) <= set(exported)
+    for name, value in params.items():
+        assert torch.equal(exported[name], value), name

@@ -9,6 +9,7 @@ steps that a second job resumes at step 5 (``threshold_zero``).
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -275,3 +276,38 @@ def test_a_run_resumed_at_other_world_sizes_ends_within_1_percent_of_the_failure
     assert abs(two["global_losses"][last] - free["global_losses"][last]) <= \
         0.01 * free["global_losses"][last], (two["global_losses"], free["global_losses"])
     assert elastic["two"][0]["params"] == elastic["two"][1]["params"]
+
+
+MESH = ("--steps", str(STEPS), "--smax", "4", "--data-ranks", "6", "--learnable", "--lr", "1e-2")
+"""The global batch of 6 ranks' micro-batches: whole at 1, 2 and 3 ranks."""
+
+
+@pytest.fixture(scope="module")
+def elastic_mesh(tmp_path_factory):
+    """FSDP2 on 2 ranks killed at step 5, resumed by FsdpLayerCheck on a 1-rank mesh,
+    killed at step 7, resumed on 3 ranks (uneven row chunks) to the end."""
+    root = tmp_path_factory.mktemp("mesh")
+    ckpt = root / "ckpt"
+    JOB.run("--dir", str(root / "free"), "--out", str(root / "free-out"), *MESH)
+    first = JOB.kill_mid_run(ckpt, root / "o1", *MESH, at=5)
+    second = ONE.kill_mid_run(ckpt, root / "o2", *MESH, "--check-elastic", "--threshold",
+                              "0.03", at=7)
+    JOB.run("--dir", str(ckpt), "--out", str(root / "o3"), *MESH, "--check-elastic", ranks=3)
+    return {"ckpt": ckpt, "killed_at": (first, second), "free": JOB.results(root / "free-out"),
+            "one": ONE.results(root / "o2")[0], "three": JOB.results(root / "o3", ranks=3)}
+
+
+def test_fsdp2_resumes_on_a_one_rank_mesh_then_on_three_ranks_exactly(elastic_mesh):
+    assert elastic_mesh["killed_at"] == (5, 7)
+    one = elastic_mesh["one"]
+    assert one["restored_step"] == 5 and one["problems"] == [] and one["layouts"] == [0]
+    for rank in elastic_mesh["three"]:
+        assert rank["restored_step"] == 7 and rank["problems"] == [], rank["problems"]
+        assert rank["layouts"] == [0, 1], rank["sources"]
+    view = read_manifest(LocalStore(elastic_mesh["ckpt"]))
+    assert {k: (v.world_size, v.backend) for k, v in view.layouts.items()} == {
+        0: (2, "fsdp"), 1: (1, "fsdp"), 2: (3, "fsdp")}
+    last = str(STEPS)
+    resumed, free = elastic_mesh["three"][0]["global_losses"], elastic_mesh["free"][0]["global_losses"]
+    assert abs(resumed[last] - free[last]) <= 0.01 * free[last], (resumed, free)
+    assert len({json.dumps(r["params"]) for r in elastic_mesh["three"]}) == 1
