@@ -125,3 +125,13 @@ def test_layouts_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None; "
             "import layercheck.layout, layercheck.version, layercheck.manifest")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_zero3_and_zero12_at_the_same_world_size_are_different_layouts():
+    """Their partitions can have the same sizes but hold other elements: a job of the other
+    flat layout must read the versions elastically, never as its own (issue 30)."""
+    two = Layout(id=0, world_size=2, facts={"zero": {"stage": 2}})
+    assert two.same_job(2, {"zero": {"stage": 1}})  # one flat layout: stage 1 and 2 alike
+    assert not two.same_job(2, {"zero": {"stage": 3}})
+    assert not Layout(id=0, world_size=2, facts={"zero": {"stage": 3}}).same_job(
+        2, {"zero": {"stage": 2}})

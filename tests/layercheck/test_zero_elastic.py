@@ -140,6 +140,18 @@ def test_zero2_bf16_on_2_ranks_resumed_on_1_rank_under_another_stage(zero2_bf16,
             assert torch.equal(weight, master.to(torch.bfloat16).double()), name
 
 
+def test_zero2_resumed_under_zero3_at_the_same_world_size_is_resharded(zero2_bf16, tmp_path):
+    """At the same world size ZeRO-2's and ZeRO-3's partitions of this model have the
+    same sizes but other contents (a group's concatenation cut in two, against each
+    parameter cut in two): the shapes alone would let them through. The stage is part
+    of the layout, so the versions are read by ZeRO-2's arithmetic, exactly."""
+    (a, oa), b, ob = zero2_bf16, tmp_path / "b", tmp_path / "ob"
+    shutil.copytree(a, b)
+    ZERO.run("--dir", str(b), "--out", str(ob), "--steps", "12", "--stop-at", "6",
+             "--stage", "3", "--bf16", "--dump")
+    assert json.loads((ob / "rank0.json").read_text())["restored_step"] == 5
+    assert resumed_problems([oa], ob, ranks=2) == []
+
 def test_a_layout_the_header_does_not_spell_out_is_refused_with_the_reason(tmp_path):
     """ZeRO-2 with round-robin gradients reorders its flat partitions in a way the
     header does not record: resumed on another world size, it is refused on every rank
