@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .errors import LayerCheckError, ModelMismatch
+from .errors import ModelMismatch
 from .format import sub_group, tensor_key
 
 __all__ = ["FlatGroup", "Segment", "Located", "Piece", "Partitioning", "PLAIN", "ZERO3", "ZERO12"]
@@ -129,8 +129,8 @@ class Partitioning:
     def from_facts(cls, facts: Mapping[str, Any], world_size: int) -> "Partitioning":
         """The layout that ``facts`` (a job's ``LayerSource.header_facts()``: ``zero`` for
         ZeRO, none for a single process) and ``world_size`` describe; ModelMismatch
-        saying why where its flat layout cannot be read back or the facts contradict
-        themselves (LayerCheckError where they are malformed)."""
+        saying why where its flat layout cannot be read back, or the facts are
+        malformed or contradict themselves."""
         zero = facts.get("zero")
         if zero is None:
             if world_size != 1:
@@ -147,9 +147,10 @@ class Partitioning:
                            for s in zero["sub_groups"])
             mp = int((zero.get("checkpoint") or {}).get("mp_world_size", 1))
         except (KeyError, TypeError, ValueError) as exc:
-            raise LayerCheckError(f"malformed ZeRO facts in the layout ({exc!r})") from None
+            raise ModelMismatch(f"malformed ZeRO facts in the layout ({exc!r}): it was not "
+                                "written by ZeroLayerCheck") from None
         if stage not in (1, 2, 3):
-            raise LayerCheckError(f"the layout records ZeRO stage {stage}: only 1, 2 and 3 exist")
+            raise ModelMismatch(f"the layout records ZeRO stage {stage}: only 1, 2 and 3 exist")
         reordered = [name for name in ("round_robin_gradients", "parameter_alignment")
                      if options.get(name)]
         if reordered:
@@ -161,7 +162,7 @@ class Partitioning:
             raise ModelMismatch(f"the version was written with model parallelism ({mp} ways): "
                                   "only pure data-parallel ZeRO partitions are resharded")
         if [g.index for g in groups] != list(range(len(groups))):
-            raise LayerCheckError("malformed ZeRO facts in the layout (sub-groups out of order)")
+            raise ModelMismatch("malformed ZeRO facts in the layout (sub-groups out of order)")
         return cls(kind=ZERO3 if stage == 3 else ZERO12, world_size=int(world_size), groups=groups)
 
     # -- the arithmetic --------------------------------------------------------------

@@ -32,10 +32,10 @@ Read = Callable[[int, str, int, int], torch.Tensor]
 
 
 def moment_fields(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> tuple[str, ...]:
-    """The optimizer-state tensors laid out as the masters (Adam's moments); LayerCheckError
+    """The optimizer-state tensors laid out as the masters (Adam's moments); ModelMismatch
     for an optimizer whose state an elastic restore cannot reshard."""
     if "Adam" not in type(optimizer).__name__:
-        raise LayerCheckError(f"resuming at another world size reshards Adam's state (exp_avg, "
+        raise ModelMismatch(f"resuming at another world size reshards Adam's state (exp_avg, "
                               f"exp_avg_sq, step); this optimizer is {type(optimizer).__name__}: "
                               "resume at the world size that wrote the checkpoint")
     return ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if group.get("amsgrad") else ()))

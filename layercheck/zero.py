@@ -22,7 +22,9 @@ whole layers and makes the same decisions); rank 0 commits a version once
 every rank's shard is durable (``commit.ShardedCommit``); a restore agrees on
 each layer's version across ranks (falling back together past a shard that
 is damaged on any rank), then refreshes the module weights from the masters
-(DeepSpeed's own ``safe_set_full_fp32_param`` would leave them stale).
+(DeepSpeed's own ``safe_set_full_fp32_param`` would leave them stale). A version
+of another world size, ZeRO stage or one process is resharded on read
+(``Partitions.apply_elastic``; docs/elastic.md).
 
 The optimizer's parameter groups must be layer-aligned (no group mixes two
 layers; ``groups.layer_aligned_param_groups`` builds them) so that a layer's
@@ -49,6 +51,9 @@ from .source import LayerSource, capture_optimizer_state, host, owned, take
 
 __all__ = ["ZeroLayerCheck", "Partitions", "Stage3Partitions", "Stage12Partitions",
            "partitions_for"]
+
+Master = tuple[int, torch.Tensor, Mapping[str, torch.Tensor]]  # sub-group, master, its state
+Pair = tuple[torch.Tensor, torch.Tensor]  # a live tensor, the saved value copied into it
 
 
 class ZeroLayerCheck(LayerCheck):
@@ -155,8 +160,7 @@ class Partitions(LayerSource):
         self._put([(k, saved, optimizer_fields(tensors, sub_group(k))) for k, saved in masters],
                   buffers)
 
-    def _put(self, masters: list[tuple[int, torch.Tensor, Mapping[str, torch.Tensor]]],
-             buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _put(self, masters: list[Master], buffers: list[Pair]) -> None:
         """Copy each (sub-group, master, optimizer state) and (live, saved) buffer in."""
         with torch.no_grad():
             for k, saved, state in masters:
@@ -186,7 +190,7 @@ class Partitions(LayerSource):
         return sorted(ranks)
 
     def check_elastic(self, i: int, written: Layout, read: Read) -> None:
-        self._elastic(i, written, read)
+        self._elastic(i, written, read)  # reads and checks everything, changes nothing
 
     def apply_elastic(self, i: int, written: Layout, read: Read) -> None:
         """Load layer ``i`` from a version written in another layout (``written``: ZeRO
@@ -201,9 +205,7 @@ class Partitions(LayerSource):
         weights, as after a same-size restore."""
         self._put(*self._elastic(i, written, read))
 
-    def _elastic(self, i: int, written: Layout, read: Read
-                 ) -> tuple[list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]],
-                            list[tuple[torch.Tensor, torch.Tensor]]]:
+    def _elastic(self, i: int, written: Layout, read: Read) -> tuple[list[Master], list[Pair]]:
         """Layer ``i``'s (sub-group, master, optimizer state) and (live, saved) buffers,
         read from a version of ``written``: new tensors, nothing live changed."""
         source = Partitioning.from_facts(written.facts, written.world_size)
@@ -225,11 +227,15 @@ class Partitions(LayerSource):
     def _target(self) -> Partitioning:
         """This engine's own layout, described as its header would record it."""
         if getattr(self, "_partitioning", None) is None:
-            self._partitioning = Partitioning.from_facts(self.header_facts(), self._world())
+            try:
+                self._partitioning = Partitioning.from_facts(self.header_facts(), self._world())
+            except ModelMismatch as exc:
+                raise ModelMismatch(f"this engine cannot take resharded partitions: {exc}") \
+                    from None
         return self._partitioning
 
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
-                ) -> tuple[list[tuple[int, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+                ) -> tuple[list[tuple[int, torch.Tensor]], list[Pair]]:
         """(sub-group, saved master) of layer ``i``'s shard and (live, saved) buffers,
         each checked; ModelMismatch if a sub-group has no optimizer state."""
         layer = self.layer_map.names[i]
@@ -343,8 +349,8 @@ class Stage12Partitions(Partitions):
     def _world(self) -> int:
         counts = set(self.ds.partition_count)
         if len(counts) != 1:  # expert groups of a MoE model
-            raise LayerCheckError(f"the ZeRO groups are partitioned over {sorted(counts)} ranks: "
-                                  "resuming at another world size needs one data-parallel size")
+            raise ModelMismatch(f"the ZeRO groups are partitioned over {sorted(counts)} ranks: "
+                                "resuming at another world size needs one data-parallel size")
         return int(counts.pop())
 
     def refresh_module(self) -> None:
