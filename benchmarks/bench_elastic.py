@@ -5,7 +5,7 @@ same-size restore (2 ranks) and against DCP's own resharding ``dcp.load`` of the
 
 One directory, written once: a real 2-rank FSDP2 job (torchrun, gloo, CPU, one
 thread per rank) trains a Qwen2 causal LM built from a config (6 blocks,
-hidden 256, vocabulary 8192, tied head: 6.6 M parameters) with AdamW for 3
+hidden 256, vocabulary 8192, tied head: 6.5 M parameters) with AdamW for 3
 steps under ``FsdpLayerCheck`` at threshold 0 (every layer written at every
 step), then saves the same state with ``dcp.save(get_state_dict(...))``, each
 rank writing its shards. Then, ``--rounds`` times, alternating:

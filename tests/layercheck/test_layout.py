@@ -127,6 +127,21 @@ def test_layouts_import_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_retention_counts_versions_of_every_layout_alike(tmp_path):
+    from layercheck.retention import Retention
+    store = LocalStore(tmp_path)
+    _write(store, HEADER, _layer(1, 2), _state(1, 2), {"kind": "resume", "step": 1},
+           layout_record(ONE), _layer(2, 1, 1), _state(2, 1, 1))
+    retention = Retention(1, read_manifest(store))
+    newer = [_version(3, 1, 1), _version(3, 1, 1, layer=None)]
+    dropped = retention.committed(newer)
+    # keep 1: the 2-rank version of step 1 and the plain one of step 2 both go, and the
+    # states they served; the drop records name rank 0's file of the sharded one
+    assert [(v.step, v.layer, v.layout) for v in dropped] == [
+        (1, None, 0), (2, None, 1), (1, "a", 0), (2, "a", 1)]
+    assert dropped[2].key == "layers/a@000000001.rank0.safetensors"
+
+
 def test_zero3_and_zero12_at_the_same_world_size_are_different_layouts():
     """Their partitions can have the same sizes but hold other elements: a job of the other
     flat layout must read the versions elastically, never as its own (issue 30)."""
