@@ -41,6 +41,9 @@ class ElasticRead:
         self.version, self.layout, self._fetch = version, layout, fetch
         self.files: dict[int, VerifiedFile] = {}
         self._views: dict[int, Loaded] = {}
+        self.held: Mapping[str, torch.Tensor] | None = None
+        """What a source built from it in the plan (``check_elastic``), kept for its apply
+        (``apply_elastic``) rather than built twice; counted in ``nbytes``."""
 
     def verified(self, rank: int) -> VerifiedFile:
         """Rank ``rank``'s file, verified (fetched on first use)."""
@@ -73,8 +76,9 @@ class ElasticRead:
 
     @property
     def nbytes(self) -> int:
-        """The memory of the files fetched so far."""
-        return sum(file.nbytes for file in self.files.values())
+        """The memory of the files fetched so far and of what a source holds from them."""
+        held = sum(t.numel() * t.element_size() for t in (self.held or {}).values())
+        return held + sum(file.nbytes for file in self.files.values())
 
 
 def chunk_rows(n: int, world_size: int) -> list[tuple[int, int]]:

@@ -161,16 +161,11 @@ class DTensorShards(ModuleSource):
         """The old ranks whose slices hold rows of this rank's new ones."""
         return needed_ranks(written, self.layer_map.parameters(i), self._rows)
 
-    def check_elastic(self, i: int, written: Layout, read: Any) -> None:
-        self.check(i, self._resharded(i, written, read))
-
-    def apply_elastic(self, i: int, written: Layout, read: Any) -> None:
+    def _resharded(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
         """Layer ``i`` from a version of FSDP2 at another world size (or of one plain
         process): this rank's rows of every weight and moment, read from the old
-        slices that hold them, then applied as a same-size shard is (``apply``)."""
-        self.apply(i, self._resharded(i, written, read))
-
-    def _resharded(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+        slices that hold them; checked and applied as a same-size shard is
+        (``ModuleSource.check_elastic``, ``apply_elastic``)."""
         if written.backend not in (None, "fsdp"):
             raise ModelMismatch(self.cannot_reshard(written))
         return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),

@@ -289,12 +289,21 @@ class ModuleSource(LayerSource):
         return list(range(written.world_size))  # one process holds the whole layer
 
     def check_elastic(self, i: int, written: Layout, read: Any) -> None:
-        """A version of FSDP2 ranks (or a plain module's): its slices joined into whole
-        tensors, checked as a same-size version is (``check``)."""
-        self.check(i, self._whole(i, written, read))
+        """A version of FSDP2 ranks (or a plain module's): resharded into this source's
+        tensors (``_resharded``), checked as a same-size version is (``check``), and
+        kept with ``read`` for the apply (``ElasticRead.held``: the plan counts them)."""
+        tensors = self._resharded(i, written, read)
+        self.check(i, tensors)
+        if hasattr(read, "held"):
+            read.held = tensors
 
     def apply_elastic(self, i: int, written: Layout, read: Any) -> None:
-        self.apply(i, self._whole(i, written, read))
+        tensors = getattr(read, "held", None)
+        if tensors is None:  # read again (beyond restore_memory): what the plan checked went
+            tensors = self._resharded(i, written, read)
+        else:
+            read.held = None
+        self.apply(i, tensors)
 
     def _whole(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
         """Layer ``i``'s whole tensors, from a version of ``written`` (see ``elastic``);
@@ -310,6 +319,11 @@ class ModuleSource(LayerSource):
             raise ModelMismatch(self.cannot_reshard(written))
         return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),
                          lambda _, p: (0, p.shape[0] if p.dim() else 1))
+
+    def _resharded(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
+        """Layer ``i``'s tensors as this source holds them, from a version of ``written``:
+        whole, in one process (``_whole``); a sharded source, its own share."""
+        return self._whole(i, written, read)
 
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
