@@ -49,6 +49,7 @@ import torch
 
 from .errors import LayerCheckError, ModelMismatch
 from .format import ADAM_STEPS, module_tensors, optimizer_fields, sub_group, tensor_key
+from .partitioning import ZERO3, ZERO12, FlatGroup, Partitioning
 
 __all__ = ["SubGroup", "ZeroFacts", "RankShards", "ZeroLayout", "Stage3Layout", "Stage12Layout",
            "layout_for", "place_partition", "partition_slices"]
@@ -191,24 +192,15 @@ class RankShards:
 def partition_slices(facts: ZeroFacts, sg: SubGroup,
                      rank: int) -> Iterator[tuple[str, int, int, int]]:
     """(parameter, first element in it, first element in the partition, count)
-    of each slice of rank ``rank``'s partition of ``sg``.
-
-    ZeRO-3 partitions every parameter: rank r holds elements [r*p, (r+1)*p) of
-    each, p = ceil(numel / world), back to back. ZeRO-1/2 partition the group's
-    flat concatenation: rank r holds [r*P, (r+1)*P) of it, P = partition_numel."""
-    offset = 0
-    low, high = rank * sg.partition_numel, (rank + 1) * sg.partition_numel
-    for name, shape in sg.params:
-        numel = math.prod(shape)
-        if facts.stage == 3:
-            part = math.ceil(numel / facts.world_size)
-            yield name, rank * part, offset, max(0, min(part, numel - rank * part))
-            offset += part
-            continue
-        start, stop = max(offset, low), min(offset + numel, high)
-        if start < stop:
-            yield name, start - offset, start - low, stop - start
-        offset += numel
+    of each slice of rank ``rank``'s partition of ``sg``: ``partitioning``'s
+    arithmetic (ZeRO-3: each parameter cut in ``world_size``; ZeRO-1/2: the group's
+    concatenation cut in partitions of ``partition_numel``)."""
+    flat = FlatGroup(index=0, layer=sg.layer, partition_numel=sg.partition_numel,
+                     params=tuple((name, math.prod(shape)) for name, shape in sg.params))
+    layout = Partitioning(kind=ZERO3 if facts.stage == 3 else ZERO12,
+                          world_size=facts.world_size, groups=(flat,))
+    for seg in layout.segments(rank, 0):
+        yield seg.param, seg.start, seg.offset, seg.stop - seg.start
 
 
 def place_partition(facts: ZeroFacts, sg: SubGroup, rank: int, master: torch.Tensor,

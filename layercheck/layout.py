@@ -50,8 +50,11 @@ class Layout:
     def same_job(self, world_size: int, facts: Mapping[str, Any]) -> bool:
         """Whether a job of ``world_size`` ranks whose source gives ``facts`` writes in this
         layout: the same world size and backend (as a restore before issue 30 compared:
-        other facts, a grouping say, are the source's ``check`` to refuse)."""
-        return self.world_size == world_size and self.backend == _backend(facts)
+        other facts, a grouping say, are the source's ``check`` to refuse), and for ZeRO the
+        same flat layout: ZeRO-3 cuts each parameter, ZeRO-1/2 a group's concatenation,
+        into partitions of the same sizes but other contents."""
+        return self.world_size == world_size and self.backend == _backend(facts) and \
+            _zero3(self.facts) == _zero3(facts)
 
     def header(self) -> dict[str, Any]:
         """The layout as a header's fields (``world_size`` and the backend facts): what
@@ -82,6 +85,11 @@ class Layout:
         header = header or {}
         return cls(id=0, world_size=int(header.get("world_size", 1)),
                    facts={name: header[name] for name in BACKENDS if name in header})
+
+
+def _zero3(facts: Mapping[str, Any]) -> bool:
+    zero = facts.get("zero")
+    return isinstance(zero, Mapping) and zero.get("stage") == 3
 
 
 def _backend(facts: Mapping[str, Any]) -> str | None:

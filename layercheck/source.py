@@ -307,9 +307,14 @@ class ModuleSource(LayerSource):
 
     def _whole(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
         """Layer ``i``'s whole tensors, from a version of ``written`` (see ``elastic``);
-        ModelMismatch for a layout whose files are not read by rows (ZeRO's flat
-        partitions: ``zero``'s to read)."""
+        ZeRO's flat partitions joined by ``pieces.zero_layer_tensors``; ModelMismatch for
+        a layout read neither way."""
         from .elastic import resharded
+        if written.backend == "zero":  # flat partitions: ZeRO's arithmetic joins them
+            from .pieces import zero_layer_tensors
+            return zero_layer_tensors(written, self.layer_map.names[i],
+                                      self.layer_map.parameters(i), self.layer_map.buffers(i),
+                                      read, self.optimizer)
         if written.backend not in (None, "fsdp"):
             raise ModelMismatch(self.cannot_reshard(written))
         return resharded(read, self.layer_map.parameters(i), self.layer_map.buffers(i),

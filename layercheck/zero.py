@@ -22,7 +22,9 @@ whole layers and makes the same decisions); rank 0 commits a version once
 every rank's shard is durable (``commit.ShardedCommit``); a restore agrees on
 each layer's version across ranks (falling back together past a shard that
 is damaged on any rank), then refreshes the module weights from the masters
-(DeepSpeed's own ``safe_set_full_fp32_param`` would leave them stale).
+(DeepSpeed's own ``safe_set_full_fp32_param`` would leave them stale). A version
+of another world size, ZeRO stage or one process is resharded on read
+(``Partitions.apply_elastic``; docs/elastic.md).
 
 The optimizer's parameter groups must be layer-aligned (no group mixes two
 layers; ``groups.layer_aligned_param_groups`` builds them) so that a layer's
@@ -40,13 +42,18 @@ import torch
 from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
 from .errors import LayerCheckError, ModelMismatch
-from .format import group_members, optimizer_fields, sub_group, tensor_key
+from .format import Layout, group_members, optimizer_fields, sub_group, tensor_key
 from .layermap import LayerMap
+from .partitioning import Partitioning
+from .pieces import Read, gather, moment_fields, read_buffers, step_of
 from .ranks import ProcessGroupRanks
 from .source import LayerSource, capture_optimizer_state, host, owned, take
 
 __all__ = ["ZeroLayerCheck", "Partitions", "Stage3Partitions", "Stage12Partitions",
            "partitions_for"]
+
+Master = tuple[int, torch.Tensor, Mapping[str, torch.Tensor]]  # sub-group, master, its state
+Pair = tuple[torch.Tensor, torch.Tensor]  # a live tensor, the saved value copied into it
 
 
 class ZeroLayerCheck(LayerCheck):
@@ -117,6 +124,14 @@ class Partitions(LayerSource):
         A collective: every rank calls it."""
         raise NotImplementedError
 
+    def _rank(self, k: int) -> int:
+        """This rank's partition of sub-group ``k``."""
+        raise NotImplementedError
+
+    def _world(self) -> int:
+        """The ranks the sub-groups are partitioned over."""
+        raise NotImplementedError
+
     # -- the LayerSource ------------------------------------------------------------
     def drift_layers(self) -> list[list[torch.Tensor]]:
         return [[self.flats[k] for k in ks] for ks in self.of_layer]
@@ -142,19 +157,85 @@ class Partitions(LayerSource):
         """Copy a loaded shard of layer ``i`` into the fp32 masters, the Adam state
         and the module-dtype partitions (``after_restore`` finishes the job)."""
         masters, buffers = self._placed(i, tensors)
+        self._put([(k, saved, optimizer_fields(tensors, sub_group(k))) for k, saved in masters],
+                  buffers)
+
+    def _put(self, masters: list[Master], buffers: list[Pair]) -> None:
+        """Copy each (sub-group, master, optimizer state) and (live, saved) buffer in."""
         with torch.no_grad():
-            for k, saved in masters:
+            for k, saved, state in masters:
                 flat = self.flats[k]
                 flat.copy_(saved)
                 self.optimizer.state[flat] = {
                     field: owned(value, "cpu" if field == "step" else flat.device)
-                    for field, value in optimizer_fields(tensors, sub_group(k)).items()}
+                    for field, value in state.items()}
                 self.low(k).copy_(flat)
             for live, saved in buffers:
                 live.copy_(saved)
 
+    def elastic_ranks(self, i: int, written: Layout) -> list[int]:
+        """The old ranks whose files hold pieces of this rank's partitions of layer ``i``
+        (and rank 0, for the buffers); every rank where the layout cannot be read
+        (``check_elastic`` then says why)."""
+        try:
+            source, target = Partitioning.from_facts(written.facts, written.world_size), \
+                self._target()
+            ranks = {0}
+            for k in self.of_layer[i]:
+                ranks |= {piece.rank for piece in source.pieces(target, self._rank(k), k)}
+                ranks |= {rank for rank, _ in source.owners(
+                    [name for name, _ in target.groups[k].params])}
+        except LayerCheckError:
+            return list(range(written.world_size))
+        return sorted(ranks)
+
+    def check_elastic(self, i: int, written: Layout, read: Read) -> None:
+        self._elastic(i, written, read)  # reads and checks everything, changes nothing
+
+    def apply_elastic(self, i: int, written: Layout, read: Read) -> None:
+        """Load layer ``i`` from a version written in another layout (``written``: ZeRO
+        1-3 at any world size, or one process): each of this rank's partitions of the
+        layer reads just its pieces (``partitioning``: from the facts recorded with
+        the version and this engine's own) of the masters, Adam's moments and step
+        counts through ``read`` (``LayerSource.apply_elastic``), padding zero, and the
+        layer's buffers; all of the layer is read and checked before any of it is
+        copied in. A stage change is read as any other layout; what cannot be
+        (round-robin gradients, parameter alignment, model parallelism, another
+        optimizer) is refused with the reason. ``after_restore`` refreshes the module
+        weights, as after a same-size restore."""
+        self._put(*self._elastic(i, written, read))
+
+    def _elastic(self, i: int, written: Layout, read: Read) -> tuple[list[Master], list[Pair]]:
+        """Layer ``i``'s (sub-group, master, optimizer state) and (live, saved) buffers,
+        read from a version of ``written``: new tensors, nothing live changed."""
+        source = Partitioning.from_facts(written.facts, written.world_size)
+        target = self._target()
+        layer, masters = self.layer_map.names[i], []
+        for k in self.of_layer[i]:
+            flat, pieces = self.flats[k], source.pieces(target, self._rank(k), k)
+            group = self.optimizer.param_groups[self.group_ids[k]]
+            state = {field: gather(read, source, pieces, "optim", field, flat.numel(),
+                                   flat.dtype, layer)
+                     for field in moment_fields(self.optimizer, group)}
+            step = step_of(read, source, [n for n, _ in target.groups[k].params], layer)
+            if step is not None:
+                state = {"step": step, **state}
+            masters.append((k, gather(read, source, pieces, "master", None, flat.numel(),
+                                      flat.dtype, layer), state))
+        return masters, read_buffers(read, self.layer_map.buffers(i), layer)
+
+    def _target(self) -> Partitioning:
+        """This engine's own layout, described as its header would record it."""
+        if getattr(self, "_partitioning", None) is None:
+            try:
+                self._partitioning = Partitioning.from_facts(self.header_facts(), self._world())
+            except ModelMismatch as exc:
+                raise ModelMismatch(f"this engine cannot take resharded partitions: {exc}") \
+                    from None
+        return self._partitioning
+
     def _placed(self, i: int, tensors: Mapping[str, torch.Tensor]
-                ) -> tuple[list[tuple[int, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+                ) -> tuple[list[tuple[int, torch.Tensor]], list[Pair]]:
         """(sub-group, saved master) of layer ``i``'s shard and (live, saved) buffers,
         each checked; ModelMismatch if a sub-group has no optimizer state."""
         layer = self.layer_map.names[i]
@@ -226,6 +307,13 @@ class Stage3Partitions(Partitions):
     def low(self, k: int) -> torch.Tensor:
         return self.ds.fp16_partitioned_groups_flat[k]
 
+    def _rank(self, k: int) -> int:
+        import torch.distributed as dist
+        return dist.get_rank(group=self.ds.dp_process_group)
+
+    def _world(self) -> int:
+        return int(self.ds.partition_count)
+
     def refresh_module(self) -> None:
         ds = self.ds
         for k in range(len(self.flats)):
@@ -254,6 +342,16 @@ class Stage12Partitions(Partitions):
 
     def low(self, k: int) -> torch.Tensor:
         return self.ds.parallel_partitioned_bit16_groups[k][self._partition[k]]
+
+    def _rank(self, k: int) -> int:
+        return self._partition[k]
+
+    def _world(self) -> int:
+        counts = set(self.ds.partition_count)
+        if len(counts) != 1:  # expert groups of a MoE model
+            raise ModelMismatch(f"the ZeRO groups are partitioned over {sorted(counts)} ranks: "
+                                "resuming at another world size needs one data-parallel size")
+        return int(counts.pop())
 
     def refresh_module(self) -> None:
         self.ds.update_lp_params()  # copies fp32 -> bit16 partitions, then all-gathers

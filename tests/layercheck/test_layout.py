@@ -140,3 +140,13 @@ def test_retention_counts_versions_of_every_layout_alike(tmp_path):
     assert [(v.step, v.layer, v.layout) for v in dropped] == [
         (1, None, 0), (2, None, 1), (1, "a", 0), (2, "a", 1)]
     assert dropped[2].key == "layers/a@000000001.rank0.safetensors"
+
+
+def test_zero3_and_zero12_at_the_same_world_size_are_different_layouts():
+    """Their partitions can have the same sizes but hold other elements: a job of the other
+    flat layout must read the versions elastically, never as its own (issue 30)."""
+    two = Layout(id=0, world_size=2, facts={"zero": {"stage": 2}})
+    assert two.same_job(2, {"zero": {"stage": 1}})  # one flat layout: stage 1 and 2 alike
+    assert not two.same_job(2, {"zero": {"stage": 3}})
+    assert not Layout(id=0, world_size=2, facts={"zero": {"stage": 3}}).same_job(
+        2, {"zero": {"stage": 2}})

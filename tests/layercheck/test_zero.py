@@ -9,7 +9,6 @@ the drift, and (its directory) the corrupt-shard and world-size tests.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -152,15 +151,11 @@ def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back_together(recover
     assert_ranks_fall_back_together(JOB, recovered(3)["ckpt"], tmp_path, STEPS)  # ZeRO-3
 
 
-def test_misaligned_groups_and_another_world_size_are_refused_with_the_fix(recovered, tmp_path):
+def test_misaligned_groups_are_refused_with_the_fix(tmp_path):
+    # another world size is no longer refused (issue 30): test_zero_elastic.py resumes it
     text = _run("--dir", str(tmp_path / "a"), "--out", str(tmp_path / "o1"), "--steps", "2",
                 "--misaligned", ok=False)
     assert "layer_aligned_param_groups" in text
-    ckpt = tmp_path / "b"
-    shutil.copytree(recovered(3)["ckpt"], ckpt)  # written by 2 ranks
-    text = _run("--dir", str(ckpt), "--out", str(tmp_path / "o3"), "--steps", "6", ranks=1,
-                ok=False)
-    assert "written by 2 ranks, this job has 1" in text
 
 
 def test_retention_dtype_and_group_order_under_zero(tmp_path):

@@ -239,15 +239,28 @@ class Report:
             self.result["sources"] = {n: v.step for n, v in lc.restored.plan.sources.items()}
             self.result["warnings"] = list(lc.restored.plan.warnings)
 
-    def step(self, lc, step: int, loss: float, halt_at: int) -> None:
+    def step(self, lc, step: int, loss: float, halt_at: int, dump=None) -> None:
         """After ``step``: its loss and, with a LayerCheck ``lc``, its checkpoint step
         (drift, written layers, fused-kernel count); at ``halt_at``, wait until the
-        step is committed on every rank, write ``halted<r>`` and sleep until killed."""
+        step is committed on every rank, write ``halted<r>`` and sleep until killed.
+        ``dump``: at a step that writes layers, called on every rank (a collective
+        may gather); where it returns whole tensors by parameter
+        (``tests.layercheck.elastic``), those of the written layers are saved in
+        ``gathered/<step>.pt``: what each version holds, whatever its layout."""
         if lc is not None:
             report = lc.step(extra={"step": step})
             self.result.setdefault("drift", []).append(report.drift.tolist())
             self.result.setdefault("written", []).append(report.decision.layers.tolist())
             self.result.setdefault("fused", []).append(lc.drift.fused_params)
+            if dump is not None and len(report.decision.layers):
+                whole = dump()
+                if whole is not None:
+                    import torch
+                    names = {n for i in report.decision.layers.tolist()
+                             for n, _ in lc.layer_map.parameters(i)}
+                    (self.out / "gathered").mkdir(exist_ok=True)
+                    torch.save({n: t for n, t in whole.items() if n in names},
+                               self.out / "gathered" / f"{step}.pt")
         self.result["losses"][step] = loss
         if lc is not None and step == halt_at:
             lc.flush()  # the failure strikes once step T is committed on every rank

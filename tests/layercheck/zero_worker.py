@@ -36,16 +36,19 @@ from layercheck.groups import layer_aligned_param_groups  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import open_store  # noqa: E402
 from layercheck.zero import ZeroLayerCheck  # noqa: E402
+from tests.layercheck.elastic import gathered  # noqa: E402
 from tests.layercheck.torchrun import (VOCAB, Report, batch, digest,  # noqa: E402
                                        newest_versions, reference_drift, saved_shards,
                                        schedule, worker_arguments)
 
 
 def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False,
-          reverse_groups: bool = False):
+          reverse_groups: bool = False, round_robin: bool = False):
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    if round_robin:
+        ds_config["zero_optimization"]["round_robin_gradients"] = True
     if bf16:
         ds_config["bf16"] = {"enabled": True}
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
@@ -122,6 +125,12 @@ def check_full_weights(parts, k: int, masters: list[torch.Tensor], name: str) ->
     return problems
 
 
+def gathered_on(parts, rank: int):
+    """The gathered whole tensors (every rank gathers), kept by rank 0."""
+    whole = gathered(parts)
+    return whole if rank == 0 else None
+
+
 def loaded_state(engine, scheduler) -> dict:
     """The engine's counters, the learning rates and the Adam step count of every
     flat partition (ZeRO's sub-groups, in order)."""
@@ -161,6 +170,11 @@ def main() -> int:
                     help="one optimizer group for the whole model (must be refused)")
     ap.add_argument("--reverse-groups", action="store_true",
                     help="the layer-aligned groups in reverse order (must be refused at restore)")
+    ap.add_argument("--round-robin", action="store_true",
+                    help="ZeRO-1/2's round_robin_gradients (its flat layout is not recorded)")
+    ap.add_argument("--dump", action="store_true",
+                    help="save the gathered whole tensors of each layer version written "
+                         "(O/gathered/<step>.pt) and of the restored state (O/restored<r>.pt)")
     ap.add_argument("--keep-versions", type=int, default=None)
     ap.add_argument("--on-error", default="raise")
     args = ap.parse_args()
@@ -169,7 +183,7 @@ def main() -> int:
     report = Report(args.out, rank)
     result, out = report.result, report.out
     engine, scheduler = build(args.stage, args.steps, args.misaligned, args.bf16,
-                              args.reverse_groups)
+                              args.reverse_groups, args.round_robin)
     if args.ds_load or args.ds_load_dir:
         path, _ = engine.load_checkpoint(args.ds_load_dir or str(out / "ds"))
         assert path is not None, "DeepSpeed loaded nothing"
@@ -197,6 +211,12 @@ def main() -> int:
         start = lc.restore()
         report.restored(lc, start)
         if start:
+            result["layouts"] = sorted({v.layout for v in lc.restored.plan.sources.values()})
+        if start and args.dump:  # the restored state, whole, and the weights refreshed from it
+            restored = gathered(lc.source)
+            restored["module"] = full_weights(engine, args.stage)
+            torch.save(restored, out / f"restored{rank}.pt")
+        if start:
             result["loaded"] = loaded_state(engine, scheduler)
         if args.check and start:
             result["problems"] = check_restored(lc)
@@ -211,7 +231,8 @@ def main() -> int:
                                                                             full_weights(engine, args.stage)))
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
-        report.step(lc, step, float(loss.detach()), args.halt_at)
+        report.step(lc, step, float(loss.detach()), args.halt_at,
+                    dump=(lambda: gathered_on(lc.source, rank)) if args.dump else None)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
