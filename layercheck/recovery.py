@@ -60,9 +60,6 @@ from .views import Loaded, parse_safetensors, referenced, tensor_views
 __all__ = ["Loaded", "Plan", "Planner", "make_plan", "parse_safetensors", "read_state",
            "tensor_views", "together", "REREAD_DELAYS"]
 
-MECHANISM_VERSIONS = {"layercheck restore": 1}
-"""The version of each mechanism here (bump rules: ``layercheck.contract.measurement``)."""
-
 UseLayer = Callable[[Version, "dict[str, torch.Tensor]"], None]
 """Called with (chosen version, its tensors) as each layer is chosen; it may refuse
 the plan (ModelMismatch) or pass the version over (CorruptVersion)."""

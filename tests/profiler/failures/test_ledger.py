@@ -126,7 +126,7 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
     workers = supervise(spec, say=lambda _: None)
     assert workers == read_run(tmp_path)                    # what it returns is its folder
     import json
-    from profiler.supervisor import CONTENTION_FILE
+    from profiler.failures.supervisor import CONTENTION_FILE
     record = json.loads((tmp_path / CONTENTION_FILE).read_text())  # what else ran meanwhile
     assert record["checked"] and record["laps"] == 1 and record["other_cores_mean"] >= 0
     led = account(workers, window_s=window)
