@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .contention import ContentionMeter, Descendants, summarize
+from ..contention import ContentionMeter, Descendants, summarize
 from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
 from ..mechanisms.restart import spawn_worker
 from .worker import EventReader, write_job
