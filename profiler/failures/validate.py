@@ -206,8 +206,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
                      shares=shares if strategy == "layercheck" else None)
     shutil.rmtree(spec.root / "ckpt", ignore_errors=True)
     contention = json.loads((spec.root / CONTENTION_FILE).read_text())
-    said = warning({**contention, "laps": 1}, f"the {strategy} run") \
-        if contention.get("checked") else None
+    said = warning(contention, f"the {strategy} run")  # None when quiet or unchecked
     if said:
         print(f"warning: {said}", file=sys.stderr)
     return {**ledger.to_dict(), "contention": contention}
