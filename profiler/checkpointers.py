@@ -134,13 +134,36 @@ class FullCheckpointer(Checkpointer):
 
     def load(self) -> Resume | None:
         if self.engine is not None:
-            if not (self.folder / "latest").exists():
+            tag = self._deepspeed_tag()
+            if tag is None:
                 return None
-            _, client = self.engine.load_checkpoint(str(self.folder))
+            _, client = self.engine.load_checkpoint(str(self.folder), tag=tag)
             return Resume(int(client["step"]), int(client["position"]))
         if self.sharded:
             return self._load_dcp()
         return self._load_safetensors()
+
+    def _deepspeed_tag(self) -> str | None:
+        """The save DeepSpeed's ``latest`` names, or None before the first save.
+
+        DeepSpeed rewrites ``latest`` in place (open, truncate, write) once a save's
+        files are written, so a kill in between leaves it empty with that save whole
+        on disk (a validation worker met it): then the newest ``step*`` save holding
+        DeepSpeed's model states is the one, said in a warning."""
+        latest = self.folder / "latest"
+        if not latest.exists():
+            return None
+        tag = latest.read_text().strip()
+        if tag and (self.folder / tag).is_dir():
+            return tag
+        saves = sorted((p.parent for p in self.folder.glob("step*/*model_states.pt")),
+                       key=lambda p: int(p.name[4:]))
+        if not saves:
+            return None
+        named = f"names {tag!r}, which is not there" if tag else "is empty"
+        warnings.warn(f"DeepSpeed's {latest} {named} (killed while DeepSpeed rewrote it); "
+                      f"loading {saves[-1].name}, the newest save on disk", stacklevel=2)
+        return saves[-1].name
 
     def _load_dcp(self) -> Resume | None:
         import torch.distributed.checkpoint as dcp

@@ -7,6 +7,7 @@ import torch
 from profiler.checkpointers import (FullCheckpointer, LayerCheckpointer, TwoPhaseCheckpointer,
                                     folder_bytes)
 from profiler.config import CaptureConfig
+from profiler.engine import deepspeed_available
 from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
 from tests.profiler.conftest import TINY
@@ -68,6 +69,23 @@ def test_a_full_save_keeps_one_save_on_disk(job, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step*")) == ["step4"]
     assert first >= TrainingState(job.model, job.optimizer, job.scheduler).nbytes() * 0.95
     assert folder_bytes(tmp_path / "step4") == pytest.approx(first, rel=0.05)
+
+
+@pytest.mark.skipif(not deepspeed_available(), reason="DeepSpeed's own latest file")
+@pytest.mark.parametrize("latest", ["", "step6"])
+def test_a_deepspeed_latest_left_empty_by_a_kill_loads_the_newest_whole_save(job, tmp_path, latest):
+    ckpt = FullCheckpointer(job, tmp_path, interval=2)
+    job.step(0)
+    ckpt.save(4, 16)
+    expected = _snapshot(job)
+    job.step(16)
+    # DeepSpeed truncates latest, then writes it: a kill in between leaves it empty
+    (tmp_path / "latest").write_text(latest)
+    with pytest.warns(UserWarning, match="loading step4, the newest save"):
+        resume = FullCheckpointer(job, tmp_path, interval=2).load()
+    assert (resume.step, resume.position) == (4, 16)
+    for key, tensor in _snapshot(job).items():
+        assert torch.equal(tensor, expected[key]), key
 
 
 def test_layercheck_resumes_with_the_step_of_each_layers_copy(job, tmp_path):
