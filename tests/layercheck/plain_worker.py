@@ -70,4 +70,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from profiler.launch import leave
+    leave(main())  # the default process group ended, teardown skipped (see launch.leave)
