@@ -155,6 +155,15 @@ class ZeroFacts:
         """Every optimized parameter's full shape, by name, in group order."""
         return {name: shape for sg in self.sub_groups for name, shape in sg.params}
 
+    def of_layer(self, layer: str) -> list[int]:
+        """The indexes of layer ``layer``'s sub-groups."""
+        return [sg.index for sg in self.sub_groups if sg.layer == layer]
+
+    def layer_parameters(self, layer: str) -> dict[str, tuple[int, ...]]:
+        """Layer ``layer``'s optimized parameters' full shapes, by name, in group order."""
+        return {name: shape for sg in self.sub_groups if sg.layer == layer
+                for name, shape in sg.params}
+
 
 class RankShards:
     """One rank's shard of every planned layer version: ``{layer: tensors}``."""

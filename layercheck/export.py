@@ -4,16 +4,18 @@
 config recorded when the checkpoint was created, if the model had one) and
 ``model.safetensors`` (every parameter and persistent buffer under its name in
 the model), so ``AutoModel*.from_pretrained(out)`` loads it. From a ZeRO
-directory the weights are assembled from every rank's fp32 master partitions,
-cast to the module's dtype; from an FSDP2 directory, joined from every
-rank's slices.
+directory the weights are assembled from every rank's fp32 master partitions
+(each layer by the layout of its version), cast to the module's dtype; from an
+FSDP2 directory, joined from every rank's slices.
 
 ``export_deepspeed`` (``--format deepspeed``) writes, from a directory written
 by ``ZeroLayerCheck``, the folder ``engine.save_checkpoint(out)`` would have
 written at step T had the composite been the live state (``latest``,
 ``global_step{T}/`` with DeepSpeed's files, its ``zero_to_fp32.py``), which
-``engine.load_checkpoint(out)`` loads at the same world size, ZeRO stage and
-parameter groups. The files are torch.save pickles, DeepSpeed's own format;
+``engine.load_checkpoint(out)`` loads at the world size, ZeRO stage and
+parameter groups of the layout that wrote step T's training state; a layer whose
+version another layout wrote (another world size or stage, or one process) is
+resharded into it (``pieces.partition_tensors``). The files are torch.save pickles, DeepSpeed's own format;
 nothing in the layercheck directory is unpickled (safetensors and JSON only).
 It runs offline (one process, no torch.distributed) and needs deepspeed.
 
@@ -30,6 +32,7 @@ A ``layercheck_plan.json`` in it records which step each layer came from.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import stat
@@ -41,12 +44,14 @@ import torch
 from safetensors.torch import save_file
 
 from .dcpcheckpoint import FsdpFacts, assemble, dcp_state, fqn, save_dcp
-from .dscheckpoint import RankShards, ZeroFacts, layout_for, place_partition
+from .dscheckpoint import RankShards, ZeroFacts, layout_for
 from .errors import CheckpointNotFound, LayerCheckError
 from .adapters import LoraFacts, adapter_weights, merged_weights
 from .format import (ADAPTER_CONFIG, EXPORT_FORMATS, MODEL_CONFIG, Layout, module_tensors,
                      parse_model_config)
 from .layerread import read_verified
+from .partitioning import Partitioning
+from .pieces import gather, partition_tensors, whole_pieces
 from .manifest import ManifestView, read_consistent
 from .recovery import Plan, Planner, make_plan, parse_safetensors, read_state
 from .store import Store
@@ -153,21 +158,24 @@ def export_deepspeed(store: Store, out: str | os.PathLike[str], *,
     target = _empty_target(out)
     package = _import_deepspeed()
 
-    def prepare(view: ManifestView) -> tuple[Plan, ZeroFacts, Any]:
+    def prepare(view: ManifestView) -> tuple[Plan, ZeroFacts, Any, Callable[[int], RankShards]]:
         view.require_header(store.url)
-        plan = make_plan(store, view, step, exact=True)
-        facts = ZeroFacts.from_header(_one_layout(view, plan, "deepspeed").header(), store.url)
-        _check_world(plan, facts)
+        planner = Planner(store, view, every_shard=True)
+        plan = planner.plan(step, exact=True)
+        written = _state_layout(view, plan, store.url)
+        facts = ZeroFacts.from_header(written.header(), store.url)
         _, doc = read_state(store, plan.state)
-        return plan, facts, layout_for(facts, doc, plan.step, adam_step)
+        return plan, facts, layout_for(facts, doc, plan.step, adam_step), \
+            lambda rank: _rank_shards(planner, plan, written, facts, rank)
 
-    def build(staging: Path, plan: Plan, facts: ZeroFacts, layout: Any) -> None:
+    def build(staging: Path, plan: Plan, facts: ZeroFacts, layout: Any,
+              shards_of: Callable[[int], RankShards]) -> None:
         # reads every shard again: one rank's shards in memory at a time
         tag = f"global_step{plan.step}"
         folder = staging / tag
         folder.mkdir()
         for rank in range(facts.world_size):
-            shards = _rank_shards(store, plan, rank)
+            shards = shards_of(rank)
             for name, obj in layout.rank_files(rank, shards).items():
                 torch.save(obj, folder / name)
             del shards
@@ -217,55 +225,87 @@ def _fsdp_facts(store: Store, view: ManifestView) -> FsdpFacts:
     return FsdpFacts.from_header(max(fsdp, key=lambda layout: layout.id).header(), store.url)
 
 
-def _one_layout(view: ManifestView, plan: Plan, what: str) -> Layout:
-    """The one layout of every version ``plan`` uses, for an export of ZeRO's flat
-    partitions (``what``), which holds one world size; LayerCheckError with the fix
-    where the composite mixes layouts (``format``: layouts)."""
-    used = {view.layout_of(v).id: view.layout_of(v) for v in [plan.state, *plan.sources.values()]}
-    if len(used) > 1:
-        described = ", ".join(f"layout {k}: {layout.describe()}" for k, layout in sorted(used.items()))
+def _state_layout(view: ManifestView, plan: Plan, url: str) -> Layout:
+    """The layout of the composite's training state, which a DeepSpeed export is written
+    in (its world size, stage and sub-groups); LayerCheckError with the fix where no
+    ZeRO job wrote that state."""
+    written = view.layout_of(plan.state)
+    if written.backend != "zero":
+        zero = sorted(s for s, v in view.states.items() if view.layout_of(v).backend == "zero")
+        if not any(layout.backend == "zero" for layout in view.layouts.values()):
+            ZeroFacts.from_header(written.header(), url)  # raises: not written by ZeRO
         raise LayerCheckError(
-            f"the composite of step {plan.step} mixes versions of several "
-            f"layouts ({described}): a ZeRO checkpoint ({what}) holds one world size's flat "
-            "partitions. Restore it with ZeroLayerCheck at one world size and train until every "
-            "layer is written again, then export; or export --format hf from one layout")
-    return next(iter(used.values()))
+            f"the training state of step {plan.step} was written by {written.describe()}, "
+            "which ran no DeepSpeed engine: a DeepSpeed checkpoint takes its engine state "
+            "from a step a ZeRO job wrote" + (f" (steps {_listed(zero)})" if zero else "") +
+            "; or export --format hf")
+    return written
 
 
-def _check_world(plan: Plan, facts: ZeroFacts) -> None:
-    for version in [plan.state, *plan.sources.values()]:
-        if len(version.shards) != facts.world_size:
-            raise LayerCheckError(f"{version.file}: {len(version.shards)} shards, but the header "
-                                  f"says {facts.world_size} ranks")
+def _listed(steps: list[int]) -> str:
+    return ", ".join(map(str, steps)) if len(steps) <= 6 else f"{steps[0]} to {steps[-1]}"
 
 
-def _rank_shards(store: Store, plan: Plan, rank: int) -> RankShards:
+def _rank_shards(planner: Planner, plan: Plan, written: Layout, facts: ZeroFacts,
+                 rank: int) -> RankShards:
+    """Rank ``rank``'s shard of every layer of ``plan`` in layout ``written``: its own
+    file for a version written so, else its partitions read from the version's layout
+    (``pieces.partition_tensors``: only the pieces they need, each rank's file of the
+    version read and verified when first touched) and the layer's buffers."""
+    target = Partitioning.from_facts(written.facts, written.world_size)
     layers = {}
     for name, version in plan.sources.items():
-        own = version.per_rank()[rank]
-        layers[name], _ = parse_safetensors(read_verified(store, own), own.file)
+        if version.layout == written.id:
+            if len(version.shards) != written.world_size:
+                raise LayerCheckError(f"{version.file}: {len(version.shards)} shards, but its "
+                                      f"layout says {written.world_size} ranks")
+            own = version.per_rank()[rank]
+            layers[name], _ = parse_safetensors(read_verified(planner.store, own), own.file)
+            continue
+        old = planner.view.layout_of(version)
+        read = planner.reader(version)
+        tensors = partition_tensors(read, Partitioning.from_facts(old.facts, old.world_size),
+                                    target, rank, facts.of_layer(name), name)
+        tensors.update({k: t.clone() for k, t in read.tensors(0).items()
+                        if k.startswith("buffer/")})  # rank 0's: each rank's holds them whole
+        layers[name] = tensors
     return RankShards(rank, layers)
 
 
 def _zero_model(store: Store, view: ManifestView,
                 step: int | None) -> tuple[Plan, dict[str, torch.Tensor]]:
-    """The composite model of a ZeRO directory: full weights from every rank's
-    master partitions (in the module's dtype) and rank 0's buffers."""
-    plan = make_plan(store, view, step)
-    facts = ZeroFacts.from_header(_one_layout(view, plan, "hf").header(), store.url,
-                                  deepspeed=False)
-    _check_world(plan, facts)
-    params = facts.parameters
-    weights = {name: torch.empty(shape, dtype=facts.dtype) for name, shape in params.items()}
-    flat = {name: w.view(-1) for name, w in weights.items()}
+    """The composite model of a ZeRO directory: each parameter's whole fp32 master
+    gathered from the files of its layer's version (ZeRO partitions at any world size
+    and stage, or one process's whole tensors: ``format``: layouts), cast to the
+    module's dtype, and rank 0's buffers; one layer's files in memory at a time."""
+    planner = Planner(store, view, every_shard=True)
+    plan = planner.plan(step)
+    facts = _zero_facts(store, view)
+    weights: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
-    for rank in range(facts.world_size):
-        shards = _rank_shards(store, plan, rank)
-        for sg in facts.sub_groups:
-            place_partition(facts, sg, rank, shards.master(sg), flat)
-        if rank == 0:
-            buffers = shards.buffers()
+    for layer, version in plan.sources.items():
+        written = view.layout_of(version)
+        source = Partitioning.from_facts(written.facts, written.world_size)
+        read = planner.reader(version)
+        for name, shape in facts.layer_parameters(layer).items():
+            numel = math.prod(shape)
+            pieces = whole_pieces(source, name, numel)
+            first = pieces[0] if pieces else None
+            dtype = read(first.rank, source.key("master", first.owner), 0, 0).dtype \
+                if first else torch.float32
+            flat = gather(read, source, pieces, "master", None, numel, dtype, layer)
+            weights[name] = flat.view(shape).to(facts.dtype)
+        buffers.update({n: t.clone() for n, t in
+                        module_tensors(read.tensors(0), kinds=("buffer",)).items()})
     return plan, {**weights, **buffers}
+
+
+def _zero_facts(store: Store, view: ManifestView) -> ZeroFacts:
+    """The ZeRO facts of the newest ZeRO layout (the parameters, shapes and dtype an hf
+    export writes; every layout of one directory describes one model)."""
+    zero = [layout for layout in view.layouts.values() if layout.backend == "zero"]
+    return ZeroFacts.from_header(max(zero, key=lambda layout: layout.id).header(), store.url,
+                                 deepspeed=False)
 
 
 def _import_deepspeed() -> Any:

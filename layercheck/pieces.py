@@ -20,11 +20,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from .elastic import ElasticRead
 from .errors import LayerCheckError, ModelMismatch
-from .format import tensor_key
+from .format import optimizer_fields, sub_group, tensor_key
 from .partitioning import PLAIN, Partitioning, Piece
 
-__all__ = ["Read", "gather", "moment_fields", "step_of", "zero_layer_tensors", "read_buffers"]
+__all__ = ["Read", "gather", "moment_fields", "saved_fields", "step_of", "whole_pieces",
+           "partition_tensors", "zero_layer_tensors", "read_buffers"]
 
 Read = Callable[[int, str, int, int], torch.Tensor]
 """``read(rank, key, start, stop)``: elements [start, stop) of flat tensor ``key`` in rank
@@ -122,8 +124,7 @@ def zero_layer_tensors(written: Any, layer: str, params: Iterable[tuple[str, tor
         if source.numel(name) != live.numel():
             raise ModelMismatch(f"layer {layer}: {name} has {source.numel(name)} elements in the "
                                 f"checkpoint but {live.numel()} here (a different model)")
-        pieces = [Piece(rank=w.rank, owner=w.owner, start=w.start, stop=w.stop, offset=w.at)
-                  for w in source.locate(name, 0, live.numel())]
+        pieces = whole_pieces(source, name, live.numel())
         master = gather(read, source, pieces, "master", None, live.numel(), torch.float32, layer)
         out[tensor_key("param", name)] = master.view(live.shape)
         for field in moment_fields(optimizer, groups.get(id(live), {})):
@@ -137,3 +138,46 @@ def zero_layer_tensors(written: Any, layer: str, params: Iterable[tuple[str, tor
     for (name, _), (_, saved) in zip(buffers, read_buffers(read, buffers, layer)):
         out[tensor_key("buffer", name)] = saved
     return out
+
+
+def whole_pieces(source: Partitioning, name: str, numel: int) -> list[Piece]:
+    """The pieces of ``source``'s files that make up all ``numel`` elements of parameter
+    ``name``, placed as one whole flat tensor."""
+    return [Piece(rank=w.rank, owner=w.owner, start=w.start, stop=w.stop, offset=w.at)
+            for w in source.locate(name, 0, numel)]
+
+
+def saved_fields(read: ElasticRead, source: Partitioning, params: Iterable[str]) -> tuple[str, ...]:
+    """The optimizer-state tensors laid out as the masters that ``source``'s files hold
+    for ``params`` (Adam's moments, as saved: no live optimizer to ask), in file order;
+    () where they hold no optimizer state."""
+    owners = source.owners(params)
+    if not owners:
+        return ()
+    rank, owner = owners[0]
+    return tuple(f for f in optimizer_fields(read.tensors(rank), owner) if f != "step")
+
+
+def partition_tensors(read: ElasticRead, source: Partitioning, target: Partitioning, rank: int,
+                      ks: Iterable[int], layer: str) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s partitions of sub-groups ``ks`` of ``target`` (the layout of a
+    checkpoint being written offline: an export) read from a version of ``source``: per
+    sub-group its fp32 ``master/sg<k>``, the moments the version saved under
+    ``optim/<field>/sg<k>`` and its step count ``optim/step/sg<k>``, padding zero, as a
+    version written in ``target`` would hold them. New tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for k in ks:
+        group = target.groups[k]
+        names, owner = [n for n, _ in group.params], sub_group(k)
+        pieces = source.pieces(target, rank, k)
+        out[tensor_key("master", owner)] = gather(read, source, pieces, "master", None,
+                                                  group.partition_numel, torch.float32, layer)
+        step = step_of(read, source, names, layer)
+        if step is not None:
+            out[tensor_key("optim", owner, "step")] = step
+        for field in saved_fields(read, source, names):
+            out[tensor_key("optim", owner, field)] = gather(
+                read, source, pieces, "optim", field, group.partition_numel, torch.float32,
+                layer)
+    return out
+

@@ -287,6 +287,12 @@ class Planner:
         return self.running is not None and version.layer is not None and \
             version.layout != self.running
 
+    def reader(self, version: Version) -> ElasticRead:
+        """An ``ElasticRead`` of any planned ``version``, each rank's file read and verified
+        (completed by its frozen parameters) when first touched: what an offline export of
+        a composite that mixes layouts reads through, one layer at a time."""
+        return self._elastic_read(version, lambda shard: self._read_again(shard, None))
+
     def _elastic_read(self, version: Version,
                       read: Callable[[Version], VerifiedFile]) -> ElasticRead:
         """The ``ElasticRead`` of ``version``, each rank's file read by ``read``."""

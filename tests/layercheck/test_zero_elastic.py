@@ -21,7 +21,11 @@ import torch
 
 pytest.importorskip("deepspeed")
 
+from safetensors.torch import load_file  # noqa: E402
+
+from layercheck.cli import main  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.recovery import make_plan  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 from tests.layercheck.torchrun import Torchrun  # noqa: E402
 
@@ -165,3 +169,49 @@ def test_a_layout_the_header_does_not_spell_out_is_refused_with_the_reason(tmp_p
     assert "written by 2 ranks, this job has 1" in text, text[-3000:]
     assert "round_robin_gradients" in text and "resume it at its own world size" in text
     assert (ckpt / "manifest.jsonl").read_bytes() == manifest
+
+
+def _mixed_step(ckpt: Path) -> int:
+    """The first step after the one process's whose training state the 2 ZeRO-3 ranks
+    wrote (layout 0) and whose composite still takes layers from the one process."""
+    view = read_manifest(LocalStore(ckpt))
+    for step in sorted(s for s in view.states if s > 12):
+        plan = make_plan(LocalStore(ckpt), view, step, exact=True)
+        if plan.state.layout == 0 and any(v.layout == 1 for v in plan.sources.values()):
+            return step
+    raise AssertionError("no composite of both layouts after step 12")
+
+
+def test_the_hf_export_of_a_composite_of_both_layouts_is_its_versions_masters(zero3_chain,
+                                                                              tmp_path):
+    o1, o2, _ = zero3_chain["outs"]
+    assert main(["export", str(zero3_chain["ckpt"]), "--step", "12", "--out",
+                 str(tmp_path / "hf")]) == 0
+    plan = json.loads((tmp_path / "hf" / "layercheck_plan.json").read_text())
+    sources = {e["layer"]: e["source_step"] for e in plan["layers"]}
+    assert {e.get("layout", 0) for e in plan["layers"]} == {0, 1}, plan["layers"]
+    dumps = {int(p.stem): p for out in (o1, o2) for p in (out / "gathered").iterdir()}
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    for name, weight in weights.items():
+        layer = max((l for l in sources if name.startswith(l + ".")), key=len)
+        saved = torch.load(dumps[sources[layer]]).get(name)
+        if saved is not None:  # a buffer has no master
+            assert torch.equal(weight.reshape(-1), saved["master"].reshape(-1)), name
+
+
+def test_a_deepspeed_export_reshards_the_one_process_layers_into_the_zero3_ranks(
+        zero3_chain, tmp_path, capsys):
+    """Step 12's state was written by one process: refused with the steps that would
+    do; a later step's composite of both layouts, exported, loads with DeepSpeed's own
+    engine.load_checkpoint on 2 ZeRO-3 ranks into exactly the versions' tensors."""
+    ckpt = zero3_chain["ckpt"]
+    assert main(["export", str(ckpt), "--step", "12", "--format", "deepspeed", "--out",
+                 str(tmp_path / "refused")]) == 2
+    assert "ran no DeepSpeed engine" in capsys.readouterr().err
+    step, out = _mixed_step(ckpt), tmp_path / "loaded"
+    assert main(["export", str(ckpt), "--step", str(step), "--format", "deepspeed", "--out",
+                 str(tmp_path / "ds"), "--adam-step", "own"]) == 0  # each version's own count
+    ZERO.run("--dir", str(tmp_path / "unused"), "--out", str(out), "--steps", str(STEPS),
+             "--stop-at", str(step), "--stage", "3", "--ds-load-dir", str(tmp_path / "ds"),
+             "--dump")
+    assert resumed_problems(list(zero3_chain["outs"]), out, ranks=2) == []

@@ -19,8 +19,10 @@ resume by different routes see the same batches.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,6 +192,14 @@ def main() -> int:
         start = engine.global_steps
         lc = None
         result["loaded"] = loaded_state(engine, scheduler)
+        if args.dump:  # the loaded state, whole, and the layer sources of an export's plan
+            from layercheck.layermap import LayerMap
+            from layercheck.zero import partitions_for
+            plan = json.loads((Path(args.ds_load_dir) / "layercheck_plan.json").read_text())
+            result["sources"] = {entry["layer"]: entry["source_step"] for entry in plan["layers"]}
+            loaded = gathered(partitions_for(engine, LayerMap.auto(engine.module)))
+            loaded["module"] = full_weights(engine, args.stage)
+            torch.save(loaded, out / f"restored{rank}.pt")
         if args.check_composite:
             from layercheck.layermap import LayerMap
             from layercheck.zero import partitions_for
@@ -258,4 +268,5 @@ class _null:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from profiler.launch import leave
+    leave(main())  # the default process group ended, teardown skipped (see launch.leave)
