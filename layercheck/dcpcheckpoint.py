@@ -38,9 +38,10 @@ from typing import Any, Mapping
 import torch
 
 from .errors import CorruptVersion, LayerCheckError
-from .format import Layout
-from .layerread import read_verified
-from .recovery import Plan, parse_safetensors
+from .elastic import ElasticRead
+from .format import Layout, Version
+from .manifest import ManifestView
+from .recovery import Plan, Planner
 from .store import Store
 
 __all__ = ["FsdpFacts", "Composite", "assemble", "layout_facts", "dcp_state", "save_dcp", "fqn"]
@@ -107,17 +108,19 @@ class Composite:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def assemble(store: Store, plan: Plan, facts: FsdpFacts, *, moments: bool = True,
-             layouts: Mapping[int, Layout] | None = None) -> Composite:
+def assemble(store: Store, view: ManifestView, plan: Plan, facts: FsdpFacts | None, *,
+             moments: bool = True) -> Composite:
     """The whole tensors of ``plan``'s layer versions (every rank's shard read and
-    verified, one layer at a time); ``moments=False`` leaves out the optimizer state.
-    ``layouts`` (``ManifestView.layouts``): each version is joined by its own layout's
-    facts, a plain module's taken whole (``format``: layouts); else by ``facts``."""
+    verified, one layer at a time, a partial version completed by its frozen parameters
+    as a restore completes it); ``moments=False`` leaves out the optimizer state. Each
+    version is joined by its own layout's facts (``view.layouts``), a plain module's
+    taken whole (``format``: layouts); a version of no recorded layout by ``facts``."""
     out = Composite()
+    planner = Planner(store, view)
     for version in plan.sources.values():
-        layout = (layouts or {}).get(version.layout)
+        layout = view.layouts.get(version.layout)
         facts_of = facts if layout is None else layout_facts(layout, store.url)
-        _join(store, version, facts_of, out, moments)
+        _join(version, planner.reader(version), facts_of, out, moments)
     return out
 
 
@@ -134,16 +137,16 @@ def layout_facts(layout: Layout, url: str) -> FsdpFacts | None:
     return FsdpFacts.from_header(layout.header(), url)
 
 
-def _join(store: Store, version: Any, facts: FsdpFacts | None, out: Composite,
+def _join(version: Version, read: ElasticRead, facts: FsdpFacts | None, out: Composite,
           moments: bool) -> None:
-    """Add ``version``'s whole tensors to ``out``: its shards joined by ``facts``, or
-    (None) a plain module's one file, which holds them whole."""
+    """Add ``version``'s whole tensors (each rank's file through ``read``) to ``out``: its
+    shards joined by ``facts``, or (None) a plain module's one file, which holds them
+    whole. Copies: nothing keeps a file's bytes alive."""
     if facts is not None and len(version.shards) != facts.world_size:
         raise LayerCheckError(f"{version.file}: {len(version.shards)} shards, but its layout "
                               f"says {facts.world_size} ranks")
-    join = facts.whole if facts is not None else lambda _, slices: slices[0]
-    shards = [parse_safetensors(read_verified(store, own), own.file)[0]
-              for own in version.per_rank()]
+    join = facts.whole if facts is not None else lambda _, slices: slices[0].clone()
+    shards = [read.tensors(rank) for rank in range(len(version.per_rank()))]
     for key in shards[0]:
         kind, _, rest = key.partition("/")
         slices = _slices(shards, key, version.file)
@@ -151,11 +154,11 @@ def _join(store: Store, version: Any, facts: FsdpFacts | None, out: Composite,
             out.weights[rest] = join(rest, slices)
             out.optimizer.setdefault(rest, {})
         elif kind == "buffer":
-            out.buffers[rest] = slices[0]  # FSDP2 keeps buffers whole on every rank
+            out.buffers[rest] = slices[0].clone()  # FSDP2 keeps buffers whole on every rank
         elif kind == "optim" and moments:
             name_field, _, name = rest.partition("/")
             out.optimizer.setdefault(name, {})[name_field] = (
-                slices[0] if slices[0].dim() == 0 else join(name, slices))
+                slices[0].clone() if slices[0].dim() == 0 else join(name, slices))
 
 
 def _slices(shards: list[dict[str, torch.Tensor]], key: str, file: str) -> list[torch.Tensor]:

@@ -197,7 +197,7 @@ def export_dcp(store: Store, out: str | os.PathLike[str], *, step: int | None = 
         facts = _fsdp_facts(store, view)
         plan = make_plan(store, view, step, exact=True)
         _, doc = read_state(store, plan.state)
-        return plan, dcp_state(assemble(store, plan, facts, layouts=view.layouts), facts, doc)
+        return plan, dcp_state(assemble(store, view, plan, facts), facts, doc)
 
     def build(staging: Path, plan: Plan, state: dict[str, Any]) -> None:
         save_dcp(state, staging)
@@ -211,7 +211,7 @@ def _fsdp_model(store: Store, view: ManifestView,
     rank's slices, and rank 0's buffers, under their state-dict names."""
     facts = _fsdp_facts(store, view)
     plan = make_plan(store, view, step)
-    whole = assemble(store, plan, facts, moments=False, layouts=view.layouts)
+    whole = assemble(store, view, plan, facts, moments=False)
     return plan, {fqn(n): t for n, t in {**whole.weights, **whole.buffers}.items()}
 
 

@@ -52,17 +52,22 @@ from tests.layercheck.torchrun import (VOCAB, Report, batch, digest, newest_vers
                                        worker_arguments)
 
 
-def build(steps: int, *, shard: bool = True, lr: float = 3e-3):
-    """The model (sharded unless ``shard`` is False), AdamW at peak ``lr`` and the LR
-    schedule."""
+def build(steps: int, *, shard: bool = True, lr: float = 3e-3, freeze: tuple[str, ...] = ()):
+    """The model (sharded unless ``shard`` is False; the parameters whose names start
+    with one of ``freeze`` frozen, outside the optimizer), AdamW at peak ``lr`` and the
+    LR schedule."""
     model = tiny_lm(tied=True, layers=3, seed=0)
+    for name, p in model.named_parameters():
+        if name.startswith(tuple(freeze)):
+            p.requires_grad_(False)
     if shard:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for block in model.model.layers:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
-    plain = [p for _, p in model.named_parameters() if p.ndim < 2]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.ndim >= 2]
+    plain = [p for p in trained if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                    {"params": plain, "weight_decay": 0.0}], lr=lr)
     return model, optimizer, schedule(optimizer, steps)
@@ -124,8 +129,7 @@ def check_elastic(optimizer, layer_map, url: str, step: int) -> list[str]:
     from layercheck.store import open_store
     store = open_store(url)
     view = read_manifest(store)
-    composite = assemble(store, make_plan(store, view, step, exact=True), None,
-                         layouts=view.layouts)
+    composite = assemble(store, view, make_plan(store, view, step, exact=True), None)
     problems = []
     world, rank = dist.get_world_size(), dist.get_rank()
     for i in range(len(layer_map)):
@@ -136,14 +140,19 @@ def check_elastic(optimizer, layer_map, url: str, step: int) -> list[str]:
                     return t
                 start, stop = chunk_rows(t.shape[0], world)[rank]
                 return t[start:stop]
-            state = optimizer.state[p]
+            state = optimizer.state.get(p, {})
             pairs = [("weight", local(p), mine(composite.weights[name]))]
-            pairs += [(f, local(state[f]) if f != "step" else state[f],
-                       mine(composite.optimizer[name][f])) for f in ("exp_avg", "exp_avg_sq", "step")]
+            if not p.requires_grad:  # frozen: no optimizer state, saved or live
+                if state or composite.optimizer.get(name):
+                    problems.append(f"{name} is frozen but has optimizer state")
+            else:
+                pairs += [(f, local(state[f]) if f != "step" else state[f],
+                           mine(composite.optimizer[name][f]))
+                          for f in ("exp_avg", "exp_avg_sq", "step")]
             for what, live, saved in pairs:
                 if not torch.equal(live.detach().cpu(), saved):
                     problems.append(f"{name} {what} differs from the composite of step {step}")
-            if sharded and state["exp_avg"].placements != p.placements:
+            if sharded and state and state["exp_avg"].placements != p.placements:
                 problems.append(f"{name} exp_avg is placed {state['exp_avg'].placements}")
     return problems
 
@@ -196,6 +205,10 @@ def main() -> int:
     ap.add_argument("--check-elastic", action="store_true")
     ap.add_argument("--learnable", action="store_true")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--scramble-frozen", action="store_true",
+                    help="add 1 to the frozen parameters before the restore")
+    ap.add_argument("--freeze", action="append", default=[],
+                    help="freeze the parameters whose names start with this (repeatable)")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -207,7 +220,8 @@ def main() -> int:
         report.write()
         dist.destroy_process_group()
         return 0
-    model, optimizer, scheduler = build(args.steps, shard=not args.plain, lr=args.lr)
+    model, optimizer, scheduler = build(args.steps, shard=not args.plain, lr=args.lr,
+                                       freeze=tuple(args.freeze))
     lc = None
     if args.dcp_load:
         start = dcp_load(model, optimizer, scheduler, args.dcp_load)
@@ -226,6 +240,11 @@ def main() -> int:
         else:
             lc = FsdpLayerCheck(model, optimizer, args.dir, config, scheduler=scheduler)
             result["units"] = lc.source.header_facts()["fsdp"]["units"]
+        if args.scramble_frozen:  # only the restore can give the frozen weights back
+            with torch.no_grad():
+                for p in model.parameters():
+                    if not p.requires_grad:
+                        p.add_(1.0)
         start = lc.restore(args.restore_step, exact=args.restore_step is not None)
         report.restored(lc, start)
         if args.check and start:

@@ -22,7 +22,7 @@ from layercheck.dcpcheckpoint import FsdpFacts, fqn
 from layercheck.errors import CorruptVersion, LayerCheckError
 from layercheck.manifest import read_manifest
 from layercheck.store import LocalStore
-from tests.layercheck.torchrun import Torchrun, assert_ranks_fall_back_together
+from tests.layercheck.torchrun import Torchrun, assert_ranks_fall_back_together, digest
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 JOB = Torchrun(Path(__file__).with_name("fsdp_worker.py"))
@@ -161,7 +161,8 @@ def test_dcp_export_reshards_into_one_process(killed, tmp_path):
                    optim_state_dict=state["optim"])
     store = LocalStore(killed["ckpt"])
     view = read_manifest(store)
-    composite = assemble(store, make_plan(store, view, 9), FsdpFacts.from_header(view.header, ""))
+    composite = assemble(store, view, make_plan(store, view, 9),
+                         FsdpFacts.from_header(view.header, ""))
     assert state["layercheck"]["step"] == 9
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), composite.weights[name]), name
@@ -276,6 +277,55 @@ def test_a_run_resumed_at_other_world_sizes_ends_within_1_percent_of_the_failure
     assert abs(two["global_losses"][last] - free["global_losses"][last]) <= \
         0.01 * free["global_losses"][last], (two["global_losses"], free["global_losses"])
     assert elastic["two"][0]["params"] == elastic["two"][1]["params"]
+
+
+FROZEN = (*ELASTIC, "--freeze", "model.layers.0.self_attn")
+"""Part of a layer frozen (its attention, outside the optimizer), as a fine-tune freezes."""
+
+
+@pytest.fixture(scope="module")
+def frozen_elastic(tmp_path_factory):
+    """One process (a plain LayerCheck, which writes the frozen parameters once, then
+    partial versions that leave them out) killed once step 5 is committed, resumed by
+    FSDP2 on 2 ranks to the end."""
+    root = tmp_path_factory.mktemp("frozen")
+    ckpt = root / "ckpt"
+    killed = ONE.kill_mid_run(ckpt, root / "o1", *FROZEN, "--plain", at=5)
+    JOB.run("--dir", str(ckpt), "--out", str(root / "o2"), *FROZEN, "--check-elastic",
+            "--scramble-frozen")  # the frozen weights equal the saved ones only if restored
+    return {"ckpt": ckpt, "killed_at": killed, "two": JOB.results(root / "o2")}
+
+
+def test_a_partial_version_of_one_process_resumes_on_two_fsdp2_ranks_exactly(frozen_elastic):
+    """The layer with frozen parameters comes from a partial version (its frozen tensors
+    in an older full one): each rank's rows of the trained and the frozen parameters,
+    and the trained ones' Adam state, equal the composite's; the frozen ones have none."""
+    assert frozen_elastic["killed_at"] == 5
+    view = read_manifest(LocalStore(frozen_elastic["ckpt"]))
+    for rank in frozen_elastic["two"]:
+        assert rank["restored_step"] == 5 and rank["problems"] == [], rank["problems"]
+        assert rank["layouts"] == [0], rank["sources"]
+    chosen = frozen_elastic["two"][0]["sources"]["model.layers.0"]
+    version = next(v for v in view.versions["model.layers.0"] if v.step == chosen)
+    assert version.frozen and version.base is not None and version.base < chosen, version
+
+
+def test_exports_of_a_partial_version_hold_its_frozen_parameters(frozen_elastic, tmp_path):
+    """hf of step 5 (the one process's partial versions) and dcp of the newest step: the
+    frozen attention is in both, as trained (it never moved: the final weights' digests)."""
+    ckpt, final = str(frozen_elastic["ckpt"]), frozen_elastic["two"][0]["params"]
+    frozen = [n for n in final if n.startswith("model.layers.0.self_attn")]
+    assert cli(["export", ckpt, "--step", "5", "--out", str(tmp_path / "hf")]) == 0
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    assert frozen and all(digest(weights[n]) == final[n] for n in frozen), sorted(weights)
+    assert cli(["export", ckpt, "--format", "dcp", "--out", str(tmp_path / "dcp")]) == 0
+    import torch.distributed.checkpoint as dcp
+    from tests.layercheck.fsdp_worker import build
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model, optimizer, _ = build(STEPS, shard=False, freeze=("model.layers.0.self_attn",))
+    model_sd, _ = get_state_dict(model, optimizer)
+    dcp.load({"model": model_sd}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    assert all(digest(model_sd[n]) == final[n] for n in frozen)
 
 
 MESH = ("--steps", str(STEPS), "--smax", "4", "--data-ranks", "6", "--learnable", "--lr", "1e-2")
