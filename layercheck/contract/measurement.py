@@ -66,7 +66,8 @@ def _timed(name: str, version: int, code: str, *figures: str) -> MeasuringCode:
 
 
 CODE: tuple[MeasuringCode, ...] = (
-    _mechanism("restart", 1, "profiler.mechanisms.restart:Restart", "restart_s"),
+    # 2: timed from the SIGKILL of a training worker, as the validation's supervisor kills
+    _mechanism("restart", 2, "profiler.mechanisms.restart:Restart", "restart_s"),
     # 2: DeepSpeed's save timed inside a short run at the validation's interval
     _mechanism("full save", 2, "profiler.mechanisms.storage:FullSave",
                "save_gbps", "load_fixed_s", "load_gbps"),

@@ -24,8 +24,6 @@ workers' own children's), is written to the folder's ``contention.json``
 """
 from __future__ import annotations
 
-import os
-import signal
 import time
 import json
 from dataclasses import dataclass, field
@@ -34,7 +32,7 @@ from typing import Any, Callable
 
 from ..contention import ContentionMeter, Descendants, summarize
 from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
-from ..mechanisms.restart import spawn_worker
+from ..mechanisms.restart import kill_worker, spawn_worker
 from .worker import EventReader, write_job
 
 __all__ = ["supervise", "RunSpec", "CONTENTION_FILE"]
@@ -80,11 +78,7 @@ class _Worker:
     def kill(self, log: "_Log", **fields: Any) -> None:
         """SIGKILL the worker's whole process group (it leads one: ``spawn_worker``)."""
         self.killed = log.write("kill", worker=self.index, **fields)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        kill_worker(self.proc)
 
     def check(self) -> None:
         """A worker that exits on its own has failed: say why."""

@@ -1,17 +1,25 @@
-"""restart: a new training process up to a model ready to load, as a failure would need.
+"""restart: a training process killed as a failure kills it, and its successor up to a model ready to load.
 
-Spawns the validation's own worker (``python -m profiler worker``, in probe
-mode) ``repeats`` times, one after the other, and times each from the spawn
-to its ``ready`` event: interpreter start, imports (torch, transformers,
-layercheck, DeepSpeed where installed), the corpus and batches, the model
-built (and, where DeepSpeed is installed, wrapped in the world-size-1
-engine every validation worker builds, so that all strategies restart
-alike). Under ZeRO or FSDP2 the probe is a torchrun of as many ranks as the job,
-timed to rank 0's ready.
+The validation's supervisor SIGKILLs a training worker's whole process group and at
+once starts the next, and its ledger counts the restart from the kill to the new
+worker's ``ready``. This probe does the same ``repeats`` times, one after the other:
+it starts the validation's own worker (``python -m profiler worker``) training the
+job (its own loop, no checkpointing), waits for step ``VICTIM_STEPS`` (the victim
+holds the job's model, optimizer state and activations and runs its threads, as at a
+failure), SIGKILLs it with its group (``kill_worker``, the supervisor's own kill),
+reaps it, and times from the kill to the successor's ``ready`` event: interpreter
+start, imports (torch, transformers, layercheck, DeepSpeed where installed), the
+corpus and batches, the model built (and, where DeepSpeed is installed, wrapped in
+the world-size-1 engine every validation worker builds, so that all strategies
+restart alike). A probe spawned on an idle machine right after another ran about
+1.5-2 s faster than the restarts of a real killed run (docs/sim.md). Under ZeRO or
+FSDP2 the probe is a torchrun of as many ranks as the job, timed from its spawn to
+rank 0's ready.
 """
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,10 +31,14 @@ from layercheck.contract.calibration import Figure
 
 from .base import Bench, Mechanism
 
-__all__ = ["Restart", "spawn_worker", "worker_env"]
+__all__ = ["Restart", "spawn_worker", "kill_worker", "worker_env", "time_restart"]
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
+VICTIM_STEPS = 3
+"""Steps the killed worker trains first: past its first (warm-up) steps, mid-run."""
+NEVER = 10 ** 9
+"""A checkpoint interval no job reaches: the victim trains and saves nothing."""
 
 
 class Restart(Mechanism):
@@ -34,34 +46,106 @@ class Restart(Mechanism):
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         from ..engine import deepspeed_available
-        from ..failures.worker import EventReader, write_job
         job = bench.job
         ranks = job.ranks.world_size
         samples = []
         with tempfile.TemporaryDirectory(prefix="layercheck-restart-", dir=bench.folder) as tmp:
             for i in range(bench.repeats):
-                log = Path(tmp) / f"probe{i}.jsonl"
-                spec = write_job(Path(tmp) / f"probe{i}.json", config=job.config, device=job.device,
-                                 root=Path(tmp), log=log, engine=True, probe=True,
-                                 zero_ranks=ranks if bench.zero else None,
-                                 fsdp=job.kind == "fsdp")
-                start = time.time()
-                proc = spawn_worker(spec, Path(tmp) / f"probe{i}.out", job.config.threads, ranks)
-                if proc.wait(timeout=READY_TIMEOUT_S) != 0:
-                    tail = (Path(tmp) / f"probe{i}.out").read_text()[-1500:]
-                    raise RuntimeError(f"the restart probe exited with {proc.returncode}: {tail}")
-                ready = [e for e in EventReader(log).poll() if e["event"] == "ready"]
-                samples.append(ready[0]["time"] - start)
+                folder = Path(tmp) / f"probe{i}"
+                folder.mkdir()
+                samples.append(_multi_rank(job, folder, ranks, bench.zero) if bench.zero
+                               else time_restart(job, folder).seconds)
         engine = ("; the model wrapped in a world-size-1 DeepSpeed engine, as every validation "
                   "worker does" if deepspeed_available() and not bench.zero else "")
-        how = (f"torchrun of {ranks} ranks building the {job.setup} job, to rank 0's ready"
-               if bench.zero else "a new `python -m profiler worker` process")
+        how = (f"torchrun of {ranks} ranks building the {job.setup} job, from its spawn to "
+               "rank 0's ready" if bench.zero else
+               f"a training `python -m profiler worker` SIGKILLed with its process group "
+               f"after step {VICTIM_STEPS}, as the validation's supervisor kills, and a new "
+               "one timed from the kill to")
         return {"restart_s": Figure(
             value=statistics.median(samples), source="measured", samples=tuple(samples),
             seconds=statistics.median(samples),
-            method=f"{how}: spawn to a model ready to load (interpreter, imports of torch, "
+            method=f"{how} a model ready to load (interpreter, imports of torch, "
                    f"transformers and layercheck, corpus and batches, model built{engine}); "
-                   f"median of {len(samples)} spawns one after the other")}
+                   f"median of {len(samples)}, one after the other")}
+
+
+class Restarted:
+    """One timed restart: the kill (wall clock), the successor's ready, the victim's pid."""
+
+    def __init__(self, killed: float, ready: float, victim: int) -> None:
+        self.killed, self.ready, self.victim = killed, ready, victim
+
+    @property
+    def seconds(self) -> float:
+        return self.ready - self.killed
+
+
+def time_restart(job, folder: Path) -> Restarted:
+    """A worker training ``job`` killed after step ``VICTIM_STEPS`` and its successor
+    timed to ready (module doc), in ``folder``."""
+    victim = _spawn(job, folder, "victim", probe=False)
+    _wait_for(folder / "victim.jsonl", victim, folder / "victim.out",
+              lambda e: e["event"] == "step" and int(e["step"]) >= VICTIM_STEPS)
+    killed = time.time()
+    kill_worker(victim)
+    successor = _spawn(job, folder, "successor", probe=True)
+    ready = _wait_for(folder / "successor.jsonl", successor, folder / "successor.out",
+                      lambda e: e["event"] == "ready")
+    if successor.wait(timeout=READY_TIMEOUT_S) != 0:
+        raise RuntimeError(f"the restart probe exited with {successor.returncode}: "
+                           f"{(folder / 'successor.out').read_text()[-1500:]}")
+    return Restarted(killed, float(ready["time"]), victim.pid)
+
+
+def _spawn(job, folder: Path, name: str, *, probe: bool) -> subprocess.Popen:
+    from ..failures.worker import write_job
+    spec = write_job(folder / f"{name}.json", config=job.config, device=job.device,
+                     root=folder / "ckpt", log=folder / f"{name}.jsonl", strategy="deepspeed",
+                     interval=NEVER, repeat=True, engine=True, probe=probe)
+    return spawn_worker(spec, folder / f"{name}.out", job.config.threads)
+
+
+def _wait_for(log: Path, proc: subprocess.Popen, output: Path, wanted) -> dict:
+    """The first event of ``log`` that ``wanted`` accepts; RuntimeError with the worker's
+    output where it exits first or none comes within ``READY_TIMEOUT_S``."""
+    from ..failures.worker import EventReader
+    reader, deadline = EventReader(log), time.time() + READY_TIMEOUT_S
+    while time.time() < deadline:
+        for event in reader.poll():
+            if wanted(event):
+                return event
+        if proc.poll() is not None:
+            raise RuntimeError(f"a restart probe's worker exited with {proc.returncode}: "
+                               f"{output.read_text()[-1500:]}")
+        time.sleep(0.01)
+    kill_worker(proc)
+    raise RuntimeError(f"a restart probe's worker sent no such event within {READY_TIMEOUT_S} s")
+
+
+def _multi_rank(job, folder: Path, ranks: int, zero: bool) -> float:
+    """A torchrun of the job's ranks, from its spawn to rank 0's ready."""
+    from ..failures.worker import EventReader, write_job
+    log = folder / "probe.jsonl"
+    spec = write_job(folder / "probe.json", config=job.config, device=job.device, root=folder,
+                     log=log, engine=True, probe=True, zero_ranks=ranks, fsdp=job.kind == "fsdp")
+    start = time.time()
+    proc = spawn_worker(spec, folder / "probe.out", job.config.threads, ranks)
+    if proc.wait(timeout=READY_TIMEOUT_S) != 0:
+        tail = (folder / "probe.out").read_text()[-1500:]
+        raise RuntimeError(f"the restart probe exited with {proc.returncode}: {tail}")
+    ready = [e for e in EventReader(log).poll() if e["event"] == "ready"]
+    return ready[0]["time"] - start
+
+
+def kill_worker(proc: subprocess.Popen) -> None:
+    """SIGKILL a worker's whole process group (it leads one: ``spawn_worker``) and reap it:
+    how a failure ends a worker, here and in the validation's supervisor."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def worker_env(threads: int | None) -> dict[str, str]:

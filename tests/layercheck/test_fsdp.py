@@ -386,7 +386,7 @@ def test_a_dcp_export_of_a_composite_of_two_layouts_loads_whole(elastic, tmp_pat
     dcp.load(state, checkpoint_id=str(export), no_dist=True)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
-    composite = assemble(store, plan, None, layouts=view.layouts)
+    composite = assemble(store, view, plan, None)
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), composite.weights[name]), name
         for field in ("exp_avg", "exp_avg_sq", "step"):
