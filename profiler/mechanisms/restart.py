@@ -11,8 +11,10 @@ reaps it, and times from the kill to the successor's ``ready`` event: interprete
 start, imports (torch, transformers, layercheck, DeepSpeed where installed), the
 corpus and batches, the model built (and, where DeepSpeed is installed, wrapped in
 the world-size-1 engine every validation worker builds, so that all strategies
-restart alike). A probe spawned on an idle machine right after another ran about
-1.5-2 s faster than the restarts of a real killed run (docs/sim.md). Under ZeRO or
+restart alike). Version 1 spawned the probes back to back on an idle machine, and
+a real killed run's restarts took 1.5-2 s longer each; timed from a kill, the restart
+came out no longer (7.96 s against 8.37 s: docs/sim.md), so the kill is not that gap,
+but this is how a failure restarts a worker. Under ZeRO or
 FSDP2 the probe is a torchrun of as many ranks as the job, timed from its spawn to
 rank 0's ready.
 """
