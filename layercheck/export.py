@@ -48,7 +48,7 @@ from .dscheckpoint import RankShards, ZeroFacts, layout_for
 from .errors import CheckpointNotFound, LayerCheckError
 from .adapters import LoraFacts, adapter_weights, merged_weights
 from .format import (ADAPTER_CONFIG, EXPORT_FORMATS, MODEL_CONFIG, Layout, module_tensors,
-                     parse_model_config)
+                     parse_model_config, tensor_key)
 from .layerread import read_verified
 from .partitioning import Partitioning
 from .pieces import gather, partition_tensors, whole_pieces
@@ -266,8 +266,8 @@ def _rank_shards(planner: Planner, plan: Plan, written: Layout, facts: ZeroFacts
         read = planner.reader(version)
         tensors = partition_tensors(read, Partitioning.from_facts(old.facts, old.world_size),
                                     target, rank, facts.of_layer(name), name)
-        tensors.update({k: t.clone() for k, t in read.tensors(0).items()
-                        if k.startswith("buffer/")})  # rank 0's: each rank's holds them whole
+        buffers = module_tensors(read.tensors(0), kinds=("buffer",))  # every rank's whole
+        tensors.update({tensor_key("buffer", n): t.clone() for n, t in buffers.items()})
         layers[name] = tensors
     return RankShards(rank, layers)
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from layercheck.contract.calibration import Figure
@@ -55,28 +56,30 @@ class Restart(Mechanism):
             for i in range(bench.repeats):
                 folder = Path(tmp) / f"probe{i}"
                 folder.mkdir()
-                samples.append(_multi_rank(job, folder, ranks, bench.zero) if bench.zero
+                samples.append(_multi_rank(job, folder, ranks) if bench.zero
                                else time_restart(job, folder).seconds)
         engine = ("; the model wrapped in a world-size-1 DeepSpeed engine, as every validation "
                   "worker does" if deepspeed_available() and not bench.zero else "")
-        how = (f"torchrun of {ranks} ranks building the {job.setup} job, from its spawn to "
-               "rank 0's ready" if bench.zero else
+        how = (f"torchrun of {ranks} ranks building the {job.setup} job, timed from its "
+               "spawn to rank 0's" if bench.zero else
                f"a training `python -m profiler worker` SIGKILLed with its process group "
                f"after step {VICTIM_STEPS}, as the validation's supervisor kills, and a new "
-               "one timed from the kill to")
+               "one timed from the kill to its")
         return {"restart_s": Figure(
             value=statistics.median(samples), source="measured", samples=tuple(samples),
             seconds=statistics.median(samples),
-            method=f"{how} a model ready to load (interpreter, imports of torch, "
+            method=f"{how} model ready to load (interpreter, imports of torch, "
                    f"transformers and layercheck, corpus and batches, model built{engine}); "
                    f"median of {len(samples)}, one after the other")}
 
 
+@dataclass(frozen=True)
 class Restarted:
     """One timed restart: the kill (wall clock), the successor's ready, the victim's pid."""
 
-    def __init__(self, killed: float, ready: float, victim: int) -> None:
-        self.killed, self.ready, self.victim = killed, ready, victim
+    killed: float
+    ready: float
+    victim: int
 
     @property
     def seconds(self) -> float:
@@ -125,7 +128,7 @@ def _wait_for(log: Path, proc: subprocess.Popen, output: Path, wanted) -> dict:
     raise RuntimeError(f"a restart probe's worker sent no such event within {READY_TIMEOUT_S} s")
 
 
-def _multi_rank(job, folder: Path, ranks: int, zero: bool) -> float:
+def _multi_rank(job, folder: Path, ranks: int) -> float:
     """A torchrun of the job's ranks, from its spawn to rank 0's ready."""
     from ..failures.worker import EventReader, write_job
     log = folder / "probe.jsonl"
