@@ -10,12 +10,9 @@ validation's workers drive them, so what is costed is what runs:
   full save, ``torch.distributed.checkpoint.save`` of every rank's shards.
   Durable when the save returns; loaded with ``engine.load_checkpoint`` (or
   ``dcp.load``).
-- ``TwoPhaseCheckpointer`` ("checkfreq"): CheckFreq's two phases with
-  PyTorch's own ``torch.distributed.checkpoint.async_save``: its blocking part
-  copies the state to host memory (the snapshot), its future completes when
-  the files are written (the persist). A save first waits for the previous
-  persist. A folder is a recovery point only once DCP's ``.metadata`` exists;
-  loaded with ``dcp.load`` into the live tensors.
+- ``TwoPhaseCheckpointer`` ("checkfreq", ``profiler.twophase``): CheckFreq's
+  snapshot to host memory in the background while the next step computes (the
+  weight update waits for it), then its persist with ``dcp.save``.
 - ``PeerCheckpointer`` ("gemini", ``profiler.inmemory``): host copies sent to a
   peer process's memory over loopback, storage as the last tier.
 - ``DiffCheckpointer`` ("lowdiff", ``profiler.differential``): compressed
@@ -29,7 +26,9 @@ validation's workers drive them, so what is costed is what runs:
 Contract: ``load()`` once, first (the newest recovery point into the live job,
 or None: start the job at step 1); ``due(step, last)`` says whether ``save``
 runs after that step; ``save(step, position)`` returns what the training
-thread spent; ``close()`` releases the folder.
+thread spent in it; ``held_s()``, after every training step, the seconds the
+strategy held that step (CheckFreq's weight update waiting for its snapshot);
+``close()`` releases the folder.
 """
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ from typing import Any, Iterator
 
 from .state import TrainingState, fsync_path
 
-__all__ = ["Checkpointer", "FullCheckpointer", "TwoPhaseCheckpointer", "LayerCheckpointer",
+__all__ = ["Checkpointer", "FullCheckpointer", "LayerCheckpointer",
            "Resume", "Saved", "folder_bytes", "single_process"]
 
 @dataclass(frozen=True)
@@ -86,6 +85,11 @@ class Checkpointer:
 
     def save(self, step: int, position: int) -> Saved:
         raise NotImplementedError
+
+    def held_s(self) -> float:
+        """Seconds of the training step just taken that waited for this strategy (read
+        once per step, after it; they are inside that step's optimizer phase)."""
+        return 0.0
 
     def flush(self) -> None:
         """Wait until every save so far is durable."""
@@ -211,72 +215,6 @@ class FullCheckpointer(Checkpointer):
                 shutil.rmtree(old, ignore_errors=True)
 
 
-class TwoPhaseCheckpointer(Checkpointer):
-    name = "checkfreq"
-    method = ("torch.distributed.checkpoint.async_save (thread executor, default stager: "
-              "the blocking part copies the state to host memory, the future completes once "
-              "the files are written and fsynced)")
-
-    def __init__(self, job: Any, folder: Path, *, interval: int = 1) -> None:
-        super().__init__(job, folder, interval=interval)
-        self.state = TrainingState(job.model, job.optimizer, job.scheduler)
-        self.pending: Any = None
-        self.pending_folder: Path | None = None
-
-    def save(self, step: int, position: int) -> Saved:
-        import torch.distributed.checkpoint as dcp
-        start = time.perf_counter()
-        self.wait()
-        target = self.folder / f"step{step}"
-        with single_process():
-            self.pending = dcp.async_save(self._state_dict(step, position),
-                                          checkpoint_id=str(target), no_dist=True)
-        self.pending_folder = target
-        return Saved(time.perf_counter() - start, bytes=self.state.nbytes())
-
-    def wait(self) -> float:
-        """Block until the previous persist has finished (it is then durable);
-        returns the seconds waited."""
-        start = time.perf_counter()
-        if self.pending is not None:
-            self.pending.result()
-            self.pending = None
-            self._prune(keep=self.pending_folder)
-        return time.perf_counter() - start
-
-    def durable(self) -> list[Path]:
-        """Complete saves, oldest first (DCP writes ``.metadata`` last)."""
-        return sorted((p for p in self.folder.glob("step*") if (p / ".metadata").exists()),
-                      key=lambda p: int(p.name[4:]))
-
-    def load(self) -> Resume | None:
-        import torch.distributed.checkpoint as dcp
-        done = self.durable()
-        if not done:
-            return None
-        state = self._state_dict(0, 0)
-        with single_process():
-            dcp.load(state, checkpoint_id=str(done[-1]), no_dist=True)
-        step, position = self.state.apply_meta(state["meta"])
-        return Resume(step, position)
-
-    def flush(self) -> None:
-        self.wait()
-
-    def close(self) -> None:
-        """Leaves a persist in flight to finish on its own (a job's last save is
-        not waited for)."""
-        self.pending = None
-
-    def _state_dict(self, step: int, position: int) -> dict[str, Any]:
-        return {"tensors": self.state.tensors(), "meta": self.state.meta(step, position)}
-
-    def _prune(self, keep: Path | None) -> None:
-        for old in self.folder.glob("step*"):
-            if old != keep and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-
-
 class LayerCheckpointer(Checkpointer):
     name = "layercheck"
 
@@ -319,6 +257,6 @@ def folder_bytes(path: Path) -> int:
 @contextmanager
 def single_process() -> Iterator[None]:
     """DCP warns that it saves in one process when asked to (no_dist=True): it is asked.
-    The save's warning comes from async_save's own thread, so the filter is global."""
+    The saves of CheckFreq and GEMINI run in threads of their own, so the filter is global."""
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
     yield

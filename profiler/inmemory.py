@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
-from .checkpointers import Checkpointer, Resume, Saved, TwoPhaseCheckpointer, single_process
+from .checkpointers import Checkpointer, Resume, Saved, single_process
 from .mechanisms.peer import byte_views
 from .peerstore import recv_exact, recv_frame, send_frame
 from .state import TrainingState
+from .twophase import TwoPhaseCheckpointer
 
 __all__ = ["PeerCheckpointer"]
 

@@ -71,7 +71,8 @@ CODE: tuple[MeasuringCode, ...] = (
     # 2: DeepSpeed's save timed inside a short run at the validation's interval
     _mechanism("full save", 2, "profiler.mechanisms.storage:FullSave",
                "save_gbps", "load_fixed_s", "load_gbps"),
-    _mechanism("two-phase save", 1, "profiler.mechanisms.storage:TwoPhase",
+    # 2: CheckFreq's snapshot timed in its background thread alongside the next step
+    _mechanism("two-phase save", 2, "profiler.mechanisms.storage:TwoPhase",
                "snapshot_gbps", "persist_gbps", "async_load_gbps"),
     _mechanism("host copy", 1, "profiler.mechanisms.storage:HostCopy", "host_copy_gbps"),
     _mechanism("peer copy", 1, "profiler.mechanisms.peer:PeerCopy",
@@ -83,7 +84,8 @@ CODE: tuple[MeasuringCode, ...] = (
                "lc_load_fixed_s", "lc_load_gbps"),
     _timed("deepspeed checkpointer", 1, "profiler.checkpointers:FullCheckpointer",
            "save_gbps", "load_fixed_s", "load_gbps"),
-    _timed("checkfreq checkpointer", 1, "profiler.checkpointers:TwoPhaseCheckpointer",
+    # 2: CheckFreq's own snapshot, overlapped with the next step (was dcp.async_save)
+    _timed("checkfreq checkpointer", 2, "profiler.twophase:TwoPhaseCheckpointer",
            "snapshot_gbps", "persist_gbps", "async_load_gbps"),
     _timed("layercheck writer", 1, "layercheck.writer:Writer", "lc_write_gbps", "lc_commit_s"),
     _timed("layercheck restore", 1, "layercheck.recovery:Planner",

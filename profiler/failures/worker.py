@@ -123,12 +123,13 @@ def _train_one(job: Any, checkpointer: Any, number: int, halt_at: int | None,
         begin = time.time()
         loss, times = job.step(position)
         computed = time.time()
+        held = checkpointer.held_s()
         position += config.batch_size
         saved = checkpointer.save(step, position) if checkpointer.due(step, config.steps) else None
         tracking = saved.tracking_s if saved else 0.0
         _emit(log, "step", job=number, step=step, loss=loss, begin=begin, computed=computed,
-              compute_s=times.compute_s - tracking, stall_s=saved.stall_s if saved else 0.0,
-              tracking_s=tracking)
+              compute_s=times.compute_s - tracking - held,
+              stall_s=held + (saved.stall_s if saved else 0.0), tracking_s=tracking)
         if step == halt_at:
             checkpointer.flush()  # the failure strikes after step t's checkpoint committed
             _emit(log, "halted", step=step)

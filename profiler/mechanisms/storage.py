@@ -11,9 +11,10 @@ import torch
 
 from layercheck.contract.calibration import Figure
 
-from ..checkpointers import FullCheckpointer, TwoPhaseCheckpointer, folder_bytes
+from ..checkpointers import FullCheckpointer, folder_bytes
 from ..failures.validate import default_interval
 from ..state import TrainingState
+from ..twophase import TwoPhaseCheckpointer
 from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["FullSave", "TwoPhase", "HostCopy"]
@@ -72,29 +73,46 @@ class FullSave(Mechanism):
 
 
 class TwoPhase(Mechanism):
-    """checkfreq: snapshot to host memory (blocking), persist in the background, load."""
+    """checkfreq: its snapshot to host memory alongside the next step, the persist in the
+    background, the load."""
 
     name = "two-phase save"
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()
         ckpt = TwoPhaseCheckpointer(job, bench.scratch("two-phase"))
+        every = default_interval(bench.trace)
         snaps, persists, loads, sizes = [], [], [], []
         copied = TrainingState(job.model, job.optimizer, job.scheduler).nbytes()
-        for i in range(bench.repeats):
-            saved = ckpt.save(i + 1, 0)
-            snaps.append(saved.stall_s)
-            persists.append(ckpt.wait())
+        position = 0
+        for i in range(bench.repeats + 1):
+            # inside a short run at the strategy's interval, as a job meets its saves: the
+            # snapshot copies while the next step computes, the persist runs behind the
+            # steps after it and the next save waits for it
+            ckpt.save(i + 1, position)
+            for _ in range(every):
+                job.step(position)
+                position += job.config.batch_size
+            ckpt.wait()
+            if i == 0:
+                continue  # the first save of the run has no save before it
+            snaps.append(ckpt.last.snapshot_s)
+            persists.append(ckpt.last.persist_s)
             sizes.append(folder_bytes(ckpt.durable()[-1]))
+        for _ in range(bench.repeats):
             loads.append(timed(ckpt.load)[0])
+        ckpt.close()
         written = int(statistics.median(sizes))
-        where = bench.where()
         return {
-            "snapshot_gbps": rate_figure(copied, snaps, f"the blocking part of {ckpt.method} "
-                                         f"(weights, Adam moments, steps), {where}"),
-            "persist_gbps": rate_figure(written, persists, "the rest of that async_save: from "
-                                        "its return to its future's completion (DCP's files "
-                                        "and .metadata written, fsynced)"),
+            "snapshot_gbps": rate_figure(copied, snaps, "the snapshot of CheckFreq's two phases "
+                                         "(weights, Adam moments, steps copied to host memory "
+                                         "by its background thread while the next training "
+                                         f"step runs), {bench.where()}, each save after "
+                                         f"{every} training steps, the first not counted"),
+            "persist_gbps": rate_figure(written, persists, "the persist that follows it in "
+                                        "the same thread: torch.distributed.checkpoint.save "
+                                        "of the host copy (DCP's files and .metadata, "
+                                        "fsynced), alongside the training steps"),
             "async_load_gbps": rate_figure(written, loads, "torch.distributed.checkpoint.load "
                                            "of that save into the live tensors, then the "
                                            "scheduler"),

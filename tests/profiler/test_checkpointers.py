@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from profiler.checkpointers import (FullCheckpointer, LayerCheckpointer, TwoPhaseCheckpointer,
-                                    folder_bytes)
+from profiler.checkpointers import FullCheckpointer, LayerCheckpointer, folder_bytes
 from profiler.config import CaptureConfig
 from profiler.engine import deepspeed_available
 from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
+from profiler.twophase import TwoPhaseCheckpointer
 from tests.profiler.conftest import TINY
 
 

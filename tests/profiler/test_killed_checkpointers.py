@@ -1,4 +1,4 @@
-"""GEMINI's and LowDiff's checkpointers under a real SIGKILL: the state a new process restores.
+"""CheckFreq's, GEMINI's and LowDiff's checkpointers under a real SIGKILL: what a new process restores.
 
 A real worker (``python -m profiler worker``, as a validation starts it,
 the tiny job with one thread) trains under the strategy, halts after step 7
@@ -110,3 +110,12 @@ def test_lowdiff_restores_the_full_save_and_replays_its_differentials(tmp_path):
     resume, state = _load("lowdiff", tmp_path, 4, {"batch": 2})
     assert (resume.step, resume.position) == (HALT, HALT * CONFIG.batch_size)
     _assert_same(state, _reference(HALT, compressed=True, tmp=tmp_path / "ref"))
+
+
+def test_checkfreq_restores_the_snapshot_taken_while_the_next_step_ran(tmp_path):
+    # saves after 3 and 6; each snapshot copies while the next step computes, and the
+    # halt after 7 waits for step 6's persist
+    _killed_worker(tmp_path, "checkfreq", 3, {})
+    resume, state = _load("checkfreq", tmp_path, 3, {})
+    assert (resume.step, resume.position) == (6, 6 * CONFIG.batch_size)
+    _assert_same(state, _reference(6, compressed=False, tmp=tmp_path / "ref"))
