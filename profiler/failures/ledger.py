@@ -6,15 +6,18 @@ logs, read back from its folder (``read_run``): the supervisor's
 and every worker's (``worker<i>.jsonl``: ready, resumed with the step it
 restored, and per step the wall-clock ``begin``, ``computed`` (the
 checkpoint begins) and ``time`` (it ends), ``profiler.failures.worker``). Every
-duration below is a difference of those timestamps (less the strategy's
-tracking inside the optimizer, which the worker reports as ``tracking_s``).
+duration below is a difference of those timestamps (less the strategy's own
+seconds inside the step, which the worker reports: ``tracking_s``, LayerCheck's
+drift inside the optimizer, and ``held_s``, CheckFreq's weight update waiting for
+its snapshot).
 The rules are the simulator's (``sim.engine``), applied to what really
 happened:
 
 - the window starts when the first worker resumes (its model is ready and
   training starts) and lasts ``window_s``; events after it do not count;
 - ``useful_s``: the compute (``computed - begin``: forward + backward +
-  optimizer, the strategy's tracking excluded) of every step never rolled back;
+  optimizer, the strategy's tracking and held wait excluded) of every step never
+  rolled back;
 - a worker that resumes job j at step c rolls back every step of job j after
   c (their compute is lost work); a job's steps are final once the next job
   starts;
@@ -23,8 +26,8 @@ happened:
   surviving steps after max(step of the layer's copy, the step the job last
   resumed from) up to c;
 - ``checkpoint_stall_s``: what the training thread spent on checkpoints
-  (``time - computed`` plus tracking: saves, waits, snapshots), whether or
-  not its steps survived;
+  (``time - computed`` plus tracking and the held wait: saves, waits,
+  snapshots), whether or not its steps survived;
 - ``recovery_s``: from each kill to the next worker's resume (``restart_s``
   to its ready, ``load_s`` from ready to resume), plus ``warmup_s``: the first
   step of a worker resumed past the job's start, beyond the median compute of
@@ -162,8 +165,11 @@ class _Book:
         if kind == "resumed":
             self._resumed(event, recovery)
         elif kind == "step":
+            # the strategy's seconds inside the step: tracking (LayerCheck's drift) and a
+            # wait held before the weight update (CheckFreq's snapshot)
             tracking = float(event.get("tracking_s", 0.0))
-            compute = float(event["computed"]) - float(event["begin"]) - tracking
+            held = float(event.get("held_s", 0.0))
+            compute = float(event["computed"]) - float(event["begin"]) - tracking - held
             if self.warming and self.computes:
                 # a new process's first step: its time beyond the run's pace is the
                 # restart's warm-up (sim: Workload.warmup_s), not work
@@ -174,7 +180,8 @@ class _Book:
             self.warming = False
             self.timeline[int(event["step"])] = compute
             self.computes.append(compute)
-            led.checkpoint_stall_s += float(event["time"]) - float(event["computed"]) + tracking
+            led.checkpoint_stall_s += (float(event["time"]) - float(event["computed"]) + tracking
+                                       + held)
             led.tracking_s += tracking
             led.steps_done += 1
         elif kind == "job_done":

@@ -16,10 +16,12 @@ event to ``job["log"]`` (a supervisor reads it as it grows, ``EventReader``):
   step starts), ``computed`` (its forward, backward and optimizer are done:
   the checkpoint, if any, begins) and ``time`` (the checkpoint is done); and
   ``loss``, ``tracking_s`` (the part of the optimizer phase that was the
-  strategy's: LayerCheck's drift tracking, LowDiff's compression), and the
-  process's own timers of the same spans, ``compute_s`` (forward + backward
-  + optimizer, less tracking) and ``stall_s`` (the training thread's
-  checkpoint work, tracking included). ``profiler.failures.ledger`` counts from the
+  strategy's: LayerCheck's drift tracking, LowDiff's compression), ``held_s``
+  (the seconds the step's weight update waited for the strategy: CheckFreq's
+  snapshot, ``Checkpointer.held_s``), and the process's own timers of the same
+  spans, ``compute_s`` (forward + backward + optimizer, less tracking and held)
+  and ``stall_s`` (the training thread's checkpoint work, tracking and held
+  included). ``profiler.failures.ledger`` counts from the
   timestamps.
 - ``halted`` (a drill: after step ``halt_at`` is committed it waits to be
   killed with SIGKILL), ``job_done`` (a validation goes on with the next job
@@ -129,7 +131,8 @@ def _train_one(job: Any, checkpointer: Any, number: int, halt_at: int | None,
         tracking = saved.tracking_s if saved else 0.0
         _emit(log, "step", job=number, step=step, loss=loss, begin=begin, computed=computed,
               compute_s=times.compute_s - tracking - held,
-              stall_s=held + (saved.stall_s if saved else 0.0), tracking_s=tracking)
+              stall_s=held + (saved.stall_s if saved else 0.0), tracking_s=tracking,
+              held_s=held)
         if step == halt_at:
             checkpointer.flush()  # the failure strikes after step t's checkpoint committed
             _emit(log, "halted", step=step)

@@ -39,6 +39,18 @@ def test_a_rollback_run_by_hand():
     assert led.compute_median_s == pytest.approx(1.0)  # the run's own pace
 
 
+def test_a_weight_update_held_for_a_snapshot_is_stall_not_compute():
+    # CheckFreq: a save after step 1 returns at once (0.1 s), its snapshot copies during
+    # step 2, whose update then waits 0.3 s: inside step 2's span, yet the checkpoint's
+    held = {**_step(2.4, 0, 2, compute=1.3), "held_s": 0.3}
+    w0 = WorkerLog(0.0, None, [_resumed(0.0, 0, 0), _step(1.1, 0, 1, stall=0.1), held,
+                               _step(3.4, 0, 3)])
+    led = account([w0], window_s=3.4)
+    assert led.useful_s == pytest.approx(3.0)
+    assert led.checkpoint_stall_s == pytest.approx(0.1 + 0.3)
+    assert led.tracking_s == 0
+
+
 def test_a_resumed_worker_s_slow_first_step_is_the_restart_s_warmup():
     # steps of 1 s; the worker resumed at step 2 takes 1.6 s for its first: 0.6 s warm-up
     w0 = WorkerLog(0.0, 4.5, [_resumed(0.0, 0, 0), _step(1.0, 0, 1), _step(2.0, 0, 2),
