@@ -4,10 +4,10 @@ What ``sim.strategies.LowDiff`` models, for real:
 
 - training is compressed, as in LowDiff's code: inside every optimizer step
   (a step pre-hook) each trainable parameter's gradient is top-k sparsified
-  (``DENSITY`` of its entries, ``profiler.mechanisms.lowdiff``) and the
-  optimizer steps on that sparse gradient, so the differential (values and
-  int32 indices) is exactly what the step applied. The compression is the
-  training-side stall the simulator charges (``diff_snapshot_gbps``);
+  (``DENSITY`` of its entries) and the optimizer steps on that sparse
+  gradient, so the differential (values and int32 indices) is exactly what
+  the step applied. The compression is the training-side stall the
+  simulator charges (``diff_snapshot_gbps``);
 - after every step the differential is handed to a queue (a thread feeds it
   to the writer process, ``profiler.diffwriter``) and training goes on; every
   ``batch`` steps (the simulator's batches end at multiples of it) the
@@ -20,10 +20,14 @@ What ``sim.strategies.LowDiff`` models, for real:
 - ``load()``: the newest full checkpoint (or the initial model, before the
   first), then the differentials after it, in step order and without a gap,
   replayed as optimizer steps (dense gradient from each differential, AdamW,
-  the LR schedule): the state of the last replayed step, bit for bit.
+  the LR schedule): the state of the last replayed step, bit for bit
+  (``replayed`` differentials, ``replay_times`` the seconds of each).
+
+The calibration (``profiler.mechanisms.lowdiff``) times this very object.
 """
 from __future__ import annotations
 
+import math
 import queue
 import subprocess
 import sys
@@ -36,11 +40,21 @@ import torch
 
 from .checkpointers import Checkpointer, FullCheckpointer, Resume, Saved
 from .diffwriter import batch_files, frame, read_batch
-from .mechanisms.lowdiff import BATCH, _k
 
-__all__ = ["DiffCheckpointer"]
+__all__ = ["BATCH", "DENSITY", "DiffCheckpointer", "kept"]
 
 WRITER = Path(__file__).with_name("diffwriter.py")
+
+DENSITY = 0.01
+"""Share of each gradient's entries kept: ASSUMED 1%, LowDiff's typical compression."""
+BATCH = 2
+"""Differentials written together: ASSUMED 2 (the LayerCheck paper's storage table
+implies 1,692 / 914 = 1.85 steps per LowDiff write)."""
+
+
+def kept(p: torch.Tensor) -> int:
+    """Entries of ``p``'s gradient a differential keeps: ``DENSITY`` of them, at least one."""
+    return max(1, math.ceil(DENSITY * p.numel()))
 
 
 class DiffCheckpointer(Checkpointer):
@@ -52,7 +66,9 @@ class DiffCheckpointer(Checkpointer):
         self.full = FullCheckpointer(job, self.folder / "full", interval=interval)
         self.diffs = self.folder / "diffs"
         self.params = [p for _, p in job.model.named_parameters() if p.requires_grad]
-        self.ks = [_k(p) for p in self.params]
+        self.ks = [kept(p) for p in self.params]
+        self.diff_bytes = 8 * sum(self.ks)
+        """Bytes of one differential: float32 values and int32 indices."""
         self.compressed: tuple[list[bool], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.compress_s = 0.0
         self.replaying = False
@@ -161,8 +177,9 @@ class DiffCheckpointer(Checkpointer):
     def load(self) -> Resume | None:
         resume = self.full.load()
         step, position = (resume.step, resume.position) if resume else (0, 0)
-        replayed = 0
+        self.replay_times: list[float] = []
         for path in batch_files(self.diffs):
+            start = time.perf_counter()
             for header, data in read_batch(path):
                 if header["step"] <= step:
                     continue
@@ -170,8 +187,9 @@ class DiffCheckpointer(Checkpointer):
                     break                       # a gap: a later batch is of no use
                 self._replay(header["present"], data)
                 step, position = int(header["step"]), int(header["position"])
-                replayed += 1
-        self.replayed = replayed
+                self.replay_times.append(time.perf_counter() - start)
+                start = time.perf_counter()
+        self.replayed = len(self.replay_times)
         return Resume(step, position) if step > 0 else None
 
     @torch.no_grad()

@@ -77,7 +77,9 @@ CODE: tuple[MeasuringCode, ...] = (
     _mechanism("host copy", 1, "profiler.mechanisms.storage:HostCopy", "host_copy_gbps"),
     _mechanism("peer copy", 1, "profiler.mechanisms.peer:PeerCopy",
                "peer_gbps", "peer_loss_probability"),
-    _mechanism("differential", 1, "profiler.mechanisms.lowdiff:Differential",
+    # 2: LowDiff's figures timed on the validation's own DiffCheckpointer (compression in
+    # its optimizer pre-hook beside the writer process; the replay of its load)
+    _mechanism("differential", 2, "profiler.mechanisms.lowdiff:Differential",
                "diff_fraction", "diff_batch", "diff_snapshot_gbps", "diff_replay_gbps"),
     _mechanism("layercheck", 1, "profiler.mechanisms.layerwise:LayerWise",
                "tracking_fraction", "lc_snapshot_gbps", "lc_write_gbps", "lc_commit_s",
@@ -87,6 +89,8 @@ CODE: tuple[MeasuringCode, ...] = (
     # 2: CheckFreq's own snapshot, overlapped with the next step (was dcp.async_save)
     _timed("checkfreq checkpointer", 2, "profiler.twophase:TwoPhaseCheckpointer",
            "snapshot_gbps", "persist_gbps", "async_load_gbps"),
+    _timed("lowdiff checkpointer", 1, "profiler.differential:DiffCheckpointer",
+           "diff_fraction", "diff_snapshot_gbps", "diff_replay_gbps"),
     _timed("layercheck writer", 1, "layercheck.writer:Writer", "lc_write_gbps", "lc_commit_s"),
     _timed("layercheck restore", 1, "layercheck.recovery:Planner",
            "lc_load_fixed_s", "lc_load_gbps"),

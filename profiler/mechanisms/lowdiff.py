@@ -1,35 +1,24 @@
 """lowdiff: per-step compressed gradient differentials, written in batches, replayed on recovery.
 
-LowDiff (no public implementation runs here) checkpoints each step's
-gradient as a differential: top-k sparsified (values and int32 indices of
-the k largest magnitudes of every trainable parameter's gradient), copied
-to host memory, written in batches; recovery loads the last full checkpoint
-and replays the differentials as optimizer steps. This measures that
-mechanism on the job's real gradients: compress + host copy (the stall),
-one batch written with fsync, and the replay of one differential (read it,
-scatter it into a dense gradient, one AdamW step of model and optimizer).
+Times the very checkpointer a validation run drives (``profiler.differential``):
+a short run of the job with ``DiffCheckpointer`` attached at the validation's
+interval (compressed training: its optimizer pre-hook top-k sparsifies every
+gradient, each step's differential queued to the writer process, a full save
+at the interval), then a fresh checkpointer's ``load`` of it (the full save,
+then the differentials after it replayed as optimizer steps). The compression
+is timed where it runs, beside the writer process, as in a validation.
 """
 from __future__ import annotations
 
-import math
-import os
-import statistics
 from typing import Any
-
-import torch
 
 from layercheck.contract.calibration import Figure
 
-from ..state import TrainingState, fsync_path
-from .base import GB, Bench, Mechanism, rate_figure, timed
+from ..differential import BATCH, DENSITY, DiffCheckpointer
+from ..failures.validate import default_interval
+from .base import Bench, Mechanism, rate_figure
 
-__all__ = ["Differential", "DENSITY", "BATCH"]
-
-DENSITY = 0.01
-"""Share of each gradient's entries kept: ASSUMED 1%, LowDiff's typical compression."""
-BATCH = 2
-"""Differentials written together: ASSUMED 2 (the LayerCheck paper's storage table
-implies 1,692 / 914 = 1.85 steps per LowDiff write)."""
+__all__ = ["Differential"]
 
 
 class Differential(Mechanism):
@@ -37,74 +26,58 @@ class Differential(Mechanism):
 
     def measure(self, bench: Bench) -> dict[str, Figure]:
         job = bench.single()
-        state = TrainingState(job.model, job.optimizer, job.scheduler)
-        job.gradients(0)
-        grads = state.gradients()
-        host = {name: (torch.empty(_k(g), dtype=g.dtype), torch.empty(_k(g), dtype=torch.int32))
-                for name, g in grads}
-        diff_bytes = sum(v.numel() * v.element_size() + i.numel() * 4 for v, i in host.values())
-        compress = [timed(lambda: _compress(grads, host))[0] for _ in range(bench.repeats)]
+        after = max(bench.repeats, BATCH)
+        # the validation's interval, unless it leaves no differential after a full save
+        every = max(default_interval(bench.trace), after + 1)
         folder = bench.scratch("differentials")
-        batch_file = folder / "batch.safetensors"
-        flat = {f"{n}/{part}": t for n, (v, i) in host.items() for part, t in (("v", v), ("i", i))}
-        batch = {f"{s}/{k}": t.clone() for s in range(BATCH) for k, t in flat.items()}
-        writes = [timed(lambda: _write(batch_file, batch))[0] for _ in range(bench.repeats)]
-        one = folder / "one.safetensors"
-        _write(one, flat)
-        replays = [timed(lambda: _replay(one, job))[0] for _ in range(bench.repeats)]
-        write_rate = BATCH * diff_bytes / statistics.median(writes) / GB
+        compress, nbytes = _run(job, folder, every=every, after=after)
+        again = DiffCheckpointer(job, folder, interval=every)
+        try:
+            again.load()
+        finally:
+            again.close()
+        where = (f"{bench.where()}, a run of {len(compress) + 1} compressed steps with a "
+                 f"full save after step {every} (the validation's interval, or the repeats' "
+                 "differentials after it)")
         return {
             "diff_fraction": Figure(
-                value=diff_bytes / bench.full_bytes, source="measured",
-                method=f"one differential ({diff_bytes:,} bytes: top-{DENSITY:g} values and int32 "
-                       f"indices of every trainable parameter's gradient) over the full "
-                       f"checkpoint ({bench.full_bytes:,} bytes); density {DENSITY:g} ASSUMED "
-                       "(LowDiff's typical compression ratio)",
-                bytes=diff_bytes),
+                value=nbytes / bench.full_bytes, source="measured",
+                method=f"one differential ({nbytes:,} bytes: top-{DENSITY:g} float32 values "
+                       f"and int32 indices of every trainable parameter's gradient) over the "
+                       f"full checkpoint ({bench.full_bytes:,} bytes); density {DENSITY:g} "
+                       "ASSUMED (LowDiff's typical compression ratio)",
+                bytes=nbytes),
             "diff_batch": Figure(
                 value=BATCH, source="assumed",
                 method=f"LowDiff batches its writes; {BATCH} steps per write (the LayerCheck "
                        "paper's storage table implies 1,692 / 914 = 1.85). A batch persists at "
-                       f"persist_gbps; measured here, a batch of {BATCH} written with fsync ran "
-                       f"at {write_rate:.3f} GB/s (median of {len(writes)})"),
+                       "persist_gbps, from LowDiff's writer process"),
             "diff_snapshot_gbps": rate_figure(
-                diff_bytes, compress, f"torch.topk of |gradient| per parameter (k = {DENSITY:g} "
-                "of its entries), values and int32 indices copied into preallocated host "
-                f"buffers, on the job's real gradients, {bench.where()}"),
+                nbytes, compress, "profiler.differential.DiffCheckpointer's compression in "
+                f"the optimizer's step pre-hook (torch.topk of |gradient|, k = {DENSITY:g} of "
+                "each parameter's entries, the rest zeroed, values and int32 indices kept for "
+                f"the writer process's queue), {where}; the first step not counted"),
             "diff_replay_gbps": rate_figure(
-                diff_bytes, replays, "one differential read (safetensors), scattered into "
-                "dense gradients and applied as one AdamW step of the model and optimizer"),
+                nbytes, again.replay_times, "a fresh DiffCheckpointer's load of that run: each "
+                "differential after the full save read from its batch file, scattered into "
+                "dense gradients and applied as one AdamW step and scheduler step"),
         }
 
 
-def _k(g: torch.Tensor) -> int:
-    return max(1, math.ceil(DENSITY * g.numel()))
-
-
-def _compress(grads: list[tuple[str, torch.Tensor]],
-              host: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for name, g in grads:
-        flat = g.reshape(-1)
-        values, indices = host[name]
-        top = torch.topk(flat.abs(), values.numel(), sorted=False).indices
-        values.copy_(flat[top])
-        indices.copy_(top)
-
-
-def _write(path: os.PathLike, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-    save_file(tensors, str(path))
-    fsync_path(path)
-
-
-def _replay(path: os.PathLike, job: Any) -> None:
-    from safetensors.torch import load_file
-    diff = load_file(str(path))
-    params = dict(job.model.named_parameters())
-    for name, p in params.items():
-        if f"{name}/v" in diff:
-            dense = torch.zeros(p.numel(), dtype=p.dtype)
-            dense[diff[f"{name}/i"].long()] = diff[f"{name}/v"]
-            p.grad = dense.view_as(p)
-    job.optimizer.step()
-    job.optimizer.zero_grad(set_to_none=True)
+def _run(job: Any, folder: Any, *, every: int, after: int) -> tuple[list[float], int]:
+    """``every + after`` steps under LowDiff (``after < every``: one full save, after step
+    ``every``), its differentials durable at the end: the compression's seconds of every
+    step but the first, and a differential's bytes."""
+    ckpt = DiffCheckpointer(job, folder, interval=every)
+    compress, position = [], 0
+    try:
+        for step in range(1, every + after + 1):
+            job.step(position)
+            position += job.config.batch_size
+            saved = ckpt.save(step, position)
+            if step > 1:
+                compress.append(saved.tracking_s)
+        ckpt.flush()
+    finally:
+        ckpt.close()
+    return compress, ckpt.diff_bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from layercheck.contract.calibration import FIGURES, read_calibration
+from profiler.failures.validate import default_interval
 from profiler.cli import main
 
 from profiler.mechanisms import MECHANISMS
@@ -46,6 +47,15 @@ def test_the_figures_are_what_this_job_costs(calibrated, tiny_capture):
     assert value("diff_batch") == 2
     # a differential keeps 1% of the entries: values (4 bytes) and int32 indices
     assert 0.01 * 8 / 12 * 0.9 < value("diff_fraction") < 0.01 * 8 / 12 * 1.3
+    # LowDiff's figures are its validation checkpointer's: a run with a full save at the
+    # interval (at least 3: two differentials after it), then those two (the batch)
+    # replayed by a fresh checkpointer's load
+    every = max(default_interval(trace), 3)
+    assert len(costs.figures["diff_replay_gbps"].samples) == 2
+    assert len(costs.figures["diff_snapshot_gbps"].samples) == every + 2 - 1
+    assert "DiffCheckpointer" in costs.figures["diff_snapshot_gbps"].method
+    # CheckFreq's snapshot is its background thread's, one per repeat after the first save
+    assert len(costs.figures["snapshot_gbps"].samples) == 1
     assert value("tracking_fraction") == pytest.approx(
         trace.steps["drift_s"].sum() / trace.compute_seconds().sum())
     assert costs.figures["lc_load_gbps"].bytes == trace.full_checkpoint_bytes
