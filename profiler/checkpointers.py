@@ -5,7 +5,8 @@ validation's workers drive them, so what is costed is what runs:
 
 - ``FullCheckpointer`` ("deepspeed"): a synchronous full save of model and
   optimizer: ``engine.save_checkpoint`` (``profiler.engine``) when DeepSpeed
-  is installed, else one safetensors file written, fsynced and renamed into
+  is installed (not for a one-process job inside a world of several ranks), else
+  one safetensors file written, fsynced and renamed into
   place; for an FSDP2 job (which has no DeepSpeed engine) its own framework's
   full save, ``torch.distributed.checkpoint.save`` of every rank's shards.
   Durable when the save returns; loaded with ``engine.load_checkpoint`` (or
@@ -103,10 +104,9 @@ class FullCheckpointer(Checkpointer):
 
     def __init__(self, job: Any, folder: Path, *, interval: int = 1) -> None:
         super().__init__(job, folder, interval=interval)
-        from .engine import deepspeed_available, engine_for
         self.sharded = job.kind == "fsdp"
         """FSDP2: the state is DTensor shards, saved with DCP by every rank."""
-        self.engine = engine_for(job) if deepspeed_available() and not self.sharded else None
+        self.engine = None if self.sharded else _engine(job)
         self.state = TrainingState(job.model, job.optimizer, job.scheduler)
 
     @property
@@ -248,6 +248,20 @@ class LayerCheckpointer(Checkpointer):
         self.lc.close()
 
 
+
+
+def _engine(job: Any) -> Any:
+    """The DeepSpeed engine that saves ``job``: its own (a ZeRO job's), else a world-size-1
+    engine around it; None without DeepSpeed, or for a one-process job inside a world of
+    several ranks (rank 0's plain job in a ZeRO calibration), which an engine would span."""
+    import torch.distributed as dist
+
+    from .engine import deepspeed_available, engine_for
+    if not deepspeed_available():
+        return None
+    if getattr(job, "engine", None) is None and dist.is_initialized() and dist.get_world_size() > 1:
+        return None
+    return engine_for(job)
 
 
 def folder_bytes(path: Path) -> int:
