@@ -12,10 +12,10 @@ repeat r, redrawn while it has fewer than ``--min-failures``), then per
 repeat and strategy (deepspeed: a synchronous full save every k steps;
 checkfreq: every k steps a snapshot to host memory alongside the next step,
 whose update waits for it, then dcp.save in the background; gemini: host
-copies sent to a peer process over loopback every k steps, DCP storage as its last tier; lowdiff:
-compressed training, each step's differential queued to a writer process,
-a full save every k steps; layercheck: the library) a real run of the
-capture's job on this CPU for the window, its worker SIGKILLed at each
+copies sent to a peer process over loopback every k steps, DCP storage as
+its last tier; lowdiff: compressed training, each step's differential queued
+to a writer process, a full save every k steps; layercheck: the library) a
+real run of the capture's job on this CPU for the window, its worker SIGKILLed at each
 failure time and restarted, and the simulator on the same trace,
 costs.json, log, window and cadence. Prints every repeat's rows, the median
 relative error per strategy with its smallest and largest, and the median

@@ -5,9 +5,9 @@ validation's workers drive them, so what is costed is what runs:
 
 - ``FullCheckpointer`` ("deepspeed"): a synchronous full save of model and
   optimizer: ``engine.save_checkpoint`` (``profiler.engine``) when DeepSpeed
-  is installed (not for a one-process job inside a world of several ranks), else
-  one safetensors file written, fsynced and renamed into
-  place; for an FSDP2 job (which has no DeepSpeed engine) its own framework's
+  is installed (not for a one-process job inside a world of several ranks),
+  else one safetensors file written, fsynced and renamed into place; for an
+  FSDP2 job (which has no DeepSpeed engine) its own framework's
   full save, ``torch.distributed.checkpoint.save`` of every rank's shards.
   Durable when the save returns; loaded with ``engine.load_checkpoint`` (or
   ``dcp.load``).

@@ -189,8 +189,12 @@ class DiffCheckpointer(Checkpointer):
                 step, position = int(header["step"]), int(header["position"])
                 self.replay_times.append(time.perf_counter() - start)
                 start = time.perf_counter()
-        self.replayed = len(self.replay_times)
         return Resume(step, position) if step > 0 else None
+
+    @property
+    def replayed(self) -> int:
+        """Differentials the last ``load`` replayed."""
+        return len(self.replay_times)
 
     @torch.no_grad()
     def _replay(self, present: list[bool], data: memoryview) -> None:

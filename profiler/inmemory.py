@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .checkpointers import Checkpointer, Resume, Saved, single_process
+from .checkpointers import Checkpointer, Resume, Saved
 from .mechanisms.peer import byte_views
 from .peerstore import recv_exact, recv_frame, send_frame
 from .state import TrainingState
@@ -110,11 +110,8 @@ class PeerCheckpointer(Checkpointer):
 
     def _persist(self, buffers: dict[str, torch.Tensor], meta: dict[str, Any], step: int,
                  done: threading.Event) -> None:
-        import torch.distributed.checkpoint as dcp
         try:
-            with single_process():
-                dcp.save({"tensors": buffers, "meta": meta},
-                         checkpoint_id=str(self.storage.folder / f"step{step}"), no_dist=True)
+            self.storage.persist(buffers, meta, self.storage.folder / f"step{step}")
             for old in self.storage.durable()[:-1]:
                 shutil.rmtree(old, ignore_errors=True)
         finally:

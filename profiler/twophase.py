@@ -100,9 +100,17 @@ class TwoPhaseCheckpointer(Checkpointer):
             self._held += time.perf_counter() - start
         self._raise_failure()
 
+    @staticmethod
+    def persist(buffers: dict[str, torch.Tensor], meta: dict[str, Any], target: Path) -> None:
+        """Write a host copy (state tensors and ``TrainingState.meta``) as one save folder
+        that ``load`` reads: DCP's files, fsynced, ``.metadata`` last. GEMINI's storage
+        tier writes its copies with this too."""
+        import torch.distributed.checkpoint as dcp
+        with single_process():
+            dcp.save({"tensors": buffers, "meta": meta}, checkpoint_id=str(target), no_dist=True)
+
     def _two_phases(self, live: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                     meta: dict[str, Any], target: Path) -> None:
-        import torch.distributed.checkpoint as dcp
         try:
             start = time.perf_counter()
             try:
@@ -112,9 +120,7 @@ class TwoPhaseCheckpointer(Checkpointer):
             finally:
                 self._snapshotted.set()
             copied = time.perf_counter()
-            with single_process():
-                dcp.save({"tensors": buffers, "meta": meta}, checkpoint_id=str(target),
-                         no_dist=True)
+            self.persist(buffers, meta, target)
             self.last = Phases(copied - start, time.perf_counter() - copied)
             self._prune(keep=target)
         except BaseException as exc:  # re-raised in the training thread
