@@ -14,7 +14,9 @@ the world-size-1 engine every validation worker builds, so that all strategies
 restart alike). Version 1 spawned the probes back to back on an idle machine, and
 a real killed run's restarts took 1.5-2 s longer each; timed from a kill, the restart
 came out no longer (7.96 s against 8.37 s: docs/sim.md), so the kill is not that gap,
-but this is how a failure restarts a worker. Under ZeRO or
+but this is how a failure restarts a worker. Nor is it the victim's checkpoints: a
+victim that had written DeepSpeed saves every 6 steps restarted no slower than one
+that wrote none (``benchmarks/bench_restart.py``, docs/sim.md). Under ZeRO or
 FSDP2 the probe is a torchrun of as many ranks as the job, timed from its spawn to
 rank 0's ready.
 """
@@ -41,7 +43,7 @@ READY_TIMEOUT_S = 600
 VICTIM_STEPS = 3
 """Steps the killed worker trains first: past its first (warm-up) steps, mid-run."""
 NEVER = 10 ** 9
-"""A checkpoint interval no job reaches: the victim trains and saves nothing."""
+"""A checkpoint interval no job reaches: the probe's victim and successor save nothing."""
 
 
 class Restart(Mechanism):
@@ -86,15 +88,20 @@ class Restarted:
         return self.ready - self.killed
 
 
-def time_restart(job, folder: Path) -> Restarted:
-    """A worker training ``job`` killed after step ``VICTIM_STEPS`` and its successor
-    timed to ready (module doc), in ``folder``."""
-    victim = _spawn(job, folder, "victim", probe=False)
+def time_restart(job, folder: Path, *, every: int = NEVER,
+                 kill_at: int = VICTIM_STEPS) -> Restarted:
+    """A worker training ``job`` (with a DeepSpeed checkpoint every ``every`` steps:
+    none by default) killed once step ``kill_at`` has ended (its save, if it has one,
+    done), and its successor timed to ready (module doc), in ``folder``."""
+    if every < 1 or kill_at < 1:
+        raise ValueError(f"a restart probe needs every >= 1 and kill_at >= 1, "
+                         f"not {every} and {kill_at}")
+    victim = _spawn(job, folder, "victim", interval=every, probe=False)
     _wait_for(folder / "victim.jsonl", victim, folder / "victim.out",
-              lambda e: e["event"] == "step" and int(e["step"]) >= VICTIM_STEPS)
+              lambda e: e["event"] == "step" and int(e["step"]) >= kill_at)
     killed = time.time()
     kill_worker(victim)
-    successor = _spawn(job, folder, "successor", probe=True)
+    successor = _spawn(job, folder, "successor", interval=NEVER, probe=True)
     ready = _wait_for(folder / "successor.jsonl", successor, folder / "successor.out",
                       lambda e: e["event"] == "ready")
     if successor.wait(timeout=READY_TIMEOUT_S) != 0:
@@ -103,11 +110,11 @@ def time_restart(job, folder: Path) -> Restarted:
     return Restarted(killed, float(ready["time"]), victim.pid)
 
 
-def _spawn(job, folder: Path, name: str, *, probe: bool) -> subprocess.Popen:
+def _spawn(job, folder: Path, name: str, *, interval: int, probe: bool) -> subprocess.Popen:
     from ..failures.worker import write_job
     spec = write_job(folder / f"{name}.json", config=job.config, device=job.device,
                      root=folder / "ckpt", log=folder / f"{name}.jsonl", strategy="deepspeed",
-                     interval=NEVER, repeat=True, engine=True, probe=probe)
+                     interval=interval, repeat=True, engine=True, probe=probe)
     return spawn_worker(spec, folder / f"{name}.out", job.config.threads)
 
 
