@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"{args.trace} is not a trace folder (no manifest.json): "
                      "pass --trace traces/NAME")
     trace = read_trace(args.trace)
-    job = SimpleNamespace(config=job_spec(trace, str(args.trace)), device="cpu")
+    config = job_spec(trace, str(args.trace))
     start = {"load_average": _load(), "cached_mb": _cached_mb()}
     times: dict[str, list[float]] = {"quiet": [], "checkpointing": []}
     for r in range(args.rounds):
@@ -72,9 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
             kill_at = SAVES * args.every + r * args.every // args.rounds
             with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
                 if variant == "quiet":
-                    seconds = time_restart(job, Path(tmp)).seconds
+                    seconds = time_restart(config, "cpu", Path(tmp)).seconds
                 else:
-                    seconds = time_restart(job, Path(tmp), every=args.every,
+                    seconds = time_restart(config, "cpu", Path(tmp), every=args.every,
                                            kill_at=kill_at).seconds
             times[variant].append(seconds)
             print(f"round {r} {variant:>13}: {seconds:.2f} s", flush=True)

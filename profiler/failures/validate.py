@@ -15,9 +15,16 @@ log given, replayed by every repeat):
    (``profiler.failures.supervisor``); the measured effective ratio
    (useful - stale) / window and its parts, from the processes' own
    timestamped logs (``profiler.failures.ledger``);
+   Just before each run, a restart probe (``profiler.mechanisms.restart.time_restart``:
+   a worker of the job SIGKILLed as the supervisor kills, its successor timed from
+   the kill to ready): the machine's restart at the time of the run;
 2. the simulator on the same trace, costs, failure log, window and cadence
-   (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat):
-   the predicted ratio;
+   (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat),
+   with the calibration's ``restart_s`` replaced by the probe's: the predicted
+   ratio. A process's restart on one machine is not one figure: it drifts with
+   the page cache (8.85 s in a calibration, 13.7-14.7 s eight hours later:
+   docs/sim.md), so a restart timed hours before the runs predicts another
+   machine; ``predicted_from_costs`` is the prediction with costs.json's own;
 3. per repeat a row per strategy (measured, predicted, relative error
    (predicted - measured) / measured, failures, the parts), and per strategy
    the median relative error over the repeats with its smallest and largest;
@@ -151,22 +158,30 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
     plans = cadences(scenario, config.strategies)
     lost = tuple(bool(u < scenario.costs.peer_loss_probability)
                  for u in primary_loss_draws(scenario.seed, len(log.times)))
-    measured = {}
+    measured, probes = {}, {}
     for strategy in config.strategies:
         say(f"validate: repeat {log.repeat + 1}/{config.repeats}, {strategy}, "
             f"{config.window_s:g} s, failures at {', '.join(f'{t:g}' for t in log.times)} s")
+        folder = root / f"r{log.repeat}" / strategy
+        probes[strategy] = _probe_restart(job, folder / "restart-probe")
+        say(f"validate: a restart beside the run: {probes[strategy]:.2f} s "
+            f"(costs.json: {scenario.costs.restart_s:.2f} s)")
         measured[strategy] = _measure(strategy, trace, job, plans[strategy], scenario.costs, log,
-                                      lost, config, root / f"r{log.repeat}" / strategy, say)
-    predicted = _predict(scenario, config.window_s, list(config.strategies))
-    paced = {s: _predict(_scenario(_at_pace(trace, _pace(trace, measured[s])), calibration,
-                                   log, interval), config.window_s, [s])[s]
+                                      lost, config, folder, say)
+    from_costs = _predict(scenario, config.window_s, list(config.strategies))
+    predicted = {s: _predict(_restarting(scenario, probes[s]), config.window_s, [s])[s]
+                 for s in config.strategies}
+    paced = {s: _predict(_restarting(_scenario(_at_pace(trace, _pace(trace, measured[s])),
+                                               calibration, log, interval), probes[s]),
+                         config.window_s, [s])[s]
              for s in config.strategies}
-    table = [_row(trace, s, measured[s], predicted[s], paced[s], config.window_s)
-             for s in config.strategies]
+    table = [_row(trace, s, measured[s], predicted[s], paced[s], from_costs[s], probes[s],
+                  config.window_s) for s in config.strategies]
     return {"repeat": log.repeat, "seed": log.seed, "redraws": log.redraws,
             "failures_s": list(log.times), "peer_lost": list(lost),
             "cadences": {s: _cadence_dict(c) for s, c in plans.items()},
-            "table": table, "measured": measured, "predicted": predicted,
+            "restart_probe_s": probes, "table": table, "measured": measured,
+            "predicted": predicted, "predicted_from_costs": from_costs,
             "predicted_at_pace": paced}
 
 
@@ -222,6 +237,25 @@ def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) ->
                                stale_cost=1.0, seed=log.seed or 0)
 
 
+def _probe_restart(job: CaptureConfig, folder: Path) -> float:
+    """The machine's restart now (module doc, 1.): seconds from a kill to ready."""
+    from ..machine import resolve_device
+    from ..mechanisms.restart import time_restart
+    folder.mkdir(parents=True)
+    try:
+        return time_restart(job, resolve_device(job.device)[0], folder).seconds
+    except RuntimeError as exc:
+        raise ProfilerError(f"the restart probe beside the runs failed: {exc}") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _restarting(scenario: Any, restart_s: float) -> Any:
+    """``scenario`` with its costs' ``restart_s`` replaced (the probe's, beside the run)."""
+    import dataclasses
+    return dataclasses.replace(scenario, costs=scenario.costs.with_overrides(restart_s=restart_s))
+
+
 def _cadence_dict(cadence: Any) -> dict[str, Any] | None:
     if cadence is None:
         return None
@@ -255,10 +289,13 @@ def _predict(scenario: Any, window_s: float, strategies: list[str]) -> dict[str,
 
 
 def _row(trace: Trace, strategy: str, m: dict[str, Any], p: dict[str, Any], q: dict[str, Any],
-         window_s: float) -> dict[str, Any]:
+         c: dict[str, Any], probe_s: float, window_s: float) -> dict[str, Any]:
     return {"strategy": strategy, "measured_ratio": m["effective_ratio"],
             "predicted_ratio": p["effective_ratio"], "relative_error": _error(p, m),
             "failures": m["failures"], "window_s": window_s,
+            "restart_probe_s": probe_s, "measured_restart_s": m["restart_s"],
+            "predicted_from_costs": c["effective_ratio"],
+            "relative_error_from_costs": _error(c, m),
             "pace": _pace(trace, m), "predicted_at_pace": q["effective_ratio"],
             "relative_error_at_pace": _error(q, m),
             **{f"measured_{k}": m[k] for k in PARTS},
@@ -304,9 +341,14 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
                        "too where the simulator's draws say the failure took it; accounted from "
                        "the processes' own timestamped logs (profiler/failures/ledger.py); predicted: "
                        "sim.simulate on the trace with its costs.json and the same failure log "
-                       "(FailureModel.exact_log), window, cadence and seed; table: per strategy "
+                       "(FailureModel.exact_log), window, cadence and seed, and the restart probed "
+                       "beside the run; table: per strategy "
                        "the median over the repeats (relative_error_min/max: the spread), runs: "
-                       "every repeat's rows; predicted_at_pace (a diagnostic): the same, with "
+                       "every repeat's rows; restart_probe_s: a restart timed just before "
+                       "each run (a worker killed as the supervisor kills, its successor to "
+                       "ready), the restart_s of that run's prediction; predicted_from_costs: "
+                       "the prediction with costs.json's restart_s, timed at calibration; "
+                       "predicted_at_pace (a diagnostic): the prediction, with "
                        "the trace's step times scaled by pace, the run's median step compute "
                        "over the capture's, which separates the model's error from a machine "
                        "that ran at another speed than during the capture")}
@@ -325,11 +367,14 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"repeat {run['repeat'] + 1}: {seed}failures at "
                      + ", ".join(f"{t:g}" for t in run["failures_s"]) + " s")
         lines.append(f"  {'strategy':11s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
-                     f"{'failures':>8s}   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}")
+                     f"{'failures':>8s} {'restart':>7s}   {'costs.json':>10s} {'rel.err':>8s}"
+                     f"   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}")
         for row in run["table"]:
             lines.append(f"  {row['strategy']:11s} {row['measured_ratio']:9.4f} "
                          f"{row['predicted_ratio']:9.4f} {row['relative_error']:+8.2%} "
-                         f"{row['failures']:8d}   {row['pace']:5.2f} "
+                         f"{row['failures']:8d} {row['restart_probe_s']:6.2f}s   "
+                         f"{row['predicted_from_costs']:10.4f} "
+                         f"{row['relative_error_from_costs']:+8.2%}   {row['pace']:5.2f} "
                          f"{row['predicted_at_pace']:8.4f} {row['relative_error_at_pace']:+8.2%}")
     lines.append(f"median over {doc['repeats']} repeat(s), {doc['window_s']:g} s windows "
                  "(relative error: median [min, max])")

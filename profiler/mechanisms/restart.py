@@ -59,7 +59,7 @@ class Restart(Mechanism):
                 folder = Path(tmp) / f"probe{i}"
                 folder.mkdir()
                 samples.append(_multi_rank(job, folder, ranks) if bench.zero
-                               else time_restart(job, folder).seconds)
+                               else time_restart(job.config, job.device, folder).seconds)
         engine = ("; the model wrapped in a world-size-1 DeepSpeed engine, as every validation "
                   "worker does" if deepspeed_available() and not bench.zero else "")
         how = (f"torchrun of {ranks} ranks building the {job.setup} job, timed from its "
@@ -88,20 +88,21 @@ class Restarted:
         return self.ready - self.killed
 
 
-def time_restart(job, folder: Path, *, every: int = NEVER,
+def time_restart(config, device: str, folder: Path, *, every: int = NEVER,
                  kill_at: int = VICTIM_STEPS) -> Restarted:
-    """A worker training ``job`` (with a DeepSpeed checkpoint every ``every`` steps:
-    none by default) killed once step ``kill_at`` has ended (its save, if it has one,
-    done), and its successor timed to ready (module doc), in ``folder``."""
+    """A worker training the job of ``config`` (a ``CaptureConfig``) on ``device``, with
+    a DeepSpeed checkpoint every ``every`` steps (none by default), killed once step
+    ``kill_at`` has ended (its save, if it has one, done), and its successor timed to
+    ready (module doc), in ``folder``. The validation probes one beside each run."""
     if every < 1 or kill_at < 1:
         raise ValueError(f"a restart probe needs every >= 1 and kill_at >= 1, "
                          f"not {every} and {kill_at}")
-    victim = _spawn(job, folder, "victim", interval=every, probe=False)
+    victim = _spawn(config, device, folder, "victim", interval=every, probe=False)
     _wait_for(folder / "victim.jsonl", victim, folder / "victim.out",
               lambda e: e["event"] == "step" and int(e["step"]) >= kill_at)
     killed = time.time()
     kill_worker(victim)
-    successor = _spawn(job, folder, "successor", interval=NEVER, probe=True)
+    successor = _spawn(config, device, folder, "successor", interval=NEVER, probe=True)
     ready = _wait_for(folder / "successor.jsonl", successor, folder / "successor.out",
                       lambda e: e["event"] == "ready")
     if successor.wait(timeout=READY_TIMEOUT_S) != 0:
@@ -110,12 +111,13 @@ def time_restart(job, folder: Path, *, every: int = NEVER,
     return Restarted(killed, float(ready["time"]), victim.pid)
 
 
-def _spawn(job, folder: Path, name: str, *, interval: int, probe: bool) -> subprocess.Popen:
+def _spawn(config, device: str, folder: Path, name: str, *, interval: int,
+           probe: bool) -> subprocess.Popen:
     from ..failures.worker import write_job
-    spec = write_job(folder / f"{name}.json", config=job.config, device=job.device,
+    spec = write_job(folder / f"{name}.json", config=config, device=device,
                      root=folder / "ckpt", log=folder / f"{name}.jsonl", strategy="deepspeed",
                      interval=interval, repeat=True, engine=True, probe=probe)
-    return spawn_worker(spec, folder / f"{name}.out", job.config.threads)
+    return spawn_worker(spec, folder / f"{name}.out", config.threads)
 
 
 def _wait_for(log: Path, proc: subprocess.Popen, output: Path, wanted) -> dict:

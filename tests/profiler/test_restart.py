@@ -7,7 +7,6 @@ import json
 import pytest
 
 from profiler.config import CaptureConfig
-from profiler.jobs.plain import PlainJob
 from profiler.mechanisms.restart import time_restart
 from tests.profiler.conftest import TINY
 
@@ -17,8 +16,7 @@ def _events(path):
 
 
 def test_the_successor_is_timed_from_the_kill_of_a_checkpointing_worker_to_its_ready(tmp_path):
-    job = PlainJob.prepare(CaptureConfig(**TINY), say=lambda _: None)
-    restarted = time_restart(job, tmp_path, every=2, kill_at=5)
+    restarted = time_restart(CaptureConfig(**TINY), "cpu", tmp_path, every=2, kill_at=5)
     victim = _events(tmp_path / "victim.jsonl")
     steps = [e for e in victim if e["event"] == "step"]
     # it was training and checkpointing, as a run's worker is, and died at the kill:
@@ -38,4 +36,4 @@ def test_the_successor_is_timed_from_the_kill_of_a_checkpointing_worker_to_its_r
 
 def test_a_probe_needs_a_checkpoint_interval_and_a_step_to_kill_at(tmp_path):
     with pytest.raises(ValueError, match="every >= 1"):
-        time_restart(object(), tmp_path, every=0, kill_at=3)
+        time_restart(CaptureConfig(**TINY), "cpu", tmp_path, every=0, kill_at=3)

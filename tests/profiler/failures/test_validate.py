@@ -58,6 +58,21 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     assert measured["layercheck"]["tracking_s"] > 0
     assert measured["lowdiff"]["tracking_s"] > 0            # its compression, every step
     assert run["predicted"]["layercheck"]["failures"] == 1
+    # each run's prediction restarts as the probe beside it did, where costs.json's
+    # restart (timed at calibration) gives predicted_from_costs
+    from sim import CostModel
+    from layercheck.contract.calibration import read_calibration
+    calibrated = CostModel.from_calibration(read_calibration(calibrated_tiny)).restart_s
+    for strategy, probe in run["restart_probe_s"].items():
+        assert 0.5 < probe < 300
+        row = next(r for r in run["table"] if r["strategy"] == strategy)
+        assert row["restart_probe_s"] == probe
+        assert row["predicted_from_costs"] == run["predicted_from_costs"][strategy]["effective_ratio"]
+        # one failure at 6 s: a recovery runs at most to the window's end
+        base = run["predicted_from_costs"][strategy]["recovery_s"]
+        expected = min(base + probe - calibrated, WINDOW - 6.0) - min(base, WINDOW - 6.0)
+        slower = run["predicted"][strategy]["recovery_s"] - base
+        assert slower == pytest.approx(expected, abs=1e-6), strategy
 
 
 def test_failure_times_are_seeded_and_inside_the_window():
@@ -181,10 +196,28 @@ def test_the_summary_is_the_median_of_the_repeats_with_their_spread():
     assert table[1]["relative_error"] == 0.02
 
 
+def test_the_prediction_restarts_as_the_probe_beside_the_run_did():
+    """Each failure's recovery in the prediction moves by the probe's difference from
+    costs.json's restart (the failures stay at their wall-clock times)."""
+    from layercheck.contract.trace import read_trace
+    from profiler.failures.validate import FailureLog, _predict, _restarting, _scenario
+
+    trace = read_trace(ROOT / "traces/minilm-200steps")
+    scenario = _scenario(trace, trace.costs, FailureLog(0, (40.0,)), 10)  # one: the same replay
+    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
+    calibrated = _predict(scenario, 120.0, strategies)
+    probed = _predict(_restarting(scenario, scenario.costs.restart_s + 1.5), 120.0, strategies)
+    for strategy in strategies:
+        before, after = calibrated[strategy], probed[strategy]
+        assert after["recovery_s"] - before["recovery_s"] == pytest.approx(1.5), strategy
+        assert after["effective_ratio"] < before["effective_ratio"], strategy
+
+
 def test_the_printed_table_has_every_repeat_and_the_summary():
     row = {"strategy": "lowdiff", "measured_ratio": 0.5, "predicted_ratio": 0.52,
            "relative_error": 0.04, "failures": 6, "pace": 1.0, "predicted_at_pace": 0.51,
-           "relative_error_at_pace": 0.02}
+           "relative_error_at_pace": 0.02, "restart_probe_s": 12.5,
+           "predicted_from_costs": 0.55, "relative_error_from_costs": 0.1}
     doc = {"repeats": 2, "window_s": 90.0,
            "runs": [{"repeat": 0, "seed": 0, "failures_s": [3.0], "table": [row]},
                     {"repeat": 1, "seed": 1, "failures_s": [4.5], "table": [row]}],
@@ -193,3 +226,4 @@ def test_the_printed_table_has_every_repeat_and_the_summary():
     text = format_table(doc)
     assert "repeat 1: seed 0, failures at 3 s" in text and "repeat 2: seed 1" in text
     assert "median over 2 repeat(s)" in text and "[ -1.00%,  +5.00%]" in text
+    assert " 12.50s " in text and "0.5500  +10.00%" in text  # the probe, costs.json's prediction
