@@ -22,7 +22,7 @@ log given, replayed by every repeat):
    (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat),
    with the calibration's ``restart_s`` replaced by the probe's: the predicted
    ratio. A process's restart on one machine is not one figure: it drifts with
-   the page cache (8.85 s in a calibration, 13.7-14.7 s eight hours later:
+   the page cache (8.85 s in a calibration, 13.7-14.9 s eight hours later:
    docs/sim.md), so a restart timed hours before the runs predicts another
    machine; ``predicted_from_costs`` is the prediction with costs.json's own;
 3. per repeat a row per strategy (measured, predicted, relative error
