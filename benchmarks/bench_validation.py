@@ -2,7 +2,7 @@
 
     python benchmarks/bench_validation.py [--trace traces/minilm-200steps] [--capture]
         [--window 120] [--mtbf 24] [--seed 0] [--repeats 3] [--min-failures 5]
-        [--interval K] [--json docs/validation.json]
+        [--interval K] [--probes 3] [--json docs/validation.json]
 
 The full version of ``python -m profiler validate``: for a calibrated plain
 MiniLM capture (``--capture`` makes one first: ``python -m profiler capture
@@ -17,15 +17,19 @@ its last tier; lowdiff: compressed training, each step's differential queued
 to a writer process, a full save every k steps; layercheck: the library) a
 real run of the capture's job on this CPU for the window, its worker SIGKILLed at each
 failure time and restarted, and the simulator on the same trace,
-costs.json, log, window and cadence. Prints every repeat's rows, the median
+costs.json, log, window and cadence, with the figures a probe just before the
+run timed (``--probes`` restarts, their median; deepspeed's and lowdiff's full
+saves and lowdiff's differentials at the run's cadence:
+``profiler/failures/beside.py``) in place of costs.json's. Prints every repeat's rows, the median
 relative error per strategy with its smallest and largest, and the median
 parts, measured / predicted; writes the JSON.
 
 Goal (issue 25): within 5% relative for each strategy, median over the
 repeats. The machine must be quiet: the runs' compute is measured while they
 run, the prediction uses the capture's, and another job's load changes both
-restarts and steps. Wall time: about repeats x strategies x (window + one
-worker start-up, ~12 s for MiniLM on a quiet 2-core CPU).
+restarts and steps. Wall time: about repeats x strategies x (window + the
+run's first worker start-up + the probe's victim and ``--probes`` start-ups,
+~11-17 s each for MiniLM on a quiet 2-core CPU).
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-failures", type=int, default=5)
     parser.add_argument("--interval", type=int)
+    parser.add_argument("--probes", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "validation.json")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -62,7 +67,7 @@ def main() -> int:
     command = [sys.executable, "-m", "profiler", "validate", "--trace", str(args.trace),
                "--window", args.window, "--mtbf", args.mtbf, "--seed", str(args.seed),
                "--repeats", str(args.repeats), "--min-failures", str(args.min_failures),
-               "--out", str(args.json)]
+               "--probes", str(args.probes), "--out", str(args.json)]
     if args.interval is not None:
         command += ["--interval", str(args.interval)]
     _run(command, env)

@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                      "own failure log (default 3)")
     val.add_argument("--min-failures", type=int, default=5, help="the fewest failures a "
                      "run's log may have; a drawn log with fewer is redrawn (default 5)")
+    val.add_argument("--probes", type=int, default=3, help="restarts the probe before each "
+                     "run times, one after the other; the prediction takes their median "
+                     "(default 3)")
     val.add_argument("--failures", type=Path, help="a failure log instead (CSV, one time per "
                      "row, seconds from the start)")
     val.add_argument("--interval", type=int, help="steps between the rollback strategies' "
@@ -332,7 +335,7 @@ def _validation_config(args: argparse.Namespace) -> ValidationConfig:
         raise ProfilerError(str(exc)) from None
     return ValidationConfig(window_s=window, mtbf_s=mtbf, seed=args.seed, failures_s=failures,
                             interval=args.interval, repeats=args.repeats,
-                            min_failures=args.min_failures,
+                            min_failures=args.min_failures, probes=args.probes,
                             strategies=tuple(s.strip() for s in args.strategies.split(",")
                                              if s.strip()))
 

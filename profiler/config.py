@@ -372,8 +372,15 @@ class ValidationConfig:
     min_failures: int = 5
     """The fewest failures a run's log may have."""
 
+    probes: int = 3
+    """Restarts the probe before each run times, one after the other (each worker
+    killed as the supervisor kills, its successor timed to ready); the prediction
+    takes their median. One start is one noisy sample: four in a row on a quiet
+    machine took 14.7-17.1 s (docs/sim.md)."""
+
     def __post_init__(self) -> None:
         _positive_float("window_s", self.window_s)
+        _positive_int("probes", self.probes)
         _positive_float("mtbf_s", self.mtbf_s)
         _int_at_least("seed", self.seed, 0)
         _positive_int("repeats", self.repeats)

@@ -15,16 +15,18 @@ log given, replayed by every repeat):
    (``profiler.failures.supervisor``); the measured effective ratio
    (useful - stale) / window and its parts, from the processes' own
    timestamped logs (``profiler.failures.ledger``);
-   Just before each run, a restart probe (``profiler.mechanisms.restart.time_restart``:
-   a worker of the job SIGKILLed as the supervisor kills, its successor timed from
-   the kill to ready): the machine's restart at the time of the run;
+   Just before each run, a probe of the machine as it is then
+   (``profiler.failures.beside``): the median of ``probes`` restarts timed one after
+   the other, and for deepspeed and lowdiff their full saves (and lowdiff's
+   differentials) at the run's cadence inside a running job;
 2. the simulator on the same trace, costs, failure log, window and cadence
    (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat),
-   with the calibration's ``restart_s`` replaced by the probe's: the predicted
-   ratio. A process's restart on one machine is not one figure: it drifts with
-   the page cache (8.85 s in a calibration, 13.7-14.9 s eight hours later:
-   docs/sim.md), so a restart timed hours before the runs predicts another
-   machine; ``predicted_from_costs`` is the prediction with costs.json's own;
+   with the probe's figures in place of the calibration's (``Beside.figures``):
+   the predicted ratio. None of them is one figure on one machine: a restart
+   drifts with the page cache (8.85 s in a calibration, 13.7-14.9 s eight hours
+   later, 14.2-19.1 s the next morning: docs/sim.md), so figures timed hours before
+   the runs predict another machine; ``predicted_from_costs`` is the prediction
+   with costs.json's own;
 3. per repeat a row per strategy (measured, predicted, relative error
    (predicted - measured) / measured, failures, the parts), and per strategy
    the median relative error over the repeats with its smallest and largest;
@@ -163,16 +165,16 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
         say(f"validate: repeat {log.repeat + 1}/{config.repeats}, {strategy}, "
             f"{config.window_s:g} s, failures at {', '.join(f'{t:g}' for t in log.times)} s")
         folder = root / f"r{log.repeat}" / strategy
-        probes[strategy] = _probe_restart(job, folder / "restart-probe")
-        say(f"validate: a restart beside the run: {probes[strategy]:.2f} s "
-            f"(costs.json: {scenario.costs.restart_s:.2f} s)")
+        probes[strategy] = probe = _probe(strategy, job, plans[strategy], scenario.costs,
+                                          folder / "restart-probe", config.probes)
+        say(f"validate: beside the run: {_said(probe, scenario)}")
         measured[strategy] = _measure(strategy, trace, job, plans[strategy], scenario.costs, log,
                                       lost, config, folder, say)
     from_costs = _predict(scenario, config.window_s, list(config.strategies))
-    predicted = {s: _predict(_restarting(scenario, probes[s]), config.window_s, [s])[s]
+    predicted = {s: _predict(_beside(scenario, probes[s]), config.window_s, [s])[s]
                  for s in config.strategies}
-    paced = {s: _predict(_restarting(_scenario(_at_pace(trace, _pace(trace, measured[s])),
-                                               calibration, log, interval), probes[s]),
+    paced = {s: _predict(_beside(_scenario(_at_pace(trace, _pace(trace, measured[s])),
+                                           calibration, log, interval), probes[s]),
                          config.window_s, [s])[s]
              for s in config.strategies}
     table = [_row(trace, s, measured[s], predicted[s], paced[s], from_costs[s], probes[s],
@@ -180,7 +182,7 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
     return {"repeat": log.repeat, "seed": log.seed, "redraws": log.redraws,
             "failures_s": list(log.times), "peer_lost": list(lost),
             "cadences": {s: _cadence_dict(c) for s, c in plans.items()},
-            "restart_probe_s": probes, "table": table, "measured": measured,
+            "probes": {s: p.to_dict() for s, p in probes.items()}, "table": table, "measured": measured,
             "predicted": predicted, "predicted_from_costs": from_costs,
             "predicted_at_pace": paced}
 
@@ -206,13 +208,9 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     from ..machine import resolve_device
     from .supervisor import CONTENTION_FILE, RunSpec, supervise
     device, _ = resolve_device(job.device)
-    options: dict[str, Any] = {}
-    if strategy == "gemini":
-        options["storage_every"] = cadence.storage_every
-    elif strategy == "lowdiff":
-        options["batch"] = cadence.batch or costs.diff_batch
     spec = RunSpec(strategy=strategy, config=job, device=device,
-                   interval=cadence.every if cadence is not None else 1, options=options,
+                   interval=cadence.every if cadence is not None else 1,
+                   options=_options(strategy, cadence, costs),
                    failures_s=log.times, peer_lost=lost, window_s=config.window_s, root=root)
     workers = supervise(spec, say=say)
     layers = trace.layers
@@ -227,6 +225,29 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     return {**ledger.to_dict(), "contention": contention}
 
 
+def _options(strategy: str, cadence: Any, costs: Any) -> dict[str, Any]:
+    """The strategy's checkpointer's own keywords at ``cadence`` (a run's, and its probe's)."""
+    if strategy == "gemini":
+        return {"storage_every": cadence.storage_every}
+    if strategy == "lowdiff":
+        return {"batch": cadence.batch or costs.diff_batch}
+    return {}
+
+
+def _said(probe: Any, scenario: Any) -> str:
+    """The probe in one line, beside costs.json's figures."""
+    costs, full = scenario.costs, scenario.workload.full_bytes
+    text = (f"a restart of {probe.restart_s:.2f} s (the median of "
+            f"{', '.join(f'{x:.2f}' for x in probe.restarts_s)}; costs.json: "
+            f"{costs.restart_s:.2f} s)")
+    if probe.save_s is not None:
+        text += f", full saves of {probe.save_s:.3f} s (costs.json: {costs.save_s(full):.3f} s)"
+    if probe.diff_s is not None:
+        diff = costs.diff_fraction * full / (costs.diff_snapshot_gbps * 1e9)
+        text += f", differentials of {probe.diff_s:.3f} s a step (costs.json: {diff:.3f} s)"
+    return text
+
+
 def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) -> Any:
     from sim import CostModel, FailureModel, Scenario
     # stale_cost=1: the ledger counts every update stale layers discarded as lost
@@ -237,23 +258,24 @@ def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) ->
                                stale_cost=1.0, seed=log.seed or 0)
 
 
-def _probe_restart(job: CaptureConfig, folder: Path) -> float:
-    """The machine's restart now (module doc, 1.): seconds from a kill to ready."""
+def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: Path,
+           count: int) -> Any:
+    """The machine just before ``strategy``'s run (module doc, 1.: ``beside.probe``)."""
     from ..machine import resolve_device
-    from ..mechanisms.restart import time_restart
-    folder.mkdir(parents=True)
+    from .beside import probe
     try:
-        return time_restart(job, resolve_device(job.device)[0], folder).seconds
+        return probe(job, resolve_device(job.device)[0], folder, strategy=strategy,
+                     every=cadence.every if cadence is not None else 1, count=count,
+                     options=_options(strategy, cadence, costs))
     except RuntimeError as exc:
         raise ProfilerError(f"the restart probe beside the runs failed: {exc}") from None
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _restarting(scenario: Any, restart_s: float) -> Any:
-    """``scenario`` with its costs' ``restart_s`` replaced (the probe's, beside the run)."""
+def _beside(scenario: Any, probe: Any) -> Any:
+    """``scenario`` with the probe's figures in place of costs.json's (``Beside.figures``)."""
     import dataclasses
-    return dataclasses.replace(scenario, costs=scenario.costs.with_overrides(restart_s=restart_s))
+    changes = probe.figures(scenario.workload, scenario.costs)
+    return dataclasses.replace(scenario, costs=scenario.costs.with_overrides(**changes))
 
 
 def _cadence_dict(cadence: Any) -> dict[str, Any] | None:
@@ -289,11 +311,13 @@ def _predict(scenario: Any, window_s: float, strategies: list[str]) -> dict[str,
 
 
 def _row(trace: Trace, strategy: str, m: dict[str, Any], p: dict[str, Any], q: dict[str, Any],
-         c: dict[str, Any], probe_s: float, window_s: float) -> dict[str, Any]:
+         c: dict[str, Any], probe: Any, window_s: float) -> dict[str, Any]:
     return {"strategy": strategy, "measured_ratio": m["effective_ratio"],
             "predicted_ratio": p["effective_ratio"], "relative_error": _error(p, m),
             "failures": m["failures"], "window_s": window_s,
-            "restart_probe_s": probe_s, "measured_restart_s": m["restart_s"],
+            "restart_probe_s": probe.restart_s, "save_probe_s": probe.save_s,
+            "diff_probe_s": probe.diff_s,
+            "measured_restart_s": m["restart_s"],
             "predicted_from_costs": c["effective_ratio"],
             "relative_error_from_costs": _error(c, m),
             "pace": _pace(trace, m), "predicted_at_pace": q["effective_ratio"],
@@ -326,7 +350,7 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
               ) -> dict[str, Any]:
     given = config.failures_s is not None
     return {"trace": trace.name, "window_s": config.window_s, "repeats": config.repeats,
-            "min_failures": config.min_failures,
+            "min_failures": config.min_failures, "probes": config.probes,
             "failures_s": list(config.failures_s) if given else None,
             "mtbf_s": None if given else config.mtbf_s, "seed": None if given else config.seed,
             "interval": interval, "costs": calibration.name,
@@ -344,10 +368,17 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
                        "(FailureModel.exact_log), window, cadence and seed, and the restart probed "
                        "beside the run; table: per strategy "
                        "the median over the repeats (relative_error_min/max: the spread), runs: "
-                       "every repeat's rows; restart_probe_s: a restart timed just before "
-                       "each run (a worker killed as the supervisor kills, its successor to "
-                       "ready), the restart_s of that run's prediction; predicted_from_costs: "
-                       "the prediction with costs.json's restart_s, timed at calibration; "
+                       "every repeat's rows; restart_probe_s: the median of `probes` restarts "
+                       "timed one after the other just before each run (each worker killed as "
+                       "the supervisor kills, its successor to ready; runs[].probes: every "
+                       "sample), the restart_s of that run's prediction; save_probe_s "
+                       "(deepspeed, lowdiff): the median of the probe's first worker's full "
+                       "saves at the run's interval, the save_gbps of its prediction (the "
+                       "trace's full bytes over it); diff_probe_s (lowdiff): the median of "
+                       "its differentials (compression and hand-off), the prediction's "
+                       "diff_snapshot_gbps (profiler/failures/beside.py); "
+                       "predicted_from_costs: the prediction with costs.json's figures, "
+                       "timed at calibration; "
                        "predicted_at_pace (a diagnostic): the prediction, with "
                        "the trace's step times scaled by pace, the run's median step compute "
                        "over the capture's, which separates the model's error from a machine "
@@ -367,12 +398,14 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"repeat {run['repeat'] + 1}: {seed}failures at "
                      + ", ".join(f"{t:g}" for t in run["failures_s"]) + " s")
         lines.append(f"  {'strategy':11s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
-                     f"{'failures':>8s} {'restart':>7s}   {'costs.json':>10s} {'rel.err':>8s}"
+                     f"{'failures':>8s} {'restart':>7s} {'save':>6s}   {'costs.json':>10s} "
+                     f"{'rel.err':>8s}"
                      f"   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}")
         for row in run["table"]:
             lines.append(f"  {row['strategy']:11s} {row['measured_ratio']:9.4f} "
                          f"{row['predicted_ratio']:9.4f} {row['relative_error']:+8.2%} "
-                         f"{row['failures']:8d} {row['restart_probe_s']:6.2f}s   "
+                         f"{row['failures']:8d} {row['restart_probe_s']:6.2f}s "
+                         f"{_seconds(row.get('save_probe_s'))}   "
                          f"{row['predicted_from_costs']:10.4f} "
                          f"{row['relative_error_from_costs']:+8.2%}   {row['pace']:5.2f} "
                          f"{row['predicted_at_pace']:8.4f} {row['relative_error_at_pace']:+8.2%}")
@@ -386,6 +419,10 @@ def format_table(doc: dict[str, Any]) -> str:
                      f"[{row['relative_error_min']:+7.2%}, {row['relative_error_max']:+7.2%}]  "
                      + ",".join(str(f) for f in row["failures"]))
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:5.3f}s" if value is not None else f"{'-':>6s}"
 
 
 def _plain(value: Any) -> Any:

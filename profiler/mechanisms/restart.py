@@ -19,6 +19,11 @@ victim that had written DeepSpeed saves every 6 steps restarted no slower than o
 that wrote none (``benchmarks/bench_restart.py``, docs/sim.md). Under ZeRO or
 FSDP2 the probe is a torchrun of as many ranks as the job, timed from its spawn to
 rank 0's ready.
+
+``time_restarts`` chains the probe: each successor but the last trains on and is the
+next victim, so ``count`` restarts cost one interpreter start less each than
+separate probes; its first victim may train under any strategy's checkpointer, whose
+steps it returns (the validation's probe beside a run, ``profiler.failures.beside``).
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from layercheck.contract.calibration import Figure
 
 from .base import Bench, Mechanism
 
-__all__ = ["Restart", "spawn_worker", "kill_worker", "worker_env", "time_restart"]
+__all__ = ["Restart", "Restarts", "spawn_worker", "kill_worker", "worker_env", "time_restart",
+           "time_restarts"]
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
@@ -93,30 +99,78 @@ def time_restart(config, device: str, folder: Path, *, every: int = NEVER,
     """A worker training the job of ``config`` (a ``CaptureConfig``) on ``device``, with
     a DeepSpeed checkpoint every ``every`` steps (none by default), killed once step
     ``kill_at`` has ended (its save, if it has one, done), and its successor timed to
-    ready (module doc), in ``folder``. The validation probes one beside each run."""
-    if every < 1 or kill_at < 1:
-        raise ValueError(f"a restart probe needs every >= 1 and kill_at >= 1, "
-                         f"not {every} and {kill_at}")
-    victim = _spawn(config, device, folder, "victim", interval=every, probe=False)
+    ready (module doc), in ``folder``."""
+    return time_restarts(config, device, folder, count=1, every=every, kill_at=kill_at).restarts[0]
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """``count`` restarts timed one after the other, and the first victim's steps."""
+
+    restarts: tuple[Restarted, ...]
+    victim_steps: tuple[dict, ...]
+    """The first victim's ``step`` events (``profiler.failures.worker``) up to the kill:
+    what its checkpointer cost it, step by step."""
+
+    @property
+    def samples(self) -> tuple[float, ...]:
+        return tuple(r.seconds for r in self.restarts)
+
+    @property
+    def seconds(self) -> float:
+        """The median restart: one start is one noisy sample of the machine's."""
+        return statistics.median(self.samples)
+
+
+def time_restarts(config, device: str, folder: Path, *, count: int, every: int = NEVER,
+                  kill_at: int = VICTIM_STEPS, strategy: str = "deepspeed",
+                  options: dict | None = None) -> Restarts:
+    """``time_restart`` ``count`` times in a chain: the first victim trains under
+    ``strategy``'s checkpointer (``profiler.checkpointers``, with ``options``) every
+    ``every`` steps and is killed after step ``kill_at``; each successor but the last
+    trains ``VICTIM_STEPS`` steps (saving nothing) and is the next victim; each is timed
+    from its predecessor's kill to its ready. The validation probes a chain beside each
+    run: the machine's restart, and its checkpoints at the run's cadence inside a
+    running job."""
+    if every < 1 or kill_at < 1 or count < 1:
+        raise ValueError(f"a restart probe needs every >= 1, kill_at >= 1 and count >= 1, "
+                         f"not {every}, {kill_at} and {count}")
+    victim = _spawn(config, device, folder, "victim", interval=every, probe=False,
+                    strategy=strategy, options=options)
     _wait_for(folder / "victim.jsonl", victim, folder / "victim.out",
               lambda e: e["event"] == "step" and int(e["step"]) >= kill_at)
-    killed = time.time()
-    kill_worker(victim)
-    successor = _spawn(config, device, folder, "successor", interval=NEVER, probe=True)
-    ready = _wait_for(folder / "successor.jsonl", successor, folder / "successor.out",
-                      lambda e: e["event"] == "ready")
+    restarts, steps = [], ()
+    for i in range(count):
+        name, last = "successor" if i == 0 else f"successor{i}", i == count - 1
+        killed = time.time()
+        kill_worker(victim)
+        if i == 0:
+            steps = _steps(folder / "victim.jsonl", killed)
+        successor = _spawn(config, device, folder, name, interval=NEVER, probe=last)
+        ready = _wait_for(folder / f"{name}.jsonl", successor, folder / f"{name}.out",
+                          lambda e: e["event"] == "ready")
+        restarts.append(Restarted(killed, float(ready["time"]), victim.pid))
+        if not last:
+            _wait_for(folder / f"{name}.jsonl", successor, folder / f"{name}.out",
+                      lambda e: e["event"] == "step" and int(e["step"]) >= VICTIM_STEPS)
+            victim = successor
     if successor.wait(timeout=READY_TIMEOUT_S) != 0:
         raise RuntimeError(f"the restart probe exited with {successor.returncode}: "
-                           f"{(folder / 'successor.out').read_text()[-1500:]}")
-    return Restarted(killed, float(ready["time"]), victim.pid)
+                           f"{(folder / f'{name}.out').read_text()[-1500:]}")
+    return Restarts(tuple(restarts), steps)
 
 
-def _spawn(config, device: str, folder: Path, name: str, *, interval: int,
-           probe: bool) -> subprocess.Popen:
+def _steps(log: Path, killed: float) -> tuple[dict, ...]:
+    from ..failures.worker import EventReader
+    return tuple(e for e in EventReader(log).poll() if e["event"] == "step" and e["time"] <= killed)
+
+
+def _spawn(config, device: str, folder: Path, name: str, *, interval: int, probe: bool,
+           strategy: str = "deepspeed", options: dict | None = None) -> subprocess.Popen:
     from ..failures.worker import write_job
     spec = write_job(folder / f"{name}.json", config=config, device=device,
-                     root=folder / "ckpt", log=folder / f"{name}.jsonl", strategy="deepspeed",
-                     interval=interval, repeat=True, engine=True, probe=probe)
+                     root=folder / "ckpt" / name, log=folder / f"{name}.jsonl", strategy=strategy,
+                     interval=interval, repeat=True, engine=True, probe=probe, options=options)
     return spawn_worker(spec, folder / f"{name}.out", config.threads)
 
 

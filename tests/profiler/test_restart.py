@@ -3,11 +3,12 @@ the validation's supervisor kills it, and its successor timed from the kill to r
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from profiler.config import CaptureConfig
-from profiler.mechanisms.restart import time_restart
+from profiler.mechanisms.restart import VICTIM_STEPS, time_restart, time_restarts
 from tests.profiler.conftest import TINY
 
 
@@ -15,25 +16,41 @@ def _events(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_the_successor_is_timed_from_the_kill_of_a_checkpointing_worker_to_its_ready(tmp_path):
-    restarted = time_restart(CaptureConfig(**TINY), "cpu", tmp_path, every=2, kill_at=5)
+def test_a_probe_needs_a_checkpoint_interval_and_a_step_to_kill_at(tmp_path):
+    with pytest.raises(ValueError, match="every >= 1"):
+        time_restart(CaptureConfig(**TINY), "cpu", tmp_path, every=0, kill_at=3)
+    with pytest.raises(ValueError, match="count >= 1"):
+        time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=0)
+
+
+def test_a_chain_times_each_successor_from_its_predecessor_s_kill(tmp_path):
+    chain = time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=2, every=2, kill_at=5)
+    first, second = chain.restarts
     victim = _events(tmp_path / "victim.jsonl")
     steps = [e for e in victim if e["event"] == "step"]
     # it was training and checkpointing, as a run's worker is, and died at the kill:
     # nothing after it; its newest save (step 4, or 6 where it ran on) is on disk
     last = max(e["step"] for e in steps)
-    assert last >= 5 and all(e["time"] <= restarted.killed for e in victim)
-    saved = [int(p.name[4:]) for p in (tmp_path / "ckpt").glob("job*/step*")]
+    assert last >= 5 and all(e["time"] <= first.killed for e in victim)
+    saved = [int(p.name[4:]) for p in (tmp_path / "ckpt" / "victim").glob("job*/step*")]
     assert saved and max(saved) == last - last % 2 >= 4, saved
-    with pytest.raises(ProcessLookupError):
-        import os
-        os.kill(restarted.victim, 0)
-    ready = [e for e in _events(tmp_path / "successor.jsonl") if e["event"] == "ready"]
-    assert len(ready) == 1 and ready[0]["time"] == restarted.ready
+    for pid in (first.victim, second.victim):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     # a new interpreter importing torch and transformers and building the job
-    assert 0.5 < restarted.seconds < 300
-
-
-def test_a_probe_needs_a_checkpoint_interval_and_a_step_to_kill_at(tmp_path):
-    with pytest.raises(ValueError, match="every >= 1"):
-        time_restart(CaptureConfig(**TINY), "cpu", tmp_path, every=0, kill_at=3)
+    assert all(0.5 < r.seconds < 300 for r in chain.restarts)
+    # the first successor trained on (from a fresh folder of its own: no resume) and was
+    # the second victim, killed after VICTIM_STEPS steps; the second successor stopped at ready
+    middle = _events(tmp_path / "successor.jsonl")
+    assert [e["step"] for e in middle if e["event"] == "resumed"] == [0]
+    assert max(e["step"] for e in middle if e["event"] == "step") >= VICTIM_STEPS
+    assert first.ready < second.killed and all(e["time"] <= second.killed for e in middle)
+    ready = [e for e in _events(tmp_path / "successor1.jsonl") if e["event"] == "ready"]
+    assert [e["time"] for e in ready] == [second.ready]
+    assert ready[0]["pid"] != middle[0]["pid"] == second.victim
+    assert chain.samples == (first.seconds, second.seconds)
+    assert chain.seconds == pytest.approx((first.seconds + second.seconds) / 2)
+    # the first victim's steps, its saves (every 2 steps) among them
+    steps = [e["step"] for e in chain.victim_steps]
+    assert steps[:4] == [1, 2, 3, 4] and all(e["time"] <= first.killed for e in chain.victim_steps)
+    assert [e["stall_s"] > 0 for e in chain.victim_steps[:4]] == [False, True, False, True]

@@ -28,7 +28,7 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     out = tmp_path / "validation.json"
     assert main(["validate", "--trace", str(calibrated_tiny), "--window", f"{WINDOW:g}",
                  "--failures", str(log), "--interval", "2", "--repeats", "1",
-                 "--min-failures", "1", "--out", str(out), "--quiet"]) == 0
+                 "--min-failures", "1", "--probes", "1", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
     strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
@@ -63,19 +63,31 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     from sim import CostModel
     from layercheck.contract.calibration import read_calibration
     calibrated = CostModel.from_calibration(read_calibration(calibrated_tiny)).restart_s
-    for strategy, probe in run["restart_probe_s"].items():
-        assert 0.5 < probe < 300
+    assert doc["probes"] == 1 and set(run["probes"]) == set(strategies)
+    for strategy, beside in run["probes"].items():
+        probe = beside["restart_s"]
+        assert 0.5 < probe < 300 and len(beside["restarts_s"]) == 1
         row = next(r for r in run["table"] if r["strategy"] == strategy)
-        assert row["restart_probe_s"] == probe
+        assert row["restart_probe_s"] == probe and row["save_probe_s"] == beside["save_s"]
+        # the full saves at the run's interval (2: at steps 2, 4 and 6, where the probe's
+        # first worker is killed) where the run makes them, and lowdiff's differentials
+        # between them (steps 3 and 5: the first step is not a sample)
+        full, diffs = strategy in ("deepspeed", "lowdiff"), strategy == "lowdiff"
+        assert (len(beside["saves_s"]) >= 3) == full, (strategy, beside)
+        assert all(0 < x < 60 for x in beside["saves_s"])
+        assert (len(beside["diffs_s"]) >= 2) == diffs and row["diff_probe_s"] == beside["diff_s"]
         assert row["predicted_from_costs"] == run["predicted_from_costs"][strategy]["effective_ratio"]
         # one failure at 6 s: a recovery runs at most to the window's end, which cuts
         # both predictions' where a restart takes longer than the rest of the window
         base, cut = run["predicted_from_costs"][strategy]["recovery_s"], WINDOW - 6.0
         slower, delta = run["predicted"][strategy]["recovery_s"] - base, probe - calibrated
+        # lowdiff's replay after a failure depends on the step it struck, which the
+        # probe's full saves and differentials move by a step or two
+        close = 0.5 if strategy == "lowdiff" else 1e-6
         if base < cut - 1e-6:
-            assert slower == pytest.approx(min(delta, cut - base), abs=1e-6), strategy
+            assert slower == pytest.approx(min(delta, cut - base), abs=close), strategy
         else:
-            assert min(delta, 0.0) - 1e-6 <= slower <= 1e-6, strategy
+            assert min(delta, 0.0) - close <= slower <= close, strategy
 
 
 def test_failure_times_are_seeded_and_inside_the_window():
@@ -95,6 +107,7 @@ def test_failure_times_are_seeded_and_inside_the_window():
     ({"failures_s": (1.0, 2.0)}, "has 2 failure"),
     ({"repeats": 0}, "repeats=0"),
     ({"interval": 0}, "interval=0"),
+    ({"probes": 0}, "probes=0: use an integer >= 1"),
 ])
 def test_bad_settings_say_the_fix(fields, words):
     with pytest.raises(ProfilerError, match=words):
@@ -203,23 +216,49 @@ def test_the_prediction_restarts_as_the_probe_beside_the_run_did():
     """Each failure's recovery in the prediction moves by the probe's difference from
     costs.json's restart (the failures stay at their wall-clock times)."""
     from layercheck.contract.trace import read_trace
-    from profiler.failures.validate import FailureLog, _predict, _restarting, _scenario
+    from profiler.failures.beside import Beside
+    from profiler.failures.validate import FailureLog, _beside, _predict, _scenario
 
     trace = read_trace(ROOT / "traces/minilm-200steps")
     scenario = _scenario(trace, trace.costs, FailureLog(0, (40.0,)), 10)  # one: the same replay
     strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
     calibrated = _predict(scenario, 120.0, strategies)
-    probed = _predict(_restarting(scenario, scenario.costs.restart_s + 1.5), 120.0, strategies)
+    later = (scenario.costs.restart_s + 1.5,) * 3
+    probed = {s: _predict(_beside(scenario, Beside(strategy=s, restarts_s=later)), 120.0, [s])[s]
+              for s in strategies}
     for strategy in strategies:
         before, after = calibrated[strategy], probed[strategy]
         assert after["recovery_s"] - before["recovery_s"] == pytest.approx(1.5), strategy
         assert after["effective_ratio"] < before["effective_ratio"], strategy
 
 
+def test_the_probe_s_full_saves_and_differentials_price_the_prediction_s():
+    """DeepSpeed's every save stalls the probe's seconds; LowDiff's step stalls its
+    differential's; the calibration's figures give the rest."""
+    from layercheck.contract.trace import read_trace
+    from profiler.failures.beside import Beside
+    from profiler.failures.validate import FailureLog, _beside, _predict, _scenario
+
+    trace = read_trace(ROOT / "traces/minilm-200steps")
+    scenario = _scenario(trace, trace.costs, FailureLog(0, (40.0,)), 6)
+    full, restart = scenario.workload.full_bytes, (scenario.costs.restart_s,)
+    ds = _predict(_beside(scenario, Beside(strategy="deepspeed", restarts_s=restart,
+                                           saves_s=(0.2, 0.25, 0.3))), 120.0, ["deepspeed"])
+    row = ds["deepspeed"]
+    saves = row["bytes_written"] / full
+    assert saves > 10 and row["checkpoint_stall_s"] == pytest.approx(0.25 * saves)
+    calibrated = _predict(scenario, 120.0, ["lowdiff"])["lowdiff"]
+    slower = _predict(_beside(scenario, Beside(strategy="lowdiff", restarts_s=restart,
+                                               diffs_s=(0.7,))), 120.0, ["lowdiff"])["lowdiff"]
+    steps_s = scenario.costs.diff_fraction * full / (scenario.costs.diff_snapshot_gbps * 1e9)
+    assert steps_s < 0.5 and slower["checkpoint_stall_s"] > calibrated["checkpoint_stall_s"] + 10
+    assert slower["effective_ratio"] < calibrated["effective_ratio"]
+
+
 def test_the_printed_table_has_every_repeat_and_the_summary():
     row = {"strategy": "lowdiff", "measured_ratio": 0.5, "predicted_ratio": 0.52,
            "relative_error": 0.04, "failures": 6, "pace": 1.0, "predicted_at_pace": 0.51,
-           "relative_error_at_pace": 0.02, "restart_probe_s": 12.5,
+           "relative_error_at_pace": 0.02, "restart_probe_s": 12.5, "save_probe_s": 0.25,
            "predicted_from_costs": 0.55, "relative_error_from_costs": 0.1}
     doc = {"repeats": 2, "window_s": 90.0,
            "runs": [{"repeat": 0, "seed": 0, "failures_s": [3.0], "table": [row]},
@@ -229,4 +268,4 @@ def test_the_printed_table_has_every_repeat_and_the_summary():
     text = format_table(doc)
     assert "repeat 1: seed 0, failures at 3 s" in text and "repeat 2: seed 1" in text
     assert "median over 2 repeat(s)" in text and "[ -1.00%,  +5.00%]" in text
-    assert " 12.50s " in text and "0.5500  +10.00%" in text  # the probe, costs.json's prediction
+    assert " 12.50s 0.250s " in text and "0.5500  +10.00%" in text  # the probe, costs.json's prediction

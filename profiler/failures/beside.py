@@ -1,0 +1,132 @@
+"""The probe beside a validation run: the machine's restart and checkpoint costs at the time of the run.
+
+A figure timed at calibration describes the machine of that hour. On this
+2-core machine the same restart took 8.85 s at a calibration, 13.7-14.9 s eight
+hours later and 14.2-19.1 s the next morning, and DeepSpeed's saves ran 0.29 s
+in the runs against the calibration's 0.46 s (docs/sim.md). So just before each
+strategy's run, ``probe`` times, on the machine as it is then:
+
+- the restart, ``count`` times one after the other
+  (``profiler.mechanisms.restart.time_restarts``: each worker SIGKILLed as the
+  supervisor kills, its successor timed from the kill to ready), and takes the
+  median: one start is one noisy sample;
+- for a strategy whose run makes full saves on its training thread (deepspeed,
+  and lowdiff's periodic full checkpoint), the probe's first worker trains under
+  that strategy's own checkpointer at the run's cadence, inside a running job as
+  the run meets its saves, for up to ``SAVES`` saves: each full save's stall
+  (its step's ``time - computed``, as the ledger counts it; for lowdiff less the
+  median hand-off of its other steps), and for lowdiff each step's differential
+  (its compression, ``tracking_s``, plus the hand-off to the writer), every step
+  after the worker's first (whose excess the ledger counts as the restart's
+  warm-up).
+
+``Beside.figures`` turns the medians into the cost model's figures
+(``restart_s``; ``save_gbps`` = the trace's full bytes over the save;
+``diff_snapshot_gbps`` = the differential's bytes over its step cost), which the
+validation's prediction uses in place of costs.json's.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Beside", "probe", "SAVES", "FULL_SAVES"]
+
+SAVES = 3
+"""Full saves the probe's first worker makes (fewer where the interval is long)."""
+MAX_STEPS = 30
+"""The most steps the probe's first worker trains for its saves."""
+FULL_SAVES = ("deepspeed", "lowdiff")
+"""The strategies whose runs make full saves on the training thread at their interval."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Beside:
+    """What the probe before one run timed (module doc)."""
+
+    strategy: str
+    restarts_s: tuple[float, ...]
+    saves_s: tuple[float, ...] = ()
+    """Each full save's stall (deepspeed, lowdiff); empty for the others."""
+    diffs_s: tuple[float, ...] = ()
+    """Each step's differential (lowdiff): compression plus hand-off."""
+
+    def __post_init__(self) -> None:
+        if not self.restarts_s:
+            raise ValueError("a probe beside a run times at least one restart")
+
+    @property
+    def restart_s(self) -> float:
+        return statistics.median(self.restarts_s)
+
+    @property
+    def save_s(self) -> float | None:
+        return statistics.median(self.saves_s) if self.saves_s else None
+
+    @property
+    def diff_s(self) -> float | None:
+        return statistics.median(self.diffs_s) if self.diffs_s else None
+
+    def figures(self, workload: Any, costs: Any) -> dict[str, float]:
+        """The cost figures that replace costs.json's in the run's prediction: the
+        restart always, the full save and the differential where they were timed
+        (``workload``: the trace's ``sim`` workload, whose full bytes the simulator
+        prices; ``costs``: the calibration's, for the differential's share of them)."""
+        from sim.costs import GB
+        out = {"restart_s": self.restart_s}
+        if self.save_s is not None and self.save_s > 0:
+            out["save_gbps"] = workload.full_bytes / (self.save_s * GB)
+        if self.diff_s is not None and self.diff_s > 0:
+            out["diff_snapshot_gbps"] = costs.diff_fraction * workload.full_bytes / (self.diff_s * GB)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "restart_s": self.restart_s,
+                "restarts_s": list(self.restarts_s), "save_s": self.save_s,
+                "saves_s": list(self.saves_s), "diff_s": self.diff_s,
+                "diffs_s": list(self.diffs_s)}
+
+    @classmethod
+    def from_steps(cls, strategy: str, restarts_s: tuple[float, ...], steps: tuple[dict, ...],
+                   every: int) -> "Beside":
+        """A probe's figures from its first worker's ``step`` events (module doc)."""
+        if strategy not in FULL_SAVES:
+            return cls(strategy=strategy, restarts_s=restarts_s)
+        later = [e for e in steps if int(e["step"]) > min((int(e["step"]) for e in steps),
+                                                          default=0)]
+        after = {int(e["step"]): float(e["time"]) - float(e["computed"]) for e in later}
+        full = [s for s in after if s % every == 0]
+        if strategy == "deepspeed":
+            return cls(strategy=strategy, restarts_s=restarts_s,
+                       saves_s=tuple(after[s] for s in full))
+        others = [e for e in later if int(e["step"]) % every]
+        handoff = statistics.median(after[int(e["step"])] for e in others) if others else 0.0
+        return cls(strategy=strategy, restarts_s=restarts_s,
+                   saves_s=tuple(after[s] - handoff for s in full),
+                   diffs_s=tuple(float(e["tracking_s"]) + after[int(e["step"])] for e in others))
+
+
+def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, count: int,
+          options: dict[str, Any] | None = None) -> Beside:
+    """Probe the machine before ``strategy``'s run (module doc): the job of ``job`` (a
+    ``CaptureConfig``) on ``device``, its checkpointer every ``every`` steps with
+    ``options`` (the run's own), ``count`` restarts; in ``folder``, removed after.
+    Writes the page cache's dirty pages first (``os.sync``), so that the previous
+    run's writes slow neither the probe nor the run."""
+    from ..mechanisms.restart import VICTIM_STEPS, time_restarts
+    folder.mkdir(parents=True)
+    os.sync()
+    try:
+        if strategy in FULL_SAVES:
+            saves = max(1, min(SAVES, MAX_STEPS // every))
+            chain = time_restarts(job, device, folder, count=count, every=every,
+                                  kill_at=saves * every, strategy=strategy, options=options)
+        else:
+            chain = time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS)
+        return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

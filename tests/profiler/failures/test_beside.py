@@ -1,0 +1,65 @@
+"""The probe beside a validation run (``profiler.failures.beside``): which of the probe's
+steps are saves and differentials, and the cost figures they replace."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layercheck.contract.trace import read_trace
+from profiler.failures.beside import Beside
+from sim.costs import GB
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _step(step, *, after, tracking=0.0, begin=100.0):
+    """A worker's ``step`` event whose checkpoint took ``after`` s past its compute."""
+    computed = begin + step + 0.5
+    return {"event": "step", "step": step, "begin": begin + step, "computed": computed,
+            "time": computed + after, "tracking_s": tracking, "held_s": 0.0,
+            "stall_s": after + tracking}
+
+
+def test_deepspeed_s_saves_are_its_interval_s_steps_after_the_worker_s_first():
+    # every 2 steps; the first step (a fresh process's warm-up) is not a sample even
+    # where it saves, and a step without a save is not one
+    steps = [_step(1, after=0.0), _step(2, after=0.30), _step(3, after=0.001),
+             _step(4, after=0.50), _step(5, after=0.0), _step(6, after=0.40)]
+    probe = Beside.from_steps("deepspeed", (12.0, 10.0, 11.0), tuple(steps), 2)
+    assert probe.saves_s == pytest.approx((0.30, 0.50, 0.40)) and probe.diffs_s == ()
+    assert probe.save_s == pytest.approx(0.40) and probe.restart_s == 11.0
+
+
+def test_lowdiff_s_full_save_is_its_step_less_the_hand_off_and_its_differential_the_rest():
+    # compression inside the step (tracking_s) and a 0.01 s hand-off on every step; the
+    # full checkpoint every 3 steps on top of the hand-off
+    steps = [_step(1, after=0.01, tracking=0.9)]
+    for s in range(2, 10):
+        steps.append(_step(s, after=0.01 + (0.6 if s % 3 == 0 else 0.0),
+                           tracking=0.35 + 0.01 * s))
+    probe = Beside.from_steps("lowdiff", (9.0,), tuple(steps), 3)
+    assert probe.saves_s == pytest.approx((0.6, 0.6, 0.6))
+    assert probe.diff_s == pytest.approx(0.01 + 0.35 + 0.01 * 5)  # steps 2, 4, 5, 7, 8: median 5
+
+
+def test_the_figures_are_the_trace_s_bytes_over_the_probe_s_seconds():
+    trace = read_trace(ROOT / "traces/minilm-200steps")
+    from sim import CostModel, Scenario
+    scenario = Scenario.from_trace(trace, costs=CostModel.from_calibration(trace.costs))
+    workload, costs = scenario.workload, scenario.costs
+    ds = Beside(strategy="deepspeed", restarts_s=(14.0,), saves_s=(0.25,))
+    figures = ds.figures(workload, costs)
+    assert set(figures) == {"restart_s", "save_gbps"} and figures["restart_s"] == 14.0
+    assert costs.with_overrides(**figures).save_s(workload.full_bytes) == pytest.approx(0.25)
+    ld = Beside(strategy="lowdiff", restarts_s=(14.0,), saves_s=(0.25,), diffs_s=(0.5, 0.7, 0.6))
+    diff = ld.figures(workload, costs)["diff_snapshot_gbps"]
+    assert costs.diff_fraction * workload.full_bytes / (diff * GB) == pytest.approx(0.6)
+    # a strategy without full saves: the restart alone
+    assert Beside(strategy="gemini", restarts_s=(15.0, 17.0)).figures(workload, costs) == \
+        {"restart_s": 16.0}
+
+
+def test_a_probe_without_a_restart_is_refused():
+    with pytest.raises(ValueError, match="at least one restart"):
+        Beside(strategy="gemini", restarts_s=())
