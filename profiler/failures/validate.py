@@ -182,7 +182,8 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
     return {"repeat": log.repeat, "seed": log.seed, "redraws": log.redraws,
             "failures_s": list(log.times), "peer_lost": list(lost),
             "cadences": {s: _cadence_dict(c) for s, c in plans.items()},
-            "probes": {s: p.to_dict() for s, p in probes.items()}, "table": table, "measured": measured,
+            "probes": {s: p.to_dict() for s, p in probes.items()}, "table": table,
+            "measured": measured,
             "predicted": predicted, "predicted_from_costs": from_costs,
             "predicted_at_pace": paced}
 
