@@ -133,6 +133,19 @@ class _CostModel(MappingABC):
     def host_copy_s(self, nbytes: float) -> float:
         return nbytes / (self.host_copy_gbps * GB)
 
+    def diff_bytes(self, full_bytes: float) -> float:
+        """A step's compressed differential (lowdiff), for a model state of ``full_bytes``."""
+        return self.diff_fraction * full_bytes
+
+    def diff_snapshot_s(self, nbytes: float) -> float:
+        """A step's differential on the training side (lowdiff): compressing ``nbytes``
+        of it and handing them to the writer process."""
+        return nbytes / (self.diff_snapshot_gbps * GB)
+
+    def diff_replay_s(self, nbytes: float) -> float:
+        """Replaying ``nbytes`` of differentials onto a loaded full checkpoint (lowdiff)."""
+        return nbytes / (self.diff_replay_gbps * GB)
+
     def peer_s(self, nbytes: float) -> float:
         return nbytes / (self.peer_gbps * GB)
 

@@ -73,7 +73,7 @@ def regime_run(strategy: str, workload: Workload, costs: CostModel) -> RegimeRun
     compression = 0.0
     if strategy == "lowdiff":
         steps = len(range(1, workload.steps))          # every step but the job's end
-        compression = steps * costs.diff_fraction * workload.full_bytes / (costs.diff_snapshot_gbps * 1e9)
+        compression = steps * costs.diff_snapshot_s(costs.diff_bytes(workload.full_bytes))
     return RegimeRun(strategy=strategy, minutes=total / 60, compute_s=compute,
                      compression_s=compression, checkpoint_s=total - compute - compression)
 

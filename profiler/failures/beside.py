@@ -81,7 +81,8 @@ class Beside:
         if self.save_s is not None and self.save_s > 0:
             out["save_gbps"] = workload.full_bytes / (self.save_s * GB)
         if self.diff_s is not None and self.diff_s > 0:
-            out["diff_snapshot_gbps"] = costs.diff_fraction * workload.full_bytes / (self.diff_s * GB)
+            # the inverse of CostModel.diff_snapshot_s
+            out["diff_snapshot_gbps"] = costs.diff_bytes(workload.full_bytes) / (self.diff_s * GB)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,8 +97,8 @@ class Beside:
         """A probe's figures from its first worker's ``step`` events (module doc)."""
         if strategy not in FULL_SAVES:
             return cls(strategy=strategy, restarts_s=restarts_s)
-        later = [e for e in steps if int(e["step"]) > min((int(e["step"]) for e in steps),
-                                                          default=0)]
+        first = min((int(e["step"]) for e in steps), default=0)
+        later = [e for e in steps if int(e["step"]) > first]
         after = {int(e["step"]): float(e["time"]) - float(e["computed"]) for e in later}
         full = [s for s in after if s % every == 0]
         if strategy == "deepspeed":

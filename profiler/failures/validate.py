@@ -210,7 +210,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     from .supervisor import CONTENTION_FILE, RunSpec, supervise
     device, _ = resolve_device(job.device)
     spec = RunSpec(strategy=strategy, config=job, device=device,
-                   interval=cadence.every if cadence is not None else 1,
+                   interval=_every(cadence),
                    options=_options(strategy, cadence, costs),
                    failures_s=log.times, peer_lost=lost, window_s=config.window_s, root=root)
     workers = supervise(spec, say=say)
@@ -224,6 +224,11 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     if said:
         print(f"warning: {said}", file=sys.stderr)
     return {**ledger.to_dict(), "contention": contention}
+
+
+def _every(cadence: Any) -> int:
+    """The checkpointer's interval at ``cadence`` (None, LayerCheck's: every step)."""
+    return cadence.every if cadence is not None else 1
 
 
 def _options(strategy: str, cadence: Any, costs: Any) -> dict[str, Any]:
@@ -244,7 +249,7 @@ def _said(probe: Any, scenario: Any) -> str:
     if probe.save_s is not None:
         text += f", full saves of {probe.save_s:.3f} s (costs.json: {costs.save_s(full):.3f} s)"
     if probe.diff_s is not None:
-        diff = costs.diff_fraction * full / (costs.diff_snapshot_gbps * 1e9)
+        diff = costs.diff_snapshot_s(costs.diff_bytes(full))
         text += f", differentials of {probe.diff_s:.3f} s a step (costs.json: {diff:.3f} s)"
     return text
 
@@ -266,7 +271,7 @@ def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: 
     from .beside import probe
     try:
         return probe(job, resolve_device(job.device)[0], folder, strategy=strategy,
-                     every=cadence.every if cadence is not None else 1, count=count,
+                     every=_every(cadence), count=count,
                      options=_options(strategy, cadence, costs))
     except RuntimeError as exc:
         raise ProfilerError(f"the restart probe beside the runs failed: {exc}") from None

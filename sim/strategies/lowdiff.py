@@ -102,16 +102,16 @@ class LowDiff(Strategy):
             raise SimError("a native cadence needs an MTBF (or a failure log)")
         step_s = float(workload.compute_s.mean())
         full = costs.save_s(workload.full_bytes)
-        replay = costs.diff_fraction * workload.full_bytes / (costs.diff_replay_gbps * 1e9)
+        replay = costs.diff_replay_s(costs.diff_bytes(workload.full_bytes))
         every = math.floor(math.sqrt(2 * full * mtbf_s / (step_s * replay)) + 0.5)
         return Cadence(every=max(1, min(workload.steps, every)), batch=NATIVE_DIFF_BATCH)
 
     def _diff_bytes(self, b: _Builder) -> float:
-        return b.costs.diff_fraction * b.full
+        return b.costs.diff_bytes(b.full)
 
     def _checkpoints(self, b: _Builder) -> None:
         c, full, diff = b.costs, b.full, self._diff_bytes(b)
-        b.snap[b.every(1)] = diff / (c.diff_snapshot_gbps * 1e9)
+        b.snap[b.every(1)] = c.diff_snapshot_s(diff)
         fulls = b.every(b.cadence.every)
         batch = b.cadence.batch or c.diff_batch
         batches = b.every(batch)
@@ -128,7 +128,7 @@ class LowDiff(Strategy):
     def _recovery(self, b: _Builder) -> np.ndarray:
         positions = np.arange(b.steps + 1)
         last_full = (positions // b.cadence.every) * b.cadence.every
-        replay = (positions - last_full) * self._diff_bytes(b) / (b.costs.diff_replay_gbps * 1e9)
+        replay = (positions - last_full) * b.costs.diff_replay_s(self._diff_bytes(b))
         # before the first full checkpoint the diffs replay onto the initial model
         load = np.where(last_full > 0, b.costs.load_s(b.full), 0.0)
         return b.costs.restart_s + load + replay

@@ -12,6 +12,15 @@ def test_fields_are_the_calibration_figures():
     assert [f.name for f in fields(CostModel)][:len(FIGURES)] == list(FIGURES)
 
 
+def test_lowdiff_s_differential_is_its_share_of_the_state_over_its_rates():
+    costs = CostModel().with_overrides(diff_fraction=0.02, diff_snapshot_gbps=0.5,
+                                       diff_replay_gbps=4.0)
+    diff = costs.diff_bytes(10e9)
+    assert diff == pytest.approx(2e8)
+    assert costs.diff_snapshot_s(diff) == pytest.approx(0.4)
+    assert costs.diff_replay_s(diff) == pytest.approx(0.05)
+
+
 def test_defaults_reproduce_the_papers_recovery_fit():
     c = CostModel.paper_a100()
     assert c.load_s(106.6e9) == pytest.approx(10.0, abs=0.05)   # Qwen2.5-7B: 10 s

@@ -8,7 +8,6 @@ import pytest
 
 from layercheck.contract.trace import read_trace
 from profiler.failures.beside import Beside
-from sim.costs import GB
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,7 +53,9 @@ def test_the_figures_are_the_trace_s_bytes_over_the_probe_s_seconds():
     assert costs.with_overrides(**figures).save_s(workload.full_bytes) == pytest.approx(0.25)
     ld = Beside(strategy="lowdiff", restarts_s=(14.0,), saves_s=(0.25,), diffs_s=(0.5, 0.7, 0.6))
     diff = ld.figures(workload, costs)["diff_snapshot_gbps"]
-    assert costs.diff_fraction * workload.full_bytes / (diff * GB) == pytest.approx(0.6)
+    # the simulator prices the differential back at the probe's seconds
+    priced = costs.with_overrides(diff_snapshot_gbps=diff)
+    assert priced.diff_snapshot_s(priced.diff_bytes(workload.full_bytes)) == pytest.approx(0.6)
     # a strategy without full saves: the restart alone
     assert Beside(strategy="gemini", restarts_s=(15.0, 17.0)).figures(workload, costs) == \
         {"restart_s": 16.0}
