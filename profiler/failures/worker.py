@@ -6,7 +6,10 @@ event to ``job["log"]`` (a supervisor reads it as it grows, ``EventReader``):
 - ``ready``: the job is built (model, data, optimizer; in a validation also
   the world-size-1 DeepSpeed engine every strategy's worker builds, so that
   all restart alike): a model ready to load. With ``probe`` the process
-  stops here (the calibration's restart measurement).
+  stops here (the calibration's restart measurement). Its ``entered``,
+  ``prepared`` and ``built`` are the wall-clock times the worker's code began
+  (the interpreter started and the CLI imported), the job was prepared (corpus,
+  batches, model, optimizer) and the engine was built: where a restart went.
 - ``resumed``: the newest recovery point of the current job's folder is
   loaded (``step`` 0: none, the job starts at step 1 from the initial model),
   with ``resume_s`` (the whole load) and, under LayerCheck, the restore's
@@ -67,6 +70,7 @@ def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log
 
 
 def run_job(path: Path) -> int:
+    entered = time.time()
     from ..strategies import CHECKPOINTERS
     from ..jobs.plain import PlainJob
     spec = json.loads(Path(path).read_text())
@@ -74,13 +78,14 @@ def run_job(path: Path) -> int:
     if spec.get("zero_ranks"):
         return _zero_probe(config, spec)
     job = PlainJob.prepare(config, say=lambda _: None)
+    prepared = time.time()
     if spec["engine"]:
         from ..engine import deepspeed_available, engine_for
         if deepspeed_available():
             engine_for(job)
     root = Path(spec["root"])
     with open(spec["log"], "a") as log:
-        _emit(log, "ready", pid=os.getpid())
+        _emit(log, "ready", pid=os.getpid(), entered=entered, prepared=prepared, built=time.time())
         if spec["probe"]:
             return 0
         initial = _Initial.of(job) if spec["repeat"] else None
