@@ -18,12 +18,20 @@ strategy's run, ``probe`` times, on the machine as it is then:
   median hand-off of its other steps), and for lowdiff each step's differential
   (its compression, ``tracking_s``, plus the hand-off to the writer), every step
   after the worker's first (whose excess the ledger counts as the restart's
-  warm-up).
+  warm-up);
+- for every strategy but gemini (whose peer the probe does not start), the first
+  victim trains under the strategy's checkpointer at the run's cadence, and the
+  first successor, under the same checkpointer in the victim's folder, loads its
+  newest recovery point as a run's worker does after a failure: a fresh process's
+  first load, from its ``ready`` to its ``resumed`` as the ledger counts it. The
+  calibration times a load into the live job it saved from (0.25 s for DeepSpeed's
+  save of MiniLM), where a restarted run's worker took 0.8-1.1 s (2026-12-03).
 
 ``Beside.figures`` turns the medians into the cost model's figures
 (``restart_s``; ``save_gbps`` = the trace's full bytes over the save;
-``diff_snapshot_gbps`` = the differential's bytes over its step cost), which the
-validation's prediction uses in place of costs.json's.
+``diff_snapshot_gbps`` = the differential's bytes over its step cost; the load's
+figure, ``LOADS``, = the trace's full bytes over the load less its fixed part), which
+the validation's prediction uses in place of costs.json's.
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Beside", "probe", "SAVES", "FULL_SAVES"]
+__all__ = ["Beside", "probe", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
 
 SAVES = 3
 """Full saves the probe's first worker makes (fewer where the interval is long)."""
@@ -42,6 +50,20 @@ MAX_STEPS = 30
 """The most steps the probe's first worker trains for its saves."""
 FULL_SAVES = ("deepspeed", "lowdiff")
 """The strategies whose runs make full saves on the training thread at their interval."""
+LOADS = {"deepspeed": ("load_gbps", "load_fixed_s"), "lowdiff": ("load_gbps", "load_fixed_s"),
+         "checkfreq": ("async_load_gbps", "load_fixed_s"),
+         "layercheck": ("lc_load_gbps", "lc_load_fixed_s")}
+"""Per strategy whose load the probe times: the cost figures that price its recovery's
+load in the simulator (``sim/strategies``: ``load_s``, ``async_load_s``, ``lc_load_s``
+of the full bytes; LowDiff's full checkpoint, killed just after one, replays no
+differential): the rate the probe replaces, and the fixed part it keeps."""
+
+
+def priced_load_s(strategy: str, costs: Any, full_bytes: float) -> float:
+    """The load of ``strategy``'s full recovery point as ``costs`` price it (``LOADS``)."""
+    from sim.costs import GB
+    rate, fixed = LOADS[strategy]
+    return getattr(costs, fixed) + full_bytes / (getattr(costs, rate) * GB)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +76,10 @@ class Beside:
     """Each full save's stall (deepspeed, lowdiff); empty for the others."""
     diffs_s: tuple[float, ...] = ()
     """Each step's differential (lowdiff): compression plus hand-off."""
+    load_s: float | None = None
+    """The first successor's load of the first victim's newest recovery point (``LOADS``)."""
+    load_step: int | None = None
+    """The step it restored."""
 
     def __post_init__(self) -> None:
         if not self.restarts_s:
@@ -73,13 +99,17 @@ class Beside:
 
     def figures(self, workload: Any, costs: Any) -> dict[str, float]:
         """The cost figures that replace costs.json's in the run's prediction: the
-        restart always, the full save and the differential where they were timed
+        restart always, the full save, the load and the differential where they were timed
         (``workload``: the trace's ``sim`` workload, whose full bytes the simulator
         prices; ``costs``: the calibration's, for the differential's share of them)."""
         from sim.costs import GB
         out = {"restart_s": self.restart_s}
         if self.save_s is not None and self.save_s > 0:
             out["save_gbps"] = workload.full_bytes / (self.save_s * GB)
+        if self.load_s is not None and self.strategy in LOADS:
+            rate, fixed = LOADS[self.strategy]  # the inverse of priced_load_s
+            if self.load_s > getattr(costs, fixed):
+                out[rate] = workload.full_bytes / ((self.load_s - getattr(costs, fixed)) * GB)
         if self.diff_s is not None and self.diff_s > 0:
             # the inverse of CostModel.diff_snapshot_s
             out["diff_snapshot_gbps"] = costs.diff_bytes(workload.full_bytes) / (self.diff_s * GB)
@@ -89,26 +119,32 @@ class Beside:
         return {"strategy": self.strategy, "restart_s": self.restart_s,
                 "restarts_s": list(self.restarts_s), "save_s": self.save_s,
                 "saves_s": list(self.saves_s), "diff_s": self.diff_s,
-                "diffs_s": list(self.diffs_s)}
+                "diffs_s": list(self.diffs_s), "load_s": self.load_s, "load_step": self.load_step}
 
     @classmethod
     def from_steps(cls, strategy: str, restarts_s: tuple[float, ...], steps: tuple[dict, ...],
-                   every: int) -> "Beside":
-        """A probe's figures from its first worker's ``step`` events (module doc)."""
+                   every: int, resumed: dict | None = None,
+                   load_s: float | None = None) -> "Beside":
+        """A probe's figures from its first worker's ``step`` events and its first
+        successor's ``resumed`` event and ``load_s`` (a load only where it restored a
+        step) (module doc)."""
+        loaded = resumed is not None and load_s is not None and int(resumed["step"]) > 0
+        load = {"load_s": float(load_s), "load_step": int(resumed["step"])} if loaded else {}
         if strategy not in FULL_SAVES:
-            return cls(strategy=strategy, restarts_s=restarts_s)
+            return cls(strategy=strategy, restarts_s=restarts_s, **load)
         first = min((int(e["step"]) for e in steps), default=0)
         later = [e for e in steps if int(e["step"]) > first]
         after = {int(e["step"]): float(e["time"]) - float(e["computed"]) for e in later}
         full = [s for s in after if s % every == 0]
         if strategy == "deepspeed":
             return cls(strategy=strategy, restarts_s=restarts_s,
-                       saves_s=tuple(after[s] for s in full))
+                       saves_s=tuple(after[s] for s in full), **load)
         others = [e for e in later if int(e["step"]) % every]
         handoff = statistics.median(after[int(e["step"])] for e in others) if others else 0.0
         return cls(strategy=strategy, restarts_s=restarts_s,
                    saves_s=tuple(after[s] - handoff for s in full),
-                   diffs_s=tuple(float(e["tracking_s"]) + after[int(e["step"])] for e in others))
+                   diffs_s=tuple(float(e["tracking_s"]) + after[int(e["step"])] for e in others),
+                   **load)
 
 
 def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, count: int,
@@ -125,9 +161,20 @@ def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, cou
         if strategy in FULL_SAVES:
             saves = max(1, min(SAVES, MAX_STEPS // every))
             chain = time_restarts(job, device, folder, count=count, every=every,
-                                  kill_at=saves * every, strategy=strategy, options=options)
+                                  kill_at=saves * every, strategy=strategy, options=options,
+                                  resume=True)
+        elif strategy in LOADS:
+            # a few steps past the first recovery point (for CheckFreq's background
+            # persist): LayerCheck's base, written at the end of its warm-up, or the
+            # strategy's first checkpoint
+            first = job.resolved_warmup if strategy == "layercheck" else every
+            kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
+            chain = time_restarts(job, device, folder, count=count, every=every,
+                                  kill_at=kill_at, strategy=strategy, options=options,
+                                  resume=True)
         else:
             chain = time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS)
-        return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every)
+        return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every,
+                                 chain.resumed, chain.load_s)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -248,6 +248,10 @@ def _said(probe: Any, scenario: Any) -> str:
             f"{costs.restart_s:.2f} s)")
     if probe.save_s is not None:
         text += f", full saves of {probe.save_s:.3f} s (costs.json: {costs.save_s(full):.3f} s)"
+    if probe.load_s is not None:
+        from .beside import priced_load_s
+        text += (f", a load of step {probe.load_step}'s recovery point in {probe.load_s:.3f} s "
+                 f"(costs.json: {priced_load_s(probe.strategy, costs, full):.3f} s)")
     if probe.diff_s is not None:
         diff = costs.diff_snapshot_s(costs.diff_bytes(full))
         text += f", differentials of {probe.diff_s:.3f} s a step (costs.json: {diff:.3f} s)"
@@ -322,7 +326,7 @@ def _row(trace: Trace, strategy: str, m: dict[str, Any], p: dict[str, Any], q: d
             "predicted_ratio": p["effective_ratio"], "relative_error": _error(p, m),
             "failures": m["failures"], "window_s": window_s,
             "restart_probe_s": probe.restart_s, "save_probe_s": probe.save_s,
-            "diff_probe_s": probe.diff_s,
+            "diff_probe_s": probe.diff_s, "load_probe_s": probe.load_s,
             "measured_restart_s": m["restart_s"],
             "predicted_from_costs": c["effective_ratio"],
             "relative_error_from_costs": _error(c, m),
@@ -382,7 +386,10 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
                        "saves at the run's interval, the save_gbps of its prediction (the "
                        "trace's full bytes over it); diff_probe_s (lowdiff): the median of "
                        "its differentials (compression and hand-off), the prediction's "
-                       "diff_snapshot_gbps (profiler/failures/beside.py); "
+                       "diff_snapshot_gbps; load_probe_s (all but gemini): the probe's first "
+                       "successor's load of its victim's newest recovery point, a fresh "
+                       "process's as in the run, the load figure of its prediction "
+                       "(profiler/failures/beside.py LOADS); "
                        "predicted_from_costs: the prediction with costs.json's figures, "
                        "timed at calibration; "
                        "predicted_at_pace (a diagnostic): the prediction, with "
@@ -404,14 +411,15 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"repeat {run['repeat'] + 1}: {seed}failures at "
                      + ", ".join(f"{t:g}" for t in run["failures_s"]) + " s")
         lines.append(f"  {'strategy':11s} {'measured':>9s} {'predicted':>9s} {'rel.err':>8s} "
-                     f"{'failures':>8s} {'restart':>7s} {'save':>6s}   {'costs.json':>10s} "
+                     f"{'failures':>8s} {'restart':>7s} {'save':>6s} {'load':>6s}   {'costs.json':>10s} "
                      f"{'rel.err':>8s}"
                      f"   {'pace':>5s} {'at pace':>8s} {'rel.err':>8s}")
         for row in run["table"]:
             lines.append(f"  {row['strategy']:11s} {row['measured_ratio']:9.4f} "
                          f"{row['predicted_ratio']:9.4f} {row['relative_error']:+8.2%} "
                          f"{row['failures']:8d} {row['restart_probe_s']:6.2f}s "
-                         f"{_seconds(row.get('save_probe_s'))}   "
+                         f"{_seconds(row.get('save_probe_s'))} "
+                         f"{_seconds(row.get('load_probe_s'))}   "
                          f"{row['predicted_from_costs']:10.4f} "
                          f"{row['relative_error_from_costs']:+8.2%}   {row['pace']:5.2f} "
                          f"{row['predicted_at_pace']:8.4f} {row['relative_error_at_pace']:+8.2%}")

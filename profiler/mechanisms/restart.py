@@ -23,7 +23,9 @@ rank 0's ready.
 ``time_restarts`` chains the probe: each successor but the last trains on and is the
 next victim, so ``count`` restarts cost one interpreter start less each than
 separate probes; its first victim may train under any strategy's checkpointer, whose
-steps it returns (the validation's probe beside a run, ``profiler.failures.beside``).
+steps it returns, and its first successor may resume from that checkpointer's
+folder, a fresh process's load timed as a run's (the validation's probe beside a
+run, ``profiler.failures.beside``).
 """
 from __future__ import annotations
 
@@ -105,12 +107,18 @@ def time_restart(config, device: str, folder: Path, *, every: int = NEVER,
 
 @dataclass(frozen=True)
 class Restarts:
-    """``count`` restarts timed one after the other, and the first victim's steps."""
+    """``count`` restarts timed one after the other, the first victim's steps, and
+    (with ``resume``) the first successor's load of the first victim's checkpoint."""
 
     restarts: tuple[Restarted, ...]
     victim_steps: tuple[dict, ...]
     """The first victim's ``step`` events (``profiler.failures.worker``) up to the kill:
     what its checkpointer cost it, step by step."""
+    resumed: dict | None = None
+    """The first successor's ``resumed`` event (``step``: the step it restored, 0: none)."""
+    load_s: float | None = None
+    """From that successor's ``ready`` to its ``resumed``: a load as the validation's
+    ledger counts one."""
 
     @property
     def samples(self) -> tuple[float, ...]:
@@ -124,14 +132,17 @@ class Restarts:
 
 def time_restarts(config, device: str, folder: Path, *, count: int, every: int = NEVER,
                   kill_at: int = VICTIM_STEPS, strategy: str = "deepspeed",
-                  options: dict | None = None) -> Restarts:
+                  options: dict | None = None, resume: bool = False) -> Restarts:
     """``time_restart`` ``count`` times in a chain: the first victim trains under
     ``strategy``'s checkpointer (``profiler.checkpointers``, with ``options``) every
     ``every`` steps and is killed after step ``kill_at``; each successor but the last
-    trains ``VICTIM_STEPS`` steps (saving nothing) and is the next victim; each is timed
+    trains ``VICTIM_STEPS`` steps (saving nothing, but the first with ``resume``) and is
+    the next victim; each is timed
     from its predecessor's kill to its ready. The validation probes a chain beside each
     run: the machine's restart, and its checkpoints at the run's cadence inside a
-    running job."""
+    running job. With ``resume`` the first successor is the run's next worker: under
+    the same checkpointer, in the first victim's folder, it loads the newest recovery
+    point in a fresh process as a run's worker does after a failure (``Restarts.resumed``)."""
     if every < 1 or kill_at < 1 or count < 1:
         raise ValueError(f"a restart probe needs every >= 1, kill_at >= 1 and count >= 1, "
                          f"not {every}, {kill_at} and {count}")
@@ -139,25 +150,35 @@ def time_restarts(config, device: str, folder: Path, *, count: int, every: int =
                     strategy=strategy, options=options)
     _wait_for(folder / "victim.jsonl", victim, folder / "victim.out",
               lambda e: e["event"] == "step" and int(e["step"]) >= kill_at)
-    restarts, steps = [], ()
+    restarts, steps, resumed, load = [], (), None, None
     for i in range(count):
         name, last = "successor" if i == 0 else f"successor{i}", i == count - 1
         killed = time.time()
         kill_worker(victim)
         if i == 0:
             steps = _steps(folder / "victim.jsonl", killed)
-        successor = _spawn(config, device, folder, name, interval=NEVER, probe=last)
-        ready = _wait_for(folder / f"{name}.jsonl", successor, folder / f"{name}.out",
-                          lambda e: e["event"] == "ready")
+        loads = resume and i == 0
+        successor = (_spawn(config, device, folder, name, interval=every, probe=False,
+                            strategy=strategy, options=options, root="victim") if loads
+                     else _spawn(config, device, folder, name, interval=NEVER, probe=last))
+        log, output = folder / f"{name}.jsonl", folder / f"{name}.out"
+        ready = _wait_for(log, successor, output, lambda e: e["event"] == "ready")
         restarts.append(Restarted(killed, float(ready["time"]), victim.pid))
+        if loads:
+            resumed = _wait_for(log, successor, output, lambda e: e["event"] == "resumed")
+            load = float(resumed["time"]) - float(ready["time"])
+            if last:
+                kill_worker(successor)
+                return Restarts(tuple(restarts), steps, resumed, load)
         if not last:
-            _wait_for(folder / f"{name}.jsonl", successor, folder / f"{name}.out",
-                      lambda e: e["event"] == "step" and int(e["step"]) >= VICTIM_STEPS)
+            _wait_for(log, successor, output,
+                      lambda e: e["event"] == "step" and int(e["step"]) >= VICTIM_STEPS + (
+                          int(resumed["step"]) if loads else 0))
             victim = successor
     if successor.wait(timeout=READY_TIMEOUT_S) != 0:
         raise RuntimeError(f"the restart probe exited with {successor.returncode}: "
                            f"{(folder / f'{name}.out').read_text()[-1500:]}")
-    return Restarts(tuple(restarts), steps)
+    return Restarts(tuple(restarts), steps, resumed, load)
 
 
 def _steps(log: Path, killed: float) -> tuple[dict, ...]:
@@ -166,10 +187,13 @@ def _steps(log: Path, killed: float) -> tuple[dict, ...]:
 
 
 def _spawn(config, device: str, folder: Path, name: str, *, interval: int, probe: bool,
-           strategy: str = "deepspeed", options: dict | None = None) -> subprocess.Popen:
+           strategy: str = "deepspeed", options: dict | None = None,
+           root: str | None = None) -> subprocess.Popen:
+    """A worker of the chain, its checkpoints in ``folder/ckpt/<root or name>``."""
     from ..failures.worker import write_job
     spec = write_job(folder / f"{name}.json", config=config, device=device,
-                     root=folder / "ckpt" / name, log=folder / f"{name}.jsonl", strategy=strategy,
+                     root=folder / "ckpt" / (root or name), log=folder / f"{name}.jsonl",
+                     strategy=strategy,
                      interval=interval, repeat=True, engine=True, probe=probe, options=options)
     return spawn_worker(spec, folder / f"{name}.out", config.threads)
 

@@ -54,3 +54,24 @@ def test_a_chain_times_each_successor_from_its_predecessor_s_kill(tmp_path):
     steps = [e["step"] for e in chain.victim_steps]
     assert steps[:4] == [1, 2, 3, 4] and all(e["time"] <= first.killed for e in chain.victim_steps)
     assert [e["stall_s"] > 0 for e in chain.victim_steps[:4]] == [False, True, False, True]
+
+
+def test_with_resume_the_first_successor_loads_the_victim_s_newest_save_in_a_fresh_process(tmp_path):
+    chain = time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=1, every=2, kill_at=4,
+                          resume=True)
+    killed = chain.restarts[0].killed
+    saved = [int(p.name[4:]) for p in (tmp_path / "ckpt" / "victim").glob("job*/step*")]
+    # it resumed the victim's folder at the newest save, not a fresh one at step 0
+    assert chain.resumed is not None and chain.resumed["step"] == max(saved) >= 4
+    assert not (tmp_path / "ckpt" / "successor").exists()
+    events = _events(tmp_path / "successor.jsonl")
+    ready = next(e for e in events if e["event"] == "ready")
+    assert ready["time"] == chain.restarts[0].ready > killed
+    # where the restart went: the worker's code began, the job was prepared, the engine built
+    assert killed < ready["entered"] <= ready["prepared"] <= ready["built"] <= ready["time"]
+    # the ledger's load: from the successor's ready to its resume
+    assert chain.load_s == pytest.approx(chain.resumed["time"] - ready["time"]) and chain.load_s > 0
+    # the last worker of the chain is killed once it resumed: no step of its own
+    assert not [e for e in events if e["event"] == "step"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(ready["pid"], 0)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from layercheck.contract.trace import read_trace
-from profiler.failures.beside import Beside
+from profiler.failures.beside import Beside, priced_load_s
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,6 +59,36 @@ def test_the_figures_are_the_trace_s_bytes_over_the_probe_s_seconds():
     # a strategy without full saves: the restart alone
     assert Beside(strategy="gemini", restarts_s=(15.0, 17.0)).figures(workload, costs) == \
         {"restart_s": 16.0}
+
+
+def test_the_load_is_the_first_successor_s_and_only_where_it_restored_a_step():
+    resumed = {"event": "resumed", "step": 6, "time": 200.0, "load_s": 0.2}  # LayerCheck's part
+    for strategy in ("deepspeed", "lowdiff", "checkfreq", "layercheck", "gemini"):
+        probe = Beside.from_steps(strategy, (10.0,), (), 3, resumed, 1.1)
+        assert (probe.load_s, probe.load_step) == (1.1, 6)
+    fresh = Beside.from_steps("deepspeed", (10.0,), (), 3, {**resumed, "step": 0}, 0.01)
+    assert fresh.load_s is None and Beside.from_steps("checkfreq", (10.0,), (), 3).load_s is None
+
+
+@pytest.mark.parametrize("strategy, priced", [("deepspeed", "load_s"), ("lowdiff", "load_s"),
+                                              ("checkfreq", "async_load_s"),
+                                              ("layercheck", "lc_load_s")])
+def test_the_load_replaces_the_figure_that_prices_the_strategy_s_recovery(strategy, priced):
+    trace = read_trace(ROOT / "traces/minilm-200steps")
+    from sim import CostModel, Scenario
+    scenario = Scenario.from_trace(trace, costs=CostModel.from_calibration(trace.costs))
+    workload, costs = scenario.workload, scenario.costs
+    figures = Beside(strategy=strategy, restarts_s=(10.0,), load_s=1.25).figures(workload, costs)
+    assert len(figures) == 2
+    # the simulator's recovery prices the full state's load at the probe's seconds
+    moved = costs.with_overrides(**figures)
+    assert getattr(moved, priced)(workload.full_bytes) == pytest.approx(1.25)
+    assert priced_load_s(strategy, moved, workload.full_bytes) == pytest.approx(1.25)
+    assert priced_load_s(strategy, costs, workload.full_bytes) == \
+        pytest.approx(getattr(costs, priced)(workload.full_bytes))
+    # gemini's load (from its peer) is not probed: its figures stay costs.json's
+    assert Beside(strategy="gemini", restarts_s=(10.0,), load_s=1.25).figures(
+        workload, costs) == {"restart_s": 10.0}
 
 
 def test_a_probe_without_a_restart_is_refused():

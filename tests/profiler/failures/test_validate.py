@@ -62,7 +62,12 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     # restart (timed at calibration) gives predicted_from_costs
     from sim import CostModel
     from layercheck.contract.calibration import read_calibration
-    calibrated = CostModel.from_calibration(read_calibration(calibrated_tiny)).restart_s
+    from layercheck.contract.trace import read_trace
+    from profiler.failures.beside import LOADS, priced_load_s
+    from sim import Scenario
+    costs = CostModel.from_calibration(read_calibration(calibrated_tiny))
+    calibrated = costs.restart_s
+    state = Scenario.from_trace(read_trace(calibrated_tiny), costs=costs).workload.full_bytes
     assert doc["probes"] == 1 and set(run["probes"]) == set(strategies)
     for strategy, beside in run["probes"].items():
         probe = beside["restart_s"]
@@ -81,6 +86,14 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
         # both predictions' where a restart takes longer than the rest of the window
         base, cut = run["predicted_from_costs"][strategy]["recovery_s"], WINDOW - 6.0
         slower, delta = run["predicted"][strategy]["recovery_s"] - base, probe - calibrated
+        # and where its first successor loaded the victim's recovery point (all but
+        # gemini, whose peer the probe does not start), the recovery's load is the probe's
+        assert (beside["load_s"] is not None) == (strategy in LOADS), (strategy, beside)
+        assert row["load_probe_s"] == beside["load_s"]
+        if beside["load_s"] is not None:
+            assert beside["load_step"] > 0 and 0 < beside["load_s"] < 60
+            if strategy != "lowdiff":  # lowdiff loads a full checkpoint only past its first
+                delta += beside["load_s"] - priced_load_s(strategy, costs, state)
         # where the probe timed full saves (and lowdiff's differentials), its figures move
         # the step the failure strikes, and with it a resumed worker's warm-up and
         # lowdiff's replay, by a fraction of a second (a CI run: deepspeed by 0.016 s)
@@ -260,6 +273,7 @@ def test_the_printed_table_has_every_repeat_and_the_summary():
     row = {"strategy": "lowdiff", "measured_ratio": 0.5, "predicted_ratio": 0.52,
            "relative_error": 0.04, "failures": 6, "pace": 1.0, "predicted_at_pace": 0.51,
            "relative_error_at_pace": 0.02, "restart_probe_s": 12.5, "save_probe_s": 0.25,
+           "load_probe_s": 0.8,
            "predicted_from_costs": 0.55, "relative_error_from_costs": 0.1}
     doc = {"repeats": 2, "window_s": 90.0,
            "runs": [{"repeat": 0, "seed": 0, "failures_s": [3.0], "table": [row]},
@@ -269,4 +283,4 @@ def test_the_printed_table_has_every_repeat_and_the_summary():
     text = format_table(doc)
     assert "repeat 1: seed 0, failures at 3 s" in text and "repeat 2: seed 1" in text
     assert "median over 2 repeat(s)" in text and "[ -1.00%,  +5.00%]" in text
-    assert " 12.50s 0.250s " in text and "0.5500  +10.00%" in text  # the probe, costs.json's prediction
+    assert " 12.50s 0.250s 0.800s " in text and "0.5500  +10.00%" in text  # the probe, costs.json's prediction
