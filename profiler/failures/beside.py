@@ -50,20 +50,18 @@ MAX_STEPS = 30
 """The most steps the probe's first worker trains for its saves."""
 FULL_SAVES = ("deepspeed", "lowdiff")
 """The strategies whose runs make full saves on the training thread at their interval."""
-LOADS = {"deepspeed": ("load_gbps", "load_fixed_s"), "lowdiff": ("load_gbps", "load_fixed_s"),
-         "checkfreq": ("async_load_gbps", "load_fixed_s"),
-         "layercheck": ("lc_load_gbps", "lc_load_fixed_s")}
-"""Per strategy whose load the probe times: the cost figures that price its recovery's
-load in the simulator (``sim/strategies``: ``load_s``, ``async_load_s``, ``lc_load_s``
-of the full bytes; LowDiff's full checkpoint, killed just after one, replays no
-differential): the rate the probe replaces, and the fixed part it keeps."""
+LOADS = {"deepspeed": ("load_s", "load_gbps"), "lowdiff": ("load_s", "load_gbps"),
+         "checkfreq": ("async_load_s", "async_load_gbps"),
+         "layercheck": ("lc_load_s", "lc_load_gbps")}
+"""Per strategy whose load the probe times: the ``CostModel`` method that prices its
+recovery's load of the full bytes in the simulator (``sim/strategies``; LowDiff's full
+checkpoint, killed just after one, replays no differential), and the rate in it the
+probe replaces (the method's fixed part, its load of no bytes, is kept)."""
 
 
 def priced_load_s(strategy: str, costs: Any, full_bytes: float) -> float:
     """The load of ``strategy``'s full recovery point as ``costs`` price it (``LOADS``)."""
-    from sim.costs import GB
-    rate, fixed = LOADS[strategy]
-    return getattr(costs, fixed) + full_bytes / (getattr(costs, rate) * GB)
+    return getattr(costs, LOADS[strategy][0])(full_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,9 +105,10 @@ class Beside:
         if self.save_s is not None and self.save_s > 0:
             out["save_gbps"] = workload.full_bytes / (self.save_s * GB)
         if self.load_s is not None and self.strategy in LOADS:
-            rate, fixed = LOADS[self.strategy]  # the inverse of priced_load_s
-            if self.load_s > getattr(costs, fixed):
-                out[rate] = workload.full_bytes / ((self.load_s - getattr(costs, fixed)) * GB)
+            # the inverse of priced_load_s: the rate that prices the full bytes at load_s
+            fixed = priced_load_s(self.strategy, costs, 0.0)
+            if self.load_s > fixed:
+                out[LOADS[self.strategy][1]] = workload.full_bytes / ((self.load_s - fixed) * GB)
         if self.diff_s is not None and self.diff_s > 0:
             # the inverse of CostModel.diff_snapshot_s
             out["diff_snapshot_gbps"] = costs.diff_bytes(workload.full_bytes) / (self.diff_s * GB)
@@ -158,22 +157,20 @@ def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, cou
     folder.mkdir(parents=True)
     os.sync()
     try:
-        if strategy in FULL_SAVES:
-            saves = max(1, min(SAVES, MAX_STEPS // every))
-            chain = time_restarts(job, device, folder, count=count, every=every,
-                                  kill_at=saves * every, strategy=strategy, options=options,
-                                  resume=True)
-        elif strategy in LOADS:
-            # a few steps past the first recovery point (for CheckFreq's background
-            # persist): LayerCheck's base, written at the end of its warm-up, or the
-            # strategy's first checkpoint
-            first = job.resolved_warmup if strategy == "layercheck" else every
-            kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
+        if strategy not in LOADS:
+            chain = time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS)
+        else:
+            if strategy in FULL_SAVES:
+                kill_at = max(1, min(SAVES, MAX_STEPS // every)) * every
+            else:
+                # a few steps past the first recovery point (for CheckFreq's background
+                # persist): LayerCheck's base, written at the end of its warm-up, or the
+                # strategy's first checkpoint
+                first = job.resolved_warmup if strategy == "layercheck" else every
+                kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
             chain = time_restarts(job, device, folder, count=count, every=every,
                                   kill_at=kill_at, strategy=strategy, options=options,
                                   resume=True)
-        else:
-            chain = time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS)
         return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every,
                                  chain.resumed, chain.load_s)
     finally:

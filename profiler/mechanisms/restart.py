@@ -167,17 +167,18 @@ def time_restarts(config, device: str, folder: Path, *, count: int, every: int =
         if loads:
             resumed = _wait_for(log, successor, output, lambda e: e["event"] == "resumed")
             load = float(resumed["time"]) - float(ready["time"])
-            if last:
+            if last:  # a worker that trains on: it ends as the others, killed
                 kill_worker(successor)
-                return Restarts(tuple(restarts), steps, resumed, load)
+                break
         if not last:
             _wait_for(log, successor, output,
                       lambda e: e["event"] == "step" and int(e["step"]) >= VICTIM_STEPS + (
                           int(resumed["step"]) if loads else 0))
             victim = successor
-    if successor.wait(timeout=READY_TIMEOUT_S) != 0:
-        raise RuntimeError(f"the restart probe exited with {successor.returncode}: "
-                           f"{(folder / f'{name}.out').read_text()[-1500:]}")
+    else:  # the last worker was a probe: it stopped at ready
+        if successor.wait(timeout=READY_TIMEOUT_S) != 0:
+            raise RuntimeError(f"the restart probe exited with {successor.returncode}: "
+                               f"{(folder / f'{name}.out').read_text()[-1500:]}")
     return Restarts(tuple(restarts), steps, resumed, load)
 
 
