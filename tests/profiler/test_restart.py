@@ -23,31 +23,42 @@ def test_a_probe_needs_a_checkpoint_interval_and_a_step_to_kill_at(tmp_path):
         time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=0)
 
 
-def test_a_chain_times_each_successor_from_its_predecessor_s_kill(tmp_path):
-    chain = time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=2, every=2, kill_at=5)
+def test_a_chain_times_each_successor_from_its_predecessor_s_kill_and_the_first_resumes(tmp_path):
+    chain = time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=2, every=2, kill_at=5,
+                          resume=True)
     first, second = chain.restarts
     victim = _events(tmp_path / "victim.jsonl")
     steps = [e for e in victim if e["event"] == "step"]
     # it was training and checkpointing, as a run's worker is, and died at the kill:
-    # nothing after it; its newest save (step 4, or 6 where it ran on) is on disk
+    # nothing after it
     last = max(e["step"] for e in steps)
     assert last >= 5 and all(e["time"] <= first.killed for e in victim)
-    saved = [int(p.name[4:]) for p in (tmp_path / "ckpt" / "victim").glob("job*/step*")]
-    assert saved and max(saved) == last - last % 2 >= 4, saved
     for pid in (first.victim, second.victim):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     # a new interpreter importing torch and transformers and building the job
     assert all(0.5 < r.seconds < 300 for r in chain.restarts)
-    # the first successor trained on (from a fresh folder of its own: no resume) and was
-    # the second victim, killed after VICTIM_STEPS steps; the second successor stopped at ready
+    # the first successor is a run's next worker: in the victim's folder (none of its own)
+    # it loaded the victim's newest save: that of its last logged step, or, where the kill
+    # fell between a save and its step's log line, the next one
+    assert chain.resumed is not None and not (tmp_path / "ckpt" / "successor").exists()
+    assert chain.resumed["step"] in {last - last % 2, last + 1 - (last + 1) % 2}, last
     middle = _events(tmp_path / "successor.jsonl")
-    assert [e["step"] for e in middle if e["event"] == "resumed"] == [0]
-    assert max(e["step"] for e in middle if e["event"] == "step") >= VICTIM_STEPS
+    ready = next(e for e in middle if e["event"] == "ready")
+    assert ready["time"] == first.ready > first.killed
+    # where the restart went: the worker's code began, the job was prepared, the engine built
+    assert first.killed < ready["entered"] <= ready["prepared"] <= ready["built"] <= ready["time"]
+    # the ledger's load: from the successor's ready to its resume
+    assert chain.load_s == pytest.approx(chain.resumed["time"] - ready["time"]) and chain.load_s > 0
+    # it trained on past its resume and was the second victim; the second successor
+    # stopped at ready
+    assert [e["step"] for e in middle if e["event"] == "resumed"] == [chain.resumed["step"]]
+    assert (max(e["step"] for e in middle if e["event"] == "step")
+            >= chain.resumed["step"] + VICTIM_STEPS)
     assert first.ready < second.killed and all(e["time"] <= second.killed for e in middle)
-    ready = [e for e in _events(tmp_path / "successor1.jsonl") if e["event"] == "ready"]
-    assert [e["time"] for e in ready] == [second.ready]
-    assert ready[0]["pid"] != middle[0]["pid"] == second.victim
+    probe = [e for e in _events(tmp_path / "successor1.jsonl") if e["event"] == "ready"]
+    assert [e["time"] for e in probe] == [second.ready]
+    assert probe[0]["pid"] != middle[0]["pid"] == second.victim
     assert chain.samples == (first.seconds, second.seconds)
     assert chain.seconds == pytest.approx((first.seconds + second.seconds) / 2)
     # the first victim's steps, its saves (every 2 steps) among them
@@ -56,21 +67,12 @@ def test_a_chain_times_each_successor_from_its_predecessor_s_kill(tmp_path):
     assert [e["stall_s"] > 0 for e in chain.victim_steps[:4]] == [False, True, False, True]
 
 
-def test_with_resume_the_first_successor_loads_the_victim_s_newest_save_in_a_fresh_process(tmp_path):
+def test_a_resuming_successor_that_ends_the_chain_is_killed_once_it_resumed(tmp_path):
     chain = time_restarts(CaptureConfig(**TINY), "cpu", tmp_path, count=1, every=2, kill_at=4,
                           resume=True)
-    killed = chain.restarts[0].killed
-    saved = [int(p.name[4:]) for p in (tmp_path / "ckpt" / "victim").glob("job*/step*")]
-    # it resumed the victim's folder at the newest save, not a fresh one at step 0
-    assert chain.resumed is not None and chain.resumed["step"] == max(saved) >= 4
-    assert not (tmp_path / "ckpt" / "successor").exists()
     events = _events(tmp_path / "successor.jsonl")
     ready = next(e for e in events if e["event"] == "ready")
-    assert ready["time"] == chain.restarts[0].ready > killed
-    # where the restart went: the worker's code began, the job was prepared, the engine built
-    assert killed < ready["entered"] <= ready["prepared"] <= ready["built"] <= ready["time"]
-    # the ledger's load: from the successor's ready to its resume
-    assert chain.load_s == pytest.approx(chain.resumed["time"] - ready["time"]) and chain.load_s > 0
+    assert chain.resumed is not None and chain.resumed["step"] >= 4
     # the last worker of the chain is killed once it resumed: no step of its own
     assert not [e for e in events if e["event"] == "step"]
     with pytest.raises(ProcessLookupError):

@@ -157,7 +157,10 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
         # timestamps also hold the batch's fetch, before the timed phases, a few ms)
         compute = e["computed"] - e["begin"] - e["tracking_s"]
         assert e["compute_s"] - 1e-3 <= compute <= e["compute_s"] + 0.1
-        assert e["time"] - e["computed"] + e["tracking_s"] == pytest.approx(e["stall_s"], abs=0.05)
+        # (the timestamps' span also holds the bookkeeping around the save: a few ms, more
+        # where the process waits for a core)
+        span = e["time"] - e["computed"] + e["tracking_s"]
+        assert e["stall_s"] - 1e-3 <= span <= e["stall_s"] + 0.1
     # every step's compute is either kept or lost; lost also holds what was in flight
     in_flight = sum(k - max(e["time"] for e in w.events if e["event"] in ("resumed", "step")
                             and e["time"] <= k)
@@ -173,10 +176,21 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
     assert led.recovery_s - led.warmup_s == pytest.approx(
         sum(min(r, end) - k for r, k in zip(resumes, killed)))
     # each recovery resumed at the newest save the killed worker had logged (or the one in
-    # flight at the kill): a multiple of the interval, in the job it was killed in
+    # flight at the kill): a multiple of the interval, in the job it was killed in; or at
+    # the next job's start, where the kill fell after the job's end was made durable
+    # (``job.json``) and before its ``job_done`` line
     assert led.resumed_at, "no worker resumed after a kill: is the machine this loaded?"
-    for w, got in zip(workers, led.resumed_at):
+    recoveries = [(w, next(e for e in after.events if e["event"] == "resumed"))
+                  for w, after in zip(workers, workers[1:])
+                  if any(e["event"] == "resumed" and e["time"] <= end for e in after.events)]
+    assert [e["step"] for _, e in recoveries] == led.resumed_at
+    for w, resumed in recoveries:
+        got = resumed["step"]
         last = [e for e in w.events if e["event"] in ("resumed", "step")][-1]
+        if resumed["job"] == last["job"] + 1:
+            assert last["event"] == "step" and last["step"] == config.steps and got == 0
+            continue
+        assert resumed["job"] == last["job"]
         logged = [e["step"] for e in w.events if e["event"] == "step" and e["job"] == last["job"]
                   and e["step"] % every == 0 and e["step"] < config.steps]
         durable = max(logged + [last["step"] if last["event"] == "resumed" else 0])
