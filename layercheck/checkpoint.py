@@ -294,9 +294,7 @@ class LayerCheck:
         self._new_layout = False  # recorded: this job's versions name it from now on
         self.writer.layout = self.layout.id
         self.current_step = step
-        self.state = PolicyState(policy=self.policy)
-        self.state.last_written[:] = step
-        self.state.base_step = step if base_taken else None
+        self.state = PolicyState.at(self.policy, step, base_taken=base_taken)
         self.drift.resync()
         self.frozen.start(self.layer_map.names, {  # a full version of another layout holds
             name: v for name, v in (standing or {}).items()  # no shard of this one's ranks

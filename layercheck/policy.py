@@ -164,6 +164,18 @@ class PolicyState:
         if self.last_written is None:
             self.last_written = np.zeros(n, dtype=np.int64)
 
+    @classmethod
+    def at(cls, policy: Policy, step: int, *, base_taken: bool) -> "PolicyState":
+        """The state of a timeline that begins after ``step`` (0: a run's start; else a
+        restore of step ``step``): every layer equals its copy, so each accumulator is 0
+        and each layer counts as written at ``step``; ``base_taken``: the base checkpoint
+        exists (a restore), so the next opportunity decides by drift and age. What
+        ``LayerCheck`` continues from, and what ``layercheck.contract.resumed`` replays."""
+        state = cls(policy=policy)
+        state.last_written[:] = step
+        state.base_step = step if base_taken else None
+        return state
+
     def observe(self, step: int, drift: np.ndarray, lr_ratio: float) -> Decision:
         """Add step ``step``'s drift and decide what to write (contract in the module doc)."""
         self.accumulators += drift

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .composite import Composite
 from .errors import SimError
 from .timeline import Timeline
 
@@ -83,7 +84,7 @@ class _Stack:
         self.recover = cat(lambda t: t.schedule.recover)
         self.recover_backup = cat(lambda t: t.schedule.recover_backup
                                   if t.schedule.recover_backup is not None else t.schedule.recover)
-        self.stale_last, self.stale_weights = _stale_layers(timelines)
+        self.composite = _composites(timelines)
         shift = lambda s: s * self.big  # noqa: E731
         self.ready_key = np.concatenate([t.ready + shift(s) for s, t in enumerate(timelines)])
         self.commit_key, self.commit_pos = self._tier(timelines, "commit")
@@ -91,14 +92,9 @@ class _Stack:
 
     def stale(self, off: np.ndarray, c: np.ndarray, j: np.ndarray) -> np.ndarray:
         """``Schedule.stale_s(c, j)`` for every lane at once (0 where no layer is stale)."""
-        if self.stale_last is None:
+        if self.composite is None:
             return np.zeros(len(c))
-        since = np.maximum(self.stale_last[off + c], np.minimum(j, c)[:, None])
-        gone = self.work[(off + c)[:, None]] - self.work[off[:, None] + since]
-        # summed layer by layer, in order (an accumulate is sequential by definition), as
-        # the compiled loop sums: ``gone @ weights`` summed in BLAS's order, which depends
-        # on the BLAS build and CPU and which no scalar loop reproduces (a few ulp apart)
-        return np.cumsum(gone * self.stale_weights, axis=1)[:, -1]
+        return self.composite.stale_s(self.work, c, j, off)
 
     def _tier(self, timelines, name):
         keys, pos = [], []
@@ -188,18 +184,16 @@ def resolve_kernel(kernel: str | None, *, turns: int | None = None) -> str:
     return "compiled" if _KERNEL else "numpy"
 
 
-def _stale_layers(timelines) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Every timeline's stale-layer table stacked like the timelines (a consistent
-    schedule's recovery point at c has every layer from c), with the layer weights."""
-    tables = [t.schedule.stale_last for t in timelines]
-    known = [i for i, table in enumerate(tables) if table is not None]
+def _composites(timelines) -> Composite | None:
+    """Every timeline's composite stacked like the timelines (a consistent schedule's:
+    every layer from c, ``Composite.consistent``); None where no timeline has one."""
+    parts = [t.schedule.composite for t in timelines]
+    known = [p for p in parts if p is not None]
     if not known:
-        return None, None
-    width = tables[known[0]].shape[1]
-    stacked = [table if table is not None else
-               np.repeat(np.arange(t.steps + 1)[:, None], width, axis=1)
-               for t, table in zip(timelines, tables)]
-    return np.concatenate(stacked).astype(np.int64), timelines[known[0]].schedule.stale_weights
+        return None
+    weights = known[0].weights
+    return Composite.stack([p if p is not None else Composite.consistent(t.steps, weights.size, weights)
+                            for t, p in zip(timelines, parts)])
 
 
 class _Lanes:
@@ -225,7 +219,7 @@ class _Lanes:
         self.ready_hi = self.end + 1
         self.commit_lo, self.commit_hi = st.commit_bounds[strategy], st.commit_bounds[strategy + 1]
         self.backup_lo, self.backup_hi = st.backup_bounds[strategy], st.backup_bounds[strategy + 1]
-        self.has_stale = np.array([t.schedule.stale_last is not None for t in timelines],
+        self.has_stale = np.array([t.schedule.composite is not None for t in timelines],
                                   dtype=np.bool_)[strategy]
 
     def advance(self, a: slice, k: int, seg_flat: np.ndarray, u_flat: np.ndarray,
@@ -256,7 +250,10 @@ class _Lanes:
         c, recover_next, backup = self._commit(a, key, js, finish, u_flat, k)
         kept = np.where(fail, st.work[off + c] - st.work[gs], done)
         tot["useful_s"][a] += useful + kept
-        tot["stale_s"][a] += np.where(fail, st.stale(off, c, js), 0.0)
+        stale = np.zeros(fail.shape)
+        if fail.any():  # the composite's walk, for the lanes that failed
+            stale[fail] = st.stale(off[fail], c[fail], np.broadcast_to(js, fail.shape)[fail])
+        tot["stale_s"][a] += stale
         tot["lost_work_s"][a] += done - kept
         tot["checkpoint_stall_s"][a] += stall + left - done
         tot["recovery_s"][a] += rec

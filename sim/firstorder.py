@@ -142,14 +142,13 @@ def _terms(schedule: Schedule, tl: Timeline, t: np.ndarray, c: np.ndarray, recov
 
 def _stale(schedule, tl, t, c, recover, weight, mtbf_s) -> float:
     """Mean S: a composite recovery at c discards, per layer, the compute since its copy or
-    since the run's last resume, whichever is later; the last resume is one exponential
+    since the run's last resume, whichever is later (``Composite.stale_s``); the last resume is one exponential
     gap (less its recovery) before the failure, averaged over the gap's quantiles."""
-    if schedule.stale_last is None:
+    if schedule.composite is None:
         return 0.0
     q = -np.log1p(-(np.arange(RESUME_QUANTILES) + 0.5) / RESUME_QUANTILES) * mtbf_s
     back = np.maximum(q[None, :] - recover[:, None], 0.0)
     j = np.searchsorted(tl.ready, np.maximum(t[:, None] - back, 0.0), side="right") - 1
     j = np.clip(j, 0, c[:, None])
-    since = np.maximum(schedule.stale_last[c][:, None, :], j[:, :, None])
-    lost = (tl.work[c][:, None, None] - tl.work[since]) @ schedule.stale_weights
+    lost = schedule.composite.stale_s(tl.work, c[:, None], j)
     return float(weight @ lost.mean(axis=1))

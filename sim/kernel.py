@@ -36,17 +36,20 @@ __all__ = ["run"]
 def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
     """Totals of ``lanes`` (``sim.engine._Lanes``, fresh) over every segment of each."""
     n = len(lanes.off)
-    if st.stale_last is None:
-        stale_last, weights = np.zeros((0, 0), dtype=np.int64), np.zeros(0)
+    if st.composite is None:
+        stale_last = restarted = np.zeros((0, 0), dtype=np.int64)
+        weights = np.zeros(0)
     else:
-        stale_last, weights = st.stale_last, np.ascontiguousarray(st.stale_weights, dtype=np.float64)
+        stale_last = st.composite.last
+        restarted = np.ascontiguousarray(st.composite.restarted)
+        weights = np.ascontiguousarray(st.composite.weights, dtype=np.float64)
     out = np.zeros((10, n))
     _lanes(lanes.off, lanes.key, lanes.end, lanes.job_s, lanes.prob, lanes.seg_off, lanes.count,
            lanes.ready_hi, lanes.commit_lo, lanes.commit_hi, lanes.backup_lo, lanes.backup_hi,
            seg_flat, u_flat, d_flat, st.ready_key, st.resume, st.work, st.checkpoints, st.written,
            st.skip_at, st.wait_skip, st.job_end, st.recover, st.recover_backup,
-           st.commit_key, st.commit_pos, st.backup_key, st.backup_pos, stale_last, weights,
-           lanes.has_stale, out)
+           st.commit_key, st.commit_pos, st.backup_key, st.backup_pos, stale_last, restarted,
+           weights, lanes.has_stale, out)
     return out
 
 
@@ -67,7 +70,8 @@ def _right(a, lo, hi, x):
 def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, commit_lo_a,
            commit_hi_a, backup_lo_a, backup_hi_a, seg_flat, u_flat, d_flat, ready_key, resume, work,
            checkpoints, written, skip_at, wait_skip, job_end, recover, recover_backup,
-           commit_key, commit_pos, backup_key, backup_pos, stale_last, weights, has_stale, out):
+           commit_key, commit_pos, backup_key, backup_pos, stale_last, restarted, weights, has_stale,
+           out):
     width = weights.shape[0]
     for lane in range(off_a.shape[0]):
         off, shift, end, job_s, prob = off_a[lane], key_a[lane], end_a[lane], job_a[lane], prob_a[lane]
@@ -125,7 +129,14 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
                     low = min(js, c)
                     dot = 0.0
                     for layer in range(width):
-                        since = max(stale_last[off + c, layer], low)
+                        # sim.composite's Composite.since, one layer: after a restore of
+                        # low > 0 the resumed run's writes, walked one by one up to c
+                        if low > 0 and restarted[off + low, layer] != -1:
+                            since = low
+                            while restarted[off + since, layer] <= c:
+                                since = restarted[off + since, layer]
+                        else:
+                            since = max(stale_last[off + c, layer], low)
                         dot += (work[off + c] - work[off + since]) * weights[layer]
                     stale_t += dot
                 rolled_t += (reached - off) - c

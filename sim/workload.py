@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from layercheck.contract.decision import recorded_config
+from layercheck.contract.decision import lr_ratio, policy_for
+from layercheck.contract.resumed import next_writes
 from layercheck.contract.trace import Trace, last_written
 
 from .errors import SimError
@@ -34,6 +35,11 @@ class LayerWrites:
     """Parameters of each layer (the weights of staleness)."""
     interval: int = 1
     """LayerCheck's checkpoint interval: its training state commits every ``interval`` steps."""
+    restarted: np.ndarray | None = None
+    """(N+1) x layers: the step each layer is next written at after its accumulator was
+    reset at step s (``layercheck.contract.resumed.next_writes``; N + 1: not in the job):
+    followed from a restore, the writes of the run resumed there. None where the
+    drift is not known (then a resumed run is taken to write as the uninterrupted one)."""
 
     def __post_init__(self) -> None:
         written = np.asarray(self.written, dtype=bool)
@@ -47,15 +53,30 @@ class LayerWrites:
         if isinstance(self.interval, bool) or not isinstance(self.interval, (int, np.integer)) \
                 or self.interval < 1:
             raise SimError(f"layer writes: interval={self.interval!r} must be an integer >= 1")
-        for name, value in (("written", written), ("nbytes", nbytes), ("params", params)):
+        arrays = {"written": written, "nbytes": nbytes, "params": params}
+        if self.restarted is not None:
+            restarted = np.asarray(self.restarted, dtype=np.int64)
+            steps = written.shape[0]
+            if restarted.shape != (steps + 1, written.shape[1]) or (
+                    restarted <= np.arange(steps + 1)[:, None]).any() or (restarted > steps + 1).any():
+                raise SimError("layer writes: restarted must be (steps + 1) x layers, each "
+                               "row s holding steps in s+1 .. steps+1")
+            arrays["restarted"] = restarted
+        for name, value in arrays.items():
             value.setflags(write=False)
             object.__setattr__(self, name, value)
 
     @classmethod
     def from_trace(cls, trace: Trace) -> "LayerWrites":
+        """The recorded setting's writes on the trace's layers, with the writes of its
+        runs resumed after a restore (on the trace's drift, at the recorded run's budget
+        factor)."""
+        policy = policy_for(trace)
         return cls(written=trace.write_matrix(), nbytes=trace.layer_bytes,
                    params=trace.layers["params"].to_numpy(dtype=np.float64),
-                   interval=recorded_config(trace).interval)
+                   interval=policy.interval,
+                   restarted=next_writes(policy, trace.drift_matrix(), lr_ratio(trace),
+                                         trace.k_scale()))
 
     @property
     def steps(self) -> int:

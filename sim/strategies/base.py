@@ -42,6 +42,7 @@ import numpy as np
 from layercheck.contract.band import Band
 from layercheck.contract.figure import Figure, FigureSpec
 
+from ..composite import Composite
 from ..errors import SimError
 from ..theory import daly_interval_s
 
@@ -111,11 +112,9 @@ class Schedule:
     recover_backup: np.ndarray | None = None
     backup_probability: float = 0.0
     """Chance that a failure destroys the primary tier, forcing the backup."""
-    stale_last: np.ndarray | None = None
-    """(N+1) x layers: the step whose copy of each layer a recovery at position c loads
-    (LayerCheck's composite); None: a recovery loads a consistent state of step c."""
-    stale_weights: np.ndarray | None = None
-    """Each layer's share of the parameters (weights of ``stale_s``)."""
+    composite: Composite | None = None
+    """The copies a recovery at each position loads (LayerCheck's composite,
+    ``sim.composite``); None: a recovery loads a consistent state of step c."""
     cadence: Cadence | None = None
 
     @property
@@ -124,14 +123,11 @@ class Schedule:
 
     def stale_s(self, c: int, j: int) -> float:
         """Training time whose updates a recovery at position c discards through stale
-        layers, when the run last resumed at j <= c: per layer, the compute of the steps
-        after its copy (or after j, where the restored layers equalled their copies) up to
-        c, weighted by its parameter share. 0 for a consistent recovery point."""
-        if self.stale_last is None or c == 0:
+        layers, when the run last resumed at j <= c (``Composite.stale_s``); 0 for a
+        consistent recovery point."""
+        if self.composite is None or c == 0:
             return 0.0
-        work = np.cumsum(self.compute)
-        since = np.maximum(self.stale_last[c], min(j, c))
-        return float((work[c] - work[since]) @ self.stale_weights)
+        return float(self.composite.stale_s(np.cumsum(self.compute), c, j))
 
 
 @dataclass(kw_only=True)
@@ -216,7 +212,7 @@ class Strategy:
             array[0] = array[n] = 0
         if b.backup is not None:
             b.backup[0] = b.backup[n] = np.nan
-        last, weights = self._stale(b)
+        composite = self._stale(b)
         recover, recover_backup = self._recovery(b), self._recovery_backup(b)
         for array in (recover, recover_backup):
             if array is not None:
@@ -229,7 +225,7 @@ class Strategy:
                         snap=b.snap, persist=b.persist, commit=b.commit, bytes=b.bytes,
                         recover=recover, backup=b.backup, recover_backup=recover_backup,
                         backup_probability=self._backup_probability(b),
-                        stale_last=last, stale_weights=weights, cadence=cadence)
+                        composite=composite, cadence=cadence)
 
     # hooks -------------------------------------------------------------------
     def _checkpoints(self, b: _Builder) -> None:
@@ -250,9 +246,9 @@ class Strategy:
     def _backup_probability(self, b: _Builder) -> float:
         return 0.0
 
-    def _stale(self, b: _Builder) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def _stale(self, b: _Builder) -> Composite | None:
         """A recovery point's stale layers (LayerCheck's composite); none by default."""
-        return None, None
+        return None
 
 
 def _daly_steps(checkpoint_s: float, workload: Workload, mtbf_s: float | None) -> int:

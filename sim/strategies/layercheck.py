@@ -9,6 +9,7 @@ import numpy as np
 from layercheck.contract.band import Band
 from layercheck.contract.figure import TRANSFERRED_STALE_COST, Figure, FigureSpec
 
+from ..composite import Composite
 from .base import Strategy, _Builder
 from .bands import COPY_BAND, COPY_RULE, LOAD_FIXED_RULE, PAPER, READ_BAND, READ_FIXED_BAND, STORAGE_RULE, WRITE_BAND
 
@@ -72,7 +73,8 @@ class LayerCheck(Strategy):
     memory (stall) and the background writer persists them and commits the step's
     training state. A step is a recovery point once that state is durable; recovery
     loads the composite of the newest copy of every layer, whose stale layers discard
-    the updates since their copy (``Schedule.stale_s``)."""
+    the updates since their copy or since the run's last resume, and after a resume
+    the policy writes as the library's restarted policy does (``sim.composite``)."""
     name = "layercheck"
     label = "layer-wise, background writer (the layercheck library)"
     needs_trace = True
@@ -96,8 +98,9 @@ class LayerCheck(Strategy):
     def _recovery(self, b: _Builder) -> np.ndarray:
         return np.full(b.steps + 1, b.costs.restart_s + b.costs.lc_load_s(b.full))
 
-    def _stale(self, b: _Builder) -> tuple[np.ndarray, np.ndarray]:
-        return b.workload.layers.last, b.workload.layers.weights
+    def _stale(self, b: _Builder) -> Composite:
+        layers = b.workload.layers
+        return Composite.of(layers.last, layers.restarted, layers.weights)
 
 
 class LayerCheckSync(LayerCheck):

@@ -62,16 +62,25 @@ def test_threshold_zero_resume_is_bit_for_bit(tmp_path):
     _assert_equal_states(_state(model, opt), expected)
 
 
-def test_mixed_staleness_restores_each_layer_exactly(tmp_path):
-    cfg = LayerCheckConfig(base_threshold=2e-2, embedding_threshold=5e-2, warmup_steps=3, smax=9)
+MIXED = LayerCheckConfig(base_threshold=2e-2, embedding_threshold=5e-2, warmup_steps=3, smax=9)
+"""Layers of several ages after 25 steps (``_mixed_run``)."""
+
+
+def _mixed_run(directory, total: int) -> None:
+    """25 steps of the tiny model under ``MIXED`` into ``directory`` (of a ``total``-step schedule)."""
     torch.manual_seed(0)
     model = tiny_lm(seed=0)
-    opt, sched = optimizer_for(model, lr=3e-3, total=40)
-    with LayerCheck(model, opt, tmp_path / "c", cfg, scheduler=sched) as lc:
+    opt, sched = optimizer_for(model, lr=3e-3, total=total)
+    with LayerCheck(model, opt, directory, MIXED, scheduler=sched) as lc:
         lc.restore()
         for _ in range(25):
             train_step(model, opt, sched)
             lc.step()
+
+
+def test_mixed_staleness_restores_each_layer_exactly(tmp_path):
+    cfg = MIXED
+    _mixed_run(tmp_path / "c", total=40)
     store = LocalStore(tmp_path / "c")
     view = read_manifest(store)
     sources = {name: versions[-1] for name, versions in view.versions.items()}
@@ -187,3 +196,36 @@ def test_a_write_budget_sizes_its_layers_at_the_base_and_after_a_restore(tmp_pat
         train_step(model, opt, sched)
         lc.step()
         assert lc.state.spent >= 0 and lc.state.level != 0
+
+
+def test_after_a_restore_the_library_writes_what_next_writes_follows_from_there(tmp_path):
+    """The simulator prices a second recovery with ``layercheck.contract.resumed``: the
+    real library restored at step 25 (layers of several ages) and trained on writes,
+    step by step, the chain that table gives from 25 on the drift it measured."""
+    from layercheck.contract.resumed import next_writes
+    from layercheck.policy import lr_ratio
+    _mixed_run(tmp_path / "c", total=60)
+    model = tiny_lm(seed=5)
+    opt, sched = optimizer_for(model, lr=3e-3, total=60)
+    reports = []
+    with LayerCheck(model, opt, tmp_path / "c", MIXED, scheduler=sched) as lc:
+        assert lc.restore() == 25
+        assert (lc.state.last_written == 25).all() and not lc.state.accumulators.any()
+        for _ in range(30):
+            train_step(model, opt, sched)
+            reports.append(lc.step())
+        policy, peak = lc.policy, lc.lr_peak
+    # the table over the 55 steps, the resumed run's own drift from step 26 on
+    drift = np.zeros((55, policy.num_layers))
+    ratio = np.ones(55)
+    for r in reports:
+        drift[r.step - 1], ratio[r.step - 1] = r.drift, lr_ratio(r.lr, peak)
+    table = next_writes(policy, drift, ratio)
+    for layer in range(policy.num_layers):
+        written = [r.step for r in reports if layer in r.decision.layers]
+        chain, s = [], 25
+        while table[s, layer] <= 55:
+            s = int(table[s, layer])
+            chain.append(s)
+        assert written == chain, layer
+    assert sum(len(r.decision.layers) for r in reports) > policy.num_layers  # not only smax

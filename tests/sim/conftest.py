@@ -17,13 +17,18 @@ BASE_STEP = 3
 
 
 def small_workload(seed: int = 1, steps: int = 40) -> Workload:
-    """Uneven steps, four layers of 20 GB together, a base checkpoint at step 3 and a
-    sprinkling of layer writes after it: small enough for SimPy."""
+    """Uneven steps, four layers of 20 GB together, a base checkpoint at step 3, a
+    sprinkling of layer writes after it and other writes after a restore: small enough
+    for SimPy."""
     rng = np.random.default_rng(seed)
     written = rng.random((steps, len(LAYER_BYTES))) < 0.2
     written[: BASE_STEP - 1] = False
     written[min(BASE_STEP, steps) - 1] = True
-    layers = LayerWrites(written=written, nbytes=LAYER_BYTES, params=LAYER_BYTES / 12)
+    # after a restore of s, each layer next written 1-8 steps on (past the job: steps + 1)
+    restarted = np.minimum(np.arange(steps + 1)[:, None]
+                           + rng.integers(1, 9, (steps + 1, len(LAYER_BYTES))), steps + 1)
+    layers = LayerWrites(written=written, nbytes=LAYER_BYTES, params=LAYER_BYTES / 12,
+                         restarted=restarted)
     return Workload(name="small", compute_s=rng.uniform(1, 3, steps), full_bytes=int(20e9),
                     layers=layers)
 

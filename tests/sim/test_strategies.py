@@ -194,6 +194,28 @@ def test_stale_s_by_hand():
     assert _schedule("deepspeed", w).stale_s(6, 0) == 0
 
 
+def test_after_a_restore_the_stale_layers_are_the_resumed_run_s_by_hand():
+    """The same run, resumed at 4: the restarted policy writes layer 0 3 steps after its
+    last write (at 7, not at 5 as the uninterrupted run did), layer 1 2 steps after (6, 8)."""
+    written = np.zeros((8, 2), dtype=bool)
+    written[1] = True
+    written[4, 0] = True
+    restarted = np.minimum(np.arange(9)[:, None] + np.array([3, 2]), 9)
+    layers = LayerWrites(written=written, nbytes=np.array([1.0, 3.0]), params=np.array([1.0, 3.0]),
+                         restarted=restarted)
+    w = Workload(name="hand", compute_s=np.ones(8), full_bytes=4, layers=layers)
+    s = get_strategy("layercheck").schedule(w, COSTS)
+    assert s.stale_s(6, 0) == pytest.approx(0.25 * 1 + 0.75 * 4)     # from the start: as recorded
+    assert s.stale_s(5, 4) == pytest.approx(0.25 * 1 + 0.75 * 1)     # neither rewritten since 4
+    assert s.stale_s(6, 4) == pytest.approx(0.25 * 2)                # layer 1 written at 6
+    assert s.stale_s(7, 4) == pytest.approx(0.75 * 1)                # layer 0 at 7, layer 1 at 6
+    with pytest.raises(SimError, match="restarted must be"):
+        LayerWrites(written=written, nbytes=np.ones(2), params=np.ones(2), restarted=restarted[1:])
+    with pytest.raises(SimError, match="restarted must be"):       # a write at or before its reset
+        LayerWrites(written=written, nbytes=np.ones(2), params=np.ones(2),
+                    restarted=np.zeros((9, 2), dtype=int))
+
+
 def test_cadences_by_protocol():
     w = small_workload(steps=400)
     ds, cf, gem, low = (get_strategy(n) for n in ("deepspeed", "checkfreq", "gemini", "lowdiff"))
