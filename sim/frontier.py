@@ -26,7 +26,6 @@ import pandas as pd
 from layercheck.config import ConfigError, LayerCheckConfig
 from layercheck.contract.decision import PAPER_STEPS, lr_ratio, paper_default, policy_for, recorded_config
 from layercheck.contract.lanes import Lanes, replay_many
-from layercheck.contract.resumed import next_writes
 from layercheck.policy import Policy
 from layercheck.contract.trace import Trace
 
@@ -171,12 +170,8 @@ class Evaluation:
     def layer_writes(self, row: int) -> LayerWrites:
         """Setting ``row``'s writes as the simulator takes them, with those of its runs
         resumed after a restore (at the budget factor the replay had at each step)."""
-        policy = policy_for(self.trace, self.configs[row])
-        return LayerWrites(written=self.written(row), nbytes=self.trace.layer_bytes,
-                           params=self.trace.layers["params"].to_numpy(dtype=np.float64),
-                           interval=self.configs[row].interval,
-                           restarted=next_writes(policy, self.trace.drift_matrix(),
-                                                 lr_ratio(self.trace), self.lanes.k_scale[:, row]))
+        return LayerWrites.replayed(self.trace, policy_for(self.trace, self.configs[row]),
+                                    self.written(row), self.lanes.k_scale[:, row])
 
 
 def evaluate(trace: Trace, configs: Sequence[LayerCheckConfig], *,

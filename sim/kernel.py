@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .composite import UNKNOWN
+
 __all__ = ["run"]
 
 
@@ -131,7 +133,7 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
                     for layer in range(width):
                         # sim.composite's Composite.since, one layer: after a restore of
                         # low > 0 the resumed run's writes, walked one by one up to c
-                        if low > 0 and restarted[off + low, layer] != -1:
+                        if low > 0 and restarted[off + low, layer] != UNKNOWN:
                             since = low
                             while restarted[off + since, layer] <= c:
                                 since = restarted[off + since, layer]

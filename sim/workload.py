@@ -16,6 +16,7 @@ import numpy as np
 from layercheck.contract.decision import lr_ratio, policy_for
 from layercheck.contract.resumed import next_writes
 from layercheck.contract.trace import Trace, last_written
+from layercheck.policy import Policy
 
 from .errors import SimError
 from .work import check_job_steps
@@ -68,15 +69,20 @@ class LayerWrites:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> "LayerWrites":
-        """The recorded setting's writes on the trace's layers, with the writes of its
-        runs resumed after a restore (on the trace's drift, at the recorded run's budget
-        factor)."""
-        policy = policy_for(trace)
-        return cls(written=trace.write_matrix(), nbytes=trace.layer_bytes,
+        """The recorded setting's writes on the trace's layers (``replayed``, at the
+        recorded run's budget factor)."""
+        return cls.replayed(trace, policy_for(trace), trace.write_matrix(), trace.k_scale())
+
+    @classmethod
+    def replayed(cls, trace: Trace, policy: Policy, written: np.ndarray,
+                 k_scale: np.ndarray) -> "LayerWrites":
+        """The writes ``written`` that ``policy`` decided on the trace's drift (``k_scale``:
+        its budget factor per step), on the trace's layers, with the writes of its runs
+        resumed after a restore (``next_writes`` on the same drift)."""
+        return cls(written=written, nbytes=trace.layer_bytes,
                    params=trace.layers["params"].to_numpy(dtype=np.float64),
                    interval=policy.interval,
-                   restarted=next_writes(policy, trace.drift_matrix(), lr_ratio(trace),
-                                         trace.k_scale()))
+                   restarted=next_writes(policy, trace.drift_matrix(), lr_ratio(trace), k_scale))
 
     @property
     def steps(self) -> int:

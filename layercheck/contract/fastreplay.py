@@ -37,7 +37,7 @@ import numpy as np
 from .lanes import replay_many
 from ..policy import Policy, Reason
 from .replay_windows import windowed
-from .replayed import NO_WRITE, Replayed
+from .replayed import NO_WRITE, Replayed, run_arrays
 
 __all__ = ["base_step", "fast_replay"]
 
@@ -68,13 +68,8 @@ def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
     thresholds depend on the writes before, so the steps are walked); ``method``
     is then ``lanes``.
     """
-    drift = np.ascontiguousarray(drift, dtype=np.float64)
-    lr_ratio = np.asarray(lr_ratio, dtype=np.float64)
-    if drift.ndim != 2 or drift.shape[1] != policy.num_layers:
-        raise ValueError(f"drift must be steps x {policy.num_layers} layers, got {drift.shape}")
-    if lr_ratio.shape != (drift.shape[0],):
-        raise ValueError(f"lr_ratio must hold one value per step ({drift.shape[0]}), "
-                         f"got shape {lr_ratio.shape}")
+    drift, lr_ratio = run_arrays(policy.num_layers, drift, lr_ratio)
+    drift = np.ascontiguousarray(drift)
     if method not in ("auto", "certified", "windowed"):
         raise ValueError(f"method={method!r}: use 'auto', 'certified' or 'windowed'")
     if not 1 <= window <= 62:

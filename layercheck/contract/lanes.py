@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import budget
-from .replayed import NO_WRITE, Replayed
+from .replayed import NO_WRITE, Replayed, run_arrays
 from ..policy import Policy, Reason
 
 __all__ = ["Lanes", "replay_many"]
@@ -70,16 +70,10 @@ def replay_many(policies: Sequence[Policy], drift: np.ndarray, lr_ratio: np.ndar
     """Every decision of the run ``drift[t-1, l]``, ``lr_ratio[t-1]`` under each policy."""
     if not policies:
         raise ValueError("replay_many needs at least one policy")
-    drift = np.asarray(drift, dtype=np.float64)
-    lr_ratio = np.asarray(lr_ratio, dtype=np.float64)
     num_layers = policies[0].num_layers
     if any(p.num_layers != num_layers for p in policies):
         raise ValueError("every policy must have one threshold per layer of the same model")
-    if drift.ndim != 2 or drift.shape[1] != num_layers:
-        raise ValueError(f"drift must be steps x {num_layers} layers, got {drift.shape}")
-    if lr_ratio.shape != (drift.shape[0],):
-        raise ValueError(f"lr_ratio must hold one value per step ({drift.shape[0]}), "
-                         f"got shape {lr_ratio.shape}")
+    drift, lr_ratio = run_arrays(num_layers, drift, lr_ratio)
     for p in policies:
         if p.write_budget is not None and p.sizes is None:
             raise ValueError("a policy with a write budget needs sizes (bytes of one version "

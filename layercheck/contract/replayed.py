@@ -11,7 +11,7 @@ import numpy as np
 
 from ..policy import Reason
 
-__all__ = ["NO_WRITE", "REPLAYED_REASONS", "Replayed"]
+__all__ = ["NO_WRITE", "REPLAYED_REASONS", "Replayed", "run_arrays"]
 
 NO_WRITE = -1
 """``Replayed.reasons`` value where a layer is not written at a step."""
@@ -19,6 +19,19 @@ REPLAYED_REASONS = (Reason.BASE, Reason.THRESHOLD, Reason.SMAX)
 """The reasons a replay decides (``Reason.RETRY`` follows failed writes, which
 a replay has none of)."""
 _LABELS = np.array([reason.label for reason in Reason], dtype=object)
+
+
+def run_arrays(num_layers: int, drift: np.ndarray, lr_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A replay's inputs as float64, checked: ``drift`` steps x ``num_layers``, ``lr_ratio``
+    one value per step; ValueError that says which is wrong."""
+    drift = np.asarray(drift, dtype=np.float64)
+    lr_ratio = np.asarray(lr_ratio, dtype=np.float64)
+    if drift.ndim != 2 or drift.shape[1] != num_layers:
+        raise ValueError(f"drift must be steps x {num_layers} layers, got {drift.shape}")
+    if lr_ratio.shape != (drift.shape[0],):
+        raise ValueError(f"lr_ratio must hold one value per step ({drift.shape[0]}), "
+                         f"got shape {lr_ratio.shape}")
+    return drift, lr_ratio
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..policy import Policy
+from .replayed import run_arrays
 
 __all__ = ["next_writes"]
 
@@ -38,14 +39,11 @@ def next_writes(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray,
     first. ``lr_ratio`` (T) and ``k_scale`` (T, default 1) scale the thresholds as
     ``Policy.thresholds`` does. Costs one pass over the table per step of the
     longest wait between writes (at most ``smax + interval - 1`` steps)."""
-    drift = np.asarray(drift, dtype=np.float64)
+    drift, ratio = run_arrays(policy.num_layers, drift, lr_ratio)
     steps = drift.shape[0]
-    if drift.ndim != 2 or drift.shape[1] != policy.num_layers:
-        raise ValueError(f"drift must be steps x {policy.num_layers} layers, got {drift.shape}")
-    ratio = np.asarray(lr_ratio, dtype=np.float64)
     scale = np.ones(steps) if k_scale is None else np.asarray(k_scale, dtype=np.float64)
-    if ratio.shape != (steps,) or scale.shape != (steps,):
-        raise ValueError(f"lr_ratio and k_scale must hold one value per step ({steps})")
+    if scale.shape != (steps,):
+        raise ValueError(f"k_scale must hold one value per step ({steps}), got shape {scale.shape}")
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, inf * 0: the policy's NaN
         thresholds = policy.thresholds(ratio, scale)
         return _walk(policy, drift, thresholds)
