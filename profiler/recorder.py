@@ -35,18 +35,18 @@ class Recorder:
     _restores: list[dict[str, Any]] = field(default_factory=list)
 
     def step(self, times: PhaseTimes, loss: float, report: Any,
-             accumulators_before: np.ndarray, *, drift_in_optimizer_s: float | None = None) -> None:
+             accumulators_before: np.ndarray, *, drift_in_optimizer_s: float) -> None:
         """Record step ``report.step`` (steps must arrive as 1, 2, 3, ...).
         ``drift_in_optimizer_s``: the part of ``report.drift_s`` that ran inside
-        ``times.optimizer_s`` (default: all of it, as with ``LayerCheck``; under
-        ``ZeroLayerCheck`` the all-reduce of the drift runs in ``step()``)."""
+        ``times.optimizer_s``: the drift hook's own seconds (``lc.drift.seconds``
+        read before ``lc.step()``); the rest of ``drift_s``, the reduce of the
+        sums, runs in ``lc.step()``, outside the optimizer phase."""
         if report.step != len(self._steps) + 1:
             raise ValueError(f"step {report.step} recorded after {len(self._steps)} steps")
-        inside = report.drift_s if drift_in_optimizer_s is None else drift_in_optimizer_s
         self._steps.append({
             "step": report.step, "forward_s": times.forward_s, "backward_s": times.backward_s,
             # the drift hook runs inside optimizer.step(): it is LayerCheck's cost, not compute
-            "optimizer_s": max(0.0, times.optimizer_s - inside),
+            "optimizer_s": max(0.0, times.optimizer_s - drift_in_optimizer_s),
             "drift_s": report.drift_s, "stall_s": report.stall_s, "loss": loss, "lr": report.lr,
             "k_scale": report.k_scale})
         self._drift.append(np.asarray(report.drift, dtype=np.float64))

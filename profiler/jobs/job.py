@@ -11,9 +11,7 @@ collective): ``step(position)`` trains one optimizer step on the batch at
 data ``position`` and returns this rank's share of the batch's mean loss (the
 shares of all ranks sum to it) and the phase times; ``evaluate()`` gives the
 held-out loss (the same number on every rank); ``make_layercheck(directory,
-config)`` attaches the LayerCheck of this kind of job; ``drift_in_optimizer``
-says which part of a step's drift time ran inside the optimizer phase;
-``ranks`` does what ranks must agree on (nothing at world size 1);
+config)`` attaches the LayerCheck of this kind of job; ``ranks`` does what ranks must agree on (nothing at world size 1);
 ``manifest_parts`` is what a trace says about the setup.
 
 What every job shares is here: the model and data built from the config,
@@ -94,11 +92,6 @@ class Job:
 
     def make_layercheck(self, directory: Any, config: Any) -> Any:
         raise NotImplementedError
-
-    def drift_in_optimizer(self, lc: Any) -> float | None:
-        """Seconds of drift tracking inside the last optimizer phase, read before
-        ``lc.step()``; None: all of the step report's ``drift_s``."""
-        return None
 
     def command(self, argv: list[str] | None) -> str | None:
         """The command line that ran this job (None when called from Python)."""

@@ -201,10 +201,6 @@ class ZeroJob(Job):
         from layercheck.zero import ZeroLayerCheck
         return ZeroLayerCheck(self.engine, str(directory), config, scheduler=self.scheduler)
 
-    def drift_in_optimizer(self, lc: Any) -> float | None:
-        # ZeroLayerCheck's hook runs inside engine.step(); the all-reduce of the sums in lc.step()
-        return lc.drift.seconds
-
     def command(self, argv: list[str] | None) -> str | None:
         args = " ".join(argv or [])
         if os.environ.get(LAUNCHED_BY_PROFILER) == "1":
