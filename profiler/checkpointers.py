@@ -234,7 +234,8 @@ class LayerCheckpointer(Checkpointer):
         return Resume(step, int((self.lc.extra or {}).get("position", 0)), sources)
 
     def save(self, step: int, position: int) -> Saved:
-        inside = self.lc.drift.seconds  # the drift hook ran in the optimizer phase; the rest is here
+        # the drift hook ran inside the optimizer phase; the reduce of its sums runs here
+        inside = self.lc.drift.seconds
         start = time.perf_counter()
         report = self.lc.step(extra={"position": position})
         spent = time.perf_counter() - start

@@ -11,8 +11,9 @@ collective): ``step(position)`` trains one optimizer step on the batch at
 data ``position`` and returns this rank's share of the batch's mean loss (the
 shares of all ranks sum to it) and the phase times; ``evaluate()`` gives the
 held-out loss (the same number on every rank); ``make_layercheck(directory,
-config)`` attaches the LayerCheck of this kind of job; ``ranks`` does what ranks must agree on (nothing at world size 1);
-``manifest_parts`` is what a trace says about the setup.
+config)`` attaches the LayerCheck of this kind of job; ``ranks`` does what
+ranks must agree on (nothing at world size 1); ``manifest_parts`` is what a
+trace says about the setup.
 
 What every job shares is here: the model and data built from the config,
 AdamW on layer-aligned parameter groups (``layercheck.groups``: matrices
