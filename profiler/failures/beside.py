@@ -8,12 +8,18 @@ strategy's run, ``probe`` times, on the machine as it is then:
 
 - the restart, ``count`` times one after the other
   (``profiler.mechanisms.restart.time_restarts``: each worker SIGKILLed as the
-  supervisor kills, its successor timed from the kill to ready), and takes the
-  median: one start is one noisy sample;
+  supervisor kills, its successor timed from the kill to ready). One start is one
+  noisy sample, and the machine drifts during a run, so the run's restart is the
+  median of these and of the restarts timed just after the run (``Beside.after``:
+  the next run's probe, or ``restarts`` once a repeat's last run has ended): over
+  60 runs of four validations (2026-12-03 and -04) the probe before a run alone
+  missed the run's own restarts by 1.02 s a failure (root mean square), the probes
+  before and after it by 0.68 s (docs/sim.md, `python -m profiler.failures.estimates`);
 - for a strategy whose run makes full saves on its training thread (deepspeed,
   and lowdiff's periodic full checkpoint), the probe's first worker trains under
   that strategy's own checkpointer at the run's cadence, inside a running job as
-  the run meets its saves, for up to ``SAVES`` saves: each full save's stall
+  the run meets its saves, for up to ``SAVES`` saves (three were too few: one
+  probe's saves spread 0.15-0.38 s where its run's averaged 0.20 s): each full save's stall
   (its step's ``time - computed``, as the ledger counts it; for lowdiff less the
   median hand-off of its other steps), and for lowdiff each step's differential
   (its compression, ``tracking_s``, plus the hand-off to the writer), every step
@@ -28,25 +34,28 @@ strategy's run, ``probe`` times, on the machine as it is then:
   save of MiniLM), where a restarted run's worker took 0.8-1.1 s (2026-12-03).
 
 ``Beside.figures`` turns the medians into the cost model's figures
-(``restart_s``; ``save_gbps`` = the trace's full bytes over the save;
-``diff_snapshot_gbps`` = the differential's bytes over its step cost; the load's
-figure, ``LOADS``, = the trace's full bytes over the load less its fixed part), which
-the validation's prediction uses in place of costs.json's.
+(``restart_s``, of the restarts before and after the run; ``save_gbps`` = the
+trace's full bytes over the save; ``diff_snapshot_gbps`` = the differential's bytes
+over its step cost; the load's figure, ``LOADS``, = the trace's full bytes over the
+load less its fixed part), which the validation's prediction uses in place of
+costs.json's.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["Beside", "probe", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
+__all__ = ["Beside", "probe", "restarts", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
 
-SAVES = 3
+SAVES = 6
 """Full saves the probe's first worker makes (fewer where the interval is long)."""
-MAX_STEPS = 30
+MAX_STEPS = 36
 """The most steps the probe's first worker trains for its saves."""
 FULL_SAVES = ("deepspeed", "lowdiff")
 """The strategies whose runs make full saves on the training thread at their interval."""
@@ -70,6 +79,9 @@ class Beside:
 
     strategy: str
     restarts_s: tuple[float, ...]
+    """The restarts timed just before the run."""
+    after_s: tuple[float, ...] = ()
+    """The restarts timed just after it (``after``); empty until the run has ended."""
     saves_s: tuple[float, ...] = ()
     """Each full save's stall (deepspeed, lowdiff); empty for the others."""
     diffs_s: tuple[float, ...] = ()
@@ -85,7 +97,13 @@ class Beside:
 
     @property
     def restart_s(self) -> float:
-        return statistics.median(self.restarts_s)
+        """The run's restart: the median of the restarts before and after it."""
+        return statistics.median(self.restarts_s + self.after_s)
+
+    def after(self, restarts_s: tuple[float, ...]) -> "Beside":
+        """This probe with the restarts timed once its run had ended (the next run's
+        probe's ``restarts_s``, or ``restarts``), which bracket the run with these."""
+        return dataclasses.replace(self, after_s=tuple(restarts_s))
 
     @property
     def save_s(self) -> float | None:
@@ -116,7 +134,8 @@ class Beside:
 
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "restart_s": self.restart_s,
-                "restarts_s": list(self.restarts_s), "save_s": self.save_s,
+                "restarts_s": list(self.restarts_s), "after_s": list(self.after_s),
+                "save_s": self.save_s,
                 "saves_s": list(self.saves_s), "diff_s": self.diff_s,
                 "diffs_s": list(self.diffs_s), "load_s": self.load_s, "load_step": self.load_step}
 
@@ -150,28 +169,43 @@ def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, cou
           options: dict[str, Any] | None = None) -> Beside:
     """Probe the machine before ``strategy``'s run (module doc): the job of ``job`` (a
     ``CaptureConfig``) on ``device``, its checkpointer every ``every`` steps with
-    ``options`` (the run's own), ``count`` restarts; in ``folder``, removed after.
-    Writes the page cache's dirty pages first (``os.sync``), so that the previous
-    run's writes slow neither the probe nor the run."""
+    ``options`` (the run's own), ``count`` restarts; in ``folder``, removed after."""
     from ..mechanisms.restart import VICTIM_STEPS, time_restarts
+    if strategy not in LOADS:
+        return Beside(strategy=strategy, restarts_s=restarts(job, device, folder, count=count))
+    if strategy in FULL_SAVES:
+        kill_at = max(1, min(SAVES, MAX_STEPS // every)) * every
+    else:
+        # a few steps past the first recovery point (for CheckFreq's background
+        # persist): LayerCheck's base, written at the end of its warm-up, or the
+        # strategy's first checkpoint
+        first = job.resolved_warmup if strategy == "layercheck" else every
+        kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
+    with _synced(folder):
+        chain = time_restarts(job, device, folder, count=count, every=every, kill_at=kill_at,
+                              strategy=strategy, options=options, resume=True)
+    return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every,
+                             chain.resumed, chain.load_s)
+
+
+def restarts(job: Any, device: str, folder: Path, *, count: int) -> tuple[float, ...]:
+    """``count`` restarts of the job of ``job`` on ``device`` one after the other, each
+    victim checkpointing nothing (``time_restarts``' plain chain), in ``folder``, removed
+    after: the probe of a strategy that times no load, and the restarts after a repeat's
+    last run (``Beside.after``)."""
+    from ..mechanisms.restart import VICTIM_STEPS, time_restarts
+    with _synced(folder):
+        return time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS).samples
+
+
+@contextlib.contextmanager
+def _synced(folder: Path) -> Iterator[None]:
+    """A fresh ``folder`` for a chain of workers, removed after. Writes the page cache's
+    dirty pages first (``os.sync``), so that the previous run's writes slow neither the
+    probe nor the run."""
     folder.mkdir(parents=True)
     os.sync()
     try:
-        if strategy not in LOADS:
-            chain = time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS)
-        else:
-            if strategy in FULL_SAVES:
-                kill_at = max(1, min(SAVES, MAX_STEPS // every)) * every
-            else:
-                # a few steps past the first recovery point (for CheckFreq's background
-                # persist): LayerCheck's base, written at the end of its warm-up, or the
-                # strategy's first checkpoint
-                first = job.resolved_warmup if strategy == "layercheck" else every
-                kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
-            chain = time_restarts(job, device, folder, count=count, every=every,
-                                  kill_at=kill_at, strategy=strategy, options=options,
-                                  resume=True)
-        return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every,
-                                 chain.resumed, chain.load_s)
+        yield
     finally:
         shutil.rmtree(folder, ignore_errors=True)

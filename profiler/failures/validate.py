@@ -16,9 +16,11 @@ log given, replayed by every repeat):
    (useful - stale) / window and its parts, from the processes' own
    timestamped logs (``profiler.failures.ledger``);
    Just before each run, a probe of the machine as it is then
-   (``profiler.failures.beside``): the median of ``probes`` restarts timed one after
-   the other, and for deepspeed and lowdiff their full saves (and lowdiff's
-   differentials) at the run's cadence inside a running job;
+   (``profiler.failures.beside``): ``probes`` restarts timed one after the other,
+   and for deepspeed and lowdiff their full saves (and lowdiff's differentials) at
+   the run's cadence inside a running job; after the repeat's last run, ``probes``
+   restarts more, so that every run has restarts timed just before and just after
+   it (the next run's probe's): the run's restart is their median;
 2. the simulator on the same trace, costs, failure log, window and cadence
    (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat),
    with the probe's figures in place of the calibration's (``Beside.figures``):
@@ -35,6 +37,7 @@ log given, replayed by every repeat):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,7 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from layercheck.contract.trace import Trace, read_trace
 
@@ -170,6 +173,9 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
         say(f"validate: beside the run: {_said(probe, scenario)}")
         measured[strategy] = _measure(strategy, trace, job, plans[strategy], scenario.costs, log,
                                       lost, config, folder, say)
+    probes = _bracketed(probes, _closing(job, root / f"r{log.repeat}" / "closing-probe",
+                                         config.probes))
+    say(f"validate: after the runs: {_after(probes)}")
     from_costs = _predict(scenario, config.window_s, list(config.strategies))
     predicted = {s: _predict(_beside(scenario, probes[s]), config.window_s, [s])[s]
                  for s in config.strategies}
@@ -243,8 +249,7 @@ def _options(strategy: str, cadence: Any, costs: Any) -> dict[str, Any]:
 def _said(probe: Any, scenario: Any) -> str:
     """The probe in one line, beside costs.json's figures."""
     costs, full = scenario.costs, scenario.workload.full_bytes
-    text = (f"a restart of {probe.restart_s:.2f} s (the median of "
-            f"{', '.join(f'{x:.2f}' for x in probe.restarts_s)}; costs.json: "
+    text = (f"restarts of {_listed(probe.restarts_s)} s (costs.json: "
             f"{costs.restart_s:.2f} s)")
     if probe.save_s is not None:
         text += f", full saves of {probe.save_s:.3f} s (costs.json: {costs.save_s(full):.3f} s)"
@@ -273,12 +278,45 @@ def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: 
     """The machine just before ``strategy``'s run (module doc, 1.: ``beside.probe``)."""
     from ..machine import resolve_device
     from .beside import probe
-    try:
+    with _failing("before a run"):
         return probe(job, resolve_device(job.device)[0], folder, strategy=strategy,
                      every=_every(cadence), count=count,
                      options=_options(strategy, cadence, costs))
+
+
+def _closing(job: CaptureConfig, folder: Path, count: int) -> tuple[float, ...]:
+    """The restarts after a repeat's last run (``beside.restarts``)."""
+    from ..machine import resolve_device
+    from .beside import restarts
+    with _failing("after the runs"):
+        return restarts(job, resolve_device(job.device)[0], folder, count=count)
+
+
+@contextlib.contextmanager
+def _failing(when: str) -> Iterator[None]:
+    """A probe's worker that failed is the validation's error, said in one line."""
+    try:
+        yield
     except RuntimeError as exc:
-        raise ProfilerError(f"the restart probe beside the runs failed: {exc}") from None
+        raise ProfilerError(f"the restart probe {when} failed: {exc}") from None
+
+
+def _bracketed(probes: dict[str, Any], closing: tuple[float, ...]) -> dict[str, Any]:
+    """Each run's probe with the restarts timed after it (``Beside.after``): the next
+    run's probe's, and ``closing`` after the last run."""
+    names = list(probes)
+    after = [probes[n].restarts_s for n in names[1:]] + [closing]
+    return {n: probes[n].after(a) for n, a in zip(names, after)}
+
+
+def _after(probes: dict[str, Any]) -> str:
+    """Each run's restart, before and after it, in one line."""
+    return "; ".join(f"{s} {p.restart_s:.2f} s (before {_listed(p.restarts_s)}, after "
+                     f"{_listed(p.after_s)})" for s, p in probes.items())
+
+
+def _listed(seconds: tuple[float, ...]) -> str:
+    return ", ".join(f"{x:.2f}" for x in seconds)
 
 
 def _beside(scenario: Any, probe: Any) -> Any:
@@ -379,9 +417,11 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
                        "beside the run; table: per strategy "
                        "the median over the repeats (relative_error_min/max: the spread), runs: "
                        "every repeat's rows; restart_probe_s: the median of `probes` restarts "
-                       "timed one after the other just before each run (each worker killed as "
-                       "the supervisor kills, its successor to ready; runs[].probes: every "
-                       "sample), the restart_s of that run's prediction; save_probe_s "
+                       "timed one after the other just before each run and of as many just "
+                       "after it (the next run's probe's, or the repeat's closing restarts) "
+                       "(each worker killed as the supervisor kills, its successor to ready; "
+                       "runs[].probes: every sample, restarts_s before and after_s after), "
+                       "the restart_s of that run's prediction; save_probe_s "
                        "(deepspeed, lowdiff): the median of the probe's first worker's full "
                        "saves at the run's interval, the save_gbps of its prediction (the "
                        "trace's full bytes over it); diff_probe_s (lowdiff): the median of "

@@ -91,6 +91,17 @@ def test_the_load_replaces_the_figure_that_prices_the_strategy_s_recovery(strate
         workload, costs) == {"restart_s": 10.0}
 
 
+def test_the_run_s_restart_is_the_median_of_the_restarts_before_and_after_it():
+    before = Beside(strategy="deepspeed", restarts_s=(12.0, 9.0, 10.0), saves_s=(0.3,))
+    assert before.restart_s == 10.0 and before.after_s == ()
+    bracketed = before.after((8.0, 8.5, 13.0))
+    # 8.0, 8.5, 9.0, 10.0, 12.0, 13.0: the median of six
+    assert bracketed.restart_s == pytest.approx(9.5) and bracketed.after_s == (8.0, 8.5, 13.0)
+    assert bracketed.restarts_s == before.restarts_s and bracketed.saves_s == (0.3,)
+    assert bracketed.to_dict()["after_s"] == [8.0, 8.5, 13.0]
+    assert bracketed.to_dict()["restart_s"] == pytest.approx(9.5)
+
+
 def test_a_probe_without_a_restart_is_refused():
     with pytest.raises(ValueError, match="at least one restart"):
         Beside(strategy="gemini", restarts_s=())

@@ -71,7 +71,13 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     assert doc["probes"] == 1 and set(run["probes"]) == set(strategies)
     for strategy, beside in run["probes"].items():
         probe = beside["restart_s"]
-        assert 0.5 < probe < 300 and len(beside["restarts_s"]) == 1
+        # the run's restart: the median of the one timed before it and the one after it
+        # (the next run's probe's; after the last run, the repeat's closing restart)
+        assert 0.5 < probe < 300 and len(beside["restarts_s"]) == len(beside["after_s"]) == 1
+        assert probe == pytest.approx((beside["restarts_s"][0] + beside["after_s"][0]) / 2)
+        following = strategies[strategies.index(strategy) + 1:]
+        if following:
+            assert beside["after_s"] == run["probes"][following[0]]["restarts_s"]
         row = next(r for r in run["table"] if r["strategy"] == strategy)
         assert row["restart_probe_s"] == probe and row["save_probe_s"] == beside["save_s"]
         # the full saves at the run's interval (2: at steps 2, 4 and 6, where the probe's
@@ -228,6 +234,22 @@ def test_the_summary_is_the_median_of_the_repeats_with_their_spread():
     assert (ds["relative_error_min"], ds["relative_error_max"]) == (-0.02, 0.04)
     assert ds["measured_ratio"] == 0.5 and ds["failures"] == [5, 5, 5]
     assert table[1]["relative_error"] == 0.02
+
+
+def test_each_run_s_restarts_after_it_are_the_next_run_s_probe_s_and_the_last_the_closing():
+    from profiler.failures.beside import Beside
+    from profiler.failures.validate import _bracketed
+    probes = {"deepspeed": Beside(strategy="deepspeed", restarts_s=(10.0, 11.0, 12.0)),
+              "gemini": Beside(strategy="gemini", restarts_s=(8.0, 9.0, 7.0)),
+              "layercheck": Beside(strategy="layercheck", restarts_s=(13.0, 14.0, 15.0))}
+    bracketed = _bracketed(probes, (20.0, 21.0, 22.0))
+    assert list(bracketed) == ["deepspeed", "gemini", "layercheck"]
+    assert bracketed["deepspeed"].after_s == (8.0, 9.0, 7.0)
+    assert bracketed["gemini"].after_s == (13.0, 14.0, 15.0)
+    assert bracketed["layercheck"].after_s == (20.0, 21.0, 22.0)
+    assert bracketed["deepspeed"].restart_s == pytest.approx(9.5)
+    assert bracketed["layercheck"].restart_s == pytest.approx(17.5)
+    assert all(bracketed[s].restarts_s == probes[s].restarts_s for s in probes)
 
 
 def test_the_prediction_restarts_as_the_probe_beside_the_run_did():
