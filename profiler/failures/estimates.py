@@ -4,10 +4,11 @@
 documents (``profiler.failures.validate``) and, per file and over all, compares
 each run's restart per failure with two estimates a validation can make before it
 predicts: the median of the probe just before the run (``before``), and the median
-of that probe and the one just after it (``bracketed``: the next run's probe; the
-last run of a document has none and keeps ``before``, where the validation itself
-now times a closing probe). It prints the root mean square and the mean of
-estimate - run, in seconds a failure.
+of that probe and the restarts just after it (``bracketed``: the probe's own
+``after_s`` where the document has them, as the validation writes them since
+2026-12-06, else the next run's probe; the last run of an older document has none
+and keeps ``before``). It prints the root mean square and the mean of estimate -
+run, in seconds a failure.
 
 A run's restart per failure is solved from its measured total (``restart_s``: every
 restart from the kill to the successor's ready) and its failure log: the one
@@ -49,9 +50,10 @@ def estimate_errors(doc: dict[str, Any]) -> dict[str, list[float]]:
     runs = [(run, row["strategy"]) for run in doc["runs"] for row in run["table"]]
     out: dict[str, list[float]] = {"before": [], "bracketed": []}
     for i, (run, strategy) in enumerate(runs):
-        own = list(run["probes"][strategy]["restarts_s"])
-        after = (list(runs[i + 1][0]["probes"][runs[i + 1][1]]["restarts_s"])
-                 if i + 1 < len(runs) else [])
+        probe = run["probes"][strategy]
+        own, after = list(probe["restarts_s"]), list(probe.get("after_s", []))
+        if not after and i + 1 < len(runs):
+            after = list(runs[i + 1][0]["probes"][runs[i + 1][1]]["restarts_s"])
         actual = restart_per_failure(run["measured"][strategy]["restart_s"], run["failures_s"],
                                      doc["window_s"])
         out["before"].append(statistics.median(own) - actual)

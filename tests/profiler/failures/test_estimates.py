@@ -39,6 +39,13 @@ def test_each_run_is_estimated_before_it_and_bracketed_by_the_next_run_s_probe()
     assert errors["bracketed"] == pytest.approx([1.5, 0.0, 1.0])
 
 
+def test_a_document_s_own_restarts_after_a_run_bracket_it():
+    doc = _doc()
+    doc["runs"][1]["probes"]["deepspeed"]["after_s"] = [14.0, 14.0, 14.0]
+    # the last run: 10 x 3 and 14 x 3 -> 12, 3 over its 9 s
+    assert estimate_errors(doc)["bracketed"] == pytest.approx([1.5, 0.0, 3.0])
+
+
 def test_the_command_prints_both_estimates_and_refuses_a_document_without_probes(tmp_path,
                                                                                  capsys):
     good, bad = tmp_path / "v.json", tmp_path / "old.json"
