@@ -175,7 +175,7 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
                                       lost, config, folder, say)
     probes = _bracketed(probes, _closing(job, root / f"r{log.repeat}" / "closing-probe",
                                          config.probes))
-    say(f"validate: after the runs: {_after(probes)}")
+    say(f"validate: after the runs: {_said_after(probes)}")
     from_costs = _predict(scenario, config.window_s, list(config.strategies))
     predicted = {s: _predict(_beside(scenario, probes[s]), config.window_s, [s])[s]
                  for s in config.strategies}
@@ -309,7 +309,7 @@ def _bracketed(probes: dict[str, Any], closing: tuple[float, ...]) -> dict[str, 
     return {n: probes[n].after(a) for n, a in zip(names, after)}
 
 
-def _after(probes: dict[str, Any]) -> str:
+def _said_after(probes: dict[str, Any]) -> str:
     """Each run's restart, before and after it, in one line."""
     return "; ".join(f"{s} {p.restart_s:.2f} s (before {_listed(p.restarts_s)}, after "
                      f"{_listed(p.after_s)})" for s, p in probes.items())
