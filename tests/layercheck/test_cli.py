@@ -158,3 +158,25 @@ def test_restore_into_a_different_model_is_refused(ckpt):
     opt, sched = optimizer_for(model)
     with pytest.raises(ModelMismatch, match="different model"):
         LayerCheck(model, opt, ckpt, scheduler=sched)
+
+
+@pytest.mark.parametrize("argv", [["inspect", "CKPT"], ["inspect", "CKPT", "--json"],
+                                  ["plan", "CKPT"], ["plan", "CKPT", "--json"]])
+def test_a_reader_that_went_away_ends_the_command_quietly(ckpt, argv):
+    # `python -m layercheck inspect DIR | head -1`, `plan DIR | true`
+    from tests.pipes import run_into_closed_pipe
+    done = run_into_closed_pipe("layercheck", *[str(ckpt) if a == "CKPT" else a for a in argv])
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(ckpt):
+    # only stdout's reader going away is quiet: another broken pipe (a remote store's
+    # connection) is the one-line error it always was, stdout being read meanwhile
+    code = ("import sys, layercheck.cli as cli\n"
+            "def broken(args):\n"
+            "    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "cli._run = broken\n"
+            f"sys.exit(cli.main(['inspect', {str(ckpt)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (done.returncode, done.stderr) == (2, "layercheck: error: [Errno 32] Broken pipe\n")
