@@ -54,9 +54,13 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
             "frozen_params": len(versions[-1].frozen) if versions else 0,
             "frozen_from_step": versions[-1].base if versions else None})
     files = store.list("layers") + store.list("states")
-    live = [view.layout_of(v).id for v in view.all_versions()]
+    # layer versions and training states counted apart, here as in the totals below:
+    # a state is a step's small training state, not a version of any layer
+    live_layers = [view.layout_of(v).id for versions in view.versions.values() for v in versions]
+    live_states = [view.layout_of(v).id for v in view.states.values()]
     layouts = [{"id": k, "world_size": layout.world_size, "backend": layout.backend,
-                "versions": live.count(k)} for k, layout in sorted(view.layouts.items())]
+                "layer_versions": live_layers.count(k), "states": live_states.count(k)}
+               for k, layout in sorted(view.layouts.items())]
     return {"layouts": layouts,  # format: layouts
         "directory": store.url, "world_size": view.world_size, "newest_step": newest, "recoverable_steps": len(view.states),
         "oldest_step": min(view.states) if view.states else None,
@@ -106,14 +110,16 @@ def format_inspection(info: dict[str, Any]) -> str:
     lines = [f"checkpoint {info['directory']}",
              f"newest recoverable step: {info['newest_step']}  "
              f"({info['recoverable_steps']} recoverable steps, oldest {info['oldest_step']})",
-             f"layer versions: {info['layer_versions']}   bytes on disk: {_size(info['bytes_on_disk'])}",
+             f"layer versions: {info['layer_versions']:,}   training states: "
+             f"{info['recoverable_steps']:,}   bytes on disk: {_size(info['bytes_on_disk'])}",
              "",
              f"{'layer':<32} {'kind':<10} {'params':>12} {'versions':>8} {'newest':>8} "
              f"{'stale':>6} {'bytes':>10}"]
     if len(info.get("layouts", [])) > 1:  # several world sizes wrote here (format: layouts)
         lines.insert(3, "layouts: " + "; ".join(
             f"{lay['id']}: {lay['world_size']} x {lay['backend'] or 'plain'}, "
-            f"{lay['versions']} live versions" for lay in info["layouts"]))
+            f"{lay['layer_versions']:,} layer versions, {lay['states']:,} training states"
+            for lay in info["layouts"]))
     frozen = any(layer.get("frozen_params") for layer in info["layers"])
     if frozen:
         lines[-1] += f" {'frozen':>7}"

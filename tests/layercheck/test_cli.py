@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,21 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(ckpt):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (done.returncode, done.stderr) == (2, "layercheck: error: [Errno 32] Broken pipe\n")
+
+
+def test_inspect_counts_the_same_layer_versions_in_its_table_and_its_json(ckpt):
+    def inspect(*flags: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "layercheck", "inspect", str(ckpt), *flags],
+                              capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    text, info = inspect(), json.loads(inspect("--json"))
+    said = int(re.search(r"layer versions: ([\d,]+)", text).group(1).replace(",", ""))
+    per_layer = sum(layer["versions"] for layer in info["layers"])
+    # (a layout's count once took the training states in as well: 1,215 against 1,034)
+    per_layout = sum(lay.get("layer_versions", lay.get("versions")) for lay in info["layouts"])
+    assert said == info["layer_versions"] == per_layer == per_layout
+    assert f"training states: {info['recoverable_steps']:,}" in text
+    assert sum(lay["states"] for lay in info["layouts"]) == info["recoverable_steps"]
