@@ -199,3 +199,18 @@ def test_inspect_counts_the_same_layer_versions_in_its_table_and_its_json(ckpt):
     assert said == info["layer_versions"] == per_layer == per_layout
     assert f"training states: {info['recoverable_steps']:,}" in text
     assert sum(lay["states"] for lay in info["layouts"]) == info["recoverable_steps"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_every_exported_file_gets_the_mode_of_a_new_file(ckpt, tmp_path, umask):
+    # safetensors writes a 0600 temporary file and renames it: model.safetensors came
+    # out 0600 beside a 0644 config.json
+    out = tmp_path / "model"
+    done = subprocess.run([sys.executable, "-m", "layercheck", "export", str(ckpt), "--out",
+                           str(out)], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          preexec_fn=lambda: os.umask(umask))
+    assert done.returncode == 0, done.stderr
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "layercheck_plan.json"} <= modes.keys()
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
