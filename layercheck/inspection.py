@@ -10,7 +10,7 @@ from .manifest import ManifestView, read_again, read_manifest
 from .pretrained import Ref, read_ref
 from .store import Store
 
-__all__ = ["inspect_directory", "format_inspection"]
+__all__ = ["inspect_directory", "format_inspection", "format_size"]
 
 
 def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def format_inspection(info: dict[str, Any]) -> str:
              f"newest recoverable step: {info['newest_step']}  "
              f"({info['recoverable_steps']} recoverable steps, oldest {info['oldest_step']})",
              f"layer versions: {info['layer_versions']:,}   training states: "
-             f"{info['recoverable_steps']:,}   bytes on disk: {_size(info['bytes_on_disk'])}",
+             f"{info['recoverable_steps']:,}   bytes on disk: {format_size(info['bytes_on_disk'])}",
              "",
              f"{'layer':<32} {'kind':<10} {'params':>12} {'versions':>8} {'newest':>8} "
              f"{'stale':>6} {'bytes':>10}"]
@@ -126,7 +126,7 @@ def format_inspection(info: dict[str, Any]) -> str:
     for layer in info["layers"]:
         lines.append(f"{layer['name']:<32} {layer['kind']:<10} {layer['params']:>12,} "
                      f"{layer['versions']:>8} {_opt(layer['newest_version_step']):>8} "
-                     f"{_opt(layer['staleness']):>6} {_size(layer['bytes_on_disk']):>10}"
+                     f"{_opt(layer['staleness']):>6} {format_size(layer['bytes_on_disk']):>10}"
                      + (f" {_frozen(layer):>7}" if frozen else ""))
     if frozen:
         lines.append("frozen: parameters that did not train, held by the version of step @N "
@@ -147,7 +147,8 @@ def _opt(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _size(n: int) -> str:
+def format_size(n: float) -> str:
+    """``n`` bytes in binary units: '512 B', '2.1 MiB', '26.7 GiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
