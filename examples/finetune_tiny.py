@@ -90,7 +90,7 @@ def main() -> None:
                 log.flush()
             if step % every == 0 or step == args.steps:
                 say(f"step {step}/{args.steps}  loss {float(loss.detach()):.3f}  "
-                    f"written {format_size(lc.bytes_written)} this run")
+                    f"persisted {format_size(lc.bytes_written)} so far")
         if log:
             log.close()
     info = inspect_directory(open_store(args.ckpt, create=False), verify=False)
