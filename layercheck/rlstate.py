@@ -77,8 +77,9 @@ def check_arguments(args: Any, interval: int) -> None:
     if interval % span:
         raise LayerCheckError(
             f"this trainer trains each generation of completions over {span} optimizer steps "
-            f"(steps_per_generation={args.steps_per_generation} x num_iterations="
-            f"{args.num_iterations} micro-batches, {args.gradient_accumulation_steps} per step), "
+            f"(steps_per_generation={getattr(args, 'steps_per_generation', None)} x "
+            f"num_iterations={getattr(args, 'num_iterations', None)} micro-batches, "
+            f"{args.gradient_accumulation_steps} per step), "
             "and a step committed inside one could not be resumed exactly (the completions are "
             f"not checkpointed): use LayerCheckConfig(interval={span}) or a multiple of it")
 
@@ -135,11 +136,14 @@ class RlState:
     def restore(self, saved: Mapping[str, Any] | None, step: int, where: str) -> None:
         """Check the frozen models against those step ``step`` of ``where`` trained
         against, and load the reward functions' state; LayerCheckError naming the fix
-        if a frozen model differs or a stateful reward function has no saved state."""
+        if a frozen model differs or a stateful reward function has no saved state.
+        ``saved`` None: the step recorded nothing of the kind (it was committed without
+        ``resume_checkpoint(trainer=)``), so there is nothing to check the models against."""
+        recorded = saved is not None
         saved = saved or {}
         before = saved.get("frozen") or {}
         changed = sorted(name for name in before.keys() | self.frozen.keys()
-                         if before.get(name) != self.frozen.get(name))
+                         if recorded and before.get(name) != self.frozen.get(name))
         if changed:
             said = "; ".join(f"{name}: {before.get(name, 'none')} at step {step}, "
                              f"{self.frozen.get(name, 'none')} now" for name in changed)

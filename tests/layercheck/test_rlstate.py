@@ -191,3 +191,17 @@ def test_sigkill_mid_run_then_restart_finishes_within_one_percent(base, tmp_path
 
     print(f"\ngrpo {'lora' if lora else 'full'}:")  # the figures of docs/trainer.md
     sigkill_drill(start, tmp_path, kill_at=KILL_AT, steps=STEPS, killed=killed)
+
+
+def test_a_step_committed_without_the_trainer_resumes_with_it(tmp_path):
+    # a directory written before trainer= was given (a DPO run, say) recorded no checksum
+    # of the reference: nothing to check it against, so the resume goes on
+    from tests.layercheck.test_trainer import tiny_llama, trainer_for
+    first = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
+    trainer_for(tmp_path, first, StopAt(2), steps=4).train(
+        resume_from_checkpoint=first.resume_checkpoint())
+    again = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
+    trainer = trainer_for(tmp_path, again, steps=4)
+    trainer.ref_model = tiny_llama(seed=1)  # a frozen model the trainer holds from now on
+    resume(again, trainer)
+    assert again.restored_step == 2 and trainer.state.global_step == 4
