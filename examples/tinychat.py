@@ -1,15 +1,16 @@
 """A chat task small enough to post-train on a CPU in seconds, built entirely in code.
 
-Shared by ``examples/trl_sft.py``, ``examples/trl_dpo.py`` and their tests
-(``tests/layercheck/test_trl.py``): the tokenizer, the model, the SFT and DPO
-datasets, the LoRA adapter, and the command line both scripts share (``main``:
-where the LayerCheck callback is made and the run resumed). Nothing comes from
-a model hub.
+Shared by ``examples/trl_sft.py``, ``trl_dpo.py``, ``trl_grpo.py`` and their
+tests (``tests/layercheck/test_trl.py``, ``test_rlstate.py``): the tokenizer, the
+model, the SFT, DPO and GRPO datasets, GRPO's reward, the LoRA adapter, and the
+command line the scripts share (``main``: where the LayerCheck callback is made
+and the run resumed). Nothing comes from a model hub.
 
 The task: the user asks ``count from 7 by 3``, the assistant answers
 ``10 13 16 19``. SFT trains on the answers (prompt-completion, conversational:
 TRL renders both through the chat template below and computes the loss on the
-completion only); DPO prefers the right answer to one counted by another stride.
+completion only); DPO prefers the right answer to one counted by another stride;
+GRPO samples answers and rewards each number by how close it is to the right one.
 """
 from __future__ import annotations
 
@@ -149,6 +150,51 @@ def dpo_dataset(size: int, seed: int) -> Any:
          "rejected": _turn("assistant", _answer(a, s % 5 + 1))} for a, s in _questions(size, seed)])
 
 
+def grpo_dataset(size: int, seed: int) -> Any:
+    """``size`` conversational prompts fixed by ``seed``, each with the ``answer`` the
+    reward function checks against (TRL passes extra columns to reward functions)."""
+    from datasets import Dataset
+    return Dataset.from_list([{"prompt": _turn("user", f"count from {a} by {s}"),
+                               "answer": _answer(a, s)} for a, s in _questions(size, seed)])
+
+
+def count_reward(completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
+    """The rule-based reward of GRPO: per completion, the mean over the ``TERMS`` places
+    of ``answer`` of how close the number said there is to the right one (1 when equal,
+    falling linearly to 0 at 8 or more apart; a word that is not a number, or a missing
+    one, scores 0). Graded, so that a group of wrong answers still tells better from worse."""
+    rewards = []
+    for completion, expected in zip(completions, answer):
+        text = completion[-1]["content"] if isinstance(completion, list) else completion
+        said = text.split()[:TERMS]
+        score = sum(max(0.0, 1 - abs(int(word) - int(right)) / 8) if word.isdigit() else 0.0
+                    for word, right in zip(said, expected.split()))
+        rewards.append(score / TERMS)
+    return rewards
+
+
+def answer_loss(model: Any, tokenizer: PreTrainedTokenizerFast, questions: Any) -> float:
+    """The held-out loss of a GRPO-trained policy: the mean next-token loss of the
+    ``TERMS`` numbers of the right answer after each prompt of ``questions``
+    (``grpo_dataset``), teacher-forced, in eval mode: deterministic, unlike a sampled
+    reward. (No ``<eos>``: GRPO here samples exactly ``TERMS`` tokens.)"""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in questions:
+            prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True,
+                                                   tokenize=False)
+            head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            tail = tokenizer(row["answer"], add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([head + tail])
+            labels = torch.tensor([[-100] * len(head) + tail])
+            total += float(model(input_ids=ids, labels=labels).loss) * len(tail)
+            count += len(tail)
+    model.train(was_training)
+    return total / count
+
+
 def lora(rank: int) -> Any:
     """A PEFT LoRA adapter of ``rank`` on every linear layer of the blocks (PEFT's
     ``all-linear``: the head stays as it is)."""
@@ -202,12 +248,13 @@ def parse(ap: argparse.ArgumentParser) -> argparse.Namespace:
 
 
 def main(build_trainer: Callable[..., Any], description: str, *, lr: float, lora_lr: float,
-         threshold: float) -> None:
-    """The command line of ``examples/trl_sft.py`` and ``examples/trl_dpo.py``:
+         threshold: float, evaluate: Callable[[Any], dict[str, Any]] | None = None) -> None:
+    """The command line of ``examples/trl_sft.py``, ``trl_dpo.py`` and ``trl_grpo.py``:
     ``build_trainer(base, out, steps=, lr=, lora=, seed=, callbacks=)`` makes the
     script's trainer. The first run starts at step 0; a run over a directory that
     holds checkpoints resumes at its newest committed step. Prints the summary
-    (resumed step, final step, final training and held-out loss) as JSON."""
+    (resumed step, final step, final training loss, and the held-out figures of
+    ``evaluate(trainer)``, default the trainer's ``eval_loss``) as JSON."""
     args = parse(command_line(description, lr=lr, lora_lr=lora_lr, threshold=threshold))
     torch.set_num_threads(1)
     layercheck = LayerCheckCallback(args.ckpt, LayerCheckConfig(
@@ -218,7 +265,9 @@ def main(build_trainer: Callable[..., Any], description: str, *, lr: float, lora
     base = base_model(args.base or f"{os.fspath(args.ckpt).rstrip('/')}-base", seed=args.seed)
     trainer = build_trainer(base, out, steps=args.steps, lr=args.lr, lora=args.lora,
                             seed=args.seed, callbacks=[layercheck, *logs])
-    result = trainer.train(resume_from_checkpoint=layercheck.resume_checkpoint())  # None: fresh
+    # trainer=: what the trainer holds beside the policy (a reference model) is checked too
+    result = trainer.train(resume_from_checkpoint=layercheck.resume_checkpoint(trainer=trainer))
     final = next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None)
+    held_out = evaluate(trainer) if evaluate else {"eval_loss": trainer.evaluate()["eval_loss"]}
     print(json.dumps({"resumed_at": layercheck.restored_step, "global_step": result.global_step,
-                      "final_loss": final, "eval_loss": trainer.evaluate()["eval_loss"]}))
+                      "final_loss": final, **held_out}))

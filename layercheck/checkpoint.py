@@ -60,6 +60,12 @@ from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
 __all__ = ["LayerCheck", "StepReport", "RestoreReport"]
 
 log = logging.getLogger("layercheck")
+UNBOUNDED = ("layercheck: %s keeps every layer version written (keep_versions=None), so it "
+             "grows with every write: bound it with LayerCheckConfig(keep_versions=2) (each layer "
+             "keeps its 2 newest versions and its base copy; the newest step stays recoverable), "
+             "or prune it later with `python -m layercheck gc %s`")
+"""The notice ``restore()`` logs (a warning of the ``layercheck`` logger: one line on stderr
+where logging is not configured) when a run starts at step 0 with unbounded retention."""
 
 
 class LayerCheck:
@@ -301,6 +307,8 @@ class LayerCheck:
             if v.layout == self.layout.id})
         if self.config.keep_versions is not None:
             self.writer.retention = Retention(self.config.keep_versions, view, standing)
+        elif step == 0 and self.ranks.is_coordinator:  # the default, as a run starts:
+            log.warning(UNBOUNDED, self.store.url, self.store.url)  # say how to bound it
         self._restore_called = True
         self.ranks.barrier()  # no rank writes into the new timeline before it is opened
 

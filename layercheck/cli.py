@@ -1,7 +1,8 @@
 """python -m layercheck: inspect, plan, export and clean up checkpoint directories.
 
 Every expected failure (no such directory, not a checkpoint, damaged or
-mismatched data, bad arguments) is one line on stderr and exit status 2.
+mismatched data, bad arguments) is one line on stderr and exit status 2. A
+reader that stops reading (``| head -1``) ends a command quietly, status 0.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import sys
 from typing import Sequence
 
-from .errors import LayerCheckError, OneLineParser, one_line
+from .errors import LayerCheckError, OneLineParser, one_line, stdout_gone
 from .format import ADAM_STEPS, EXPORT_FORMATS
 
 __all__ = ["main", "build_parser"]
@@ -76,8 +77,12 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return code
     except (LayerCheckError, ValueError, OSError) as exc:
+        if stdout_gone(exc):  # `inspect DIR | head -1`: nothing is wrong
+            return 0
         print(f"layercheck: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 

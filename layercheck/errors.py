@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import sys
 from typing import NoReturn
 
-__all__ = ["retryable", "one_line", "OneLineParser", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
+__all__ = ["retryable", "one_line", "OneLineParser", "stdout_gone", "LayerCheckError", "CheckpointNotFound", "ModelMismatch", "CorruptVersion",
            "WriteFailed", "ReadFailed", "RestoreIncomplete", "TimelineNotRecorded", "DirectoryLocked",
            "NotARegularFile"]
 
@@ -100,6 +103,29 @@ def one_line(text: str) -> str:
     """``text`` with line breaks escaped, for the project's one-line CLI errors: an
     echoed argument or path may hold one. Torch-free, shared by every CLI."""
     return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def stdout_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write to stdout whose reader went away (``cmd | head -1``,
+    ``cmd | true``): then a command stops quietly with exit status 0, as a pipeline
+    expects. It first points stdout at /dev/null, so that the interpreter's last
+    flush has nowhere left to fail (Python's recipe for SIGPIPE). False for any
+    other error, a broken pipe elsewhere (a remote store's connection) included:
+    stdout must be a pipe that polls as having no reader. Shared by every CLI."""
+    if not isinstance(exc, BrokenPipeError):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR is reported whatever the mask: a pipe without reader
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no stdout descriptor, or no poll()
+        return False
+    return True
 
 
 class OneLineParser(argparse.ArgumentParser):

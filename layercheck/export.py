@@ -118,19 +118,27 @@ def write_adapter(folder: Path, store: Store, step: int, tensors: dict[str, torc
                               "peft_config): export the merged model without --adapter")
     config = parse_model_config(store.read(ADAPTER_CONFIG), ADAPTER_CONFIG)
     config["inference_mode"] = True  # as PeftModel.save_pretrained writes it
-    save_file(tensors, folder / "adapter_model.safetensors",
-              metadata={"format": "pt", "layercheck_step": str(step)})
+    _save(tensors, folder / "adapter_model.safetensors", step)
     (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def write_model(folder: Path, store: Store, step: int, tensors: dict[str, torch.Tensor]) -> None:
     """``model.safetensors`` (``tensors``, the composite of ``step``) and the model's
     ``config.json`` (if the directory recorded one), for ``from_pretrained``."""
-    save_file(tensors, folder / "model.safetensors",
-              metadata={"format": "pt", "layercheck_step": str(step)})
+    _save(tensors, folder / "model.safetensors", step)
     config = model_config(store)
     if config is not None:
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, step: int) -> None:
+    """``save_file`` of ``tensors`` (the composite of ``step``) to ``path``, a new file,
+    left with the mode of any new file (0666 less the umask, as ``config.json`` beside
+    it gets): safetensors writes a private temporary file (0600) and renames it."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    save_file(tensors, path, metadata={"format": "pt", "layercheck_step": str(step)})
+    os.chmod(path, mode)
 
 
 def model_config(store: Store) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from .manifest import ManifestView, read_again, read_manifest
 from .pretrained import Ref, read_ref
 from .store import Store
 
-__all__ = ["inspect_directory", "format_inspection"]
+__all__ = ["inspect_directory", "format_inspection", "format_size"]
 
 
 def inspect_directory(store: Store, *, verify: bool = True) -> dict[str, Any]:
@@ -54,9 +54,13 @@ def _inspect(store: Store, verify: bool) -> dict[str, Any]:
             "frozen_params": len(versions[-1].frozen) if versions else 0,
             "frozen_from_step": versions[-1].base if versions else None})
     files = store.list("layers") + store.list("states")
-    live = [view.layout_of(v).id for v in view.all_versions()]
+    # layer versions and training states counted apart, here as in the totals below:
+    # a state is a step's small training state, not a version of any layer
+    live_layers = [view.layout_of(v).id for versions in view.versions.values() for v in versions]
+    live_states = [view.layout_of(v).id for v in view.states.values()]
     layouts = [{"id": k, "world_size": layout.world_size, "backend": layout.backend,
-                "versions": live.count(k)} for k, layout in sorted(view.layouts.items())]
+                "layer_versions": live_layers.count(k), "states": live_states.count(k)}
+               for k, layout in sorted(view.layouts.items())]
     return {"layouts": layouts,  # format: layouts
         "directory": store.url, "world_size": view.world_size, "newest_step": newest, "recoverable_steps": len(view.states),
         "oldest_step": min(view.states) if view.states else None,
@@ -106,21 +110,23 @@ def format_inspection(info: dict[str, Any]) -> str:
     lines = [f"checkpoint {info['directory']}",
              f"newest recoverable step: {info['newest_step']}  "
              f"({info['recoverable_steps']} recoverable steps, oldest {info['oldest_step']})",
-             f"layer versions: {info['layer_versions']}   bytes on disk: {_size(info['bytes_on_disk'])}",
+             f"layer versions: {info['layer_versions']:,}   training states: "
+             f"{info['recoverable_steps']:,}   bytes on disk: {format_size(info['bytes_on_disk'])}",
              "",
              f"{'layer':<32} {'kind':<10} {'params':>12} {'versions':>8} {'newest':>8} "
              f"{'stale':>6} {'bytes':>10}"]
     if len(info.get("layouts", [])) > 1:  # several world sizes wrote here (format: layouts)
         lines.insert(3, "layouts: " + "; ".join(
             f"{lay['id']}: {lay['world_size']} x {lay['backend'] or 'plain'}, "
-            f"{lay['versions']} live versions" for lay in info["layouts"]))
+            f"{lay['layer_versions']:,} layer versions, {lay['states']:,} training states"
+            for lay in info["layouts"]))
     frozen = any(layer.get("frozen_params") for layer in info["layers"])
     if frozen:
         lines[-1] += f" {'frozen':>7}"
     for layer in info["layers"]:
         lines.append(f"{layer['name']:<32} {layer['kind']:<10} {layer['params']:>12,} "
                      f"{layer['versions']:>8} {_opt(layer['newest_version_step']):>8} "
-                     f"{_opt(layer['staleness']):>6} {_size(layer['bytes_on_disk']):>10}"
+                     f"{_opt(layer['staleness']):>6} {format_size(layer['bytes_on_disk']):>10}"
                      + (f" {_frozen(layer):>7}" if frozen else ""))
     if frozen:
         lines.append("frozen: parameters that did not train, held by the version of step @N "
@@ -141,7 +147,8 @@ def _opt(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _size(n: int) -> str:
+def format_size(n: float) -> str:
+    """``n`` bytes in binary units: '512 B', '2.1 MiB', '26.7 GiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

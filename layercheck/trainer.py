@@ -54,6 +54,7 @@ from .layermap import LayerMap
 from .location import local_directory
 from .manifest import read_manifest
 from .recovery import read_state
+from .rlstate import RL_STATE_KEY, RlState, check_arguments, generation_span, replay_epochs
 from .snapshot import apply_rng, capture_rng
 from .store import LocalStore, Store, open_store
 
@@ -92,12 +93,20 @@ class LayerCheckCallback(TrainerCallback):
         self.restored_step: int | None = None
         """The step the last ``train()`` started from (0: a fresh start)."""
         self._model: torch.nn.Module | None = None
+        self._trainer: Any = None
+        self._rl: RlState | None = None
         self._rng_to_sync: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
 
     # -- before train() --------------------------------------------------------
-    def resume_checkpoint(self, into: "str | os.PathLike[str] | None" = None) -> str | None:
+    def resume_checkpoint(self, into: "str | os.PathLike[str] | None" = None, *,
+                          trainer: Any = None) -> str | None:
         """The folder to pass as ``trainer.train(resume_from_checkpoint=...)``, or None
         when the directory holds no recoverable step (then train from scratch).
+
+        ``trainer``: the trainer this callback is attached to, so that what it holds
+        beside the policy (a reference model, reward models and functions, TRL's
+        generations: ``layercheck.rlstate``) is checked and carried; required for
+        TRL's GRPOTrainer, optional otherwise.
 
         Writes a Trainer checkpoint of the newest recoverable step t (composite
         weights, ``config.json``, ``trainer_state.json``) to ``into`` (default:
@@ -105,6 +114,11 @@ class LayerCheckCallback(TrainerCallback):
         returns ``<into>/checkpoint-<t>``; ``into`` must be new, empty, or an
         earlier ``into``. Raises ``ModelMismatch`` when the directory was written
         for another model than the Trainer's."""
+        if trainer is not None:
+            if self not in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+                raise LayerCheckError("trainer= is not a trainer this callback is attached to: "
+                                      "pass the trainer made with callbacks=[callback]")
+            self._trainer = trainer
         store = self._open_existing()
         if store is None:
             return None
@@ -180,6 +194,7 @@ class LayerCheckCallback(TrainerCallback):
                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         self._model = model
         _check_supported(args)
+        check_arguments(args, self.config.interval)
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, model: torch.nn.Module | None = None,
@@ -194,6 +209,7 @@ class LayerCheckCallback(TrainerCallback):
                         storage_options=self.storage_options)
         try:
             self._restore(lc, state.global_step)
+            self._restore_rl(lc, args, state, train_dataloader)
         except BaseException:
             lc.close()
             raise
@@ -213,7 +229,10 @@ class LayerCheckCallback(TrainerCallback):
         if self.layercheck is None:
             raise LayerCheckError("LayerCheckCallback saw a step before train began: add it "
                                   "with Trainer(callbacks=[...]) or trainer.add_callback()")
-        self.layercheck.step(extra={TRAINER_STATE_KEY: _carried_state(state)})
+        extra = {TRAINER_STATE_KEY: _carried_state(state)}
+        if self._rl is not None:
+            extra[RL_STATE_KEY] = self._rl.state()
+        self.layercheck.step(extra=extra)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
@@ -224,6 +243,25 @@ class LayerCheckCallback(TrainerCallback):
                 self.layercheck = None
 
     # -- restore -----------------------------------------------------------------
+    def _restore_rl(self, lc: LayerCheck, args: TrainingArguments, state: TrainerState,
+                    train_dataloader: Any) -> None:
+        """What a generating trainer holds beside the policy (``layercheck.rlstate``):
+        checked and loaded back at a resume, recorded from here on."""
+        self._rl = None
+        if self._trainer is None:
+            if generation_span(args) is not None:
+                raise LayerCheckError(
+                    "this trainer generates completions against a reference model and reward "
+                    "functions that LayerCheckCallback must see to check and carry them: call "
+                    "trainer.train(resume_from_checkpoint=callback.resume_checkpoint("
+                    "trainer=trainer))")
+            return
+        self._rl = RlState(self._trainer)
+        if state.global_step > 0:
+            self._rl.restore((lc.extra or {}).get(RL_STATE_KEY), state.global_step, lc.store.url)
+            replay_epochs(train_dataloader,
+                          state.global_step // _updates_per_epoch(args, state, train_dataloader))
+
     def _restore(self, lc: LayerCheck, trainer_step: int) -> None:
         """Make LayerCheck's timeline start where the Trainer's does, or refuse."""
         view = read_manifest(lc.store)
@@ -292,11 +330,16 @@ def _skips_batches(args: TrainingArguments, state: TrainerState, dataloader: Any
     partly trained epoch (its ``_init_training_state`` rule)."""
     if args.ignore_data_skip:
         return False
+    per_epoch = _updates_per_epoch(args, state, dataloader)
+    return per_epoch > 0 and state.global_step % per_epoch > 0
+
+
+def _updates_per_epoch(args: TrainingArguments, state: TrainerState, dataloader: Any) -> int:
+    """The Trainer's optimizer steps per epoch (its ``num_update_steps_per_epoch``)."""
     try:
         batches = len(dataloader)
     except TypeError:
         batches = None
     accumulation = args.gradient_accumulation_steps
-    per_epoch = (max(batches // accumulation + int(batches % accumulation > 0), 1)
-                 if batches else state.max_steps)
-    return per_epoch > 0 and state.global_step % per_epoch > 0
+    return (max(batches // accumulation + int(batches % accumulation > 0), 1)
+            if batches else state.max_steps)

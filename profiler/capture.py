@@ -27,6 +27,7 @@ What the figures mean when the job has several ranks:
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layercheck.contract.trace import SCHEMA_VERSION, Trace, write_trace
+from layercheck.inspection import format_size
 
 from .config import CaptureConfig, ZeroConfig
 from .contention import ContentionMeter, Lap, summarize as summarize_contention, warning
@@ -59,6 +61,35 @@ class CaptureResult:
     path: Path
     trace: Trace
     summary: dict[str, Any]
+
+    def text(self) -> str:
+        """The summary a person reads: what was captured and where, the bytes against a
+        full checkpoint at every step, the stall, and the next command to run."""
+        s, out = self.summary, shlex.quote(str(self.path))
+        model = self.trace.manifest.get("sources", {}).get("capture", {}).get("model", "the model")
+        lines = [
+            f"wrote {self.path}: {s['steps']:,} steps of {model} ({s['layers']} layers), "
+            f"median step {s['step_s_median']:.3g} s",
+            f"LayerCheck wrote {format_size(s['bytes_written'])} from its base checkpoint (step "
+            f"{s['base_step']}) on: {s['bytes_vs_full_every_step']:.1%} of a full checkpoint "
+            f"({format_size(s['full_checkpoint_bytes'])}) at every step",
+            f"stall on the training thread: {s['stall_share']:.1%} of compute (drift tracking "
+            f"{s['drift_share']:.1%})",
+            f"training loss {s['loss_first']:.4g} at step 1, {s['loss_last10_mean']:.4g} over the "
+            f"last {min(10, s['steps'])} steps"]
+        evaluation = s.get("evaluation") or {}
+        if evaluation.get("value") is not None:
+            lines.append(f"{evaluation['name']}: {evaluation['value']:.4g}")
+        if "costs" in s:
+            lines.append(f"costs.json: {len(s['costs'])} figures of what each checkpointing "
+                         "strategy's mechanism costs on this machine")
+            lines.append(f"next: python -m sim --trace {out} --mtbf 2h   "
+                         "# every strategy under failures, priced by this machine")
+        else:
+            lines.append(f"next: python -m profiler calibrate --trace {out}   "
+                         f"# then: python -m sim --trace {out} --mtbf 2h")
+        lines.append("(every figure as JSON: add --json)")
+        return "\n".join(lines)
 
 
 @dataclass

@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                           "rank under it)")
     cap.add_argument("--ranks", type=int, help="with --deepspeed or --fsdp: ranks to start "
                      "(default 2; under torchrun, its --nproc_per_node)")
+    cap.add_argument("--json", action="store_true",
+                     help="print every figure of the capture as JSON (progress lines go to "
+                          "stderr) instead of the summary")
     cap.add_argument("--no-calibrate", action="store_true",
                      help="skip the calibration (costs.json: what each checkpointing strategy's "
                           "mechanism costs here); `python -m profiler calibrate` does it later")
@@ -250,12 +253,13 @@ def _run_zero_capture(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _capture(spec: CaptureConfig | ZeroConfig, args: argparse.Namespace, argv: list[str]) -> int:
     from .capture import capture
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     result = capture(spec, out=args.out, ckpt=args.ckpt, keep_ckpt=args.keep_ckpt,
                      keep_history=args.keep_history, progress=not args.quiet, argv=argv,
-                     calibrate=not args.no_calibrate, repeats=args.repeats)
+                     calibrate=not args.no_calibrate, repeats=args.repeats, say=say)
     if result is not None:  # rank 0
-        print(f"wrote {result.path}")
-        print(json.dumps(result.summary, indent=2, default=float))
+        print(json.dumps({"trace": str(result.path), **result.summary}, indent=2, default=float)
+              if args.json else result.text())
     return 0
 
 

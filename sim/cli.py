@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from layercheck.errors import OneLineParser, one_line
+from layercheck.errors import OneLineParser, one_line, stdout_gone
 from layercheck.contract.trace import TraceError, read_trace
 
 from . import scalecli
@@ -251,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError as exc:  # `python -m sim ... | head -1`: stop quietly
+        if not stdout_gone(exc):
+            raise
     return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,58 @@ def test_restore_into_a_different_model_is_refused(ckpt):
     opt, sched = optimizer_for(model)
     with pytest.raises(ModelMismatch, match="different model"):
         LayerCheck(model, opt, ckpt, scheduler=sched)
+
+
+@pytest.mark.parametrize("argv", [["inspect", "CKPT"], ["inspect", "CKPT", "--json"],
+                                  ["plan", "CKPT"], ["plan", "CKPT", "--json"]])
+def test_a_reader_that_went_away_ends_the_command_quietly(ckpt, argv):
+    # `python -m layercheck inspect DIR | head -1`, `plan DIR | true`
+    from tests.pipes import run_into_closed_pipe
+    done = run_into_closed_pipe("layercheck", *[str(ckpt) if a == "CKPT" else a for a in argv])
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(ckpt):
+    # only stdout's reader going away is quiet: another broken pipe (a remote store's
+    # connection) is the one-line error it always was, stdout being read meanwhile
+    code = ("import sys, layercheck.cli as cli\n"
+            "def broken(args):\n"
+            "    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "cli._run = broken\n"
+            f"sys.exit(cli.main(['inspect', {str(ckpt)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (done.returncode, done.stderr) == (2, "layercheck: error: [Errno 32] Broken pipe\n")
+
+
+def test_inspect_counts_the_same_layer_versions_in_its_table_and_its_json(ckpt):
+    def inspect(*flags: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "layercheck", "inspect", str(ckpt), *flags],
+                              capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    text, info = inspect(), json.loads(inspect("--json"))
+    said = int(re.search(r"layer versions: ([\d,]+)", text).group(1).replace(",", ""))
+    per_layer = sum(layer["versions"] for layer in info["layers"])
+    # (a layout's count once took the training states in as well: 1,215 against 1,034)
+    per_layout = sum(lay.get("layer_versions", lay.get("versions")) for lay in info["layouts"])
+    assert said == info["layer_versions"] == per_layer == per_layout
+    assert f"training states: {info['recoverable_steps']:,}" in text
+    assert sum(lay["states"] for lay in info["layouts"]) == info["recoverable_steps"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_every_exported_file_gets_the_mode_of_a_new_file(ckpt, tmp_path, umask):
+    # safetensors writes a 0600 temporary file and renames it: model.safetensors came
+    # out 0600 beside a 0644 config.json
+    out = tmp_path / "model"
+    done = subprocess.run([sys.executable, "-m", "layercheck", "export", str(ckpt), "--out",
+                           str(out)], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          preexec_fn=lambda: os.umask(umask))
+    assert done.returncode == 0, done.stderr
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "layercheck_plan.json"} <= modes.keys()
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes

@@ -234,8 +234,8 @@ def test_inspect_plan_and_gc_on_a_directory_of_two_layouts(two_layouts, capsys):
     assert info["problems"] == []
     layers = len(info["layers"])
     assert info["layouts"] == [  # steps 2..6 of every layer, 5 and 6 in the 2-rank layout
-        {"id": 0, "world_size": 1, "backend": None, "versions": 3 * layers + 5},
-        {"id": 1, "world_size": 2, "backend": "fsdp", "versions": 2 * layers}]
+        {"id": 0, "world_size": 1, "backend": None, "layer_versions": 3 * layers, "states": 5},
+        {"id": 1, "world_size": 2, "backend": "fsdp", "layer_versions": 2 * layers, "states": 0}]
     assert "layouts: 0: 1 x plain" in format_inspection(info)
     assert cli(["plan", str(ckpt), "--step", "6", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)

@@ -71,3 +71,47 @@ def test_capture_command_writes_a_readable_trace(tmp_path, capsys):
     assert "LayerCheck: threshold 0.001" in printed and f"wrote {out}" in printed
     trace = read_trace(out)
     assert trace.num_steps == 6 and "python -m profiler capture" in trace.manifest["sources"]["command"]
+
+
+CAPTURE = ["capture", "--model", "tiny", "--steps", "6", "--warmup-steps", "2", "--batch-size", "2",
+           "--seq-len", "16", "--threads", "1", "--quiet", "--no-calibrate"]
+
+
+@pytest.mark.slow
+def test_capture_ends_with_a_summary_a_person_reads_and_the_next_command(tmp_path):
+    out = tmp_path / "trace"
+    done = subprocess.run([sys.executable, "-m", "profiler", *CAPTURE, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    summary = lines[lines.index(next(l for l in lines if l.startswith(f"wrote {out}: 6 steps"))):]
+    assert "{" not in done.stdout  # no JSON dump
+    assert "% of a full checkpoint (" in summary[1] and "at every step" in summary[1]
+    assert summary[2].startswith("stall on the training thread: ")
+    # not calibrated: calibrate first, then the simulator on this trace
+    assert f"next: python -m profiler calibrate --trace {out}" in summary[-2]
+    assert f"python -m sim --trace {out} --mtbf 2h" in summary[-2]
+    assert summary[-1] == "(every figure as JSON: add --json)"
+
+
+def test_capture_json_prints_every_figure_and_nothing_else_on_stdout(tmp_path, capsys):
+    import json
+    out = tmp_path / "trace"
+    assert main([*CAPTURE, "--json", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    figures = json.loads(printed.out)  # the whole of stdout
+    assert figures["trace"] == str(out) and figures["steps"] == 6
+    assert 0 < figures["bytes_vs_full_every_step"] <= 1 and figures["stall_share"] >= 0
+    assert "LayerCheck: threshold 0.001" in printed.err  # what the run says goes to stderr
+
+
+def test_a_calibrated_capture_names_the_simulator_next(tiny_capture):
+    from profiler.capture import CaptureResult
+    from profiler.capture import summarize
+    calibrated = CaptureResult(tiny_capture.path, tiny_capture.trace,
+                               {**summarize(tiny_capture.trace), "costs": {"a": 1.0, "b": 2.0}})
+    text = calibrated.text()
+    assert "costs.json: 2 figures" in text
+    assert f"next: python -m sim --trace {tiny_capture.path} --mtbf 2h" in text
+    assert "calibrate" not in text.splitlines()[-2]

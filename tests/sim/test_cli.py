@@ -319,3 +319,11 @@ def test_bad_node_input_from_the_shell_has_no_traceback():
     result = _run("--nodes", "8", "--node-mtbf", "1h", "--domain", "rack:1:1d")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "at least 2" in result.stderr
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly():
+    # `python -m sim --mtbf 0.5h --json | head -1`: no error, and nothing at the
+    # interpreter's exit either (its last flush has nowhere left to fail)
+    from tests.pipes import run_into_closed_pipe
+    done = run_into_closed_pipe("sim", "--mtbf", "0.5h", "--seeds", "2", "--json")
+    assert (done.returncode, done.stderr) == (0, "")
