@@ -23,6 +23,7 @@ from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 from .location import local_directory
 
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData",
+           "is_temporary", "temporary_target",
            "read_buffer", "read_into", "ReadBuffer"]
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -40,6 +41,15 @@ def is_temporary(path: str) -> bool:
     return bool(_TEMPORARY.match(path.rsplit("/", 1)[-1]))
 
 
+def temporary_target(path: str) -> str | None:
+    """The path whose write the temp file ``path`` holds (``layers/.x.1a2b3c4d.tmp``:
+    ``layers/x``); None unless ``path`` is one (``is_temporary``)."""
+    folder, _, name = path.rpartition("/")
+    if not is_temporary(name):
+        return None
+    return f"{folder}/{name[1:-13]}" if folder else name[1:-13]  # '.' + name + '.<8 hex>.tmp'
+
+
 def _listed(name: str, temporary: bool) -> bool:
     """Whether ``Store.list`` names a file called ``name``: every backend's one rule.
     Names layercheck could not have written (spaces, odd characters) are not ours,
@@ -47,6 +57,17 @@ def _listed(name: str, temporary: bool) -> bool:
     flight (or cut short by a crash), named only with ``temporary``."""
     return bool(_SAFE_PATH.match(name)) and (not name.startswith(".")
                                              or (temporary and is_temporary(name)))
+
+
+def check_deletable(path: str) -> str:
+    """``path`` if a store may delete it, else LayerCheckError: only a file its ``list``
+    can name (with ``temporary``), never a dot file such as the directory's ``.lock``
+    (deleting it would let a second writer in beside a running one) or ``.readers``."""
+    if not _listed(check_relative(path).rsplit("/", 1)[-1], True):
+        raise LayerCheckError(f"refusing to delete {path!r}: a store deletes only files its "
+                              "listing names (layercheck's own), never .lock, .readers or "
+                              "another dot file")
+    return path
 
 
 def check_relative(path: str) -> str:
@@ -80,7 +101,10 @@ class Store(Protocol):
     (``NotARegularFile``). ``list`` names the files under ``prefix`` that a
     commit can name, with ``temporary`` also the temp files of writes in
     flight or cut short by a crash (``is_temporary``); ``prefix`` "" is the
-    directory itself.
+    directory itself. ``delete`` (and ``delete_unread``) removes only a file
+    ``list`` could name (``check_deletable``: never ``.lock``); which of those
+    may go is the caller's to derive from the format (``format.version_files``,
+    ``format.deletable``), never a path taken from a record.
     """
 
     url: str
@@ -255,7 +279,7 @@ class LocalStore:
                           if e.is_file(follow_symlinks=False) and _listed(e.name, temporary))
 
     def delete(self, path: str) -> None:
-        self._writable(path).unlink(missing_ok=True)
+        self._writable(check_deletable(path)).unlink(missing_ok=True)
 
     def delete_unread(self, paths: list[str]) -> bool:
         # readers hold a shared record lock on .readers (``reading``); the writer takes
@@ -468,7 +492,7 @@ class FsspecStore:
                       if _listed(name, temporary))
 
     def delete(self, path: str) -> None:
-        full = self._path(path)
+        full = self._path(check_deletable(path))
         if self.fs.exists(full):
             self.fs.rm_file(full)
 
