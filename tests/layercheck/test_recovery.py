@@ -468,19 +468,22 @@ def test_no_intact_version_says_how_many_were_tried_and_on_which_ranks(ckpt):
     view = read_manifest(store)
     for version in view.versions["model.norm"]:
         _flip(ckpt / version.file)
+    newest = view.versions["model.norm"][-1]
     with pytest.raises(CheckpointNotFound) as one:
         make_plan(store, view)
-    assert str(one.value) == "layer model.norm: no committed version intact (5 tried, all damaged)"
+    assert str(one.value).startswith("layer model.norm: no committed version intact (5 tried, all "
+                                     f"damaged; the newest here, step 6's: {newest.file}: ")
     view.header = {**view.header, "world_size": 2}  # a sharded job's checkpoint
     with pytest.raises(CheckpointNotFound) as two:
         make_plan(store, view)
-    assert str(two.value) == ("layer model.norm: no committed version intact on every rank "
-                              "(5 tried, all damaged)")
+    assert str(two.value).startswith("layer model.norm: no committed version intact on every "
+                                     "rank (5 tried, all damaged; the newest here, step 6's: ")
     for state in view.states.values():
         _flip(ckpt / state.file)
     with pytest.raises(CheckpointNotFound) as states:
         make_plan(store, read_manifest(store))
-    assert str(states.value) == "training state: no committed version intact (5 tried, all damaged)"
+    assert str(states.value).startswith("training state: no committed version intact (5 tried, "
+                                        "all damaged; the newest here, step 6's: ")
 
 
 def test_a_damaged_state_is_named_as_the_training_state(ckpt):
@@ -492,7 +495,9 @@ def test_a_damaged_state_is_named_as_the_training_state(ckpt):
     assert plan.warnings[0].startswith("training state: skipping the version of step 6: ")
     with pytest.raises(CheckpointNotFound) as exact:  # exactly step 6: no falling back
         make_plan(store, view, 6, exact=True)
-    assert str(exact.value) == "training state: no committed version intact (1 tried, all damaged)"
+    assert str(exact.value) == ("training state: no committed version intact (1 tried, all "
+                                f"damaged; the newest here, step 6's: "
+                                f"{plan.warnings[0].split(': ', 2)[2]})")
 
 
 def _shard_in_two(ckpt, version):

@@ -409,6 +409,111 @@ def test_a_layer_file_that_is_not_a_regular_file_is_passed_over(ckpt, kind):
     assert any(newest.file in p for p in json.loads(done.stdout)["problems"])
 
 
+# -- a pretrained file that is not a regular file (issue 43, item 4) -------------------------
+# Frozen weights recorded by reference (``pretrained=``) are read from a file outside
+# the directory, which a record names by absolute path: it was opened with open(), so
+# a FIFO there hung inspect and restore(). Each call runs in a thread with a deadline;
+# one stuck on the FIFO is released (its writer end opened and closed) and fails.
+@pytest.fixture(scope="module")
+def by_reference(tmp_path_factory):
+    """A checkpoint of 2 steps whose frozen weights are recorded by reference to
+    pretrained/model.safetensors, beside it."""
+    from tests.layercheck.test_frozen import EVERY_STEP, frozen_model
+    where = tmp_path_factory.mktemp("by_reference")
+    model, opt, sched = frozen_model()
+    model.save_pretrained(where / "pretrained")
+    with LayerCheck(model, opt, where / "ckpt", EVERY_STEP, scheduler=sched,
+                    pretrained=where / "pretrained") as lc:
+        lc.restore()
+        for _ in range(2):
+            train_step(model, opt, sched)
+            lc.step()
+    full = read_manifest(LocalStore(where / "ckpt")).versions["model.layers.0"][0]
+    assert full.refs  # its frozen weights named by reference, read by each version after it
+    return where
+
+
+def _within_deadline(call, fifo: Path, seconds: float = 60):
+    """``call()``'s result (or its exception, raised), or a failure if it still runs after
+    ``seconds``: then whatever blocks on ``fifo`` is released first, so nothing hangs."""
+    import os
+    import threading
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(("value", call()))
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
+            outcome.append(("error", exc))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        while worker.is_alive():  # a reader blocked on the FIFO: give it an end of file
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            worker.join(0.1)
+        pytest.fail(f"blocked on the FIFO {fifo} for {seconds} s")
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a fifo"])
+def test_a_pretrained_file_replaced_by_a_fifo_is_refused_by_inspect_and_restore(
+        by_reference, tmp_path, kind):
+    import os
+    from layercheck.errors import CheckpointNotFound
+    from layercheck.inspection import inspect_directory
+    from tests.layercheck.test_frozen import EVERY_STEP, frozen_model
+    shutil.copytree(by_reference, tmp_path, dirs_exist_ok=True)
+    pretrained = tmp_path / "pretrained" / "model.safetensors"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pretrained.unlink()
+    if kind == "fifo":
+        os.rename(fifo, pretrained)
+        fifo = pretrained
+    else:
+        pretrained.symlink_to(fifo)
+    _relocate_references(tmp_path / "ckpt", by_reference, tmp_path)
+    info = _within_deadline(lambda: inspect_directory(LocalStore(tmp_path / "ckpt")), fifo)
+    assert info["problems"] and all(str(pretrained) in p and "FIFO" in p and
+                                    "regular file" in p for p in info["problems"])
+    model, opt, sched = frozen_model(seed=9)
+    with LayerCheck(model, opt, tmp_path / "ckpt", EVERY_STEP, scheduler=sched) as lc:
+        with pytest.raises(CheckpointNotFound, match="no committed version intact") as info:
+            _within_deadline(lc.restore, fifo)  # every version of a layer reads the file
+    assert str(pretrained) in str(info.value) and "is a FIFO" in str(info.value)
+    assert "put the pretrained files back" in str(info.value)
+
+
+def _relocate_references(ckpt: Path, old: Path, new: Path) -> None:
+    """The references of ``ckpt``'s records to files under ``old`` made to ``new``'s."""
+    def change(records):
+        for r in records:
+            for ref in (r.get("refs") or {}).values():
+                ref["file"] = ref["file"].replace(str(old.resolve()), str(new.resolve()))
+    _rewrite(ckpt, change)
+
+
+def test_a_pretrained_file_reached_through_a_link_is_read(by_reference, tmp_path):
+    """Links are followed to a pretrained file (a Hugging Face cache links each file of a
+    snapshot to its blob): what is read is the regular file they resolve to."""
+    from layercheck.inspection import inspect_directory
+    shutil.copytree(by_reference, tmp_path, dirs_exist_ok=True)
+    pretrained = tmp_path / "pretrained" / "model.safetensors"
+    blob = tmp_path / "blob"
+    pretrained.rename(blob)
+    pretrained.symlink_to(blob)
+    _relocate_references(tmp_path / "ckpt", by_reference, tmp_path)
+    assert inspect_directory(LocalStore(tmp_path / "ckpt"))["problems"] == []
+
+
 # -- well-formed records with hostile values (issue 27, item 9) ---------------------------
 # Each record below has a valid CRC and the fields its kind needs, so only the schema
 # of its kind (format.RECORD_SCHEMAS, checked where the manifest is read) stands
