@@ -7,9 +7,13 @@ writes a crash cut short (a manifest compaction killed before its rename leaves
 ``.manifest.jsonl.<hex>.tmp``): only names of ``write_atomic``'s own pattern, and
 only under the lock, so never a live writer's write in flight.
 
-Nothing it could not verify is deleted: a version the plan passes over as
-damaged stays (file and record), reported in ``skipped``; an I/O error while
-verifying (``ReadFailed``: not damage) stops gc before it deletes anything.
+It deletes only files the format names (``format.deletable``: versions' files
+and the temp files of writes), listed in the directory, never a path a record
+gives: a file of someone else's (in ``layers/`` too), the manifest and the
+``.lock`` stay. Nothing it could not verify is deleted: a version the plan
+passes over as damaged stays (file and record), reported in ``skipped``; an I/O
+error while verifying (``ReadFailed``: not damage) stops gc before it deletes
+anything.
 With no recoverable step there is nothing to keep a version for: gc refuses.
 """
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import CheckpointNotFound, ReadFailed
-from .format import MANIFEST, Version
+from .format import MANIFEST, Version, deletable
 from .manifest import encode_manifest, read_manifest
 from .policy import Reason
 from .recovery import make_plan
@@ -72,10 +76,12 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     base_step = min((v.step for v in bases), default=None)
     live.update(v for v in bases if v.step == base_step)
     kept = {f for v in live for f in v.files}
+    # only what the format names (a version's file, a temp file of one, of the manifest
+    # or a config), never a file of someone else's in layers/ or at the root
     doomed = [f for f in store.list("layers", temporary=True) + store.list("states", temporary=True)
-              if f not in kept]  # temp files too: no writer runs while gc holds the lock
+              if f not in kept and deletable(f)]  # temp files too: no writer runs meanwhile
     # and what a compaction killed before its rename left: '.manifest.jsonl.<hex>.tmp'
-    doomed += [f for f in store.list("", temporary=True) if is_temporary(f)]
+    doomed += [f for f in store.list("", temporary=True) if is_temporary(f) and deletable(f)]
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
         store.write_atomic(MANIFEST, encode_manifest(header, live, view.layouts.values()))

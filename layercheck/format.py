@@ -18,7 +18,11 @@ facts, e.g. ``zero`` or ``fsdp``; ``lora`` for a PEFT LoRA model, see below),
 ``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
 timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
-sharded, is retired), ``layout`` (see below).
+sharded, is retired), ``layout`` (see below). A ``layer`` or ``state`` record
+names exactly the files its layer, step and shards give (``version_files``:
+``layers/<layer>@<step>[.rank<r>]``, ``states/<step>[.rank<r>]``) and a layer the
+header lists; one naming any other file is skipped as a damaged line, and no
+deleter takes a path from a record (``version_files``, ``deletable``).
 
 Layouts (issue 30; ``layercheck/1`` still: every new field is optional, and a
 directory without them reads as before). A *layout* (``Layout``) is how the
@@ -106,12 +110,12 @@ from .checksums import CHECKSUM, CHECKSUMS, Checksummer, checksum, checksum_matc
 from .errors import CorruptVersion, LayerCheckError
 from .layout import BACKENDS, Layout
 from .schema import Field, Schema, deeper_than, expect, integer, number, obj, shown, table
-from .store import check_relative
+from .store import check_relative, temporary_target
 from .version import Shard, Version
 
 __all__ = ["MANIFEST", "MODEL_CONFIG", "ADAPTER_CONFIG", "FORMAT", "EXPORT_FORMATS", "ADAM_STEPS", "CHECKSUM", "CHECKSUMS", "Checksummer",
            "checksum", "checksum_matches",
-           "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
+           "layer_path", "layer_stem", "LAYER_STEM_MAX", "state_path", "version_files", "deletable", "tensor_key", "sub_group", "optimizer_fields", "optimizer_state",
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
            "drop_record", "layout_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH",
            "parse_model_config", "Shard", "Version", "Layout", "BACKENDS", "layer_metadata", "described", "state_metadata", "group_members",
@@ -143,6 +147,33 @@ def state_path(step: int, rank: int | None = None) -> str:
 
 def _rank_suffix(rank: int | None) -> str:
     return "" if rank is None else f".rank{rank:05d}"
+
+
+def version_files(version: Version) -> list[str]:
+    """The files the format names for ``version``, from its layer (None: a training
+    state), step and number of shards alone, in the order of ``Version.files``. A
+    record may name only these (the manifest's replay skips one that names any other
+    file as damaged), and retention deletes only these: a deleter derives what it
+    deletes, never takes a path from a record."""
+    def name(rank: int | None) -> str:
+        return state_path(version.step, rank) if version.layer is None else \
+            layer_path(version.layer, version.step, rank)
+    return [name(r) for r in range(len(version.shards))] if version.shards else [name(None)]
+
+
+_VERSION_FILE = re.compile(r"^(layers/[A-Za-z0-9._-]+@|states/)[0-9]{9,}(\.rank[0-9]{5,})?"
+                           r"\.safetensors$")
+
+
+def deletable(path: str) -> bool:
+    """Whether ``path`` is a file ``gc`` may delete once nothing kept names it: a file
+    of ``layer_path``'s or ``state_path``'s shape, or a temp file ``write_atomic`` left
+    of one of those or of the manifest and configs. Never the manifest itself, the
+    ``.lock``, nor any file the format does not name (a user's notes, in layers/ too)."""
+    target = temporary_target(path)
+    if target is None:
+        return bool(_VERSION_FILE.match(path))
+    return bool(_VERSION_FILE.match(target)) or target in (MANIFEST, MODEL_CONFIG, ADAPTER_CONFIG)
 
 
 LAYER_STEM_MAX = 200

@@ -4,11 +4,13 @@ A layer version or a step's training state exists only once its record is in
 the manifest (``manifest.jsonl``; records in ``layercheck.format``); files
 without a record are leftovers. Each line carries a CRC of its own content,
 so a torn or garbled line is detected and skipped (with a problem reported),
-never half-trusted. A ``resume`` record abandons every later step of the
-timeline before it; a ``drop`` record retires a version. A rank's view of a
-sharded checkpoint (``read_manifest(store, rank=r)``) sees each version as
-its own shard. The layouts the versions were written in (``format``: layouts)
-are replayed too: ``layouts`` and ``layout_of``. Torch-free.
+never half-trusted; so is a record naming a file that is not its own
+(``format.version_files``), whatever its CRC says. A ``resume`` record
+abandons every later step of the timeline before it; a ``drop`` record
+retires a version. A rank's view of a sharded checkpoint
+(``read_manifest(store, rank=r)``) sees each version as its own shard. The
+layouts the versions were written in (``format``: layouts) are replayed too:
+``layouts`` and ``layout_of``. Torch-free.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError
-from .format import MANIFEST, Layout, Version, decode_line, encode_record
+from .format import MANIFEST, Layout, Version, decode_line, encode_record, version_files
 from .store import Store
 
 __all__ = ["ManifestView", "job_layout", "read_manifest", "read_again", "read_consistent", "seal_torn_tail", "compact",
@@ -46,6 +48,8 @@ class ManifestView:
     """The manifest's bytes this view replays (``read_again`` compares them)."""
     layouts: dict[int, Layout] = field(default_factory=dict)
     """Per id, every layout recorded (``format``: layouts; 0, the header's, once it is read)."""
+    _layers: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    """The header's layer names: a layer record of any other is skipped as damaged."""
 
     def layout_of(self, version: Version) -> Layout:
         """The layout ``version`` was written in (replay refuses a record naming another)."""
@@ -92,10 +96,17 @@ class ManifestView:
         if kind == "header":
             if self.header is None:
                 self.header = record
+                self._layers = frozenset(self.layer_names)
                 self.layouts[0] = Layout.of_header(record)
         elif kind == "layer":
             version = self._version(record)
-            self.versions.setdefault(version.layer, []).append(version)
+            live = self.versions.setdefault(version.layer, [])
+            if live and live[-1].step >= version.step:  # records come in step order, but:
+                # a second record of one (layer, step) names the same file: it replaces
+                # the first, so no version is live twice (retention would drop one,
+                # deleting the file the other still needs)
+                live[:] = [v for v in live if v.step != version.step]
+            live.append(version)
         elif kind == "state":
             version = self._version(record)
             self.states[version.step] = version
@@ -112,9 +123,21 @@ class ManifestView:
 
     def _version(self, record: dict[str, Any]) -> Version:
         """The version of a layer or state record, as this view's rank sees it; ValueError
-        unless its layout is recorded and it has that layout's shards (before any
-        header, layout 0's world size is not known: not checked)."""
+        unless it names exactly the files its layer and step give
+        (``format.version_files``: never the manifest, the lock, a user's file or
+        another version's), its layer is one the header lists, and its layout is
+        recorded and it has that layout's shards (before any header, the layers and
+        layout 0's world size are not known: not checked)."""
         version = Version.from_record(record, self.rank)
+        own = version_files(version)
+        if version.files != own:  # e.g. the manifest, .lock, another version's file
+            wrong, right = next((f, o) for f, o in zip(version.files, own) if f != o)
+            raise ValueError(f"it names the file {wrong!r}, not its own {right!r}: a record "
+                             "may name only the file its layer and step give")
+        if version.layer is not None and self.header is not None \
+                and version.layer not in self._layers:
+            raise ValueError(f"a version of layer {version.layer!r}, which the header does "
+                             "not list")
         if version.layout not in self.layouts:
             if version.layout or self.header is not None:
                 raise ValueError(f"a version of layout {version.layout}, which no layout "

@@ -146,6 +146,9 @@ class Planner:
         self.elastic_ranks = elastic_ranks or (lambda _, layout: list(range(layout.world_size)))
         self.warnings: list[str] = []
         self.passed_over: list[Version] = []
+        self._newest_damage: dict[str, str] = {}
+        """Per layer (or the training state), why its newest version tried here was
+        passed over: what ``CheckpointNotFound`` says where none is intact."""
         self.load_s = 0.0
         self._kept: dict[str, VerifiedFile | ElasticRead] = {}
         """This rank's verified file of each chosen layer version held for ``load``."""
@@ -326,6 +329,7 @@ class Planner:
                 file = newest.result() if n == 0 and newest is not None else self._read(version)
             except CorruptVersion as exc:
                 self.warnings.append(f"{what}: skipping the version of step {version.step}: {exc}")
+                self._newest_damage.setdefault(what, f"step {version.step}'s: {exc}")
                 self.passed_over.append(version)
                 continue
             if use is not None:
@@ -376,7 +380,10 @@ class Planner:
         if not versions:
             return f"{what} has no committed version at or before step {step}"
         where = " on every rank" if self.view.world_size > 1 else ""
-        return f"{what}: no committed version intact{where} ({len(versions)} tried, all damaged)"
+        why = self._newest_damage.get(what)  # on another rank, perhaps: then not known here
+        why = f"; the newest here, {why}" if why is not None else ""
+        return (f"{what}: no committed version intact{where} ({len(versions)} tried, all "
+                f"damaged{why})")
 
 
 def make_plan(store: Store, view: ManifestView, step: int | None = None, *,

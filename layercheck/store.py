@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 import threading
 import uuid
 from pathlib import Path
@@ -21,8 +20,10 @@ import numpy as np
 
 from .errors import DirectoryLocked, LayerCheckError, NotARegularFile
 from .location import local_directory
+from .regularfile import open_regular
 
 __all__ = ["Store", "LocalStore", "FsspecStore", "open_store", "check_relative", "FileData",
+           "is_temporary", "temporary_target",
            "read_buffer", "read_into", "ReadBuffer"]
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -40,6 +41,15 @@ def is_temporary(path: str) -> bool:
     return bool(_TEMPORARY.match(path.rsplit("/", 1)[-1]))
 
 
+def temporary_target(path: str) -> str | None:
+    """The path whose write the temp file ``path`` holds (``layers/.x.1a2b3c4d.tmp``:
+    ``layers/x``); None unless ``path`` is one (``is_temporary``)."""
+    folder, _, name = path.rpartition("/")
+    if not is_temporary(name):
+        return None
+    return f"{folder}/{name[1:-13]}" if folder else name[1:-13]  # '.' + name + '.<8 hex>.tmp'
+
+
 def _listed(name: str, temporary: bool) -> bool:
     """Whether ``Store.list`` names a file called ``name``: every backend's one rule.
     Names layercheck could not have written (spaces, odd characters) are not ours,
@@ -47,6 +57,17 @@ def _listed(name: str, temporary: bool) -> bool:
     flight (or cut short by a crash), named only with ``temporary``."""
     return bool(_SAFE_PATH.match(name)) and (not name.startswith(".")
                                              or (temporary and is_temporary(name)))
+
+
+def check_deletable(path: str) -> str:
+    """``path`` if a store may delete it, else LayerCheckError: only a file its ``list``
+    can name (with ``temporary``), never a dot file such as the directory's ``.lock``
+    (deleting it would let a second writer in beside a running one) or ``.readers``."""
+    if not _listed(check_relative(path).rsplit("/", 1)[-1], True):
+        raise LayerCheckError(f"refusing to delete {path!r}: a store deletes only files its "
+                              "listing names (layercheck's own), never .lock, .readers or "
+                              "another dot file")
+    return path
 
 
 def check_relative(path: str) -> str:
@@ -80,7 +101,10 @@ class Store(Protocol):
     (``NotARegularFile``). ``list`` names the files under ``prefix`` that a
     commit can name, with ``temporary`` also the temp files of writes in
     flight or cut short by a crash (``is_temporary``); ``prefix`` "" is the
-    directory itself.
+    directory itself. ``delete`` (and ``delete_unread``) removes only a file
+    ``list`` could name (``check_deletable``: never ``.lock``); which of those
+    may go is the caller's to derive from the format (``format.version_files``,
+    ``format.deletable``), never a path taken from a record.
     """
 
     url: str
@@ -175,7 +199,7 @@ class LocalStore:
         self._make_parents(target)
         created = not os.path.lexists(target)
         # never through a planted link, nor into a FIFO or device
-        fd = _open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        fd = open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
             try:
@@ -190,7 +214,7 @@ class LocalStore:
             _fsync_dir(target.parent)
 
     def read(self, path: str, limit: int | None = None) -> bytes:
-        fd = _open_regular(self._path(path), os.O_RDONLY)
+        fd = open_regular(self._path(path), os.O_RDONLY)
         try:  # the size when opened bounds the read: a file that grows is read as it was
             size = os.fstat(fd).st_size
             return _read_all(fd, size if limit is None else min(size, limit + 1))
@@ -202,7 +226,7 @@ class LocalStore:
         """As ``read``, into one writable buffer allocated once and never zeroed
         (tensors can be views of it); ``consume`` gets each piece as it arrives (a
         checksum on the same pass, while the piece is still in the CPU's cache)."""
-        fd = _open_regular(self._path(path), os.O_RDONLY)
+        fd = open_regular(self._path(path), os.O_RDONLY)
         try:  # the size when opened bounds the read, as in ``read``
             size = os.fstat(fd).st_size
             size = size if limit is None else min(size, limit + 1)
@@ -220,7 +244,7 @@ class LocalStore:
         ``consume`` as they arrive. Each buffer is filled before the next is asked
         for, so ``targets`` may look at what it holds; at the end of the file the
         read stops. Bytes beyond the last buffer are read and consumed, not kept."""
-        fd = _open_regular(self._path(path), os.O_RDONLY)
+        fd = open_regular(self._path(path), os.O_RDONLY)
         try:  # the size when opened bounds the read, as in ``read``
             size = os.fstat(fd).st_size
             size = size if limit is None else min(size, limit + 1)
@@ -255,13 +279,13 @@ class LocalStore:
                           if e.is_file(follow_symlinks=False) and _listed(e.name, temporary))
 
     def delete(self, path: str) -> None:
-        self._writable(path).unlink(missing_ok=True)
+        self._writable(check_deletable(path)).unlink(missing_ok=True)
 
     def delete_unread(self, paths: list[str]) -> bool:
         # readers hold a shared record lock on .readers (``reading``); the writer takes
         # it exclusively for the moment it deletes, or leaves the files for later
         import fcntl
-        fd = _open_regular(self.root / ".readers", os.O_RDWR | os.O_CREAT)
+        fd = open_regular(self.root / ".readers", os.O_RDWR | os.O_CREAT)
         try:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,7 +305,7 @@ class LocalStore:
         directory where .readers cannot be made (read-only) has no writer to hold off."""
         import fcntl
         try:
-            fd = _open_regular(self.root / ".readers", os.O_RDONLY | os.O_CREAT)
+            fd = open_regular(self.root / ".readers", os.O_RDONLY | os.O_CREAT)
         except (PermissionError, FileNotFoundError, NotARegularFile):
             yield
             return
@@ -314,7 +338,7 @@ class LocalStore:
             if key in _HELD:
                 raise _open_here(str(self.root))
             try:
-                fd = _open_regular(self.root / ".lock", os.O_RDWR | os.O_CREAT)
+                fd = open_regular(self.root / ".lock", os.O_RDWR | os.O_CREAT)
             except NotARegularFile:
                 raise LayerCheckError(f"{self.root}/.lock is a symbolic link or special file; "
                                       "layercheck never follows it: delete it and try again"
@@ -468,7 +492,7 @@ class FsspecStore:
                       if _listed(name, temporary))
 
     def delete(self, path: str) -> None:
-        full = self._path(path)
+        full = self._path(check_deletable(path))
         if self.fs.exists(full):
             self.fs.rm_file(full)
 
@@ -604,29 +628,6 @@ def _write_all(fd: int, data: Buffer) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _open_regular(path: Path, flags: int) -> int:
-    """A descriptor of the regular file ``path``, never through a symbolic link, and
-    without blocking on a FIFO (NotARegularFile for anything but a regular file)."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise NotARegularFile(f"{path} is a symbolic link; layercheck never follows one "
-                                  "where the checkpoint has a regular file") from None
-        if exc.errno == errno.ENXIO:  # a FIFO or device without its other end
-            raise NotARegularFile(f"{path} is a FIFO or device; layercheck reads and writes "
-                                  "only regular files there") from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or \
-            stat.S_ISBLK(mode) else "not a regular file"
-        raise NotARegularFile(f"{path} is {kind}; layercheck reads and writes only regular files "
-                              "there")
-    return fd
 
 
 def _read_all(fd: int, size: int) -> bytes:

@@ -30,7 +30,7 @@ import torch
 from .commit import Commit
 from .errors import WriteFailed, retryable
 from .format import (MANIFEST, Checksummer, Version, drop_record, encode_record, layer_metadata,
-                     layer_path, state_path)
+                     layer_path, state_path, version_files)
 from .layerfile import LayerFile, layout
 from .manifest import compact
 from .retention import Retention
@@ -278,13 +278,13 @@ class Writer:
         first leaves them to gc). A failure here loses nothing (the versions stay,
         or their files become leftovers for gc), so it is logged, never raised."""
         try:
-            if versions:
+            if versions:  # each version's files as the format names them, never as recorded
                 self.store.append(MANIFEST, b"".join(
-                    encode_record(drop_record(v.key)) for v in versions))
+                    encode_record(drop_record(version_files(v)[0])) for v in versions))
                 if self.store.size(MANIFEST) > self._compact_at:
                     self._compact_at = max(COMPACT_BYTES, 2 * compact(self.store))
                 self.bytes_dropped += sum(v.total_bytes for v in versions)
-                self._unlinked += [f for v in versions for f in v.files]
+                self._unlinked += [f for v in versions for f in version_files(v)]
             if self._unlinked and self.store.delete_unread(self._unlinked):
                 self._unlinked = []
         except Exception as exc:

@@ -84,7 +84,8 @@ def test_gc_removes_only_the_temp_files_of_interrupted_writes_and_only_under_the
     from layercheck.cli import main
     from layercheck.errors import DirectoryLocked
     from layercheck.inspection import inspect_directory
-    leftovers = [f".{MANIFEST}.0123abcd.tmp", "layers/.model.layers.1.safetensors.deadbeef.tmp"]
+    leftovers = [f".{MANIFEST}.0123abcd.tmp",
+                 "layers/.model.layers.1@000000007.safetensors.deadbeef.tmp"]
     foreign = [".notes", f".{MANIFEST}.tmp", f".{MANIFEST}.0123ABCD.tmp", "notes.txt",
                "layers/.keep"]
     store = LocalStore(ckpt)
@@ -107,16 +108,41 @@ def test_gc_removes_only_the_temp_files_of_interrupted_writes_and_only_under_the
 
 
 def test_a_record_naming_a_kept_versions_file_never_displaces_its_record(ckpt):
-    """A record of step 99 naming step 6's state file is passed over as damaged (the
-    file holds step 6); gc keeps both records, so the step the fallback stood on
-    stays recoverable (it kept only the hostile one, and lost step 6)."""
+    """A record of step 99 naming step 6's state file (gc kept only it, and lost step
+    6) names a file that is not its own: it is skipped as damaged, so gc keeps step 6
+    with its record and files."""
     from layercheck.format import encode_record
     store = LocalStore(ckpt)
     newest = read_manifest(store).states[6]
     store.append(MANIFEST, encode_record({**newest.to_record(), "step": 99}))
+    assert any("not its own" in p for p in read_manifest(store).problems)
     report = collect_garbage(store, keep=1)
-    assert report.skipped and "step 99" in report.skipped[0]
+    assert report.kept_steps == [6]
     view = read_manifest(store)
-    assert sorted(view.states) == [6, 99]
+    assert sorted(view.states) == [6] and (ckpt / newest.file).exists()
     plan = make_plan(store, view)
     assert plan.step == 6 and plan.state.step == 6
+
+
+def test_gc_deletes_only_files_the_format_names(ckpt):
+    """gc deleted every file in layers/ and states/ that no kept version named, a user's
+    notes there too. It deletes only versions' files and the temp files of writes;
+    records naming files that are not their own (notes.txt, the manifest, the .lock,
+    another layer's live version) make it keep, or delete, none of those."""
+    from layercheck.format import deletable, layer_path
+    from tests.layercheck.test_retention import _rename_in_records
+    foreign = ["layers/notes.txt", "states/README", "layers/.notes.txt.0123abcd.tmp",
+               "notes.txt"]
+    for name in foreign:
+        (ckpt / name).write_text("the user's own\n")
+    (ckpt / ".lock").write_text("")
+    norm = layer_path("model.norm", 6)
+    _rename_in_records(ckpt, {("model.layers.0", 3): "notes.txt",
+                              ("model.layers.1", 3): MANIFEST, ("model.layers.2", 3): ".lock",
+                              ("model.embed_tokens", 3): norm})
+    report = collect_garbage(LocalStore(ckpt), keep=1)
+    assert [n for n in foreign + [".lock", norm] if not (ckpt / n).exists()] == []
+    assert report.removed_files and all(deletable(f) for f in report.removed_files)
+    view = read_manifest(LocalStore(ckpt))
+    assert view.header is not None and sorted(view.states) == [6]
+    assert make_plan(LocalStore(ckpt), view).sources["model.norm"].step == 6

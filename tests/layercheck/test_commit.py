@@ -14,15 +14,17 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from layercheck.commit import Commit, ShardedCommit, all_gather_json  # noqa: E402
 from layercheck.errors import WriteFailed  # noqa: E402
-from layercheck.format import MANIFEST, Shard, Version, encode_record  # noqa: E402
+from layercheck.format import (MANIFEST, Shard, Version, encode_record, layer_path,  # noqa: E402
+                               state_path)
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import LocalStore  # noqa: E402
 from tests.stores import FullAppends  # noqa: E402
 
 
-def _version(step: int, layer: str | None, rank: int) -> Version:
-    return Version(step=step, file=f"layers/{layer or 'state'}@{step}.rank{rank}.safetensors",
-                   bytes=10 + rank, checksum=f"crc32:0000000{rank}", layer=layer,
+def _version(step: int, layer: str | None, rank: int | None) -> Version:
+    """``rank``'s file of a version (None: unsharded), named as the writer names it."""
+    return Version(step=step, file=layer_path(layer, step, rank) if layer else state_path(step, rank),
+                   bytes=10 + (rank or 0), checksum=f"crc32:0000000{rank or 0}", layer=layer,
                    reason="base" if layer else None)
 
 
@@ -33,20 +35,20 @@ def _records(store):
 
 def test_one_process_appends_its_versions_in_order_or_nothing(tmp_path):
     store = LocalStore(tmp_path)
-    versions = [_version(3, "a", 0), _version(3, "b", 0), _version(3, None, 0)]
+    versions = [_version(3, "a", None), _version(3, "b", None), _version(3, None, None)]
     assert Commit().commit(store, 3, versions, None) == versions
     assert [(r["kind"], r["step"], r.get("layer")) for r in _records(store)] == [
         ("layer", 3, "a"), ("layer", 3, "b"), ("state", 3, None)]  # layers first, state last
     assert Commit().commit(store, 4, [], None) == []  # a step that wrote nothing commits nothing
     with pytest.raises(OSError, match="No space"):  # its writes failed: commits nothing, says why
-        Commit().commit(store, 5, [_version(5, "a", 0)], OSError(28, "No space left on device"))
+        Commit().commit(store, 5, [_version(5, "a", None)], OSError(28, "No space left on device"))
     assert len(_records(store)) == 3
     assert sorted(read_manifest(store).states) == [3]
 
 
 def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):
     store = LocalStore(tmp_path)
-    shards = tuple(Shard(f"layers/a@1.rank{r}.safetensors", 10 + r, f"crc32:{r:08x}") for r in range(2))
+    shards = tuple(Shard(layer_path("a", 1, r), 10 + r, f"crc32:{r:08x}") for r in range(2))
     record = Version(step=1, file=shards[0].file, bytes=10, checksum=shards[0].checksum,
                      layer="a", reason="base", shards=shards).to_record()
     assert "file" not in record and len(record["shards"]) == 2
@@ -54,11 +56,11 @@ def test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file(tmp_path):
                                           "layers": [{"name": "a", "kind": "block", "params": 1}],
                                           "world_size": 2}))
     store.append(MANIFEST, encode_record(record))
-    state_shards = tuple(Shard(f"states/1.rank{r}.safetensors", 20 + r, f"crc32:{r:08x}") for r in range(2))
+    state_shards = tuple(Shard(state_path(1, r), 20 + r, f"crc32:{r:08x}") for r in range(2))
     store.append(MANIFEST, encode_record(Version(step=1, file=state_shards[0].file, bytes=20,
                                                  checksum=state_shards[0].checksum,
                                                  shards=state_shards).to_record()))
-    assert read_manifest(store, rank=1).states[1].file == "states/1.rank1.safetensors"
+    assert read_manifest(store, rank=1).states[1].file == "states/000000001.rank00001.safetensors"
     one = read_manifest(store, rank=1)
     assert one.world_size == 2
     (version,) = one.versions["a"]
@@ -73,7 +75,7 @@ def test_a_sharded_record_without_a_shard_per_rank_of_its_layout_is_a_problem(tm
     # issue 30: a rank absent from a version's layout reads rank 0's shard (a restore at
     # another world size); a record whose shards are not its layout's ranks is damaged
     store = LocalStore(tmp_path)
-    shard = Shard("layers/a@1.rank0.safetensors", 1, "crc32:00000000")
+    shard = Shard(layer_path("a", 1, 0), 1, "crc32:00000000")
     store.append(MANIFEST, encode_record({"kind": "header", "format": "layercheck/1",
                                           "layers": [{"name": "a", "kind": "block", "params": 1}],
                                           "world_size": 2}))
@@ -129,8 +131,8 @@ def test_ranks_commit_together_or_not_at_all(tmp_path):
     assert outs[1]["gathered"][1]["text"] == "x" * 50
     # step 1: one record per version, naming both ranks' shards, state last
     view0, view1 = read_manifest(LocalStore(tmp_path), 0), read_manifest(LocalStore(tmp_path), 1)
-    assert [v.file for v in view0.versions["a"]] == ["layers/a@1.rank0.safetensors"]
-    assert [v.file for v in view1.versions["a"]] == ["layers/a@1.rank1.safetensors"]
+    assert [v.file for v in view0.versions["a"]] == ["layers/a@000000001.rank00000.safetensors"]
+    assert [v.file for v in view1.versions["a"]] == ["layers/a@000000001.rank00001.safetensors"]
     assert sorted(view0.states) == sorted(view1.states) == [1]
     # step 2: rank 1 failed to write, so neither rank committed anything of it
     assert outs[0]["second"] == ("WriteFailed: rank 1 could not write its shard of step 2 "
@@ -139,8 +141,7 @@ def test_ranks_commit_together_or_not_at_all(tmp_path):
     # every rank returns the same merged records: its versions with every rank's shard
     assert outs[0]["merged"] == outs[1]["merged"]
     assert [[sh["file"] for sh in r["shards"]] for r in outs[0]["merged"]] == [
-        [f"layers/a@1.rank{r}.safetensors" for r in range(2)],
-        [f"layers/state@1.rank{r}.safetensors" for r in range(2)]]
+        [layer_path("a", 1, r) for r in range(2)], [state_path(1, r) for r in range(2)]]
     # step 3: the ranks disagree on what the step writes: neither commits, both say so
     for out in outs:
         assert out["disagree"] == ("WriteFailed: the ranks disagree on what step 3 writes "

@@ -17,7 +17,7 @@ HEADER = {"kind": "header", "format": "layercheck/1", "layers": LAYERS, "world_s
 
 def _version(step, world, layout=0, layer="a"):
     stem = f"layers/{layer}@{step:09d}" if layer else f"states/{step:09d}"
-    shards = tuple(Shard(f"{stem}.rank{r}.safetensors", 10 + r, f"crc32:{r:08x}")
+    shards = tuple(Shard(f"{stem}.rank{r:05d}.safetensors", 10 + r, f"crc32:{r:08x}")
                    for r in range(world)) if world > 1 else ()
     file = shards[0].file if shards else f"{stem}.safetensors"
     return Version(step=step, file=file, bytes=10, checksum="crc32:00000000", layer=layer,
@@ -71,9 +71,9 @@ def test_versions_of_several_layouts_replay_each_with_its_own_shards(tmp_path):
     # rank 2 of a 3-rank job sees its own shard of layout 2, rank 0's of layout 0
     ranked = read_manifest(store, rank=2)
     first, _, third = ranked.versions["a"]
-    assert first.file.endswith("rank0.safetensors") and first.rank == 0
-    assert third.file.endswith("rank2.safetensors") and third.rank == 2
-    assert ranked.states[1].file.endswith("rank0.safetensors")  # its RNG: rank 0's
+    assert first.file.endswith("rank00000.safetensors") and first.rank == 0
+    assert third.file.endswith("rank00002.safetensors") and third.rank == 2
+    assert ranked.states[1].file.endswith("rank00000.safetensors")  # its RNG: rank 0's
 
 
 def test_a_record_with_other_shards_than_its_layout_or_an_unknown_layout_is_skipped(tmp_path):
@@ -139,7 +139,7 @@ def test_retention_counts_versions_of_every_layout_alike(tmp_path):
     # states they served; the drop records name rank 0's file of the sharded one
     assert [(v.step, v.layer, v.layout) for v in dropped] == [
         (1, None, 0), (2, None, 1), (1, "a", 0), (2, "a", 1)]
-    assert dropped[2].key == "layers/a@000000001.rank0.safetensors"
+    assert dropped[2].key == "layers/a@000000001.rank00000.safetensors"
 
 
 def test_zero3_and_zero12_at_the_same_world_size_are_different_layouts():

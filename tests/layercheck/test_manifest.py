@@ -19,6 +19,10 @@ def _state(step):
                    checksum="crc32:00000000").to_record()
 
 
+HEADER = {"kind": "header", "layers": [{"name": name, "kind": "block", "params": 1}
+                                      for name in ("a", "b", "c")]}
+
+
 def _write(store, *records, tail=b""):
     store.append(MANIFEST, b"".join(encode_record(r) for r in records) + tail)
 
@@ -243,7 +247,6 @@ def test_well_formed_files_parse_with_and_without_tensors():
 
 
 # -- read_consistent: a lock-free reader beside a trainer that changes the manifest -------
-HEADER = {"kind": "header", "layers": [{"name": "a", "kind": "block", "params": 1}]}
 
 
 def test_a_consistent_read_believes_only_what_is_still_so():

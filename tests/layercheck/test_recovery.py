@@ -128,16 +128,17 @@ def _live(model, opt):
 
 
 def test_a_record_naming_another_layers_file_is_passed_over(ckpt):
-    """The record of model.layers.2 at step 6 names model.layers.0's file (its checksum
-    verifies): the file's own metadata says whose and which step it is, so the
-    version is passed over and model.layers.2 restores from step 5."""
+    """model.layers.2's file at step 6 holds model.layers.0's (copied into place, its
+    record's checksum made to match; a record naming the other file itself is skipped
+    when the manifest is read): the file's own metadata says whose and which step it
+    is, so the version is passed over and model.layers.2 restores from step 5."""
     from safetensors.torch import load_file
     store = LocalStore(ckpt)
     view = read_manifest(store)
     other, mine = view.versions["model.layers.0"][-1], view.versions["model.layers.2"][-1]
-    forged = {**mine.to_record(), "file": other.file, "bytes": other.bytes,
-              "checksum": other.checksum}
+    forged = {**mine.to_record(), "bytes": other.bytes, "checksum": other.checksum}
     _rewrite(ckpt, mine, forged)
+    (ckpt / mine.file).write_bytes((ckpt / other.file).read_bytes())
     plan = make_plan(store, read_manifest(store))
     assert plan.step == 6 and plan.sources["model.layers.2"].step == 5
     assert any("model.layers.0" in w and "model.layers.2" in w for w in plan.warnings)
@@ -158,8 +159,8 @@ def test_a_version_from_another_step_is_passed_over(ckpt):
     store = LocalStore(ckpt)
     view = read_manifest(store)
     older, mine = view.versions["model.norm"][-2], view.versions["model.norm"][-1]
-    _rewrite(ckpt, mine, {**mine.to_record(), "file": older.file, "bytes": older.bytes,
-                          "checksum": older.checksum})
+    _rewrite(ckpt, mine, {**mine.to_record(), "bytes": older.bytes, "checksum": older.checksum})
+    (ckpt / mine.file).write_bytes((ckpt / older.file).read_bytes())
     plan = make_plan(store, read_manifest(store))
     assert plan.sources["model.norm"].step == older.step
     assert any("step" in w and "model.norm" in w for w in plan.warnings)
@@ -467,19 +468,22 @@ def test_no_intact_version_says_how_many_were_tried_and_on_which_ranks(ckpt):
     view = read_manifest(store)
     for version in view.versions["model.norm"]:
         _flip(ckpt / version.file)
+    newest = view.versions["model.norm"][-1]
     with pytest.raises(CheckpointNotFound) as one:
         make_plan(store, view)
-    assert str(one.value) == "layer model.norm: no committed version intact (5 tried, all damaged)"
+    assert str(one.value).startswith("layer model.norm: no committed version intact (5 tried, all "
+                                     f"damaged; the newest here, step 6's: {newest.file}: ")
     view.header = {**view.header, "world_size": 2}  # a sharded job's checkpoint
     with pytest.raises(CheckpointNotFound) as two:
         make_plan(store, view)
-    assert str(two.value) == ("layer model.norm: no committed version intact on every rank "
-                              "(5 tried, all damaged)")
+    assert str(two.value).startswith("layer model.norm: no committed version intact on every "
+                                     "rank (5 tried, all damaged; the newest here, step 6's: ")
     for state in view.states.values():
         _flip(ckpt / state.file)
     with pytest.raises(CheckpointNotFound) as states:
         make_plan(store, read_manifest(store))
-    assert str(states.value) == "training state: no committed version intact (5 tried, all damaged)"
+    assert str(states.value).startswith("training state: no committed version intact (5 tried, "
+                                        "all damaged; the newest here, step 6's: ")
 
 
 def test_a_damaged_state_is_named_as_the_training_state(ckpt):
@@ -491,21 +495,25 @@ def test_a_damaged_state_is_named_as_the_training_state(ckpt):
     assert plan.warnings[0].startswith("training state: skipping the version of step 6: ")
     with pytest.raises(CheckpointNotFound) as exact:  # exactly step 6: no falling back
         make_plan(store, view, 6, exact=True)
-    assert str(exact.value) == "training state: no committed version intact (1 tried, all damaged)"
+    assert str(exact.value) == ("training state: no committed version intact (1 tried, all "
+                                f"damaged; the newest here, step 6's: "
+                                f"{plan.warnings[0].split(': ', 2)[2]})")
 
 
 def _shard_in_two(ckpt, version):
-    """Rewrite ``version``'s record as two ranks' shards: its own file (rank 0's) and a
-    copy of it as rank 1's (unsharded files say no rank), of a 2-rank layout recorded
-    before it (issue 30: a version has its layout's shards). Returns the copy's path."""
-    from layercheck.format import Layout, Shard, encode_record
+    """Rewrite ``version``'s record as two ranks' shards: its own file renamed as rank
+    0's and a copy of it as rank 1's (unsharded files say no rank), of a 2-rank layout
+    recorded before it (issue 30: a version has its layout's shards). Returns the
+    copy's path."""
+    from layercheck.format import Layout, Shard, encode_record, layer_path
     manifest = ckpt / "manifest.jsonl"
     header, rest = manifest.read_bytes().split(b"\n", 1)
     layout = Layout(id=1, world_size=2, facts={"fsdp": {}}).to_record()
     manifest.write_bytes(header + b"\n" + encode_record(layout) + rest)
-    copy = f"{version.file}.rank1"
-    (ckpt / copy).write_bytes((ckpt / version.file).read_bytes())
-    shards = [Shard(version.file, version.bytes, version.checksum).to_record(),
+    own, copy = (layer_path(version.layer, version.step, r) for r in range(2))  # the ranks' names
+    (ckpt / version.file).rename(ckpt / own)
+    (ckpt / copy).write_bytes((ckpt / own).read_bytes())
+    shards = [Shard(own, version.bytes, version.checksum).to_record(),
               Shard(copy, version.bytes, version.checksum).to_record()]
     record = {k: v for k, v in version.to_record().items() if k not in ("file", "bytes", "checksum")}
     _rewrite(ckpt, version, {**record, "shards": shards, "layout": 1})

@@ -117,6 +117,69 @@ def test_a_record_pointing_outside_is_skipped_never_read(ckpt, file):
     assert any("refusing path" in p for p in view.problems)
 
 
+# A record with a valid CRC may still name a file that is not its own: retention then
+# deleted it (issue 43, item 2). Every reader replays the manifest through one check.
+OTHER_FILES = [MANIFEST, ".lock", "notes.txt", "model_config.json",
+               "layers/model.layers.0@000000004.safetensors",  # another layer's live version
+               "layers/model.norm@000000003.safetensors",  # its own layer's, another step's
+               "layers/model.norm@4.safetensors",  # not the format's spelling of its name
+               "states/000000004.safetensors", "layers/model.norm@000000004.rank00000.safetensors"]
+
+
+@pytest.mark.parametrize("file", OTHER_FILES)
+def test_a_layer_record_naming_a_file_not_its_own_is_skipped_and_said(ckpt, file, capsys):
+    own = read_manifest(LocalStore(ckpt)).versions["model.norm"][-1]
+    _rewrite(ckpt, lambda records: [r.update(file=file) for r in records
+                                    if r.get("layer") == "model.norm" and r["step"] == 4])
+    view = read_manifest(LocalStore(ckpt))
+    assert [v.step for v in view.versions["model.norm"]] == [2, 3]
+    assert len(view.problems) == 1 and repr(file) in view.problems[0]
+    assert repr(own.file) in view.problems[0] and "not its own" in view.problems[0]
+    assert main(["plan", str(ckpt), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {l["layer"]: l["source_step"] for l in plan["layers"]}["model.norm"] == 3
+    assert main(["inspect", str(ckpt), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["problems"] == view.problems
+
+
+@pytest.mark.parametrize("file", [f for f in OTHER_FILES if not f.startswith("states/")]
+                         + ["states/000000003.safetensors", "states/000000004.rank00001.safetensors"])
+def test_a_state_record_or_a_shard_naming_a_file_not_its_own_is_skipped(ckpt, file):
+    from layercheck.format import Layout, layer_path
+    _rewrite(ckpt, lambda records: [r.update(file=file) for r in records
+                                    if r["kind"] == "state" and r["step"] == 4])
+    view = read_manifest(LocalStore(ckpt))
+    assert sorted(view.states) == [2, 3] and "not its own" in view.problems[0]
+    layout = Layout(id=1, world_size=2, facts={}).to_record()
+    shards = [{"file": layer_path("model.norm", 5, 0), "bytes": 1, "checksum": "crc32:0"},
+              {"file": file, "bytes": 1, "checksum": "crc32:0"}]  # rank 1's is not its own
+    _append(ckpt, layout)
+    _append(ckpt, {"kind": "layer", "step": 5, "layer": "model.norm", "reason": "threshold",
+                   "layout": 1, "shards": shards})
+    for rank in (0, 1):
+        view = read_manifest(LocalStore(ckpt), rank)
+        assert [v.step for v in view.versions["model.norm"]] == [2, 3, 4]
+        assert repr(file) in view.problems[-1] and "not its own" in view.problems[-1]
+
+
+def test_a_layer_the_header_does_not_list_and_a_second_record_of_a_version_are_refused(ckpt):
+    """A version of a layer the header does not list is damaged (its file name might be
+    a listed layer's: 'enc 0' and 'enc_0' share one); a second record of a (layer,
+    step) replaces the first, so no file is live twice (retention would retire one
+    and delete the file the other needs)."""
+    from layercheck.format import layer_path
+    from layercheck.retention import Retention
+    view = read_manifest(LocalStore(ckpt))
+    norm = view.versions["model.norm"][-1]
+    _append(ckpt, {**norm.to_record(), "layer": "ghost", "file": layer_path("ghost", 4)})
+    _append(ckpt, norm.to_record())
+    again = read_manifest(LocalStore(ckpt))
+    assert "ghost" not in again.versions and "does not list" in again.problems[0]
+    assert again.versions == view.versions and len(again.problems) == 1
+    retired = [v for v in Retention(1, again).committed([]) if v.layer == "model.norm"]
+    assert retired == [view.versions["model.norm"][1]]  # step 3's, never step 4's
+
+
 @pytest.mark.parametrize("header", [
     {"kind": "header"},
     {"kind": "header", "layers": "model.norm"},
@@ -274,19 +337,21 @@ def test_a_layer_file_that_is_not_safetensors_but_has_the_right_checksum(ckpt):
     malformed by its structure, and passed over with a warning."""
     import zlib
     payload = b"\x80\x04\x95" + b"cos\nsystem\n(S'echo pwned'\ntR." + b"\x00" * 8
-    (ckpt / "layers" / "evil.safetensors").write_bytes(payload)
+    evil = "layers/model.norm@000000004.safetensors"  # in place of the version's own file
+    (ckpt / evil).write_bytes(payload)
     lines = []
     for line in (ckpt / MANIFEST).read_bytes().splitlines():
         record = json.loads(line)["r"]
         if record.get("layer") == "model.norm" and record["step"] == 4:
-            record.update(file="layers/evil.safetensors", bytes=len(payload),
+            assert record["file"] == evil
+            record.update(bytes=len(payload),
                           checksum=f"crc32:{zlib.crc32(payload) & 0xFFFFFFFF:08x}")
         lines.append(encode_record(record))
     (ckpt / MANIFEST).write_bytes(b"".join(lines))
     model = tiny_lm(seed=8)
     opt, sched = optimizer_for(model, total=20)
     with LayerCheck(model, opt, ckpt, scheduler=sched) as lc:
-        with pytest.warns(UserWarning, match="evil.safetensors: not a valid safetensors file"):
+        with pytest.warns(UserWarning, match=f"{evil}: not a valid safetensors file"):
             assert lc.restore() == 4
         assert lc.restored.plan.sources["model.norm"].step == 3
 
@@ -342,6 +407,111 @@ def test_a_layer_file_that_is_not_a_regular_file_is_passed_over(ckpt, kind):
     done = _cli_bounded("inspect", str(ckpt), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert any(newest.file in p for p in json.loads(done.stdout)["problems"])
+
+
+# -- a pretrained file that is not a regular file (issue 43, item 4) -------------------------
+# Frozen weights recorded by reference (``pretrained=``) are read from a file outside
+# the directory, which a record names by absolute path: it was opened with open(), so
+# a FIFO there hung inspect and restore(). Each call runs in a thread with a deadline;
+# one stuck on the FIFO is released (its writer end opened and closed) and fails.
+@pytest.fixture(scope="module")
+def by_reference(tmp_path_factory):
+    """A checkpoint of 2 steps whose frozen weights are recorded by reference to
+    pretrained/model.safetensors, beside it."""
+    from tests.layercheck.test_frozen import EVERY_STEP, frozen_model
+    where = tmp_path_factory.mktemp("by_reference")
+    model, opt, sched = frozen_model()
+    model.save_pretrained(where / "pretrained")
+    with LayerCheck(model, opt, where / "ckpt", EVERY_STEP, scheduler=sched,
+                    pretrained=where / "pretrained") as lc:
+        lc.restore()
+        for _ in range(2):
+            train_step(model, opt, sched)
+            lc.step()
+    full = read_manifest(LocalStore(where / "ckpt")).versions["model.layers.0"][0]
+    assert full.refs  # its frozen weights named by reference, read by each version after it
+    return where
+
+
+def _within_deadline(call, fifo: Path, seconds: float = 60):
+    """``call()``'s result (or its exception, raised), or a failure if it still runs after
+    ``seconds``: then whatever blocks on ``fifo`` is released first, so nothing hangs."""
+    import os
+    import threading
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(("value", call()))
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
+            outcome.append(("error", exc))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        while worker.is_alive():  # a reader blocked on the FIFO: give it an end of file
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            worker.join(0.1)
+        pytest.fail(f"blocked on the FIFO {fifo} for {seconds} s")
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a fifo"])
+def test_a_pretrained_file_replaced_by_a_fifo_is_refused_by_inspect_and_restore(
+        by_reference, tmp_path, kind):
+    import os
+    from layercheck.errors import CheckpointNotFound
+    from layercheck.inspection import inspect_directory
+    from tests.layercheck.test_frozen import EVERY_STEP, frozen_model
+    shutil.copytree(by_reference, tmp_path, dirs_exist_ok=True)
+    pretrained = tmp_path / "pretrained" / "model.safetensors"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pretrained.unlink()
+    if kind == "fifo":
+        os.rename(fifo, pretrained)
+        fifo = pretrained
+    else:
+        pretrained.symlink_to(fifo)
+    _relocate_references(tmp_path / "ckpt", by_reference, tmp_path)
+    info = _within_deadline(lambda: inspect_directory(LocalStore(tmp_path / "ckpt")), fifo)
+    assert info["problems"] and all(str(pretrained) in p and "FIFO" in p and
+                                    "regular file" in p for p in info["problems"])
+    model, opt, sched = frozen_model(seed=9)
+    with LayerCheck(model, opt, tmp_path / "ckpt", EVERY_STEP, scheduler=sched) as lc:
+        with pytest.raises(CheckpointNotFound, match="no committed version intact") as info:
+            _within_deadline(lc.restore, fifo)  # every version of a layer reads the file
+    assert str(pretrained) in str(info.value) and "is a FIFO" in str(info.value)
+    assert "put the pretrained files back" in str(info.value)
+
+
+def _relocate_references(ckpt: Path, old: Path, new: Path) -> None:
+    """The references of ``ckpt``'s records to files under ``old`` made to ``new``'s."""
+    def change(records):
+        for r in records:
+            for ref in (r.get("refs") or {}).values():
+                ref["file"] = ref["file"].replace(str(old.resolve()), str(new.resolve()))
+    _rewrite(ckpt, change)
+
+
+def test_a_pretrained_file_reached_through_a_link_is_read(by_reference, tmp_path):
+    """Links are followed to a pretrained file (a Hugging Face cache links each file of a
+    snapshot to its blob): what is read is the regular file they resolve to."""
+    from layercheck.inspection import inspect_directory
+    shutil.copytree(by_reference, tmp_path, dirs_exist_ok=True)
+    pretrained = tmp_path / "pretrained" / "model.safetensors"
+    blob = tmp_path / "blob"
+    pretrained.rename(blob)
+    pretrained.symlink_to(blob)
+    _relocate_references(tmp_path / "ckpt", by_reference, tmp_path)
+    assert inspect_directory(LocalStore(tmp_path / "ckpt"))["problems"] == []
 
 
 # -- well-formed records with hostile values (issue 27, item 9) ---------------------------
@@ -409,10 +579,12 @@ def test_a_state_at_a_step_past_int64_is_a_damaged_line_and_every_command_works(
         ckpt, tmp_path, capsys, step, refused):
     """Steps are int64 where they are used (the ranks agree on them in int64 tensors):
     a larger one is a damaged line; the largest int64 is read, and passed over, since
-    the file it names holds step 4."""
+    the file it names (its own) is not there."""
+    from layercheck.format import state_path
+
     def hostile(records):
         state = max((r for r in records if r["kind"] == "state"), key=lambda r: r["step"])
-        records.append({**state, "step": step})
+        records.append({**state, "step": step, "file": state_path(step)})
     _rewrite(ckpt, hostile)
     assert main(["inspect", str(ckpt), "--json"]) == 0
     problems = json.loads(capsys.readouterr().out)["problems"]

@@ -13,7 +13,7 @@ from layercheck.format import Version
 from layercheck.manifest import ManifestView, read_manifest
 from layercheck.retention import Retention
 from layercheck.store import LocalStore
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 from tests.stores import HeldFull
 
 
@@ -212,7 +212,7 @@ KILLED_BETWEEN_COMMIT_AND_DROPS = r"""
 import os, signal, sys
 import torch
 from layercheck import LayerCheck, LayerCheckConfig, retention
-from tests.conftest import optimizer_for, tiny_lm, train_step
+from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 committed = retention.Retention.committed
 def kill_before_the_drop_records(self, versions):
     if any(v.layer is None and v.step == 6 for v in versions):
@@ -274,3 +274,74 @@ def test_retention_never_deletes_the_intact_version_a_restore_fell_back_to(tmp_p
     plan = make_plan(store, view)
     assert plan.step == 7 and plan.sources[layer].step == 5
     assert damaged.exists()  # retention never deletes what it could not verify
+
+
+# -- retention deletes only the files the format names for a version ------------------------
+SECOND_WRITER = """
+import sys
+from layercheck.errors import DirectoryLocked
+from layercheck.store import LocalStore
+try:
+    LocalStore(sys.argv[1]).lock()
+except DirectoryLocked:
+    print("refused")
+else:
+    print("accepted")
+"""
+
+
+def _rename_in_records(root, renames):
+    """The manifest of ``root`` with the file of the version (layer, step) of each key of
+    ``renames`` rewritten to its value, each line's CRC recomputed: records that pass
+    every check of their own but name a file that is not theirs."""
+    from layercheck.format import MANIFEST, encode_record
+    records = [json.loads(line)["r"] for line in (root / MANIFEST).read_bytes().splitlines()]
+    for record in records:
+        file = renames.get((record.get("layer"), record.get("step")))
+        if record["kind"] == "layer" and file is not None:
+            record["file"] = file
+    (root / MANIFEST).write_bytes(b"".join(encode_record(r) for r in records))
+
+
+def test_retention_never_deletes_a_file_a_record_names_that_is_not_its_own(tmp_path):
+    """Old versions of three layers whose records (valid CRCs) name notes.txt at the root,
+    the manifest and the .lock, and one naming another layer's live version: with
+    keep_versions=1 retention deleted each of them (the manifest was recreated without
+    its header, a second writer was accepted beside the running job, and the newest
+    step fell back to model.norm's base). A record may name only its own file: these
+    are skipped as damaged, and retention deletes only paths it derives itself."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from layercheck.format import MANIFEST, layer_path
+    from layercheck.recovery import make_plan
+    root = tmp_path / "c"
+    every_layer_checkpoint(root, steps=4)  # every layer at 2 (base), 3 and 4
+    (root / "notes.txt").write_text("the user's own notes\n")
+    norm = layer_path("model.norm", 4)  # model.norm's newest: live, as run B never writes it
+    _rename_in_records(root, {("model.layers.0", 3): "notes.txt",
+                              ("model.layers.1", 3): MANIFEST,
+                              ("model.layers.2", 3): ".lock",
+                              ("model.embed_tokens", 3): norm})
+    model = tiny_lm(seed=1)
+    opt, sched = optimizer_for(model, total=40)
+    cfg = LayerCheckConfig(**EVERY, thresholds={"model.norm": math.inf}, keep_versions=1)
+    with LayerCheck(model, opt, root, cfg, scheduler=sched) as lc:
+        assert lc.restore() == 4
+        for _ in range(2):  # 5 and 6: every layer but model.norm; versions 3 and 4 retire
+            train_step(model, opt, sched)
+            lc.step()
+        lc.flush()
+        repo = Path(__file__).resolve().parents[2]
+        second = subprocess.run([sys.executable, "-c", SECOND_WRITER, str(root)], cwd=repo,
+                                capture_output=True, text=True, timeout=60,
+                                env={**__import__("os").environ, "PYTHONPATH": str(repo)})
+        assert second.stdout.strip() == "refused", second.stdout + second.stderr
+        assert (root / ".lock").exists()
+    assert (root / "notes.txt").read_text() == "the user's own notes\n"
+    view = read_manifest(LocalStore(root))
+    assert view.header is not None and sorted(view.states) == [6]  # 4 and 5: superseded
+    assert len([p for p in view.problems if "names the file" in p]) == 4, view.problems
+    plan = make_plan(LocalStore(root), view)
+    assert plan.step == 6 and plan.sources["model.norm"].step == 4 and not plan.passed_over
+    assert (root / norm).exists()

@@ -108,6 +108,20 @@ def test_delete_is_idempotent_and_delete_unread_deletes_without_a_reader(store):
     assert store.delete_unread(["b", "never-written"]) is True and not store.exists("b")
 
 
+@pytest.mark.parametrize("path", [".lock", ".readers", "a/.hidden"])
+def test_delete_refuses_a_file_list_never_names_so_never_the_lock(store, path):
+    """Deleting .lock under a running job let a second writer in: a store deletes only
+    files its listing names (a temp file of a write too), never a dot file."""
+    store.write_atomic(path, b"x")
+    for call in (lambda: store.delete(path), lambda: store.delete_unread([path])):
+        with pytest.raises(LayerCheckError, match="refusing to delete"):
+            call()
+    assert store.exists(path)
+    store.write_atomic("a/.f.0123abcd.tmp", b"x")  # what a write cut short left: deletable
+    store.delete("a/.f.0123abcd.tmp")
+    assert not store.exists("a/.f.0123abcd.tmp")
+
+
 def test_reading_is_a_context_that_lets_the_store_be_used(store):
     store.write_atomic("f", b"x")
     with store.reading():

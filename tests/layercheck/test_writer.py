@@ -878,3 +878,27 @@ def test_the_writers_threads_are_named_and_never_keep_a_process_alive(tmp_path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b")], cwd=root,
                           capture_output=True, text=True, timeout=DEADLINE_S - 10)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_retention_deletes_the_files_the_format_names_never_a_path_as_recorded(tmp_path):
+    """What retention retires is deleted (and dropped) by the path its layer and step
+    give (``format.version_files``), never by the file its record names: a version
+    whose record named the manifest (as a hostile record did, before the replay
+    refused it) deletes its own file, not the manifest."""
+    import dataclasses
+    store = LocalStore(tmp_path)
+    writer = Writer(store, queue_bytes=64 * MB)
+    writer.submit(_job_of(1, (0, "a")))
+    writer.flush()
+    old = read_manifest(store).versions["a"][0]
+
+    class Retires:
+        def committed(self, versions):
+            return [dataclasses.replace(old, file=MANIFEST)] if versions[0].step == 2 else []
+
+    writer.retention = Retires()
+    writer.submit(_job_of(2, (0, "a")))
+    writer.close()
+    view = read_manifest(store)
+    assert [v.step for v in view.versions["a"]] == [2] and sorted(view.states) == [1, 2]
+    assert not (tmp_path / old.file).exists() and (tmp_path / view.versions["a"][0].file).exists()
