@@ -97,7 +97,7 @@ class LayerCheck:
         except BaseException:
             self._release()
             raise
-        self.frozen = FrozenParts(len(self.layer_map), self.source.frozen)
+        self.frozen = FrozenParts(len(self.layer_map), self.source.frozen, self.source.fingerprints)
         self.drift = DriftTracker(self.source.optimizer, self.source.drift_layers(),
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,

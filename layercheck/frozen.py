@@ -2,17 +2,25 @@
 
 A layer version carries the parameters that train and their optimizer state
 (``format``: frozen tensors). ``FrozenParts`` decides, for each version the
-policy writes, whether it may leave the frozen parameters out (a *partial*
-version naming its layer's *full* version, whose file holds them) or must hold
-everything (a full version): partial only where each parameter frozen now was
-frozen at every step since that full version was taken, so the bytes there are
-still its value. A parameter unfrozen later is then simply written (it is not
-frozen now); one frozen later was not frozen all along, so the next version is
-full and becomes the layer's new full version. A failed write of a layer
+policy writes, whether it may leave frozen parameters out (a *partial* version
+naming its layer's *full* version, whose file holds them) or must hold
+everything (a full version). Frozen (``requires_grad`` False) is not
+unchanged: an EMA teacher (MoCo, DINO, BYOL) moves every step without
+training. So a parameter is left out only while it provably equals the copy
+the full version holds: frozen at every step since that full version, and its
+fingerprint (``layercheck.fingerprint``, taken where the tensor lives) the one
+taken when the full version was captured. Each partial version checks the
+fingerprints of what it leaves out; nothing else is read per step.
+
+A frozen parameter found changed is *moving*: written in this and every later
+version (like a trained one, never fingerprinted again), while the rest stay
+left out. A parameter unfrozen later is simply written (it is not frozen now);
+one frozen later was not frozen all along, so the next version is full and
+becomes the layer's new full version (its ``frozen``: the frozen parameters but
+the moving ones, which later versions may leave out). A failed write of a layer
 forgets its full version (its record may never have committed): the next
-version of it is full again. Frozen means ``requires_grad`` is False
-(``LayerSource.frozen``); buffers are written in every version (some change in
-training: batch-norm statistics).
+version of it is full again. Buffers are written in every version (some change
+in training: batch-norm statistics).
 """
 from __future__ import annotations
 
@@ -22,6 +30,9 @@ from typing import Any, Callable, Iterable, Mapping
 from .format import Version, tensor_key
 
 __all__ = ["FrozenParts", "Part", "trained_nbytes"]
+
+Look = Callable[[int, Iterable[str]], Mapping[str, str]]
+"""``look(i, names)``: the fingerprints of layer i's parameters ``names`` as they are now."""
 
 
 @dataclass(frozen=True)
@@ -38,26 +49,33 @@ class Part:
 
 
 class FrozenParts:
-    """Per layer: its full version's step and the parameters frozen ever since.
+    """Per layer: its full version's step, the parameters frozen and unchanged ever
+    since (with their fingerprints then), and those found moving.
 
-    ``frozen(i)``: the names of layer i's parameters that do not train now.
-    Call ``observe()`` once per step (cheap: only layers with a full version
-    holding frozen parameters are looked at), ``part(i, step)`` for each version
-    written, ``forget(layers)`` after their write failed, ``start(standing)``
-    where a timeline opens (the versions a restore applied, or none)."""
+    ``frozen(i)``: the names of layer i's parameters that do not train now;
+    ``look``: their fingerprints (``Look``). Call ``observe()`` once per step
+    (cheap: only layers with parameters left out or moving are looked at),
+    ``part(i, step)`` for each version written (right before it is captured),
+    ``forget(layers)`` after their write failed, ``start(standing)`` where a
+    timeline opens (the versions a restore applied, or none)."""
 
-    def __init__(self, layers: int, frozen: Callable[[int], Iterable[str]]) -> None:
-        self._frozen = frozen
+    def __init__(self, layers: int, frozen: Callable[[int], Iterable[str]], look: Look) -> None:
+        self._frozen, self._look = frozen, look
         self._base: list[int | None] = [None] * layers
         self._since: list[frozenset[str]] = [frozenset()] * layers
+        self._prints: list[Mapping[str, str]] = [{}] * layers
+        self._moving: list[frozenset[str]] = [frozenset()] * layers
         self._index: dict[str, int] = {}
 
     def start(self, names: list[str], standing: Mapping[str, Version] | None = None) -> None:
         """A new timeline: each layer's full version is the one its standing version
-        (applied by a restore) is or names; none without a restore."""
+        (applied by a restore, so the live parameters are its copies now) is or names;
+        none without a restore."""
         self._index = {name: i for i, name in enumerate(names)}
         self._base = [None] * len(names)
         self._since = [frozenset()] * len(names)
+        self._prints = [{}] * len(names)
+        self._moving = [frozenset()] * len(names)
         for name, version in (standing or {}).items():
             i = self._index[name]
             base = version.base if version.base is not None else (
@@ -65,27 +83,38 @@ class FrozenParts:
             if base is not None:
                 self._base[i] = base
                 self._since[i] = frozenset(version.frozen) & frozenset(self._frozen(i))
+                self._prints[i] = dict(self._look(i, self._since[i]))
 
     def observe(self) -> None:
         """Note this step's frozen parameters: one trained now is no longer frozen all along."""
-        for i, since in enumerate(self._since):
-            if since:
-                self._since[i] = since & frozenset(self._frozen(i))
+        for i, (since, moving) in enumerate(zip(self._since, self._moving)):
+            if since or moving:
+                now = frozenset(self._frozen(i))
+                self._since[i], self._moving[i] = since & now, moving & now
 
     def part(self, i: int, step: int) -> Part:
         """What layer ``i``'s version of ``step`` holds; a full one becomes its full version."""
         now = frozenset(self._frozen(i))
         base = self._base[i]
-        if now and base is not None and base < step and now <= self._since[i]:
-            return Part(tuple(sorted(now)), base)
-        self._base[i] = step if now else None
-        self._since[i] = now
-        return Part(tuple(sorted(now)))
+        if now and base is not None and base < step and now <= self._since[i] | self._moving[i]:
+            check = now & self._since[i]
+            prints = self._look(i, check)
+            changed = frozenset(n for n in check if prints[n] != self._prints[i][n])
+            if changed:  # moved since the full version: written from now on
+                self._moving[i] |= changed
+                self._since[i] -= changed
+            if check - changed:
+                return Part(tuple(sorted(check - changed)), base)
+        held = now - self._moving[i]  # what later versions may leave out
+        self._base[i] = step if held else None
+        self._since[i] = held
+        self._prints[i] = dict(self._look(i, held)) if held else {}
+        return Part(tuple(sorted(held)))
 
     def forget(self, layers: Iterable[int]) -> None:
         """Their last write failed: their next version is full."""
         for i in layers:
-            self._base[i], self._since[i] = None, frozenset()
+            self._base[i], self._since[i], self._prints[i] = None, frozenset(), {}
 
 
 def trained_nbytes(tensors: Mapping[str, Any], frozen: Iterable[str]) -> int:

@@ -6,7 +6,7 @@ layer, the tensors the optimizer steps; ``drift_groups()`` names their param
 groups where the optimizer holds them only while stepping), ``capture(i)``
 (host copies of layer i, keyed as ``layercheck.format`` says; ``frozen(i)``
 names the parameters that do not train, which ``capture(i, omit)`` leaves
-out where its full version holds them), ``check(i,
+out where its full version holds them unchanged: ``fingerprints(i, names)``), ``check(i,
 tensors)`` (ModelMismatch unless a loaded layer i fits the live tensors: keys,
 shapes, dtypes; nothing is copied), ``apply(i, tensors)`` (it back into the
 live tensors), and what the
@@ -23,12 +23,13 @@ once (a collective where the backend has ranks).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from .errors import ModelMismatch
+from .fingerprint import fingerprints
 from .format import Layout, group_members, optimizer_state, tensor_key
 from .layermap import LayerMap
 
@@ -138,6 +139,13 @@ class LayerSource:
         that names any must take ``capture(i, omit=...)``, leaving those out. Default
         none: a backend's versions hold everything."""
         return []
+
+    def fingerprints(self, i: int, names: Iterable[str]) -> dict[str, str]:
+        """The fingerprints (``layercheck.fingerprint``) of layer ``i``'s parameters
+        ``names`` as they are now: what ``frozen.FrozenParts`` compares with those of a
+        full version before a version leaves one out."""
+        params = dict(self.layer_map.parameters(i))
+        return fingerprints({name: params[name] for name in names})
 
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """ModelMismatch unless ``apply(i, tensors)`` fits; copies nothing."""
