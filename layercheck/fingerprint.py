@@ -33,9 +33,9 @@ from typing import Mapping
 
 import torch
 
-from .checksums import checksum
+from .checksums import CHECKSUM, CHECKSUMS, checksum
 
-__all__ = ["fingerprint", "fingerprints", "CHUNK"]
+__all__ = ["fingerprint", "fingerprints", "recomputed", "CHUNK"]
 
 CHUNK = 1 << 20
 """int16 words per chunk of the device sum (its multiplier table: 4 MiB per device)."""
@@ -49,11 +49,12 @@ def fingerprint(tensor: torch.Tensor, *, summed: bool = False) -> str:
     return fingerprints({"": tensor}, summed=summed)[""]
 
 
-def fingerprints(tensors: Mapping[str, torch.Tensor], *,
-                 summed: bool = False) -> dict[str, str]:
+def fingerprints(tensors: Mapping[str, torch.Tensor], *, summed: bool = False,
+                 algorithm: str = CHECKSUM) -> dict[str, str]:
     """``fingerprint`` of each tensor; those on devices are summed there and cross to
     the host together (one synchronisation per device, not per tensor). ``summed``:
-    the device sum for host tensors too (what tests and benchmarks of it run here)."""
+    the device sum for host tensors too (what tests and benchmarks of it run here);
+    ``algorithm``: the checksum of host tensors (``checksums.CHECKSUMS``)."""
     out, sums = {}, {}
     for name, tensor in tensors.items():
         data = tensor.detach()
@@ -61,7 +62,7 @@ def fingerprints(tensors: Mapping[str, torch.Tensor], *,
         flat = data.reshape(-1).view(torch.uint8) if data.numel() else \
             torch.zeros(0, dtype=torch.uint8, device=data.device)
         if flat.device.type == "cpu" and not summed:
-            out[name] = f"{checksum(memoryview(flat.numpy()))}:{what}"
+            out[name] = f"{checksum(memoryview(flat.numpy()), algorithm)}:{what}"
         else:
             sums.setdefault(flat.device, []).append((name, what, _chunk_sums(flat)))
     for device_sums in sums.values():
@@ -71,6 +72,20 @@ def fingerprints(tensors: Mapping[str, torch.Tensor], *,
             out[name] = f"sum64:{_combine(values[start:start + len(s)]):016x}:{what}"
             start += len(s)
     return out
+
+
+def recomputed(tensor: torch.Tensor, recorded: str) -> str | None:
+    """``tensor``'s fingerprint taken as ``recorded`` was (its algorithm, wherever the
+    tensor is now; cast to its dtype, so a bf16 copy of fp32 weights compares as the
+    bf16 tensor it became), to compare with it; None where ``recorded`` names no
+    dtype or algorithm this module has."""
+    algorithm, kind = recorded.partition(":")[0], recorded.rpartition(":")[2]
+    dtype = getattr(torch, kind.partition("[")[0], None)
+    if algorithm not in ("sum64", *CHECKSUMS) or not isinstance(dtype, torch.dtype):
+        return None
+    if algorithm == "sum64":
+        return fingerprint(tensor.detach().to(dtype), summed=True)
+    return fingerprints({"": tensor.detach().to("cpu", dtype)}, algorithm=algorithm)[""]
 
 
 def _chunk_sums(data: torch.Tensor) -> torch.Tensor:

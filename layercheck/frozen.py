@@ -21,15 +21,30 @@ the moving ones, which later versions may leave out). A failed write of a layer
 forgets its full version (its record may never have committed): the next
 version of it is full again. Buffers are written in every version (some change
 in training: batch-norm statistics).
+
+A source may also hold frozen tensors that no version holds at all
+(``LayerSource.kept``: ZeRO's frozen parameters, in no sub-group): a restore
+leaves them as they are live. ``KeptTensors`` makes that sound: a step where
+one changed since the timeline began is refused on every rank before anything
+of it is written, each step's state records their fingerprints, and a restore
+refuses a live one that is not the tensor the restored step recorded.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+import numpy as np
+
+from .errors import LayerCheckError, ModelMismatch
+from .fingerprint import fingerprints, recomputed
 from .format import Version, tensor_key
 
-__all__ = ["FrozenParts", "Part", "trained_nbytes"]
+if TYPE_CHECKING:
+    from .ranks import Ranks
+    from .source import LayerSource
+
+__all__ = ["FrozenParts", "KeptTensors", "Part", "trained_nbytes"]
 
 Look = Callable[[int, Iterable[str]], Mapping[str, str]]
 """``look(i, names)``: the fingerprints of layer i's parameters ``names`` as they are now."""
@@ -115,6 +130,58 @@ class FrozenParts:
         """Their last write failed: their next version is full."""
         for i in layers:
             self._base[i], self._since[i], self._prints[i] = None, frozenset(), {}
+
+
+class KeptTensors:
+    """The live tensors no version holds (``source.kept()``), proven unchanged (module doc).
+
+    ``start(step)`` where a timeline begins (after a restore's copies), ``unchanged()``
+    before each step's versions are captured (its fingerprints go into the state),
+    ``check(recorded, step)`` when a restore has read the state of ``step``."""
+
+    def __init__(self, source: "LayerSource", ranks: "Ranks") -> None:
+        self.source, self.ranks = source, ranks
+        self._prints: dict[str, str] = {}
+        self._since = 0
+
+    def start(self, step: int) -> None:
+        self._prints, self._since = fingerprints(self.source.kept()), step
+
+    def unchanged(self) -> dict[str, str]:
+        """The fingerprints now; LayerCheckError on every rank where one changed on any
+        rank since the timeline began (a restore would bring the versions back beside
+        a value they were not trained with)."""
+        tensors = self.source.kept()
+        if not tensors:  # the same on every rank: the same parameters are frozen
+            return {}
+        now = fingerprints(tensors)
+        changed = sorted(key for key, value in now.items() if self._prints.get(key) != value)
+        count = float(len(changed))
+        if self.ranks.sharded:  # every rank refuses together, or none does
+            count = float(self.ranks.all_reduce_sum(np.array([count]))[0])
+        if count:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            what = f"{changed[0]}{more}" if changed else "a frozen parameter of another rank"
+            raise LayerCheckError(
+                f"{what} changed since step {self._since} although it does not train "
+                "(requires_grad False): no layer version holds it here, so a restore could "
+                "not bring its new value back, and this step is not checkpointed: "
+                f"{self.source.kept_advice}")
+        return now
+
+    def check(self, recorded: Mapping[str, str], step: int) -> None:
+        """ModelMismatch unless each live tensor that the state of ``step`` recorded has
+        the recorded fingerprint (``fingerprint.recomputed``), where this source holds
+        it (``LayerSource.live``: not a ZeRO-3 rank's elements at another world size)."""
+        for key, value in sorted(recorded.items()):
+            tensor = self.source.live(key)
+            found = recomputed(tensor, value) if tensor is not None else None
+            if found is not None and found != value:
+                raise ModelMismatch(
+                    f"{key} is not the tensor the checkpoint of step {step} was trained with "
+                    f"(fingerprint {found}, recorded {value}); no layer version holds it "
+                    "(frozen under ZeRO), so a restore would keep this one: build the model "
+                    "with the frozen weights that run used")
 
 
 def trained_nbytes(tensors: Mapping[str, Any], frozen: Iterable[str]) -> int:

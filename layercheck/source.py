@@ -30,7 +30,7 @@ from torch import nn
 
 from .errors import ModelMismatch
 from .fingerprint import fingerprints
-from .format import Layout, group_members, optimizer_state, tensor_key
+from .format import Layout, group_members, kept_range, optimizer_state, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -147,6 +147,24 @@ class LayerSource:
         params = dict(self.layer_map.parameters(i))
         return fingerprints({name: params[name] for name in names})
 
+    kept_advice = ("make it trainable (give it to the optimizer, with lr 0 if it must not "
+                   "move by its gradient) or keep it out of the model this job checkpoints")
+    """What to do about a ``kept`` tensor that changes, for the error that refuses the step."""
+
+    def kept(self) -> dict[str, torch.Tensor]:
+        """The live tensors that no version of this source holds, which a restore leaves
+        as they are (ZeRO: frozen parameters, in no sub-group), by ``format.kept_key``.
+        ``LayerCheck`` refuses a step where one changed since the timeline began, and
+        records their fingerprints with each step's state, which a restore compares
+        with the live ones (``live``). Default none: versions hold every parameter."""
+        return {}
+
+    def live(self, key: str) -> torch.Tensor | None:
+        """The live tensor that a recorded ``kept`` key (of any source's) names, if this
+        one holds it whole: what a restore compares with the recorded fingerprint.
+        Default: none."""
+        return None
+
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """ModelMismatch unless ``apply(i, tensors)`` fits; copies nothing."""
         raise NotImplementedError
@@ -233,6 +251,8 @@ class ModuleSource(LayerSource):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  layer_map: LayerMap) -> None:
         self.model, self.optimizer, self.layer_map = model, optimizer, layer_map
+        self._named = {name: p for i in range(len(layer_map))
+                       for name, p in layer_map.parameters(i)}
 
     def drift_layers(self) -> list[list[torch.Tensor]]:
         return [[p for _, p in self.layer_map.parameters(i)] for i in range(len(self.layer_map))]
@@ -246,6 +266,14 @@ class ModuleSource(LayerSource):
                     for name, _ in self.layer_map.parameters(i)}
         terms = drift_terms(self.model, layer_of)
         return AdapterDrift(terms) if terms else None
+
+    def live(self, key: str) -> torch.Tensor | None:
+        """A parameter, or its flat elements [start, stop) (``format.kept_range``)."""
+        name, span = kept_range(key)
+        p = self._named.get(name)
+        if p is None or (span is not None and not 0 <= span[0] <= span[1] <= p.numel()):
+            return None
+        return p if span is None else p.detach().reshape(-1)[span[0]:span[1]]
 
     def capture(self, i: int, omit: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """Layer ``i``'s tensors but the parameters ``omit`` names (frozen ones, which
