@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import LayerCheckError
+from .errors import LayerCheckError, ModelMismatch
 
-__all__ = ["LoraModule", "LoraFacts", "lora_modules", "describe", "merged_weights",
-           "adapter_weights", "AdapterDrift", "PEFT_PREFIX"]
+__all__ = ["LoraModule", "LoraFacts", "lora_modules", "describe", "check_unchanged",
+           "merged_weights", "adapter_weights", "AdapterDrift", "PEFT_PREFIX", "UNCOMPARED"]
 
 PEFT_PREFIX = "base_model.model."
 """Where a PeftModel puts the wrapped model's parameter names."""
@@ -115,6 +115,81 @@ def describe(model: nn.Module) -> tuple[dict[str, Any], bytes] | None:
     text = b"" if config is None else json.dumps(
         config.to_dict(), indent=2, sort_keys=True, default=_json_value).encode()
     return fact, text
+
+
+UNCOMPARED = frozenset({
+    # how training or loading runs, not what the adapter's tensors mean
+    "lora_dropout", "inference_mode", "base_model_name_or_path", "revision", "peft_version",
+    "auto_mapping", "runtime_config", "megatron_core",
+    # how the adapter was initialised: the restored tensors replace what it gave
+    "init_lora_weights", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
+    # which modules carry it, and their rank and scaling: the header's lora fact compares
+    # the outcome (each module and its scaling), the layers' signature every shape
+    "target_modules", "exclude_modules", "layers_to_transform", "layers_pattern",
+    "rank_pattern", "alpha_pattern"})
+"""Keys of PEFT's adapter config a resumed run may change. Every other key present in
+both the recorded ``adapter_config.json`` and the live model's is compared on resume
+(``check_unchanged``): lora_alpha, r, use_rslora, fan_in_fan_out, bias,
+modules_to_save, use_dora, lora_bias, task_type, a newer PEFT's variants."""
+
+
+def check_unchanged(fact: Mapping[str, Any] | None, config: bytes | None,
+                    model: nn.Module) -> None:
+    """ModelMismatch, naming what differs and the fix, unless ``model``'s adapter is the
+    one a directory recorded: its header's ``lora`` fact (``fact``: each module, its
+    scaling s and fan_in_fan_out, the adapter's name; None where the header predates
+    it) and ``adapter_config.json`` (``config``; keys but ``UNCOMPARED``). The stored
+    A and B mean W + s·B·A under the recorded s: trained on under another, the run, its
+    header and its exports would disagree (the merged export's logits would not be the
+    live model's)."""
+    if fact is None:
+        return
+    live = describe(model)
+    problems = [_fact_change(fact, live[0] if live is not None else None)]
+    if config and live is not None and live[1]:
+        problems.append(_config_change(config, live[1]))
+    problem = "; ".join(p for p in problems if p) or None
+    if problem is not None:
+        raise ModelMismatch(
+            f"the LoRA adapter is not the one this checkpoint was trained with: {problem}; "
+            "its stored A and B mean W + s·B·A under the recorded facts: build the LoraConfig "
+            "as that run did, or to change it, export the weights (python -m layercheck export) "
+            "and start a new run from them in a new directory")
+
+
+def _fact_change(saved: Mapping[str, Any], live: Mapping[str, Any] | None) -> str | None:
+    """What differs between two ``lora`` header facts, or None."""
+    if live is None:
+        return "this model has no LoRA adapter"
+    if saved.get("unsupported") != live.get("unsupported"):
+        return (f"it was {saved.get('unsupported') or 'plain LoRA'}, it is "
+                f"{live.get('unsupported') or 'plain LoRA'}")
+    if saved.get("adapter") != live.get("adapter"):
+        return f"the active adapter was {saved.get('adapter')!r}, it is {live.get('adapter')!r}"
+    mine, theirs = live.get("modules") or {}, saved.get("modules") or {}
+    for path in sorted(set(mine) ^ set(theirs)):
+        return f"{path} {'carries' if path in mine else 'carried'} LoRA only " + \
+            ("here" if path in mine else "in the checkpoint")
+    for path in sorted(mine):
+        for key in ("scaling", "fan_in_fan_out"):
+            if mine[path].get(key) != theirs[path].get(key):
+                hint = " (lora_alpha / r, or / sqrt(r) under use_rslora)" if key == "scaling" else ""
+                return (f"{path}: {key} {mine[path].get(key)} here, "
+                        f"{theirs[path].get(key)} in the checkpoint{hint}")
+    return None
+
+
+def _config_change(saved: bytes, live: bytes) -> str | None:
+    """The keys of two adapter configs (JSON) that differ but ``UNCOMPARED``, or None."""
+    try:
+        mine, theirs = json.loads(live), json.loads(saved)
+    except ValueError:
+        return None  # an unreadable record: the lora fact was compared
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return None
+    changed = [f"{key} {theirs[key]!r} in the checkpoint, {mine[key]!r} here"
+               for key in sorted(set(mine) & set(theirs) - UNCOMPARED) if mine[key] != theirs[key]]
+    return "; ".join(changed) or None
 
 
 def _json_value(value: Any) -> Any:

@@ -120,7 +120,7 @@ class LayerCheck:
         self.layout, self._new_layout = open_directory(
             self.store, self.ranks, self.layer_map, self.source.header_facts(),
             lambda facts: write_header(self.store, self.model, self.layer_map, self.config,
-                                       self.lr_peak, self.ranks, facts))
+                                       self.lr_peak, self.ranks, facts), self.model)
 
     def close(self) -> None:
         """Wait for every pending write to commit, then release the directory."""

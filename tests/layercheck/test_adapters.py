@@ -218,3 +218,31 @@ def test_frozen_weights_of_a_pretrained_model_are_recorded_by_reference(tmp_path
             lc.restore()
     problems = inspect_directory(LocalStore(root))["problems"]
     assert problems and all("differs from the one recorded" in p for p in problems)
+
+
+@pytest.mark.parametrize("change", [
+    {"lora_alpha": 32},                     # scaling 8, not 2: same shapes
+    {"use_rslora": True},                   # scaling 8 / sqrt(4) = 4
+    {"bias": "all"},                        # the biases train too: the adapter holds them
+], ids=["lora_alpha", "use_rslora", "bias"])
+def test_an_adapter_changed_on_resume_is_refused_with_the_fix(tmp_path, change):
+    """Trained with lora_alpha 8, resumed with another adapter of the same shapes: the
+    stored A and B would be merged under the old scaling (the export's logits off by up
+    to 0.39 against the live model's): refused, naming what differs and the fix,
+    with the directory as it was. A change that does not (dropout) is taken."""
+    from layercheck.errors import ModelMismatch
+    root = tmp_path / "c"
+    run(root, 2)
+    manifest = (root / "manifest.jsonl").read_bytes()
+    model = peft.get_peft_model(tiny_lm(seed=0, layers=2), peft.LoraConfig(
+        **{"r": 4, "lora_alpha": 8, "target_modules": PROJECTIONS, **change}))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    with pytest.raises(ModelMismatch, match=f"{next(iter(change))}|scaling") as refused:
+        LayerCheck(model, opt, root, EVERY_STEP)
+    assert "build the LoraConfig as that run did" in str(refused.value)
+    assert (root / "manifest.jsonl").read_bytes() == manifest
+    dropout = peft.get_peft_model(tiny_lm(seed=0, layers=2), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=PROJECTIONS, lora_dropout=0.1))
+    opt = torch.optim.AdamW([p for p in dropout.parameters() if p.requires_grad], lr=1e-2)
+    run(root, 1, (dropout, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)),
+        restore=2)
