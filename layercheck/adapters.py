@@ -241,6 +241,14 @@ def merged_weights(tensors: Mapping[str, torch.Tensor], facts: LoraFacts) -> dic
             raise LayerCheckError(f"the composite has no {exc.args[0]}, which the header's lora "
                                   "record names: the checkpoint is not of this LoRA model") from None
         out[m.weight] = w + m.delta(a, b)
+        lora_bias = out.pop(m.b.removesuffix(".weight") + ".bias", None)
+        if lora_bias is not None:  # lora_bias: B's bias, merged as PEFT merges it
+            if f"{m.path}.base_layer.bias" not in out:
+                raise LayerCheckError(f"{m.path} has a LoRA bias (lora_bias) but no bias of its "
+                                      "own: the merged model has nowhere to put it; export the "
+                                      "adapter alone (--adapter)")
+            out[f"{m.path}.base_layer.bias"] = out[f"{m.path}.base_layer.bias"] + \
+                lora_bias * m.scaling
     merged = {}
     for name, tensor in out.items():
         if ".lora_" in name or ".original_module." in name:
@@ -251,19 +259,40 @@ def merged_weights(tensors: Mapping[str, torch.Tensor], facts: LoraFacts) -> dic
     return merged
 
 
-def adapter_weights(tensors: Mapping[str, torch.Tensor],
-                    facts: LoraFacts) -> dict[str, torch.Tensor]:
-    """The adapter alone as PEFT saves it (``get_peft_model_state_dict``): the active
-    adapter's LoRA weights and modules_to_save, its name taken out of their keys."""
-    marker = f".{facts.adapter}."
+def adapter_weights(tensors: Mapping[str, torch.Tensor], facts: LoraFacts,
+                    bias: str = "none") -> dict[str, torch.Tensor]:
+    """The adapter alone under the keys PEFT's own ``save_pretrained`` writes
+    (``get_peft_model_state_dict``, which ``PeftModel.from_pretrained`` reads back): the
+    active adapter's LoRA weights (and lora_B's bias), the biases its ``bias`` option
+    saves (``"all"``: every bias; ``"lora_only"``: those of the LoRA modules), each
+    with the adapter's name taken out, and each modules_to_save module's weights
+    under the module's own name (``score.weight``, not ``score.modules_to_save.weight``)."""
+    name = facts.adapter
+    lora = {m.path for m in facts.modules}
     out = {}
-    for name, tensor in tensors.items():
-        if f".lora_A{marker}" in name or f".lora_B{marker}" in name or \
-                f".modules_to_save{marker}" in name:
-            out[name.replace(marker, ".")] = tensor
+    for key, tensor in tensors.items():
+        if f".lora_A.{name}." in key or f".lora_B.{name}." in key or (
+                bias == "all" and key.endswith(".bias")) or (
+                bias == "lora_only" and key.endswith(".base_layer.bias")
+                and key.removesuffix(".base_layer.bias") in lora):
+            out[_without_adapter(key, name)] = tensor
+    marker = f".modules_to_save.{name}."
+    out.update({key.replace(marker, "."): tensor for key, tensor in tensors.items()
+                if marker in key})
     if not out:
-        raise LayerCheckError(f"the composite holds no weights of adapter {facts.adapter!r}")
+        raise LayerCheckError(f"the composite holds no weights of adapter {name!r}")
     return out
+
+
+def _without_adapter(key: str, adapter: str) -> str:
+    """``key`` with the adapter's name taken out where PEFT takes it out: its last part
+    (a parameter) or the one before it (a module's, ``lora_A.<adapter>.weight``)."""
+    parts = key.split(".")
+    if parts[-1] == adapter:
+        return ".".join(parts[:-1])
+    if len(parts) > 1 and parts[-2] == adapter:
+        return ".".join(parts[:-2] + parts[-1:])
+    return key
 
 
 @dataclass(frozen=True)
