@@ -63,10 +63,13 @@ parameters that trained, their optimizer state and the layer's buffers; its
 every version written before issue 29 is). A partial version is restorable only
 while that full version is live and intact; a full version with ``frozen``
 parameters is kept by retention and ``gc`` like the base checkpoint's. The
-writer makes a version partial only if each of its frozen parameters was
-frozen at every step since the full version it names (so its bytes there are
-still its value); a parameter unfrozen later is written in every version from
-then on, and one frozen later makes the next version of its layer full again.
+writer leaves a frozen parameter out of a version only if it was frozen at
+every step since the full version it names and its bytes are still that
+version's (its fingerprint unchanged, ``layercheck.fingerprint``); one that
+moved while frozen is written in that and every later version (and is not in
+their ``frozen``, nor in that of a later full version); a parameter unfrozen
+later is written in every version from then on, and one frozen later makes
+the next version of its layer full again.
 A full version may also leave out frozen parameters that come unchanged from a
 pretrained model's safetensors files (``LayerCheck(pretrained=...)``,
 ``layercheck.pretrained``): its record's ``refs`` names, per such parameter,

@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("--embedding-threshold", type=float, default=None,
                     help="K of the embedding (default: --threshold)")
     ap.add_argument("--freeze", action="store_true", help=f"freeze {FROZEN}* as zero_worker does")
+    ap.add_argument("--scramble-frozen", action="store_true",
+                    help="add 1 to the frozen parameters before the restore")
     ap.add_argument("--move-frozen", type=int, default=0,
                     help="from this step on, scale the frozen parameters by 0.99 after each step")
     args = ap.parse_args()
@@ -54,12 +56,17 @@ def main() -> int:
         else args.embedding_threshold,
         warmup_steps=2, interval=1), scheduler=scheduler)
 
+    if args.scramble_frozen:
+        with torch.no_grad():
+            for p in frozen:
+                p.add_(1.0)
     start = lc.restore()
     report.restored(lc, start)
     if start:
         result["layouts"] = sorted({v.layout for v in lc.restored.plan.sources.values()})
         if args.dump:
             torch.save(plain_state(lc), out / "restored0.pt")
+    step = start  # where nothing is left to train
     for step in range(start + 1, (args.stop_at or args.steps) + 1):
         losses = [model(input_ids=ids, labels=ids).loss for ids in (batch(step, 0), batch(step, 1))]
         loss = sum(losses) / 2

@@ -187,7 +187,8 @@ def test_a_frozen_parameter_that_moves_under_zero_is_refused_not_restored_stale(
     moves (here scaled through ``.data`` from step 4, as an EMA teacher is) makes step 4
     refused on every rank before anything of it is written: steps 1-3 stay restorable.
     A restore into a model whose frozen weights are not those the run recorded is
-    refused on every rank (it would keep them beside versions trained with others)."""
+    refused on every rank (it would keep them beside versions trained with others),
+    and in one process (ZeRO-2: whole parameters, checked at any world size)."""
     ckpt = tmp_path / "c"
     _run("--dir", str(ckpt), "--out", str(tmp_path / "o1"), "--stage", str(stage), "--steps",
          "6", "--threshold", "0", "--freeze", "--move-frozen", "4")
@@ -200,6 +201,13 @@ def test_a_frozen_parameter_that_moves_under_zero_is_refused_not_restored_stale(
     for rank in _results(tmp_path / "o2"):
         assert rank["error"].startswith("ModelMismatch: model.layers.1.mlp."), rank.get("error")
         assert "checkpoint of step 3 was trained with" in rank["error"]
+    if stage == 2:  # one process keeps its own frozen weights too: checked the same way
+        from tests.layercheck.test_zero_elastic import PLAIN
+        one = ("--dir", str(ckpt), "--steps", "3", "--freeze")
+        PLAIN.run(*one, "--out", str(tmp_path / "o3"))
+        assert PLAIN.results(tmp_path / "o3")[0]["restored_step"] == 3
+        text = PLAIN.run(*one, "--out", str(tmp_path / "o4"), "--scramble-frozen", ok=False)
+        assert "checkpoint of step 3 was trained with" in text, text[-2000:]
 
 
 @pytest.mark.slow
