@@ -121,6 +121,8 @@ UNCOMPARED = frozenset({
     # how training or loading runs, not what the adapter's tensors mean
     "lora_dropout", "inference_mode", "base_model_name_or_path", "revision", "peft_version",
     "auto_mapping", "runtime_config", "megatron_core",
+    # the PeftModel class that wraps it (the modules_to_save it implies: the signature)
+    "task_type",
     # how the adapter was initialised: the restored tensors replace what it gave
     "init_lora_weights", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
     # which modules carry it, and their rank and scaling: the header's lora fact compares
@@ -129,8 +131,9 @@ UNCOMPARED = frozenset({
     "rank_pattern", "alpha_pattern"})
 """Keys of PEFT's adapter config a resumed run may change. Every other key present in
 both the recorded ``adapter_config.json`` and the live model's is compared on resume
-(``check_unchanged``): lora_alpha, r, use_rslora, fan_in_fan_out, bias,
-modules_to_save, use_dora, lora_bias, task_type, a newer PEFT's variants."""
+(``check_unchanged``): lora_alpha, r, use_rslora, fan_in_fan_out, bias (which
+biases the adapter holds), modules_to_save, use_dora, lora_bias, a newer PEFT's
+variants."""
 
 
 def check_unchanged(fact: Mapping[str, Any] | None, config: bytes | None,
