@@ -191,13 +191,13 @@ def test_a_frozen_parameter_that_moves_under_zero_is_refused_not_restored_stale(
     and in one process (ZeRO-2: whole parameters, checked at any world size)."""
     ckpt = tmp_path / "c"
     _run("--dir", str(ckpt), "--out", str(tmp_path / "o1"), "--stage", str(stage), "--steps",
-         "6", "--threshold", "0", "--freeze", "--move-frozen", "4")
+         "6", "--threshold", "0", "--freeze", "--move-frozen", "4", "--report-refusal")
     for rank in _results(tmp_path / "o1"):
         assert rank.get("refused_at") == 4, rank.get("error")
         assert "model.layers.1.mlp." in rank["error"] and "changed since step 0" in rank["error"]
     assert read_manifest(LocalStore(ckpt)).latest_step() == 3
     _run("--dir", str(ckpt), "--out", str(tmp_path / "o2"), "--stage", str(stage), "--steps",
-         "6", "--freeze", "--scramble-frozen")
+         "6", "--freeze", "--scramble-frozen", "--report-refusal")
     for rank in _results(tmp_path / "o2"):
         assert rank["error"].startswith("ModelMismatch: model.layers.1.mlp."), rank.get("error")
         assert "checkpoint of step 3 was trained with" in rank["error"]

@@ -192,6 +192,9 @@ def main() -> int:
                          "step (through .data, as an EMA teacher is moved)")
     ap.add_argument("--scramble-frozen", action="store_true",
                     help="add 1 to the frozen parameters before the restore")
+    ap.add_argument("--report-refusal", action="store_true",
+                    help="a LayerCheckError from restore() or step() ends the job with exit 0, "
+                         "its message in the report (else it is raised)")
     ap.add_argument("--keep-versions", type=int, default=None)
     ap.add_argument("--on-error", default="raise")
     args = ap.parse_args()
@@ -239,6 +242,8 @@ def main() -> int:
         try:
             start = lc.restore()
         except LayerCheckError as exc:  # refused: what it said, on every rank
+            if not args.report_refusal:
+                raise
             return refused(lc, report, exc)
         report.restored(lc, start)
         if start:
@@ -269,6 +274,8 @@ def main() -> int:
             report.step(lc, step, float(loss.detach()), args.halt_at,
                         dump=(lambda: gathered_on(lc.source, rank)) if args.dump else None)
         except LayerCheckError as exc:
+            if not args.report_refusal:
+                raise
             result["refused_at"] = step
             return refused(lc, report, exc)
     if lc is not None:
