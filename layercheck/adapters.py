@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import LayerCheckError
+from .errors import LayerCheckError, ModelMismatch
 
-__all__ = ["LoraModule", "LoraFacts", "lora_modules", "describe", "merged_weights",
-           "adapter_weights", "AdapterDrift", "PEFT_PREFIX"]
+__all__ = ["LoraModule", "LoraFacts", "lora_modules", "describe", "check_unchanged",
+           "merged_weights", "adapter_weights", "AdapterDrift", "PEFT_PREFIX", "UNCOMPARED"]
 
 PEFT_PREFIX = "base_model.model."
 """Where a PeftModel puts the wrapped model's parameter names."""
@@ -117,6 +117,84 @@ def describe(model: nn.Module) -> tuple[dict[str, Any], bytes] | None:
     return fact, text
 
 
+UNCOMPARED = frozenset({
+    # how training or loading runs, not what the adapter's tensors mean
+    "lora_dropout", "inference_mode", "base_model_name_or_path", "revision", "peft_version",
+    "auto_mapping", "runtime_config", "megatron_core",
+    # the PeftModel class that wraps it (the modules_to_save it implies: the signature)
+    "task_type",
+    # how the adapter was initialised: the restored tensors replace what it gave
+    "init_lora_weights", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
+    # which modules carry it, and their rank and scaling: the header's lora fact compares
+    # the outcome (each module and its scaling), the layers' signature every shape
+    "target_modules", "exclude_modules", "layers_to_transform", "layers_pattern",
+    "rank_pattern", "alpha_pattern"})
+"""Keys of PEFT's adapter config a resumed run may change. Every other key present in
+both the recorded ``adapter_config.json`` and the live model's is compared on resume
+(``check_unchanged``): lora_alpha, r, use_rslora, fan_in_fan_out, bias (which
+biases the adapter holds), modules_to_save, use_dora, lora_bias, a newer PEFT's
+variants."""
+
+
+def check_unchanged(fact: Mapping[str, Any] | None, config: bytes | None,
+                    model: nn.Module) -> None:
+    """ModelMismatch, naming what differs and the fix, unless ``model``'s adapter is the
+    one a directory recorded: its header's ``lora`` fact (``fact``: each module, its
+    scaling s and fan_in_fan_out, the adapter's name; None where the header predates
+    it) and ``adapter_config.json`` (``config``; keys but ``UNCOMPARED``). The stored
+    A and B mean W + s·B·A under the recorded s: trained on under another, the run, its
+    header and its exports would disagree (the merged export's logits would not be the
+    live model's)."""
+    if fact is None:
+        return
+    live = describe(model)
+    problems = [_fact_change(fact, live[0] if live is not None else None)]
+    if config and live is not None and live[1]:
+        problems.append(_config_change(config, live[1]))
+    problem = "; ".join(p for p in problems if p) or None
+    if problem is not None:
+        raise ModelMismatch(
+            f"the LoRA adapter is not the one this checkpoint was trained with: {problem}; "
+            "its stored A and B mean W + s·B·A under the recorded facts: build the LoraConfig "
+            "as that run did, or to change it, export the weights (python -m layercheck export) "
+            "and start a new run from them in a new directory")
+
+
+def _fact_change(saved: Mapping[str, Any], live: Mapping[str, Any] | None) -> str | None:
+    """What differs between two ``lora`` header facts, or None."""
+    if live is None:
+        return "this model has no LoRA adapter"
+    if saved.get("unsupported") != live.get("unsupported"):
+        return (f"it was {saved.get('unsupported') or 'plain LoRA'}, it is "
+                f"{live.get('unsupported') or 'plain LoRA'}")
+    if saved.get("adapter") != live.get("adapter"):
+        return f"the active adapter was {saved.get('adapter')!r}, it is {live.get('adapter')!r}"
+    mine, theirs = live.get("modules") or {}, saved.get("modules") or {}
+    for path in sorted(set(mine) ^ set(theirs)):
+        return f"{path} {'carries' if path in mine else 'carried'} LoRA only " + \
+            ("here" if path in mine else "in the checkpoint")
+    for path in sorted(mine):
+        for key in ("scaling", "fan_in_fan_out"):
+            if mine[path].get(key) != theirs[path].get(key):
+                hint = " (lora_alpha / r, or / sqrt(r) under use_rslora)" if key == "scaling" else ""
+                return (f"{path}: {key} {mine[path].get(key)} here, "
+                        f"{theirs[path].get(key)} in the checkpoint{hint}")
+    return None
+
+
+def _config_change(saved: bytes, live: bytes) -> str | None:
+    """The keys of two adapter configs (JSON) that differ but ``UNCOMPARED``, or None."""
+    try:
+        mine, theirs = json.loads(live), json.loads(saved)
+    except ValueError:
+        return None  # an unreadable record: the lora fact was compared
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return None
+    changed = [f"{key} {theirs[key]!r} in the checkpoint, {mine[key]!r} here"
+               for key in sorted(set(mine) & set(theirs) - UNCOMPARED) if mine[key] != theirs[key]]
+    return "; ".join(changed) or None
+
+
 def _json_value(value: Any) -> Any:
     """What PEFT's own ``save_pretrained`` writes for what JSON lacks: sets as lists,
     enums (``PeftType``, ``TaskType``) as their values."""
@@ -166,6 +244,14 @@ def merged_weights(tensors: Mapping[str, torch.Tensor], facts: LoraFacts) -> dic
             raise LayerCheckError(f"the composite has no {exc.args[0]}, which the header's lora "
                                   "record names: the checkpoint is not of this LoRA model") from None
         out[m.weight] = w + m.delta(a, b)
+        lora_bias = out.pop(m.b.removesuffix(".weight") + ".bias", None)
+        if lora_bias is not None:  # lora_bias: B's bias, merged as PEFT merges it
+            if f"{m.path}.base_layer.bias" not in out:
+                raise LayerCheckError(f"{m.path} has a LoRA bias (lora_bias) but no bias of its "
+                                      "own: the merged model has nowhere to put it; export the "
+                                      "adapter alone (--adapter)")
+            out[f"{m.path}.base_layer.bias"] = out[f"{m.path}.base_layer.bias"] + \
+                lora_bias * m.scaling
     merged = {}
     for name, tensor in out.items():
         if ".lora_" in name or ".original_module." in name:
@@ -176,19 +262,40 @@ def merged_weights(tensors: Mapping[str, torch.Tensor], facts: LoraFacts) -> dic
     return merged
 
 
-def adapter_weights(tensors: Mapping[str, torch.Tensor],
-                    facts: LoraFacts) -> dict[str, torch.Tensor]:
-    """The adapter alone as PEFT saves it (``get_peft_model_state_dict``): the active
-    adapter's LoRA weights and modules_to_save, its name taken out of their keys."""
-    marker = f".{facts.adapter}."
+def adapter_weights(tensors: Mapping[str, torch.Tensor], facts: LoraFacts,
+                    bias: str = "none") -> dict[str, torch.Tensor]:
+    """The adapter alone under the keys PEFT's own ``save_pretrained`` writes
+    (``get_peft_model_state_dict``, which ``PeftModel.from_pretrained`` reads back): the
+    active adapter's LoRA weights (and lora_B's bias), the biases its ``bias`` option
+    saves (``"all"``: every bias; ``"lora_only"``: those of the LoRA modules), each
+    with the adapter's name taken out, and each modules_to_save module's weights
+    under the module's own name (``score.weight``, not ``score.modules_to_save.weight``)."""
+    name = facts.adapter
+    lora = {m.path for m in facts.modules}
     out = {}
-    for name, tensor in tensors.items():
-        if f".lora_A{marker}" in name or f".lora_B{marker}" in name or \
-                f".modules_to_save{marker}" in name:
-            out[name.replace(marker, ".")] = tensor
+    for key, tensor in tensors.items():
+        if f".lora_A.{name}." in key or f".lora_B.{name}." in key or (
+                bias == "all" and key.endswith(".bias")) or (
+                bias == "lora_only" and key.endswith(".base_layer.bias")
+                and key.removesuffix(".base_layer.bias") in lora):
+            out[_without_adapter(key, name)] = tensor
+    marker = f".modules_to_save.{name}."
+    out.update({key.replace(marker, "."): tensor for key, tensor in tensors.items()
+                if marker in key})
     if not out:
-        raise LayerCheckError(f"the composite holds no weights of adapter {facts.adapter!r}")
+        raise LayerCheckError(f"the composite holds no weights of adapter {name!r}")
     return out
+
+
+def _without_adapter(key: str, adapter: str) -> str:
+    """``key`` with the adapter's name taken out where PEFT takes it out: its last part
+    (a parameter) or the one before it (a module's, ``lora_A.<adapter>.weight``)."""
+    parts = key.split(".")
+    if parts[-1] == adapter:
+        return ".".join(parts[:-1])
+    if len(parts) > 1 and parts[-2] == adapter:
+        return ".".join(parts[:-2] + parts[-1:])
+    return key
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from .elastic import ElasticRead
 from .errors import (CorruptVersion, LayerCheckError, ModelMismatch, ReadFailed,
                      RestoreIncomplete, TimelineNotRecorded)
 from .format import MANIFEST, Layout, Version, encode_record, layout_record, resume_record
-from .frozen import FrozenParts, trained_nbytes
+from .frozen import FrozenParts, KeptTensors, trained_nbytes
 from .layerfile import DTYPES
 from .layermap import LayerMap
 from .layerread import VerifiedFile
@@ -103,7 +103,8 @@ class LayerCheck:
         except BaseException:
             self._release()
             raise
-        self.frozen = FrozenParts(len(self.layer_map), self.source.frozen)
+        self.frozen = FrozenParts(len(self.layer_map), self.source.frozen, self.source.fingerprints)
+        self.kept = KeptTensors(self.source, self.ranks)
         self.drift = DriftTracker(self.source.optimizer, self.source.drift_layers(),
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,
@@ -125,7 +126,7 @@ class LayerCheck:
         self.layout, self._new_layout = open_directory(
             self.store, self.ranks, self.layer_map, self.source.header_facts(),
             lambda facts: write_header(self.store, self.model, self.layer_map, self.config,
-                                       self.lr_peak, self.ranks, facts))
+                                       self.lr_peak, self.ranks, facts), self.model)
 
     def close(self) -> None:
         """Wait for every pending write to commit, then release the directory."""
@@ -232,6 +233,7 @@ class LayerCheck:
     def _read_state(self, state: Version, data: VerifiedFile) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors, doc = read_state(self.store, state, data)
         check_state(doc, self.source.optimizer, self.source.group_members(), self.scheduler)
+        self.kept.check(doc.get("kept") or {}, state.step)
         return tensors, doc
 
     def _apply(self, planner: Planner, sources: dict[str, Version], tensors: dict[str, Any],
@@ -302,6 +304,7 @@ class LayerCheck:
         self.current_step = step
         self.state = PolicyState.at(self.policy, step, base_taken=base_taken)
         self.drift.resync()
+        self.kept.start(step)
         self.frozen.start(self.layer_map.names, {  # a full version of another layout holds
             name: v for name, v in (standing or {}).items()  # no shard of this one's ranks
             if v.layout == self.layout.id})
@@ -360,6 +363,7 @@ class LayerCheck:
         self.state.policy = self.policy
 
     def _submit(self, t: int, decision: Decision, extra: Mapping[str, Any] | None) -> int:
+        kept = self.kept.unchanged()  # what no version holds: refused if it moved
         snaps = []
         for index, reason in zip(decision.layers.tolist(), decision.reasons.tolist()):
             part = self.frozen.part(index, t)  # frozen parameters: in the full version only
@@ -376,7 +380,7 @@ class LayerCheck:
                 trained_nbytes(snap.tensors, snap.frozen) for snap in snaps]
             self._set_sizes(local)
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
-                              self.source.engine_state(), self.source.group_members())
+                              self.source.engine_state(), self.source.group_members(), kept)
         job = StepJob(step=t, layers=snaps, state=state,
                       nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
         self.writer.submit(job)

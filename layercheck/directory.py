@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from .adapters import check_unchanged as check_adapter
 from .adapters import describe as describe_adapters
 from .errors import CheckpointNotFound, LayerCheckError
 from .format import ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Layout, encode_record, header_record
@@ -26,10 +27,12 @@ log = logging.getLogger("layercheck")
 
 
 def open_directory(store: Store, ranks: Ranks, layer_map: LayerMap, facts: dict[str, Any],
-                   write: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[Layout, bool]:
+                   write: Callable[[dict[str, Any]], dict[str, Any]],
+                   model: Any = None) -> tuple[Layout, bool]:
     """Create the header once (the coordinator, ``write(facts)``: the record appended),
-    check on every rank that it describes ``layer_map``, and return the layout this job
-    of ``ranks`` whose source gives ``facts`` writes in (True: not recorded yet)."""
+    check on every rank that it describes ``layer_map`` and ``model``'s LoRA adapter
+    (``adapters.check_unchanged``), and return the layout this job of ``ranks`` whose
+    source gives ``facts`` writes in (True: not recorded yet)."""
     view = None
     if ranks.is_coordinator:
         if seal_torn_tail(store):
@@ -45,6 +48,9 @@ def open_directory(store: Store, ranks: Ranks, layer_map: LayerMap, facts: dict[
         raise LayerCheckError(f"{store.url}: rank {ranks.rank} cannot see the manifest rank 0 "
                               "wrote; the directory must be shared by all ranks")
     layer_map.check_signature(view.header["layers"])
+    if model is not None and view.header.get("lora") is not None:  # what its tensors mean
+        config = store.read(ADAPTER_CONFIG) if store.exists(ADAPTER_CONFIG) else None
+        check_adapter(view.header["lora"], config, model)
     return job_layout(view, ranks.world_size if ranks.sharded else 1, facts)
 
 

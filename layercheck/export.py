@@ -102,7 +102,11 @@ def export_model(store: Store, out: str | os.PathLike[str], *, step: int | None 
         plan, tensors = composite(store, view, step)
         if lora is None:
             return plan, tensors
-        return plan, adapter_weights(tensors, lora) if adapter else merged_weights(tensors, lora)
+        if not adapter:
+            return plan, merged_weights(tensors, lora)
+        config = parse_model_config(store.read(ADAPTER_CONFIG), ADAPTER_CONFIG) \
+            if store.exists(ADAPTER_CONFIG) else {}
+        return plan, adapter_weights(tensors, lora, str(config.get("bias", "none")))
 
     def build(staging: Path, plan: Plan, tensors: dict[str, torch.Tensor]) -> None:
         (write_adapter if adapter else write_model)(staging, store, plan.step, tensors)

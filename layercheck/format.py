@@ -67,10 +67,13 @@ parameters that trained, their optimizer state and the layer's buffers; its
 every version written before issue 29 is). A partial version is restorable only
 while that full version is live and intact; a full version with ``frozen``
 parameters is kept by retention and ``gc`` like the base checkpoint's. The
-writer makes a version partial only if each of its frozen parameters was
-frozen at every step since the full version it names (so its bytes there are
-still its value); a parameter unfrozen later is written in every version from
-then on, and one frozen later makes the next version of its layer full again.
+writer leaves a frozen parameter out of a version only if it was frozen at
+every step since the full version it names and its bytes are still that
+version's (its fingerprint unchanged, ``layercheck.fingerprint``); one that
+moved while frozen is written in that and every later version (and is not in
+their ``frozen``, nor in that of a later full version); a parameter unfrozen
+later is written in every version from then on, and one frozen later makes
+the next version of its layer full again.
 A full version may also leave out frozen parameters that come unchanged from a
 pretrained model's safetensors files (``LayerCheck(pretrained=...)``,
 ``layercheck.pretrained``): its record's ``refs`` names, per such parameter,
@@ -94,8 +97,11 @@ format ``layercheck-state/2``): step, param_groups (hyper-parameters), group_mem
 (which parameters each group holds; absent before it was recorded), optimizer
 (``{type, fields}``: its class and per-parameter state fields) and scheduler_type
 (absent before issue 27), scheduler, rng scalars,
-``extra`` (the user's) and ``engine`` (the backend's counters; None for a
-plain module). ``layercheck-state/1`` of ZeroLayerCheck held both in
+``extra`` (the user's), ``engine`` (the backend's counters; None for a
+plain module) and ``kept`` (absent where none: the fingerprints,
+``layercheck.fingerprint``, of the live tensors no version holds, ZeRO's frozen
+parameters, under ``kept_key``: whole, or a ZeRO-3 rank's flat elements
+``<name>[<start>:<stop>]``; a restore compares them with the live ones). ``layercheck-state/1`` of ZeroLayerCheck held both in
 ``extra`` as ``{"user", "_deepspeed"}``: ``read_state_document`` reads it.
 """
 from __future__ import annotations
@@ -119,7 +125,7 @@ __all__ = ["MANIFEST", "MODEL_CONFIG", "ADAPTER_CONFIG", "FORMAT", "EXPORT_FORMA
            "module_tensors", "encode_record", "decode_line", "header_record", "resume_record",
            "drop_record", "layout_record", "check_record", "RECORD_SCHEMAS", "MAX_COUNT", "MAX_DEPTH",
            "parse_model_config", "Shard", "Version", "Layout", "BACKENDS", "layer_metadata", "described", "state_metadata", "group_members",
-           "read_state_document"]
+           "read_state_document", "kept_key", "kept_range"]
 
 MANIFEST = "manifest.jsonl"
 MODEL_CONFIG = "model_config.json"
@@ -192,6 +198,18 @@ def layer_stem(name: str) -> str:
 def tensor_key(kind: str, owner: str, field: str | None = None) -> str:
     """``<kind>/<owner>`` (kind param, master or buffer), or ``optim/<field>/<owner>``."""
     return f"{kind}/{owner}" if field is None else f"{kind}/{field}/{owner}"
+
+
+def kept_key(name: str, start: int | None = None, stop: int | None = None) -> str:
+    """The state document's ``kept`` key of parameter ``name`` (whole), or of its flat
+    elements [start, stop) (a ZeRO-3 rank's)."""
+    return name if start is None else f"{name}[{start}:{stop}]"
+
+
+def kept_range(key: str) -> tuple[str, tuple[int, int] | None]:
+    """(parameter name, its flat element range or None for all) of a ``kept_key``."""
+    match = re.fullmatch(r"(.+)\[(\d+):(\d+)\]", key)
+    return (key, None) if match is None else (match[1], (int(match[2]), int(match[3])))
 
 
 def sub_group(k: int) -> str:

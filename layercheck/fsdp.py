@@ -108,6 +108,9 @@ class DTensorShards(ModuleSource):
     def drift_adapters(self) -> Any:
         return None  # DTensor shards: every tensor counts as itself
 
+    def live(self, key: str) -> torch.Tensor | None:
+        return None  # a DTensor holds a shard: no whole parameter here to compare
+
     def capture(self, i: int) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, p in self.layer_map.parameters(i):

@@ -79,11 +79,12 @@ def apply_rng(tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, Any]) -
 
 def capture_state(step: int, optimizer: torch.optim.Optimizer, scheduler: Any,
                   extra: Mapping[str, Any] | None, engine: Mapping[str, Any] | None = None,
-                  members: list[str] | None = None
+                  members: list[str] | None = None, kept: Mapping[str, str] | None = None
                   ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of the small per-step training state; ``engine``: the
     backend's counters (``LayerSource.engine_state``); ``members``: per parameter
-    group, ``format.group_members`` of the parameters it holds."""
+    group, ``format.group_members`` of the parameters it holds; ``kept``: the
+    fingerprints of the live tensors no version holds (``LayerSource.kept``)."""
     tensors, rng = capture_rng()
     doc = {
         "step": step,
@@ -97,6 +98,8 @@ def capture_state(step: int, optimizer: torch.optim.Optimizer, scheduler: Any,
         "engine": dict(engine) if engine is not None else None,
         "rng": rng,
     }
+    if kept:
+        doc["kept"] = dict(kept)
     return tensors, state_metadata(doc, _json_default)
 
 

@@ -6,7 +6,7 @@ layer, the tensors the optimizer steps; ``drift_groups()`` names their param
 groups where the optimizer holds them only while stepping), ``capture(i)``
 (host copies of layer i, keyed as ``layercheck.format`` says; ``frozen(i)``
 names the parameters that do not train, which ``capture(i, omit)`` leaves
-out where its full version holds them), ``check(i,
+out where its full version holds them unchanged: ``fingerprints(i, names)``), ``check(i,
 tensors)`` (ModelMismatch unless a loaded layer i fits the live tensors: keys,
 shapes, dtypes; nothing is copied), ``apply(i, tensors)`` (it back into the
 live tensors), and what the
@@ -23,13 +23,14 @@ once (a collective where the backend has ranks).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from .errors import ModelMismatch
-from .format import Layout, group_members, optimizer_state, tensor_key
+from .fingerprint import fingerprints
+from .format import Layout, group_members, kept_range, optimizer_state, tensor_key
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -139,6 +140,31 @@ class LayerSource:
         none: a backend's versions hold everything."""
         return []
 
+    def fingerprints(self, i: int, names: Iterable[str]) -> dict[str, str]:
+        """The fingerprints (``layercheck.fingerprint``) of layer ``i``'s parameters
+        ``names`` as they are now: what ``frozen.FrozenParts`` compares with those of a
+        full version before a version leaves one out."""
+        params = dict(self.layer_map.parameters(i))
+        return fingerprints({name: params[name] for name in names})
+
+    kept_advice = ("make it trainable (give it to the optimizer, with lr 0 if it must not "
+                   "move by its gradient) or keep it out of the model this job checkpoints")
+    """What to do about a ``kept`` tensor that changes, for the error that refuses the step."""
+
+    def kept(self) -> dict[str, torch.Tensor]:
+        """The live tensors that no version of this source holds, which a restore leaves
+        as they are (ZeRO: frozen parameters, in no sub-group), by ``format.kept_key``.
+        ``LayerCheck`` refuses a step where one changed since the timeline began, and
+        records their fingerprints with each step's state, which a restore compares
+        with the live ones (``live``). Default none: versions hold every parameter."""
+        return {}
+
+    def live(self, key: str) -> torch.Tensor | None:
+        """The live tensor that a recorded ``kept`` key (of any source's) names, if this
+        one holds it whole: what a restore compares with the recorded fingerprint.
+        Default: none."""
+        return None
+
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """ModelMismatch unless ``apply(i, tensors)`` fits; copies nothing."""
         raise NotImplementedError
@@ -225,6 +251,8 @@ class ModuleSource(LayerSource):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  layer_map: LayerMap) -> None:
         self.model, self.optimizer, self.layer_map = model, optimizer, layer_map
+        self._named = {name: p for i in range(len(layer_map))
+                       for name, p in layer_map.parameters(i)}
 
     def drift_layers(self) -> list[list[torch.Tensor]]:
         return [[p for _, p in self.layer_map.parameters(i)] for i in range(len(self.layer_map))]
@@ -238,6 +266,14 @@ class ModuleSource(LayerSource):
                     for name, _ in self.layer_map.parameters(i)}
         terms = drift_terms(self.model, layer_of)
         return AdapterDrift(terms) if terms else None
+
+    def live(self, key: str) -> torch.Tensor | None:
+        """A parameter, or its flat elements [start, stop) (``format.kept_range``)."""
+        name, span = kept_range(key)
+        p = self._named.get(name)
+        if p is None or (span is not None and not 0 <= span[0] <= span[1] <= p.numel()):
+            return None
+        return p if span is None else p.detach().reshape(-1)[span[0]:span[1]]
 
     def capture(self, i: int, omit: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """Layer ``i``'s tensors but the parameters ``omit`` names (frozen ones, which

@@ -42,9 +42,10 @@ import torch
 from .checkpoint import LayerCheck
 from .config import LayerCheckConfig
 from .errors import LayerCheckError, ModelMismatch
-from .format import Layout, group_members, optimizer_fields, sub_group, tensor_key
+from .format import (Layout, group_members, kept_key, kept_range, optimizer_fields, sub_group,
+                     tensor_key)
 from .layermap import LayerMap
-from .partitioning import Partitioning
+from .partitioning import PLAIN, Partitioning
 from .pieces import Read, gather, moment_fields, read_buffers, step_of
 from .ranks import ProcessGroupRanks
 from .source import LayerSource, capture_optimizer_state, host, owned, take
@@ -110,6 +111,11 @@ class Partitions(LayerSource):
             self.layer_of.append(layers[0])
         self.of_layer = [[k for k, i in enumerate(self.layer_of) if i == layer]
                          for layer in range(len(layer_map))]
+        held = {id(p) for params in self.members for p in params}
+        self.frozen_params = [[(name, p) for name, p in layer_map.parameters(i)
+                               if id(p) not in held] for i in range(len(layer_map))]
+        """Per layer, its parameters in no sub-group (frozen: ZeRO's optimizer does not
+        hold them), which no ZeRO version holds (``kept``)."""
 
     # -- the stage's hooks ----------------------------------------------------------
     def _bind(self) -> None:
@@ -126,6 +132,10 @@ class Partitions(LayerSource):
 
     def _rank(self, k: int) -> int:
         """This rank's partition of sub-group ``k``."""
+        raise NotImplementedError
+
+    def _local(self, name: str, p: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """(``format.kept_key``, the elements this rank holds) of frozen parameter ``p``."""
         raise NotImplementedError
 
     def _world(self) -> int:
@@ -149,6 +159,24 @@ class Partitions(LayerSource):
             out.update(capture_optimizer_state(self.optimizer.state.get(self.flats[k], {}),
                                                sub_group(k)))
         return {**out, **self._capture_buffers(i)}
+
+    kept_advice = ("make it trainable (in a layer-aligned parameter group, with lr 0 if it must "
+                   "not move by its gradient: ZeRO then partitions it and every version holds "
+                   "it) or keep it outside engine.module and checkpoint it yourself")
+
+    def kept(self) -> dict[str, torch.Tensor]:
+        """The frozen parameters, as this rank holds them (``_local``): in no version, so a
+        restore leaves them as they are (``LayerSource.kept``)."""
+        return dict(self._local(name, p) for params in self.frozen_params for name, p in params)
+
+    def live(self, key: str) -> torch.Tensor | None:
+        name = kept_range(key)[0]
+        for params in self.frozen_params:
+            for frozen, p in params:
+                if frozen == name:
+                    local_key, tensor = self._local(name, p)
+                    return tensor if local_key == key else None
+        return None
 
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         self._placed(i, tensors)
@@ -222,7 +250,22 @@ class Partitions(LayerSource):
                 state = {"step": step, **state}
             masters.append((k, gather(read, source, pieces, "master", None, flat.numel(),
                                       flat.dtype, layer), state))
-        return masters, read_buffers(read, self.layer_map.buffers(i), layer)
+        pairs = read_buffers(read, self.layer_map.buffers(i), layer)
+        if source.kind == PLAIN:  # one process's version holds the frozen parameters too
+            pairs += self._frozen_read(i, read)
+        return masters, pairs
+
+    def _frozen_read(self, i: int, read: Read) -> list[Pair]:
+        """(live, saved) of this rank's elements of layer ``i``'s frozen parameters, from a
+        one-process version (which holds each whole), cast to the live dtype: a restore
+        brings them back, as that process's own restore would."""
+        pairs = []
+        for name, p in self.frozen_params[i]:
+            key, live = self._local(name, p)
+            start, stop = kept_range(key)[1] or (0, live.numel())
+            saved = read(0, tensor_key("param", name), start, stop)
+            pairs.append((live, saved.to(live.dtype).view(live.shape)))
+        return pairs
 
     def _target(self) -> Partitioning:
         """This engine's own layout, described as its header would record it."""
@@ -314,6 +357,16 @@ class Stage3Partitions(Partitions):
     def _world(self) -> int:
         return int(self.ds.partition_count)
 
+    def _local(self, name: str, p: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """Its ``ds_tensor``, padding cut: flat elements [r·n, r·n + n) of the whole, n
+        the partition's size, r this rank in the parameter's process group."""
+        import torch.distributed as dist
+        part = p.ds_tensor.reshape(-1)
+        rank = dist.get_rank(group=getattr(p, "ds_process_group", self.ds.dp_process_group))
+        start = rank * part.numel()
+        stop = max(start, min(int(p.ds_numel), start + part.numel()))
+        return kept_key(name, start, stop), part[:stop - start]
+
     def refresh_module(self) -> None:
         ds = self.ds
         for k in range(len(self.flats)):
@@ -355,6 +408,9 @@ class Stage12Partitions(Partitions):
 
     def refresh_module(self) -> None:
         self.ds.update_lp_params()  # copies fp32 -> bit16 partitions, then all-gathers
+
+    def _local(self, name: str, p: torch.Tensor) -> tuple[str, torch.Tensor]:
+        return kept_key(name), p  # whole on every rank
 
 
 def partitions_for(engine: Any, layer_map: LayerMap) -> Partitions:

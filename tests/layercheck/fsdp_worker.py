@@ -207,6 +207,9 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--scramble-frozen", action="store_true",
                     help="add 1 to the frozen parameters before the restore")
+    ap.add_argument("--move-frozen", type=int, default=0,
+                    help="from this step on, scale the frozen parameters by 0.99 after each "
+                         "step (each rank its shard, through .data, as an EMA teacher moves)")
     ap.add_argument("--freeze", action="append", default=[],
                     help="freeze the parameters whose names start with this (repeatable)")
     args = ap.parse_args()
@@ -274,6 +277,10 @@ def main() -> int:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if args.move_frozen and step >= args.move_frozen:
+            for p in model.parameters():
+                if not p.requires_grad:
+                    local(p).data.mul_(0.99)
         if before is not None:
             result.setdefault("reference_drift", []).append(
                 reference_drift(lc, before, full_weights(model)))

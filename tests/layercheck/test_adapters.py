@@ -120,6 +120,21 @@ def test_export_merges_the_adapter_into_the_model(tmp_path):
     assert torch.equal(loaded(input_ids=ids).logits, merged(input_ids=ids).logits)
 
 
+def test_a_lora_bias_is_merged_as_peft_merges_it(tmp_path):
+    """lora_bias=True: B carries a bias, which the merged model adds, scaled, to the
+    layer's own (q, k and v have one in Qwen2)."""
+    model = peft.get_peft_model(tiny_lm(seed=0, layers=2), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=PROJECTIONS[:3], lora_bias=True))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    run(tmp_path / "c", 2, (model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)))
+    export(LocalStore(tmp_path / "c"), tmp_path / "merged")
+    from safetensors.torch import load_file
+    merged, expected = load_file(tmp_path / "merged" / "model.safetensors"), \
+        model.merge_and_unload().state_dict()
+    assert sorted(merged) == sorted(k for k in expected if k != "lm_head.weight")  # tied
+    assert all(torch.equal(merged[k], expected[k]) for k in merged)
+
+
 def test_export_of_the_adapter_alone_loads_with_peft(tmp_path, capsys):
     model, _, _ = run(tmp_path / "c", 3)
     assert main(["export", str(tmp_path / "c"), "--adapter", "--out",
@@ -218,3 +233,79 @@ def test_frozen_weights_of_a_pretrained_model_are_recorded_by_reference(tmp_path
             lc.restore()
     problems = inspect_directory(LocalStore(root))["problems"]
     assert problems and all("differs from the one recorded" in p for p in problems)
+
+
+@pytest.mark.parametrize("change", [
+    {"lora_alpha": 32},                     # scaling 8, not 2: same shapes
+    {"use_rslora": True},                   # scaling 8 / sqrt(4) = 4
+    {"bias": "all"},                        # the biases train too: the adapter holds them
+], ids=["lora_alpha", "use_rslora", "bias"])
+def test_an_adapter_changed_on_resume_is_refused_with_the_fix(tmp_path, change):
+    """Trained with lora_alpha 8, resumed with another adapter of the same shapes: the
+    stored A and B would be merged under the old scaling (the export's logits off by up
+    to 0.39 against the live model's): refused, naming what differs and the fix,
+    with the directory as it was. A change that does not (dropout) is taken."""
+    from layercheck.errors import ModelMismatch
+    root = tmp_path / "c"
+    run(root, 2)
+    manifest = (root / "manifest.jsonl").read_bytes()
+    model = peft.get_peft_model(tiny_lm(seed=0, layers=2), peft.LoraConfig(
+        **{"r": 4, "lora_alpha": 8, "target_modules": PROJECTIONS, **change}))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    with pytest.raises(ModelMismatch, match=f"{next(iter(change))}|scaling") as refused:
+        LayerCheck(model, opt, root, EVERY_STEP)
+    assert "build the LoraConfig as that run did" in str(refused.value)
+    assert (root / "manifest.jsonl").read_bytes() == manifest
+    dropout = peft.get_peft_model(tiny_lm(seed=0, layers=2), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=PROJECTIONS, lora_dropout=0.1))
+    opt = torch.optim.AdamW([p for p in dropout.parameters() if p.requires_grad], lr=1e-2)
+    run(root, 1, (dropout, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)),
+        restore=2)
+
+
+def classifier_base(seed: int = 0):
+    """A tiny Qwen2 sequence classifier (3 labels), its weights from ``seed``."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    torch.manual_seed(seed)
+    return Qwen2ForSequenceClassification(Qwen2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        num_labels=3, pad_token_id=0))
+
+
+def classifier(**lora):
+    """``classifier_base()`` with a LoRA adapter: PEFT's SEQ_CLS task adds its head
+    ``score`` to modules_to_save (trained whole, saved beside the adapter)."""
+    return peft.get_peft_model(classifier_base(), peft.LoraConfig(
+        task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=PROJECTIONS, **lora))
+
+
+@pytest.mark.parametrize("lora", [{}, {"bias": "all"}, {"bias": "lora_only"}],
+                         ids=["modules_to_save", "bias-all", "bias-lora_only"])
+def test_the_adapter_export_is_what_peft_saves_and_loads(tmp_path, lora):
+    """`export --adapter` writes the keys and tensors of PEFT's own save_pretrained
+    (modules_to_save as ``score.weight``, the biases its ``bias`` option saves), and
+    PeftModel.from_pretrained on a freshly built base gives the live model's logits."""
+    from safetensors.torch import load_file
+    model = classifier(**lora)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with LayerCheck(model, opt, tmp_path / "c", EVERY_STEP, scheduler=sched) as lc:
+        lc.restore()
+        for _ in range(3):
+            ids = torch.randint(1, 128, (4, 12))
+            model(input_ids=ids, labels=torch.randint(0, 3, (4,))).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            lc.step()
+    assert main(["export", str(tmp_path / "c"), "--adapter", "--out", str(tmp_path / "a")]) == 0
+    model.save_pretrained(tmp_path / "peft")
+    exported = load_file(tmp_path / "a" / "adapter_model.safetensors")
+    saved = load_file(tmp_path / "peft" / "adapter_model.safetensors")
+    assert sorted(exported) == sorted(saved)
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
+    loaded = peft.PeftModel.from_pretrained(classifier_base(), tmp_path / "a")  # built afresh
+    ids = torch.randint(1, 128, (2, 8))
+    model.eval()
+    loaded.eval()
+    assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -231,3 +231,88 @@ def test_a_layer_whose_full_version_failed_writes_its_next_version_in_full(tmp_p
     assert block[2].base is None and f"param/{block[2].frozen[0]}" in keys(root, block[2])
     assert block[3].base == 2
     run(root, 1, restore=3, config=config)
+
+
+class StudentTeacher(torch.nn.Module):
+    """A student that trains and its teacher, frozen (``requires_grad`` False) but moved
+    after every step as an average of the student (MoCo, DINO, BYOL)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        import copy
+        super().__init__()
+        self.student = tiny_lm(seed=seed, layers=2)
+        self.teacher = copy.deepcopy(self.student).requires_grad_(False)
+
+    def forward(self, input_ids, labels):
+        return self.student(input_ids=input_ids, labels=labels)
+
+    def follow(self, momentum: float = 0.9) -> None:
+        """MoCo's own update, through ``.data`` (which no autograd version counter sees)."""
+        for t, s in zip(self.teacher.parameters(), self.student.parameters()):
+            t.data.mul_(momentum).add_(s.data, alpha=1 - momentum)
+
+
+def ema_run(directory, steps: int, *, seed: int = 0, restore: int = 0, pretrained=None,
+            follow_from: int = 1):
+    """The student trains, the teacher follows it from step ``follow_from`` on."""
+    model = StudentTeacher(seed)
+    opt = torch.optim.AdamW(model.student.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with LayerCheck(model, opt, directory, EVERY_STEP, scheduler=sched,
+                    pretrained=pretrained) as lc:
+        assert lc.restore() == restore
+        for t in range(restore + 1, restore + steps + 1):
+            train_step(model, opt, sched)
+            if t >= follow_from:
+                model.follow()
+            lc.step()
+    return model
+
+
+def assert_same(live, restored) -> None:
+    for (name, p), q in zip(live.named_parameters(), restored.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_a_frozen_teacher_that_moves_every_step_is_restored_as_it_was(tmp_path):
+    """Frozen is not unchanged: each teacher tensor changes at every step although it
+    does not train; a restore of step 6 gives back its step-6 value, not step 1's."""
+    torch.manual_seed(1)
+    live = ema_run(tmp_path / "c", 6)
+    assert_same(live, ema_run(tmp_path / "c", 0, seed=5, restore=6))
+    teacher = read_manifest(LocalStore(tmp_path / "c")).versions["teacher"]
+    assert all(v.base is None and not v.frozen for v in teacher[1:])  # moving: all written
+
+
+def test_a_teacher_found_in_the_pretrained_file_is_written_once_it_moves(tmp_path):
+    """pretrained=: the base checkpoint names the teacher's tensors by reference (they
+    equal the pretrained file's then); once the teacher moves, its versions hold it."""
+    StudentTeacher(0).student.save_pretrained(tmp_path / "pretrained")
+    torch.manual_seed(1)
+    live = ema_run(tmp_path / "c", 6, pretrained=tmp_path / "pretrained", follow_from=3)
+    assert_same(live, ema_run(tmp_path / "c", 0, seed=5, restore=6,
+                              pretrained=tmp_path / "pretrained"))
+    teacher = {v.step: v for v in read_manifest(LocalStore(tmp_path / "c")).versions["teacher"]}
+    assert teacher[1].refs and teacher[2].base == 1  # by reference, then left out
+    assert teacher[3].base is None and not teacher[3].frozen  # moved: written
+
+
+def test_a_frozen_tensor_changed_once_is_written_and_the_rest_still_left_out(tmp_path):
+    """One frozen weight of a block is rescaled at step 3 (through ``.data``): versions
+    from then on hold it, the block's other frozen weights stay in the full version."""
+    root = tmp_path / "c"
+    k = "model.layers.0.self_attn.k_proj.weight"
+
+    def between(t, model, opt):
+        if t == 3:
+            model.model.layers[0].self_attn.k_proj.weight.data.mul_(1.5)
+
+    torch.manual_seed(1)
+    live, _ = run(root, 5, between=between)
+    restored, _ = run(root, 0, model=_other(seed=5), restore=5)
+    assert_same(live, restored)
+    block = {v.step: v for v in read_manifest(LocalStore(root)).versions["model.layers.0"]}
+    assert k in block[2].frozen and f"param/{k}" not in keys(root, block[2])
+    for step in (3, 4, 5):
+        assert block[step].base == 1 and len(block[step].frozen) == 7, step
+        assert k not in block[step].frozen and f"param/{k}" in keys(root, block[step])

@@ -391,3 +391,25 @@ def test_a_dcp_export_of_a_composite_of_two_layouts_loads_whole(elastic, tmp_pat
         assert torch.equal(p.detach(), composite.weights[name]), name
         for field in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(optimizer.state[p][field], composite.optimizer[name][field])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["fsdp", "plain"])
+def test_a_frozen_attention_that_moves_is_restored_on_two_fsdp2_ranks_as_it_was(tmp_path, writer):
+    """A frozen attention moved after every step from step 2 (through ``.data``, as an EMA
+    teacher is), written by FSDP2 on 2 ranks (every version holds every parameter) or by
+    one process (partial versions, which hold a frozen tensor once it moves): a restore
+    of step 6 on 2 FSDP2 ranks, the frozen weights scrambled first, gives each weight
+    back as it was at step 6."""
+    ckpt, moving = tmp_path / "c", ("--steps", "6", "--threshold", "0", "--freeze",
+                                    "model.layers.0.self_attn", "--move-frozen", "2")
+    first = ONE if writer == "plain" else JOB
+    first.run("--dir", str(ckpt), "--out", str(tmp_path / "o1"), *moving,
+              *(("--plain",) if writer == "plain" else ()))
+    JOB.run("--dir", str(ckpt), "--out", str(tmp_path / "o2"), *moving, "--scramble-frozen")
+    trained = first.results(tmp_path / "o1")[0]["params"]
+    frozen = [n for n in trained if n.startswith("model.layers.0.self_attn")]
+    assert len(frozen) == 7
+    for rank in JOB.results(tmp_path / "o2"):
+        assert rank["restored_step"] == 6
+        assert all(rank["params"][n] == trained[n] for n in frozen), writer

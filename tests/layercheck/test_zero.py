@@ -178,3 +178,51 @@ def test_retention_dtype_and_group_order_under_zero(tmp_path):
                     "--steps", "10", flag, ok=False)
         assert needle in text, text[-3000:]
         assert (ckpt / "manifest.jsonl").read_bytes() == manifest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [3, 2])
+def test_a_frozen_parameter_that_moves_under_zero_is_refused_not_restored_stale(tmp_path, stage):
+    """ZeRO puts a frozen parameter in no sub-group, so no version holds it. One that
+    moves (here scaled through ``.data`` from step 4, as an EMA teacher is) makes step 4
+    refused on every rank before anything of it is written: steps 1-3 stay restorable.
+    A restore into a model whose frozen weights are not those the run recorded is
+    refused on every rank (it would keep them beside versions trained with others),
+    and in one process (ZeRO-2: whole parameters, checked at any world size)."""
+    ckpt = tmp_path / "c"
+    _run("--dir", str(ckpt), "--out", str(tmp_path / "o1"), "--stage", str(stage), "--steps",
+         "6", "--threshold", "0", "--freeze", "--move-frozen", "4", "--report-refusal")
+    for rank in _results(tmp_path / "o1"):
+        assert rank.get("refused_at") == 4, rank.get("error")
+        assert "model.layers.1.mlp." in rank["error"] and "changed since step 0" in rank["error"]
+    assert read_manifest(LocalStore(ckpt)).latest_step() == 3
+    _run("--dir", str(ckpt), "--out", str(tmp_path / "o2"), "--stage", str(stage), "--steps",
+         "6", "--freeze", "--scramble-frozen", "--report-refusal")
+    for rank in _results(tmp_path / "o2"):
+        assert rank["error"].startswith("ModelMismatch: model.layers.1.mlp."), rank.get("error")
+        assert "checkpoint of step 3 was trained with" in rank["error"]
+    if stage == 2:  # one process keeps its own frozen weights too: checked the same way
+        from tests.layercheck.test_zero_elastic import PLAIN
+        one = ("--dir", str(ckpt), "--steps", "3", "--freeze")
+        PLAIN.run(*one, "--out", str(tmp_path / "o3"))
+        assert PLAIN.results(tmp_path / "o3")[0]["restored_step"] == 3
+        text = PLAIN.run(*one, "--out", str(tmp_path / "o4"), "--scramble-frozen", ok=False)
+        assert "checkpoint of step 3 was trained with" in text, text[-2000:]
+
+
+@pytest.mark.slow
+def test_frozen_parameters_of_a_one_process_version_are_restored_into_zero3(tmp_path):
+    """A one-process job's versions hold its frozen parameters (written once they
+    moved): a ZeRO-3 restore on 2 ranks copies them into its partitions, where it kept
+    the live ones before (the module's own, stale)."""
+    from tests.layercheck.test_zero_elastic import PLAIN
+    ckpt = tmp_path / "c"
+    PLAIN.run("--dir", str(ckpt), "--out", str(tmp_path / "o1"), "--steps", "4", "--threshold",
+              "0", "--freeze", "--move-frozen", "2")
+    _run("--dir", str(ckpt), "--out", str(tmp_path / "o2"), "--stage", "3", "--steps", "4",
+         "--freeze")
+    trained = PLAIN.results(tmp_path / "o1")[0]["params"]
+    for rank in _results(tmp_path / "o2"):
+        assert rank["restored_step"] == 4
+        frozen = {n: d for n, d in rank["params"].items() if n.startswith("model.layers.1.mlp.")}
+        assert len(frozen) == 3 and all(d == trained[n] for n, d in frozen.items())

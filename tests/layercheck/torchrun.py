@@ -156,6 +156,11 @@ VOCAB = 128
 """The tiny Qwen2's vocabulary (tests.conftest.tiny_lm)."""
 
 
+FROZEN = "model.layers.1.mlp."
+"""The parameters a worker's ``--freeze`` freezes (requires_grad False: ZeRO puts them in
+no sub-group)."""
+
+
 def worker_arguments(steps: int) -> argparse.ArgumentParser:
     """The options every worker takes (``steps``: the default of ``--steps``)."""
     ap = argparse.ArgumentParser()

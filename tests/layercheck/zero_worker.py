@@ -34,18 +34,25 @@ import deepspeed  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from layercheck import LayerCheckConfig  # noqa: E402
+from layercheck.errors import LayerCheckError  # noqa: E402
 from layercheck.groups import layer_aligned_param_groups  # noqa: E402
 from layercheck.manifest import read_manifest  # noqa: E402
 from layercheck.store import open_store  # noqa: E402
 from layercheck.zero import ZeroLayerCheck  # noqa: E402
 from tests.layercheck.elastic import gathered  # noqa: E402
-from tests.layercheck.torchrun import (VOCAB, Report, batch, digest,  # noqa: E402
+from tests.layercheck.torchrun import (FROZEN, VOCAB, Report, batch, digest,  # noqa: E402
                                        newest_versions, reference_drift, saved_shards,
                                        schedule, worker_arguments)
 
 
+def frozen_local(module) -> list:
+    """The elements of each frozen parameter this rank holds (ZeRO-3: its partition)."""
+    return [getattr(p, "ds_tensor", p).data for n, p in module.named_parameters()
+            if n.startswith(FROZEN)]
+
+
 def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False,
-          reverse_groups: bool = False, round_robin: bool = False):
+          reverse_groups: bool = False, round_robin: bool = False, freeze: bool = False):
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
@@ -62,6 +69,8 @@ def build(stage: int, steps: int, misaligned: bool = False, bf16: bool = False,
             model = Qwen2ForCausalLM(config)
     else:
         model = Qwen2ForCausalLM(config)
+    for name, p in model.named_parameters():
+        p.requires_grad_(not (freeze and name.startswith(FROZEN)))
     groups = (model.parameters() if misaligned
               else layer_aligned_param_groups(model, weight_decay=0.01))
     if reverse_groups:
@@ -177,6 +186,15 @@ def main() -> int:
     ap.add_argument("--dump", action="store_true",
                     help="save the gathered whole tensors of each layer version written "
                          "(O/gathered/<step>.pt) and of the restored state (O/restored<r>.pt)")
+    ap.add_argument("--freeze", action="store_true", help=f"freeze {FROZEN}*")
+    ap.add_argument("--move-frozen", type=int, default=0,
+                    help="from this step on, scale the frozen parameters by 0.99 after each "
+                         "step (through .data, as an EMA teacher is moved)")
+    ap.add_argument("--scramble-frozen", action="store_true",
+                    help="add 1 to the frozen parameters before the restore")
+    ap.add_argument("--report-refusal", action="store_true",
+                    help="a LayerCheckError from restore() or step() ends the job with exit 0, "
+                         "its message in the report (else it is raised)")
     ap.add_argument("--keep-versions", type=int, default=None)
     ap.add_argument("--on-error", default="raise")
     args = ap.parse_args()
@@ -185,7 +203,7 @@ def main() -> int:
     report = Report(args.out, rank)
     result, out = report.result, report.out
     engine, scheduler = build(args.stage, args.steps, args.misaligned, args.bf16,
-                              args.reverse_groups, args.round_robin)
+                              args.reverse_groups, args.round_robin, args.freeze)
     if args.ds_load or args.ds_load_dir:
         path, _ = engine.load_checkpoint(args.ds_load_dir or str(out / "ds"))
         assert path is not None, "DeepSpeed loaded nothing"
@@ -218,7 +236,15 @@ def main() -> int:
         lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
         result["sub_groups"] = len(lc.source.flats)
         result["sampled_tensors"] = sum(e.take < e.span for e in lc.drift._all)
-        start = lc.restore()
+        if args.scramble_frozen:
+            for t in frozen_local(engine.module):
+                t.add_(1)
+        try:
+            start = lc.restore()
+        except LayerCheckError as exc:  # refused: what it said, on every rank
+            if not args.report_refusal:
+                raise
+            return refused(lc, report, exc)
         report.restored(lc, start)
         if start:
             result["layouts"] = sorted({v.layout for v in lc.restored.plan.sources.values()})
@@ -241,8 +267,17 @@ def main() -> int:
                                                                             full_weights(engine, args.stage)))
         if args.ds_save == step:
             engine.save_checkpoint(str(out / "ds"))
-        report.step(lc, step, float(loss.detach()), args.halt_at,
-                    dump=(lambda: gathered_on(lc.source, rank)) if args.dump else None)
+        if args.move_frozen and step >= args.move_frozen:
+            for t in frozen_local(engine.module):
+                t.mul_(0.99)
+        try:
+            report.step(lc, step, float(loss.detach()), args.halt_at,
+                        dump=(lambda: gathered_on(lc.source, rank)) if args.dump else None)
+        except LayerCheckError as exc:
+            if not args.report_refusal:
+                raise
+            result["refused_at"] = step
+            return refused(lc, report, exc)
     if lc is not None:
         lc.close()
     result["lr"] = scheduler.get_last_lr()[0]
@@ -255,6 +290,15 @@ def main() -> int:
             result["params"][name] = digest(p)
     report.write()
     # a process group alive at exit can abort the process (see ranks.ProcessGroupRanks.close)
+    dist.destroy_process_group()
+    return 0
+
+
+def refused(lc, report: Report, exc: Exception) -> int:
+    """The job ends where LayerCheck refused: its message in the report, on every rank."""
+    report.result["error"] = f"{type(exc).__name__}: {exc}"
+    lc.close()
+    report.write()
     dist.destroy_process_group()
     return 0
 
