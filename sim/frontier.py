@@ -18,6 +18,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import numpy as np
@@ -151,9 +152,13 @@ class Evaluation:
     seconds: float
     """Wall time of the replay and the measurements."""
 
+    @cached_property
+    def _writes(self) -> np.ndarray:
+        return self.lanes.writes          # computed from the reasons once, not per row
+
     def written(self, row: int) -> np.ndarray:
         """Boolean steps x layers: what setting ``row`` writes."""
-        return self.lanes.writes[:, self.lanes.lane_of[row]]
+        return self._writes[:, self.lanes.lane_of[row]]
 
     def detail(self, rows: Sequence[int]) -> pd.DataFrame:
         """For ``rows``: checkpoints (steps that write any layer) and the peak of the
@@ -225,7 +230,18 @@ def _measure(trace: Trace, lanes: Lanes) -> dict[str, np.ndarray]:
     return {"layer_writes": counts.sum(axis=1),
             "bytes_written": (counts * trace.layer_bytes).sum(axis=1).astype(np.float64),
             "max_staleness": lane_max[lane_of].max(axis=1),
-            "mean_weighted_staleness": lane_mean[lane_of] @ weights}
+            "mean_weighted_staleness": lane_mean[lane_of] @ weights,
+            "host_bytes": _largest_step(lanes, trace.layer_bytes)}
+
+
+def _largest_step(lanes: Lanes, nbytes: np.ndarray) -> np.ndarray:
+    """Per setting, the most bytes one step writes: what its writer holds in host memory
+    (the next snapshot waits until the writer is idle). A setting that takes its base
+    checkpoint writes every layer in that step, the most any step can: the whole state."""
+    out = np.full(len(lanes.lane_of), float(nbytes.sum()))
+    for s in np.flatnonzero(lanes.base_steps > lanes.writes.shape[0]):   # no base in the run
+        out[s] = float((lanes.writes[:, lanes.lane_of[s]] @ nbytes).max(initial=0.0))
+    return out
 
 
 def _setting_of_lane(lane_of: np.ndarray) -> np.ndarray:

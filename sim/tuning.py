@@ -27,6 +27,7 @@ from layercheck.contract.decision import paper_default, recorded_config
 from layercheck.contract.trace import Trace
 
 from .api import Scenario
+from .budgets import Budgets
 from .errors import SimError
 from .frontier import (SETTING_COLUMNS, Evaluation, Grid, config_line, describe, evaluate,
                        pareto, rate, write_bandwidth)
@@ -36,54 +37,6 @@ __all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_wit
 
 ROLES = ("grid", "paper default", "recorded")
 """``role`` column: a grid point, the paper's default, the setting the trace was recorded with."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Budgets:
-    """What a setting may cost. None: no limit."""
-
-    max_bytes: float | None = None
-    """Bytes written over the run, base checkpoint included (``--max-gb`` x 1e9)."""
-    max_staleness: int | None = None
-    """No layer's newest copy older than this many steps (the largest staleness)."""
-    max_write_share: float | None = None
-    """Share of the storage's write bandwidth the writes may take over the job's compute time."""
-
-    def __post_init__(self) -> None:
-        for name, flag, what, unit in (("max_bytes", "--max-gb", "GB", 1e9),
-                                       ("max_staleness", "--max-staleness", "steps", 1)):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value <= 0):
-                shown = value / unit if isinstance(value, (int, float)) else value
-                raise SimError(f"{flag} must be a positive number of {what}, got {shown!r}")
-        share = self.max_write_share
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
-                                  or not 0 < share <= 1):
-            raise SimError(f"--max-write-share must be a fraction in (0, 1], e.g. 0.05 for 5%, "
-                           f"got {share!r}")
-
-    def limits(self) -> dict[str, tuple[str, str, float]]:
-        """Given budgets: table column -> (flag, unit, limit in the column's unit)."""
-        out = {}
-        if self.max_bytes is not None:
-            out["bytes_written"] = ("--max-gb", "GB", float(self.max_bytes))
-        if self.max_staleness is not None:
-            out["max_staleness"] = ("--max-staleness", "steps", float(self.max_staleness))
-        if self.max_write_share is not None:
-            out["write_share"] = ("--max-write-share", "", float(self.max_write_share))
-        return out
-
-    def within(self, table: pd.DataFrame) -> np.ndarray:
-        """True for the rows that meet every budget."""
-        ok = np.ones(len(table), dtype=bool)
-        for column, (_, _, limit) in self.limits().items():
-            ok &= table[column].to_numpy() <= limit
-        return ok
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"max_gb": None if self.max_bytes is None else self.max_bytes / 1e9,
-                "max_staleness": self.max_staleness, "max_write_share": self.max_write_share}
 
 
 def evaluate_with_references(trace: Trace, grid: Grid | None = None, *,
@@ -263,11 +216,11 @@ def _setting(row: Any) -> str:
 
 def _name(column: str) -> str:
     return {"bytes_written": "bytes written", "max_staleness": "largest staleness",
-            "write_share": "write share"}[column]
+            "write_share": "write share", "host_bytes": "host memory"}[column]
 
 
 def _value(column: str, value: float) -> str:
-    if column == "bytes_written":
+    if column in ("bytes_written", "host_bytes"):
         return _gb(value)
     if column == "write_share":
         return f"{value:.2%}"
@@ -275,7 +228,7 @@ def _value(column: str, value: float) -> str:
 
 
 def _limit(flag: str, limit: float) -> str:
-    return f"{limit / 1e9:g}" if flag == "--max-gb" else f"{limit:g}"
+    return f"{limit / 1e9:g}" if flag in ("--max-gb", "--max-host-gb") else f"{limit:g}"
 
 
 def _gb(nbytes: float) -> str:
