@@ -36,17 +36,19 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from layercheck.contract.decision import recorded_config
+
 from .api import COLUMNS, Scenario, simulate_schedules
 from .budgets import Budgets
+from .dollars import BILL_COLUMNS, Prices, bill
 from .engine import compiled_kernel
 from .errors import SimError
 from .frontier import Evaluation, evaluate, pareto
-from .results import stale_lost
 from .settings import Setting, layercheck_grid, rollback_space
-from .strategies import Schedule, get_strategy
+from .strategies import Footprint, Schedule, get_strategy
 from .workload import LayerWrites
 
-__all__ = ["FairResult", "compare", "EXACT", "LAYERCHECK", "FIELD_COLUMNS", "SCREEN_SEEDS"]
+__all__ = ["FairResult", "compare", "fixed", "rate_schedules", "EXACT", "LAYERCHECK", "FIELD_COLUMNS", "SCREEN_SEEDS"]
 
 EXACT = 6
 """LayerCheck settings simulated with the restarted policy after the screen, per phi (its
@@ -59,10 +61,12 @@ SCREEN_SEEDS = 4
 rank settings that differ by more than the chosen ones' spread."""
 LAYERCHECK = ("layercheck", "layercheck-sync")
 """The strategies whose settings are LayerCheck configs."""
-FIELD_COLUMNS = ("strategy", "setting", "origin", "exact", "within", "job_bytes", "write_share",
-                 "host_bytes", "point_bytes", "base_bytes", "max_staleness", "mean_staleness")
+FIELD_COLUMNS = ("strategy", "setting", "origin", "exact", "within", "job_bytes", "moved_bytes",
+                 "write_share", "host_bytes", "point_bytes", "base_bytes", "max_staleness",
+                 "mean_staleness")
 """Per rated setting, before the result columns: ``job_bytes`` durable bytes over one
-failure-free job, ``write_share`` of the storage's write bandwidth over the job's compute,
+failure-free job (``moved_bytes`` with its copies to a peer's memory), ``write_share``
+of the storage's write bandwidth over the job's compute,
 ``host_bytes`` the most host memory its checkpoints hold, ``point_bytes`` and
 ``base_bytes`` what one recovery point and its retention's base occupy on storage,
 ``max_staleness`` and ``mean_staleness`` LayerCheck's (NaN for the others); ``exact``
@@ -74,6 +78,8 @@ class FairResult:
     """Every setting rated (``field``), and each strategy's best within the budgets."""
 
     scenario: Scenario
+    protocol: str
+    """'fair' (``compare``), or the fixed cadence rule every strategy ran at (``fixed``)."""
     mtbf_s: float | None
     seeds: int
     window_s: float
@@ -90,6 +96,33 @@ class FairResult:
     """rows x seeds: each run's useful seconds before stale time is charged."""
     stale: np.ndarray
     """rows x seeds: each run's stale seconds (``stale_s``)."""
+    layers: tuple[LayerWrites | None, ...]
+    """Per row, the LayerCheck writes it ran with (None for the other strategies)."""
+
+    def footprint(self, row: int) -> Footprint:
+        """Row ``row``'s footprint (``sim.strategies.Footprint``)."""
+        f = self.field
+        return Footprint(durable_bytes=float(f.at[row, "job_bytes"]),
+                         moved_bytes=float(f.at[row, "moved_bytes"]),
+                         host_bytes=float(f.at[row, "host_bytes"]),
+                         point_bytes=float(f.at[row, "point_bytes"]),
+                         base_bytes=float(f.at[row, "base_bytes"]))
+
+    def bills(self, prices: Prices) -> pd.DataFrame:
+        """``table()`` with each strategy's bill (``sim.dollars.BILL_COLUMNS``) beside it."""
+        table = self.table()
+        rows = []
+        for (name, row), (_, line) in zip(self.best_rows().items(), table.iterrows()):
+            if row is None:
+                rows.append({c: math.nan for c in BILL_COLUMNS})
+            else:
+                rows.append(bill(line, self.footprint(row), prices, window_s=self.window_s,
+                                 restart_s=self.scenario.costs.restart_s).row())
+        return pd.concat([table, pd.DataFrame(rows, columns=list(BILL_COLUMNS))], axis=1)
+
+    def schedule(self, row: int, scenario: Scenario | None = None) -> Schedule:
+        """Row ``row``'s setting on ``scenario``'s job and costs (default: the compared one)."""
+        return _schedule(scenario or self.scenario, self.settings[row], self.layers[row])
 
     def ratios(self, phi: float) -> np.ndarray:
         """rows x seeds: each run's effective ratio at stale cost ``phi`` (the same runs)."""
@@ -137,7 +170,7 @@ class FairResult:
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best_rows()
-        return {"protocol": "fair", "budgets": self.budgets.to_dict(),
+        return {"protocol": self.protocol, "budgets": self.budgets.to_dict(),
                 "write_bandwidth_bytes_per_s": self.bandwidth,
                 "settings_rated": {n: int((self.field["strategy"] == n).sum()) for n in self.strategies},
                 "best": {n: None if r is None else self.settings[r].to_dict() for n, r in best.items()}}
@@ -160,7 +193,6 @@ def compare(scenario: Scenario, *, mtbf_s: float | None, budgets: Budgets | None
         raise SimError("the fair comparison needs an MTBF to search intervals around (--mtbf)")
     window = float(scenario.window_s if window_s is None else window_s)
     bandwidth = scenario.costs.lc_write_gbps * 1e9
-    compute = float(scenario.workload.compute_s.sum())
     run = dict(mtbf_s=mtbf_s, seeds=seeds, window_s=window, workers=workers, scheduler=scheduler,
                kernel=_kernel())
     parts: list[_Part] = []
@@ -172,16 +204,54 @@ def compare(scenario: Scenario, *, mtbf_s: float | None, budgets: Budgets | None
         parts += _layercheck(scenario, lc, budgets, exact, front, bandwidth, run)
     screened = {p.settings[0].strategy: len(p.settings) for p in parts if not p.exact}
     parts = [p for p in parts if p.exact]
+    return _result(scenario, "fair", parts, mtbf_s=mtbf_s, seeds=seeds, window=window,
+                   budgets=budgets, names=names, screened=screened)
+
+
+def fixed(scenario: Scenario, *, mtbf_s: float | None, strategies: str | Sequence[str] | None = None,
+          seeds: int = 10, window_s: float | None = None, workers: int | None = None,
+          scheduler: str | None = None) -> FairResult:
+    """Every strategy at the cadence its protocol (``scenario.protocol``, or the interval
+    override) gives it, LayerCheck as recorded: ``sim.api.simulate``'s table, run by the
+    comparison's machinery so that a verdict reads it the same way."""
+    names = scenario.strategy_names(strategies)
+    window = float(scenario.window_s if window_s is None else window_s)
+    origin = (scenario.protocol,) if scenario.interval is None else (f"every {scenario.interval}",)
+    trace = scenario.workload.trace
+    recorded = recorded_config(trace) if trace is not None else None
+    settings = []
+    for name in names:
+        cadence = scenario.cadence(name, mtbf_s)
+        if cadence is not None:
+            settings.append(_spelled(Setting(strategy=name, cadence=cadence, origin=origin),
+                                     scenario))
+        else:
+            settings.append(Setting(strategy=name, origin=("recorded",),
+                                    config=recorded if name in LAYERCHECK else None))
+    layers = [scenario.workload.layers if s.strategy in LAYERCHECK else None for s in settings]
+    run = dict(mtbf_s=mtbf_s, seeds=seeds, window_s=window, workers=workers, scheduler=scheduler,
+               kernel=None)
+    part = _rate(scenario, settings, [_schedule(scenario, s, l) for s, l in zip(settings, layers)],
+                 True, run, layers=layers)
+    protocol = scenario.protocol if scenario.interval is None else f"interval {scenario.interval}"
+    return _result(scenario, protocol, [part], mtbf_s=mtbf_s, seeds=seeds, window=window,
+                   budgets=Budgets(), names=names, screened={})
+
+
+def _result(scenario: Scenario, protocol: str, parts: list["_Part"], *, mtbf_s, seeds, window,
+            budgets, names, screened) -> FairResult:
     field = pd.concat([p.frame for p in parts], ignore_index=True)
-    field["write_share"] = field["job_bytes"] / bandwidth / compute
+    bandwidth = scenario.costs.lc_write_gbps * 1e9
+    field["write_share"] = field["job_bytes"] / bandwidth / float(scenario.workload.compute_s.sum())
     field["within"] = budgets.within(field, columns={"bytes_written": "job_bytes"})
-    return FairResult(scenario=scenario, mtbf_s=mtbf_s, seeds=seeds, window_s=window,
-                      budgets=budgets, bandwidth=bandwidth, strategies=tuple(names),
-                      screened=screened,
+    return FairResult(scenario=scenario, protocol=protocol, mtbf_s=mtbf_s, seeds=seeds,
+                      window_s=window, budgets=budgets, bandwidth=bandwidth,
+                      strategies=tuple(names), screened=screened,
                       field=field[[*FIELD_COLUMNS, *COLUMNS[1:]]],
                       settings=tuple(s for p in parts for s in p.settings),
                       useful=np.concatenate([p.useful for p in parts]),
-                      stale=np.concatenate([p.stale for p in parts]))
+                      stale=np.concatenate([p.stale for p in parts]),
+                      layers=tuple(x for p in parts for x in p.layers))
 
 
 @dataclass(frozen=True)
@@ -191,6 +261,7 @@ class _Part:
     useful: np.ndarray
     stale: np.ndarray
     exact: bool
+    layers: list[LayerWrites | None]
 
 
 def _kernel() -> str | None:
@@ -201,13 +272,18 @@ def _kernel() -> str | None:
 
 def _settings(scenario: Scenario, name: str, mtbf_s: float) -> list[Setting]:
     if get_strategy(name).rollback:
-        space = rollback_space(scenario, name, mtbf_s=mtbf_s)
-        if name == "lowdiff":          # the cost model's batch, spelled out: one cadence, one point
-            batch = int(scenario.costs.diff_batch)
-            space = _unique([dataclasses.replace(s, cadence=dataclasses.replace(
-                s.cadence, batch=s.cadence.batch or batch)) for s in space])
-        return space
+        return _unique([_spelled(s, scenario) for s in rollback_space(scenario, name, mtbf_s=mtbf_s)])
     return [Setting(strategy=name)]
+
+
+def _spelled(setting: Setting, scenario: Scenario) -> Setting:
+    """LowDiff's cadence with the cost model's batch spelled out (None means it): one
+    cadence, one point."""
+    c = setting.cadence
+    if setting.strategy != "lowdiff" or c is None or c.batch is not None:
+        return setting
+    return dataclasses.replace(setting, cadence=dataclasses.replace(
+        c, batch=int(scenario.costs.diff_batch)))
 
 
 def _unique(settings: list[Setting]) -> list[Setting]:
@@ -230,27 +306,45 @@ def _schedule(scenario: Scenario, setting: Setting, layers: LayerWrites | None =
 
 
 def _rate(scenario: Scenario, settings: list[Setting], schedules: list[Schedule], exact: bool,
-          run: dict[str, Any], staleness: list[tuple[float, float]] | None = None) -> _Part:
-    """Simulate ``schedules`` (one per setting) on the scenario's failures."""
-    frames, useful, stale_s = [], [], []
-    for at in range(0, len(schedules), CHUNK):      # bounded memory: a composite is ~5 MB
-        frame, res = simulate_schedules(scenario, schedules[at:at + CHUNK], **run)
-        frames.append(frame)
-        useful.append(res.useful_s)
-        stale_s.append(res.stale_s)
-    frame = pd.concat(frames, ignore_index=True)
+          run: dict[str, Any], staleness: list[tuple[float, float]] | None = None, *,
+          layers: list[LayerWrites | None] | None = None) -> _Part:
+    """Simulate ``schedules`` (one per setting, LayerCheck's with ``layers``) on the
+    scenario's failures."""
+    frame, useful, stale_s = rate_schedules(scenario, schedules, run)
     seeds = run["seeds"]
     stale = staleness or [(math.nan, math.nan)] * len(settings)
     frame.insert(0, "setting", [s.label() for s in settings])
     frame["origin"] = [", ".join(s.origin) for s in settings]
     frame["exact"] = exact
-    for key in ("job_bytes", "host_bytes", "point_bytes", "base_bytes"):
+    for key in ("job_bytes", "moved_bytes", "host_bytes", "point_bytes", "base_bytes"):
         attr = "durable_bytes" if key == "job_bytes" else key
         frame[key] = [float(getattr(s.footprint, attr)) for s in schedules]
     frame["max_staleness"] = [a for a, _ in stale]
     frame["mean_staleness"] = [b for _, b in stale]
-    return _Part(frame, settings, np.concatenate(useful).reshape(len(settings), seeds),
-                 np.concatenate(stale_s).reshape(len(settings), seeds), exact)
+    return _Part(frame, settings, useful.reshape(len(settings), seeds),
+                 stale_s.reshape(len(settings), seeds), exact, list(layers or [None] * len(settings)))
+
+
+def rate_schedules(scenario: Scenario, schedules: list[Schedule],
+                   run: dict[str, Any]) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """``simulate_schedules`` of any number of schedules, in order: its rows, and each
+    lane's useful and stale seconds (schedule-major). The engine stacks the LayerCheck
+    composites of a run, and a consistent one (~5 MB on the 7B preset) for every other
+    schedule beside them, so those with a composite run apart from the rest, in pieces
+    of ``CHUNK``."""
+    groups = [[i for i, s in enumerate(schedules) if (s.composite is None) == plain]
+              for plain in (True, False)]
+    frames, useful, stale = [None] * len(schedules), [None] * len(schedules), [None] * len(schedules)
+    seeds = run["seeds"]
+    for group in groups:
+        for at in range(0, len(group), CHUNK):
+            part = group[at:at + CHUNK]
+            frame, res = simulate_schedules(scenario, [schedules[i] for i in part], **run)
+            for k, i in enumerate(part):
+                frames[i] = frame.iloc[[k]]
+                useful[i] = res.useful_s[k * seeds:(k + 1) * seeds]
+                stale[i] = res.stale_s[k * seeds:(k + 1) * seeds]
+    return (pd.concat(frames, ignore_index=True), np.concatenate(useful), np.concatenate(stale))
 
 
 def _layercheck(scenario: Scenario, names: list[str], budgets: Budgets, exact: int, front: bool,
@@ -260,7 +354,8 @@ def _layercheck(scenario: Scenario, names: list[str], budgets: Budgets, exact: i
     trace = scenario.workload.trace
     if trace is None:
         settings = [Setting(strategy=n, origin=("recorded",)) for n in names]
-        return [_rate(scenario, settings, [_schedule(scenario, s) for s in settings], True, run)]
+        return [_rate(scenario, settings, [_schedule(scenario, s) for s in settings], True, run,
+                      layers=[scenario.workload.layers] * len(settings))]
     grid, refs = layercheck_grid(trace)
     configs = [*grid.configs(), *(c for c, _ in refs)]
     origins = [()] * grid.size + [o for _, o in refs]
@@ -281,7 +376,8 @@ def _layercheck(scenario: Scenario, names: list[str], budgets: Budgets, exact: i
         settings = [Setting(strategy=name, config=configs[r], origin=origins[r]) for r in chosen]
         parts += [screen, _rate(scenario, settings, [_schedule(scenario, s, exact_layers[r])
                                                      for s, r in zip(settings, chosen)],
-                                True, run, [_staleness(table, r) for r in chosen])]
+                                True, run, [_staleness(table, r) for r in chosen],
+                                layers=[exact_layers[r] for r in chosen])]
     return parts
 
 

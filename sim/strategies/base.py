@@ -37,6 +37,7 @@ checkpoint there.
 This module holds the base and the figure every strategy uses (``restart_s``)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -108,6 +109,8 @@ class Footprint:
     durable_bytes: float = 0.0
     """Bytes written to durable storage over the job (GEMINI: its storage tier, not its
     copies to a peer's memory)."""
+    moved_bytes: float = 0.0
+    """Every byte its checkpoints copy over the job, to storage or to a peer (``bytes``)."""
     host_bytes: float = 0.0
     """The most host memory its checkpoints hold at once (snapshot buffers, copies kept
     in memory, a writer's queue)."""
@@ -121,6 +124,11 @@ class Footprint:
     def stored_bytes(self, keep: int) -> float:
         """Durable storage held when the ``keep`` newest recovery points are kept."""
         return keep * self.point_bytes + self.base_bytes
+
+    @property
+    def durable_share(self) -> float:
+        """The share of the bytes its checkpoints move that reach durable storage."""
+        return self.durable_bytes / self.moved_bytes if self.moved_bytes > 0 else 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +252,7 @@ class Strategy:
         if b.backup is not None:
             b.backup[0] = b.backup[n] = np.nan
         composite = self._stale(b)
-        footprint = self._footprint(b)
+        footprint = dataclasses.replace(self._footprint(b), moved_bytes=float(b.bytes.sum()))
         recover, recover_backup = self._recovery(b), self._recovery_backup(b)
         for array in (recover, recover_backup):
             if array is not None:
