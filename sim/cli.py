@@ -37,7 +37,8 @@ from .nodes import NodeFailures
 from .outputs import output_folder, writing
 from .presets import DEFAULT_PRESET, PRESET_NAMES
 from .report import figure
-from .scenarioargs import add_scenario_args, mtbf_of, scenario_of
+from .scenarioargs import (FAIR, add_budget_args, add_price_args, add_scenario_args, budgets_of,
+                           mtbf_of, prices_of, scenario_of)
 from .units import format_duration, parse_duration, parse_range
 from .work import check_runs
 
@@ -57,12 +58,18 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     top = OneLineParser(prog="python -m sim", description="LayerCheck failure simulator (docs/sim.md)")
     sub = top.add_subparsers(dest="command", parser_class=OneLineParser)
-    run = sub.add_parser("run", help="one MTBF: a table, --json or --csv (the default command)")
+    run = sub.add_parser("run", help="one MTBF: every strategy at its best setting within the "
+                         "budgets, the verdict and the bill; a table, --json or --csv (the "
+                         "default command)")
     run.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
     out = run.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true")
     out.add_argument("--csv", action="store_true")
-    add_scenario_args(run)
+    run.add_argument("--no-bands", action="store_true", help="skip the verdict's check of every "
+                     "cost figure's band (phi's interval and fresh seeds are still checked)")
+    add_scenario_args(run, fair=True)
+    add_budget_args(run)
+    add_price_args(run)
     _grid_args(run)
     sw = sub.add_parser("sweep", help="effective ratio against MTBF: CSV, JSON, HTML figure")
     sw.add_argument("--mtbf", default="0.01h..3h", help="LOW..HIGH, e.g. 0.01h..3h")
@@ -116,25 +123,65 @@ def _strategies(args):
 
 
 def _cmd_run(args) -> None:
-    from .report import header, ranking_note, table, to_csv, to_json
+    import json
+    import time
+
+    from .fair import compare, fixed
+    from .report import RUN_TAIL, bill_table, header, table, to_csv, to_json
+    from .verdict import judge
+    start = time.perf_counter()
     scenario = scenario_of(args)
     mtbf = mtbf_of(args, args.mtbf)
-    df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
-                  engine=args.engine, workers=args.workers, scheduler=args.scheduler)
-    info = {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds, "engine": args.engine}
+    budgets, prices = budgets_of(args), prices_of(args)
+    if args.protocol == FAIR:
+        if args.engine != "fast":
+            raise SimError("the fair comparison searches on the fast engine: drop --engine "
+                           "simpy, or give --protocol matched or native")
+        result = compare(scenario, mtbf_s=mtbf, budgets=budgets, strategies=_strategies(args),
+                         seeds=args.seeds, workers=args.workers, scheduler=args.scheduler)
+    else:
+        if budgets.any():
+            raise SimError(f"budgets ({budgets.text()}) choose settings: they apply to the fair "
+                           "protocol (the default), not to a fixed one; drop them or --protocol")
+        result = fixed(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
+                       workers=args.workers, scheduler=args.scheduler)
+    df = result.bills(prices)
+    if args.engine == "simpy":          # the same model event by event: its table, the verdict's runs
+        df = _simpy_table(scenario, mtbf, args, df)
+    verdict = judge(result, bands=not args.no_bands)
+    seconds = time.perf_counter() - start
+    protocol = FAIR if args.protocol == FAIR else scenario.protocol
+    info = {**scenario.to_dict(), "protocol": protocol, "mtbf_s": mtbf, "seeds": args.seeds,
+            "engine": args.engine, "budgets": budgets.to_dict(), "prices": prices.sources(),
+            "search": result.to_dict()}
     if args.json:
-        print(to_json(df, info))
+        print(to_json(df, info, tail=RUN_TAIL, verdict=verdict.to_dict(), seconds=seconds))
     elif args.csv:
-        print(to_csv(df), end="")
+        print(to_csv(df, tail=RUN_TAIL), end="")
     else:
         when = format_duration(mtbf) if mtbf is not None else \
             format_duration(scenario.failures.own_mtbf_s) + " (its nodes')" \
             if isinstance(scenario.failures, NodeFailures) else "log"
-        print(header(scenario, mtbf=when, seeds=args.seeds))
+        print(header(scenario, mtbf=when, seeds=args.seeds, protocol=protocol, budgets=budgets,
+                     prices=prices))
         print(table(df))
-        note = ranking_note(df, scenario.stale_figure())
-        if note:
-            print(note)
+        print(verdict.text())
+        print()
+        print(bill_table(df))
+        rated = sum(result.to_dict()["settings_rated"].values()) + sum(result.screened.values())
+        print(f"({rated} settings simulated, {seconds:.1f} s)")
+    del json
+
+
+def _simpy_table(scenario, mtbf, args, df):
+    """``df`` with its result columns from the SimPy reference (the same model, event by
+    event), its setting and bill kept."""
+    ref = simulate(scenario, mtbf_s=mtbf, strategies=list(df["strategy"]), seeds=args.seeds,
+                   engine="simpy")
+    out = df.copy()
+    for column in ref.columns:
+        out[column] = ref[column].to_numpy()
+    return out
 
 
 def _cmd_sweep(args) -> None:
