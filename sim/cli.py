@@ -9,6 +9,8 @@
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
     python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
+    python -m sim frontier --mtbf 0.5h [--max-host-gb 400] [--json | --csv]
+                       each strategy's ratio against durable bytes; the best under each budget
     python -m sim paper [--mtbf 0.5h] [--seeds 10] [--json]      the paper's own figure beside ours
     python -m sim --nodes 2048 --node-mtbf 6350h --failures weibull --shape 0.7
                   [--domain rack:32:3000d]                  a job of N nodes (sim.nodes)
@@ -44,7 +46,8 @@ from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper", "fit-failures", "scale")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "frontier", "paper", "fit-failures",
+            "scale")
 
 
 def _grid_args(p: argparse.ArgumentParser) -> None:
@@ -80,11 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="the LayerCheck setting with the best effective ratio "
                         "within your budgets, and the LayerCheckConfig line to paste")
     tu.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
-    b = tu.add_argument_group("budgets (each optional; an infeasible one is named)")
-    b.add_argument("--max-gb", type=float, help="GB written over the run, base checkpoint included")
-    b.add_argument("--max-staleness", type=float, help="no layer older than this many steps")
-    b.add_argument("--max-write-share", type=float, help="share of the storage's write bandwidth "
-                   "(the trace's costs.json, else the capture's measured one), e.g. 0.05")
+    add_budget_args(tu, staleness=True)
+    tu.add_argument("--no-baselines", action="store_true", help="skip the best baseline within "
+                    "the same budgets (each at its own best setting, on the same failures)")
     tu.add_argument("--json", action="store_true")
     add_scenario_args(tu)
     se = sub.add_parser("sensitivity", help="every figure not measured here varied across its "
@@ -95,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--json", action="store_true")
     add_scenario_args(se)
     se.set_defaults(seeds=None, window=None)
+    fr = sub.add_parser("frontier", help="effective ratio against durable bytes: each "
+                        "strategy's front and which strategy is best under each bytes budget")
+    fr.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
+    out = fr.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true")
+    out.add_argument("--csv", action="store_true")
+    add_scenario_args(fr)
+    add_budget_args(fr)
     pa = sub.add_parser("paper", help="the paper's MTBF figure (Qwen2.5-7B at 0.5 h) beside ours "
                         "under each protocol and accounting, with the arithmetic of both")
     pa.add_argument("--mtbf", default="0.5h", help="mean time between failures (default 0.5h, "
@@ -224,12 +233,11 @@ def _cmd_presets(args) -> None:
 def _cmd_tune(args) -> None:
     import json
 
-    from .tuning import Budgets, recommend
+    from .tuning import recommend
     if args.iteration_time:
         raise SimError("tune replays a trace's drift: give --trace traces/NAME or --preset, "
                        "not --iteration-time")
-    budgets = Budgets(max_bytes=None if args.max_gb is None else args.max_gb * 1e9,
-                      max_staleness=args.max_staleness, max_write_share=args.max_write_share)
+    budgets = budgets_of(args)
     scenario = scenario_of(args)
     trace = _tune_trace(args)
     mtbf = mtbf_of(args, args.mtbf)
@@ -237,7 +245,8 @@ def _cmd_tune(args) -> None:
         mtbf = scenario.failures.job_mtbf_s()
     if mtbf is None:
         raise SimError("tune needs --mtbf (a failure log has no single rate to tune for)")
-    advice = recommend(trace, scenario, budgets, mtbf_s=mtbf, seeds=args.seeds)
+    advice = recommend(trace, scenario, budgets, mtbf_s=mtbf, seeds=args.seeds,
+                       baselines=not args.no_baselines)
     print(json.dumps(advice.to_dict(), indent=2, default=float) if args.json else advice.text())
 
 
@@ -254,6 +263,38 @@ def _cmd_sensitivity(args) -> None:
     result = sensitivity(scenario, mtbf_s=mtbf_of(args, args.mtbf), strategies=_strategies(args),
                          seeds=seeds, window_s=window, figures=figures)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+
+
+def _cmd_frontier(args) -> None:
+    import json
+
+    from .bytefront import best_by_budget, budget_text, front_table, front_text
+    from .fair import compare
+    from .report import json_value
+    if args.protocol is not None:
+        raise SimError("the frontier is every strategy's settings searched (the fair protocol): "
+                       "drop --protocol")
+    scenario = scenario_of(args)
+    mtbf = mtbf_of(args, args.mtbf)
+    result = compare(scenario, mtbf_s=mtbf, budgets=budgets_of(args), strategies=_strategies(args),
+                     seeds=args.seeds, front=True)
+    table, ranges = front_table(result), best_by_budget(result)
+    if args.json:
+        rows = [{k: json_value(v) for k, v in r.items()} for r in table.to_dict("records")]
+        print(json.dumps({"front": rows, "best_by_budget": ranges,
+                          "scenario": {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds,
+                                       "budgets": result.budgets.to_dict()}}, indent=2,
+                         default=str))
+    elif args.csv:
+        print(table.to_csv(index=False), end="")
+    else:
+        print(f"{scenario.name}: MTBF {format_duration(mtbf)}, {args.seeds} seeds, phi "
+              f"{scenario.stale_figure().value:g}; each strategy's front of effective ratio "
+              "against durable bytes over one job")
+        print(front_text(table))
+        print()
+        print("best under a budget of durable bytes a job:")
+        print(budget_text(ranges))
 
 
 def _cmd_paper(args) -> None:
@@ -294,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
          "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "paper": _cmd_paper,
+         "frontier": _cmd_frontier,
          "fit-failures": _cmd_fit_failures, "scale": scalecli.run}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)

@@ -28,12 +28,14 @@ from layercheck.contract.trace import Trace
 
 from .api import Scenario
 from .budgets import Budgets
+from .engine import compiled_kernel
 from .errors import SimError
 from .frontier import (SETTING_COLUMNS, Evaluation, Grid, config_line, describe, evaluate,
                        pareto, rate, write_bandwidth)
 from .units import format_duration
 
-__all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_with_references"]
+__all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_with_references",
+           "best_baseline"]
 
 ROLES = ("grid", "paper default", "recorded")
 """``role`` column: a grid point, the paper's default, the setting the trace was recorded with."""
@@ -84,6 +86,9 @@ class Recommendation:
     budget_mode: LayerCheckConfig | None
     """The same setting in budget mode (``write_budget``) where a byte or share budget
     was given: it holds the budget on a run whose drift differs from this trace's."""
+    baseline: dict[str, Any] | None = None
+    """The best baseline within the same budgets, on the same failures (``sim.fair``):
+    strategy, setting, effective_ratio, ci95; None where none was compared."""
 
     @property
     def line(self) -> str:
@@ -106,7 +111,22 @@ class Recommendation:
                 "recorded": self.recorded, "binding": self.binding(),
                 "config": self.config.to_dict(), "config_line": self.line,
                 "budget_mode": None if self.budget_mode is None else {
-                    "config": self.budget_mode.to_dict(), "config_line": config_line(self.budget_mode)}}
+                    "config": self.budget_mode.to_dict(), "config_line": config_line(self.budget_mode)},
+                "best_baseline": self.baseline,
+                "against_best_baseline": None if self.baseline is None else
+                self.best["effective_ratio"] - self.baseline["effective_ratio"]}
+
+    def _against(self) -> list[str]:
+        """Where the recommendation stands against the best baseline (fair protocol)."""
+        b = self.baseline
+        if b is None:
+            return []
+        gap = self.best["effective_ratio"] - b["effective_ratio"]
+        where = "ahead of" if gap > 0 else "behind"
+        return ["", f"Against the best baseline within the same budgets, on the same failures (every "
+                f"baseline at its own best setting, python -m sim's fair protocol): {b['strategy']} "
+                f"at {b['setting']}, {b['effective_ratio']:.4f} +- {b['ci95']:.4f}; the recommended "
+                f"setting is {abs(gap):.4f} {where} it."]
 
     def text(self) -> str:
         head = (f"{'':<16} {'ratio':>7} {'+-95%':>7} {'written':>10} {'max stale':>10} "
@@ -130,7 +150,7 @@ class Recommendation:
                  f"{self.costs}; write bandwidth {self.bandwidth[0] / 1e9:.3g} GB/s "
                  f"({self.bandwidth[1]})",
                  f"budgets: {budgets}" + (f" (binding: {', '.join(binding)})" if binding else ""),
-                 "", *rows, "", why, "", "Paste:", f"    {self.line}"]
+                 "", *rows, "", why, *self._against(), "", "Paste:", f"    {self.line}"]
         if self.budget_mode is not None:
             lines += ["Or hold the budget online on a run that drifts differently (budget mode):",
                       f"    {config_line(self.budget_mode)}"]
@@ -139,9 +159,11 @@ class Recommendation:
 
 def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: float,
               seeds: int = 10, window_s: float | None = None, grid: Grid | None = None,
-              result: Evaluation | None = None) -> Recommendation:
+              result: Evaluation | None = None, baselines: bool = True) -> Recommendation:
     """The setting with the best effective ratio at ``mtbf_s`` within ``budgets``
-    (module doc). ``result``: an ``evaluate_with_references`` of this trace to reuse."""
+    (module doc). ``result``: an ``evaluate_with_references`` of this trace to reuse;
+    ``baselines``: also find the best baseline within the same budgets (``best_baseline``)."""
+    compiled_kernel(load=True)      # many settings: the compiled walks and loop pay for their import
     bandwidth = write_bandwidth(trace, scenario)
     result = result or evaluate_with_references(trace, grid, bandwidth=bandwidth[0])
     table = result.table
@@ -159,7 +181,29 @@ def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: flo
         budgets=budgets, mtbf_s=mtbf_s, seeds=seeds, costs=scenario.costs.name,
         bandwidth=bandwidth, grid_size=int((table["role"] == ROLES[0]).sum()),
         within=int((budgets.within(table) & (table["role"] == ROLES[0]).to_numpy()).sum()),
-        simulated=len(rows), budget_mode=_budget_mode(trace, config, budgets, bandwidth[0]))
+        simulated=len(rows), budget_mode=_budget_mode(trace, config, budgets, bandwidth[0]),
+        baseline=best_baseline(scenario, budgets, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
+        if baselines else None)
+
+
+def best_baseline(scenario: Scenario, budgets: Budgets, *, mtbf_s: float, seeds: int = 10,
+                  window_s: float | None = None) -> dict[str, Any] | None:
+    """The compared baseline with the best effective ratio, each at its own best setting
+    within ``budgets`` (LayerCheck's staleness budget aside), on ``scenario``'s failures:
+    strategy, setting, effective_ratio, ci95; None where none meets the budgets."""
+    from .fair import LAYERCHECK, compare
+    names = [n for n in scenario.strategy_names() if n not in LAYERCHECK and n != "none"]
+    if not names:
+        return None
+    result = compare(dataclasses.replace(scenario, interval=None), mtbf_s=mtbf_s,
+                     budgets=dataclasses.replace(budgets, max_staleness=None), strategies=names,
+                     seeds=seeds, window_s=window_s)
+    table = result.table().dropna(subset=["effective_ratio"])
+    if table.empty:
+        return None
+    row = table.loc[table["effective_ratio"].idxmax()]
+    return {"strategy": str(row["strategy"]), "setting": str(row["setting"]),
+            "effective_ratio": float(row["effective_ratio"]), "ci95": float(row["ci95"])}
 
 
 def _row(table: pd.DataFrame, result: Evaluation, row: int) -> dict[str, Any]:
