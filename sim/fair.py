@@ -43,7 +43,7 @@ from .budgets import Budgets
 from .dollars import BILL_COLUMNS, Prices, bill
 from .engine import compiled_kernel
 from .errors import SimError
-from .frontier import Evaluation, evaluate, pareto
+from .frontier import Evaluation, evaluate, fronts, pareto
 from .settings import Setting, layercheck_grid, rollback_space
 from .strategies import Footprint, Schedule, get_strategy
 from .workload import LayerWrites
@@ -386,23 +386,11 @@ def _staleness(table: pd.DataFrame, row: int) -> tuple[float, float]:
 
 
 def _front(table: pd.DataFrame, budgets: Budgets, grid_size: int) -> list[int]:
-    """Rows worth simulating: for each interval and Smax, the bytes/staleness front of the
-    grid settings within the budgets, and the references. Within one interval and one
-    Smax (so one base step and one cadence of forced writes) a setting off the front
-    writes more and is staler than one on it, so it cannot lose less; across Smax values
-    it can (a smaller Smax takes its base checkpoint sooner and writes in bursts), so
-    each Smax keeps its own front."""
-    ok = budgets.within(table)
-    keep = np.zeros(len(table), dtype=bool)
+    """Rows worth simulating: each interval's and Smax's front of the grid settings within
+    the budgets (``sim.frontier.fronts``), and the references."""
     grid = np.arange(len(table)) < grid_size
-    groups = table[["interval", "smax"]].to_numpy()
-    for key in np.unique(groups[grid], axis=0):
-        rows = np.flatnonzero(ok & grid & (groups == key).all(axis=1))
-        if rows.size:
-            keep[rows[pareto(table["bytes_written"].to_numpy()[rows],
-                             table["mean_weighted_staleness"].to_numpy()[rows])]] = True
-    keep[grid_size:] = True
-    return [int(r) for r in np.flatnonzero(keep)]
+    keep = set(fronts(table, budgets.within(table) & grid).tolist())
+    return sorted(keep | set(range(grid_size, len(table))))
 
 
 def _screen_writes(result: Evaluation, row: int) -> LayerWrites:

@@ -35,7 +35,7 @@ from .errors import SimError
 from .workload import LayerWrites
 
 # paper_default, recorded_config and PAPER_STEPS are layercheck.contract.decision's, named here too
-__all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "paper_default", "recorded_config",
+__all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "fronts", "RATE_CHUNK", "paper_default", "recorded_config",
            "config_line", "write_bandwidth", "describe", "SETTING_COLUMNS", "PAPER_STEPS",
            "BASE_THRESHOLDS", "EMBEDDING_THRESHOLDS"]
 
@@ -264,19 +264,39 @@ def pareto(cost: np.ndarray, staleness: np.ndarray) -> np.ndarray:
     return out
 
 
+def fronts(table: pd.DataFrame, ok: np.ndarray) -> np.ndarray:
+    """Rows worth simulating among ``ok``: for each interval and Smax, the front of bytes
+    against mean weighted staleness. Within one interval and one Smax (so one base step
+    and one cadence of forced writes) a setting off the front writes more and is staler
+    than one on it, so it cannot lose less; across Smax values it can (a smaller Smax
+    takes its base checkpoint sooner and writes in bursts), so each keeps its own front."""
+    keep = np.zeros(len(table), dtype=bool)
+    groups = table[["interval", "smax"]].to_numpy()
+    for key in np.unique(groups[ok], axis=0):
+        rows = np.flatnonzero(ok & (groups == key).all(axis=1))
+        keep[rows[pareto(table["bytes_written"].to_numpy()[rows],
+                         table["mean_weighted_staleness"].to_numpy()[rows])]] = True
+    return np.flatnonzero(keep)
+
+
+RATE_CHUNK = 48
+"""Settings simulated per engine run: each carries its table of resumed writes (about
+5 MB on the 7B preset), which the engine stacks."""
+
+
 def rate(result: Evaluation, scenario: Scenario, *, rows: Sequence[int], mtbf_s: float,
          seeds: int = 10, window_s: float | None = None) -> pd.DataFrame:
     """``result.table`` with ``effective_ratio`` and ``ci95`` (LayerCheck, the
     scenario's costs and failures at ``mtbf_s``) filled in for ``rows``, all
-    simulated on the same failures."""
+    simulated on the same failures (in pieces of ``RATE_CHUNK``: the same numbers)."""
     rows = [int(r) for r in rows]
     table = result.table.copy()
-    if not rows:
-        return table
-    ran = simulate_writes(scenario, [result.layer_writes(r) for r in rows], mtbf_s=mtbf_s,
-                          seeds=seeds, window_s=window_s)
-    table.loc[rows, "effective_ratio"] = ran["effective_ratio"].to_numpy()
-    table.loc[rows, "ci95"] = ran["ci95"].to_numpy()
+    for at in range(0, len(rows), RATE_CHUNK):
+        part = rows[at:at + RATE_CHUNK]
+        ran = simulate_writes(scenario, [result.layer_writes(r) for r in part], mtbf_s=mtbf_s,
+                              seeds=seeds, window_s=window_s)
+        table.loc[part, "effective_ratio"] = ran["effective_ratio"].to_numpy()
+        table.loc[part, "ci95"] = ran["ci95"].to_numpy()
     return table
 
 

@@ -4,12 +4,14 @@
     advice = recommend(trace, scenario, budgets, mtbf_s=1800, seeds=10)
     print(advice.text()); advice.config                # a LayerCheckConfig to paste
 
-Every setting of the grid (``sim.frontier.Grid``) is replayed exactly on the
-trace's drift; those within the budgets that are on the bytes-staleness front
-(for each checkpoint interval: a setting off it writes more and is staler
-than one on it, so it cannot lose less to the simulator) are simulated on the
-same failures, with the paper's default and the trace's recorded setting
-beside them; the highest effective ratio wins. Budgets that no setting meets
+Every setting of the grid (default: the fair comparison's search grid,
+``sim.settings.layercheck_grid``) is replayed exactly on the trace's drift; those
+within the budgets that are on the bytes-staleness front of their interval and
+Smax (``sim.frontier.fronts``: a setting off it writes more and is staler than
+one on it, so it cannot lose less to the simulator) are simulated on the same
+failures, with the paper's default and the trace's recorded setting beside
+them; the highest effective ratio wins, and the best baseline within the same
+budgets is found beside it (``best_baseline``). Budgets that no setting meets
 are a ``SimError`` that names the budget that binds.
 """
 from __future__ import annotations
@@ -31,7 +33,8 @@ from .budgets import Budgets
 from .engine import compiled_kernel
 from .errors import SimError
 from .frontier import (SETTING_COLUMNS, Evaluation, Grid, config_line, describe, evaluate,
-                       pareto, rate, write_bandwidth)
+                       fronts, rate, write_bandwidth)
+from .settings import layercheck_grid
 from .units import format_duration
 
 __all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_with_references",
@@ -43,9 +46,10 @@ ROLES = ("grid", "paper default", "recorded")
 
 def evaluate_with_references(trace: Trace, grid: Grid | None = None, *,
                              bandwidth: float | None = None) -> Evaluation:
-    """``sim.frontier.evaluate`` of the grid plus the paper's default and the trace's
+    """``sim.frontier.evaluate`` of the grid (default: the search grid of the fair
+    comparison, ``sim.settings.layercheck_grid``) plus the paper's default and the trace's
     recorded setting (column ``role``)."""
-    grid = grid or Grid.for_trace(trace)
+    grid = grid or layercheck_grid(trace)[0]
     configs = [*grid.configs(), paper_default(trace.num_steps), recorded_config(trace)]
     result = evaluate(trace, configs, bandwidth=bandwidth)
     result.table["role"] = [ROLES[0]] * grid.size + [ROLES[1], ROLES[2]]
@@ -53,17 +57,9 @@ def evaluate_with_references(trace: Trace, grid: Grid | None = None, *,
 
 
 def candidates(table: pd.DataFrame, budgets: Budgets) -> np.ndarray:
-    """Rows worth simulating: within the budgets and, for each interval, on the front
-    of bytes against mean weighted staleness."""
-    ok = budgets.within(table) & (table["role"] == ROLES[0]).to_numpy()
-    keep = np.zeros(len(table), dtype=bool)
-    for interval in np.unique(table["interval"]):
-        rows = np.flatnonzero(ok & (table["interval"].to_numpy() == interval))
-        if rows.size:
-            front = pareto(table["bytes_written"].to_numpy()[rows],
-                           table["mean_weighted_staleness"].to_numpy()[rows])
-            keep[rows[front]] = True
-    return np.flatnonzero(keep)
+    """Rows worth simulating: grid settings within the budgets on the front of bytes
+    against mean weighted staleness of their interval and Smax (``sim.frontier.fronts``)."""
+    return fronts(table, budgets.within(table) & (table["role"] == ROLES[0]).to_numpy())
 
 
 @dataclass(frozen=True)
@@ -142,7 +138,8 @@ class Recommendation:
                             in self.budgets.limits().values()) or "none"
         binding = self.binding()
         why = (f"Why: the highest effective ratio of the {self.simulated} settings simulated (the "
-               f"bytes/staleness front of the {self.within} of {self.grid_size} grid settings "
+               f"bytes/staleness fronts, each interval and Smax, of the {self.within} of "
+               f"{self.grid_size} grid settings "
                f"within the budgets), {gain:+.4f} against the paper's default, which writes "
                f"{_gb(self.paper['bytes_written'])} and is {self.paper['mean_weighted_staleness']:.0f} "
                f"steps stale on average.")
