@@ -54,29 +54,31 @@ def test_band_ends_that_move_the_leader_are_named(close_race):
     assert not verdict.robust and "persist_gbps at its high end" in verdict.text()
 
 
-def hand_made(phi: Figure, ratios: dict[str, tuple[float, float]]) -> FairResult:
-    """A comparison of one setting per strategy whose runs had ``(useful, stale)`` shares of
-    the window, seed by seed a little apart: phi's arithmetic without a simulation."""
+def hand_made(phi: Figure, ratios: dict[str, list[tuple[float, float]]]) -> FairResult:
+    """A comparison whose settings (per strategy, in order) had runs of ``(useful, stale)``
+    shares of the window, seed by seed a little apart: phi's arithmetic without a
+    simulation."""
     costs = CostModel.paper_a100(stale_cost=phi.value)
     costs = dataclasses.replace(costs, provenance={**costs.provenance, "stale_cost": phi})
     scenario = Scenario(name="hand", workload=small_workload(), costs=costs, window_s=1000.0)
-    names = list(ratios)
+    rows = [(n, k, u, s) for n, settings in ratios.items() for k, (u, s) in enumerate(settings)]
     noise = np.array([0.0, 0.001, -0.001])
-    useful = np.array([[ratios[n][0] * 1000 + 1000 * e for e in noise] for n in names])
-    stale = np.array([[ratios[n][1] * 1000] * 3 for n in names])
-    field = pd.DataFrame({c: [0.0] * len(names) for c in (*FIELD_COLUMNS, *COLUMNS[1:])})
-    field["strategy"], field["setting"], field["origin"] = names, names, ""
-    field["exact"], field["within"] = True, True
+    useful = np.array([[u * 1000 + 1000 * e for e in noise] for _, _, u, _ in rows])
+    stale = np.array([[s * 1000] * 3 for *_, s in rows])
+    field = pd.DataFrame({c: [0.0] * len(rows) for c in (*FIELD_COLUMNS, *COLUMNS[1:])})
+    field["strategy"] = [n for n, *_ in rows]
+    field["setting"] = [f"{n} {k}" for n, k, *_ in rows]
+    field["origin"], field["exact"], field["within"] = "", True, True
     field["effective_ratio"] = (useful - np.minimum(phi.value * stale, useful)).mean(axis=1) / 1000
     return FairResult(scenario=scenario, protocol="fair", mtbf_s=600.0, seeds=3, window_s=1000.0,
-                      budgets=Budgets(), bandwidth=1e9, strategies=tuple(names), screened={},
-                      field=field, settings=tuple(Setting(strategy=n) for n in names),
-                      useful=useful, stale=stale, layers=(None,) * len(names))
+                      budgets=Budgets(), bandwidth=1e9, strategies=tuple(ratios), screened={},
+                      field=field, settings=tuple(Setting(strategy=n) for n, *_ in rows),
+                      useful=useful, stale=stale, layers=(None,) * len(rows))
 
 
 def test_an_end_of_phis_interval_that_moves_the_leader_is_named():
     phi = Figure(value=1.0, low=0.0, high=2.0, source="measured", method="a test's")
-    result = hand_made(phi, {"deepspeed": (0.80, 0.0), "layercheck": (0.95, 0.10)})
+    result = hand_made(phi, {"deepspeed": [(0.80, 0.0)], "layercheck": [(0.95, 0.10)]})
     verdict = judge(result, bands=False, fresh=False)
     assert verdict.winner == "layercheck" and verdict.ratio == pytest.approx(0.85)
     assert verdict.phi["leader_low"] == "layercheck" and verdict.phi["leader_high"] == "deepspeed"
@@ -85,9 +87,20 @@ def test_an_end_of_phis_interval_that_moves_the_leader_is_named():
     assert flip.ratio == pytest.approx(0.80) and flip.winner_ratio == pytest.approx(0.75)
 
 
+def test_at_an_end_of_phis_interval_each_strategy_chooses_its_best_setting_again():
+    phi = Figure(value=1.0, low=0.0, high=2.0, source="measured", method="a test's")
+    # layercheck's first setting is its best at phi 1 (0.85), its second at phi 2 (0.83)
+    result = hand_made(phi, {"deepspeed": [(0.80, 0.0)],
+                             "layercheck": [(0.95, 0.10), (0.83, 0.0)]})
+    verdict = judge(result, bands=False, fresh=False)
+    assert verdict.winner == "layercheck"
+    assert verdict.phi["leader_high"] == "layercheck" and not verdict.flips
+    assert verdict.phi["ratios_high"]["layercheck"] == pytest.approx(0.83)
+
+
 def test_a_phi_without_an_interval_is_not_checked():
     phi = Figure(value=1.0, source="given", method="given for a test")
-    verdict = judge(hand_made(phi, {"deepspeed": (0.80, 0.0), "layercheck": (0.95, 0.10)}),
+    verdict = judge(hand_made(phi, {"deepspeed": [(0.80, 0.0)], "layercheck": [(0.95, 0.10)]}),
                     bands=False, fresh=False)
     assert verdict.phi["checked"] is False and not verdict.flips and verdict.robust
 
