@@ -22,10 +22,11 @@ Binary searches run over the lane's own block of the stacked keys
 numpy's searchsorted over the whole array, whose other blocks lie entirely
 below or above the key.
 
-Two smaller walks live here for the same reason, each the same arithmetic as its
+Three smaller walks live here for the same reason, each the same arithmetic as its
 numpy or Python original (tested equal): the failure-free timeline's writer
-recurrence (``sim.timeline``) and the table of a resumed policy's writes
-(``sim.nextwrites``), which a search over many settings builds hundreds of times.
+recurrence (``sim.timeline``), LowDiff's queued writer (``sim.writer``) and the table
+of a resumed policy's writes (``sim.nextwrites``), which a search over many settings
+builds hundreds of times.
 
 This module needs numba; ``sim.engine`` imports it on first use and keeps the
 numpy loop where the import fails (the torch-free install does not need it).
@@ -37,7 +38,7 @@ from numba import njit
 
 from .composite import UNKNOWN
 
-__all__ = ["run", "timeline_walk", "next_writes_walk"]
+__all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk"]
 
 
 def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
@@ -230,3 +231,42 @@ def next_writes_walk(drift, thresholds, smax, interval, only_smax):
                     out[s, layer] = t
                     break
     return out
+
+
+@njit(cache=True)
+def queued_writer_walk(compute, snap, write, full, full_s, slots):
+    """``sim.writer.queued_writer``'s walk (``slots`` < 0: unbounded), its FIFO an array
+    with a head index: the same float64 operations in order."""
+    n = compute.shape[0]
+    out = np.full(n + 1, np.nan)
+    pending = np.empty(n + 1)
+    head = 0
+    tail = 0
+    t = 0.0
+    free = 0.0
+    most = 0
+    for i in range(1, n + 1):
+        t += compute[i - 1]
+        stall = 0.0
+        if full[i]:
+            stall = max(free - t, 0.0) + full_s
+            free = t + stall
+        stall += snap[i]
+        end = t + stall
+        if write[i] > 0:
+            while tail > head and pending[head] <= end:
+                head += 1
+            if slots >= 0 and tail - head >= slots:
+                wait = pending[tail - slots] - end
+                stall = stall + wait
+                end = end + wait
+                while tail > head and pending[head] <= end:
+                    head += 1
+            free = max(free, end) + write[i]
+            pending[tail] = free
+            tail += 1
+            most = max(most, tail - head)
+            out[i] = free - end
+        snap[i] = stall
+        t = end
+    return out, most

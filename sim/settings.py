@@ -33,8 +33,8 @@ from .intervals import resolve_interval
 from .strategies import STRATEGIES, Cadence, get_strategy
 from .strategies.base import _daly_steps
 
-__all__ = ["Setting", "rollback_space", "layercheck_grid", "ladder", "LADDER", "SMAX_DECADES",
-           "INTERVALS"]
+__all__ = ["Setting", "rollback_space", "layercheck_grid", "ladder", "centres", "near", "LADDER",
+           "SMAX_DECADES", "INTERVALS"]
 
 LADDER = (4, 3)
 """Points per doubling and doublings each way of an interval ladder: 4 per doubling (19%
@@ -128,22 +128,51 @@ def rollback_space(scenario: Scenario, strategy: str, *, mtbf_s: float) -> list[
     return points
 
 
-def _ladder_cadences(strategy: str, scenario: Scenario, mtbf_s: float) -> list[Cadence]:
-    """The search's own points: around Daly's interval (DeepSpeed, CheckFreq), GEMINI's
-    transfer-paced copies times Daly's storage interval for its persist, LowDiff's
-    native full-checkpoint interval times its two batch sizes (1, the cost model's)."""
+def centres(strategy: str, scenario: Scenario, mtbf_s: float) -> tuple[int, int | None]:
+    """Where theory puts ``strategy``'s interval (and GEMINI's storage interval): Daly's
+    for a synchronous full checkpoint (DeepSpeed, CheckFreq), GEMINI's copies as often
+    as its transfer keeps up with Daly's interval for its persist behind them, LowDiff's
+    native full-checkpoint interval."""
     w, c = scenario.workload, scenario.costs
-    n = w.steps
     if strategy == "gemini":
-        memory = ladder(c.peer_s(w.full_bytes) / float(w.compute_s.mean()), n, doublings=2)
-        storage = ladder(_daly_steps(c.persist_s(w.full_bytes), w, mtbf_s), n, per_doubling=1,
-                         doublings=2)
-        return [Cadence(every=m, storage_every=max(m, s)) for m in memory for s in storage]
+        memory = max(1, round(c.peer_s(w.full_bytes) / float(w.compute_s.mean())))
+        return memory, _daly_steps(c.persist_s(w.full_bytes), w, mtbf_s)
     if strategy == "lowdiff":
-        native = get_strategy("lowdiff").cadence("native", w, c, mtbf_s=mtbf_s)
-        return [Cadence(every=f, batch=b) for b in sorted({1, int(c.diff_batch)})
-                for f in ladder(native.every, n)]
-    return [Cadence(every=k) for k in ladder(resolve_interval("daly", w, c, mtbf_s), n)]
+        return get_strategy("lowdiff").cadence("native", w, c, mtbf_s=mtbf_s).every, None
+    return resolve_interval("daly", w, c, mtbf_s), None
+
+
+def _ladder_cadences(strategy: str, scenario: Scenario, mtbf_s: float) -> list[Cadence]:
+    """The search's own points around ``centres``: GEMINI's memory ladder times its storage
+    ladder, LowDiff's full-checkpoint ladder times its two batch sizes (1, the cost
+    model's)."""
+    n, costs = scenario.workload.steps, scenario.costs
+    centre, storage = centres(strategy, scenario, mtbf_s)
+    if strategy == "gemini":
+        return [Cadence(every=m, storage_every=max(m, s)) for m in ladder(centre, n, doublings=2)
+                for s in ladder(storage, n, per_doubling=1, doublings=2)]
+    if strategy == "lowdiff":
+        return [Cadence(every=f, batch=b) for b in sorted({1, int(costs.diff_batch)})
+                for f in ladder(centre, n)]
+    return [Cadence(every=k) for k in ladder(centre, n)]
+
+
+def near(settings: list[Setting], scenario: Scenario, mtbf_s: float, *,
+         factor: float = 2 ** 0.5) -> list[Setting]:
+    """Of a rollback strategy's ``settings``, the marked ones and those within ``factor``
+    of where theory puts its interval on ``scenario`` (GEMINI: at its storage centre): the
+    points worth trying again once a cost figure moved."""
+    if not settings:
+        return []
+    centre, storage = centres(settings[0].strategy, scenario, mtbf_s)
+    out = []
+    for s in settings:
+        c = s.cadence
+        close = centre / factor <= c.every <= centre * factor and (
+            storage is None or c.storage_every == max(c.every, storage))
+        if s.origin or close:
+            out.append(s)
+    return out
 
 
 def layercheck_grid(trace: Trace) -> tuple[Grid, list[tuple[LayerCheckConfig, tuple[str, ...]]]]:

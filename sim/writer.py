@@ -8,6 +8,7 @@ failure-free run so that a ``Schedule`` can carry it (``sim.strategies.LowDiff``
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 
 import numpy as np
@@ -30,7 +31,17 @@ def queued_writer(compute: np.ndarray, snap: np.ndarray, write: np.ndarray, full
     Simplification: the engines read these durable times for every run, so after a
     failure (the writer restarts empty) the first writes look as late as in the
     failure-free run; this delays LowDiff's recovery points only where its writer has a
-    backlog, that is where it is write-bound."""
+    backlog, that is where it is write-bound.
+
+    Where the compiled walks are loaded (``sim.engine.compiled_kernel``) they run this
+    one: the same float64 operations in order (tested equal)."""
+    kernel = sys.modules.get(f"{__package__}.kernel")    # loaded by the engine, never here
+    if kernel is not None:
+        out, most = kernel.queued_writer_walk(
+            np.ascontiguousarray(compute, dtype=np.float64), snap,
+            np.ascontiguousarray(write, dtype=np.float64), np.ascontiguousarray(full, dtype=np.bool_),
+            float(full_s), -1 if slots is None else int(slots))
+        return out, int(most)
     n = compute.size
     out = np.full(n + 1, np.nan)
     t, free, pending = 0.0, 0.0, deque()        # pending: durable times, ascending (FIFO)
