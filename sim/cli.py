@@ -132,7 +132,6 @@ def _strategies(args):
 
 
 def _cmd_run(args) -> None:
-    import json
     import time
 
     from .fair import compare, fixed
@@ -179,7 +178,6 @@ def _cmd_run(args) -> None:
         print(bill_table(df))
         rated = sum(result.to_dict()["settings_rated"].values()) + sum(result.screened.values())
         print(f"({rated} settings simulated, {seconds:.1f} s)")
-    del json
 
 
 def _simpy_table(scenario, mtbf, args, df):

@@ -48,7 +48,8 @@ from .settings import Setting, layercheck_grid, rollback_space
 from .strategies import Footprint, Schedule, get_strategy
 from .workload import LayerWrites
 
-__all__ = ["FairResult", "compare", "fixed", "rate_schedules", "EXACT", "LAYERCHECK", "FIELD_COLUMNS", "SCREEN_SEEDS"]
+__all__ = ["FairResult", "compare", "fixed", "rate_schedules", "search_kernel", "spelled", "EXACT",
+           "LAYERCHECK", "FIELD_COLUMNS", "SCREEN_SEEDS", "CHUNK"]
 
 EXACT = 6
 """LayerCheck settings simulated with the restarted policy after the screen, per phi (its
@@ -194,7 +195,7 @@ def compare(scenario: Scenario, *, mtbf_s: float | None, budgets: Budgets | None
     window = float(scenario.window_s if window_s is None else window_s)
     bandwidth = scenario.costs.lc_write_gbps * 1e9
     run = dict(mtbf_s=mtbf_s, seeds=seeds, window_s=window, workers=workers, scheduler=scheduler,
-               kernel=_kernel())
+               kernel=search_kernel())
     parts: list[_Part] = []
     plain = [s for n in names if n not in LAYERCHECK for s in _settings(scenario, n, mtbf)]
     if plain:
@@ -223,7 +224,7 @@ def fixed(scenario: Scenario, *, mtbf_s: float | None, strategies: str | Sequenc
     for name in names:
         cadence = scenario.cadence(name, mtbf_s)
         if cadence is not None:
-            settings.append(_spelled(Setting(strategy=name, cadence=cadence, origin=origin),
+            settings.append(spelled(Setting(strategy=name, cadence=cadence, origin=origin),
                                      scenario))
         else:
             settings.append(Setting(strategy=name, origin=("recorded",),
@@ -264,7 +265,7 @@ class _Part:
     layers: list[LayerWrites | None]
 
 
-def _kernel() -> str | None:
+def search_kernel() -> str | None:
     """The compiled loops where numba imports: a search's grids are large enough to gain
     (loaded here, the timelines and the resumed writes take their walks too)."""
     return "compiled" if compiled_kernel(load=True) is not None else None
@@ -272,11 +273,11 @@ def _kernel() -> str | None:
 
 def _settings(scenario: Scenario, name: str, mtbf_s: float) -> list[Setting]:
     if get_strategy(name).rollback:
-        return _unique([_spelled(s, scenario) for s in rollback_space(scenario, name, mtbf_s=mtbf_s)])
+        return _unique([spelled(s, scenario) for s in rollback_space(scenario, name, mtbf_s=mtbf_s)])
     return [Setting(strategy=name)]
 
 
-def _spelled(setting: Setting, scenario: Scenario) -> Setting:
+def spelled(setting: Setting, scenario: Scenario) -> Setting:
     """LowDiff's cadence with the cost model's batch spelled out (None means it): one
     cadence, one point."""
     c = setting.cadence

@@ -17,7 +17,6 @@ are a ``SimError`` that names the budget that binds.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 

@@ -30,12 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from layercheck.contract.calibration import FIGURES
 
 from .api import Scenario
-from .fair import LAYERCHECK, FairResult, _kernel, _spelled, rate_schedules
+from .fair import LAYERCHECK, FairResult, rate_schedules, search_kernel, spelled
+from .paper import lowdiff_stall_note
 from .sensitivity import SEEDS, WINDOW_S, at_value, banded
 from .settings import Setting, near, rollback_space
 from .strategies import Schedule, get_strategy
@@ -135,7 +137,7 @@ class Verdict:
                                  f"first ({f.setting}, {f.ratio:.4f} against {self.winner}'s "
                                  f"{f.winner_ratio:.4f})")
             if not [f for f in self.flips if f.figure != "stale_cost"]:
-                lines.append(f"    none changes the winner")
+                lines.append("    none changes the winner")
         if self.fresh:
             fresh = ", ".join(f"{n} {r:.4f}" for n, r in sorted(self.fresh.items(), key=lambda kv: -kv[1])[:3])
             lines.append(f"  on fresh seeds (none the search saw): {fresh}")
@@ -292,7 +294,7 @@ def _rerated(result: FairResult, name: str, at: Scenario, mtbf: float, top: int 
     if result.protocol != "fair":
         setting = result.settings[best]
         if get_strategy(name).rollback:
-            setting = _spelled(dataclasses.replace(setting, cadence=at.cadence(name, result.mtbf_s)),
+            setting = spelled(dataclasses.replace(setting, cadence=at.cadence(name, result.mtbf_s)),
                                at)
         return [(setting, result.layers[best])]
     if name in LAYERCHECK:
@@ -301,7 +303,7 @@ def _rerated(result: FairResult, name: str, at: Scenario, mtbf: float, top: int 
         return [(result.settings[r], result.layers[r]) for r in ranked]
     if not get_strategy(name).rollback:
         return [(result.settings[best], None)]
-    space = [_spelled(s, at) for s in near(rollback_space(at, name, mtbf_s=mtbf), at, mtbf)]
+    space = [spelled(s, at) for s in near(rollback_space(at, name, mtbf_s=mtbf), at, mtbf)]
     settings = [result.settings[best]] + [s for s in space if s.cadence != result.settings[best].cadence]
     within = _within(result, at, settings)
     return [(s, None) for s, ok in zip(settings, within) if ok]
@@ -309,7 +311,6 @@ def _rerated(result: FairResult, name: str, at: Scenario, mtbf: float, top: int 
 
 def _within(result: FairResult, at: Scenario, settings: list[Setting]) -> list[bool]:
     """Whether each setting meets the comparison's budgets on scenario ``at``."""
-    import pandas as pd
     rows = []
     compute = float(at.workload.compute_s.sum())
     for s in settings:
@@ -351,7 +352,7 @@ def _rate(scenario: Scenario, schedules: list[Schedule], *, mtbf_s, seeds, windo
     """Mean effective ratio of each schedule on the scenario's failures."""
     frame, _, _ = rate_schedules(scenario, schedules, dict(
         mtbf_s=mtbf_s, seeds=seeds, window_s=window_s, workers=None, scheduler=None,
-        kernel=_kernel()))
+        kernel=search_kernel()))
     return frame["effective_ratio"].to_numpy(dtype=np.float64)
 
 
@@ -366,7 +367,6 @@ def _fresh(result: FairResult, best: dict[str, int]) -> dict[str, float]:
 
 def _notes(result: FairResult, best: dict[str, int]) -> list[str]:
     """What a reader of the ranking must know: LowDiff's stall, what it is made of."""
-    from .paper import lowdiff_stall_note
     out = []
     if "lowdiff" in best:
         row = best["lowdiff"]
