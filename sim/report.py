@@ -158,9 +158,18 @@ def rows(df: pd.DataFrame, *, extra: tuple[str, ...] = (),
 def to_json(df: pd.DataFrame, scenario: dict[str, Any], *, extra: tuple[str, ...] = (),
             tail: tuple[str, ...] = (), **more: Any) -> str:
     """``{"rows": ..., "scenario": ...}`` and any ``more`` top-level entries (a run's
-    verdict)."""
-    return json.dumps({"rows": rows(df, extra=extra, tail=tail), "scenario": scenario, **more},
-                      indent=2, default=_json_default)
+    verdict); NaN anywhere is null (strict JSON)."""
+    return json.dumps(_clean({"rows": rows(df, extra=extra, tail=tail), "scenario": scenario,
+                              **more}), indent=2, default=_json_default, allow_nan=False)
+
+
+def _clean(value: Any) -> Any:
+    """``value`` with every NaN float, at any depth, as None."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return json_value(value) if isinstance(value, float) or hasattr(value, "item") else value
 
 
 def _json_default(value: Any) -> Any:

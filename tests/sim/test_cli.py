@@ -374,3 +374,12 @@ def test_bad_node_input_from_the_shell_has_no_traceback():
     result = _run("--nodes", "8", "--node-mtbf", "1h", "--domain", "rack:1:1d")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "at least 2" in result.stderr
+
+
+def test_json_is_strict_where_a_figure_has_no_value(capsys):
+    assert main(["--mtbf", "30m", "--json", "--seeds", "1", "--window", "1d", "--strategies",
+                 "deepspeed", "--protocol", "matched", "--no-bands"]) == 0
+    def refuse(name):
+        raise AssertionError(f"{name} in the JSON")
+    data = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert data["verdict"]["margin"] is None and data["rows"][0]["ci95"] is None
