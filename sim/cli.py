@@ -268,7 +268,7 @@ def _cmd_frontier(args) -> None:
 
     from .bytefront import best_by_budget, budget_text, front_table, front_text
     from .fair import compare
-    from .report import json_value
+    from .report import json_clean
     if args.protocol is not None:
         raise SimError("the frontier is every strategy's settings searched (the fair protocol): "
                        "drop --protocol")
@@ -278,11 +278,11 @@ def _cmd_frontier(args) -> None:
                      seeds=args.seeds, front=True)
     table, ranges = front_table(result), best_by_budget(result)
     if args.json:
-        rows = [{k: json_value(v) for k, v in r.items()} for r in table.to_dict("records")]
-        print(json.dumps({"front": rows, "best_by_budget": ranges,
-                          "scenario": {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds,
-                                       "budgets": result.budgets.to_dict()}}, indent=2,
-                         default=str))
+        print(json.dumps(json_clean({
+            "front": table.to_dict("records"), "best_by_budget": ranges,
+            "scenario": {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds,
+                         "budgets": result.budgets.to_dict()}}), indent=2, default=str,
+            allow_nan=False))
     elif args.csv:
         print(table.to_csv(index=False), end="")
     else:

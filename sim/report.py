@@ -13,7 +13,7 @@ from .dollars import BILL_COLUMNS
 from .units import format_duration
 
 __all__ = ["table", "header", "to_json", "to_csv", "figure", "stale_line", "ranking_note",
-           "ranking_notes", "interval_text", "json_value", "bill_table", "RUN_TAIL"]
+           "ranking_notes", "interval_text", "json_value", "json_clean", "bill_table", "RUN_TAIL"]
 
 BOUNDS = ("ratio_at_phi_low", "ratio_at_phi_high")
 RUN_TAIL = ("setting", *BILL_COLUMNS)
@@ -159,16 +159,16 @@ def to_json(df: pd.DataFrame, scenario: dict[str, Any], *, extra: tuple[str, ...
             tail: tuple[str, ...] = (), **more: Any) -> str:
     """``{"rows": ..., "scenario": ...}`` and any ``more`` top-level entries (a run's
     verdict); NaN anywhere is null (strict JSON)."""
-    return json.dumps(_clean({"rows": rows(df, extra=extra, tail=tail), "scenario": scenario,
+    return json.dumps(json_clean({"rows": rows(df, extra=extra, tail=tail), "scenario": scenario,
                               **more}), indent=2, default=_json_default, allow_nan=False)
 
 
-def _clean(value: Any) -> Any:
+def json_clean(value: Any) -> Any:
     """``value`` with every NaN float, at any depth, as None."""
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_clean(v) for v in value]
     return json_value(value) if isinstance(value, float) or hasattr(value, "item") else value
 
 
