@@ -159,8 +159,8 @@ def to_json(df: pd.DataFrame, scenario: dict[str, Any], *, extra: tuple[str, ...
             tail: tuple[str, ...] = (), **more: Any) -> str:
     """``{"rows": ..., "scenario": ...}`` and any ``more`` top-level entries (a run's
     verdict); NaN anywhere is null (strict JSON)."""
-    return json.dumps(json_clean({"rows": rows(df, extra=extra, tail=tail), "scenario": scenario,
-                              **more}), indent=2, default=_json_default, allow_nan=False)
+    body = {"rows": rows(df, extra=extra, tail=tail), "scenario": scenario, **more}
+    return json.dumps(json_clean(body), indent=2, default=_json_default, allow_nan=False)
 
 
 def json_clean(value: Any) -> Any:
