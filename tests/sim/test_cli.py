@@ -320,7 +320,8 @@ def test_extreme_values_are_one_line_exit_2_before_allocating(tmp_path, args, wo
 def test_a_log_played_once_runs_over_any_window(tmp_path):
     """The bound counts what a run draws: a log played once draws its rows, whatever the window."""
     result = _capped("--failure-log", _log(tmp_path, [3600.0, 7200.0]), "--log-once",
-                     "--window", "1e12d", "--seeds", "2", "--strategies", "deepspeed", "--json")
+                     "--window", "1e12d", "--seeds", "2", "--strategies", "deepspeed", "--json",
+                     "--no-bands")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["rows"][0]["failures"] == 2.0
 
