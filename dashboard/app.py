@@ -20,6 +20,7 @@ pages = st.navigation([
     st.Page(VIEWS / "drift.py", title="Drift", icon=":material/grid_on:", default=True),
     st.Page(VIEWS / "whatif.py", title="What-if tuning", icon=":material/tune:"),
     st.Page(VIEWS / "failures.py", title="Failures", icon=":material/bolt:"),
+    st.Page(VIEWS / "verdict.py", title="Verdict", icon=":material/gavel:"),
     st.Page(VIEWS / "scale.py", title="Scale", icon=":material/hub:"),
     st.Page(VIEWS / "fidelity.py", title="Recovery fidelity", icon=":material/restore:"),
     st.Page(VIEWS / "traces.py", title="Traces", icon=":material/folder_open:"),

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from layercheck.config import LayerCheckConfig
 from layercheck.contract.trace import Trace
 from sim.api import Scenario
-from sim.frontier import Evaluation, config_line, rate, write_bandwidth
+from sim.frontier import Evaluation, Grid, config_line, rate, write_bandwidth
 from sim.tuning import Budgets, Recommendation, evaluate_with_references, recommend
 
 from .whatif import GB, Outcome, Settings
@@ -25,10 +25,13 @@ __all__ = ["frontier", "rate_front", "frontier_figure", "front_frame", "settings
 
 
 def frontier(trace: Trace, scenario: Scenario) -> Evaluation:
-    """Every setting of the trace's default grid, with the paper's default and the
-    recorded setting (``sim.tuning.evaluate_with_references``); the write share uses
-    the trace's measured write bandwidth where it has one."""
-    return evaluate_with_references(trace, bandwidth=write_bandwidth(trace, scenario)[0])
+    """Every setting of the trace's default grid (``Grid.for_trace``, 400: a picture to pick
+    from; ``python -m sim tune`` and the Verdict page search the wider
+    ``sim.settings.layercheck_grid``), with the paper's default and the recorded setting
+    (``sim.tuning.evaluate_with_references``); the write share uses the trace's measured
+    write bandwidth where it has one."""
+    return evaluate_with_references(trace, Grid.for_trace(trace),
+                                    bandwidth=write_bandwidth(trace, scenario)[0])
 
 
 def rate_front(result: Evaluation, scenario: Scenario, *, mtbf_s: float, seeds: int,
@@ -132,9 +135,10 @@ def budgets_from_form(max_gb: float, max_staleness: float, max_share_percent: fl
 def advise(trace: Trace, scenario: Scenario, result: Evaluation, budgets: Budgets, *,
            mtbf_s: float, seeds: int, window_s: float) -> Recommendation:
     """``sim.tuning.recommend`` over an evaluation already made (raises SimError with the
-    budget that binds)."""
+    budget that binds). The baselines are the Verdict page's (every strategy at its own
+    best), not searched again here."""
     return recommend(trace, scenario, budgets, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s,
-                     result=result)
+                     result=result, baselines=False)
 
 
 def recommendation_frame(advice: Recommendation) -> pd.DataFrame:

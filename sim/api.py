@@ -40,8 +40,8 @@ from .timeline import Timeline
 from .work import bound_work
 from .workload import LayerWrites, Workload
 
-__all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "limit_ratio", "PRESETS", "COLUMNS",
-           "LIMIT", "DAY", "ENGINES", "cadences", "primary_loss_draws"]
+__all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "simulate_schedules", "limit_ratio",
+           "PRESETS", "COLUMNS", "LIMIT", "DAY", "ENGINES", "cadences", "primary_loss_draws"]
 
 DAY = 86400.0
 ENGINES = ("fast", "simpy")
@@ -278,6 +278,32 @@ def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf
     frame = aggregate(res, [(0, int(v), None) for v in lane_t], [mtbf_s], window,
                        scenario.stale_figure())
     return frame.drop(columns="mtbf_s").reset_index(drop=True)
+
+
+def simulate_schedules(scenario: Scenario, schedules: Sequence[Schedule], *, mtbf_s: float | None,
+                       seeds: int = 10, window_s: float | None = None, workers: int | None = None,
+                       scheduler: str | None = None,
+                       kernel: str | None = None) -> tuple[pd.DataFrame, LaneResults]:
+    """Any schedules on the scenario's job, all on the scenario's failures at ``mtbf_s``
+    (the same as ``simulate``'s, seed for seed): one row per schedule, in order, columns
+    ``COLUMNS`` (``strategy`` the schedule's), and the engine's per-lane totals (lane
+    ``i * seeds + k``: schedule i, seed k) for statistics over the seeds. The fair
+    comparison's way to rate many settings of many strategies in one engine run."""
+    if not schedules:
+        raise SimError("simulate_schedules needs at least one schedule")
+    window = _check_run(scenario, [mtbf_s], seeds, window_s, "fast")
+    _bound(scenario, [mtbf_s], seeds, window, len(schedules), "fast")
+    times, uniforms = _failure_rows(scenario, [mtbf_s], seeds, window)
+    timelines = [Timeline.build(s) for s in schedules]
+    lane_t = np.repeat(np.arange(len(schedules)), seeds)
+    res = run_grid(timelines, lane_t, times, np.tile(np.arange(seeds), len(schedules)), uniforms,
+                   window, workers=workers, scheduler=scheduler, kernel=kernel)
+    keys = [(0, (int(i), schedules[int(i)].strategy), None) for i in lane_t]
+    frame = aggregate(res, keys, [mtbf_s], window, scenario.stale_figure())
+    frame["strategy"] = [name for _, name in frame["strategy"]]
+    frame["interval"] = [s.cadence.every if s.cadence else None for s in schedules]
+    frame["storage_interval"] = [s.cadence.storage_every if s.cadence else None for s in schedules]
+    return frame.drop(columns="mtbf_s").reset_index(drop=True), res
 
 
 def limit_ratio(scenario: Scenario, mtbf_s: float | np.ndarray) -> float | np.ndarray:

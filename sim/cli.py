@@ -9,6 +9,8 @@
     python -m sim tune --trace traces/NAME --mtbf 0.5h [--max-gb 500] [--max-staleness 100]
                        [--max-write-share 0.05] [--json]     the best LayerCheck setting
     python -m sim sensitivity --mtbf 0.5h [--figures a,b] [--json]  what the ranking hangs on
+    python -m sim frontier --mtbf 0.5h [--max-host-gb 400] [--json | --csv]
+                       each strategy's ratio against durable bytes; the best under each budget
     python -m sim paper [--mtbf 0.5h] [--seeds 10] [--json]      the paper's own figure beside ours
     python -m sim --nodes 2048 --node-mtbf 6350h --failures weibull --shape 0.7
                   [--domain rack:32:3000d]                  a job of N nodes (sim.nodes)
@@ -37,13 +39,15 @@ from .nodes import NodeFailures
 from .outputs import output_folder, writing
 from .presets import DEFAULT_PRESET, PRESET_NAMES
 from .report import figure
-from .scenarioargs import add_scenario_args, mtbf_of, scenario_of
+from .scenarioargs import (FAIR, add_budget_args, add_price_args, add_scenario_args, budgets_of,
+                           mtbf_of, prices_of, scenario_of)
 from .units import format_duration, parse_duration, parse_range
 from .work import check_runs
 
 __all__ = ["main"]
 
-COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "paper", "fit-failures", "scale")
+COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "frontier", "paper", "fit-failures",
+            "scale")
 
 
 def _grid_args(p: argparse.ArgumentParser) -> None:
@@ -57,12 +61,18 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     top = OneLineParser(prog="python -m sim", description="LayerCheck failure simulator (docs/sim.md)")
     sub = top.add_subparsers(dest="command", parser_class=OneLineParser)
-    run = sub.add_parser("run", help="one MTBF: a table, --json or --csv (the default command)")
+    run = sub.add_parser("run", help="one MTBF: every strategy at its best setting within the "
+                         "budgets, the verdict and the bill; a table, --json or --csv (the "
+                         "default command)")
     run.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
     out = run.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true")
     out.add_argument("--csv", action="store_true")
-    add_scenario_args(run)
+    run.add_argument("--no-bands", action="store_true", help="skip the verdict's check of every "
+                     "cost figure's band (phi's interval and fresh seeds are still checked)")
+    add_scenario_args(run, fair=True)
+    add_budget_args(run)
+    add_price_args(run)
     _grid_args(run)
     sw = sub.add_parser("sweep", help="effective ratio against MTBF: CSV, JSON, HTML figure")
     sw.add_argument("--mtbf", default="0.01h..3h", help="LOW..HIGH, e.g. 0.01h..3h")
@@ -73,11 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     tu = sub.add_parser("tune", help="the LayerCheck setting with the best effective ratio "
                         "within your budgets, and the LayerCheckConfig line to paste")
     tu.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
-    b = tu.add_argument_group("budgets (each optional; an infeasible one is named)")
-    b.add_argument("--max-gb", type=float, help="GB written over the run, base checkpoint included")
-    b.add_argument("--max-staleness", type=float, help="no layer older than this many steps")
-    b.add_argument("--max-write-share", type=float, help="share of the storage's write bandwidth "
-                   "(the trace's costs.json, else the capture's measured one), e.g. 0.05")
+    add_budget_args(tu, staleness=True)
+    tu.add_argument("--no-baselines", action="store_true", help="skip the best baseline within "
+                    "the same budgets (each at its own best setting, on the same failures)")
     tu.add_argument("--json", action="store_true")
     add_scenario_args(tu)
     se = sub.add_parser("sensitivity", help="every figure not measured here varied across its "
@@ -88,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--json", action="store_true")
     add_scenario_args(se)
     se.set_defaults(seeds=None, window=None)
+    fr = sub.add_parser("frontier", help="effective ratio against durable bytes: each "
+                        "strategy's front and which strategy is best under each bytes budget")
+    fr.add_argument("--mtbf", help="mean time between failures of the job, e.g. 0.5h")
+    out = fr.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true")
+    out.add_argument("--csv", action="store_true")
+    add_scenario_args(fr)
+    add_budget_args(fr)
     pa = sub.add_parser("paper", help="the paper's MTBF figure (Qwen2.5-7B at 0.5 h) beside ours "
                         "under each protocol and accounting, with the arithmetic of both")
     pa.add_argument("--mtbf", default="0.5h", help="mean time between failures (default 0.5h, "
@@ -116,25 +132,63 @@ def _strategies(args):
 
 
 def _cmd_run(args) -> None:
-    from .report import header, ranking_note, table, to_csv, to_json
+    import time
+
+    from .fair import compare, fixed
+    from .report import RUN_TAIL, bill_table, header, table, to_csv, to_json
+    from .verdict import judge
+    start = time.perf_counter()
     scenario = scenario_of(args)
     mtbf = mtbf_of(args, args.mtbf)
-    df = simulate(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
-                  engine=args.engine, workers=args.workers, scheduler=args.scheduler)
-    info = {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds, "engine": args.engine}
+    budgets, prices = budgets_of(args), prices_of(args)
+    if args.protocol == FAIR:
+        if args.engine != "fast":
+            raise SimError("the fair comparison searches on the fast engine: drop --engine "
+                           "simpy, or give --protocol matched or native")
+        result = compare(scenario, mtbf_s=mtbf, budgets=budgets, strategies=_strategies(args),
+                         seeds=args.seeds, workers=args.workers, scheduler=args.scheduler)
+    else:
+        if budgets.any():
+            raise SimError(f"budgets ({budgets.text()}) choose settings: they apply to the fair "
+                           "protocol (the default), not to a fixed one; drop them or --protocol")
+        result = fixed(scenario, mtbf_s=mtbf, strategies=_strategies(args), seeds=args.seeds,
+                       workers=args.workers, scheduler=args.scheduler)
+    df = result.bills(prices)
+    if args.engine == "simpy":          # the same model event by event: its table, the verdict's runs
+        df = _simpy_table(scenario, mtbf, args, df)
+    verdict = judge(result, bands=not args.no_bands)
+    seconds = time.perf_counter() - start
+    protocol = FAIR if args.protocol == FAIR else scenario.protocol
+    info = {**scenario.to_dict(), "protocol": protocol, "mtbf_s": mtbf, "seeds": args.seeds,
+            "engine": args.engine, "budgets": budgets.to_dict(), "prices": prices.sources(),
+            "search": result.to_dict()}
     if args.json:
-        print(to_json(df, info))
+        print(to_json(df, info, tail=RUN_TAIL, verdict=verdict.to_dict(), seconds=seconds))
     elif args.csv:
-        print(to_csv(df), end="")
+        print(to_csv(df, tail=RUN_TAIL), end="")
     else:
         when = format_duration(mtbf) if mtbf is not None else \
             format_duration(scenario.failures.own_mtbf_s) + " (its nodes')" \
             if isinstance(scenario.failures, NodeFailures) else "log"
-        print(header(scenario, mtbf=when, seeds=args.seeds))
+        print(header(scenario, mtbf=when, seeds=args.seeds, protocol=protocol, budgets=budgets,
+                     prices=prices))
         print(table(df))
-        note = ranking_note(df, scenario.stale_figure())
-        if note:
-            print(note)
+        print(verdict.text())
+        print()
+        print(bill_table(df))
+        rated = sum(result.to_dict()["settings_rated"].values()) + sum(result.screened.values())
+        print(f"({rated} settings simulated, {seconds:.1f} s)")
+
+
+def _simpy_table(scenario, mtbf, args, df):
+    """``df`` with its result columns from the SimPy reference (the same model, event by
+    event), its setting and bill kept."""
+    ref = simulate(scenario, mtbf_s=mtbf, strategies=list(df["strategy"]), seeds=args.seeds,
+                   engine="simpy")
+    out = df.copy()
+    for column in ref.columns:
+        out[column] = ref[column].to_numpy()
+    return out
 
 
 def _cmd_sweep(args) -> None:
@@ -177,12 +231,11 @@ def _cmd_presets(args) -> None:
 def _cmd_tune(args) -> None:
     import json
 
-    from .tuning import Budgets, recommend
+    from .tuning import recommend
     if args.iteration_time:
         raise SimError("tune replays a trace's drift: give --trace traces/NAME or --preset, "
                        "not --iteration-time")
-    budgets = Budgets(max_bytes=None if args.max_gb is None else args.max_gb * 1e9,
-                      max_staleness=args.max_staleness, max_write_share=args.max_write_share)
+    budgets = budgets_of(args)
     scenario = scenario_of(args)
     trace = _tune_trace(args)
     mtbf = mtbf_of(args, args.mtbf)
@@ -190,7 +243,8 @@ def _cmd_tune(args) -> None:
         mtbf = scenario.failures.job_mtbf_s()
     if mtbf is None:
         raise SimError("tune needs --mtbf (a failure log has no single rate to tune for)")
-    advice = recommend(trace, scenario, budgets, mtbf_s=mtbf, seeds=args.seeds)
+    advice = recommend(trace, scenario, budgets, mtbf_s=mtbf, seeds=args.seeds,
+                       baselines=not args.no_baselines)
     print(json.dumps(advice.to_dict(), indent=2, default=float) if args.json else advice.text())
 
 
@@ -207,6 +261,38 @@ def _cmd_sensitivity(args) -> None:
     result = sensitivity(scenario, mtbf_s=mtbf_of(args, args.mtbf), strategies=_strategies(args),
                          seeds=seeds, window_s=window, figures=figures)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+
+
+def _cmd_frontier(args) -> None:
+    import json
+
+    from .bytefront import best_by_budget, budget_text, front_table, front_text
+    from .fair import compare
+    from .report import json_clean
+    if args.protocol is not None:
+        raise SimError("the frontier is every strategy's settings searched (the fair protocol): "
+                       "drop --protocol")
+    scenario = scenario_of(args)
+    mtbf = mtbf_of(args, args.mtbf)
+    result = compare(scenario, mtbf_s=mtbf, budgets=budgets_of(args), strategies=_strategies(args),
+                     seeds=args.seeds, front=True)
+    table, ranges = front_table(result), best_by_budget(result)
+    if args.json:
+        print(json.dumps(json_clean({
+            "front": table.to_dict("records"), "best_by_budget": ranges,
+            "scenario": {**scenario.to_dict(), "mtbf_s": mtbf, "seeds": args.seeds,
+                         "budgets": result.budgets.to_dict()}}), indent=2, default=str,
+            allow_nan=False))
+    elif args.csv:
+        print(table.to_csv(index=False), end="")
+    else:
+        print(f"{scenario.name}: MTBF {format_duration(mtbf)}, {args.seeds} seeds, phi "
+              f"{scenario.stale_figure().value:g}; each strategy's front of effective ratio "
+              "against durable bytes over one job")
+        print(front_text(table))
+        print()
+        print("best under a budget of durable bytes a job:")
+        print(budget_text(ranges))
 
 
 def _cmd_paper(args) -> None:
@@ -247,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         {"run": _cmd_run, "sweep": _cmd_sweep, "presets": _cmd_presets,
          "tune": _cmd_tune, "sensitivity": _cmd_sensitivity, "paper": _cmd_paper,
+         "frontier": _cmd_frontier,
          "fit-failures": _cmd_fit_failures, "scale": scalecli.run}[args.command](args)
     except (SimError, TraceError) as exc:
         print(f"python -m sim: error: {one_line(str(exc))}", file=sys.stderr)

@@ -29,8 +29,8 @@ from .composite import Composite
 from .errors import SimError
 from .timeline import Timeline
 
-__all__ = ["LaneResults", "run_lanes", "run_limit", "resolve_kernel", "RESULT_FIELDS", "KERNELS",
-           "AUTO_COMPILED_TURNS"]
+__all__ = ["LaneResults", "run_lanes", "run_limit", "resolve_kernel", "compiled_kernel",
+           "RESULT_FIELDS", "KERNELS", "AUTO_COMPILED_TURNS"]
 
 RESULT_FIELDS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s",
                  "failures", "bytes_written", "events", "jobs", "rolled_back_steps")
@@ -182,6 +182,14 @@ def resolve_kernel(kernel: str | None, *, turns: int | None = None) -> str:
         raise SimError("the compiled engine loop needs numba: pip install 'layercheck[sim-fast]', "
                        "or use kernel='numpy' (LAYERCHECK_SIM_KERNEL=numpy)")
     return "compiled" if _KERNEL else "numpy"
+
+
+def compiled_kernel(load: bool = False):
+    """``sim.kernel`` where it is loaded (or, with ``load``, where numba imports), else
+    None: the compiled walks' callers take them only once the import is paid for."""
+    if _KERNEL is None and load:
+        resolve_kernel(None)          # the environment's choice: 'numpy' loads nothing
+    return _KERNEL or None
 
 
 def _composites(timelines) -> Composite | None:

@@ -18,6 +18,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,7 +35,7 @@ from .errors import SimError
 from .workload import LayerWrites
 
 # paper_default, recorded_config and PAPER_STEPS are layercheck.contract.decision's, named here too
-__all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "paper_default", "recorded_config",
+__all__ = ["Grid", "Evaluation", "evaluate", "rate", "pareto", "fronts", "RATE_CHUNK", "paper_default", "recorded_config",
            "config_line", "write_bandwidth", "describe", "SETTING_COLUMNS", "PAPER_STEPS",
            "BASE_THRESHOLDS", "EMBEDDING_THRESHOLDS"]
 
@@ -151,9 +152,13 @@ class Evaluation:
     seconds: float
     """Wall time of the replay and the measurements."""
 
+    @cached_property
+    def _writes(self) -> np.ndarray:
+        return self.lanes.writes          # computed from the reasons once, not per row
+
     def written(self, row: int) -> np.ndarray:
         """Boolean steps x layers: what setting ``row`` writes."""
-        return self.lanes.writes[:, self.lanes.lane_of[row]]
+        return self._writes[:, self.lanes.lane_of[row]]
 
     def detail(self, rows: Sequence[int]) -> pd.DataFrame:
         """For ``rows``: checkpoints (steps that write any layer) and the peak of the
@@ -225,7 +230,18 @@ def _measure(trace: Trace, lanes: Lanes) -> dict[str, np.ndarray]:
     return {"layer_writes": counts.sum(axis=1),
             "bytes_written": (counts * trace.layer_bytes).sum(axis=1).astype(np.float64),
             "max_staleness": lane_max[lane_of].max(axis=1),
-            "mean_weighted_staleness": lane_mean[lane_of] @ weights}
+            "mean_weighted_staleness": lane_mean[lane_of] @ weights,
+            "host_bytes": _largest_step(lanes, trace.layer_bytes)}
+
+
+def _largest_step(lanes: Lanes, nbytes: np.ndarray) -> np.ndarray:
+    """Per setting, the most bytes one step writes: what its writer holds in host memory
+    (the next snapshot waits until the writer is idle). A setting that takes its base
+    checkpoint writes every layer in that step, the most any step can: the whole state."""
+    out = np.full(len(lanes.lane_of), float(nbytes.sum()))
+    for s in np.flatnonzero(lanes.base_steps > lanes.writes.shape[0]):   # no base in the run
+        out[s] = float((lanes.writes[:, lanes.lane_of[s]] @ nbytes).max(initial=0.0))
+    return out
 
 
 def _setting_of_lane(lane_of: np.ndarray) -> np.ndarray:
@@ -248,19 +264,39 @@ def pareto(cost: np.ndarray, staleness: np.ndarray) -> np.ndarray:
     return out
 
 
+def fronts(table: pd.DataFrame, ok: np.ndarray) -> np.ndarray:
+    """Rows worth simulating among ``ok``: for each interval and Smax, the front of bytes
+    against mean weighted staleness. Within one interval and one Smax (so one base step
+    and one cadence of forced writes) a setting off the front writes more and is staler
+    than one on it, so it cannot lose less; across Smax values it can (a smaller Smax
+    takes its base checkpoint sooner and writes in bursts), so each keeps its own front."""
+    keep = np.zeros(len(table), dtype=bool)
+    groups = table[["interval", "smax"]].to_numpy()
+    for key in np.unique(groups[ok], axis=0):
+        rows = np.flatnonzero(ok & (groups == key).all(axis=1))
+        keep[rows[pareto(table["bytes_written"].to_numpy()[rows],
+                         table["mean_weighted_staleness"].to_numpy()[rows])]] = True
+    return np.flatnonzero(keep)
+
+
+RATE_CHUNK = 48
+"""Settings simulated per engine run: each carries its table of resumed writes (about
+5 MB on the 7B preset), which the engine stacks."""
+
+
 def rate(result: Evaluation, scenario: Scenario, *, rows: Sequence[int], mtbf_s: float,
          seeds: int = 10, window_s: float | None = None) -> pd.DataFrame:
     """``result.table`` with ``effective_ratio`` and ``ci95`` (LayerCheck, the
     scenario's costs and failures at ``mtbf_s``) filled in for ``rows``, all
-    simulated on the same failures."""
+    simulated on the same failures (in pieces of ``RATE_CHUNK``: the same numbers)."""
     rows = [int(r) for r in rows]
     table = result.table.copy()
-    if not rows:
-        return table
-    ran = simulate_writes(scenario, [result.layer_writes(r) for r in rows], mtbf_s=mtbf_s,
-                          seeds=seeds, window_s=window_s)
-    table.loc[rows, "effective_ratio"] = ran["effective_ratio"].to_numpy()
-    table.loc[rows, "ci95"] = ran["ci95"].to_numpy()
+    for at in range(0, len(rows), RATE_CHUNK):
+        part = rows[at:at + RATE_CHUNK]
+        ran = simulate_writes(scenario, [result.layer_writes(r) for r in part], mtbf_s=mtbf_s,
+                              seeds=seeds, window_s=window_s)
+        table.loc[part, "effective_ratio"] = ran["effective_ratio"].to_numpy()
+        table.loc[part, "ci95"] = ran["ci95"].to_numpy()
     return table
 
 

@@ -22,6 +22,12 @@ Binary searches run over the lane's own block of the stacked keys
 numpy's searchsorted over the whole array, whose other blocks lie entirely
 below or above the key.
 
+Three smaller walks live here for the same reason, each the same arithmetic as its
+numpy or Python original (tested equal): the failure-free timeline's writer
+recurrence (``sim.timeline``), LowDiff's queued writer (``sim.writer``) and the table
+of a resumed policy's writes (``sim.nextwrites``), which a search over many settings
+builds hundreds of times.
+
 This module needs numba; ``sim.engine`` imports it on first use and keeps the
 numpy loop where the import fails (the torch-free install does not need it).
 """
@@ -32,7 +38,7 @@ from numba import njit
 
 from .composite import UNKNOWN
 
-__all__ = ["run"]
+__all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk"]
 
 
 def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
@@ -173,3 +179,94 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
         out[7, lane] = events_t
         out[8, lane] = jobs_t
         out[9, lane] = rolled_t
+
+
+@njit(cache=True)
+def timeline_walk(compute, snap, persist):
+    """``sim.timeline._walk``'s writer recurrence, the same float64 additions in order:
+    ready, resume, wait and durable per position."""
+    n = compute.shape[0] - 1
+    ready = np.zeros(n + 1)
+    resume = np.zeros(n + 1)
+    wait = np.zeros(n + 1)
+    durable = np.zeros(n + 1)
+    t = 0.0
+    writer_free = 0.0
+    for i in range(1, n + 1):
+        t += compute[i]
+        ready[i] = t
+        if persist[i] > 0:
+            w = writer_free - t if writer_free > t else 0.0
+            wait[i] = w
+            t += w + snap[i]
+            writer_free = t + persist[i]
+            durable[i] = writer_free
+        else:
+            t += snap[i]
+            durable[i] = t
+        resume[i] = t
+    return ready, resume, wait, durable
+
+
+@njit(cache=True)
+def next_writes_walk(drift, thresholds, smax, interval, only_smax):
+    """``layercheck.contract.resumed.next_writes``'s table, entry by entry: the drift of
+    steps s+1..t summed left to right from 0.0 in float64 and compared with the same
+    threshold, stopping at the write (``sim.nextwrites``)."""
+    steps, layers = drift.shape
+    out = np.full((steps + 1, layers), steps + 1, dtype=np.int64)
+    for layer in range(layers):
+        for s in range(steps + 1):
+            if only_smax[layer]:
+                t = s + smax + (-(s + smax)) % interval
+                if t <= steps:
+                    out[s, layer] = t
+                continue
+            acc = 0.0
+            for t in range(s + 1, steps + 1):
+                acc += drift[t - 1, layer]
+                if t % interval != 0:
+                    continue
+                if t - s >= smax or acc >= thresholds[t - 1, layer]:
+                    out[s, layer] = t
+                    break
+    return out
+
+
+@njit(cache=True)
+def queued_writer_walk(compute, snap, write, full, full_s, slots):
+    """``sim.writer.queued_writer``'s walk (``slots`` < 0: unbounded), its FIFO an array
+    with a head index: the same float64 operations in order."""
+    n = compute.shape[0]
+    out = np.full(n + 1, np.nan)
+    pending = np.empty(n + 1)
+    head = 0
+    tail = 0
+    t = 0.0
+    free = 0.0
+    most = 0
+    for i in range(1, n + 1):
+        t += compute[i - 1]
+        stall = 0.0
+        if full[i]:
+            stall = max(free - t, 0.0) + full_s
+            free = t + stall
+        stall += snap[i]
+        end = t + stall
+        if write[i] > 0:
+            while tail > head and pending[head] <= end:
+                head += 1
+            if slots >= 0 and tail - head >= slots:
+                wait = pending[tail - slots] - end
+                stall = stall + wait
+                end = end + wait
+                while tail > head and pending[head] <= end:
+                    head += 1
+            free = max(free, end) + write[i]
+            pending[tail] = free
+            tail += 1
+            most = max(most, tail - head)
+            out[i] = free - end
+        snap[i] = stall
+        t = end
+    return out, most

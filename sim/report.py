@@ -9,29 +9,40 @@ from typing import Any
 import pandas as pd
 
 from .api import COLUMNS, LIMIT
+from .dollars import BILL_COLUMNS
 from .units import format_duration
 
 __all__ = ["table", "header", "to_json", "to_csv", "figure", "stale_line", "ranking_note",
-           "ranking_notes", "interval_text", "json_value"]
+           "ranking_notes", "interval_text", "json_value", "json_clean", "bill_table", "RUN_TAIL"]
 
 BOUNDS = ("ratio_at_phi_low", "ratio_at_phi_high")
+RUN_TAIL = ("setting", *BILL_COLUMNS)
+"""The keys a run's rows carry after ``COLUMNS``: the strategy's setting and its bill
+(``sim.dollars.BILL_COLUMNS``)."""
 """The columns of the ratio at the stale cost factor's interval bounds."""
 
 
-def header(scenario: Any, *, mtbf: str, seeds: int) -> str:
+def header(scenario: Any, *, mtbf: str, seeds: int, protocol: str | None = None,
+           budgets: Any = None, prices: Any = None) -> str:
     """What the numbers below rest on: the job, the failures, the cost model and its
-    sources, the protocol, the accounting and the stale cost factor phi in force."""
+    sources, the protocol (``protocol``: the comparison's, where it is not the
+    scenario's own, with its ``budgets``), the accounting, the stale cost factor phi in
+    force and the ``prices`` of the bill."""
     costs = scenario.costs
     sources = ", ".join(f"{n} {k}" for k, n in sorted(costs.sources().items(), key=lambda kv: -kv[1]))
     interval = f", every rollback strategy every {scenario.interval} steps" if scenario.interval else ""
+    if protocol == "fair":
+        interval = (" (every strategy at its own best setting on the same failures; budgets: "
+                    f"{budgets.text() if budgets is not None else 'none'}; --protocol matched "
+                    "for the paper's)")
     nodes = [f"failures: {scenario.failures.describe()}"] \
         if getattr(scenario.failures, "kind", None) == "nodes" else []
     return "\n".join([
         f"{scenario.name} ({scenario.workload.kind}), MTBF {mtbf}, "
         f"{format_duration(scenario.window_s)} window x {seeds} seeds", *nodes,
         f"costs: {costs.name} ({costs.description.rstrip('.')}; figures: {sources})",
-        f"protocol: {scenario.protocol}{interval}; accounting: {scenario.accounting()}",
-        stale_line(scenario.stale_figure())])
+        f"protocol: {protocol or scenario.protocol}{interval}; accounting: {scenario.accounting()}",
+        stale_line(scenario.stale_figure()), *([prices.line()] if prices is not None else [])])
 
 
 def stale_line(phi: Any) -> str:
@@ -73,21 +84,45 @@ def ranking_notes(df: pd.DataFrame, phi: Any) -> list[str]:
 
 def table(df: pd.DataFrame) -> str:
     """A fixed-width table: ratio +- ci95, the ratio at the stale cost factor's bounds
-    (phi low, phi high), then where the time went (hours per run)."""
+    (phi low, phi high), then where the time went (hours per run), and each strategy's
+    setting where the table has one (``setting``: the fair comparison's best)."""
+    has_setting = "setting" in df
     head = (f"{'strategy':<15} {'ratio':>7} {'+-95%':>7} {'phi low':>7} {'phi high':>8} "
             f"{'useful h':>9} {'stale h':>8} "
             f"{'stall h':>8} {'lost h':>8} {'recov h':>8} {'failures':>9} {'written TB':>11} "
-            f"{'interval':>9}")
+            f"{'interval':>9}" + ("  setting" if has_setting else ""))
     lines = [head, "-" * len(head)]
-    for row in df.itertuples(index=False):
-        ci = "" if row.ci95 is None or math.isnan(row.ci95) else f"{row.ci95:.4f}"
-        lines.append(f"{row.strategy:<15} {row.effective_ratio:>7.4f} {ci:>7} "
-                     f"{row.ratio_at_phi_low:>7.4f} {row.ratio_at_phi_high:>8.4f} "
-                     f"{row.useful_s / 3600:>9.1f} {row.stale_s / 3600:>8.1f} "
-                     f"{_hours(row.checkpoint_stall_s):>8.1f} "
-                     f"{row.lost_work_s / 3600:>8.1f} {row.recovery_s / 3600:>8.1f} "
-                     f"{row.failures:>9.1f} {row.bytes_written / 1e12:>11.2f} "
-                     f"{interval_text(row.interval, row.storage_interval):>9}")
+    for row in df.to_dict("records"):
+        if row["effective_ratio"] is None or pd.isna(row["effective_ratio"]):
+            lines.append(f"{row['strategy']:<15} {'-':>7}" + (f"  {row['setting']}" if has_setting
+                                                             else ""))
+            continue
+        ci = "" if row["ci95"] is None or math.isnan(row["ci95"]) else f"{row['ci95']:.4f}"
+        lines.append(f"{row['strategy']:<15} {row['effective_ratio']:>7.4f} {ci:>7} "
+                     f"{row['ratio_at_phi_low']:>7.4f} {row['ratio_at_phi_high']:>8.4f} "
+                     f"{row['useful_s'] / 3600:>9.1f} {row['stale_s'] / 3600:>8.1f} "
+                     f"{_hours(row['checkpoint_stall_s']):>8.1f} "
+                     f"{row['lost_work_s'] / 3600:>8.1f} {row['recovery_s'] / 3600:>8.1f} "
+                     f"{row['failures']:>9.1f} {row['bytes_written'] / 1e12:>11.2f} "
+                     f"{interval_text(row['interval'], row['storage_interval']):>9}"
+                     + (f"  {row['setting']}" if has_setting else ""))
+    return "\n".join(lines)
+
+
+def bill_table(df: pd.DataFrame) -> str:
+    """GPU hours per run by cause and what the run's failures and checkpointing cost
+    (``sim.dollars``): one row per strategy of a table with ``BILL_COLUMNS``."""
+    head = (f"{'strategy':<15} {'stall':>8} {'lost':>8} {'stale':>8} {'restart':>8} "
+            f"{'recovery':>8} {'GPU $':>10} {'storage $':>10} {'writes $':>9} {'total $':>10}")
+    lines = ["GPU hours a run by cause, and dollars", head, "-" * len(head)]
+    for row in df.to_dict("records"):
+        if pd.isna(row["usd_total"]):
+            lines.append(f"{row['strategy']:<15} {'-':>8}")
+            continue
+        lines.append(f"{row['strategy']:<15} {row['gpu_h_stall']:>8.0f} {row['gpu_h_lost_work']:>8.0f} "
+                     f"{row['gpu_h_stale_work']:>8.0f} {row['gpu_h_restart']:>8.0f} "
+                     f"{row['gpu_h_recovery']:>8.0f} {row['usd_gpu']:>10,.0f} "
+                     f"{row['usd_storage']:>10,.2f} {row['usd_writes']:>9,.2f} {row['usd_total']:>10,.0f}")
     return "\n".join(lines)
 
 
@@ -113,19 +148,38 @@ def json_value(value: Any) -> Any:
     return value
 
 
-def rows(df: pd.DataFrame, *, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """JSON rows with exactly ``extra`` + ``COLUMNS`` keys (NaN -> null)."""
-    keys = [*extra, *COLUMNS]
+def rows(df: pd.DataFrame, *, extra: tuple[str, ...] = (),
+         tail: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """JSON rows with exactly ``extra`` + ``COLUMNS`` + ``tail`` keys (NaN -> null)."""
+    keys = [*extra, *COLUMNS, *tail]
     return [{k: json_value(r[k]) for k in keys} for r in df.to_dict("records")]
 
 
-def to_json(df: pd.DataFrame, scenario: dict[str, Any], *, extra: tuple[str, ...] = ()) -> str:
-    return json.dumps({"rows": rows(df, extra=extra), "scenario": scenario}, indent=2,
-                      default=str)
+def to_json(df: pd.DataFrame, scenario: dict[str, Any], *, extra: tuple[str, ...] = (),
+            tail: tuple[str, ...] = (), **more: Any) -> str:
+    """``{"rows": ..., "scenario": ...}`` and any ``more`` top-level entries (a run's
+    verdict); NaN anywhere is null (strict JSON)."""
+    body = {"rows": rows(df, extra=extra, tail=tail), "scenario": scenario, **more}
+    return json.dumps(json_clean(body), indent=2, default=_json_default, allow_nan=False)
 
 
-def to_csv(df: pd.DataFrame, *, extra: tuple[str, ...] = ()) -> str:
-    return df[[*extra, *COLUMNS]].to_csv(index=False)
+def json_clean(value: Any) -> Any:
+    """``value`` with every NaN float, at any depth, as None."""
+    if isinstance(value, dict):
+        return {k: json_clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_clean(v) for v in value]
+    return json_value(value) if isinstance(value, float) or hasattr(value, "item") else value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return json_value(value) if hasattr(value, "item") else str(value)
+
+
+def to_csv(df: pd.DataFrame, *, extra: tuple[str, ...] = (), tail: tuple[str, ...] = ()) -> str:
+    return df[[*extra, *COLUMNS, *tail]].to_csv(index=False)
 
 
 def figure(df: pd.DataFrame, *, title: str | None = None):

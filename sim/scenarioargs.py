@@ -28,8 +28,13 @@ from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
 from .strategies import PROTOCOLS, STRATEGIES
 from .units import parse_duration
 
-__all__ = ["COST_FLAGS", "add_scenario_args", "scenario_of", "job_scenario", "failure_model",
-           "cost_overrides", "stale_cost", "warn_age", "mtbf_of"]
+__all__ = ["COST_FLAGS", "FAIR", "add_scenario_args", "add_budget_args", "add_price_args",
+           "scenario_of", "job_scenario", "failure_model", "cost_overrides", "stale_cost", "warn_age",
+           "mtbf_of", "budgets_of", "prices_of", "protocol_of"]
+
+FAIR = "fair"
+"""The comparison's default protocol: each strategy at its own best setting within the
+budgets (``sim.fair``); ``matched`` and ``native`` fix every cadence by a rule."""
 
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
@@ -47,7 +52,9 @@ COST_FLAGS = {
 sets any one figure."""
 
 
-def add_scenario_args(p: argparse.ArgumentParser) -> None:
+def add_scenario_args(p: argparse.ArgumentParser, *, fair: bool = False) -> None:
+    """The shared flags; ``fair``: the command compares under the fair protocol by default
+    (``--protocol fair``, the other protocols by name)."""
     g = p.add_argument_group("scenario (default: the qwen2.5-7b preset)")
     g.add_argument("--preset", choices=PRESET_NAMES, help="a built-in preset")
     g.add_argument("--trace", help="a trace folder (traces/NAME) from the profiler or a preset")
@@ -79,9 +86,16 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--strategies", help=f"comma list from {','.join(STRATEGIES)}")
     r.add_argument("--seeds", type=int, default=10)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--protocol", choices=PROTOCOLS, help="rollback strategies' cadence: matched "
-                   "(the paper's matched freshness, default with a trace) or native (each as its "
-                   "authors designed it)")
+    if fair:
+        r.add_argument("--protocol", choices=(FAIR, *PROTOCOLS), default=FAIR, help="fair (the "
+                       "default: every strategy at its own best setting within the budgets), "
+                       "matched (the paper's: rollback strategies as often as LayerCheck's mean "
+                       "staleness, LayerCheck at its default) or native (each as its authors "
+                       "designed it)")
+    else:
+        r.add_argument("--protocol", choices=PROTOCOLS, help="rollback strategies' cadence: "
+                       "matched (the paper's matched freshness, default with a trace) or native "
+                       "(each as its authors designed it)")
     r.add_argument("--interval", help="override: every rollback strategy every N steps (or young, daly)")
     r.add_argument("--stale-cost", metavar="PHI", help="the stale cost factor phi: the share of "
                    "stale_s (training whose updates stale layers discarded) counted as lost, the "
@@ -208,7 +222,7 @@ def job_scenario(args, **fields: Any) -> Scenario:
               "stale_cost": stale_cost(args)}
     if args.interval is not None:
         common["interval"] = args.interval
-    if args.protocol is not None:
+    if args.protocol not in (None, FAIR):        # fair searches; the scenario keeps its rule
         common["protocol"] = args.protocol
     named = CostModel.named(args.costs) if args.costs else None
     if sum(x is not None for x in (args.preset, args.trace, args.iteration_time)) > 1:
@@ -263,3 +277,54 @@ def mtbf_of(args, value: str | None) -> float | None:
     if args.failure_log:
         return None
     raise SimError("give --mtbf (e.g. 0.5h), --gpus N --gpu-mtbf X, or --regime")
+
+
+def protocol_of(args) -> str | None:
+    """The protocol a command line asks for (None: the scenario's own)."""
+    return getattr(args, "protocol", None)
+
+
+def add_budget_args(p: argparse.ArgumentParser, *, staleness: bool = False) -> None:
+    """The budgets every strategy's setting must meet (``sim.budgets``)."""
+    b = p.add_argument_group("budgets (each optional; the same for every strategy)")
+    b.add_argument("--max-gb", type=float, help="GB written to durable storage over the job, "
+                   "base checkpoint included")
+    if staleness:
+        b.add_argument("--max-staleness", type=float, help="no layer older than this many steps "
+                       "(LayerCheck)")
+    b.add_argument("--max-write-share", type=float, help="share of the storage's write bandwidth "
+                   "over the job's compute time, e.g. 0.05")
+    b.add_argument("--max-host-gb", type=float, help="host memory the checkpoints may hold at "
+                   "once, GB")
+
+
+def budgets_of(args):
+    from .budgets import Budgets
+    return Budgets.from_flags(max_gb=args.max_gb, max_staleness=getattr(args, "max_staleness", None),
+                              max_write_share=args.max_write_share, max_host_gb=args.max_host_gb)
+
+
+def add_price_args(p: argparse.ArgumentParser) -> None:
+    """What the bill in dollars prices (``sim.dollars``; every default with its source)."""
+    from .dollars import PRICES
+    g = p.add_argument_group("prices (defaults: docs/sim.md, Hours and dollars)")
+    g.add_argument("--gpu-hour-usd", type=float, help=f"one GPU-hour, default "
+                   f"${PRICES['gpu_hour_usd'].value:g} (AWS on-demand A100 40 GB)")
+    g.add_argument("--storage-usd-per-gb-month", type=float, help=f"durable storage, default "
+                   f"${PRICES['storage_usd_per_gb_month'].value:g} (S3 Standard)")
+    g.add_argument("--write-usd-per-gb", type=float, help=f"writing, default "
+                   f"${PRICES['write_usd_per_gb'].value:.3g} (S3 PUTs of 8 MiB parts)")
+    g.add_argument("--keep", type=int, help=f"recovery points kept on storage, default "
+                   f"{int(PRICES['keep'].value)}")
+
+
+def prices_of(args):
+    """The prices of the command line: each flag given, the rest their defaults; the job's
+    GPUs from --gpus where given."""
+    from .dollars import Prices
+    given = {k: getattr(args, f) for k, f in (("gpu_hour_usd", "gpu_hour_usd"),
+                                              ("storage_usd_per_gb_month", "storage_usd_per_gb_month"),
+                                              ("write_usd_per_gb", "write_usd_per_gb"),
+                                              ("keep", "keep"), ("gpus", "gpus"))
+             if getattr(args, f, None) is not None}
+    return Prices(**given)

@@ -31,7 +31,7 @@ from .api import Scenario, simulate
 from .errors import SimError
 from .work import bound_work
 
-__all__ = ["SEEDS", "WINDOW_S", "Sensitivity", "sensitivity"]
+__all__ = ["SEEDS", "WINDOW_S", "Sensitivity", "sensitivity", "banded", "at_value"]
 
 SEEDS = 5
 WINDOW_S = 14 * 86400.0
@@ -139,18 +139,7 @@ def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequenc
     if unknown:
         raise SimError(f"unknown cost figures {unknown}; known: {', '.join(FIGURES)}")
     costs = scenario.costs
-    varied, unvaried = [], []
-    for name in chosen:
-        record, band = costs.provenance[name], costs.band(name)
-        if name == "stale_cost" and scenario.stale_figure().source == "given":
-            unvaried.append({"figure": name, "why": "given for this run (--stale-cost)"})
-        elif band is None:
-            why = "measured here" if record.source == "measured" else "no band declared"
-            unvaried.append({"figure": name, "why": why})
-        elif band.high <= band.low:
-            unvaried.append({"figure": name, "why": f"band of no width ({_g(band.low)})"})
-        else:
-            varied.append((name, record, band))
+    varied, unvaried = banded(scenario, chosen)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise SimError(f"seeds={seeds!r} must be a positive integer")
     if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
@@ -169,7 +158,7 @@ def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequenc
                                "value": float(getattr(costs, name)), "low": band.low,
                                "high": band.high, "reason": band.reason}
         for end in ("low", "high"):
-            row[f"ratios_{end}"] = ratios(_at(scenario, name, row[end]))
+            row[f"ratios_{end}"] = ratios(at_value(scenario, name, row[end]))
             row[f"leader_{end}"] = _leader(row[f"ratios_{end}"])
         rows.append(row)
     return Sensitivity(scenario=scenario.name, mtbf_s=mtbf_s, seeds=seeds, window_s=float(window_s),
@@ -177,7 +166,28 @@ def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequenc
                        unvaried=tuple(unvaried))
 
 
-def _at(scenario: Scenario, name: str, value: float) -> Scenario:
+def banded(scenario: Scenario, names: Sequence[str]) -> tuple[list[tuple[str, Any, Any]],
+                                                             list[dict[str, str]]]:
+    """Of the cost figures ``names``, those varied (name, provenance record, band) and those
+    not, each with why: measured here, no band, a band of no width, or a phi given for the
+    run. The sensitivity's and the verdict's one rule."""
+    costs = scenario.costs
+    varied, unvaried = [], []
+    for name in names:
+        record, band = costs.provenance[name], costs.band(name)
+        if name == "stale_cost" and scenario.stale_figure().source == "given":
+            unvaried.append({"figure": name, "why": "given for this run (--stale-cost)"})
+        elif band is None:
+            why = "measured here" if record.source == "measured" else "no band declared"
+            unvaried.append({"figure": name, "why": why})
+        elif band.high <= band.low:
+            unvaried.append({"figure": name, "why": f"band of no width ({_g(band.low)})"})
+        else:
+            varied.append((name, record, band))
+    return varied, unvaried
+
+
+def at_value(scenario: Scenario, name: str, value: float) -> Scenario:
     """``scenario`` with one figure set to ``value`` (a batch rounded to whole steps; phi's
     end given to the scenario too, so the accounting follows it)."""
     if FIGURES[name].unit == "steps":

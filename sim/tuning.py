@@ -4,18 +4,19 @@
     advice = recommend(trace, scenario, budgets, mtbf_s=1800, seeds=10)
     print(advice.text()); advice.config                # a LayerCheckConfig to paste
 
-Every setting of the grid (``sim.frontier.Grid``) is replayed exactly on the
-trace's drift; those within the budgets that are on the bytes-staleness front
-(for each checkpoint interval: a setting off it writes more and is staler
-than one on it, so it cannot lose less to the simulator) are simulated on the
-same failures, with the paper's default and the trace's recorded setting
-beside them; the highest effective ratio wins. Budgets that no setting meets
+Every setting of the grid (default: the fair comparison's search grid,
+``sim.settings.layercheck_grid``) is replayed exactly on the trace's drift; those
+within the budgets that are on the bytes-staleness front of their interval and
+Smax (``sim.frontier.fronts``: a setting off it writes more and is staler than
+one on it, so it cannot lose less to the simulator) are simulated on the same
+failures, with the paper's default and the trace's recorded setting beside
+them; the highest effective ratio wins, and the best baseline within the same
+budgets is found beside it (``best_baseline``). Budgets that no setting meets
 are a ``SimError`` that names the budget that binds.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,70 +28,27 @@ from layercheck.contract.decision import paper_default, recorded_config
 from layercheck.contract.trace import Trace
 
 from .api import Scenario
+from .budgets import Budgets
+from .engine import compiled_kernel
 from .errors import SimError
 from .frontier import (SETTING_COLUMNS, Evaluation, Grid, config_line, describe, evaluate,
-                       pareto, rate, write_bandwidth)
+                       fronts, rate, write_bandwidth)
+from .settings import layercheck_grid
 from .units import format_duration
 
-__all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_with_references"]
+__all__ = ["Budgets", "Recommendation", "recommend", "candidates", "evaluate_with_references",
+           "best_baseline"]
 
 ROLES = ("grid", "paper default", "recorded")
 """``role`` column: a grid point, the paper's default, the setting the trace was recorded with."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Budgets:
-    """What a setting may cost. None: no limit."""
-
-    max_bytes: float | None = None
-    """Bytes written over the run, base checkpoint included (``--max-gb`` x 1e9)."""
-    max_staleness: int | None = None
-    """No layer's newest copy older than this many steps (the largest staleness)."""
-    max_write_share: float | None = None
-    """Share of the storage's write bandwidth the writes may take over the job's compute time."""
-
-    def __post_init__(self) -> None:
-        for name, flag, what, unit in (("max_bytes", "--max-gb", "GB", 1e9),
-                                       ("max_staleness", "--max-staleness", "steps", 1)):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value <= 0):
-                shown = value / unit if isinstance(value, (int, float)) else value
-                raise SimError(f"{flag} must be a positive number of {what}, got {shown!r}")
-        share = self.max_write_share
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
-                                  or not 0 < share <= 1):
-            raise SimError(f"--max-write-share must be a fraction in (0, 1], e.g. 0.05 for 5%, "
-                           f"got {share!r}")
-
-    def limits(self) -> dict[str, tuple[str, str, float]]:
-        """Given budgets: table column -> (flag, unit, limit in the column's unit)."""
-        out = {}
-        if self.max_bytes is not None:
-            out["bytes_written"] = ("--max-gb", "GB", float(self.max_bytes))
-        if self.max_staleness is not None:
-            out["max_staleness"] = ("--max-staleness", "steps", float(self.max_staleness))
-        if self.max_write_share is not None:
-            out["write_share"] = ("--max-write-share", "", float(self.max_write_share))
-        return out
-
-    def within(self, table: pd.DataFrame) -> np.ndarray:
-        """True for the rows that meet every budget."""
-        ok = np.ones(len(table), dtype=bool)
-        for column, (_, _, limit) in self.limits().items():
-            ok &= table[column].to_numpy() <= limit
-        return ok
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"max_gb": None if self.max_bytes is None else self.max_bytes / 1e9,
-                "max_staleness": self.max_staleness, "max_write_share": self.max_write_share}
-
-
 def evaluate_with_references(trace: Trace, grid: Grid | None = None, *,
                              bandwidth: float | None = None) -> Evaluation:
-    """``sim.frontier.evaluate`` of the grid plus the paper's default and the trace's
+    """``sim.frontier.evaluate`` of the grid (default: the search grid of the fair
+    comparison, ``sim.settings.layercheck_grid``) plus the paper's default and the trace's
     recorded setting (column ``role``)."""
-    grid = grid or Grid.for_trace(trace)
+    grid = grid or layercheck_grid(trace)[0]
     configs = [*grid.configs(), paper_default(trace.num_steps), recorded_config(trace)]
     result = evaluate(trace, configs, bandwidth=bandwidth)
     result.table["role"] = [ROLES[0]] * grid.size + [ROLES[1], ROLES[2]]
@@ -98,17 +56,9 @@ def evaluate_with_references(trace: Trace, grid: Grid | None = None, *,
 
 
 def candidates(table: pd.DataFrame, budgets: Budgets) -> np.ndarray:
-    """Rows worth simulating: within the budgets and, for each interval, on the front
-    of bytes against mean weighted staleness."""
-    ok = budgets.within(table) & (table["role"] == ROLES[0]).to_numpy()
-    keep = np.zeros(len(table), dtype=bool)
-    for interval in np.unique(table["interval"]):
-        rows = np.flatnonzero(ok & (table["interval"].to_numpy() == interval))
-        if rows.size:
-            front = pareto(table["bytes_written"].to_numpy()[rows],
-                           table["mean_weighted_staleness"].to_numpy()[rows])
-            keep[rows[front]] = True
-    return np.flatnonzero(keep)
+    """Rows worth simulating: grid settings within the budgets on the front of bytes
+    against mean weighted staleness of their interval and Smax (``sim.frontier.fronts``)."""
+    return fronts(table, budgets.within(table) & (table["role"] == ROLES[0]).to_numpy())
 
 
 @dataclass(frozen=True)
@@ -131,6 +81,9 @@ class Recommendation:
     budget_mode: LayerCheckConfig | None
     """The same setting in budget mode (``write_budget``) where a byte or share budget
     was given: it holds the budget on a run whose drift differs from this trace's."""
+    baseline: dict[str, Any] | None = None
+    """The best baseline within the same budgets, on the same failures (``sim.fair``):
+    strategy, setting, effective_ratio, ci95; None where none was compared."""
 
     @property
     def line(self) -> str:
@@ -153,7 +106,22 @@ class Recommendation:
                 "recorded": self.recorded, "binding": self.binding(),
                 "config": self.config.to_dict(), "config_line": self.line,
                 "budget_mode": None if self.budget_mode is None else {
-                    "config": self.budget_mode.to_dict(), "config_line": config_line(self.budget_mode)}}
+                    "config": self.budget_mode.to_dict(), "config_line": config_line(self.budget_mode)},
+                "best_baseline": self.baseline,
+                "against_best_baseline": None if self.baseline is None else
+                self.best["effective_ratio"] - self.baseline["effective_ratio"]}
+
+    def _against(self) -> list[str]:
+        """Where the recommendation stands against the best baseline (fair protocol)."""
+        b = self.baseline
+        if b is None:
+            return []
+        gap = self.best["effective_ratio"] - b["effective_ratio"]
+        where = "ahead of" if gap > 0 else "behind"
+        return ["", f"Against the best baseline within the same budgets, on the same failures (every "
+                f"baseline at its own best setting, python -m sim's fair protocol): {b['strategy']} "
+                f"at {b['setting']}, {b['effective_ratio']:.4f} +- {b['ci95']:.4f}; the recommended "
+                f"setting is {abs(gap):.4f} {where} it."]
 
     def text(self) -> str:
         head = (f"{'':<16} {'ratio':>7} {'+-95%':>7} {'written':>10} {'max stale':>10} "
@@ -169,7 +137,8 @@ class Recommendation:
                             in self.budgets.limits().values()) or "none"
         binding = self.binding()
         why = (f"Why: the highest effective ratio of the {self.simulated} settings simulated (the "
-               f"bytes/staleness front of the {self.within} of {self.grid_size} grid settings "
+               f"bytes/staleness fronts, each interval and Smax, of the {self.within} of "
+               f"{self.grid_size} grid settings "
                f"within the budgets), {gain:+.4f} against the paper's default, which writes "
                f"{_gb(self.paper['bytes_written'])} and is {self.paper['mean_weighted_staleness']:.0f} "
                f"steps stale on average.")
@@ -177,7 +146,7 @@ class Recommendation:
                  f"{self.costs}; write bandwidth {self.bandwidth[0] / 1e9:.3g} GB/s "
                  f"({self.bandwidth[1]})",
                  f"budgets: {budgets}" + (f" (binding: {', '.join(binding)})" if binding else ""),
-                 "", *rows, "", why, "", "Paste:", f"    {self.line}"]
+                 "", *rows, "", why, *self._against(), "", "Paste:", f"    {self.line}"]
         if self.budget_mode is not None:
             lines += ["Or hold the budget online on a run that drifts differently (budget mode):",
                       f"    {config_line(self.budget_mode)}"]
@@ -186,9 +155,11 @@ class Recommendation:
 
 def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: float,
               seeds: int = 10, window_s: float | None = None, grid: Grid | None = None,
-              result: Evaluation | None = None) -> Recommendation:
+              result: Evaluation | None = None, baselines: bool = True) -> Recommendation:
     """The setting with the best effective ratio at ``mtbf_s`` within ``budgets``
-    (module doc). ``result``: an ``evaluate_with_references`` of this trace to reuse."""
+    (module doc). ``result``: an ``evaluate_with_references`` of this trace to reuse;
+    ``baselines``: also find the best baseline within the same budgets (``best_baseline``)."""
+    compiled_kernel(load=True)      # many settings: the compiled walks and loop pay for their import
     bandwidth = write_bandwidth(trace, scenario)
     result = result or evaluate_with_references(trace, grid, bandwidth=bandwidth[0])
     table = result.table
@@ -206,7 +177,29 @@ def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: flo
         budgets=budgets, mtbf_s=mtbf_s, seeds=seeds, costs=scenario.costs.name,
         bandwidth=bandwidth, grid_size=int((table["role"] == ROLES[0]).sum()),
         within=int((budgets.within(table) & (table["role"] == ROLES[0]).to_numpy()).sum()),
-        simulated=len(rows), budget_mode=_budget_mode(trace, config, budgets, bandwidth[0]))
+        simulated=len(rows), budget_mode=_budget_mode(trace, config, budgets, bandwidth[0]),
+        baseline=best_baseline(scenario, budgets, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
+        if baselines else None)
+
+
+def best_baseline(scenario: Scenario, budgets: Budgets, *, mtbf_s: float, seeds: int = 10,
+                  window_s: float | None = None) -> dict[str, Any] | None:
+    """The compared baseline with the best effective ratio, each at its own best setting
+    within ``budgets`` (LayerCheck's staleness budget aside), on ``scenario``'s failures:
+    strategy, setting, effective_ratio, ci95; None where none meets the budgets."""
+    from .fair import LAYERCHECK, compare
+    names = [n for n in scenario.strategy_names() if n not in LAYERCHECK and n != "none"]
+    if not names:
+        return None
+    result = compare(dataclasses.replace(scenario, interval=None), mtbf_s=mtbf_s,
+                     budgets=dataclasses.replace(budgets, max_staleness=None), strategies=names,
+                     seeds=seeds, window_s=window_s)
+    table = result.table().dropna(subset=["effective_ratio"])
+    if table.empty:
+        return None
+    row = table.loc[table["effective_ratio"].idxmax()]
+    return {"strategy": str(row["strategy"]), "setting": str(row["setting"]),
+            "effective_ratio": float(row["effective_ratio"]), "ci95": float(row["ci95"])}
 
 
 def _row(table: pd.DataFrame, result: Evaluation, row: int) -> dict[str, Any]:
@@ -263,11 +256,11 @@ def _setting(row: Any) -> str:
 
 def _name(column: str) -> str:
     return {"bytes_written": "bytes written", "max_staleness": "largest staleness",
-            "write_share": "write share"}[column]
+            "write_share": "write share", "host_bytes": "host memory"}[column]
 
 
 def _value(column: str, value: float) -> str:
-    if column == "bytes_written":
+    if column in ("bytes_written", "host_bytes"):
         return _gb(value)
     if column == "write_share":
         return f"{value:.2%}"
@@ -275,7 +268,7 @@ def _value(column: str, value: float) -> str:
 
 
 def _limit(flag: str, limit: float) -> str:
-    return f"{limit / 1e9:g}" if flag == "--max-gb" else f"{limit:g}"
+    return f"{limit / 1e9:g}" if flag in ("--max-gb", "--max-host-gb") else f"{limit:g}"
 
 
 def _gb(nbytes: float) -> str:

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from layercheck.contract.decision import lr_ratio, policy_for
-from layercheck.contract.resumed import next_writes
 from layercheck.contract.trace import Trace, last_written
 from layercheck.policy import Policy
 
 from .errors import SimError
+from .nextwrites import next_writes
 from .work import check_job_steps
 
 __all__ = ["Workload", "LayerWrites", "warmup_from"]
@@ -149,6 +149,9 @@ class Workload:
     synthetic and custom jobs, whose steps are all alike. Charged to every recovery that
     resumes past the job's start (``Strategy.schedule``); a resume at the start re-runs
     step 1, whose compute already holds it."""
+    trace: Trace | None = field(default=None, repr=False, compare=False)
+    """The trace the job was read from (``from_trace``): its drift lets the fair
+    comparison re-decide LayerCheck's writes under other settings. None for a custom job."""
 
     def __post_init__(self) -> None:
         compute = np.asarray(self.compute_s, dtype=np.float64)
@@ -201,7 +204,7 @@ class Workload:
         return cls(name=trace.name, compute_s=trace.compute_seconds(),
                    full_bytes=int(trace.full_checkpoint_bytes), layers=layers, kind=trace.kind,
                    meta={"layers": len(layers.nbytes), "layer_writes": int(layers.written.sum())},
-                   warmup_s=warmup_from(trace))
+                   warmup_s=warmup_from(trace), trace=trace)
 
 
 def warmup_from(trace: Trace) -> float:

@@ -8,6 +8,7 @@ failure-free run so that a ``Schedule`` can carry it (``sim.strategies.LowDiff``
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 
 import numpy as np
@@ -16,22 +17,35 @@ __all__ = ["queued_writer"]
 
 
 def queued_writer(compute: np.ndarray, snap: np.ndarray, write: np.ndarray, full: np.ndarray,
-                  full_s: float, slots: int | None) -> np.ndarray:
+                  full_s: float, slots: int | None) -> tuple[np.ndarray, int]:
     """LowDiff's writer process, failure-free, step by step (arrays of N+1, index i = after
     step i; ``compute`` has N). After step i training stalls ``snap[i]`` (compression and
     hand-off), then hands the batch ``write[i] > 0`` to the queue, waiting first only while
     ``slots`` batches are pending; the writer writes them in order. A full save
     (``full[i]``) is synchronous and the storage serves it after the writer's backlog.
     Adds those waits to ``snap`` (in place) and returns, per batch, the seconds from the
-    end of its stall to its durability (NaN elsewhere): the second, non-blocking tier.
+    end of its stall to its durability (NaN elsewhere): the second, non-blocking tier;
+    and the most batches ever in the queue at once, the one being written included (what
+    the queue holds in host memory).
 
     Simplification: the engines read these durable times for every run, so after a
     failure (the writer restarts empty) the first writes look as late as in the
     failure-free run; this delays LowDiff's recovery points only where its writer has a
-    backlog, that is where it is write-bound."""
+    backlog, that is where it is write-bound.
+
+    Where the compiled walks are loaded (``sim.engine.compiled_kernel``) they run this
+    one: the same float64 operations in order (tested equal)."""
+    kernel = sys.modules.get(f"{__package__}.kernel")    # loaded by the engine, never here
+    if kernel is not None:
+        out, most = kernel.queued_writer_walk(
+            np.ascontiguousarray(compute, dtype=np.float64), snap,
+            np.ascontiguousarray(write, dtype=np.float64), np.ascontiguousarray(full, dtype=np.bool_),
+            float(full_s), -1 if slots is None else int(slots))
+        return out, int(most)
     n = compute.size
     out = np.full(n + 1, np.nan)
     t, free, pending = 0.0, 0.0, deque()        # pending: durable times, ascending (FIFO)
+    most = 0
     for i in range(1, n + 1):
         t += compute[i - 1]                      # step i's compute has ended
         stall = 0.0
@@ -50,7 +64,8 @@ def queued_writer(compute: np.ndarray, snap: np.ndarray, write: np.ndarray, full
                     pending.popleft()
             free = max(free, end) + write[i]
             pending.append(free)
+            most = max(most, len(pending))
             out[i] = free - end
         snap[i] = stall
         t = end
-    return out
+    return out, most

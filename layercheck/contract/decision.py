@@ -117,8 +117,8 @@ def policy_for(trace: Trace, config: LayerCheckConfig | None = None) -> Policy:
     recorded = recorded_config(trace)
     config = recorded if config is None else config
     config = dataclasses.replace(config, thresholds={**recorded.thresholds, **config.thresholds})
-    return Policy.from_config(config, trace.layer_names, list(trace.layers["kind"]),
-                              sizes=trace.budget_sizes)
+    kinds = [layer["kind"] for layer in trace.manifest["layers"]]   # trace.layers' column, no frame
+    return Policy.from_config(config, trace.layer_names, kinds, sizes=trace.budget_sizes)
 
 
 def lr_ratio(trace: Trace) -> np.ndarray:

@@ -22,7 +22,7 @@ from layercheck.contract.figure import FigureSpec
 
 from ..errors import SimError
 from . import base, checkfreq, deepspeed, gemini, jit, layercheck, lowdiff, none
-from .base import PROTOCOLS, Cadence, Schedule, Strategy
+from .base import PROTOCOLS, Cadence, Footprint, Schedule, Strategy
 from .checkfreq import CHECKFREQ_OVERHEAD, CheckFreq
 from .deepspeed import DeepSpeed
 from .gemini import Gemini
@@ -30,7 +30,7 @@ from .layercheck import LayerCheck, LayerCheckSync
 from .lowdiff import NATIVE_DIFF_BATCH, LowDiff
 from .none import NoCheckpoint
 
-__all__ = ["Cadence", "Schedule", "Strategy", "STRATEGIES", "MODULES", "SCHEMA", "schema",
+__all__ = ["Cadence", "Footprint", "Schedule", "Strategy", "STRATEGIES", "MODULES", "SCHEMA", "schema",
            "get_strategy", "PROTOCOLS", "CHECKFREQ_OVERHEAD", "NATIVE_DIFF_BATCH",
            "NoCheckpoint", "DeepSpeed", "CheckFreq", "Gemini", "LowDiff", "LayerCheck",
            "LayerCheckSync"]

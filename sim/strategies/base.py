@@ -18,6 +18,10 @@ this order):
 3. ``_recovery(b)`` returns the seconds a recovery takes when resuming at
    position j = 0..N from the primary tier (and ``_recovery_backup`` from the
    backup tier).
+4. ``_footprint(b)`` says what the checkpoints occupy besides time: the host
+   memory they hold, the durable storage one recovery point takes, and which
+   of ``b.bytes`` reach durable storage (``Footprint``; the fair comparison's
+   budgets and the bill in dollars read it).
 
 ``Strategy.cadence`` says how often a rollback strategy checkpoints under a
 protocol: ``matched`` (the paper's matched freshness), ``native`` (as its
@@ -33,6 +37,7 @@ checkpoint there.
 This module holds the base and the figure every strategy uses (``restart_s``)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -50,7 +55,7 @@ from ..theory import daly_interval_s
 # are not imported: both read the calibration schema, which is the union of this
 # package's declarations, so importing them here would be a cycle.
 
-__all__ = ["Cadence", "Schedule", "Strategy", "PROTOCOLS", "FIGURES", "STRATEGIES"]
+__all__ = ["Cadence", "Schedule", "Strategy", "Footprint", "PROTOCOLS", "FIGURES", "STRATEGIES"]
 
 FIGURES: dict[str, FigureSpec] = {
     "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
@@ -98,6 +103,35 @@ class Cadence:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Footprint:
+    """What a strategy's checkpoints occupy besides time, on one failure-free job."""
+
+    durable_bytes: float = 0.0
+    """Bytes written to durable storage over the job (GEMINI: its storage tier, not its
+    copies to a peer's memory)."""
+    moved_bytes: float = 0.0
+    """Every byte its checkpoints copy over the job, to storage or to a peer (``bytes``)."""
+    host_bytes: float = 0.0
+    """The most host memory its checkpoints hold at once (snapshot buffers, copies kept
+    in memory, a writer's queue)."""
+    point_bytes: float = 0.0
+    """Durable storage one recovery point occupies (a full checkpoint; LowDiff's with the
+    differentials after it; one version of every layer)."""
+    base_bytes: float = 0.0
+    """Durable storage kept beside the recovery points whatever their number (LayerCheck's
+    base checkpoint, which its retention keeps)."""
+
+    def stored_bytes(self, keep: int) -> float:
+        """Durable storage held when the ``keep`` newest recovery points are kept."""
+        return keep * self.point_bytes + self.base_bytes
+
+    @property
+    def durable_share(self) -> float:
+        """The share of the bytes its checkpoints move that reach durable storage."""
+        return self.durable_bytes / self.moved_bytes if self.moved_bytes > 0 else 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Schedule:
     """A strategy's costs on one job; arrays have N+1 entries, index i = after step i."""
 
@@ -116,6 +150,8 @@ class Schedule:
     """The copies a recovery at each position loads (LayerCheck's composite,
     ``sim.composite``); None: a recovery loads a consistent state of step c."""
     cadence: Cadence | None = None
+    footprint: Footprint = Footprint()
+    """Host memory, durable bytes and stored bytes (``Strategy._footprint``)."""
 
     @property
     def steps(self) -> int:
@@ -140,6 +176,9 @@ class _Builder:
     commit: np.ndarray
     bytes: np.ndarray
     backup: np.ndarray | None = None
+    queued: int = 0
+    """The most writes a strategy's own writer queue held at once (LowDiff's), where
+    ``_checkpoints`` lays one out."""
 
     @property
     def steps(self) -> int:
@@ -213,6 +252,7 @@ class Strategy:
         if b.backup is not None:
             b.backup[0] = b.backup[n] = np.nan
         composite = self._stale(b)
+        footprint = dataclasses.replace(self._footprint(b), moved_bytes=float(b.bytes.sum()))
         recover, recover_backup = self._recovery(b), self._recovery_backup(b)
         for array in (recover, recover_backup):
             if array is not None:
@@ -225,7 +265,7 @@ class Strategy:
                         snap=b.snap, persist=b.persist, commit=b.commit, bytes=b.bytes,
                         recover=recover, backup=b.backup, recover_backup=recover_backup,
                         backup_probability=self._backup_probability(b),
-                        composite=composite, cadence=cadence)
+                        composite=composite, cadence=cadence, footprint=footprint)
 
     # hooks -------------------------------------------------------------------
     def _checkpoints(self, b: _Builder) -> None:
@@ -249,6 +289,12 @@ class Strategy:
     def _stale(self, b: _Builder) -> Composite | None:
         """A recovery point's stale layers (LayerCheck's composite); none by default."""
         return None
+
+    def _footprint(self, b: _Builder) -> Footprint:
+        """Default: every byte of ``b.bytes`` is durable, no host memory is held, a
+        recovery point is a full checkpoint (none without checkpoints)."""
+        durable = float(b.bytes.sum())
+        return Footprint(durable_bytes=durable, point_bytes=b.full if durable > 0 else 0.0)
 
 
 def _daly_steps(checkpoint_s: float, workload: Workload, mtbf_s: float | None) -> int:

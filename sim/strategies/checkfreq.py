@@ -5,7 +5,7 @@ import numpy as np
 
 from layercheck.contract.figure import Figure, FigureSpec
 
-from .base import Cadence, Strategy, _Builder
+from .base import Cadence, Footprint, Strategy, _Builder
 from .bands import COPY_BAND, COPY_RULE, READ_BAND, STORAGE_RULE, WRITE_BAND
 
 __all__ = ["CheckFreq", "CHECKFREQ_OVERHEAD", "FIGURES", "STRATEGIES"]
@@ -68,6 +68,11 @@ class CheckFreq(Strategy):
 
     def _recovery(self, b: _Builder) -> np.ndarray:
         return np.full(b.steps + 1, b.costs.restart_s + b.costs.async_load_s(b.full))
+
+    def _footprint(self, b: _Builder) -> Footprint:
+        """Its snapshot buffer in host memory holds one full copy of the state."""
+        durable = float(b.bytes.sum())
+        return Footprint(durable_bytes=durable, host_bytes=b.full, point_bytes=b.full)
 
 
 STRATEGIES = (CheckFreq,)

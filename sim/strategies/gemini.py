@@ -9,7 +9,7 @@ from layercheck.contract.figure import Figure, FigureSpec
 from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 from layercheck.contract.band import Band
 
-from .base import Cadence, Strategy, _Builder, _daly_steps
+from .base import Cadence, Footprint, Strategy, _Builder, _daly_steps
 from .bands import COPY_BAND, COPY_RULE, PAPER
 
 __all__ = ["Gemini", "FIGURES", "STRATEGIES"]
@@ -90,6 +90,13 @@ class Gemini(Strategy):
 
     def _backup_probability(self, b: _Builder) -> float:
         return b.costs.peer_loss_probability
+
+    def _footprint(self, b: _Builder) -> Footprint:
+        """Durable: its storage tier only (the copies to a peer's memory are not). Host
+        memory: its own copy and the one it keeps for its peer (GEMINI's two replicas, the
+        m = 2 its paper argues covers most failures)."""
+        stored = int(np.isfinite(b.backup).sum())
+        return Footprint(durable_bytes=stored * b.full, host_bytes=2 * b.full, point_bytes=b.full)
 
 
 STRATEGIES = (Gemini,)

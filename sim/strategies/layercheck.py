@@ -10,7 +10,7 @@ from layercheck.contract.band import Band
 from layercheck.contract.figure import TRANSFERRED_STALE_COST, Figure, FigureSpec
 
 from ..composite import Composite
-from .base import Strategy, _Builder
+from .base import Footprint, Strategy, _Builder
 from .bands import COPY_BAND, COPY_RULE, LOAD_FIXED_RULE, PAPER, READ_BAND, READ_FIXED_BAND, STORAGE_RULE, WRITE_BAND
 
 __all__ = ["LayerCheck", "LayerCheckSync", "FIGURES", "STRATEGIES"]
@@ -101,6 +101,13 @@ class LayerCheck(Strategy):
     def _stale(self, b: _Builder) -> Composite:
         layers = b.workload.layers
         return Composite.of(layers.last, layers.restarted, layers.weights)
+
+    def _footprint(self, b: _Builder) -> Footprint:
+        """Host memory: one step's layer copies (the next snapshot waits for the writer).
+        Stored: a recovery point is one version of every layer, and the library's
+        retention keeps the base checkpoint beside the versions it keeps."""
+        return Footprint(durable_bytes=float(b.bytes.sum()), host_bytes=float(b.bytes.max()),
+                         point_bytes=b.full, base_bytes=b.full)
 
 
 class LayerCheckSync(LayerCheck):

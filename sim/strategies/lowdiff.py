@@ -10,7 +10,7 @@ from layercheck.contract.figure import Figure, FigureSpec
 
 from ..errors import SimError
 from ..writer import queued_writer
-from .base import Cadence, Strategy, _Builder
+from .base import Cadence, Footprint, Strategy, _Builder
 from .bands import COPY_RULE, PAPER, STORAGE_RULE
 
 __all__ = ["LowDiff", "NATIVE_DIFF_BATCH", "FIGURES", "STRATEGIES"]
@@ -122,8 +122,16 @@ class LowDiff(Strategy):
         write[batches] = c.persist_s(diff * batch)
         is_full = np.zeros(b.steps + 1, dtype=bool)
         is_full[fulls] = True
-        b.backup = queued_writer(b.workload.compute_s, b.snap, write, is_full,
-                                 c.save_s(full), self.queue_batches)
+        b.backup, b.queued = queued_writer(b.workload.compute_s, b.snap, write, is_full,
+                                           c.save_s(full), self.queue_batches)
+
+    def _footprint(self, b: _Builder) -> Footprint:
+        """Host memory: the most batches its writer's queue held (each ``batch`` steps of
+        differentials); a recovery point: a full checkpoint and the differentials after it
+        up to the next."""
+        diff, batch = self._diff_bytes(b), b.cadence.batch or b.costs.diff_batch
+        return Footprint(durable_bytes=float(b.bytes.sum()), host_bytes=b.queued * batch * diff,
+                         point_bytes=b.full + min(b.cadence.every, b.steps) * diff)
 
     def _recovery(self, b: _Builder) -> np.ndarray:
         positions = np.arange(b.steps + 1)

@@ -230,3 +230,12 @@ def test_failures_shows_what_the_ranking_hangs_on(traces_dir):
         any("ranks first" in s.value for s in at.success)
     bands = at.dataframe[-1].value
     assert {"figure", "low", "high", "reason"} <= set(bands.columns)
+
+
+def test_verdict_names_a_winner_and_prices_move_the_bill(traces_dir):
+    at = run("verdict", v_seeds=2, v_window_d=1)
+    assert metrics(at)["Winner"]
+    before = at.dataframe[-2].value["usd_gpu"].sum()
+    at.sidebar.number_input(key="v_gpu_hour").set_value(10.0).run()
+    assert not at.exception
+    assert at.dataframe[-2].value["usd_gpu"].sum() > before

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 
 from layercheck.contract.calibration import TRANSFERRED_STALE_COST, read_calibration
-from sim.api import COLUMNS
+from sim.api import COLUMNS, Scenario, simulate
 from sim.cli import main
+from sim.report import RUN_TAIL
+from sim.settings import layercheck_grid
+from layercheck.contract.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,30 +31,67 @@ def test_torch_free():
 
 
 def test_default_table_says_what_it_rests_on():
-    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d")
+    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--no-bands")
     assert result.returncode == 0, result.stderr
-    head = result.stdout.splitlines()[:3]
+    head = result.stdout.splitlines()[:5]
     assert head[0].startswith("qwen2.5-7b (synthetic), MTBF 30m")
     assert head[1].startswith("costs: paper-a100") and "fit" in head[1] and "assumed" in head[1]
-    assert head[2].startswith("protocol: matched") and "stale_s" in head[2]
+    assert head[2].startswith("protocol: fair (every strategy at its own best setting") \
+        and "stale_s" in head[2]
+    assert head[4].startswith("prices: 8 GPUs at $2.7447 a GPU-hour")
     assert "layercheck-sync" in result.stdout and "gemini" in result.stdout and "stale h" in result.stdout
+    assert any(line.startswith("verdict (fair): ") for line in result.stdout.splitlines())
+    assert "GPU hours a run by cause, and dollars" in result.stdout
 
 
 def test_json_has_exactly_the_keys(capsys):
     assert main(["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d",
-                 "--preset", "llama-3.2-1b"]) == 0
+                 "--preset", "llama-3.2-1b", "--no-bands"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"rows", "scenario"}
-    assert all(list(row) == list(COLUMNS) for row in data["rows"])
-    assert data["scenario"]["name"] == "llama-3.2-1b"
+    assert set(data) == {"rows", "scenario", "verdict", "seconds"}
+    assert all(list(row) == [*COLUMNS, *RUN_TAIL] for row in data["rows"])
+    assert data["scenario"]["name"] == "llama-3.2-1b" and data["scenario"]["protocol"] == "fair"
+    assert set(data["scenario"]["prices"]) >= {"gpu_hour_usd", "storage_usd_per_gb_month"}
+    verdict = data["verdict"]
+    assert verdict["winner"] in {r["strategy"] for r in data["rows"]}
+    assert {"margin", "margin_ci95", "flips", "phi", "fresh", "robust"} <= set(verdict)
 
 
 def test_csv_and_custom(capsys):
     assert main(["--iteration-time", "6s", "--iterations", "1000", "--checkpoint-cost", "60s",
                  "--restart", "120s", "--interval", "100", "--strategies", "deepspeed,checkfreq",
-                 "--mtbf", "2h", "--csv", "--seeds", "2", "--window", "2d"]) == 0
+                 "--mtbf", "2h", "--csv", "--seeds", "2", "--window", "2d", "--protocol", "native",
+                 "--no-bands"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == ",".join(COLUMNS) and len(lines) == 3
+    assert lines[0] == ",".join([*COLUMNS, *RUN_TAIL]) and len(lines) == 3
+
+
+def test_the_paper_protocol_by_name_is_simulates_table(capsys):
+    assert main(["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d", "--protocol",
+                 "matched", "--preset", "llama-3.2-1b", "--no-bands"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    table = simulate(Scenario.from_preset("llama-3.2-1b"), mtbf_s=1800.0, seeds=2,
+                     window_s=86400.0)
+    assert [r["effective_ratio"] for r in rows] == table["effective_ratio"].tolist()
+
+
+def test_budgets_belong_to_the_fair_protocol(capsys):
+    assert main(["--mtbf", "30m", "--protocol", "matched", "--max-gb", "500"]) == 2
+    assert "apply to the fair protocol" in capsys.readouterr().err
+
+
+def test_frontier_json_and_csv(capsys):
+    args = ["frontier", "--mtbf", "30m", "--seeds", "2", "--window", "1d", "--preset",
+            "llama-3.2-1b", "--strategies", "deepspeed,gemini,layercheck"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["strategy"] for r in data["front"]} == {"deepspeed", "gemini", "layercheck"}
+    ranges = data["best_by_budget"]
+    assert ranges and ranges[-1]["to_bytes"] is None
+    assert [r["effective_ratio"] for r in ranges] == sorted(r["effective_ratio"] for r in ranges)
+    assert main([*args, "--csv"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("strategy,setting,origin,job_bytes,effective_ratio")
 
 
 def test_sweep_writes_files(tmp_path, capsys):
@@ -72,7 +112,11 @@ def test_sweep_writes_files(tmp_path, capsys):
                                   ["--mtbf", "1h", "--cost", "speed=3"],
                                   ["--mtbf", "1h", "--cost", "save_gbps=fast"],
                                   ["--mtbf", "1h", "--write-gbps", "0"],
-                                  ["--mtbf", "1h", "--protocol", "fair"],
+                                  ["--mtbf", "1h", "--protocol", "fastest"],
+                                  ["--mtbf", "1h", "--max-host-gb", "-5"],
+                                  ["--mtbf", "1h", "--gpu-hour-usd", "-1"],
+                                  ["--mtbf", "1h", "--engine", "simpy"],
+                                  ["frontier", "--mtbf", "1h", "--protocol", "native"],
                                   ["--mtbf", "1h", "--engine", "turbo"],
                                   ["--mtbf", "1h", "--workers", "0"],
                                   ["sweep", "--points", "2", "--scheduler", "localhost:8786"]])
@@ -96,6 +140,7 @@ def test_tune_prints_the_best_setting_and_the_line_to_paste(capsys):
     assert out.startswith("qwen2.5-7b-synthetic: MTBF 30m, 2 seeds, costs paper-a100")
     assert "budgets: --max-gb 500" in out and "paper default" in out
     assert "    LayerCheckConfig(base_threshold=" in out
+    assert "Against the best baseline within the same budgets, on the same failures" in out
 
 
 def test_tune_json(capsys):
@@ -103,7 +148,12 @@ def test_tune_json(capsys):
                  "1h", "--max-write-share", "0.05", "--json", "--seeds", "2", "--window", "2d"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["recommended"]["write_share"] <= 0.05 and out["costs"] == "paper-a100"
-    assert out["config_line"].startswith("LayerCheckConfig(") and out["grid_size"] == 400
+    grid, _ = layercheck_grid(read_trace("traces/minilm-1000steps"))
+    assert out["config_line"].startswith("LayerCheckConfig(") and out["grid_size"] == grid.size
+    base = out["best_baseline"]
+    assert base["strategy"] in ("deepspeed", "checkfreq", "gemini", "lowdiff")
+    assert out["against_best_baseline"] == pytest.approx(
+        out["recommended"]["effective_ratio"] - base["effective_ratio"])
 
 
 @pytest.mark.parametrize("args,words", [
@@ -138,28 +188,31 @@ def _phi_costs(tmp_path, value=0.5, low=0.0, high=1.0):
 
 
 def test_the_table_shows_phi_its_bounds_source_and_when_the_ranking_depends_on_it(tmp_path):
-    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d")
+    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--no-bands")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     phi = TRANSFERRED_STALE_COST  # the measured one, carried over to the preset
     assert lines[3].startswith(f"stale cost phi: {phi.value:g} (interval {phi.low:g}..{phi.high:g}); "
                                "transferred: carried over from traces/minilm-200steps")
-    assert "phi low phi high" in lines[4]
-    assert not any(line.startswith("the ranking depends on phi") for line in lines)
-    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d",
-                  "--costs", str(_phi_costs(tmp_path)))
+    assert "phi low phi high" in lines[5]
+    assert any(line.startswith(f"  phi {phi.low:g}..{phi.high:g}: first at its low end ")
+               for line in lines)
+    result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--no-bands",
+                  "--protocol", "matched", "--costs", str(_phi_costs(tmp_path)))
     lines = result.stdout.splitlines()
     assert lines[3] == "stale cost phi: 0.5 (interval 0..1); measured: on traces/x, a test's"
-    assert lines[-1].startswith("the ranking depends on phi: first at phi 0 (low) is layercheck")
+    assert any(line.startswith("  phi 0..1: first at its low end layercheck") for line in lines)
     given_phi = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--costs",
-                     str(_phi_costs(tmp_path)), "--stale-cost", "0.25").stdout.splitlines()
+                     str(_phi_costs(tmp_path)), "--stale-cost", "0.25", "--no-bands",
+                     "--protocol", "matched").stdout.splitlines()
     assert given_phi[3].startswith("stale cost phi: 0.25 (no interval); given:")
-    assert not given_phi[-1].startswith("the ranking depends")
+    assert not any(line.startswith("  phi ") for line in given_phi)
 
 
 def test_csv_and_sweep_carry_the_bounds(tmp_path, capsys):
     costs = str(_phi_costs(tmp_path))
-    assert main(["--mtbf", "30m", "--csv", "--seeds", "2", "--window", "1d", "--costs", costs]) == 0
+    assert main(["--mtbf", "30m", "--csv", "--seeds", "2", "--window", "1d", "--costs", costs,
+                 "--protocol", "matched", "--no-bands"]) == 0
     header, *lines = capsys.readouterr().out.strip().splitlines()
     assert "ratio_at_phi_low,ratio_at_phi_high" in header and "stale_lost_s" in header
     out = tmp_path / "sw"
@@ -243,7 +296,9 @@ def _log(folder: Path, times) -> str:
     (["--failure-log", "{one_second}"], "failures per run"),
     (["--mtbf", "1h", "--seeds", "1000000000"], "failures in all"),
     (["--mtbf", "1h", "--engine", "simpy", "--window", "3000d"], "simpy"),
-    (["--mtbf", "1h", "--interval", "99999999999999999999"], "the job's 1692 steps"),
+    (["--mtbf", "1h", "--interval", "99999999999999999999", "--protocol", "matched"],
+     "the job's 1692 steps"),
+    (["--mtbf", "1h", "--interval", "100"], "drop --interval"),
     (["--iteration-time", "1s", "--iterations", "1000000000000", "--mtbf", "1h"], "iterations"),
     (["--iteration-time", "1s", "--checkpoint-gb", "1e300", "--mtbf", "1h"], "checkpoint size"),
     (["sweep", "--points", "1000000000"], "failures in all"),
@@ -265,7 +320,8 @@ def test_extreme_values_are_one_line_exit_2_before_allocating(tmp_path, args, wo
 def test_a_log_played_once_runs_over_any_window(tmp_path):
     """The bound counts what a run draws: a log played once draws its rows, whatever the window."""
     result = _capped("--failure-log", _log(tmp_path, [3600.0, 7200.0]), "--log-once",
-                     "--window", "1e12d", "--seeds", "2", "--strategies", "deepspeed", "--json")
+                     "--window", "1e12d", "--seeds", "2", "--strategies", "deepspeed", "--json",
+                     "--no-bands")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["rows"][0]["failures"] == 2.0
 
@@ -327,3 +383,12 @@ def test_a_reader_that_went_away_ends_the_command_quietly():
     from tests.pipes import run_into_closed_pipe
     done = run_into_closed_pipe("sim", "--mtbf", "0.5h", "--seeds", "2", "--json")
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_json_is_strict_where_a_figure_has_no_value(capsys):
+    assert main(["--mtbf", "30m", "--json", "--seeds", "1", "--window", "1d", "--strategies",
+                 "deepspeed", "--protocol", "matched", "--no-bands"]) == 0
+    def refuse(name):
+        raise AssertionError(f"{name} in the JSON")
+    data = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert data["verdict"]["margin"] is None and data["rows"][0]["ci95"] is None

@@ -69,3 +69,63 @@ def test_kernel_names_are_checked(monkeypatch):
         run_lanes(*grid, kernel="compiled")
     auto = run_lanes(*grid)                                  # auto: the numpy loop then
     np.testing.assert_array_equal(auto.useful_s, run_lanes(*grid, kernel="numpy").useful_s)
+
+
+# --- the smaller walks: the same numbers as their numpy and Python originals -------------
+import sys  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from sim import timeline as timeline_module, writer as writer_module  # noqa: E402
+from sim.engine import compiled_kernel  # noqa: E402
+
+
+def _without_kernel(monkeypatch, fn, *args):
+    """``fn(*args)`` as it runs where the compiled walks are not loaded."""
+    with monkeypatch.context() as m:
+        m.delitem(sys.modules, "sim.kernel", raising=False)
+        return fn(*args)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 60))
+def test_timeline_walk_is_the_python_walk(seed, steps):
+    kernel = compiled_kernel(load=True)
+    assert kernel is not None, "numba is in both test environments (the sim-fast extra)"
+    rng = np.random.default_rng(seed)
+    compute = np.concatenate(([0.0], rng.uniform(0.1, 3.0, steps)))
+    snap = np.where(rng.random(steps + 1) < 0.5, rng.uniform(0, 2, steps + 1), 0.0)
+    persist = np.where(rng.random(steps + 1) < 0.5, rng.uniform(0, 9, steps + 1), 0.0)
+
+    class S:     # the three arrays _walk reads
+        pass
+    s = S()
+    s.compute, s.snap, s.persist, s.steps = compute, snap, persist, steps
+    ours = kernel.timeline_walk(compute, snap, persist)
+    with pytest.MonkeyPatch.context() as m:
+        m.delitem(sys.modules, "sim.kernel")
+        theirs = timeline_module._walk(s)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(2, 80), slots=st.one_of(st.none(),
+                                                                              st.integers(1, 4)))
+def test_queued_writer_walk_is_the_python_walk(seed, steps, slots):
+    kernel = compiled_kernel(load=True)
+    assert kernel is not None, "numba is in both test environments (the sim-fast extra)"
+    rng = np.random.default_rng(seed)
+    compute = rng.uniform(0.5, 2.0, steps)
+    snap = np.concatenate(([0.0], rng.uniform(0, 0.5, steps)))
+    write = np.where(rng.random(steps + 1) < 0.6, rng.uniform(0.1, 4.0, steps + 1), 0.0)
+    full = rng.random(steps + 1) < 0.1
+    snap_ours = snap.copy()
+    ours = writer_module.queued_writer(compute, snap_ours, write, full, 3.0, slots)
+    snap_theirs = snap.copy()
+    with pytest.MonkeyPatch.context() as m:
+        m.delitem(sys.modules, "sim.kernel")
+        theirs = writer_module.queued_writer(compute, snap_theirs, write, full, 3.0, slots)
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    assert ours[1] == theirs[1]
+    np.testing.assert_array_equal(snap_ours, snap_theirs)

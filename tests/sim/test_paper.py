@@ -65,3 +65,18 @@ def test_every_changed_figure_keeps_its_provenance():
                        ("diff_snapshot_gbps", "57.2 min"), ("peer_loss_probability", "32 / 419")):
         assert prov[name].source in ("derived", "fit") and text in prov[name].method
     assert not math.isclose(CostModel().save_gbps, 1.12)
+
+
+def test_lowdiffs_shares_split_its_job_into_compute_compression_and_checkpointing():
+    from sim.paper import lowdiff_shares, lowdiff_stall_note, regime_cadence
+    from sim.strategies import get_strategy
+    fields = preset_scenario_fields("qwen2.5-7b")
+    workload, costs = fields["workload"], costs_for("qwen2.5-7b").with_overrides(diff_batch=2)
+    run = regime_run("lowdiff", workload, costs)
+    schedule = get_strategy("lowdiff").schedule(workload, costs, regime_cadence("lowdiff", workload))
+    compression, checkpoint = lowdiff_shares(schedule, workload, costs)
+    assert checkpoint == pytest.approx(run.share)                   # docs/sim.md: 8.1%
+    assert compression == pytest.approx(run.compression_s / (run.minutes * 60))
+    note = lowdiff_stall_note(schedule, workload, costs, 0.35)
+    assert "35% of the wall clock" in note and f"{checkpoint:.1%}" in note
+    assert f"under that band by {100 * (0.093 - checkpoint):.1f} points" in note

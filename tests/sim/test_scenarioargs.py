@@ -38,7 +38,7 @@ def test_costs_file_engine_and_exact_log(tmp_path, capsys):
     log.write_text("time\n2h\n5h\n")
     args = ["--trace", "traces/llama-3.2-1b-synthetic", "--failure-log", str(log), "--log-once",
             "--seeds", "2", "--window", "12h", "--strategies", "deepspeed,layercheck", "--json",
-            "--costs", "traces/qwen2.5-7b-synthetic"]
+            "--costs", "traces/qwen2.5-7b-synthetic", "--protocol", "matched", "--no-bands"]
     assert main(args) == 0
     fast = json.loads(capsys.readouterr().out)
     assert [r["failures"] for r in fast["rows"]] == [2.0, 2.0]
@@ -58,7 +58,8 @@ def test_gpus_and_regime(capsys):
 
 
 def test_stale_cost_0_is_stale_as_useful_and_1_the_accounting_before_it(capsys):
-    base = ["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d", "--preset", "llama-3.2-1b"]
+    base = ["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d", "--preset", "llama-3.2-1b",
+            "--protocol", "matched", "--no-bands"]
     outs = {}
     for name, extra in {"alias": ["--stale-as-useful"], "zero": ["--stale-cost", "0"],
                         "one": ["--stale-cost", "1"]}.items():
@@ -96,17 +97,18 @@ def test_an_old_calibration_warns_in_one_line_and_a_current_one_does_not(tmp_pat
     shutil.copytree(ROOT / "traces" / "minilm-200steps", trace)
     shipped = read_calibration(trace)
     write_calibration(dataclasses.replace(shipped, code={}), trace)    # as written before versions
-    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d")
+    quick = ("--protocol", "matched", "--no-bands")      # the warning, not the comparison
+    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d", *quick)
     assert done.returncode == 0, done.stderr
     warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and f"`python -m profiler calibrate --trace {trace}`" in warning[0]
     current = dataclasses.replace(shipped, code=code_record(MECHANISM_VERSIONS, "0.1.0"))
     write_calibration(current, trace)
-    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d")
+    done = _run("--trace", str(trace), "--mtbf", "1h", "--seeds", "1", "--window", "1d", *quick)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
     write_calibration(dataclasses.replace(shipped, code={}), tmp_path / "old.json")   # by --costs
     done = _run("--costs", str(tmp_path / "old.json"), "--mtbf", "1h", "--seeds", "1",
-                "--window", "1d")
+                "--window", "1d", *quick)
     assert f"--trace {tmp_path}`" in done.stderr and done.returncode == 0
 
 

@@ -251,3 +251,21 @@ def test_unknown_strategy_and_bad_cadence():
         Cadence(every=0)
     with pytest.raises(SimError, match="cadence"):
         get_strategy("deepspeed").schedule(small_workload(), COSTS)
+
+
+def test_each_strategy_says_what_its_checkpoints_occupy(workload):
+    full = float(workload.full_bytes)
+    fp = {name: get_strategy(name).schedule(workload, SMALL_COSTS, Cadence(every=5, storage_every=10))
+          .footprint for name in ("deepspeed", "checkfreq", "gemini")}
+    assert fp["deepspeed"].host_bytes == 0 and fp["checkfreq"].host_bytes == full
+    assert fp["gemini"].host_bytes == 2 * full                 # its copy and its peer's
+    assert fp["deepspeed"].durable_bytes == fp["deepspeed"].moved_bytes == 7 * full  # 5..35
+    assert fp["gemini"].durable_bytes == 3 * full               # its storage tier: 10, 20, 30
+    assert fp["gemini"].moved_bytes == 10 * full and fp["gemini"].durable_share == pytest.approx(0.3)
+    assert fp["checkfreq"].stored_bytes(2) == 2 * full
+    lowdiff = get_strategy("lowdiff").schedule(workload, SMALL_COSTS, Cadence(every=10, batch=1))
+    diff = SMALL_COSTS.diff_bytes(full)
+    assert lowdiff.footprint.point_bytes == pytest.approx(full + 10 * diff)
+    assert lowdiff.footprint.host_bytes >= diff            # at least the batch being written
+    lc = get_strategy("layercheck").schedule(workload, SMALL_COSTS).footprint
+    assert lc.host_bytes == pytest.approx(full) and lc.base_bytes == full  # the base checkpoint

@@ -69,7 +69,8 @@ def test_json_carries_a_config_the_library_and_profiler_take(minilm):
     assert LayerCheckConfig.from_dict(out["config"]) == LayerCheckConfig.from_dict(
         {k: out["recommended"][k] for k in ("base_threshold", "embedding_threshold", "smax",
                                             "interval", "warmup_steps")})
-    assert out["budgets"] == {"max_gb": 20.0, "max_staleness": None, "max_write_share": 0.2}
+    assert out["budgets"] == {"max_gb": 20.0, "max_staleness": None, "max_write_share": 0.2,
+                              "max_host_gb": None}
     mode = LayerCheckConfig.from_dict(out["budget_mode"]["config"])
     trace = minilm[0]
     base = mode.warmup_steps if mode.warmup_steps % mode.interval == 0 else None
