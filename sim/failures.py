@@ -18,12 +18,15 @@ import numpy as np
 from scipy.special import gammaln
 
 from .errors import SimError
-from .units import parse_duration
+from .units import DURATION_RANGE, is_duration, parse_duration
 
 __all__ = ["FailureModel", "job_mtbf", "read_failure_log", "weibull_from_exponential"]
 
 Kind = Literal["exponential", "weibull", "log"]
 
+MAX_GPUS = 2**53
+"""The most GPUs a job-level MTBF divides by: counts float64 holds exactly (a larger
+count only means a shorter MTBF, which the work bound refuses long before)."""
 MAX_RUN_FAILURES = 1_000_000
 """The most failures one run draws (``failure_times`` stops there whatever was
 estimated): the fast engine takes one loop turn per failure of the run with the
@@ -58,8 +61,9 @@ class FailureModel:
             times = np.asarray(self.log_times if self.log_times is not None else (), dtype=float)
             if times.size == 0:
                 raise SimError("a failure log needs at least one failure time")
-            if not np.all(np.isfinite(times)) or times[0] <= 0 or (np.diff(times) <= 0).any():
-                raise SimError("failure log times must be positive and strictly increasing")
+            if not all(is_duration(t) for t in (times[0], times[-1])) or (np.diff(times) <= 0).any():
+                raise SimError(f"failure log times must be strictly increasing, each a positive "
+                               f"duration from {DURATION_RANGE}")
 
     @classmethod
     def exact_log(cls, times_s) -> "FailureModel":
@@ -184,8 +188,9 @@ def _once(gaps: np.ndarray):
 
 def job_mtbf(gpu_mtbf_s: float, gpus: int) -> float:
     """The job's MTBF when any of ``gpus`` independent GPUs failing stops it."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise SimError(f"gpus={gpus!r} must be a positive integer")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+        raise SimError(f"gpus={gpus!r} must be an integer from 1 to 2**53 (a count float64 "
+                       "holds exactly)")
     return gpu_mtbf_s / gpus
 
 

@@ -68,7 +68,8 @@ def run_grid(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequ
     work = int((counts[row] + 1).sum())
     if workers == 1 or (given is None and work < POOL_MIN_WORK) or len(row) < 2:
         return run_lanes(timelines, strategy, failures, row, uniforms, window_s, kernel=kernel)
-    pieces = _pieces(row, counts, workers * PIECES_PER_WORKER)
+    # never more pieces than lanes, however many workers were asked for
+    pieces = _pieces(row, counts, min(workers * PIECES_PER_WORKER, len(row)))
     if kernel == "compiled":
         # compiled (or loaded from numba's cache) once here, so forked workers inherit it
         run_lanes(timelines, strategy[:0], failures, row[:0], uniforms, window_s, kernel=kernel)

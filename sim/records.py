@@ -30,7 +30,13 @@ from .units import parse_duration
 
 __all__ = ["NodeRecord", "InterruptionRecord", "SHIPPED", "LANL_ATTRIBUTION",
            "PHILLY_ATTRIBUTION", "record_path", "read_record", "read_lanl", "lanl_systems",
-           "read_philly", "read_node_csv"]
+           "read_philly", "read_node_csv", "MAX_NODES"]
+
+MAX_NODES = 1_000_000
+"""The most nodes a job may have, and the node numbers a record may name (0 to
+MAX_NODES - 1): a draw opens a stream per 64 nodes (55-80 us each here), so a
+million nodes cost about a second a run before any failure (the work bound,
+``sim.work.MAX_STREAMS``, counts them over a call's runs)."""
 
 SHIPPED = {"lanl": "lanl-1996-2005.csv.xz", "philly": "philly-interruptions.csv"}
 """The records shipped with the package, by the name ``--failure-log`` takes."""
@@ -191,6 +197,9 @@ def read_lanl(path: str | Path = "lanl", *, system: int) -> NodeRecord:
     if numbers.isna().any().any() or rows["start"].isna().any() or (numbers % 1 != 0).any().any():
         raise SimError(f"LANL system {system} lacks node counts, node numbers or start times "
                        "in the release: choose another --system")
+    if ((numbers < 0) | (numbers >= MAX_NODES)).any().any() or (rows["nodes"] < 1).any():
+        raise SimError(f"LANL system {system}: its node counts and node numbers must be "
+                       f"integers from 0 to {MAX_NODES - 1:,} (node counts from 1)")
     seconds = (rows["start"] - rows["start"].min()).dt.total_seconds().to_numpy()
     return _from_starts(f"LANL system {system}", int(rows["nodes"].iloc[0]), seconds,
                         rows["nodenumz"].to_numpy(dtype=np.int64), LANL_ATTRIBUTION)
@@ -232,7 +241,7 @@ def read_node_csv(path: str | Path, *, nodes: int | None = None) -> NodeRecord:
                        "'time' (or 'time_s'); a list of the job's failure times goes without "
                        "--nodes")
     try:
-        node = frame[cols["node"]].astype(np.int64).to_numpy()
+        node = np.array([_node_number(text) for text in frame[cols["node"]]], dtype=np.int64)
         times = np.array([parse_duration(str(t), what=f"{path} time", allow_zero=True)
                           for t in frame[time_col]])
     except (ValueError, SimError) as exc:
@@ -243,6 +252,17 @@ def read_node_csv(path: str | Path, *, nodes: int | None = None) -> NodeRecord:
     count = int(node.max()) + 1 if nodes is None else nodes
     return _from_starts(path.stem, count, times[order] - times[order][0], node[order],
                         f"the record {path.name} (given by the user)")
+
+
+def _node_number(text: object) -> int:
+    """A record's node: an integer from 0 to MAX_NODES - 1 (``ValueError`` naming the range)."""
+    try:
+        node = int(str(text).strip())
+    except ValueError:
+        node = None
+    if node is None or not 0 <= node < MAX_NODES:
+        raise ValueError(f"node {str(text)[:40]!r} must be an integer from 0 to {MAX_NODES - 1:,}")
+    return node
 
 
 def _from_starts(name: str, nodes: int, seconds: np.ndarray, node: np.ndarray,

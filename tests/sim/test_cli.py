@@ -9,6 +9,7 @@ import pytest
 from layercheck.contract.calibration import TRANSFERRED_STALE_COST, read_calibration
 from sim.api import COLUMNS
 from sim.cli import main
+from sim.units import MAX_DURATION_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,3 +320,51 @@ def test_bad_node_input_from_the_shell_has_no_traceback():
     result = _run("--nodes", "8", "--node-mtbf", "1h", "--domain", "rack:1:1d")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "at least 2" in result.stderr
+
+
+# --- issue 43, items 8-9: huge finite values, and flags that size an allocation ---------------
+@pytest.mark.parametrize("args,words", [
+    (["--mtbf", "1e307s"], "--mtbf='1e307s' must be a positive duration from 1 ns to 1e18 s"),
+    (["--nodes", "4", "--node-mtbf", "1e307s"], "--node-mtbf='1e307s' must be a positive duration "
+                                                "from 1 ns to 1e18 s"),
+    (["scale", "--node-mtbf", "1e307s"], "--node-mtbf='1e307s' must be a positive duration from"),
+    (["sensitivity", "--mtbf", "1e307s"], "--mtbf='1e307s' must be a positive duration from"),
+    (["--failure-log", "{huge}"], "time='1e308' must be a positive duration from 1 ns to 1e18 s"),
+    (["--nodes", "4", "--failure-log", "{huge_node}"], "node '1e30' must be an integer from 0 to "
+                                                       "999,999"),
+    (["--gpus", "9" * 400, "--gpu-mtbf", "1h"], "an integer from 1 to 2**53"),
+    (["scale", "--tenants", "1000000000", "--gpus", "8", "--seeds", "2", "--window", "1d"],
+     "give at most --tenants 408 for this job"),
+    (["scale", "--tenants", "100000000", "--gpus", "8", "--seeds", "2", "--window", "1d"],
+     "more than the simulator's limit of 100,000"),
+    (["scale", "--node-shape", "1e-300", "--gpus", "8", "--seeds", "2"], "from 0.01 to 20"),
+])
+def test_huge_finite_values_are_one_line_naming_the_range(tmp_path, args, words):
+    """Each was a traceback (OverflowError in Daly's interval, numpy's 11-112 GiB MemoryError
+    for the tenants' write times) or ran on NaN: now one line naming the range, before
+    anything large is allocated (2 GiB of address space)."""
+    (tmp_path / "huge.csv").write_text("time\n1\n1e308\n")
+    (tmp_path / "nodes.csv").write_text("node,time\n0,1h\n1e30,2h\n")
+    files = {"huge": str(tmp_path / "huge.csv"), "huge_node": str(tmp_path / "nodes.csv")}
+    result = _capped(*[a.format(**files) for a in args])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+
+def test_the_longest_durations_run(capsys):
+    """At the top of the range (1e18 s) an MTBF means no failure: the run goes through Daly's
+    interval (the whole job) without overflow and loses nothing to failures."""
+    assert main(["--mtbf", f"{MAX_DURATION_S}s", "--preset", "llama-3.2-1b", "--seeds", "2",
+                 "--window", "1d", "--protocol", "native", "--strategies", "deepspeed",
+                 "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["failures"] == 0.0 and row["lost_work_s"] == 0.0 and row["interval"] == 1692
+
+
+def test_tune_with_one_seed_prints_no_band(capsys):
+    """One seed has no 95% band (ci95 None): `tune --seeds 1` raised TypeError formatting it."""
+    assert main(["tune", "--trace", str(ROOT / "traces/minilm-200steps"), "--mtbf", "1h",
+                 "--seeds", "1", "--window", "1h"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("recommended", "paper default", "recorded"))]
+    assert len(rows) == 3 and all(row.split()[-6] == "n/a" for row in rows), rows

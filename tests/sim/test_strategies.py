@@ -251,3 +251,12 @@ def test_unknown_strategy_and_bad_cadence():
         Cadence(every=0)
     with pytest.raises(SimError, match="cadence"):
         get_strategy("deepspeed").schedule(small_workload(), COSTS)
+
+
+def test_a_native_interval_past_the_job_is_the_job_without_overflow():
+    """An MTBF whose Daly interval is inf in float64 (an API caller's 1e307 s, past the
+    command line's range) gives the whole job, not an OverflowError from floor(inf)."""
+    w = small_workload(steps=400)
+    ds = get_strategy("deepspeed")
+    assert ds.cadence("native", w, COSTS, mtbf_s=1e307).every == w.steps
+    assert ds.cadence("native", w, COSTS, mtbf_s=1e18).every == w.steps
