@@ -17,6 +17,8 @@ from typing import Literal
 import numpy as np
 from scipy.special import gammaln
 
+from layercheck.contract.userfile import read_csv_bytes
+
 from .errors import SimError
 from .units import DURATION_RANGE, is_duration, parse_duration
 
@@ -199,8 +201,8 @@ def read_failure_log(path: str | Path) -> tuple[float, ...]:
     column), one failure per row, in seconds or with units (``3.1h``)."""
     path = Path(path)
     try:
-        rows = list(csv.reader(path.read_text().splitlines()))
-    except (OSError, UnicodeDecodeError) as exc:
+        rows = list(csv.reader(read_csv_bytes(path).decode("utf-8").splitlines()))
+    except (OSError, UnicodeDecodeError) as exc:       # RefusedFile too: a FIFO, /dev/zero
         raise SimError(f"failure log {path}: cannot read ({exc})") from None
     rows = [r for r in rows if r and any(c.strip() for c in r)]
     if not rows:

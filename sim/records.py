@@ -17,6 +17,7 @@ that uses it prints.
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from layercheck.contract.userfile import read_csv_bytes
 
 from .errors import SimError
 from .units import parse_duration
@@ -146,9 +149,15 @@ def read_record(name_or_path: str | Path, *, system: int | None = None
     return read_node_csv(path)
 
 
+def _read_csv(path: Path, **options) -> pd.DataFrame:
+    """A record's CSV (decompressed by its suffix), read bounded: a FIFO, a device or a
+    file past ``layercheck.contract.userfile``'s bound is an ``OSError`` naming it."""
+    return pd.read_csv(io.BytesIO(read_csv_bytes(path)), **options)
+
+
 def _columns(path: Path) -> list[str]:
     try:
-        return [c.strip() for c in pd.read_csv(path, nrows=0).columns]
+        return [c.strip() for c in _read_csv(path, nrows=0).columns]
     except FileNotFoundError:
         raise SimError(f"failure record {path}: no such file; give a path or one of "
                        f"{', '.join(SHIPPED)} (the shipped records)") from None
@@ -158,7 +167,7 @@ def _columns(path: Path) -> list[str]:
 
 def _lanl_frame(path: Path) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path, usecols=list(_LANL_COLUMNS))
+        frame = _read_csv(path, usecols=list(_LANL_COLUMNS))
     except (OSError, ValueError, EOFError) as exc:
         raise SimError(f"LANL record {path}: cannot read it ({exc})") from None
     # a value that is not a number or a date is missing (NaN/NaT), which the readers refuse
@@ -209,7 +218,7 @@ def read_philly(path: str | Path = "philly") -> InterruptionRecord:
     """Philly's interruptions: one row per interrupted attempt."""
     path = record_path(path)
     try:
-        frame = pd.read_csv(path, usecols=list(_PHILLY_COLUMNS))
+        frame = _read_csv(path, usecols=list(_PHILLY_COLUMNS))
     except (OSError, ValueError) as exc:
         raise SimError(f"Philly record {path}: cannot read it ({exc})") from None
     for column in _PHILLY_COLUMNS[1:]:
@@ -231,7 +240,7 @@ def read_node_csv(path: str | Path, *, nodes: int | None = None) -> NodeRecord:
     ``nodes`` says more. Attribution: the file itself."""
     path = Path(path)
     try:
-        frame = pd.read_csv(path, dtype=str)
+        frame = _read_csv(path, dtype=str)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise SimError(f"failure record {path}: cannot read it as CSV ({exc})") from None
     cols = {c.strip().lower(): c for c in frame.columns}

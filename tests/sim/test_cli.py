@@ -368,3 +368,59 @@ def test_tune_with_one_seed_prints_no_band(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines()
             if line.startswith(("recommended", "paper default", "recorded"))]
     assert len(rows) == 3 and all(row.split()[-6] == "n/a" for row in rows), rows
+
+
+# --- issue 43, item 7: a path that is not a regular file is refused, never read -------------
+def _trace_with(tmp_path: Path, name: str, make) -> str:
+    """A copy of traces/minilm-200steps whose file ``name`` is replaced by ``make(path)``."""
+    folder = tmp_path / "trace"
+    shutil.copytree(ROOT / "traces/minilm-200steps", folder)
+    (folder / name).unlink(missing_ok=True)
+    make(folder / name)
+    return str(folder)
+
+
+def _fifo(path: Path) -> None:
+    import os
+    os.mkfifo(path)
+
+
+RUN_ONE = ["--mtbf", "1h", "--seeds", "1", "--window", "6h", "--strategies", "deepspeed"]
+
+
+@pytest.mark.parametrize("case", ["failure log", "node record", "fit-failures", "manifest.json",
+                                  "costs.json", "staleness.json", "drill.json", "--costs"])
+def test_a_fifo_where_the_simulator_reads_a_file_is_one_line_exit_2(tmp_path, capsys, case):
+    """Each of these opened the FIFO and blocked forever (no writer ever comes)."""
+    from tests.deadline import deadline
+    fifo = tmp_path / "fifo.csv"
+    _fifo(fifo)
+    argv = {"failure log": ["--failure-log", str(fifo), "--seeds", "1", "--window", "6h"],
+            "node record": ["--nodes", "4", "--failure-log", str(fifo), "--seeds", "1"],
+            "fit-failures": ["fit-failures", str(fifo)],
+            "--costs": ["--costs", str(fifo), "--preset", "llama-3.2-1b", *RUN_ONE],
+            }.get(case) or ["--trace", _trace_with(tmp_path, case, _fifo), *RUN_ONE]
+    with deadline(30, f"python -m sim with a FIFO as its {case}"):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a FIFO (named pipe), not a regular file" in err, err
+
+
+@pytest.mark.parametrize("case", ["/dev/zero as the failure log", "manifest.json -> /dev/zero",
+                                  "steps.parquet a FIFO"])
+def test_a_device_or_a_fifo_the_simulator_reads_outside_python_is_one_line_exit_2(tmp_path, case):
+    """/dev/zero was read until memory ran out (here: 2 GiB of address space), and pyarrow
+    blocked on a FIFO where no signal reaches Python: a subprocess with a timeout."""
+    if case.startswith("/dev/zero"):
+        args = ["--failure-log", "/dev/zero", "--seeds", "1", "--window", "6h"]
+        words = "/dev/zero: a character device, not a regular file"
+    elif case.startswith("manifest"):
+        args = ["--trace", _trace_with(tmp_path, "manifest.json",
+                                       lambda p: p.symlink_to("/dev/zero")), *RUN_ONE]
+        words = "manifest.json: a character device, not a regular file"
+    else:
+        args = ["--trace", _trace_with(tmp_path, "steps.parquet", _fifo), *RUN_ONE]
+        words = "steps.parquet: a FIFO (named pipe), not a regular file"
+    result = _capped(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
