@@ -172,15 +172,17 @@ def read_csv_bytes(path: str | Path, kind: str = "record") -> bytes:
     make = _DECOMPRESSORS.get(path.suffix.lower())
     if make is None:
         return data
-    limit = LIMITS[kind]
-    decompressor = make()
-    try:
-        out = decompressor.decompress(data, limit.bytes + 1)
-    except (lzma.LZMAError, zlib.error, OSError, EOFError) as exc:
-        raise RefusedFile(f"{path}: not a readable {path.suffix} file ({exc})") from None
-    if len(out) > limit.bytes:
-        raise _refuse_size(path, "decompressing past that", limit)
-    if not decompressor.eof:
-        raise RefusedFile(f"{path}: a {path.suffix} file cut short (it ends before its "
-                          "compressed stream does)")
-    return out
+    limit, out, rest = LIMITS[kind], bytearray(), data
+    while rest:                  # every member of the file (``cat a.gz b.gz`` is one file)
+        decompressor = make()
+        try:
+            out += decompressor.decompress(rest, limit.bytes + 1 - len(out))
+        except (lzma.LZMAError, zlib.error, OSError, EOFError) as exc:
+            raise RefusedFile(f"{path}: not a readable {path.suffix} file ({exc})") from None
+        if len(out) > limit.bytes:
+            raise _refuse_size(path, "decompressing past that", limit)
+        if not decompressor.eof:
+            raise RefusedFile(f"{path}: a {path.suffix} file cut short (it ends before its "
+                              "compressed stream does)")
+        rest = decompressor.unused_data
+    return bytes(out)

@@ -102,6 +102,14 @@ def test_a_compressed_record_is_decompressed_no_further_than_its_bound(tmp_path,
         read_csv_bytes(tmp_path / f"cut.csv{suffix}")
 
 
+@pytest.mark.parametrize("suffix,compress", [(".xz", lzma.compress), (".gz", gzip.compress),
+                                             (".bz2", bz2.compress)])
+def test_a_file_of_several_compressed_members_is_read_whole(tmp_path, suffix, compress):
+    """``cat a.gz b.gz > c.gz`` is a valid file of two members: both are read."""
+    (tmp_path / f"two.csv{suffix}").write_bytes(compress(b"time\n1\n") + compress(b"2\n3\n"))
+    assert read_csv_bytes(tmp_path / f"two.csv{suffix}") == b"time\n1\n2\n3\n"
+
+
 def test_archives_pandas_would_open_are_refused_with_the_fix(tmp_path):
     for name in ("r.zip", "r.csv.zst", "r.tar.gz", "r.tgz"):
         (tmp_path / name).write_bytes(b"x")
@@ -161,3 +169,26 @@ def test_a_file_that_grows_past_its_bound_while_read_is_refused(tmp_path, monkey
     monkeypatch.setattr(userfile.os, "fstat", fstat_then_grow)
     with pytest.raises(RefusedFile, match="growing, more than the 1,024 bytes"):
         read_bytes(path, "json")
+
+
+def test_a_decompression_bomb_is_never_held_whole(tmp_path):
+    """A gzip of 1 GiB of zeros (two members of 512 MiB, 4.5 MB on disk) under 768 MiB of
+    address space: decompressed no further than the record bound (256 MiB), then refused;
+    a member decompressed whole is a MemoryError."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    member = gzip.compress(bytes(512 << 20), compresslevel=1)
+    (tmp_path / "bomb.csv.gz").write_bytes(member * 2)
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))\n"
+            "from layercheck.contract.userfile import RefusedFile, read_csv_bytes\n"
+            "try:\n"
+            "    read_csv_bytes(sys.argv[1])\n"
+            "except RefusedFile as exc:\n"
+            "    print(exc)\n")
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.csv.gz")], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "decompressing past that, more than the 256 MiB" in done.stdout, done.stdout
