@@ -36,7 +36,7 @@ from .costs import CostModel
 from .engine import run_lanes, run_limit
 from .errors import SimError
 from .failures import FailureModel
-from .nodes import NODE_SHAPES, Domain, NodeFailures
+from .nodes import Domain, NodeFailures
 from .peers import PLACEMENTS, ReplicaPlacement
 from .presets import REGIMES
 from .recovery import GPUS_PER_NODE, RecoveryModel
@@ -92,11 +92,6 @@ class ScaleModel:
         if not is_duration(self.node_mtbf_s):
             raise SimError(f"node MTBF {self.node_mtbf_s!r}: a positive duration from "
                            f"{DURATION_RANGE}, e.g. 264d")
-        low, high = NODE_SHAPES
-        if isinstance(self.node_shape, bool) or not isinstance(self.node_shape, (int, float)) \
-                or not low <= self.node_shape <= high:
-            raise SimError(f"node shape {self.node_shape!r}: a Weibull shape from {low:g} to "
-                           f"{high:g} (1: exponential; field studies report 0.5 to 0.8)")
         if self.placement not in PLACEMENTS:
             raise SimError(f"placement {self.placement!r}: use one of {', '.join(PLACEMENTS)}")
         object.__setattr__(self, "domains", tuple(self.domains))

@@ -449,6 +449,8 @@ def _sim_rows() -> list[tuple[str, str, tuple[str, ...], object]]:
         ("run", "--gpus", n, lambda v: [*no_mtbf, "--gpu-mtbf", "1000h", f"--gpus={v}"]),
         ("run", "--gpu-mtbf", d, lambda v: [*no_mtbf, "--gpus", "8", f"--gpu-mtbf={v}"]),
         ("run", "--shape", n, lambda v: [*RUN, "--failures", "weibull", f"--shape={v}"]),
+        ("run", "--shape", n, lambda v: [*no_mtbf, "--nodes", "4", "--node-mtbf", "1000h",
+                                         "--failures", "weibull", f"--shape={v}"]),
         ("run", "--nodes", n, lambda v: [*no_mtbf, "--node-mtbf", "1000h", f"--nodes={v}"]),
         ("run", "--node-mtbf", d, lambda v: [*no_mtbf, "--nodes", "4", f"--node-mtbf={v}"]),
         ("run", "--domain", n, lambda v: [*no_mtbf, "--nodes", "4", "--node-mtbf", "1000h",
@@ -505,10 +507,16 @@ def _sim_rows() -> list[tuple[str, str, tuple[str, ...], object]]:
     return rows
 
 
+SLOW_EXTREMES = ("0", "-1", "5e-324", "1e308", "nan", "9" * 400)
+SLOW_DURATION_EXTREMES = (*SLOW_EXTREMES, "1e307s", "1e18s")
+"""The extremes of the slower commands: one of each kind (zero, negative, subnormal,
+float64's largest, not a number, past float64), each accepted one costing a run."""
+
+
 def _slow_sim_rows() -> list[tuple[str, str, tuple[str, ...], object]]:
-    """The rows of the commands that take a second or more a run (`tune` on the tiny trace,
+    """The rows of the commands that take seconds a run (`tune` on the tiny trace,
     `paper` on its fixed scenario, `presets --write`)."""
-    n, d = EXTREMES, DURATION_EXTREMES
+    n, d = SLOW_EXTREMES, SLOW_DURATION_EXTREMES
     tune = ["tune", "--mtbf", "1h", "--seeds", "2", "--window", "1h"]
     paper = ["paper", "--seeds", "1", "--window", "1h"]
     return [
@@ -607,8 +615,7 @@ duration_text = st.tuples(number_text, st.sampled_from(["", "s", "ms", "m", "h",
 
 
 @given(data=st.data(), row=st.sampled_from(_sim_rows()))
-@settings(max_examples=120, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@FUZZ
 def test_sim_numeric_flags_with_any_number(data, row):
     """Any float or integer (with or without a duration's unit) in any numeric flag."""
     _, _, values, argv = row
