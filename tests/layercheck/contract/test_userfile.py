@@ -10,6 +10,9 @@ import json
 import lzma
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,6 +21,20 @@ from layercheck.contract import userfile
 from layercheck.contract.userfile import (LIMITS, RefusedFile, read_bytes, read_csv_bytes,
                                           read_json, read_parquet)
 from tests.deadline import deadline
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _capped(address_space: int, code: str, path) -> str:
+    """``code`` (with ``sys`` and this module's readers imported) run on ``path`` in a
+    Python limited to ``address_space`` bytes; its stdout, once it exited 0."""
+    head = ("import resource, sys\n"
+            f"resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}))\n"
+            "from layercheck.contract.userfile import RefusedFile, read_bytes, read_csv_bytes\n")
+    done = subprocess.run([sys.executable, "-c", head + code, str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 @pytest.fixture
@@ -138,18 +155,9 @@ def test_json_nested_past_the_parsers_depth_is_a_decode_error(tmp_path):
 def test_a_file_is_read_without_reserving_its_bound(tmp_path):
     """read(n) allocates n bytes first: asking for the bound (a GiB for a table) failed
     under a 2 GiB address-space limit where the file itself is a megabyte."""
-    import subprocess
-    import sys
-    from pathlib import Path
     (tmp_path / "t.parquet").write_bytes(os.urandom(1 << 20))
-    code = ("import resource, sys\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-            "from layercheck.contract.userfile import read_bytes\n"
-            "assert len(read_bytes(sys.argv[1], 'table')) == 1 << 20\n")
-    root = Path(__file__).resolve().parents[3]
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.parquet")], cwd=root,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _capped(1 << 30, "assert len(read_bytes(sys.argv[1], 'table')) == 1 << 20\n",
+            tmp_path / "t.parquet")
 
 
 def test_a_file_that_grows_past_its_bound_while_read_is_refused(tmp_path, monkeypatch):
@@ -175,20 +183,8 @@ def test_a_decompression_bomb_is_never_held_whole(tmp_path):
     """A gzip of 1 GiB of zeros (two members of 512 MiB, 4.5 MB on disk) under 768 MiB of
     address space: decompressed no further than the record bound (256 MiB), then refused;
     a member decompressed whole is a MemoryError."""
-    import subprocess
-    import sys
-    from pathlib import Path
     member = gzip.compress(bytes(512 << 20), compresslevel=1)
     (tmp_path / "bomb.csv.gz").write_bytes(member * 2)
-    code = ("import resource, sys\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))\n"
-            "from layercheck.contract.userfile import RefusedFile, read_csv_bytes\n"
-            "try:\n"
-            "    read_csv_bytes(sys.argv[1])\n"
-            "except RefusedFile as exc:\n"
-            "    print(exc)\n")
-    root = Path(__file__).resolve().parents[3]
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.csv.gz")], cwd=root,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "decompressing past that, more than the 256 MiB" in done.stdout, done.stdout
+    out = _capped(768 << 20, "try:\n    read_csv_bytes(sys.argv[1])\n"
+                  "except RefusedFile as exc:\n    print(exc)\n", tmp_path / "bomb.csv.gz")
+    assert "decompressing past that, more than the 256 MiB" in out, out
