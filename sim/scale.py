@@ -22,7 +22,6 @@ rescheduling: the same costs, the same schedules.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 

@@ -10,7 +10,6 @@ inside float64. Past them a value is a typo that overflowed the arithmetic
 """
 from __future__ import annotations
 
-import math
 import re
 
 from .errors import SimError
