@@ -79,6 +79,11 @@ def probe(address: str, *, env: str, timeout: float = HANDSHAKE_TIMEOUT_S) -> di
             raise SimError(f"{address} accepted a connection but did not answer Dask's "
                            f"handshake within {timeout:g} s: is it a Dask scheduler? "
                            f"{_fix(address, env)}") from None
+        except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
+            # a peer that hung up before reading ours: the same as one that closed first
+            raise SimError(f"{address} is not a Dask scheduler: it closed the connection "
+                           f"({type(exc).__name__}); give the address `dask scheduler` "
+                           "prints") from None
         except _NotDask as exc:
             raise SimError(f"{address} is not a Dask scheduler: {exc}; give the address "
                            "`dask scheduler` prints") from None
@@ -104,8 +109,8 @@ def _write(sock: socket.socket, message: dict, deadline: float) -> None:
 
 def _read(sock: socket.socket, limit: int, deadline: float) -> Any:
     """One Dask message of at most ``limit`` bytes, its first frame decoded as plain
-    msgpack (nothing the endpoint sends is unpickled or run here); ``_NotDask`` for
-    anything else."""
+    msgpack with distributed's options (nothing the endpoint sends is unpickled or run
+    here); ``_NotDask`` for anything else."""
     import msgpack
     from distributed.protocol.utils import unpack_frames
     head = _receive(sock, _LENGTH.size, deadline)
@@ -114,7 +119,8 @@ def _read(sock: socket.socket, limit: int, deadline: float) -> Any:
         raise _NotDask(f"it answered {_shown(head, sock, deadline)}")
     body = _receive(sock, length, deadline)
     try:
-        return msgpack.unpackb(unpack_frames(body)[0], raw=False, strict_map_key=False)
+        return msgpack.unpackb(unpack_frames(body)[0], raw=False, use_list=False,
+                               strict_map_key=False)
     except Exception:  # noqa: BLE001 - msgpack and the frame reader raise several types
         raise _NotDask(f"it answered frames that are not Dask's ({body[:24]!r}...)") from None
 
