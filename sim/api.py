@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from layercheck.contract.calibration import Figure
+from layercheck.contract.figure import SIGNED_RANGE
 from layercheck.contract.trace import Trace
 from layercheck.contract.traceschema import MAX_COUNT
 
@@ -37,6 +38,7 @@ from .results import COLUMNS, LIMIT, aggregate
 from .strategies import PROTOCOLS, STRATEGIES, Cadence, Schedule, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
+from .units import DURATION_RANGE, is_duration
 from .work import bound_work
 from .workload import LayerWrites, Workload
 
@@ -93,15 +95,16 @@ class Scenario:
                            "(a job of N nodes, sim.nodes)")
         if self.protocol not in PROTOCOLS:
             raise SimError(f"protocol {self.protocol!r}: use one of {', '.join(PROTOCOLS)}")
-        if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s)
-                and self.window_s > 0):
-            raise SimError(f"window_s={self.window_s!r} must be a positive number of seconds")
+        if not is_duration(self.window_s):
+            raise SimError(f"window_s={self.window_s!r} must be a positive number of seconds "
+                           f"from {DURATION_RANGE}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SimError(f"seed={self.seed!r} must be a non-negative integer")
+        low, high = SIGNED_RANGE
         if self.stale_cost is not None and (isinstance(self.stale_cost, bool) or not isinstance(
-                self.stale_cost, (int, float)) or not math.isfinite(self.stale_cost)):
-            raise SimError(f"stale_cost={self.stale_cost!r} must be a finite number (0: the "
-                           "paper's accounting, 1: every stale update lost)")
+                self.stale_cost, (int, float)) or not low <= self.stale_cost <= high):
+            raise SimError(f"stale_cost={self.stale_cost!r} must be a finite number from {low:g} "
+                           f"to {high:g} (0: the paper's accounting, 1: every stale update lost)")
         if self.stale_as_useful and self.stale_cost not in (None, 0):
             raise SimError(f"stale_as_useful is stale_cost=0, not {self.stale_cost!r}: give one of them")
         if self.protocol == "matched" and not self.workload.has_trace:
@@ -346,15 +349,16 @@ def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:
         raise SimError(f"seeds={seeds!r} must be a positive integer")
     if engine not in ENGINES:
         raise SimError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
-    window = float(scenario.window_s if window_s is None else window_s)
-    if not (math.isfinite(window) and window > 0):
-        raise SimError(f"window_s={window_s!r} must be positive")
+    window = scenario.window_s if window_s is None else window_s
+    if not is_duration(window):
+        raise SimError(f"window_s={window_s!r} must be positive, from {DURATION_RANGE}")
+    window = float(window)
     for m in mtbfs:
         if m is None and scenario.failures.own_mtbf_s is None:
             raise SimError("mtbf is required (e.g. 0.5h) unless failures replay a log or come "
                            "from a job's nodes")
-        if m is not None and not (math.isfinite(m) and m > 0):
-            raise SimError(f"mtbf={m!r} must be a positive duration, e.g. 0.5h")
+        if m is not None and not is_duration(m):
+            raise SimError(f"mtbf={m!r} must be a positive duration from {DURATION_RANGE}, e.g. 0.5h")
     return window
 
 

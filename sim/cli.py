@@ -41,13 +41,16 @@ from .presets import DEFAULT_PRESET, PRESET_NAMES
 from .report import figure
 from .scenarioargs import (FAIR, add_budget_args, add_price_args, add_scenario_args, budgets_of,
                            mtbf_of, prices_of, scenario_of)
-from .units import format_duration, parse_duration, parse_range
+from .units import DURATION_RANGE, format_duration, parse_duration, parse_range
 from .work import check_runs
 
 __all__ = ["main"]
 
 COMMANDS = ("run", "sweep", "presets", "tune", "sensitivity", "frontier", "paper", "fit-failures",
             "scale")
+RANGES = (f"Every duration (an MTBF, a window, a step, a failure log's time) lies from "
+          f"{DURATION_RANGE}, or is 0 where 0 means none; every other number's range, and why: "
+          "docs/sim.md, Ranges of the command line's numbers.")
 
 
 def _grid_args(p: argparse.ArgumentParser) -> None:
@@ -124,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("presets", help="list presets; --write regenerates their traces")
     pr.add_argument("--write", action="store_true")
     pr.add_argument("--seed", type=int, default=0)
+    for command in sub.choices.values():
+        command.epilog = RANGES
     return top
 
 

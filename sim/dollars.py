@@ -67,6 +67,14 @@ BILL_COLUMNS = (*(f"gpu_h_{c}" for c in CAUSES), "usd_gpu", "usd_storage", "usd_
 run (GPU time not spent training, storage, writes, their sum)."""
 
 
+MAX_PRICE_USD = 1e9
+"""The most any one price may be: far above any real price, low enough that a bill's sums stay
+finite in float64."""
+MAX_KEEP = 1_000_000
+"""The most recovery points a bill keeps: more than a job of the simulator's million steps
+can make."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Prices:
     """What an hour of the job's GPUs, a GB-month of storage and a GB written cost."""
@@ -84,12 +92,13 @@ class Prices:
                            ("write_usd_per_gb", "--write-usd-per-gb")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise SimError(f"{flag} must be a price in dollars >= 0, got {value!r}")
-        for name, flag in (("gpus", "--gpus"), ("keep", "--keep")):
+                    or not 0 <= value <= MAX_PRICE_USD:
+                raise SimError(f"{flag} must be a price in dollars from 0 to {MAX_PRICE_USD:.0e}, "
+                               f"got {value!r}")
+        for name, flag, top in (("gpus", "--gpus", 2**53), ("keep", "--keep", MAX_KEEP)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SimError(f"{flag} must be a whole number >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise SimError(f"{flag} must be a whole number from 1 to {top:,}, got {value!r}")
 
     def sources(self) -> dict[str, dict[str, Any]]:
         """Each price with its value and where it comes from (given: set for this run)."""

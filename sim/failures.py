@@ -17,13 +17,18 @@ from typing import Literal
 import numpy as np
 from scipy.special import gammaln
 
+from layercheck.contract.userfile import read_csv_bytes
+
 from .errors import SimError
-from .units import parse_duration
+from .units import DURATION_RANGE, is_duration, parse_duration
 
 __all__ = ["FailureModel", "job_mtbf", "read_failure_log", "weibull_from_exponential"]
 
 Kind = Literal["exponential", "weibull", "log"]
 
+MAX_GPUS = 2**53
+"""The most GPUs a job-level MTBF divides by: counts float64 holds exactly (a larger
+count only means a shorter MTBF, which the work bound refuses long before)."""
 MAX_RUN_FAILURES = 1_000_000
 """The most failures one run draws (``failure_times`` stops there whatever was
 estimated): the fast engine takes one loop turn per failure of the run with the
@@ -58,8 +63,9 @@ class FailureModel:
             times = np.asarray(self.log_times if self.log_times is not None else (), dtype=float)
             if times.size == 0:
                 raise SimError("a failure log needs at least one failure time")
-            if not np.all(np.isfinite(times)) or times[0] <= 0 or (np.diff(times) <= 0).any():
-                raise SimError("failure log times must be positive and strictly increasing")
+            if not all(is_duration(t) for t in (times[0], times[-1])) or (np.diff(times) <= 0).any():
+                raise SimError(f"failure log times must be strictly increasing, each a positive "
+                               f"duration from {DURATION_RANGE}")
 
     @classmethod
     def exact_log(cls, times_s) -> "FailureModel":
@@ -184,8 +190,9 @@ def _once(gaps: np.ndarray):
 
 def job_mtbf(gpu_mtbf_s: float, gpus: int) -> float:
     """The job's MTBF when any of ``gpus`` independent GPUs failing stops it."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise SimError(f"gpus={gpus!r} must be a positive integer")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+        raise SimError(f"gpus={gpus!r} must be an integer from 1 to 2**53 (a count float64 "
+                       "holds exactly)")
     return gpu_mtbf_s / gpus
 
 
@@ -194,8 +201,8 @@ def read_failure_log(path: str | Path) -> tuple[float, ...]:
     column), one failure per row, in seconds or with units (``3.1h``)."""
     path = Path(path)
     try:
-        rows = list(csv.reader(path.read_text().splitlines()))
-    except (OSError, UnicodeDecodeError) as exc:
+        rows = list(csv.reader(read_csv_bytes(path).decode("utf-8").splitlines()))
+    except (OSError, UnicodeDecodeError) as exc:       # RefusedFile too: a FIFO, /dev/zero
         raise SimError(f"failure log {path}: cannot read ({exc})") from None
     rows = [r for r in rows if r and any(c.strip() for c in r)]
     if not rows:

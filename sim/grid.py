@@ -33,6 +33,7 @@ import numpy as np
 
 from .engine import RESULT_FIELDS, LaneResults, resolve_kernel, run_lanes
 from .errors import SimError
+from .scheduler import HANDSHAKE_TIMEOUT_S, connect
 from .timeline import Timeline
 
 __all__ = ["run_grid", "SCHEDULER_ENV", "POOL_MIN_WORK", "PIECES_PER_WORKER"]
@@ -47,8 +48,9 @@ one process and 6.7 s on a pool of 2 at load average 10 (docs/benchmarks-sim.md)
 only grids that can save seconds go to a pool by default."""
 PIECES_PER_WORKER = 4
 """Pieces per worker, so that a worker held up by other load leaves work to the rest."""
-CONNECT_TIMEOUT_S = 10.0
-"""How long to try a scheduler's address before saying it cannot be reached."""
+CONNECT_TIMEOUT_S = HANDSHAKE_TIMEOUT_S
+"""How long a scheduler's address may take to connect and answer Dask's handshake
+before it is named as unreachable or not a scheduler (``sim.scheduler``)."""
 
 
 def run_grid(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequence[np.ndarray],
@@ -68,7 +70,8 @@ def run_grid(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequ
     work = int((counts[row] + 1).sum())
     if workers == 1 or (given is None and work < POOL_MIN_WORK) or len(row) < 2:
         return run_lanes(timelines, strategy, failures, row, uniforms, window_s, kernel=kernel)
-    pieces = _pieces(row, counts, workers * PIECES_PER_WORKER)
+    # never more pieces than lanes, however many workers were asked for
+    pieces = _pieces(row, counts, min(workers * PIECES_PER_WORKER, len(row)))
     if kernel == "compiled":
         # compiled (or loaded from numba's cache) once here, so forked workers inherit it
         run_lanes(timelines, strategy[:0], failures, row[:0], uniforms, window_s, kernel=kernel)
@@ -153,21 +156,8 @@ def _context():
 
 
 def _on_dask(address: str, timelines, strategy, failures, row, uniforms, window_s, kernel):
-    if not isinstance(address, str) or "://" not in address:
-        raise SimError(f"scheduler {address!r} (--scheduler or {SCHEDULER_ENV}): give a Dask "
-                       "scheduler's address, e.g. tcp://10.0.0.5:8786")
-    try:
-        from distributed import Client
-    except ImportError:
-        raise SimError("running on a Dask scheduler needs dask[distributed]: pip install "
-                       f"'layercheck[distributed]', or unset --scheduler / {SCHEDULER_ENV} to "
-                       "run on a local process pool") from None
-    try:
-        client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        raise SimError(f"cannot reach the Dask scheduler at {address} ({type(exc).__name__}): "
-                       f"start it (`dask scheduler`, then `dask worker {address}`) or unset "
-                       f"--scheduler / {SCHEDULER_ENV} to run on a local process pool") from None
+    # the address is probed first, the handshake bounded (sim.scheduler)
+    client = connect(address, env=SCHEDULER_ENV, timeout=CONNECT_TIMEOUT_S)
     with client:
         cores = sum(client.nthreads().values())
         if cores == 0:

@@ -32,10 +32,11 @@ from scipy.special import gammaln
 
 from .errors import SimError
 from .failures import MAX_RUN_FAILURES, FailureModel, weibull_from_exponential
-from .records import NodeRecord
-from .units import format_duration, parse_duration
+from .records import MAX_NODES, NodeRecord
+from .units import DURATION_RANGE, format_duration, is_duration, parse_duration
 
-__all__ = ["DOMAINS", "Domain", "FailureEvents", "NodeFailures", "BLOCK", "MAX_NODES"]
+__all__ = ["DOMAINS", "Domain", "FailureEvents", "NodeFailures", "BLOCK", "MAX_NODES",
+           "NODE_SHAPES"]
 
 DOMAINS = ("node", "rack", "switch", "simultaneous")
 """Event codes (``FailureEvents.domain``): one node; a rack or a switch domain (the
@@ -43,12 +44,14 @@ nodes behind it); several nodes of a replayed record failing at the same instant
 (the record does not say what they shared)."""
 BLOCK = 64
 """Nodes (or domain instances) drawn from one random stream."""
+NODE_SHAPES = (0.01, 20.0)
+"""The Weibull shapes a node may have (field studies report 0.5 to 0.8). A node's
+first failure is s G^(1/k), G ~ Gamma(1/k): below 0.01 its logarithm passes what
+float64 holds (about e^(1/k) MTBFs), and above 20 numpy's Gamma(1/k) variates
+underflow to 0 often enough (one in 10^15 at 20, one in a million at 50) to put a
+node's failure at time 0."""
 CHUNK = 1 << 20
 """The most gap variates one draw of a block takes at once (8 MB)."""
-MAX_NODES = 1_000_000
-"""The most nodes a job may have: a draw opens a stream per 64 nodes (55-80 us
-each here), so a million nodes cost about a second a run before any failure (the work bound,
-``sim.work.MAX_STREAMS``, counts them over a call's runs)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,11 +122,14 @@ class Domain:
     def __post_init__(self) -> None:
         if self.name not in DOMAINS[1:-1]:
             raise SimError(f"domain {self.name!r}: use one of {', '.join(DOMAINS[1:-1])}")
-        if isinstance(self.size, bool) or not isinstance(self.size, (int, np.integer)) or self.size < 2:
-            raise SimError(f"{self.name} size={self.size!r}: a domain takes at least 2 nodes "
-                           "(a single node's failures are the node law's)")
-        if not (isinstance(self.mtbf_s, (int, float)) and math.isfinite(self.mtbf_s) and self.mtbf_s > 0):
-            raise SimError(f"{self.name} mtbf={self.mtbf_s!r} must be a positive duration, e.g. 5000d")
+        if isinstance(self.size, bool) or not isinstance(self.size, (int, np.integer)) \
+                or not 2 <= self.size <= MAX_NODES:
+            raise SimError(f"{self.name} size={self.size!r}: a domain takes at least 2 nodes (a "
+                           f"single node's failures are the node law's) and at most {MAX_NODES:,} "
+                           "(a job's most)")
+        if not is_duration(self.mtbf_s):
+            raise SimError(f"{self.name} mtbf={self.mtbf_s!r} must be a positive duration from "
+                           f"{DURATION_RANGE}, e.g. 5000d")
 
     @classmethod
     def parse(cls, text: str) -> "Domain":
@@ -171,9 +177,13 @@ class NodeFailures:
                                f"{format_duration(law.node_mtbf_s)}): leave out the node MTBF")
         elif isinstance(law, FailureModel) and law.kind in ("exponential", "weibull"):
             m = self.node_mtbf_s
-            if m is None or not (isinstance(m, (int, float)) and math.isfinite(m) and m > 0):
+            low, high = NODE_SHAPES
+            if law.kind == "weibull" and not low <= law.shape <= high:
+                raise SimError(f"node Weibull shape {law.shape!r}: give a shape from {low:g} to "
+                               f"{high:g} (field studies report 0.5 to 0.8)")
+            if m is None or not is_duration(m):
                 raise SimError(f"node MTBF {m!r}: exponential and weibull nodes need a positive "
-                               "node MTBF, e.g. --node-mtbf 5000h")
+                               f"node MTBF from {DURATION_RANGE}, e.g. --node-mtbf 5000h")
         else:
             raise SimError("a node's law is exponential or weibull (a FailureModel) or a "
                            "failure record (sim.records, --failure-log with --nodes); a list of "

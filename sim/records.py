@@ -17,6 +17,7 @@ that uses it prints.
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -25,12 +26,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from layercheck.contract.userfile import read_csv_bytes
+
 from .errors import SimError
 from .units import parse_duration
 
 __all__ = ["NodeRecord", "InterruptionRecord", "SHIPPED", "LANL_ATTRIBUTION",
            "PHILLY_ATTRIBUTION", "record_path", "read_record", "read_lanl", "lanl_systems",
-           "read_philly", "read_node_csv"]
+           "read_philly", "read_node_csv", "MAX_NODES"]
+
+MAX_NODES = 1_000_000
+"""The most nodes a job may have, and the node numbers a record may name (0 to
+MAX_NODES - 1): a draw opens a stream per 64 nodes (55-80 us each here), so a
+million nodes cost about a second a run before any failure (the work bound,
+``sim.work.MAX_STREAMS``, counts them over a call's runs)."""
 
 SHIPPED = {"lanl": "lanl-1996-2005.csv.xz", "philly": "philly-interruptions.csv"}
 """The records shipped with the package, by the name ``--failure-log`` takes."""
@@ -140,9 +149,15 @@ def read_record(name_or_path: str | Path, *, system: int | None = None
     return read_node_csv(path)
 
 
+def _read_csv(path: Path, **options) -> pd.DataFrame:
+    """A record's CSV (decompressed by its suffix), read bounded: a FIFO, a device or a
+    file past ``layercheck.contract.userfile``'s bound is an ``OSError`` naming it."""
+    return pd.read_csv(io.BytesIO(read_csv_bytes(path)), **options)
+
+
 def _columns(path: Path) -> list[str]:
     try:
-        return [c.strip() for c in pd.read_csv(path, nrows=0).columns]
+        return [c.strip() for c in _read_csv(path, nrows=0).columns]
     except FileNotFoundError:
         raise SimError(f"failure record {path}: no such file; give a path or one of "
                        f"{', '.join(SHIPPED)} (the shipped records)") from None
@@ -152,7 +167,7 @@ def _columns(path: Path) -> list[str]:
 
 def _lanl_frame(path: Path) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path, usecols=list(_LANL_COLUMNS))
+        frame = _read_csv(path, usecols=list(_LANL_COLUMNS))
     except (OSError, ValueError, EOFError) as exc:
         raise SimError(f"LANL record {path}: cannot read it ({exc})") from None
     # a value that is not a number or a date is missing (NaN/NaT), which the readers refuse
@@ -191,6 +206,9 @@ def read_lanl(path: str | Path = "lanl", *, system: int) -> NodeRecord:
     if numbers.isna().any().any() or rows["start"].isna().any() or (numbers % 1 != 0).any().any():
         raise SimError(f"LANL system {system} lacks node counts, node numbers or start times "
                        "in the release: choose another --system")
+    if ((numbers < 0) | (numbers >= MAX_NODES)).any().any() or (rows["nodes"] < 1).any():
+        raise SimError(f"LANL system {system}: its node counts and node numbers must be "
+                       f"integers from 0 to {MAX_NODES - 1:,} (node counts from 1)")
     seconds = (rows["start"] - rows["start"].min()).dt.total_seconds().to_numpy()
     return _from_starts(f"LANL system {system}", int(rows["nodes"].iloc[0]), seconds,
                         rows["nodenumz"].to_numpy(dtype=np.int64), LANL_ATTRIBUTION)
@@ -200,7 +218,7 @@ def read_philly(path: str | Path = "philly") -> InterruptionRecord:
     """Philly's interruptions: one row per interrupted attempt."""
     path = record_path(path)
     try:
-        frame = pd.read_csv(path, usecols=list(_PHILLY_COLUMNS))
+        frame = _read_csv(path, usecols=list(_PHILLY_COLUMNS))
     except (OSError, ValueError) as exc:
         raise SimError(f"Philly record {path}: cannot read it ({exc})") from None
     for column in _PHILLY_COLUMNS[1:]:
@@ -222,7 +240,7 @@ def read_node_csv(path: str | Path, *, nodes: int | None = None) -> NodeRecord:
     ``nodes`` says more. Attribution: the file itself."""
     path = Path(path)
     try:
-        frame = pd.read_csv(path, dtype=str)
+        frame = _read_csv(path, dtype=str)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise SimError(f"failure record {path}: cannot read it as CSV ({exc})") from None
     cols = {c.strip().lower(): c for c in frame.columns}
@@ -232,7 +250,7 @@ def read_node_csv(path: str | Path, *, nodes: int | None = None) -> NodeRecord:
                        "'time' (or 'time_s'); a list of the job's failure times goes without "
                        "--nodes")
     try:
-        node = frame[cols["node"]].astype(np.int64).to_numpy()
+        node = np.array([_node_number(text) for text in frame[cols["node"]]], dtype=np.int64)
         times = np.array([parse_duration(str(t), what=f"{path} time", allow_zero=True)
                           for t in frame[time_col]])
     except (ValueError, SimError) as exc:
@@ -243,6 +261,17 @@ def read_node_csv(path: str | Path, *, nodes: int | None = None) -> NodeRecord:
     count = int(node.max()) + 1 if nodes is None else nodes
     return _from_starts(path.stem, count, times[order] - times[order][0], node[order],
                         f"the record {path.name} (given by the user)")
+
+
+def _node_number(text: object) -> int:
+    """A record's node: an integer from 0 to MAX_NODES - 1 (``ValueError`` naming the range)."""
+    try:
+        node = int(str(text).strip())
+    except ValueError:
+        node = None
+    if node is None or not 0 <= node < MAX_NODES:
+        raise ValueError(f"node {str(text)[:40]!r} must be an integer from 0 to {MAX_NODES - 1:,}")
+    return node
 
 
 def _from_starts(name: str, nodes: int, seconds: np.ndarray, node: np.ndarray,

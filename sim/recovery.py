@@ -32,6 +32,7 @@ import numpy as np
 from layercheck.contract.calibration import Figure
 
 from .errors import SimError
+from .units import DURATION_RANGE, is_duration
 
 __all__ = ["RecoveryModel", "Downtime", "RECOVERY_FIGURES", "GPUS_PER_NODE", "NO_SPARE"]
 
@@ -100,11 +101,13 @@ class RecoveryModel:
     def __post_init__(self) -> None:
         for name in RECOVERY_FIGURES:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise SimError(f"recovery {name}={value!r}: give a finite number >= 0")
-        if self.hang_share > 1:
-            raise SimError(f"recovery hang_share={self.hang_share!r}: a share in [0, 1]")
+            if name == "hang_share":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                        or not 0 <= value <= 1:
+                    raise SimError(f"recovery hang_share={value!r}: a share in [0, 1]")
+            elif not is_duration(value, allow_zero=True):
+                raise SimError(f"recovery {name}={value!r}: give 0 or a number of seconds "
+                               f"from {DURATION_RANGE}")
         if self.spares is not None and not _whole(self.spares, 0):
             raise SimError(f"spares={self.spares!r}: give a whole number of nodes >= 0 "
                            "(or none for a pool that never runs out)")

@@ -22,7 +22,6 @@ rescheduling: the same costs, the same schedules.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -41,10 +40,11 @@ from .peers import PLACEMENTS, ReplicaPlacement
 from .presets import REGIMES
 from .recovery import GPUS_PER_NODE, RecoveryModel
 from .results import LIMIT, aggregate
-from .storage import AGGREGATE_SOURCE, SharedStorage, contended
+from .storage import AGGREGATE_SOURCE, SharedStorage, contended, storage_writes
 from .strategies import get_strategy
 from .timeline import Timeline
-from .work import bound_work
+from .units import DURATION_RANGE, is_duration
+from .work import bound_work, check_drained_writes
 
 __all__ = ["ScaleModel", "scale_costs", "simulate_scale", "scale_curve", "SCALE_COLUMNS",
            "LLAMA3_NODE_MTBF_S", "gpu_steps", "shares", "WHERE"]
@@ -88,9 +88,9 @@ class ScaleModel:
     placement: str = "cross-rack"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.node_mtbf_s, (int, float)) and math.isfinite(self.node_mtbf_s)
-                and self.node_mtbf_s > 0):
-            raise SimError(f"node MTBF {self.node_mtbf_s!r}: a positive duration, e.g. 264d")
+        if not is_duration(self.node_mtbf_s):
+            raise SimError(f"node MTBF {self.node_mtbf_s!r}: a positive duration from "
+                           f"{DURATION_RANGE}, e.g. 264d")
         if self.placement not in PLACEMENTS:
             raise SimError(f"placement {self.placement!r}: use one of {', '.join(PLACEMENTS)}")
         object.__setattr__(self, "domains", tuple(self.domains))
@@ -180,9 +180,11 @@ def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: i
     if isinstance(seeds, bool) or not isinstance(seeds, (int, np.integer)) or seeds < 2:
         raise SimError(f"seeds={seeds!r}: at least 2 (the 95% band needs them)")
     nodes = nodes_of(gpus)
-    window = float(scenario.window_s if window_s is None else window_s)
-    if not (math.isfinite(window) and window > 0):
-        raise SimError(f"window_s={window_s!r}: give a positive number of seconds, e.g. 30 days")
+    window = scenario.window_s if window_s is None else window_s
+    if not is_duration(window):
+        raise SimError(f"window_s={window_s!r}: give a positive number of seconds from "
+                       f"{DURATION_RANGE}, e.g. 30 days")
+    window = float(window)
     storage = model.storage(scenario.costs, nodes)
     costs = scale_costs(scenario.costs, nodes, storage, model.recovery)
     job = dataclasses.replace(scenario, costs=costs)
@@ -206,10 +208,15 @@ def simulate_scale(scenario: Scenario, model: ScaleModel, *, gpus: int, seeds: i
         parts.append((float(d.detection_s.sum()), float(d.reschedule_s.sum()), float(lost.sum())))
     timelines, stall_share, keys, lane_t, lane_row = [], [], [], [], []
     rng = np.random.default_rng([scenario.seed, nodes])
+    cadences = {name: job.cadence(name, mtbf) for name in names}
+    schedules = {name: get_strategy(name).schedule(job.workload, costs, cadences[name])
+                 for name in names}
+    # the strategy that writes most sets what the tenants cost: refused before any is drained
+    check_drained_writes(max(map(storage_writes, schedules.values())), model.tenants)
     for name in names:
-        cadence = job.cadence(name, mtbf)
-        schedule = get_strategy(name).schedule(job.workload, costs, cadence)
-        schedule = contended(schedule, storage, full_bytes=float(job.workload.full_bytes), rng=rng)
+        cadence = cadences[name]
+        schedule = contended(schedules[name], storage, full_bytes=float(job.workload.full_bytes),
+                             rng=rng)
         timelines.append(Timeline.build(schedule))
         stall_share.append(_storage_share(job, name, cadence, timelines[-1]))
         for i in range(seeds):

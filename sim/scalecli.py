@@ -17,6 +17,7 @@ from .scale import LLAMA3_NODE_MTBF_S, WHERE, ScaleModel, gpu_steps, scale_curve
 from .scenarioargs import job_scenario
 from .strategies import PROTOCOLS
 from .units import format_duration, parse_duration
+from .work import MAX_DRAINED_WRITES
 
 __all__ = ["add_parser", "run"]
 
@@ -39,14 +40,16 @@ def add_parser(sub) -> None:
     j.add_argument("--strategies", help="comma list")
     j.add_argument("--protocol", choices=PROTOCOLS)
     j.add_argument("--interval", help="every rollback strategy every N steps (or young, daly)")
-    j.add_argument("--stale-cost", type=float, metavar="PHI", help="the stale cost factor phi")
+    j.add_argument("--stale-cost", type=float, metavar="PHI", help="the stale cost factor phi "
+                   "(-1000 to 1000)")
     j.add_argument("--seeds", type=int, default=10)
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
     f = sc.add_argument_group("failures and recovery (defaults and sources: docs/sim.md)")
     f.add_argument("--node-mtbf", help=f"one node's MTBF (default {format_duration(LLAMA3_NODE_MTBF_S)}: "
                    "Llama 3 405B's 419 interruptions in 54 days on 2,048 nodes)")
-    f.add_argument("--node-shape", type=float, default=1.0, help="a node's Weibull shape (1: exponential)")
+    f.add_argument("--node-shape", type=float, default=1.0, help="a node's Weibull shape, 0.01 "
+                   "to 20 (1: exponential)")
     f.add_argument("--domain", action="append", default=[], metavar="KIND:SIZE:MTBF",
                    help="a failure domain taking SIZE nodes at once, one instance every MTBF, "
                    "e.g. rack:16:59700d (Alibaba HPN's 0.051%% of top-of-rack switches failing "
@@ -66,7 +69,8 @@ def add_parser(sub) -> None:
                    help="the file system's aggregate write GB/s (default 2000: Llama 3's 2 TB/s)")
     s.add_argument("--read-aggregate-gbps", type=float, default=2000.0)
     s.add_argument("--tenants", type=int, default=0, help="other jobs like this one on the same "
-                   "file system, at random phases")
+                   f"file system, at random phases (the job's writes x (1 + tenants) at most "
+                   f"{MAX_DRAINED_WRITES:,}: docs/sim.md, Work limits)")
     # the rest of the job vocabulary sim.scenarioargs.job_scenario reads: flags scale lacks
     sc.set_defaults(checkpoint_cost=None, stale_as_useful=False)
 

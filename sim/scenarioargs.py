@@ -63,22 +63,24 @@ def add_scenario_args(p: argparse.ArgumentParser, *, fair: bool = False) -> None
     g.add_argument("--checkpoint-cost", help="custom job: time to write a full checkpoint, e.g. 60s")
     g.add_argument("--checkpoint-gb", type=float, default=106.6, help="custom job: full checkpoint size")
     f = p.add_argument_group("failures")
-    f.add_argument("--gpus", type=int, help="GPUs in the job (with --gpu-mtbf or --regime)")
+    f.add_argument("--gpus", type=int, help="GPUs in the job (with --gpu-mtbf or --regime; 1 to 2**53)")
     f.add_argument("--gpu-mtbf", help="MTBF of one GPU; the job's MTBF is this / --gpus")
     f.add_argument("--regime", choices=tuple(REGIMES), help="a published failure regime")
     f.add_argument("--failures", choices=("exponential", "weibull", "log"), default=None,
                    help="the law of the job's gaps, or with --nodes of each node's")
-    f.add_argument("--shape", type=float, default=0.7, help="Weibull shape (default 0.7)")
+    f.add_argument("--shape", type=float, default=0.7, help="Weibull shape (default 0.7; a "
+                   "node's, with --nodes: 0.01 to 20)")
     f.add_argument("--failure-log", help="CSV of the job's failure times (column time or "
                    "time_s); with --nodes a record of nodes replayed: lanl (shipped, with "
                    "--system N) or a CSV of node and time columns")
     f.add_argument("--nodes", type=int, help="a job of N nodes, each failing on its own (the "
-                   "job's failures are their superposition): with --node-mtbf, or a record "
-                   "(--failure-log)")
+                   "job's failures are their superposition; 1 to 1,000,000): with --node-mtbf, "
+                   "or a record (--failure-log)")
     f.add_argument("--node-mtbf", help="with --nodes: one node's MTBF, e.g. 6350h")
     f.add_argument("--domain", action="append", default=[], metavar="KIND:SIZE:MTBF",
-                   help="with --nodes: a failure domain taking SIZE nodes at once, one instance "
-                   "every MTBF, e.g. rack:32:3000d (repeatable; kind rack or switch)")
+                   help="with --nodes: a failure domain taking SIZE nodes at once (2 to "
+                   "1,000,000), one instance every MTBF, e.g. rack:32:3000d (repeatable; kind "
+                   "rack or switch)")
     f.add_argument("--system", type=int, help="the LANL system of --failure-log lanl, e.g. 18")
     f.add_argument("--log-once", action="store_true", help="play the failure log once from time 0, "
                    "as written (no cycling, no random start; a real run killed at those times)")
@@ -99,8 +101,8 @@ def add_scenario_args(p: argparse.ArgumentParser, *, fair: bool = False) -> None
     r.add_argument("--interval", help="override: every rollback strategy every N steps (or young, daly)")
     r.add_argument("--stale-cost", metavar="PHI", help="the stale cost factor phi: the share of "
                    "stale_s (training whose updates stale layers discarded) counted as lost, the "
-                   "rest as useful; 0: the paper's accounting, 1: every stale update lost "
-                   "(default: the cost model's, with its interval)")
+                   "rest as useful; 0: the paper's accounting, 1: every stale update lost; -1000 "
+                   "to 1000 (default: the cost model's, with its interval)")
     r.add_argument("--stale-as-useful", action="store_true", help="the paper's accounting: "
                    "the alias of --stale-cost 0")
     r.add_argument("--engine", choices=ENGINES, default="fast", help="fast (default) or simpy "

@@ -29,8 +29,9 @@ import numpy as np
 from .errors import SimError
 from .strategies import STRATEGIES, Schedule
 from .timeline import Timeline
+from .work import check_drained_writes
 
-__all__ = ["SharedStorage", "drain", "contended", "AGGREGATE_SOURCE"]
+__all__ = ["SharedStorage", "drain", "contended", "storage_writes", "AGGREGATE_SOURCE"]
 
 AGGREGATE_SOURCE = ("Llama 3's storage sustains about 2 TB/s (7 TB/s peak), second-hand in "
                     "shared/design/SCALE.md (Meta, The Llama 3 Herd of Models, 2024)")
@@ -96,6 +97,10 @@ def drain(start_s: np.ndarray, nbytes: np.ndarray, job: np.ndarray, *, job_gbps:
     (the rates change only when a write starts or ends)."""
     start = np.asarray(start_s, dtype=float)
     size = np.asarray(nbytes, dtype=float) / GB
+    if not (np.isfinite(start).all() and np.isfinite(size).all()):
+        # a NaN start or size never drains: the loop below would not end
+        raise SimError("shared storage: every write needs a finite start time and size; the "
+                       "job's times overflowed (give shorter steps or checkpoint costs)")
     owner = np.asarray(job, dtype=np.int64)
     order = np.argsort(start, kind="stable")
     finish = np.full(start.size, np.nan)
@@ -129,13 +134,26 @@ def drain(start_s: np.ndarray, nbytes: np.ndarray, job: np.ndarray, *, job_gbps:
     return finish
 
 
+def storage_writes(schedule: Schedule) -> int:
+    """How many writes one failure-free job of ``schedule`` makes to shared storage (what
+    ``contended`` drains for it and for each tenant)."""
+    tier = STRATEGIES[schedule.strategy].storage_tier
+    return 0 if tier is None else int(_positions(schedule, tier).size)
+
+
+def _positions(schedule: Schedule, tier: str) -> np.ndarray:
+    """The steps whose recovery point writes to shared storage on ``tier``."""
+    if tier == "backup":
+        return np.flatnonzero(np.isfinite(schedule.backup)) if schedule.backup is not None \
+            else np.empty(0, dtype=np.int64)
+    return np.flatnonzero(schedule.bytes > 0)
+
+
 def _writes(schedule: Schedule, timeline: Timeline, tier: str, backup_bytes: float):
     """Start times, bytes and positions of the writes of one failure-free job on ``tier``."""
+    at = _positions(schedule, tier)
     if tier == "backup":
-        at = np.flatnonzero(np.isfinite(schedule.backup)) if schedule.backup is not None \
-            else np.empty(0, dtype=np.int64)
         return timeline.resume[at], np.full(at.size, backup_bytes), at
-    at = np.flatnonzero(schedule.bytes > 0)
     begin = timeline.resume[at] - (schedule.snap[at] if tier == "snap" else 0.0)
     return begin, schedule.bytes[at], at
 
@@ -147,6 +165,7 @@ def contended(schedule: Schedule, storage: SharedStorage, *, full_bytes: float,
     tier = STRATEGIES[schedule.strategy].storage_tier
     if tier is None:
         return schedule
+    check_drained_writes(storage_writes(schedule), int(storage.tenants))
     rate = storage.write_gbps()
     base = getattr(schedule, tier).copy()
     draws = None                          # each tenant's writes: when in the job, uniform

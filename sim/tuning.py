@@ -129,7 +129,8 @@ class Recommendation:
         rows = [head, "-" * len(head)]
         for label, row in (("recommended", self.best), ("paper default", self.paper),
                            ("recorded", self.recorded)):
-            rows.append(f"{label:<16} {row['effective_ratio']:>7.4f} {row['ci95']:>7.4f} "
+            band = "n/a" if row["ci95"] is None else f"{row['ci95']:.4f}"  # one seed: no band
+            rows.append(f"{label:<16} {row['effective_ratio']:>7.4f} {band:>7} "
                         f"{_gb(row['bytes_written']):>10} {row['max_staleness']:>10} "
                         f"{row['mean_weighted_staleness']:>11.1f} {row['write_share']:>12.2%}")
         gain = self.best["effective_ratio"] - self.paper["effective_ratio"]

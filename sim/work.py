@@ -23,6 +23,10 @@ The limits (docs/sim.md, "Work limits"), each with what it protects:
 - ``MAX_STREAMS``: a job of nodes (``sim.nodes``) opens a random stream per 64
   nodes a run, 55-80 us each on the shared development machine, failures or
   not: about a minute over a call.
+- ``MAX_DRAINED_WRITES``: the shared file system's fluid model (``sim.storage``)
+  drains a strategy's writes and those of ``--tenants`` other jobs together, one
+  loop turn per start or end over the writes in flight: its time grows about
+  with the square of the writes (docs/sim.md, "Work limits").
 """
 from __future__ import annotations
 
@@ -36,13 +40,15 @@ from .nodes import NodeFailures
 from .units import format_duration
 
 __all__ = ["MAX_RUN_FAILURES", "MAX_FAILURES", "MAX_LANE_FAILURES", "MAX_SIMPY_STEPS",
-           "MAX_JOB_STEPS", "MAX_STREAMS", "bound_work", "check_runs", "check_job_steps"]
+           "MAX_JOB_STEPS", "MAX_STREAMS", "MAX_DRAINED_WRITES", "bound_work", "check_runs",
+           "check_job_steps", "check_drained_writes"]
 
 MAX_FAILURES = 20_000_000
 MAX_LANE_FAILURES = 200_000_000
 MAX_SIMPY_STEPS = 50_000_000
 MAX_JOB_STEPS = 1_000_000
 MAX_STREAMS = 1_000_000
+MAX_DRAINED_WRITES = 100_000
 
 _WHERE = "docs/sim.md, Work limits"
 
@@ -99,6 +105,21 @@ def check_job_steps(steps: int, what: str = "a job") -> None:
                        f"{MAX_JOB_STEPS:,} steps a job ({_WHERE}): every strategy's timeline "
                        "holds arrays of the job's length; simulate a shorter job (the window "
                        "runs jobs back to back)")
+
+
+def check_drained_writes(writes: int, tenants: int) -> None:
+    """Refuse a fluid model of more than ``MAX_DRAINED_WRITES`` writes (a job's ``writes``
+    and as many for each of ``tenants`` other jobs, at random phases, so that they overlap),
+    before their times are drawn. A job alone (no tenants) is not bounded here: its
+    writes seldom overlap, and its steps are (``MAX_JOB_STEPS``)."""
+    total = writes * (1 + tenants)
+    if tenants and total > MAX_DRAINED_WRITES:  # a job alone: its writes seldom overlap
+        most = max(0, MAX_DRAINED_WRITES // max(writes, 1) - 1)
+        raise SimError(f"{tenants:,} tenants writing this job's {writes:,} writes (of its strategy "
+                       f"that writes most) each would make the shared file system drain "
+                       f"{total:,} writes, more than the "
+                       f"simulator's limit of {MAX_DRAINED_WRITES:,} ({_WHERE}): give at most "
+                       f"--tenants {most:,} for this job (or a job with fewer writes)")
 
 
 def _runs(seeds: int, points: int) -> str:

@@ -19,6 +19,7 @@ from layercheck.policy import Policy
 
 from .errors import SimError
 from .nextwrites import next_writes
+from .units import DURATION_RANGE, MAX_DURATION_S, MIN_DURATION_S
 from .work import check_job_steps
 
 __all__ = ["Workload", "LayerWrites", "warmup_from"]
@@ -157,9 +158,9 @@ class Workload:
         compute = np.asarray(self.compute_s, dtype=np.float64)
         if compute.ndim != 1 or compute.size == 0:
             raise SimError(f"workload {self.name!r}: compute_s must be a non-empty 1-D array")
-        if not np.all(np.isfinite(compute)) or (compute <= 0).any():
-            raise SimError(f"workload {self.name!r}: every step needs a positive, finite compute "
-                           "time (forward_s + backward_s + optimizer_s)")
+        if not ((compute >= MIN_DURATION_S) & (compute <= MAX_DURATION_S)).all():
+            raise SimError(f"workload {self.name!r}: every step needs a compute time (forward_s "
+                           f"+ backward_s + optimizer_s) from {DURATION_RANGE}")
         check_job_steps(compute.size, f"workload {self.name!r}")
         compute.setflags(write=False)
         object.__setattr__(self, "compute_s", compute)

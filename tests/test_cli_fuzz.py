@@ -385,6 +385,263 @@ def test_sim_fit_failures_malformed(record, system):
     _assert_one_line_exit_2(main, ["fit-failures", record, *system])
 
 
+# -- sim: every numeric flag at its extremes ----------------------------------------------
+# Every numeric flag of every `python -m sim` command, driven with values at and past the
+# edges of float64 and of int64, and every number a failure log or node record holds:
+# the command runs (exit 0) or refuses in one line (exit 2) that names the flag's range,
+# never a traceback or an overflow warning. A numeric flag added to a command without a
+# row here fails `test_every_numeric_flag_of_sim_is_fuzzed`.
+EXTREMES = ("0", "-1", "1.5", "1e-300", "5e-324", "1e307", "1e308", "inf", "-inf", "nan",
+            "9" * 30, "9" * 400, "-" + "9" * 30)
+DURATION_EXTREMES = (*EXTREMES, "1e307s", "1e-300s", "1e300d", "1e-320s", "1e18s", "1e-9s")
+# a job that runs in a tenth of a second, so that each accepted extreme runs for real
+TINY = ["--iteration-time", "6s", "--iterations", "100", "--window", "1h", "--seeds", "1",
+        "--strategies", "deepspeed"]
+RUN = ["run", *TINY, "--mtbf", "1h"]
+SCALE = ["scale", "--iteration-time", "6s", "--iterations", "100", "--window", "1h", "--seeds",
+         "2", "--strategies", "deepspeed", "--gpus", "8"]
+_TINY_TRACE: list[str] = []
+
+
+def _tiny_trace() -> str:
+    """The first 20 steps of traces/minilm-200steps (made once): `tune` replays its grid of
+    settings over a trace in about a second instead of eight."""
+    if not _TINY_TRACE:
+        import dataclasses
+
+        from layercheck.contract.trace import read_trace, write_trace
+        full = read_trace(ROOT / "traces/minilm-200steps")
+        cut = {name: getattr(full, name)[getattr(full, name)["step"] <= 20].copy()
+               for name in ("steps", "drift", "writes")}
+        folder = Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "tiny"
+        write_trace(dataclasses.replace(full, **cut, recovery=None, drill=None, staleness=None),
+                    folder)
+        _TINY_TRACE.append(str(folder))
+    return _TINY_TRACE[0]
+
+
+def _without(argv: list[str], *flags: str) -> list[str]:
+    out = list(argv)
+    for flag in flags:
+        at = out.index(flag)
+        del out[at:at + 2]
+    return out
+
+
+def _sweep_out() -> str:
+    return tempfile.mkdtemp(prefix="fuzz-sweep-", dir=_SCRATCH.name)
+
+
+def _sim_rows() -> list[tuple[str, str, tuple[str, ...], object]]:
+    """(command, flag, values, argv of a value): each numeric flag in a context where it is used."""
+    from sim.scenarioargs import COST_FLAGS
+
+    from layercheck.contract.calibration import FIGURES
+    n, d = EXTREMES, DURATION_EXTREMES
+    no_mtbf = _without(RUN, "--mtbf")
+    rows = [
+        ("run", "--mtbf", d, lambda v: [*no_mtbf, f"--mtbf={v}"]),
+        ("run", "--iteration-time", d, lambda v: [*_without(RUN, "--iteration-time"),
+                                                  f"--iteration-time={v}"]),
+        ("run", "--iterations", n, lambda v: [*_without(RUN, "--iterations"), f"--iterations={v}"]),
+        ("run", "--checkpoint-cost", d, lambda v: [*RUN, f"--checkpoint-cost={v}"]),
+        ("run", "--checkpoint-gb", n, lambda v: [*RUN, f"--checkpoint-gb={v}"]),
+        ("run", "--gpus", n, lambda v: [*no_mtbf, "--gpu-mtbf", "1000h", f"--gpus={v}"]),
+        ("run", "--gpu-mtbf", d, lambda v: [*no_mtbf, "--gpus", "8", f"--gpu-mtbf={v}"]),
+        ("run", "--shape", n, lambda v: [*RUN, "--failures", "weibull", f"--shape={v}"]),
+        ("run", "--shape", n, lambda v: [*no_mtbf, "--nodes", "4", "--node-mtbf", "1000h",
+                                         "--failures", "weibull", f"--shape={v}"]),
+        ("run", "--nodes", n, lambda v: [*no_mtbf, "--node-mtbf", "1000h", f"--nodes={v}"]),
+        ("run", "--node-mtbf", d, lambda v: [*no_mtbf, "--nodes", "4", f"--node-mtbf={v}"]),
+        ("run", "--domain", n, lambda v: [*no_mtbf, "--nodes", "4", "--node-mtbf", "1000h",
+                                          f"--domain=rack:{v}:100d"]),
+        ("run", "--domain", d, lambda v: [*no_mtbf, "--nodes", "4", "--node-mtbf", "1000h",
+                                          f"--domain=rack:2:{v}"]),
+        ("run", "--system", n, lambda v: [*no_mtbf, "--nodes", "64", "--failure-log", "lanl",
+                                          f"--system={v}"]),
+        ("run", "--seeds", n, lambda v: [*_without(RUN, "--seeds"), f"--seeds={v}"]),
+        ("run", "--seed", n, lambda v: [*RUN, f"--seed={v}"]),
+        ("run", "--interval", n, lambda v: [*RUN, f"--interval={v}"]),
+        ("run", "--stale-cost", n, lambda v: [*RUN, f"--stale-cost={v}"]),
+        ("run", "--window", d, lambda v: [*_without(RUN, "--window"), f"--window={v}"]),
+        ("run", "--restart", d, lambda v: [*RUN, f"--restart={v}"]),
+        ("run", "--workers", n, lambda v: [*RUN, f"--workers={v}"]),
+        *[("run", "--" + flag.replace("_", "-"), n,
+           lambda v, flag=flag: [*RUN, f"--{flag.replace('_', '-')}={v}"]) for flag in COST_FLAGS],
+        *[("run", "--cost", n, lambda v, figure=figure: [*RUN, f"--cost={figure}={v}"])
+          for figure in FIGURES],
+        *[("run", flag, n, lambda v, flag=flag: [*RUN, f"{flag}={v}"])
+          for flag in ("--max-gb", "--max-write-share", "--max-host-gb", "--gpu-hour-usd",
+                       "--storage-usd-per-gb-month", "--write-usd-per-gb", "--keep")],
+        ("frontier", "--mtbf", d, lambda v: ["frontier", *TINY, f"--mtbf={v}"]),
+        ("sweep", "--points", n, lambda v: ["sweep", *TINY, "--mtbf", "1h..2h", "--out",
+                                            _sweep_out(), f"--points={v}"]),
+        ("sweep", "--mtbf", d, lambda v: ["sweep", *TINY, "--points", "2", "--out", _sweep_out(),
+                                          f"--mtbf={v}..2h"]),
+        ("sweep", "--mtbf", d, lambda v: ["sweep", *TINY, "--points", "2", "--out", _sweep_out(),
+                                          f"--mtbf=1s..{v}"]),
+        ("sensitivity", "--mtbf", d, lambda v: ["sensitivity", *TINY, "--figures", "restart_s",
+                                                f"--mtbf={v}"]),
+        ("sensitivity", "--window", d, lambda v: ["sensitivity", *_without(TINY, "--window"),
+                                                  "--mtbf", "1h", "--figures", "restart_s",
+                                                  f"--window={v}"]),
+        ("sensitivity", "--seeds", n, lambda v: ["sensitivity", *_without(TINY, "--seeds"),
+                                                 "--mtbf", "1h", "--figures", "restart_s",
+                                                 f"--seeds={v}"]),
+        ("fit-failures", "--system", n, lambda v: ["fit-failures", "lanl", f"--system={v}"]),
+        ("fit-failures", "--cofailure-window", d, lambda v: ["fit-failures", "lanl", "--system",
+                                                             "18", f"--cofailure-window={v}"]),
+        ("scale", "--gpus", n, lambda v: [*_without(SCALE, "--gpus"), f"--gpus={v}"]),
+        ("scale", "--gpus", n, lambda v: [*_without(SCALE, "--gpus"), f"--gpus=8..{v}"]),
+        ("scale", "--iteration-time", d, lambda v: [*_without(SCALE, "--iteration-time"),
+                                                    f"--iteration-time={v}"]),
+        ("scale", "--iterations", n, lambda v: [*_without(SCALE, "--iterations"),
+                                                f"--iterations={v}"]),
+        ("scale", "--seeds", n, lambda v: [*_without(SCALE, "--seeds"), f"--seeds={v}"]),
+        ("scale", "--window", d, lambda v: [*_without(SCALE, "--window"), f"--window={v}"]),
+        ("scale", "--domain", n, lambda v: [*SCALE, f"--domain=rack:{v}:100d"]),
+        ("scale", "--domain", d, lambda v: [*SCALE, f"--domain=rack:2:{v}"]),
+        *[("scale", flag, n, lambda v, flag=flag: [*SCALE, f"{flag}={v}"])
+          for flag in ("--checkpoint-gb", "--interval", "--stale-cost", "--seed", "--node-shape",
+                       "--spares", "--hang-share", "--aggregate-gbps", "--read-aggregate-gbps",
+                       "--tenants")],
+        *[("scale", flag, d, lambda v, flag=flag: [*SCALE, f"{flag}={v}"])
+          for flag in ("--node-mtbf", "--hang-timeout", "--comm-init-per-doubling")],
+    ]
+    return rows
+
+
+SLOW_EXTREMES = ("0", "-1", "5e-324", "1e308", "nan", "9" * 400)
+SLOW_DURATION_EXTREMES = (*SLOW_EXTREMES, "1e307s", "1e18s")
+"""The extremes of the slower commands: one of each kind (zero, negative, subnormal,
+float64's largest, not a number, past float64), each accepted one costing a run."""
+
+
+def _slow_sim_rows() -> list[tuple[str, str, tuple[str, ...], object]]:
+    """The rows of the commands that take seconds a run (`tune` on the tiny trace,
+    `paper` on its fixed scenario, `presets --write`)."""
+    n, d = SLOW_EXTREMES, SLOW_DURATION_EXTREMES
+    tune = ["tune", "--mtbf", "1h", "--seeds", "2", "--window", "1h"]
+    paper = ["paper", "--seeds", "1", "--window", "1h"]
+    return [
+        *[("tune", flag, n, lambda v, flag=flag: [*tune, "--trace", _tiny_trace(), f"{flag}={v}"])
+          for flag in ("--max-gb", "--max-staleness", "--max-write-share")],
+        ("tune", "--mtbf", d, lambda v: [*_without(tune, "--mtbf"), "--trace", _tiny_trace(),
+                                         f"--mtbf={v}"]),
+        ("tune", "--seeds", n, lambda v: [*_without(tune, "--seeds"), "--trace", _tiny_trace(),
+                                          f"--seeds={v}"]),
+        ("tune", "--window", d, lambda v: [*_without(tune, "--window"), "--trace", _tiny_trace(),
+                                           f"--window={v}"]),
+        ("paper", "--mtbf", d, lambda v: [*paper, f"--mtbf={v}"]),
+        ("paper", "--window", d, lambda v: [*_without(paper, "--window"), f"--window={v}"]),
+        ("paper", "--seeds", n, lambda v: [*_without(paper, "--seeds"), f"--seeds={v}"]),
+        ("paper", "--seed", n, lambda v: [*paper, f"--seed={v}"]),
+        ("presets", "--seed", n, lambda v: ["presets", "--write", f"--seed={v}"]),
+    ]
+
+
+def _call_strict(main, argv):
+    """``_call`` recording every warning (each one, however often it repeats)."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, err = _call(main, argv)
+    noisy = [f"{w.category.__name__}: {w.message}" for w in caught
+             if issubclass(w.category, (RuntimeWarning, OverflowError))]
+    return code, out, err, noisy
+
+
+def _assert_sim_clean(argv):
+    from sim.cli import main
+    code, _, err, noisy = _call_strict(main, argv)
+    assert code in (0, 2), f"{argv!r}: exit {code!r}\n{err[-3000:]}"
+    assert "Traceback" not in err and not noisy, f"{argv!r}: {noisy} {err[-2000:]}"
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("python -m sim"), f"{argv!r}: {err!r}"
+
+
+def _row_id(row) -> str:
+    return f"{row[0]} {row[1]}"
+
+
+NON_NUMERIC = {"-h", "--preset", "--trace", "--regime", "--failures", "--failure-log",
+               "--strategies", "--protocol", "--engine", "--costs", "--scheduler", "--out",
+               "--json", "--csv", "--figures", "--write", "--log-once", "--stale-as-useful",
+               "--no-spare", "--placement", "--no-bands", "--no-baselines"}
+"""Options that take a name, a path or nothing (a failure log's numbers are fuzzed below)."""
+
+
+def test_every_numeric_flag_of_sim_is_fuzzed():
+    """Each command's options are either NON_NUMERIC or have a row (the scenario flags
+    that run, sweep, tune and sensitivity share through sim.scenarioargs: a row of run)."""
+    import argparse
+
+    from sim.cli import _parser
+    from sim.scenarioargs import add_budget_args, add_scenario_args
+    shared = argparse.ArgumentParser()
+    add_scenario_args(shared)
+    add_budget_args(shared, staleness=True)
+    shared = {s for a in shared._actions for s in a.option_strings} | {"--workers"}
+    covered = {(c, f) for c, f, _, _ in _sim_rows() + _slow_sim_rows()}
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            flag = action.option_strings[0] if action.option_strings else None
+            if flag is None or flag in NON_NUMERIC or (command, flag) in covered:
+                continue
+            if flag in shared and command in ("sweep", "tune", "sensitivity", "frontier") \
+                    and ("run", flag) in covered:
+                continue
+            missing.append(f"{command} {flag}")
+    assert not missing, f"numeric flags without a fuzz row: {missing}"
+
+
+@pytest.mark.parametrize("row", _sim_rows(), ids=_row_id)
+def test_sim_numeric_flags_at_their_extremes(row):
+    _, _, values, argv = row
+    for value in values:
+        _assert_sim_clean(argv(value))
+
+
+@pytest.mark.parametrize("row", _slow_sim_rows(), ids=_row_id)
+def test_sim_numeric_flags_of_the_slower_commands_at_their_extremes(row, monkeypatch):
+    import sim.presets
+    monkeypatch.setattr(sim.presets, "TRACES_DIR", Path(tempfile.mkdtemp(dir=_SCRATCH.name)))
+    _, _, values, argv = row
+    for value in values:
+        _assert_sim_clean(argv(value))
+
+
+number_text = st.one_of(st.floats().map(repr), st.integers(-(2**70), 2**70).map(str),
+                        st.integers(0, 400).map(lambda k: "9" * k + "1"),
+                        st.floats(-1e-290, 1e-290).map(repr))
+duration_text = st.tuples(number_text, st.sampled_from(["", "s", "ms", "m", "h", "d"])).map("".join)
+
+
+@given(data=st.data(), row=st.sampled_from(_sim_rows()))
+@FUZZ
+def test_sim_numeric_flags_with_any_number(data, row):
+    """Any float or integer (with or without a duration's unit) in any numeric flag."""
+    _, _, values, argv = row
+    value = data.draw(duration_text if values is DURATION_EXTREMES else number_text)
+    _assert_sim_clean(argv(value))
+
+
+@pytest.mark.parametrize("value", DURATION_EXTREMES)
+def test_sim_failure_log_and_record_numbers_at_their_extremes(value):
+    """A job's failure log and a record of nodes holding each extreme as a time or a node."""
+    def csv(text: str) -> str:
+        return _garbage_file(text.encode(), "record.csv")
+    no_mtbf = _without(RUN, "--mtbf")
+    for log in (f"time\n1\n{value}\n", f"time_s\n{value}\n2\n3\n"):
+        _assert_sim_clean([*no_mtbf, "--failure-log", csv(log)])
+        _assert_sim_clean([*no_mtbf, "--failure-log", csv(log), "--log-once"])
+    for record in (f"node,time\n0,1\n1,{value}\n2,5\n", f"node,time\n{value},1\n1,3\n2,5\n"):
+        _assert_sim_clean([*no_mtbf, "--nodes", "4", "--failure-log", csv(record)])
+        _assert_sim_clean(["fit-failures", csv(record)])
+
+
 # -- profiler ---------------------------------------------------------------------
 def _profiler_main():
     from profiler.cli import main

@@ -10,7 +10,9 @@ torch, and none of it imports ``sim``, ``profiler`` or ``dashboard``:
   (where a figure plausibly lies), ``measurement`` (which code measured each figure);
 - the replays: ``fastreplay`` + ``replay_windows`` (one setting), ``lanes`` (many
   settings and budgets), both returning ``replayed``; ``decision`` (the decision model
-  as a trace records it: K_l(t), the recorded config, the paper's defaults scaled).
+  as a trace records it: K_l(t), the recorded config, the paper's defaults scaled);
+- reading a file a user names: ``userfile`` (regular files only, each kind bounded:
+  every torch-free reader of a trace, a costs.json, a failure log or record).
 
 The write decision itself (``layercheck.policy``, ``layercheck.budget``) is the
 library's: the live ``LayerCheck`` runs it, and the contract replays it.

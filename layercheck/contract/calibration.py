@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .band import Band
+from .userfile import RefusedFile, read_json
 from .figure import (SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST, CalibrationError, Figure,
                      FigureSpec)
 
@@ -231,13 +232,15 @@ def read_calibration(path: str | Path) -> Calibration:
     path = Path(path)
     if path.is_dir():
         path = path / COSTS_FILE
-    if not path.is_file():
+    if not path.exists():
         raise CalibrationError(f"{path}: no such costs file; measure one with "
                                f"`python -m profiler calibrate --trace {path.parent}`")
     # the same reading as trace._read_json, with this module's error class (trace.py
     # keeps its own: a costs file is optional in a trace and reports as TraceError there)
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
+    except RefusedFile as exc:
+        raise CalibrationError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"{path}: cannot read ({exc})") from None
     except json.JSONDecodeError as exc:

@@ -43,6 +43,7 @@ import pandas as pd
 
 from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
 from .traceschema import LAYER_SCHEMA, TABLES, WRITE_REASONS, TraceError, check_layers, check_table
+from .userfile import RefusedFile, read_json, read_parquet
 
 STUDY_FILE = "staleness.json"
 """The staleness study of a trace (``python -m profiler staleness``)."""
@@ -262,7 +263,9 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "study" if path.name == STUDY_FILE else "json")
+    except RefusedFile as exc:
+        raise TraceError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
@@ -293,7 +296,9 @@ def _read_table(root: Path, name: str, *, required: bool, version: int,
             raise TraceError(f"{path}: missing (a trace needs {', '.join(t for t in TABLES if t not in OPTIONAL_TABLES)})")
         return None
     try:
-        frame = pd.read_parquet(path)
+        frame = read_parquet(path)
+    except RefusedFile as exc:
+        raise TraceError(str(exc)) from None
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise TraceError(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
     for (table, column), (added, value) in ADDED_COLUMNS.items():

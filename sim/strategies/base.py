@@ -302,8 +302,9 @@ def _daly_steps(checkpoint_s: float, workload: Workload, mtbf_s: float | None) -
     if mtbf_s is None:
         raise SimError("a native cadence needs an MTBF (or a failure log)")
     step_s = float(workload.compute_s.mean())
-    tau = daly_interval_s(checkpoint_s, mtbf_s)
-    return max(1, min(workload.steps, math.floor(tau / step_s + 0.5)))
+    steps = daly_interval_s(checkpoint_s, mtbf_s) / step_s + 0.5
+    # compared before the floor: an interval past the job (a huge MTBF) is the whole job
+    return max(1, workload.steps if not steps < workload.steps else math.floor(steps))
 
 
 STRATEGIES: tuple = ()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from pathlib import Path
 
@@ -50,3 +51,41 @@ def test_model_label_is_short_for_dict_models(tmp_path):
     entry = describe(root / "qwen2.5-7b-synthetic")
     assert entry.model.startswith("qwen2.5-7b (") and "M parameters" in entry.model
     assert "{" not in entry.model
+
+
+def test_scan_lists_traces_whose_files_are_not_regular_files_as_invalid(tmp_path):
+    """A FIFO as a trace's manifest.json or table, or a link to /dev/zero, hung the dashboard
+    at start (scan reads every trace) or read until memory ran out. The scan runs in a
+    subprocess with 2 GiB of address space and a minute: pyarrow's open of a FIFO never
+    returns to Python, where no signal could stop it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    shipped = root / "traces" / "minilm-200steps"
+    for name, file, make in (("fifo-manifest", "manifest.json", os.mkfifo),
+                             ("zero-manifest", "manifest.json", lambda p: p.symlink_to("/dev/zero")),
+                             ("fifo-steps", "steps.parquet", os.mkfifo),
+                             ("fifo-staleness", "staleness.json", os.mkfifo),
+                             ("good", None, None)):
+        shutil.copytree(shipped, tmp_path / name)
+        if file:
+            (tmp_path / name / file).unlink()
+            make(tmp_path / name / file)
+    code = ("import json, resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+            "from pathlib import Path\n"
+            "from dashboard import catalog\n"
+            "print(json.dumps({e.name: e.error for e in catalog.scan(Path(sys.argv[1]))}))\n")
+    # pyarrow's own allocator reserves more address space than the cap: the system's
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, timeout=120,
+                          capture_output=True, text=True,
+                          env={**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    assert errors.pop("good") is None
+    assert "manifest.json: a FIFO (named pipe), not a regular file" in errors["fifo-manifest"]
+    assert "manifest.json: a character device, not a regular file" in errors["zero-manifest"]
+    assert "steps.parquet: a FIFO (named pipe), not a regular file" in errors["fifo-steps"]
+    assert "staleness.json: a FIFO (named pipe), not a regular file" in errors["fifo-staleness"]

@@ -12,6 +12,7 @@ from sim.cli import main
 from sim.report import RUN_TAIL
 from sim.settings import layercheck_grid
 from layercheck.contract.trace import read_trace
+from sim.units import MAX_DURATION_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -392,3 +393,107 @@ def test_json_is_strict_where_a_figure_has_no_value(capsys):
         raise AssertionError(f"{name} in the JSON")
     data = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert data["verdict"]["margin"] is None and data["rows"][0]["ci95"] is None
+
+
+# --- huge finite values, and flags that size an allocation ---------------
+@pytest.mark.parametrize("args,words", [
+    (["--mtbf", "1e307s"], "--mtbf='1e307s' must be a positive duration from 1 ns to 1e18 s"),
+    (["--nodes", "4", "--node-mtbf", "1e307s"], "--node-mtbf='1e307s' must be a positive duration "
+                                                "from 1 ns to 1e18 s"),
+    (["scale", "--node-mtbf", "1e307s"], "--node-mtbf='1e307s' must be a positive duration from"),
+    (["sensitivity", "--mtbf", "1e307s"], "--mtbf='1e307s' must be a positive duration from"),
+    (["--failure-log", "{huge}"], "time='1e308' must be a positive duration from 1 ns to 1e18 s"),
+    (["--nodes", "4", "--failure-log", "{huge_node}"], "node '1e30' must be an integer from 0 to "
+                                                       "999,999"),
+    (["--gpus", "9" * 400, "--gpu-mtbf", "1h"], "an integer from 1 to 2**53"),
+    (["scale", "--tenants", "1000000000", "--gpus", "8", "--seeds", "2", "--window", "1d"],
+     "give at most --tenants 408 for this job"),
+    (["scale", "--tenants", "100000000", "--gpus", "8", "--seeds", "2", "--window", "1d"],
+     "more than the simulator's limit of 100,000"),
+    (["scale", "--node-shape", "1e-300", "--gpus", "8", "--seeds", "2"], "from 0.01 to 20"),
+])
+def test_huge_finite_values_are_one_line_naming_the_range(tmp_path, args, words):
+    """Each was a traceback (OverflowError in Daly's interval, numpy's 11-112 GiB MemoryError
+    for the tenants' write times) or ran on NaN: now one line naming the range, before
+    anything large is allocated (2 GiB of address space)."""
+    (tmp_path / "huge.csv").write_text("time\n1\n1e308\n")
+    (tmp_path / "nodes.csv").write_text("node,time\n0,1h\n1e30,2h\n")
+    files = {"huge": str(tmp_path / "huge.csv"), "huge_node": str(tmp_path / "nodes.csv")}
+    result = _capped(*[a.format(**files) for a in args])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+
+def test_the_longest_durations_run(capsys):
+    """At the top of the range (1e18 s) an MTBF means no failure: the run goes through Daly's
+    interval (the whole job) without overflow and loses nothing to failures."""
+    assert main(["--mtbf", f"{MAX_DURATION_S}s", "--preset", "llama-3.2-1b", "--seeds", "2",
+                 "--window", "1d", "--protocol", "native", "--strategies", "deepspeed",
+                 "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["failures"] == 0.0 and row["lost_work_s"] == 0.0 and row["interval"] == 1692
+
+
+def test_tune_with_one_seed_prints_no_band(capsys):
+    """One seed has no 95% band (ci95 None): `tune --seeds 1` raised TypeError formatting it."""
+    assert main(["tune", "--trace", str(ROOT / "traces/minilm-200steps"), "--mtbf", "1h",
+                 "--seeds", "1", "--window", "1h"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("recommended", "paper default", "recorded"))]
+    assert len(rows) == 3 and all(row.split()[-6] == "n/a" for row in rows), rows
+
+
+# --- a path that is not a regular file is refused, never read -------------
+def _trace_with(tmp_path: Path, name: str, make) -> str:
+    """A copy of traces/minilm-200steps whose file ``name`` is replaced by ``make(path)``."""
+    folder = tmp_path / "trace"
+    shutil.copytree(ROOT / "traces/minilm-200steps", folder)
+    (folder / name).unlink(missing_ok=True)
+    make(folder / name)
+    return str(folder)
+
+
+def _fifo(path: Path) -> None:
+    import os
+    os.mkfifo(path)
+
+
+RUN_ONE = ["--mtbf", "1h", "--seeds", "1", "--window", "6h", "--strategies", "deepspeed"]
+
+
+@pytest.mark.parametrize("case", ["failure log", "node record", "fit-failures", "manifest.json",
+                                  "costs.json", "staleness.json", "drill.json", "--costs"])
+def test_a_fifo_where_the_simulator_reads_a_file_is_one_line_exit_2(tmp_path, capsys, case):
+    """Each of these opened the FIFO and blocked forever (no writer ever comes)."""
+    from tests.deadline import deadline
+    fifo = tmp_path / "fifo.csv"
+    _fifo(fifo)
+    argv = {"failure log": ["--failure-log", str(fifo), "--seeds", "1", "--window", "6h"],
+            "node record": ["--nodes", "4", "--failure-log", str(fifo), "--seeds", "1"],
+            "fit-failures": ["fit-failures", str(fifo)],
+            "--costs": ["--costs", str(fifo), "--preset", "llama-3.2-1b", *RUN_ONE],
+            }.get(case) or ["--trace", _trace_with(tmp_path, case, _fifo), *RUN_ONE]
+    with deadline(30, f"python -m sim with a FIFO as its {case}"):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a FIFO (named pipe), not a regular file" in err, err
+
+
+@pytest.mark.parametrize("case", ["/dev/zero as the failure log", "manifest.json -> /dev/zero",
+                                  "steps.parquet a FIFO"])
+def test_a_device_or_a_fifo_the_simulator_reads_outside_python_is_one_line_exit_2(tmp_path, case):
+    """/dev/zero was read until memory ran out (here: 2 GiB of address space), and pyarrow
+    blocked on a FIFO where no signal reaches Python: a subprocess with a timeout."""
+    if case.startswith("/dev/zero"):
+        args = ["--failure-log", "/dev/zero", "--seeds", "1", "--window", "6h"]
+        words = "/dev/zero: a character device, not a regular file"
+    elif case.startswith("manifest"):
+        args = ["--trace", _trace_with(tmp_path, "manifest.json",
+                                       lambda p: p.symlink_to("/dev/zero")), *RUN_ONE]
+        words = "manifest.json: a character device, not a regular file"
+    else:
+        args = ["--trace", _trace_with(tmp_path, "steps.parquet", _fifo), *RUN_ONE]
+        words = "steps.parquet: a FIFO (named pipe), not a regular file"
+    result = _capped(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr

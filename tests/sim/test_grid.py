@@ -83,6 +83,17 @@ def test_bad_schedulers_and_workers_say_what_to_fix(grid, monkeypatch):
 POOL = sim.grid.ProcessPoolExecutor
 
 
+def test_more_workers_than_lanes_cut_the_grid_into_lanes_not_into_workers(monkeypatch):
+    """--workers 10**30 asked numpy for 4 x 10**30 piece edges (ValueError: Maximum allowed
+    size exceeded): a grid is never cut into more pieces than it has lanes."""
+    grid = sweep_lanes(mtbfs=(900.0,), seeds=2, window=86400.0)
+    used = []
+    monkeypatch.setattr(sim.grid, "ProcessPoolExecutor",
+                        lambda **kw: used.append(kw["max_workers"]) or POOL(**kw))
+    _equal(run_grid(*grid, workers=10**30), run_lanes(*grid))
+    assert len(used) == 1 and 1 <= used[0] <= len(grid[3])
+
+
 def test_the_torch_free_install_needs_neither_numba_nor_dask():
     """Both are optional extras: with neither importable, a long grid takes the numpy loop
     and a process pool, and gives the numbers the compiled loop gives here; asking for

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sim import CostModel, Scenario, SimError
-from sim.storage import SharedStorage, contended, drain
+from sim.storage import SharedStorage, contended, drain, storage_writes
 from sim.strategies import get_strategy
 
 
@@ -79,3 +79,42 @@ def test_bad_storage_says_the_fix():
         SharedStorage(nodes=2, link_gbps=0.0, read_link_gbps=1.0)
     with pytest.raises(SimError, match="tenants"):
         SharedStorage(nodes=2, link_gbps=1.0, read_link_gbps=1.0, tenants=-1)
+
+
+def test_tenants_past_the_work_limit_are_refused_before_their_writes_are_drawn():
+    """1e9 tenants asked numpy for 112 GiB (1e8: 11 GiB) of write times: refused with the
+    most tenants this job's writes allow, before anything is drawn (a generator that
+    would draw fails the test)."""
+    from sim.work import MAX_DRAINED_WRITES, check_drained_writes
+    scenario, schedule = _schedule("deepspeed")
+    writes = storage_writes(schedule)
+    most = MAX_DRAINED_WRITES // writes - 1
+
+    class NoDraws:
+        def random(self, *a, **k):
+            raise AssertionError("drew the tenants' write times")
+    for tenants in (most + 1, 10**8, 10**9):
+        storage = SharedStorage(nodes=1, link_gbps=1.0, read_link_gbps=1.0, tenants=tenants)
+        with pytest.raises(SimError, match=f"give at most --tenants {most:,} for this job"):
+            contended(schedule, storage, full_bytes=float(scenario.workload.full_bytes),
+                      rng=NoDraws())
+    check_drained_writes(writes, most)                    # the most it names is accepted
+    check_drained_writes(MAX_DRAINED_WRITES + 1, 0)       # a job alone is not bounded here
+
+
+def test_a_write_of_no_finite_time_is_refused_not_drained_forever():
+    """A NaN start (times that overflowed upstream) never drained: the loop did not end."""
+    import signal
+
+    def stop(*_):
+        raise TimeoutError("drain did not end")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(20)
+    try:
+        for starts, sizes in (([0.0, np.nan], [1e9, 1e9]), ([0.0, 1.0], [1e9, np.inf])):
+            with pytest.raises(SimError, match="finite start time and size"):
+                drain(np.array(starts), np.array(sizes), np.array([0, 1]), job_gbps=1.0,
+                      aggregate_gbps=1.0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -269,3 +269,12 @@ def test_each_strategy_says_what_its_checkpoints_occupy(workload):
     assert lowdiff.footprint.host_bytes >= diff            # at least the batch being written
     lc = get_strategy("layercheck").schedule(workload, SMALL_COSTS).footprint
     assert lc.host_bytes == pytest.approx(full) and lc.base_bytes == full  # the base checkpoint
+
+
+def test_a_native_interval_past_the_job_is_the_job_without_overflow():
+    """An MTBF whose Daly interval is inf in float64 (an API caller's 1e307 s, past the
+    command line's range) gives the whole job, not an OverflowError from floor(inf)."""
+    w = small_workload(steps=400)
+    ds = get_strategy("deepspeed")
+    assert ds.cadence("native", w, COSTS, mtbf_s=1e307).every == w.steps
+    assert ds.cadence("native", w, COSTS, mtbf_s=1e18).every == w.steps
