@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -132,7 +133,14 @@ def band_of(name: str, figure: Figure) -> Band | None:
     if figure.source == "measured":
         return None
     rule = FIGURES[name].band
-    return None if rule is None else rule.around(float(figure.value))
+    if rule is None or not rule.relative:
+        return None if rule is None else rule.around(float(figure.value))
+    # a relative rule around a value near the top of the figure's range would leave float64
+    # (a given --write-gbps 1e307, ten times): the band stops at the range's ends
+    value, (low, high) = float(figure.value), FIGURES[name].range
+    top = min(high, sys.float_info.max)
+    return Band(low=min(max(value * rule.low, low), top), high=min(value * rule.high, top),
+                reason=rule.reason)
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
