@@ -102,7 +102,8 @@ class LayerCheck:
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,
                                   reduce=self.ranks.all_reduce_sum,
-                                  adapters=self.source.drift_adapters())
+                                  adapters=self.source.drift_adapters(),
+                                  fused_step=self.config.fused_step)
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
                              on_error=self.config.on_error, commit=self.ranks.commit())
         self.current_step = 0

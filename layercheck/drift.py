@@ -18,6 +18,13 @@ torch path: a handful of
 tensor, which would dominate a small model's step). Both give the same numbers
 (the same fp32 element arithmetic; only the summation order differs).
 
+With ``fused_step=True`` the tracker does not read the tensors at all where it
+can avoid it: ``layercheck.fusedstep`` runs Adam/AdamW's step itself, one pass
+that updates the weights and moments and sums |w(t) - w(t-1)| and |w(t)| of
+each parameter from its registers, and the hook only collects those sums
+(exact: the change of the stored weights, summed as the kernel above sums).
+A call the fused step cannot take (see its doc) is measured as without it.
+
 One tracker for every backend (``layercheck.source``): the hook adds, per
 layer, sum |w(t) - w(t-1)| and sum |w(t)| over the tensors in the optimizer's
 parameter groups during that call (all of them, or under ZeRO-3 one flat
@@ -48,6 +55,7 @@ import torch
 from torch import nn
 
 from .adamupdate import AdamTerms, adam_terms
+from .fusedstep import FusedStep
 from .fusedsums import FusedSums
 
 if TYPE_CHECKING:
@@ -111,13 +119,15 @@ class DriftTracker:
 taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, layers) sums ->
     their sum over the ranks. ``fused=False`` keeps every tensor on the torch
     path; ``fused_params``: tensors the last step measured with the kernel.
+    ``fused_step=True``: take the sums from Adam/AdamW's own step
+    (``layercheck.fusedstep``; ``step_params``: tensors the last step measured so).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  layers: Sequence[Sequence[torch.Tensor]], *, groups: dict[int, dict] | None = None,
                  sampling: int = 1, fused: bool = True,
                  reduce: Callable[[np.ndarray], np.ndarray] = np.array,
-                 adapters: "AdapterDrift | None" = None) -> None:
+                 adapters: "AdapterDrift | None" = None, fused_step: bool = False) -> None:
         if sampling < 1:
             raise ValueError(f"sampling={sampling}: use 1 (every element) or more")
         self.sampling = sampling
@@ -132,6 +142,7 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                          if id(p) in group_of and id(p) not in skip]
                         for i, params in enumerate(layers)]
         self._all = [e for entries in self._layers for e in entries]
+        self._layer_of = {id(e.param): e.layer for e in self._all}
         self._frozen_l1 = np.array([float(sum(float(local(p).detach().abs().sum()) for p in params
                                               if id(p) not in group_of and id(p) not in skip))
                                     for params in layers])
@@ -145,16 +156,20 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         self._sums = np.zeros((2, len(self._layers)), dtype=np.float64)
         self.lr = math.nan
         self.seconds = 0.0
-        self.fused_params = 0
+        self.fused_params = self.step_params = 0
+        self._step_count = 0
         if not self._adam:
             warnings.warn(f"layercheck: drift for {type(optimizer).__name__} is measured by "
                           "keeping a copy of the previous weights (exact, one extra model copy "
                           "in memory); Adam and AdamW need no copy", stacklevel=3)
             self._previous = {id(e.param): e.data.detach().clone() for e in self._all}
         self._handle = optimizer.register_step_post_hook(self._after_step)
+        self._in_step = FusedStep.attach(optimizer) if fused_step else None
 
     def remove(self) -> None:
         self._handle.remove()
+        if self._in_step is not None:
+            self._in_step.remove()
 
     def take(self) -> tuple[np.ndarray, float, float]:
         """(d_l of the step, LR of its update, seconds spent in the hook and here)."""
@@ -167,6 +182,7 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                              np.where(moved > 0, np.inf, 0.0))
         self._phase += 1
         self.fused_params, self._fused.count = self._fused.count, 0
+        self.step_params, self._step_count = self._step_count, 0
         seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
         return drift, self.lr, seconds
 
@@ -189,6 +205,8 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         start = time.perf_counter()
         # what this call stepped: everything, or under ZeRO-3 one sub-group's partition
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        in_step = self._from_step()
+        stepped -= in_step.keys()
         with torch.no_grad():
             updates = self._updates(stepped) if self._adam else {}
             moved, size, done = self._fused.sums(stepped, updates, self._phase)
@@ -201,10 +219,28 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                 m, s = self._adapters.sums(len(self._layers))
                 moved += m
                 size += s
+            for layer, m, s in in_step.values():
+                moved[layer] += m
+                size[layer] += s
         self._sums[0] += moved
         self._sums[1] += size
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
         self.seconds += time.perf_counter() - start
+
+    def _from_step(self) -> dict[int, tuple[int, float, float]]:
+        """Per tracked parameter the fused step measured in this call: (layer, moved,
+        size); their step counts are read anew should a later call not be fused."""
+        taken = self._in_step.take() if self._in_step is not None else None
+        if taken is None:
+            return {}
+        out = {}
+        for key, m, s in zip(taken[0], taken[1].tolist(), taken[2].tolist()):
+            layer = self._layer_of.get(key)
+            if layer is not None:
+                out[key] = (layer, m, s)
+                self._steps.pop(key, None)
+        self._step_count += len(out)
+        return out
 
     def _updates(self, stepped: set[int]) -> dict[int, AdamTerms]:
         """The update terms of each parameter that Adam moved in this call."""
