@@ -143,6 +143,10 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                         for i, params in enumerate(layers)]
         self._all = [e for entries in self._layers for e in entries]
         self._layer_of = {id(e.param): e.layer for e in self._all}
+        self._by_param: dict[int, list[_Entry]] = {}
+        for e in self._all:
+            self._by_param.setdefault(id(e.param), []).append(e)
+        self._order = {id(e): k for k, e in enumerate(self._all)}  # a layer's sum order
         self._frozen_l1 = np.array([float(sum(float(local(p).detach().abs().sum()) for p in params
                                               if id(p) not in group_of and id(p) not in skip))
                                     for params in layers])
@@ -210,9 +214,12 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         with torch.no_grad():
             updates = self._updates(stepped) if self._adam else {}
             moved, size, done = self._fused.sums(stepped, updates, self._phase)
-            for i, entries in enumerate(self._layers):
-                m, s = self._layer_sums([e for e in entries if id(e.param) in stepped
-                                         and id(e) not in done], updates)
+            rest: dict[int, list[_Entry]] = {}  # by layer, what the kernel did not measure
+            for e in (e for key in stepped for e in self._by_param.get(key, ())):
+                if id(e) not in done:
+                    rest.setdefault(e.layer, []).append(e)
+            for i, entries in rest.items():
+                m, s = self._layer_sums(sorted(entries, key=lambda e: self._order[id(e)]), updates)
                 moved[i] += m
                 size[i] += s
             if self._adapters is not None:
@@ -246,9 +253,7 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         """The update terms of each parameter that Adam moved in this call."""
         out: dict[int, AdamTerms] = {}
         terms: dict[tuple[int, int], AdamTerms] = {}
-        for e in self._all:
-            if id(e.param) not in stepped:
-                continue
+        for e in (e for key in stepped for e in self._by_param.get(key, ())):
             # Adam skips a parameter without a gradient: it did not move this step
             state = self.optimizer.state.get(e.param)
             if e.param.grad is None or not state or "exp_avg" not in state:
