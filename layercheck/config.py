@@ -91,7 +91,7 @@ class LayerCheckConfig:
     stay torch's. It applies to CPU fp32 tensors without AMSGrad (and under ZeRO to
     DeepSpeed's inner torch optimizer); any other step runs torch's own step and
     is measured after it as usual, and where it cannot apply at all (another
-    optimizer, FSDP2's DTensors, numba missing) a warning says so."""
+    optimizer, FSDP2's DTensors, a GPU's tensors, numba missing) a warning says so."""
 
     keep_versions: int | None = None
     """Automatic retention. None: every committed version stays (prune later with

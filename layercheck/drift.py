@@ -158,6 +158,9 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         self._previous: dict[int, torch.Tensor] = {}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._sums = np.zeros((2, len(self._layers)), dtype=np.float64)
+        self._on_device: _DeviceSums | None = None
+        self._gpu = next((e.data.device for e in self._all if e.data.is_cuda), None)
+        self._gpu_calls: list[tuple[object, object, float]] = []
         self.lr = math.nan
         self.seconds = 0.0
         self.fused_params = self.step_params = 0
@@ -178,6 +181,10 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
     def take(self) -> tuple[np.ndarray, float, float]:
         """(d_l of the step, LR of its update, seconds spent in the hook and here)."""
         start = time.perf_counter()
+        if self._on_device is not None:  # one wait for the GPU per step, here
+            self._sums += self._on_device.sums.cpu().numpy()
+            self._on_device = None
+        self._settle_gpu()
         self._sums[1] += self._frozen_l1  # before the reduce: each rank holds its shard of them
         moved, total = self.reduce(self._sums)
         self._sums[:] = 0.0
@@ -189,6 +196,19 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         self.step_params, self._step_count = self._step_count, 0
         seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
         return drift, self.lr, seconds
+
+    def hook_seconds(self) -> float:
+        """Seconds of the hook calls since the last ``take()``: their host time, or where
+        the pass ran on a GPU the GPU's time for its work if that is longer (this
+        waits for it: read it after the step's own wait for the GPU)."""
+        self._settle_gpu()
+        return self.seconds
+
+    def _settle_gpu(self) -> None:
+        if self._gpu_calls:
+            gpu = sum(a.elapsed_time(b) for a, b, _ in self._gpu_calls) / 1e3
+            self.seconds += max(0.0, gpu - sum(host for _, _, host in self._gpu_calls))
+            self._gpu_calls.clear()
 
     def resync(self) -> None:
         """Forget the step counts read from the optimizer state (it was replaced), and
@@ -207,6 +227,10 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
     # -- the hook ----------------------------------------------------------
     def _after_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
         start = time.perf_counter()
+        began = None
+        if self._gpu is not None:  # the pass runs on the GPU: time it there too
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self._gpu))
         # what this call stepped: everything, or under ZeRO-3 one sub-group's partition
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         in_step = self._from_step()
@@ -220,8 +244,11 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                     rest.setdefault(e.layer, []).append(e)
             for i, entries in rest.items():
                 m, s = self._layer_sums(sorted(entries, key=lambda e: self._order[id(e)]), updates)
-                moved[i] += m
-                size[i] += s
+                if isinstance(m, torch.Tensor) or isinstance(s, torch.Tensor):
+                    self._device(m, s).add(i, m, s)  # a GPU's sums stay there until take()
+                else:
+                    moved[i] += m
+                    size[i] += s
             if self._adapters is not None:
                 m, s = self._adapters.sums(len(self._layers))
                 moved += m
@@ -232,7 +259,18 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         self._sums[0] += moved
         self._sums[1] += size
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
-        self.seconds += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.seconds += spent
+        if began is not None:
+            ended = torch.cuda.Event(enable_timing=True)
+            ended.record(torch.cuda.current_stream(self._gpu))
+            self._gpu_calls.append((began, ended, spent))
+
+    def _device(self, *sums: object) -> "_DeviceSums":
+        device = next(x.device for x in sums if isinstance(x, torch.Tensor))
+        if self._on_device is None:
+            self._on_device = _DeviceSums(device, len(self._layers))
+        return self._on_device
 
     def _from_step(self) -> dict[int, tuple[int, float, float]]:
         """Per tracked parameter the fused step measured in this call: (layer, moved,
@@ -315,12 +353,15 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         return self._scaled_abs_sum(buf, flat, scales)
 
     @staticmethod
-    def _scaled_abs_sum(buf: list[torch.Tensor], flat: torch.Tensor, scales: list[float]) -> float:
+    def _scaled_abs_sum(buf: list[torch.Tensor], flat: torch.Tensor,
+                        scales: list[float]) -> "float | torch.Tensor":
+        """The sum; on a GPU a 0-dim float64 tensor there (no wait for the GPU)."""
         torch._foreach_abs_(buf)
         if any(s != 1.0 for s in scales):
             torch._foreach_mul_(buf, scales)
         # sum() accumulates pairwise; vector_norm(ord=1) drifts by ~1e-5 on 4k floats
-        return float(flat.sum())
+        total = flat.sum()
+        return float(total) if total.device.type == "cpu" else total.double()
 
     def _buffers(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Copies of ``tensors`` in consecutive slices of a scratch buffer reused
@@ -349,3 +390,15 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
 def _second_moment_key(group: dict) -> str:
     """The state key of the second moment Adam divides by (AMSGrad: its running maximum)."""
     return "max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"
+
+
+class _DeviceSums:
+    """A step's sums of GPU tensors, kept on the device until ``take()``: a wait for
+    the GPU per layer would stall the training thread several times a step."""
+
+    def __init__(self, device: torch.device, layers: int) -> None:
+        self.sums = torch.zeros((2, layers), dtype=torch.float64, device=device)
+
+    def add(self, layer: int, moved: object, size: object) -> None:
+        self.sums[0, layer] += moved
+        self.sums[1, layer] += size

@@ -28,8 +28,9 @@ nothing the kernel does not do (``amsgrad``, ``capturable``,
 other call runs torch's own step, unchanged, inside the same hooks, and the
 tracker measures it after the step as before (``take`` then says nothing).
 ``attach`` does not take over an optimizer it could never fuse (another class,
-FSDP2's DTensor parameters, numba missing) or whose ``step`` something other
-than an LR scheduler has already replaced: it warns and returns None.
+FSDP2's DTensor parameters, parameters on a GPU, numba missing) or whose
+``step`` something other than an LR scheduler has already replaced: it warns
+and returns None.
 """
 from __future__ import annotations
 
@@ -142,8 +143,9 @@ class FusedStep:
             if type(t) not in _PLAIN or t.device.type != "cpu" or t.dtype != torch.float32 \
                     or not t.is_contiguous():
                 return None
-        for s in tensors[3]:
-            if s.device.type != "cpu" or s.dtype != torch.float32 or s.numel() != 1:
+        for s in tensors[3]:  # a step count the kernel increments in place
+            if not isinstance(s, torch.Tensor) or s.device.type != "cpu" \
+                    or s.dtype != torch.float32 or s.numel() != 1:
                 return None
         return params, tensors, np.array(group_of, dtype=np.int64), groups
 
@@ -201,9 +203,14 @@ def _refusal(optimizer: torch.optim.Optimizer) -> str | None:
         return f"optimizer.step was already replaced (by {getattr(before, '__qualname__', before)!r})"
     if getattr(type(optimizer).step, "__wrapped__", None) is None:
         return "this torch's optimizer step has no hook wrapper to run inside"
-    if any(type(p) not in _PLAIN for g in optimizer.param_groups for p in g["params"]):
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if any(type(p) not in _PLAIN for p in params):
         return ("its parameters are not plain tensors (FSDP2's DTensors: each rank's shard "
                 "is stepped by torch)")
+    devices = sorted({p.device.type for p in params} - {"cpu"})
+    if devices:
+        return (f"its parameters are on {', '.join(devices)}: the fused step is a CPU kernel "
+                "(on a GPU, torch's AdamW(fused=True) is the fused one)")
     return None
 
 
