@@ -24,9 +24,10 @@ rounded); ``layercheck.stepkernel`` says where each rounding is.
 A call is fused when every parameter with a gradient is a plain contiguous
 CPU fp32 tensor, as are its gradient and moments, and its group asks for
 nothing the kernel does not do (``amsgrad``, ``capturable``,
-``differentiable``, tensor hyper-parameters) and no closure is passed. Any
-other call runs torch's own step, unchanged, inside the same hooks, and the
-tracker measures it after the step as before (``take`` then says nothing).
+``differentiable``, tensor hyper-parameters, a GradScaler's scale) and no
+closure or other argument is passed. Any other call runs torch's own step,
+unchanged, inside the same hooks, and the tracker measures it after the step
+as before (``take`` then says nothing).
 ``attach`` does not take over an optimizer it could never fuse (another class,
 FSDP2's DTensor parameters, parameters on a GPU, numba missing) or whose
 ``step`` something other than an LR scheduler has already replaced: it warns
@@ -123,6 +124,8 @@ class FusedStep:
         groups) of this call, state created by torch's own ``_init_group``; None where
         any of it is not for the kernel."""
         opt = self.optimizer
+        if any(getattr(opt, name, None) is not None for name in ("grad_scale", "found_inf")):
+            return None  # a GradScaler's unscaling, which torch's fused step does itself
         params: list[torch.Tensor] = []
         tensors: list[list[torch.Tensor]] = [[], [], [], []]
         group_of: list[int] = []
@@ -166,12 +169,13 @@ class FusedStep:
         self._taken = ([id(p) for p in params], moved, size)
 
 
-def _run(optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+def _run(optimizer: torch.optim.Optimizer, closure: Any = None, **kwargs: Any) -> Any:
     """The body that torch's hook wrapper runs (``Optimizer.profile_hook_step``): the
-    fused step while attached, torch's own after ``remove``."""
+    fused step while attached, torch's own after ``remove`` or for a call with
+    arguments the kernel does not take."""
     fused = optimizer.__dict__.get("_layercheck_fused_step")
-    if fused is None:
-        return type(optimizer).step.__wrapped__(optimizer, closure)
+    if fused is None or kwargs:
+        return type(optimizer).step.__wrapped__(optimizer, closure, **kwargs)
     return fused.step(closure)
 
 
@@ -200,7 +204,8 @@ def _refusal(optimizer: torch.optim.Optimizer) -> str | None:
                 "not torch.optim.Adam or AdamW")
     before = optimizer.__dict__.get("step")
     if before is not None and not getattr(before, "_wrapped_by_lr_sched", False):
-        return f"optimizer.step was already replaced (by {getattr(before, '__qualname__', before)!r})"
+        by = getattr(before, "__qualname__", before)
+        return f"optimizer.step was already replaced (by {by!r})"
     if getattr(type(optimizer).step, "__wrapped__", None) is None:
         return "this torch's optimizer step has no hook wrapper to run inside"
     params = [p for g in optimizer.param_groups for p in g["params"]]

@@ -107,7 +107,8 @@ def warm() -> None:
     """Compile (or load from numba's cache) the step's kernels now."""
     n = SUM_BLOCK + 3
     w, g = np.ones(n, dtype=np.float32), np.full(n, 0.5, dtype=np.float32)
-    m, v, step = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32), np.zeros(1, np.float32)
+    m, v = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+    step = np.zeros(1, dtype=np.float32)
     ptr = np.array([[a.ctypes.data for a in (w, g, m, v)]], dtype=np.int64)
     hyper = np.array([[1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0, 0.0]])
     AdamPass([n]).run(ptr, np.array([step.ctypes.data], dtype=np.int64),
@@ -142,7 +143,8 @@ def _coefficients(steps, group, hyper, coef):
         bc1 = 1.0 - beta1 ** t
         bc2 = 1.0 - beta2 ** t
         weight = np.float32(1.0 - beta1)
-        coef[k, 0] = np.float32(1.0 - lr * wd) if decoupled != 0.0 and wd != 0.0 else np.float32(1.0)
+        decays = decoupled != 0.0 and wd != 0.0
+        coef[k, 0] = np.float32(1.0 - lr * wd) if decays else np.float32(1.0)
         coef[k, 1] = np.float32(wd) if decoupled == 0.0 else np.float32(0.0)
         coef[k, 2] = np.float32(-1.0) if maximize != 0.0 else np.float32(1.0)
         coef[k, 3] = weight

@@ -303,3 +303,17 @@ def test_the_config_takes_only_a_boolean_and_round_trips():
         LayerCheckConfig(fused_step="yes")
     config = LayerCheckConfig(fused_step=True)
     assert LayerCheckConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_gradscalers_scale_on_a_fused_adamw_leaves_the_step_to_torch():
+    """AMP's GradScaler hands a fused AdamW its scale as attributes (grad_scale,
+    found_inf) for torch's kernel to unscale with: such a step is torch's."""
+    params = _params()
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    fused = FusedStep.attach(opt)
+    _gradients(params, 0)
+    opt.grad_scale, opt.found_inf = torch.tensor(4.0), torch.tensor(0.0)
+    before = params[0].grad.clone()
+    opt.step()
+    assert (fused.fused_calls, fused.torch_calls) == (0, 1)
+    assert torch.equal(params[0].grad, before / 4)  # torch's kernel unscaled the gradient
