@@ -130,6 +130,7 @@ def test_sampled_drift_on_zero_estimates_the_whole_layers_drift(tmp_path):
     np.testing.assert_allclose(measured.sum(axis=0), reference.sum(axis=0), rtol=0.08)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
 def test_fused_step_steps_each_partition_and_recovers_exactly(tmp_path):
     """fused_step under ZeRO-3: DeepSpeed's inner AdamW steps each flat partition with
