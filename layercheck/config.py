@@ -87,7 +87,7 @@ class LayerCheckConfig:
     sums each layer's drift on the way, instead of a second pass over them after
     the step: exact drift at no extra read of the tensors. The step's results are
     torch's ``fused=True`` CPU step (bit for bit but for each tensor's last
-    ``numel % 16`` elements, one ulp at most there), the optimizer and its state
+    ``numel % 16`` elements, 8 on AVX2: a few ulps there), the optimizer and its state
     stay torch's. It applies to CPU fp32 tensors without AMSGrad (and under ZeRO to
     DeepSpeed's inner torch optimizer); any other step runs torch's own step and
     is measured after it as usual, and where it cannot apply at all (another

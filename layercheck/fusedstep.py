@@ -15,11 +15,11 @@ What stays the same: the optimizer object, its class, its state (the same
 keys, dtypes and values, created by torch's own code), its ``state_dict``,
 its step hooks (run around the fused step as torch runs them), LR schedulers
 created before or after. The numbers: torch's ``fused=True`` CPU step bit for
-bit (outside the last ``numel % 16`` elements of each tensor, where torch's
-scalar loop rounds the second moment in another order: at most one fp32 ulp
-apart), and the default for-loop or foreach step with equal moments and
-weights at most one ulp apart (their ``torch.sqrt`` is not correctly
-rounded); ``layercheck.stepkernel`` says where each rounding is.
+bit (outside the last ``numel % 16`` elements of each tensor, 8 on AVX2, where
+torch's scalar loop rounds the second moment in another order: a step puts
+them one fp32 ulp apart at most), and the default for-loop or foreach step
+with equal moments and weights one rounding apart (their ``torch.sqrt`` is
+not correctly rounded); ``layercheck.stepkernel`` says where each rounding is.
 
 A call is fused when every parameter with a gradient is a plain contiguous
 CPU fp32 tensor, as are its gradient and moments, and its group asks for
