@@ -1,7 +1,8 @@
 """ZeRO-3 benchmark: LayerCheck vs DeepSpeed's own checkpoint at every step vs none, 2 ranks.
 
     python benchmarks/bench_zero.py [--models minilm,tiny] [--segments 6] [--segment-steps 6]
-                                    [--warmup 8] [--jobs 1] [--out docs/benchmarks-zero.json]
+                                    [--warmup 8] [--jobs 1] [--variants none,layercheck,...]
+                                    [--quick] [--out docs/benchmarks-zero.json]
     python benchmarks/bench_zero.py --drift-ratio [--rounds 12] [--turn-steps 5] [--warmup 3]
                                     [--out docs/benchmarks-zero-drift.json]
 
@@ -34,6 +35,14 @@ model, one per variant, each training on from the same start:
   embeddings 1e-2) and Smax (1000); its warm-up is ``--warmup`` steps
   instead of 200, so that the measured steps are the steady state (after
   the base checkpoint): ``lc.step()`` after every ``engine.step()``;
+- ``layercheck_fused``: the same with ``fused_step=True``: DeepSpeed's inner
+  torch AdamW steps each flat partition with the drift sums taken in the
+  same pass (``layercheck.fusedstep``), so no drift pass runs after it;
+- ``drift_only`` (not run by default): ``layercheck_fused`` with infinite
+  thresholds and Smax, so that after the base checkpoint no layer is written:
+  what LayerCheck costs without its layer writes (drift, the policy, and the
+  small training state it commits at every step), to tell the writes' cost
+  from the rest;
 - ``deepspeed``: ``engine.save_checkpoint(dir, tag=...)`` after every
   ``engine.step()``: DeepSpeed's synchronous full checkpoint (one new tag
   per step, all kept until the job ends).
@@ -50,7 +59,13 @@ each step, in every variant); within it, LayerCheck's drift hook (inside
 ``engine.step()``) and the checkpoint call, whose sum over the training
 time of the same steps (``in_step_share``) is the checkpointing cost the
 training thread itself pays, hardly touched by the machine's load, which
-slows both alike; and at the end of each segment the **drain**:
+slows both alike; where LayerCheck's time goes, per step: the drift hook,
+``take()`` (the all-reduce of the drift sums), the rest of ``lc.step()`` (the
+policy, the host copies of the chosen partitions, the hand-over to the writer:
+``StepReport.stall_s``), and the CPU seconds of LayerCheck's writer threads
+(serialising, checksumming, writing, fsync: they compete with the two ranks
+for the cores; read from ``/proc/self/task``); and at the end of each segment
+the **drain**:
 ``lc.flush()`` (LayerCheck's pending background writes) and ``os.sync()``
 (what DeepSpeed's saves left in the page cache: DeepSpeed does not fsync),
 then a barrier. The drain keeps one variant's I/O out of the next one's
@@ -73,7 +88,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("none", "layercheck", "deepspeed")
+VARIANTS = ("none", "layercheck", "layercheck_fused", "drift_only", "deepspeed")
+DEFAULT_VARIANTS = ("none", "layercheck", "layercheck_fused", "deepspeed")
 THREADS = 1
 
 
@@ -85,11 +101,16 @@ class Variant:
         self.name, self.trainer, self.folder = name, trainer, folder
         self.step_no = self.position = 0
         self.lc = None
-        if name == "layercheck":
+        if name in ("layercheck", "layercheck_fused", "drift_only"):
+            import math
+
             from layercheck import LayerCheckConfig
             from layercheck.zero import ZeroLayerCheck
+            quiet = dict(base_threshold=math.inf, embedding_threshold=math.inf,
+                         smax=10 ** 9) if name == "drift_only" else {}
             self.lc = ZeroLayerCheck(trainer.engine, str(folder),
-                                     LayerCheckConfig(warmup_steps=warmup),
+                                     LayerCheckConfig(warmup_steps=warmup,
+                                                      fused_step=name != "layercheck", **quiet),
                                      scheduler=trainer.scheduler)
             self.lc.restore()
 
@@ -101,15 +122,18 @@ class Variant:
         share, _ = self.trainer.step(self.position)
         t1 = time.perf_counter()
         self.position += self.trainer.config.batch_size
-        hook_s = 0.0
+        hook_s = take_s = stall_s = 0.0
+        writer_before = writer_cpu_s()
         if self.lc is not None:
             hook_s = self.lc.drift.seconds  # the drift hook, inside engine.step()
-            self.lc.step(extra={"position": self.position})
+            report = self.lc.step(extra={"position": self.position})
+            take_s, stall_s = report.drift_s - hook_s, report.stall_s
         elif self.name == "deepspeed":
             self.trainer.engine.save_checkpoint(str(self.folder), tag=f"step{self.step_no}")
         t2 = time.perf_counter()
         return {"step": self.step_no, "compute_s": t1 - t0, "checkpoint_s": t2 - t1,
-                "step_s": t2 - t0, "drift_hook_s": hook_s, "loss_share": share}
+                "step_s": t2 - t0, "drift_hook_s": hook_s, "take_s": take_s,
+                "stall_s": stall_s, "writer_cpu_before_s": writer_before, "loss_share": share}
 
     def drain(self) -> float:
         import torch.distributed as dist
@@ -124,6 +148,24 @@ class Variant:
         return sum(p.stat().st_size for p in self.folder.rglob("*") if p.is_file())
 
 
+def writer_cpu_s() -> float:
+    """CPU seconds so far of this process's LayerCheck writer threads (the writer
+    and its file threads, by their Python names; the kernel does not know those
+    names before Python 3.14), from /proc/self/task (Linux; 0 elsewhere)."""
+    import threading
+    total = 0
+    for thread in threading.enumerate():
+        if not thread.name.startswith("layercheck-") or thread.native_id is None:
+            continue
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # the thread ended, or no /proc
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def worker(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
     from profiler.config import CaptureConfig, ZeroConfig
@@ -134,7 +176,7 @@ def worker(args: argparse.Namespace) -> int:
                            threads=THREADS)
     root = Path(args.ckpt)
     variants = []
-    for name in VARIANTS:
+    for name in args.variants.split(","):
         (root / name).mkdir(parents=True, exist_ok=True)
         trainer = ZeroJob.prepare(ZeroConfig(capture=config, ranks=world), say=lambda _: None)
         variants.append(Variant(name, trainer, root / name, args.warmup))
@@ -147,10 +189,15 @@ def worker(args: argparse.Namespace) -> int:
     at_warmup = {v.name: v.bytes_on_disk() for v in variants}
     loads = []
     for seg in range(args.segments):
-        order = variants[seg % 3:] + variants[:seg % 3]
+        order = variants[seg % len(variants):] + variants[:seg % len(variants)]
         for v in order:
             loads.append({"segment": seg, "variant": v.name, "load": os.getloadavg()[0]})
-            rows[v.name] += [{**v.step(), "segment": seg} for _ in range(args.segment_steps)]
+            turn = [{**v.step(), "segment": seg} for _ in range(args.segment_steps)]
+            # the writer's CPU time over the turn (ticks of 10 ms: per step it is too coarse)
+            spent = writer_cpu_s() - turn[0]["writer_cpu_before_s"]
+            for row in turn:
+                row["writer_cpu_s"] = spent / len(turn)
+            rows[v.name] += turn
             drains[v.name].append({"segment": seg, "drain_s": v.drain()})
     measured = args.segments * args.segment_steps
     result = {"model": args.model, "params": variants[0].trainer.num_params, "variants": {}}
@@ -301,7 +348,8 @@ def summarize(jobs: list[dict]) -> dict:
     out: dict = {}
     for model in dict.fromkeys(j["model"] for j in jobs):
         mine = [j for j in jobs if j["model"] == model]
-        figs = {v: _figures([j["variants"][v] for j in mine]) for v in VARIANTS}
+        figs = {v: _figures([j["variants"][v] for j in mine]) for v in VARIANTS
+                if v in mine[0]["variants"]}
         base = figs["none"]
         for v, f in figs.items():
             f["overhead"] = f["step_ms_mean"] / base["step_ms_mean"] - 1
@@ -337,6 +385,11 @@ def _figures(runs: list[dict]) -> dict:
         "checkpoint_ms_median": 1e3 * statistics.median(s["checkpoint_s"] for s in steps),
         "checkpoint_ms_mean": 1e3 * statistics.fmean(s["checkpoint_s"] for s in steps),
         "drift_hook_ms_median": 1e3 * statistics.median(s["drift_hook_s"] for s in steps),
+        "drift_hook_ms_mean": 1e3 * statistics.fmean(s["drift_hook_s"] for s in steps),
+        "take_ms_mean": 1e3 * statistics.fmean(s.get("take_s", 0.0) for s in steps),
+        "stall_ms_mean": 1e3 * statistics.fmean(s.get("stall_s", 0.0) for s in steps),
+        "writer_cpu_ms_mean": 1e3 * statistics.fmean(s.get("writer_cpu_s", 0.0) for s in steps),
+        "training_ms_mean": 1e3 * (sum(s["compute_s"] for s in steps) - hook) / n,
         # measured inside the same steps, so the machine's load scales both alike
         "in_step_share": (hook + sum(s["checkpoint_s"] for s in steps)) / training,
         "drain_ms_per_step": 1e3 * sum(drains) / n,
@@ -369,6 +422,24 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def breakdown(summary: dict) -> str:
+    """Where each LayerCheck variant's time goes, per step (means), against the step
+    without checkpointing."""
+    lines = ["| model | variant | step, none (ms) | overhead (mean) | drift hook | take() "
+             "(all-reduce) | rest of lc.step() (policy, host copies) | writer threads' CPU "
+             "| in-step share |", "|---|---|---|---|---|---|---|---|---|"]
+    for model, s in summary.items():
+        base = s["variants"]["none"]["step_ms_mean"]
+        for v, f in s["variants"].items():
+            if v in ("none", "deepspeed"):
+                continue
+            lines.append(f"| {model} | {v} | {base:.0f} | {100 * f['overhead']:+.1f}% | "
+                         f"{f['drift_hook_ms_mean']:.1f} ms | {f['take_ms_mean']:.1f} ms | "
+                         f"{f['stall_ms_mean']:.1f} ms | {f['writer_cpu_ms_mean']:.1f} ms | "
+                         f"{100 * f['in_step_share']:.1f}% |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="minilm,tiny")
@@ -377,6 +448,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8, help="unmeasured steps first; LayerCheck's "
                     "warm-up, ending in its base checkpoint (default 8)")
     ap.add_argument("--jobs", type=int, default=1, help="repeat each model's job (default 1)")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"which of {', '.join(VARIANTS)} (default: all but drift_only; none "
+                    "is the reference)")
+    ap.add_argument("--quick", action="store_true", help="MiniLM, 3 segments of 3 steps, "
+                    "warm-up 4: a smoke run (the figures need the defaults or more)")
     ap.add_argument("--out", default=None, help="JSON results (default: "
                     "docs/benchmarks-zero.json, or docs/benchmarks-zero-drift.json)")
     ap.add_argument("--drift-ratio", action="store_true", help="drift tracking per step, ZeRO-3 "
@@ -407,8 +483,13 @@ def main() -> int:
               f"{doc['one_rank_over_read_median']:.2f} (read {doc['one_rank_read_ms_median']:.1f} ms); "
               f"load average {doc['load_min']:.1f}-{doc['load_max']:.1f}; wrote {out}")
         return 0
+    if args.quick:
+        args.models, args.segments, args.segment_steps, args.warmup = "minilm", 3, 3, 4
     if min(args.segments, args.segment_steps, args.warmup, args.jobs) < 1:
         ap.error("--segments, --segment-steps, --warmup and --jobs must be at least 1")
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if "none" not in chosen or not set(chosen) <= set(VARIANTS):
+        ap.error(f"--variants: some of {', '.join(VARIANTS)}, none included (the reference)")
     scratch = Path(args.scratch or tempfile.gettempdir())
     scratch.mkdir(parents=True, exist_ok=True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -417,7 +498,8 @@ def main() -> int:
         for model in models:
             job = run_job(model, ["--model", model, "--segments", str(args.segments),
                                   "--segment-steps", str(args.segment_steps),
-                                  "--warmup", str(args.warmup)], scratch)
+                                  "--warmup", str(args.warmup),
+                                  "--variants", ",".join(chosen)], scratch)
             loads = [l["load"] for l in job["loads"]]
             print(f"{model}: {job['wall_s']:.0f} s, load average {min(loads):.1f}-{max(loads):.1f}",
                   flush=True)
@@ -431,6 +513,7 @@ def main() -> int:
     out = args.out or "docs/benchmarks-zero.json"
     Path(out).write_text(json.dumps(doc, indent=1) + "\n")
     print(table(summary))
+    print(breakdown(summary))
     print(f"wrote {out}")
     return 0
 

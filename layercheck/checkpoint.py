@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import hostcopy
 from .config import LayerCheckConfig
 from .directory import open_directory, refuse_to_abandon, write_header
 from .drift import DriftTracker
@@ -109,7 +110,8 @@ class LayerCheck:
                                   groups=self.source.drift_groups(),
                                   sampling=self.config.drift_sampling,
                                   reduce=self.ranks.all_reduce_sum,
-                                  adapters=self.source.drift_adapters())
+                                  adapters=self.source.drift_adapters(),
+                                  fused_step=self.config.fused_step)
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
                              on_error=self.config.on_error, commit=self.ranks.commit())
         self.current_step = 0
@@ -381,8 +383,10 @@ class LayerCheck:
             self._set_sizes(local)
         state = capture_state(t, self.source.optimizer, self.scheduler, extra,
                               self.source.engine_state(), self.source.group_members(), kept)
+        copies = hostcopy.fence()  # device copies still under way: the writer waits for them
         job = StepJob(step=t, layers=snaps, state=state,
-                      nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]))
+                      nbytes=sum(s.nbytes for s in snaps) + tensors_nbytes(state[0]),
+                      ready=copies.wait if copies is not None else None)
         self.writer.submit(job)
         return job.nbytes
 

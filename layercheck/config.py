@@ -81,6 +81,18 @@ class LayerCheckConfig:
     the tracking cost about n-fold for an estimate of the mean (accuracy and
     cost measured in docs/benchmarks.md). Smaller tensors are always exact."""
 
+    fused_step: bool = False
+    """True: LayerCheck runs a ``torch.optim.Adam``/``AdamW`` optimizer's step itself
+    (``layercheck.fusedstep``), one pass that updates the weights and moments and
+    sums each layer's drift on the way, instead of a second pass over them after
+    the step: exact drift at no extra read of the tensors. The step's results are
+    torch's ``fused=True`` CPU step (bit for bit but for each tensor's last
+    ``numel % 16`` elements, 8 on AVX2: a few ulps there), the optimizer and its state
+    stay torch's. It applies to CPU fp32 tensors without AMSGrad (and under ZeRO to
+    DeepSpeed's inner torch optimizer); any other step runs torch's own step and
+    is measured after it as usual, and where it cannot apply at all (another
+    optimizer, FSDP2's DTensors, a GPU's tensors, numba missing) a warning says so."""
+
     keep_versions: int | None = None
     """Automatic retention. None: every committed version stays (prune later with
     ``python -m layercheck gc``). k: each layer keeps its k newest versions and
@@ -142,6 +154,8 @@ class LayerCheckConfig:
                               "to take it from the optimizer")
         _check_int("queue_bytes", self.queue_bytes, minimum=1)
         _check_int("drift_sampling", self.drift_sampling, minimum=1)
+        if not isinstance(self.fused_step, bool):
+            raise ConfigError(f"fused_step={self.fused_step!r}: use True or False")
         if self.restore_memory is not None:
             _check_int("restore_memory", self.restore_memory, minimum=0)
         _check_int("restore_threads", self.restore_threads, minimum=1)

@@ -18,6 +18,13 @@ torch path: a handful of
 tensor, which would dominate a small model's step). Both give the same numbers
 (the same fp32 element arithmetic; only the summation order differs).
 
+With ``fused_step=True`` the tracker does not read the tensors at all where it
+can avoid it: ``layercheck.fusedstep`` runs Adam/AdamW's step itself, one pass
+that updates the weights and moments and sums |w(t) - w(t-1)| and |w(t)| of
+each parameter from its registers, and the hook only collects those sums
+(exact: the change of the stored weights, summed as the kernel above sums).
+A call the fused step cannot take (see its doc) is measured as without it.
+
 One tracker for every backend (``layercheck.source``): the hook adds, per
 layer, sum |w(t) - w(t-1)| and sum |w(t)| over the tensors in the optimizer's
 parameter groups during that call (all of them, or under ZeRO-3 one flat
@@ -48,6 +55,7 @@ import torch
 from torch import nn
 
 from .adamupdate import AdamTerms, adam_terms
+from .fusedstep import FusedStep
 from .fusedsums import FusedSums
 
 if TYPE_CHECKING:
@@ -111,13 +119,15 @@ class DriftTracker:
 taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, layers) sums ->
     their sum over the ranks. ``fused=False`` keeps every tensor on the torch
     path; ``fused_params``: tensors the last step measured with the kernel.
+    ``fused_step=True``: take the sums from Adam/AdamW's own step
+    (``layercheck.fusedstep``; ``step_params``: tensors the last step measured so).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  layers: Sequence[Sequence[torch.Tensor]], *, groups: dict[int, dict] | None = None,
                  sampling: int = 1, fused: bool = True,
                  reduce: Callable[[np.ndarray], np.ndarray] = np.array,
-                 adapters: "AdapterDrift | None" = None) -> None:
+                 adapters: "AdapterDrift | None" = None, fused_step: bool = False) -> None:
         if sampling < 1:
             raise ValueError(f"sampling={sampling}: use 1 (every element) or more")
         self.sampling = sampling
@@ -132,6 +142,11 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                          if id(p) in group_of and id(p) not in skip]
                         for i, params in enumerate(layers)]
         self._all = [e for entries in self._layers for e in entries]
+        self._layer_of = {id(e.param): e.layer for e in self._all}
+        self._by_param: dict[int, list[_Entry]] = {}
+        for e in self._all:
+            self._by_param.setdefault(id(e.param), []).append(e)
+        self._order = {id(e): k for k, e in enumerate(self._all)}  # a layer's sum order
         self._frozen_l1 = np.array([float(sum(float(local(p).detach().abs().sum()) for p in params
                                               if id(p) not in group_of and id(p) not in skip))
                                     for params in layers])
@@ -143,22 +158,33 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         self._previous: dict[int, torch.Tensor] = {}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._sums = np.zeros((2, len(self._layers)), dtype=np.float64)
+        self._on_device: _DeviceSums | None = None
+        self._gpu = next((e.data.device for e in self._all if e.data.is_cuda), None)
+        self._gpu_calls: list[tuple[object, object, float]] = []
         self.lr = math.nan
         self.seconds = 0.0
-        self.fused_params = 0
+        self.fused_params = self.step_params = 0
+        self._step_count = 0
         if not self._adam:
             warnings.warn(f"layercheck: drift for {type(optimizer).__name__} is measured by "
                           "keeping a copy of the previous weights (exact, one extra model copy "
                           "in memory); Adam and AdamW need no copy", stacklevel=3)
             self._previous = {id(e.param): e.data.detach().clone() for e in self._all}
         self._handle = optimizer.register_step_post_hook(self._after_step)
+        self._in_step = FusedStep.attach(optimizer) if fused_step else None
 
     def remove(self) -> None:
         self._handle.remove()
+        if self._in_step is not None:
+            self._in_step.remove()
 
     def take(self) -> tuple[np.ndarray, float, float]:
         """(d_l of the step, LR of its update, seconds spent in the hook and here)."""
         start = time.perf_counter()
+        if self._on_device is not None:  # one wait for the GPU per step, here
+            self._sums += self._on_device.sums.cpu().numpy()
+            self._on_device = None
+        self._settle_gpu()
         self._sums[1] += self._frozen_l1  # before the reduce: each rank holds its shard of them
         moved, total = self.reduce(self._sums)
         self._sums[:] = 0.0
@@ -167,8 +193,22 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
                              np.where(moved > 0, np.inf, 0.0))
         self._phase += 1
         self.fused_params, self._fused.count = self._fused.count, 0
+        self.step_params, self._step_count = self._step_count, 0
         seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
         return drift, self.lr, seconds
+
+    def hook_seconds(self) -> float:
+        """Seconds of the hook calls since the last ``take()``: their host time, or where
+        the pass ran on a GPU the GPU's time for its work if that is longer (this
+        waits for it: read it after the step's own wait for the GPU)."""
+        self._settle_gpu()
+        return self.seconds
+
+    def _settle_gpu(self) -> None:
+        if self._gpu_calls:
+            gpu = sum(a.elapsed_time(b) for a, b, _ in self._gpu_calls) / 1e3
+            self.seconds += max(0.0, gpu - sum(host for _, _, host in self._gpu_calls))
+            self._gpu_calls.clear()
 
     def resync(self) -> None:
         """Forget the step counts read from the optimizer state (it was replaced), and
@@ -187,32 +227,71 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
     # -- the hook ----------------------------------------------------------
     def _after_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
         start = time.perf_counter()
+        began = None
+        if self._gpu is not None:  # the pass runs on the GPU: time it there too
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self._gpu))
         # what this call stepped: everything, or under ZeRO-3 one sub-group's partition
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        in_step = self._from_step()
+        stepped -= in_step.keys()
         with torch.no_grad():
             updates = self._updates(stepped) if self._adam else {}
             moved, size, done = self._fused.sums(stepped, updates, self._phase)
-            for i, entries in enumerate(self._layers):
-                m, s = self._layer_sums([e for e in entries if id(e.param) in stepped
-                                         and id(e) not in done], updates)
-                moved[i] += m
-                size[i] += s
+            rest: dict[int, list[_Entry]] = {}  # by layer, what the kernel did not measure
+            for e in (e for key in stepped for e in self._by_param.get(key, ())):
+                if id(e) not in done:
+                    rest.setdefault(e.layer, []).append(e)
+            for i, entries in rest.items():
+                m, s = self._layer_sums(sorted(entries, key=lambda e: self._order[id(e)]), updates)
+                if isinstance(m, torch.Tensor) or isinstance(s, torch.Tensor):
+                    self._device(m, s).add(i, m, s)  # a GPU's sums stay there until take()
+                else:
+                    moved[i] += m
+                    size[i] += s
             if self._adapters is not None:
                 m, s = self._adapters.sums(len(self._layers))
                 moved += m
                 size += s
+            for layer, m, s in in_step.values():
+                moved[layer] += m
+                size[layer] += s
         self._sums[0] += moved
         self._sums[1] += size
         self.lr = max(float(g["lr"]) for g in optimizer.param_groups)
-        self.seconds += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.seconds += spent
+        if began is not None:
+            ended = torch.cuda.Event(enable_timing=True)
+            ended.record(torch.cuda.current_stream(self._gpu))
+            self._gpu_calls.append((began, ended, spent))
+
+    def _device(self, *sums: object) -> "_DeviceSums":
+        device = next(x.device for x in sums if isinstance(x, torch.Tensor))
+        if self._on_device is None:
+            self._on_device = _DeviceSums(device, len(self._layers))
+        return self._on_device
+
+    def _from_step(self) -> dict[int, tuple[int, float, float]]:
+        """Per tracked parameter the fused step measured in this call: (layer, moved,
+        size); their step counts are read anew should a later call not be fused."""
+        taken = self._in_step.take() if self._in_step is not None else None
+        if taken is None:
+            return {}
+        out = {}
+        for key, m, s in zip(taken[0], taken[1].tolist(), taken[2].tolist()):
+            layer = self._layer_of.get(key)
+            if layer is not None:
+                out[key] = (layer, m, s)
+                self._steps.pop(key, None)
+        self._step_count += len(out)
+        return out
 
     def _updates(self, stepped: set[int]) -> dict[int, AdamTerms]:
         """The update terms of each parameter that Adam moved in this call."""
         out: dict[int, AdamTerms] = {}
         terms: dict[tuple[int, int], AdamTerms] = {}
-        for e in self._all:
-            if id(e.param) not in stepped:
-                continue
+        for e in (e for key in stepped for e in self._by_param.get(key, ())):
             # Adam skips a parameter without a gradient: it did not move this step
             state = self.optimizer.state.get(e.param)
             if e.param.grad is None or not state or "exp_avg" not in state:
@@ -274,12 +353,15 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
         return self._scaled_abs_sum(buf, flat, scales)
 
     @staticmethod
-    def _scaled_abs_sum(buf: list[torch.Tensor], flat: torch.Tensor, scales: list[float]) -> float:
+    def _scaled_abs_sum(buf: list[torch.Tensor], flat: torch.Tensor,
+                        scales: list[float]) -> "float | torch.Tensor":
+        """The sum; on a GPU a 0-dim float64 tensor there (no wait for the GPU)."""
         torch._foreach_abs_(buf)
         if any(s != 1.0 for s in scales):
             torch._foreach_mul_(buf, scales)
         # sum() accumulates pairwise; vector_norm(ord=1) drifts by ~1e-5 on 4k floats
-        return float(flat.sum())
+        total = flat.sum()
+        return float(total) if total.device.type == "cpu" else total.double()
 
     def _buffers(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Copies of ``tensors`` in consecutive slices of a scratch buffer reused
@@ -308,3 +390,15 @@ taken of their effective weights (``layercheck.adapters``). ``reduce``: the (2, 
 def _second_moment_key(group: dict) -> str:
     """The state key of the second moment Adam divides by (AMSGrad: its running maximum)."""
     return "max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"
+
+
+class _DeviceSums:
+    """A step's sums of GPU tensors, kept on the device until ``take()``: a wait for
+    the GPU per layer would stall the training thread several times a step."""
+
+    def __init__(self, device: torch.device, layers: int) -> None:
+        self.sums = torch.zeros((2, layers), dtype=torch.float64, device=device)
+
+    def add(self, layer: int, moved: object, size: object) -> None:
+        self.sums[0, layer] += moved
+        self.sums[1, layer] += size

@@ -91,6 +91,9 @@ class FusedSums:
         self.sampling = sampling
         self._fused = enabled
         self._layouts: dict[tuple[int, ...], _Layout] = {}
+        self._indices: dict[int, list[int]] = {}  # parameter id -> its entries' indices
+        for index, e in enumerate(entries):
+            self._indices.setdefault(id(e.param), []).append(index)
         self.count = 0
 
     def sums(self, stepped: set[int], updates: dict[int, AdamTerms],
@@ -103,10 +106,10 @@ class FusedSums:
         if kernels is None:
             return np.zeros(self._layers), np.zeros(self._layers), frozenset()
         chosen, ptr, terms = [], [], []
-        for index, e in enumerate(self._all):
+        # only what this call stepped (under ZeRO-3 one partition of many), in entry order
+        for index in sorted(i for key in stepped for i in self._indices.get(key, ())):
+            e = self._all[index]
             key = id(e.param)
-            if key not in stepped:
-                continue
             w = e.data
             if not fusable(w):
                 continue

@@ -121,7 +121,7 @@ class FusedPass:
         most this many threads, the caller's included (the caller passes
         torch's own count, so the pass never uses more cores than training)."""
         if len(self.seg):
-            cuts = self._pieces(threads)
+            cuts = self.pieces(threads)
             threads = min(threads, len(cuts) - 1)
             team = passthreads.team()
             if threads == 1:
@@ -141,8 +141,10 @@ class FusedPass:
         return (np.bincount(k, self._out[:, 0], minlength=self.entries),
                 np.bincount(k, self._out[:, 1], minlength=self.entries))
 
-    def _pieces(self, threads: int) -> np.ndarray:
-        """Segment indices that cut the pass into pieces of about equal cost."""
+    def pieces(self, threads: int) -> np.ndarray:
+        """Segment indices that cut the pass into pieces of about equal cost, for
+        ``threads`` threads (fewer where the pass is too small to share; see
+        PER_THREAD): piece i is segments ``cuts[i]`` to ``cuts[i + 1] - 1``."""
         total = int(self._cost[-1]) if len(self._cost) else 0
         threads = max(1, min(threads, total // PER_THREAD))
         cuts = self._cuts.get(threads)

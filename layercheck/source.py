@@ -31,6 +31,7 @@ from torch import nn
 from .errors import ModelMismatch
 from .fingerprint import fingerprints
 from .format import Layout, group_members, kept_range, optimizer_state, tensor_key
+from .hostcopy import host  # a layer source's capture copies through it
 from .layermap import LayerMap
 
 __all__ = ["LayerSource", "ModuleSource", "host", "tensors_nbytes", "take",
@@ -49,11 +50,6 @@ def owned(value: torch.Tensor, device: torch.device | str,
     if own and value.device == torch.device(device):
         return value
     return value.to(device, copy=True)
-
-
-def host(t: torch.Tensor) -> torch.Tensor:
-    """A host-memory copy of ``t`` that the training loop can no longer change."""
-    return t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
 
 
 def tensors_nbytes(tensors: Mapping[str, torch.Tensor]) -> int:

@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Callable, Iterator, Literal
 
 import torch
 
@@ -79,6 +79,10 @@ class StepJob:
     state: tuple[dict[str, torch.Tensor], dict[str, str]] | None
     nbytes: int = 0
     submitted: float = field(default_factory=time.perf_counter)
+    ready: Callable[[], None] | None = None
+    """Blocks until the snapshot's tensors hold their values (device copies still
+    under way when it was submitted: ``hostcopy.Fence.wait``); the writer calls it
+    before it reads them."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,8 @@ class Writer:
         committed: list[Version] = []
         error: BaseException | None = None
         try:
+            if job.ready is not None:
+                job.ready()
             for snap, outcome in zip(job.layers, self._write_layers(job, rank)):
                 what = f"layer {snap.name}"
                 if isinstance(outcome, BaseException):

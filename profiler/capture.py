@@ -186,7 +186,7 @@ def _train(job: Job, ckpt_dir: Path, progress: bool, keep_history: bool) -> _Run
             share, times = job.step(position)
             position += config.batch_size
             before = lc.state.accumulators.copy()
-            hook_s = lc.drift.seconds  # the drift hook's time inside the optimizer phase
+            hook_s = lc.drift.hook_seconds()  # inside the optimizer phase (a GPU's time on a GPU)
             t0 = time.perf_counter()
             report = lc.step(extra={"position": position})
             steps.append(_Step(times, share, report, before, hook_s, time.perf_counter() - t0))

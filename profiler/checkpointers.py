@@ -235,7 +235,7 @@ class LayerCheckpointer(Checkpointer):
 
     def save(self, step: int, position: int) -> Saved:
         # the drift hook ran inside the optimizer phase; the reduce of its sums runs here
-        inside = self.lc.drift.seconds
+        inside = self.lc.drift.hook_seconds()
         start = time.perf_counter()
         report = self.lc.step(extra={"position": position})
         spent = time.perf_counter() - start

@@ -188,6 +188,8 @@ def _job_options(p: argparse.ArgumentParser, *,
                    "what `python -m sim tune --json` prints under config); replaces --threshold, "
                    "--smax and --warmup-steps")
     p.add_argument("--device", default=d.device, help="cpu (default) or cuda")
+    p.add_argument("--fused-step", action="store_true", help="LayerCheck's fused_step: AdamW's "
+                   "step takes the drift sums in the same pass (CPU)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--lora", type=int, metavar="R", help="train a PEFT LoRA adapter of rank R "
@@ -220,7 +222,7 @@ def _config(args: argparse.Namespace) -> CaptureConfig:
                          seq_len=args.seq_len, lr=args.lr, threshold=args.threshold,
                          smax=args.smax, warmup_steps=args.warmup_steps, device=args.device,
                          seed=args.seed, threads=args.threads, layercheck=args.layercheck,
-                         lora=args.lora)
+                         lora=args.lora, fused_step=args.fused_step)
 
 
 def _run_capture(args: argparse.Namespace, argv: list[str]) -> int:

@@ -79,6 +79,11 @@ class CaptureConfig:
     """``cpu`` or ``cuda`` (falls back to cpu, with a message, where torch
     sees no GPU)."""
 
+    fused_step: bool = False
+    """LayerCheck's ``fused_step``: AdamW's step with the drift sums taken in the
+    same pass (``layercheck.fusedstep``; CPU fp32 only: on a GPU torch's step runs
+    and a warning says so)."""
+
     seed: int = 0
     """Seeds the model's new weights, the data order and the masks."""
 
@@ -126,6 +131,8 @@ class CaptureConfig:
             _int_at_least("warmup_steps", self.warmup_steps, 0)
         if self.device not in DEVICES:
             raise ProfilerError(f"device={self.device!r}: use one of {', '.join(DEVICES)}")
+        if not isinstance(self.fused_step, bool):
+            raise ProfilerError(f"fused_step={self.fused_step!r}: use true or false")
         _int_at_least("seed", self.seed, 0)
         if self.threads is not None:
             _positive_int("threads", self.threads)
@@ -214,10 +221,12 @@ class CaptureConfig:
         of times: tens of GB for MiniLM otherwise); recovering the newest step,
         which is what a drill does, needs no more."""
         if self.layercheck is not None:
-            return dataclasses.replace(self._given(), keep_versions=keep_versions)
+            given = self._given()
+            return dataclasses.replace(given, keep_versions=keep_versions,
+                                       fused_step=given.fused_step or self.fused_step)
         return dataclasses.replace(decision.paper_default(
             self.steps, base_threshold=self.threshold, warmup_steps=self.warmup_steps,
-            smax=self.smax), keep_versions=keep_versions)
+            smax=self.smax), keep_versions=keep_versions, fused_step=self.fused_step)
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

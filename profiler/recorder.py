@@ -38,8 +38,8 @@ class Recorder:
              accumulators_before: np.ndarray, *, drift_in_optimizer_s: float) -> None:
         """Record step ``report.step`` (steps must arrive as 1, 2, 3, ...).
         ``drift_in_optimizer_s``: the part of ``report.drift_s`` that ran inside
-        ``times.optimizer_s``: the drift hook's own seconds (``lc.drift.seconds``
-        read before ``lc.step()``); the rest of ``drift_s``, the reduce of the
+        ``times.optimizer_s``: the drift hook's own seconds
+        (``lc.drift.hook_seconds()`` read before ``lc.step()``); the rest of ``drift_s``, the reduce of the
         sums, runs in ``lc.step()``, outside the optimizer phase."""
         if report.step != len(self._steps) + 1:
             raise ValueError(f"step {report.step} recorded after {len(self._steps)} steps")

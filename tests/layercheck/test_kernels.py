@@ -48,7 +48,7 @@ def test_sums_do_not_depend_on_how_many_threads_share_the_pass(sampled, monkeypa
     extents = [(n, 1024, 64) if sampled and n >= 65536 else (n, n, n) for n in sizes]
     plan = kernels.FusedPass(extents)
     results = [plan.run(ptr, eps_c, alpha, 5, threads) for threads in (1, 2, 3, 8)]
-    assert len(plan._pieces(8)) - 1 > 8  # it really was cut into pieces for several threads
+    assert len(plan.pieces(8)) - 1 > 8  # it really was cut into pieces for several threads
     for moved, size in results[1:]:
         assert np.array_equal(moved, results[0][0]) and np.array_equal(size, results[0][1])
     moved, size = results[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,35 @@ def test_every_url_of_a_local_directory_resumes_from_that_directory(trained, tmp
     for form in (f"file://localhost{tmp_path}/absent", f"local://{tmp_path}/absent"):
         assert LayerCheckCallback(form, EVERY_STEP).resume_checkpoint() is None
     assert not (tmp_path / "absent").exists() and list(elsewhere.iterdir()) == []
+
+
+def test_fused_step_takes_over_the_trainers_adamw_and_trains_as_torchs_fused_adamw(tmp_path):
+    """LayerCheckConfig(fused_step=True) through the callback: the AdamW the Trainer
+    creates (its for-loop step) is stepped by layercheck.fusedstep, and the run equals
+    the Trainer's own optim="adamw_torch_fused" run bit for bit (every tensor of this
+    model is a multiple of 16 elements: no scalar tail, layercheck.fusedstep)."""
+    pytest.importorskip("numba")
+    args = arguments(tmp_path / "ref", steps=6)
+    args.optim = "adamw_torch_fused"
+    reference = Trainer(tiny_llama(), args, train_dataset=Tokens())
+    reference.train()
+
+    fused = LayerCheckCallback(tmp_path / "ckpt", LayerCheckConfig(fused_step=True, warmup_steps=2))
+    args = arguments(tmp_path / "out", steps=6)
+    args.optim = "adamw_torch"
+    measured = []
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            measured.append(fused.layercheck.drift.step_params)
+
+    trainer = Trainer(tiny_llama(), args, train_dataset=Tokens(), callbacks=[fused, Watch()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. the LR scheduler's call-order check
+        trainer.train()
+    assert measured == [len(list(trainer.model.parameters()))] * 6  # every step fused
+    inner = trainer.optimizer.optimizer
+    assert "_layercheck_fused_step" not in inner.__dict__  # given back at the end
+    assert losses(trainer) == losses(reference)
+    for (name, p), q in zip(trainer.model.named_parameters(), reference.model.parameters()):
+        assert torch.equal(p, q), name

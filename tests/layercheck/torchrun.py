@@ -246,7 +246,7 @@ class Report:
 
     def step(self, lc, step: int, loss: float, halt_at: int, dump=None) -> None:
         """After ``step``: its loss and, with a LayerCheck ``lc``, its checkpoint step
-        (drift, written layers, fused-kernel count); at ``halt_at``, wait until the
+        (drift, written layers, fused-kernel and fused-step counts); at ``halt_at``, wait until the
         step is committed on every rank, write ``halted<r>`` and sleep until killed.
         ``dump``: at a step that writes layers, called on every rank (a collective
         may gather); where it returns whole tensors by parameter
@@ -257,6 +257,7 @@ class Report:
             self.result.setdefault("drift", []).append(report.drift.tolist())
             self.result.setdefault("written", []).append(report.decision.layers.tolist())
             self.result.setdefault("fused", []).append(lc.drift.fused_params)
+            self.result.setdefault("in_step", []).append(lc.drift.step_params)
             if dump is not None and len(report.decision.layers):
                 whole = dump()
                 if whole is not None:

@@ -175,6 +175,7 @@ def main() -> int:
                     help="with --check-composite: every Adam step count must be this")
     ap.add_argument("--bf16", action="store_true", help="bf16 weights (fp32 masters)")
     ap.add_argument("--sampling", type=int, default=1, help="LayerCheckConfig.drift_sampling")
+    ap.add_argument("--fused-step", action="store_true", help="LayerCheckConfig.fused_step")
     ap.add_argument("--sample-min", type=int, default=0,
                     help="sample tensors of this many elements or more (drift.SAMPLE_MIN)")
     ap.add_argument("--misaligned", action="store_true",
@@ -229,7 +230,7 @@ def main() -> int:
         config = LayerCheckConfig(base_threshold=args.threshold, embedding_threshold=args.threshold,
                                   smax=args.smax, warmup_steps=2, interval=1,
                                   drift_sampling=args.sampling, keep_versions=args.keep_versions,
-                                  on_error=args.on_error)
+                                  on_error=args.on_error, fused_step=args.fused_step)
         if args.sample_min:
             import layercheck.drift
             layercheck.drift.SAMPLE_MIN = args.sample_min

@@ -193,3 +193,31 @@ def test_a_recommended_setting_writes_the_bytes_the_tuner_predicted(tmp_path, ca
     np.testing.assert_array_equal(second.write_matrix(), predicted)
     assert int(second.writes["bytes"].sum()) == advice["recommended"]["bytes_written"] <= budget_gb * 1e9
     assert len(second.writes) == advice["recommended"]["layer_writes"]
+
+
+def test_a_fused_step_capture_records_the_drift_of_the_same_training(tiny_capture, tmp_path):
+    """``--fused-step``: the drift comes from AdamW's own step (layercheck.fusedstep),
+    and is the drift the default tracker recorded for the same job (the two runs
+    differ only in how the step rounds: one ulp of a weight, so by far less than
+    1e-3 of a layer's drift over these steps)."""
+    pytest.importorskip("numba")
+    from profiler.capture import capture
+    from profiler.config import CaptureConfig
+    done = capture(CaptureConfig(**TINY, fused_step=True), out=tmp_path / "fused",
+                   progress=False, say=lambda _: None, calibrate=False)
+    assert done.trace.manifest["sources"]["capture"]["fused_step"] is True
+    np.testing.assert_allclose(done.trace.drift_matrix()[:6], tiny_capture.trace.drift_matrix()[:6],
+                               rtol=1e-3)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_capture_trains_on_the_gpu_and_records_every_phase(tmp_path):
+    from tests.profiler.conftest import JOB, run_command
+    import sys
+    out = tmp_path / "cuda"
+    run_command([sys.executable, "-m", "profiler", "capture", *JOB, "--device", "cuda",
+                 "--out", str(out)])
+    trace = read_trace(out)
+    assert trace.manifest["machine"]["device"].startswith("cuda:")
+    assert (trace.steps["drift_s"] > 0).all() and (trace.steps["optimizer_s"] > 0).all()
+    assert len(trace.writes) > 0

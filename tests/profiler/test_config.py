@@ -34,6 +34,7 @@ def test_long_runs_keep_the_papers_values_and_given_values_win():
     ({"lr": -1.0}, "lr"),
     ({"threshold": -1e-3}, "threshold"),
     ({"device": "tpu"}, "device"),
+    ({"fused_step": "yes"}, "fused_step='yes': use true or false"),
     ({"steps": 10, "warmup_steps": 10}, "lower --warmup-steps"),
     ({"warmup_steps": 20, "smax": 5}, "exceeds smax"),
 ])
@@ -53,3 +54,13 @@ def test_drill_needs_room_for_its_failures():
     with pytest.raises(ProfilerError, match="failures"):
         DrillConfig(capture=CaptureConfig(steps=10, warmup_steps=8), failures=3)
     assert DrillConfig(capture=CaptureConfig(steps=10, warmup_steps=7), failures=3).failures == 3
+
+
+def test_fused_step_reaches_layercheck_with_or_without_a_whole_config():
+    assert CaptureConfig(model="tiny", steps=20, fused_step=True).layercheck_config().fused_step
+    assert not CaptureConfig(model="tiny", steps=20).layercheck_config().fused_step
+    given = {"warmup_steps": 2, "smax": 10}
+    assert CaptureConfig(model="tiny", steps=20, fused_step=True,
+                         layercheck=given).layercheck_config().fused_step
+    assert CaptureConfig(model="tiny", steps=20, layercheck={**given, "fused_step": True}
+                         ).layercheck_config().fused_step
