@@ -142,7 +142,7 @@ def _staleness_options(p: argparse.ArgumentParser) -> None:
     d = StaleCostConfig()
     p.add_argument("--from", dest="from_trace", type=Path,
                    help="a plain captured trace: its settings define the job (model options "
-                        "are then ignored); the result goes into it")
+                        "but --threads are then ignored); the result goes into it")
     p.add_argument("--thresholds", help="base thresholds of the recoveries (default: the job's "
                                         "own; the paper's sweep is 1e-2,1e-3,1e-4)")
     p.add_argument("--failures", type=int, default=d.failures,
@@ -168,6 +168,9 @@ def _staleness_options(p: argparse.ArgumentParser) -> None:
                    help="the horizon of the stale_cost figure (default: the last of --horizons)")
     p.add_argument("--scratch", type=Path, help="where the LayerCheck directories go "
                    "(default /dev/shm, else the temporary folder)")
+    p.add_argument("--transfer-to", type=Path, action="append", metavar="TRACE",
+                   help="no study: carry the shipped capture's phi to this trace's costs.json by "
+                        "the trace's composition (repeatable; a measured one is kept)")
 
 
 def _job_options(p: argparse.ArgumentParser, *,
@@ -279,7 +282,13 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
     from .stalecost import StaleCostConfig, numbers, run_staleness
-    from .stalefigure import summary_text
+    from .stalefigure import carry_stale_cost, summary_text
+    if args.transfer_to:
+        for folder in args.transfer_to:
+            figure = carry_stale_cost(folder)
+            print(f"{folder}: stale_cost {figure.value:.3f} [{figure.low:.3f}, {figure.high:.3f}] "
+                  f"({figure.method.split(' The parts', 1)[0]})")
+        return 0
     if args.scratch is not None and not args.scratch.is_dir():
         raise ProfilerError(f"--scratch {args.scratch}: no such folder")
     config = StaleCostConfig(

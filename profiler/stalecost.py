@@ -409,12 +409,15 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
                   out: Path | None = None, say: Callable[[str], None] = print,
                   argv: list[str] | None = None) -> tuple[Path, dict[str, Any]]:
     """``python -m profiler staleness``: run the study on ``config``'s job (or on the
-    job of the plain capture ``from_trace``), write ``staleness.json`` (``out``, or
-    into the trace, or ``runs/staleness/``) and, into a trace that has a
-    ``costs.json``, its stale-cost figures. Returns (path, document)."""
+    job of the plain capture ``from_trace``, with ``config``'s thread count where it
+    gives one: the study's runs need only agree with each other), write
+    ``staleness.json`` (``out``, or into the trace, or ``runs/staleness/``) and, into a
+    trace that has a ``costs.json``, its ``stale_cost`` figure. Returns (path, document)."""
     from .failures.drill import plain_capture
     if from_trace is not None:
         trace, capture = plain_capture(Path(from_trace), "a staleness study")
+        if config.capture.threads is not None:
+            capture = capture.replace(threads=config.capture.threads)
         config = dataclasses.replace(config, capture=capture)
         dest = Path(out) if out else Path(from_trace) / STUDY_FILE
     else:
