@@ -160,8 +160,9 @@ def _staleness_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--horizons", default=",".join(map(str, d.horizons)),
                    help="steps after the failure at which phi is read, or end "
                         f"(default {','.join(map(str, d.horizons))})")
-    p.add_argument("--rule", default=d.rule,
-                   help=f"how phi is read: lr, relative or steps (default {d.rule})")
+    p.add_argument("--rule",
+                   help=f"how phi is read: lr, relative or steps (default {d.rule}; with "
+                        "--reread, the study's own)")
     p.add_argument("--resamples", type=int, default=d.resamples,
                    help=f"bootstrap resamples of the held-out sequences (default {d.resamples})")
     p.add_argument("--figure-horizon",
@@ -171,6 +172,9 @@ def _staleness_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transfer-to", type=Path, action="append", metavar="TRACE",
                    help="no study: carry the shipped capture's phi to this trace's costs.json by "
                         "the trace's composition (repeatable; a measured one is kept)")
+    p.add_argument("--reread", type=Path, metavar="FILE",
+                   help="no training: read the study in FILE again from its stored losses by "
+                        "this code (and --rule), write it back and its stale_cost beside it")
 
 
 def _job_options(p: argparse.ArgumentParser, *,
@@ -281,8 +285,13 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
-    from .stalecost import StaleCostConfig, numbers, run_staleness
+    from .stalecost import RULE, StaleCostConfig, numbers, reread_file, run_staleness
     from .stalefigure import carry_stale_cost, summary_text
+    if args.reread is not None:
+        doc = reread_file(args.reread, rule=args.rule, argv=argv)
+        print(f"wrote {args.reread}")
+        print(summary_text(doc))
+        return 0
     if args.transfer_to:
         for folder in args.transfer_to:
             figure = carry_stale_cost(folder)
@@ -296,7 +305,7 @@ def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
         exact=args.exact, thresholds=None if args.thresholds is None else numbers(
             args.thresholds, float, "--thresholds"),
         eval_every=args.eval_every, eval_sequences=args.eval_sequences,
-        horizons=numbers(args.horizons, int, "--horizons"), rule=args.rule,
+        horizons=numbers(args.horizons, int, "--horizons"), rule=args.rule or RULE,
         resamples=args.resamples, figure_horizon=args.figure_horizon, scratch=args.scratch)
     say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
     path, doc = run_staleness(config, from_trace=args.from_trace, out=args.out, say=say,

@@ -30,13 +30,19 @@ add up to the composite's). The **rules** that turn these into phi:
 - ``steps``: Delta / S in steps (the reading before the control existed; kept to
   show what the control corrects).
 
-A figure is the mean of phi over the replicates with a t-interval: the standard
-error is the replicates' spread (sd / sqrt(n)) with the evaluation's own noise added
-in quadrature (the standard deviation, over bootstrap resamples of the held-out
-sequences, of the replicates' mean; every run is resampled alike), times the 97.5%
-quantile of Student's t with n - 1 degrees of freedom. With n = 1 there is no spread
-to take: the interval is the evaluation's alone (normal quantile), and the figure
-says so.
+A figure under ``lr`` or ``steps`` is the mean of phi over the replicates; under
+``relative`` it is the ratio of the means, mean(Delta / S) / mean(Delta_c / S_c) over
+the replicates (each run paired with its own replicate's control), which divides by
+the controls' mean rather than by each control alone: one control's Delta near 0 at a
+short horizon makes its replicate's own ratio arbitrary, not the mean's. The interval
+is a t-interval: the standard error is the replicates' spread (sd / sqrt(n) for a
+mean; for the ratio, sd(Delta / S - phi Delta_c / S_c) / (sqrt(n) mean(Delta_c /
+S_c)), its first-order form) with the evaluation's own noise added in quadrature
+(the spread over bootstrap resamples of the held-out sequences of the same estimate,
+every run resampled alike; the interquartile range / 1.349, so that a few resamples
+whose divisor nears 0 do not set it), times the 97.5% quantile of Student's t with
+n - 1 degrees of freedom. With n = 1 there is no spread to take: the interval is the
+evaluation's alone (normal quantile), and the figure says so.
 """
 from __future__ import annotations
 
@@ -47,8 +53,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from scipy import stats
 
-__all__ = ["RULES", "PARTS", "KINDS", "Estimate", "estimate", "run_phi", "summarize",
-           "horizon_key"]
+__all__ = ["RULES", "PARTS", "KINDS", "Estimate", "estimate", "ratio_estimate", "run_phi",
+           "summarize", "horizon_key"]
 
 RULES = ("lr", "relative", "steps")
 PARTS = ("composite", "blocks", "embedding")
@@ -57,6 +63,8 @@ only, its embedding layers only."""
 KINDS = ("twin", "exact", "control", *PARTS)
 CLOCKS = {"steps": "readings", "lr": "readings_lr"}
 """Each clock's readings in a run's row."""
+IQR_PER_SD = 2 * float(stats.norm.ppf(0.75))
+"""The interquartile range of a normal distribution in standard deviations (1.349)."""
 
 
 @dataclass(frozen=True)
@@ -80,18 +88,38 @@ def estimate(values: Iterable[float], draws: Iterable[np.ndarray]) -> Estimate:
     readings on the study's bootstrap resamples of the held-out sequences (``draws``,
     aligned: resample b of every replicate is the same resample)."""
     values = np.asarray(list(values), dtype=np.float64)
-    n = len(values)
-    if n == 0:
+    if len(values) == 0:
         raise ValueError("no replicate to estimate from")
-    stacked = np.vstack(list(draws))
-    se_eval = float(np.std(stacked.mean(axis=0), ddof=1)) if stacked.shape[1] > 1 else 0.0
     mean = float(values.mean())
-    if n == 1:
+    spread = float(values.std(ddof=1)) if len(values) > 1 else None
+    return _interval(mean, spread, np.vstack(list(draws)).mean(axis=0), len(values))
+
+
+def ratio_estimate(mine: Iterable[float], theirs: Iterable[float], mine_draws: Iterable[np.ndarray],
+                   their_draws: Iterable[np.ndarray]) -> Estimate:
+    """The t-interval of mean(``mine``) / mean(``theirs``), the replicates paired (module
+    doc); the draws as ``estimate``'s."""
+    a, b = (np.asarray(list(x), dtype=np.float64) for x in (mine, theirs))
+    if len(a) == 0 or len(a) != len(b):
+        raise ValueError("give one value of each, per replicate, for at least one replicate")
+    ratio = float(a.mean() / b.mean())
+    spread = float((a - ratio * b).std(ddof=1) / abs(b.mean())) if len(a) > 1 else None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        draws = np.vstack(list(mine_draws)).mean(axis=0) / np.vstack(list(their_draws)).mean(axis=0)
+    return _interval(ratio, spread, draws, len(a))
+
+
+def _interval(value: float, spread: float | None, draws: np.ndarray, n: int) -> Estimate:
+    """``value`` +- t (or the normal quantile with no ``spread``) x the standard error of
+    the module doc; ``spread``: the replicates' sd of what is averaged (None: n = 1)."""
+    finite = draws[np.isfinite(draws)]
+    low_q, high_q = np.quantile(finite, [0.25, 0.75]) if finite.size > 1 else (value, value)
+    se_eval = float((high_q - low_q) / IQR_PER_SD) if finite.size > 1 else 0.0
+    if spread is None:
         half = float(stats.norm.ppf(0.975)) * se_eval
-        return Estimate(mean, mean - half, mean + half, 1, None, se_eval)
-    sd = float(values.std(ddof=1))
-    half = float(stats.t.ppf(0.975, n - 1)) * math.sqrt(sd ** 2 / n + se_eval ** 2)
-    return Estimate(mean, mean - half, mean + half, n, sd, se_eval)
+        return Estimate(value, value - half, value + half, 1, None, se_eval)
+    half = float(stats.t.ppf(0.975, n - 1)) * math.sqrt(spread ** 2 / n + se_eval ** 2)
+    return Estimate(value, value - half, value + half, n, spread, se_eval)
 
 
 def horizon_key(name: str) -> float:
@@ -169,7 +197,13 @@ def _estimates(rows: list[Mapping[str, Any]], controls: Mapping[Any, Any], name:
         got = [(r, p) for r, p in got if p is not None and np.isfinite(p[0])]
         if not got:
             continue
-        est = estimate([p[0] for _, p in got], [p[1] for _, p in got])
+        if each == "relative" and got[0][0]["kind"] != "control":
+            pairs = [(run_phi(r, None, name, "steps"), run_phi(controls[_replicate(r)], None, name,
+                                                                  "steps")) for r, _ in got]
+            est = ratio_estimate([p[0] for p, _ in pairs], [c[0] for _, c in pairs],
+                                 [p[1] for p, _ in pairs], [c[1] for _, c in pairs])
+        else:
+            est = estimate([p[0] for _, p in got], [p[1] for _, p in got])
         if each == rule:
             clock = "readings_lr" if rule == "lr" else "readings"
             out.update(est.to_dict())

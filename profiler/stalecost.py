@@ -58,7 +58,7 @@ from .staleness import failure_steps
 from .stalefigure import set_stale_cost, stale_cost_figure
 
 __all__ = ["StaleCostConfig", "run_study", "run_staleness", "stale_cost_figure", "set_stale_cost",
-           "reread", "numbers", "PAPER_THRESHOLDS", "STUDY_FILE", "RULE"]
+           "reread", "reread_file", "numbers", "PAPER_THRESHOLDS", "STUDY_FILE", "RULE"]
 
 PAPER_THRESHOLDS = (1e-2, 1e-3, 1e-4)
 """The paper's threshold sweep (LayerCheck, IEEE CLUSTER 2026)."""
@@ -436,6 +436,27 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
         set_stale_cost(Path(from_trace) / COSTS_FILE, doc)
         say(f"staleness: stale-cost figures written into {Path(from_trace) / COSTS_FILE}")
     return dest, doc
+
+
+def reread_file(path: Path, *, rule: str | None = None, argv: list[str] | None = None
+                ) -> dict[str, Any]:
+    """``python -m profiler staleness --reread FILE``: the study at ``path`` read again from
+    its stored losses by this code (``reread``; ``rule``: another rule), written back, and
+    its ``stale_cost`` put into the costs.json beside it (a trace's). No training."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfilerError(f"--reread {path}: not a readable study ({exc})") from None
+    if doc.get("kind") != "staleness-study" or doc.get("schema") != SCHEMA:
+        raise ProfilerError(f"--reread {path}: not a staleness study of schema {SCHEMA}; run "
+                            "the study again")
+    again = reread(doc, **({} if rule is None else {"rule": rule}))
+    again["reread"] = "python -m profiler " + " ".join(argv) if argv else None
+    path.write_text(json.dumps(again, default=float, separators=(",", ":")) + "\n")
+    if (path.parent / COSTS_FILE).is_file():
+        set_stale_cost(path.parent / COSTS_FILE, again)
+    return again
 
 
 def numbers(text: str, kind: type, what: str) -> tuple:

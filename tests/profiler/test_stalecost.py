@@ -103,11 +103,27 @@ def test_a_study_is_read_again_from_its_stored_losses_exactly(study):
         study["summary"]["phi"]["0.001"]["composite"]["12"]["rules"]["lr"]["value"]
 
 
+def test_the_command_reads_a_study_again_without_training(study, tmp_path, capsys):
+    path = tmp_path / "staleness.json"
+    path.write_text(json.dumps(study))
+    assert main(["staleness", "--reread", str(path), "--rule", "lr"]) == 0
+    again = json.loads(path.read_text())
+    assert again["summary"]["rule"] == again["config"]["rule"] == "lr"
+    assert again["reread"] == f"python -m profiler staleness --reread {path} --rule lr"
+    assert again["summary"]["figure"]["value"] == \
+        study["summary"]["phi"]["0.001"]["composite"]["12"]["rules"]["lr"]["value"]
+    assert "stale_cost = " in capsys.readouterr().out
+    path.write_text("{}")
+    assert main(["staleness", "--reread", str(path)]) == 2
+    assert "not a staleness study" in capsys.readouterr().err
+
+
 def test_the_summary_and_the_figure(study):
     main = study["summary"]["figure"]
     assert main["threshold"] == 1e-3 and main["horizon"] == "12" and main["n"] == 4
-    values = [r["phi"]["12"]["value"] for r in _runs(study, "composite")]
-    assert main["value"] == pytest.approx(np.mean(values))
+    per_step = [r["readings"]["12"]["delta"] / r["staleness"] for r in _runs(study, "composite")]
+    lost = [r["readings"]["12"]["delta"] / r["staleness"] for r in _runs(study, "control")]
+    assert main["value"] == pytest.approx(np.mean(per_step) / np.mean(lost))  # ratio of means
     assert main["low"] < main["value"] < main["high"]
     figure = stale_cost_figure(study)
     assert (figure.value, figure.low, figure.high, figure.source) == (
@@ -191,21 +207,32 @@ def test_the_command_writes_its_document(tmp_path):
     assert "stale_cost = " in proc.stdout and "n = 1" in proc.stdout
 
 
-def test_a_control_rolled_back_by_no_steps_is_the_failure_free_run(tmp_path):
-    """The states held in memory resume exactly: from the state at f with its own weights,
-    the run repeats the reference bit for bit (what the control and the twins rest on)."""
+def test_the_states_held_in_memory_resume_exactly(tmp_path):
+    """From the state held at f with its own weights (a control rolled back by no steps),
+    and from the composite with every layer put back as at f, the run repeats the
+    reference bit for bit: what the controls, the twins and the parts rest on."""
     from profiler.studyruns import Recovery, Runs
     config = StaleCostConfig(**SMALL)
     runs = Runs(config, tmp_path, lambda _: None)
     reference = runs.reference()
-    runs.snapshots({}, {10}, None)
-    got = runs.recover(Recovery(kind="twin", threshold=None, step=10, draw=0, stop=20,
-                                evals=(12, 20)))
+    f = int(np.nanargmax(reference.staleness[1e-3][:20])) + 1
+    (snap,) = runs.snapshots({1e-3: [f]}, {f}, None)
+    stop, evals = f + 8, (f + 4 - f % 4, f + 8 - f % 4)
     ref = reference.losses
-    assert np.array_equal(got.losses.loss, ref.loss[[ref.at(12), ref.at(20)]])
-    other = runs.recover(Recovery(kind="twin", threshold=None, step=10, draw=1, stop=20,
-                                  evals=(12, 20)))
-    assert not np.array_equal(other.losses.loss, got.losses.loss)  # another data order
+    expected = ref.loss[[ref.at(s) for s in evals]]
+    twin = runs.recover(Recovery(kind="twin", threshold=None, step=f, draw=0, stop=stop,
+                                 evals=evals))
+    assert np.array_equal(twin.losses.loss, expected)
+    every = tuple(name for layer in reference.names for name in layer)
+    whole = runs.recover(Recovery(kind="blocks", threshold=1e-3, step=f, draw=0, stop=stop,
+                                  evals=evals, snapshot=snap, fresh=every))
+    assert np.array_equal(whole.losses.loss, expected)
+    stale = runs.recover(Recovery(kind="composite", threshold=1e-3, step=f, draw=0, stop=stop,
+                                  evals=evals, snapshot=snap))
+    assert not np.array_equal(stale.losses.loss, expected)  # the composite itself is stale
+    other = runs.recover(Recovery(kind="twin", threshold=None, step=f, draw=1, stop=stop,
+                                  evals=evals))
+    assert not np.array_equal(other.losses.loss, twin.losses.loss)  # another data order
 
 
 def test_every_run_starts_from_the_generators_of_a_new_process(tmp_path):
