@@ -411,8 +411,9 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
     """``python -m profiler staleness``: run the study on ``config``'s job (or on the
     job of the plain capture ``from_trace``, with ``config``'s thread count where it
     gives one: the study's runs need only agree with each other), write
-    ``staleness.json`` (``out``, or into the trace, or ``runs/staleness/``) and, into a
-    trace that has a ``costs.json``, its ``stale_cost`` figure. Returns (path, document)."""
+    ``staleness.json`` (``out``, or into the trace, or ``runs/staleness/``) and, when it
+    goes into a trace that has a ``costs.json``, its ``stale_cost`` figure there. Returns
+    (path, document)."""
     from .failures.drill import plain_capture
     if from_trace is not None:
         trace, capture = plain_capture(Path(from_trace), "a staleness study")
@@ -432,7 +433,8 @@ def run_staleness(config: StaleCostConfig, *, from_trace: Path | None = None,
         doc["trace"] = trace.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(doc, default=float, separators=(",", ":")) + "\n")
-    if trace is not None and (Path(from_trace) / COSTS_FILE).is_file():
+    if trace is not None and dest.parent.resolve() == Path(from_trace).resolve() and (
+            Path(from_trace) / COSTS_FILE).is_file():  # --out elsewhere leaves the trace alone
         set_stale_cost(Path(from_trace) / COSTS_FILE, doc)
         say(f"staleness: stale-cost figures written into {Path(from_trace) / COSTS_FILE}")
     return dest, doc
