@@ -2,15 +2,16 @@
 composite (``stale_cost`` in a costs.json) and of its parts, with their provenance."""
 from __future__ import annotations
 
-import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
-from layercheck.contract.calibration import Figure, read_calibration, write_calibration
+from layercheck.contract.calibration import Figure, read_calibration
 
 from .errors import ProfilerError
 
-__all__ = ["stale_cost_figure", "set_stale_cost", "summary_text", "PART_WORDS", "RULE_WORDS"]
+__all__ = ["stale_cost_figure", "set_stale_cost", "carry_stale_cost", "summary_text", "PART_WORDS",
+           "RULE_WORDS"]
 
 PART_WORDS = {
     "composite": "the composite LayerCheck restores (every stale layer as it was)",
@@ -61,9 +62,7 @@ def stale_cost_figure(doc: dict[str, Any], part: str = "composite") -> Figure:
 def set_stale_cost(costs: Path, doc: dict[str, Any]) -> None:
     """Put the study's ``stale_cost`` figure into ``costs`` (a costs.json), keeping every
     other figure."""
-    calibration = read_calibration(costs)
-    figures = {**calibration.figures, "stale_cost": stale_cost_figure(doc)}
-    write_calibration(dataclasses.replace(calibration, figures=figures), costs)
+    _put(costs, stale_cost_figure(doc))
 
 
 def summary_text(doc: dict[str, Any]) -> str:
@@ -92,3 +91,35 @@ def summary_text(doc: dict[str, Any]) -> str:
         lines.append(f"stale_cost = {fig['value']:.3f} [{fig['low']:.3f}, {fig['high']:.3f}], "
                      f"n = {fig['n']} (threshold {fig['threshold']:g}, horizon {fig['horizon']})")
     return "\n".join(lines)
+
+
+def carry_stale_cost(folder: Path) -> Figure:
+    """Write into the costs.json of the trace at ``folder`` the shipped capture's stale cost
+    factor carried over by the trace's composition (``profiler.calibrate.
+    transferred_stale_cost``), unless its own is measured (kept: ProfilerError). Returns
+    the figure written."""
+    from layercheck.contract.calibration import COSTS_FILE
+    from layercheck.contract.trace import read_trace
+
+    from .calibrate import transferred_stale_cost
+    trace = read_trace(folder)
+    costs = Path(folder) / COSTS_FILE
+    if not costs.is_file():
+        raise ProfilerError(f"{folder}: no {COSTS_FILE} to carry the stale cost into; "
+                            "calibrate the trace first (python -m profiler calibrate)")
+    calibration = read_calibration(costs)
+    if calibration.figures["stale_cost"].source == "measured":
+        raise ProfilerError(f"{folder}: its stale_cost is measured on its own job; it is kept "
+                            "(leave the trace out of --transfer-to)")
+    figure = transferred_stale_cost(trace)
+    _put(costs, figure)
+    return figure
+
+
+def _put(costs: Path, figure: Figure) -> None:
+    """``figure`` as the ``stale_cost`` of the costs.json at ``costs``, the file otherwise as
+    it was (figures an older file lacks stay filled in on reading, not written)."""
+    read_calibration(costs)  # refuses a file that is not a calibration
+    data = json.loads(Path(costs).read_text())
+    data["figures"]["stale_cost"] = figure.to_dict()
+    Path(costs).write_text(json.dumps(data, indent=2) + "\n")
