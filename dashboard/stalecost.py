@@ -1,9 +1,11 @@
 """What a stale layer costs (the Recovery fidelity page): the staleness study's curves.
 
 ``staleness.json`` (``python -m profiler staleness``, ``Trace.staleness``) holds
-the failure-free reference's held-out loss curve, one run per recovery
-(``composite`` at each threshold's failure step, the ``exact`` and ``reorder``
-controls) with its curve and its Delta readings per horizon, the noise floor
+the failure-free reference's held-out loss curve, one run per recovery (per
+replicate, a failure step and a data order: the ``composite``, its ``blocks``
+and ``embedding`` parts, the lost-work ``control``, the failure-free ``twin`` on
+another data order; the ``exact`` control; an older study's ``reorder``
+control) with its curve and its Delta readings per horizon, the noise floor
 and the summary of phi. ``read_study`` checks the parts drawn here and says
 what is missing.
 """
@@ -18,7 +20,11 @@ import plotly.graph_objects as go
 
 __all__ = ["StudyError", "Study", "read_study", "curves_figure", "delta_figure", "phi_table"]
 
-KINDS = ("composite", "exact", "reorder")
+KINDS = ("composite", "blocks", "embedding", "control", "twin", "exact", "reorder")
+PHI_KINDS = ("composite", "blocks", "embedding", "control")
+"""The runs with a phi of their own."""
+NOISE_KINDS = ("twin", "reorder")
+"""The runs that show the data order's own spread (the noise floor)."""
 
 
 class StudyError(ValueError):
@@ -42,8 +48,11 @@ class Study:
 
 
 def _label(run: Mapping[str, Any]) -> str:
-    if run["kind"] == "composite":
-        return f"composite, threshold {run['threshold']:g}, step {run['failure_step']}"
+    order = f", data order {run['draw']}" if "draw" in run else ""
+    if run["kind"] in PHI_KINDS:
+        return f"{run['kind']}, threshold {run['threshold']:g}, step {run['failure_step']}{order}"
+    if run["kind"] == "twin":
+        return f"failure-free twin, step {run['failure_step']}{order}"
     return f"{run['kind']} control, step {run['failure_step']}"
 
 
@@ -86,7 +95,8 @@ def read_study(data: Mapping[str, Any] | None) -> Study:
                          f"{exc}); re-run `python -m profiler staleness`") from None
 
 
-_DASH = {"composite": "solid", "exact": "dash", "reorder": "dot"}
+_DASH = {"composite": "solid", "blocks": "solid", "embedding": "solid", "control": "dashdot",
+         "twin": "dot", "exact": "dash", "reorder": "dot"}
 
 
 def curves_figure(study: Study) -> go.Figure:
@@ -112,13 +122,13 @@ def delta_figure(study: Study) -> go.Figure:
     fig = go.Figure()
     r = study.readings
     if not r.empty:
-        floor = r[r["kind"] == "reorder"].sort_values("after")
+        floor = r[r["kind"].isin(NOISE_KINDS)].sort_values("after")
         if not floor.empty:
             fig.add_scatter(x=list(floor["after"]) + list(floor["after"])[::-1],
                             y=list(floor["delta"].abs()) + list(-floor["delta"].abs())[::-1],
                             fill="toself", fillcolor="rgba(128,128,128,0.2)", line=dict(width=0),
                             name="noise floor (data order)", hoverinfo="skip")
-        for label, part in r[r["kind"] != "reorder"].groupby("label", sort=False):
+        for label, part in r[~r["kind"].isin(NOISE_KINDS)].groupby("label", sort=False):
             part = part.sort_values("after")
             fig.add_scatter(x=part["after"], y=part["delta"], name=label, mode="lines+markers",
                             error_y=dict(type="data", symmetric=False,
@@ -132,13 +142,13 @@ def delta_figure(study: Study) -> go.Figure:
 
 
 def phi_table(study: Study) -> pd.DataFrame:
-    """Per composite recovery and horizon: Delta with its interval, the staleness and
-    phi = Delta / staleness, beside the noise floor."""
-    r = study.readings[study.readings["kind"] == "composite"]
+    """Per recovery with a phi (the composite, its parts, the control) and horizon: Delta
+    with its interval, the staleness and phi as the study read it, beside the noise floor."""
+    r = study.readings[study.readings["kind"].isin(PHI_KINDS)]
     runs = study.runs.set_index("label")
     out = pd.DataFrame({
-        "threshold": r["threshold"], "failure step": r["label"].map(runs["failure_step"]),
-        "horizon": r["horizon"],
+        "run": r["kind"], "threshold": r["threshold"],
+        "failure step": r["label"].map(runs["failure_step"]), "horizon": r["horizon"],
         "staleness (steps)": r["label"].map(runs["staleness"]), "Delta": r["delta"],
         "Delta low": r["low"], "Delta high": r["high"], "phi": r["phi"],
         "noise floor": r["horizon"].map(lambda h: study.noise_floor.get(h, math.nan)),

@@ -9,7 +9,7 @@ collective on several ranks (rank 0 returns the calibration, the others None).
 
 The stale cost factor (``stale_cost``) is measured by ``python -m profiler
 staleness``, not here: a calibration keeps the one the trace's costs.json holds,
-else writes the transferred default.
+else carries the shipped capture's over by the trace's composition.
 
 ``python -m profiler calibrate --trace traces/X`` rebuilds X's job from its
 manifest (the same model, data and settings; under ZeRO or FSDP2 the same
@@ -24,8 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from layercheck.contract.calibration import TRANSFERRED_STALE_COST, Calibration, Figure, write_calibration
+import numpy as np
+
+from layercheck.contract.calibration import Calibration, Figure, write_calibration
 from layercheck.contract.trace import Trace, read_trace
+from sim.composite import embedding_share, transfer_stale_cost
 
 from .config import CaptureConfig, ZeroConfig
 from .errors import ProfilerError
@@ -101,11 +104,21 @@ def _stale_cost(trace: Trace) -> Figure:
     """The stale cost factor is not a mechanism's cost (``python -m profiler staleness``
     measures it, in minutes, not seconds): keep the one the trace's costs.json already
     holds, unless that is itself carried over (transferred, or filled in on reading),
-    else carry over the shipped capture's (``TRANSFERRED_STALE_COST``)."""
+    else carry the shipped capture's over by this trace's composition
+    (``transferred_stale_cost``)."""
     kept = trace.costs.figures["stale_cost"] if trace.costs is not None else None
     if kept is None or kept.source == "transferred":
-        return TRANSFERRED_STALE_COST
+        return transferred_stale_cost(trace)
     return kept
+
+
+def transferred_stale_cost(trace: Trace) -> Figure:
+    """The shipped capture's stale cost factor carried to ``trace`` by the share of its
+    staleness that its embedding makes (``sim.composite.transfer_stale_cost``)."""
+    layers = trace.layers
+    share = embedding_share(trace.write_matrix(), layers["params"].to_numpy(dtype=np.float64),
+                            (layers["kind"] == "embedding").to_numpy())
+    return transfer_stale_cost(share, trace.name)
 
 
 def job_spec(trace: Trace, where: str) -> CaptureConfig | ZeroConfig:

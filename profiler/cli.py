@@ -145,38 +145,50 @@ def _staleness_options(p: argparse.ArgumentParser) -> None:
     d = StaleCostConfig()
     p.add_argument("--from", dest="from_trace", type=Path,
                    help="a plain captured trace: its settings define the job (model options "
-                        "are then ignored); the result goes into it")
-    p.add_argument("--thresholds", default=",".join(f"{k:g}" for k in d.thresholds),
-                   help="base thresholds of the recoveries (default the paper's 1e-2,1e-3,1e-4)")
+                        "but --threads are then ignored); the result goes into it")
+    p.add_argument("--thresholds", help="base thresholds of the recoveries (default: the job's "
+                                        "own; the paper's sweep is 1e-2,1e-3,1e-4)")
     p.add_argument("--failures", type=int, default=d.failures,
                    help=f"failure steps per threshold, the stalest of each window (default {d.failures})")
+    p.add_argument("--draws", type=int, default=d.draws,
+                   help=f"data orders per failure step, the failure-free run's first (default {d.draws})")
+    p.add_argument("--no-parts", dest="parts", action="store_false",
+                   help="skip the composites whose stale part is only the blocks or only the embedding")
+    p.add_argument("--no-exact", dest="exact", action="store_false",
+                   help="skip the exact-state control")
     p.add_argument("--eval-every", type=int, default=d.eval_every,
                    help=f"steps between held-out evaluations (default {d.eval_every})")
     p.add_argument("--eval-sequences", type=int,
                    help="held-out sequences per evaluation (default: all the corpus holds out)")
     p.add_argument("--horizons", default=",".join(map(str, d.horizons)),
-                   help="steps after the recovery at which Delta is read, besides the end "
+                   help="steps after the failure at which phi is read, or end "
                         f"(default {','.join(map(str, d.horizons))})")
-    p.add_argument("--reorders", type=int, default=d.reorders,
-                   help=f"trajectory-noise controls: the exact state trained on with another "
-                        f"data order (default {d.reorders})")
+    p.add_argument("--rule",
+                   help=f"how phi is read: lr, relative or steps (default {d.rule}; with "
+                        "--reread, the study's own)")
     p.add_argument("--resamples", type=int, default=d.resamples,
                    help=f"bootstrap resamples of the held-out sequences (default {d.resamples})")
-    p.add_argument("--figure-horizon", default=d.figure_horizon,
-                   help="the horizon of the stale_cost figure: end (default) or one of --horizons")
+    p.add_argument("--figure-horizon",
+                   help="the horizon of the stale_cost figure (default: the last of --horizons)")
     p.add_argument("--scratch", type=Path, help="where the LayerCheck directories go "
                    "(default /dev/shm, else the temporary folder)")
+    p.add_argument("--transfer-to", type=Path, action="append", metavar="TRACE",
+                   help="no study: carry the shipped capture's phi to this trace's costs.json by "
+                        "the trace's composition (repeatable; a measured one is kept)")
+    p.add_argument("--reread", type=Path, metavar="FILE",
+                   help="no training: read the study in FILE again from its stored losses by "
+                        "this code (and --rule), write it back and its stale_cost beside it")
 
 
 def _job_options(p: argparse.ArgumentParser, *,
                  out_help: str = "trace folder (default traces/<model>-<steps>steps)") -> None:
     d = CaptureConfig()
     p.add_argument("--model", default=d.model,
-                   help="minilm (default), tiny, or a local Hugging Face model folder")
+                   help="minilm (default), tiny, posttrain, or a local Hugging Face model folder")
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps (default {d.steps})")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--lr", type=float, help="peak LR (default 5e-5; 1e-3 for tiny)")
+    p.add_argument("--lr", type=float, help="peak LR (default 5e-5; 1e-3 for tiny, 5e-4 for posttrain)")
     p.add_argument("--threshold", type=float, help="LayerCheck base threshold (default: the "
                    "paper's 1e-3; embeddings get 10x)")
     p.add_argument("--smax", type=int, help="staleness guard (default: the paper's 1000, "
@@ -279,19 +291,33 @@ def _run_drill(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
-    from .stalecost import StaleCostConfig, numbers, run_staleness
+    from .stalecost import RULE, StaleCostConfig, numbers, reread_file, run_staleness
+    from .stalefigure import carry_stale_cost, summary_text
+    if args.reread is not None:
+        doc = reread_file(args.reread, rule=args.rule, argv=argv)
+        print(f"wrote {args.reread}")
+        print(summary_text(doc))
+        return 0
+    if args.transfer_to:
+        for folder in args.transfer_to:
+            figure = carry_stale_cost(folder)
+            print(f"{folder}: stale_cost {figure.value:.3f} [{figure.low:.3f}, {figure.high:.3f}] "
+                  f"({figure.method.split(' The parts', 1)[0]})")
+        return 0
     if args.scratch is not None and not args.scratch.is_dir():
         raise ProfilerError(f"--scratch {args.scratch}: no such folder")
     config = StaleCostConfig(
-        capture=_config(args), thresholds=numbers(args.thresholds, float, "--thresholds"),
-        failures=args.failures, eval_every=args.eval_every, eval_sequences=args.eval_sequences,
-        horizons=numbers(args.horizons, int, "--horizons"), reorders=args.reorders,
+        capture=_config(args), failures=args.failures, draws=args.draws, parts=args.parts,
+        exact=args.exact, thresholds=None if args.thresholds is None else numbers(
+            args.thresholds, float, "--thresholds"),
+        eval_every=args.eval_every, eval_sequences=args.eval_sequences,
+        horizons=numbers(args.horizons, int, "--horizons"), rule=args.rule or RULE,
         resamples=args.resamples, figure_horizon=args.figure_horizon, scratch=args.scratch)
     say = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
     path, doc = run_staleness(config, from_trace=args.from_trace, out=args.out, say=say,
                               argv=argv)
     print(f"wrote {path}")
-    print(json.dumps(doc["summary"], indent=2, default=float))
+    print(summary_text(doc))
     return 0
 
 

@@ -1,8 +1,9 @@
-"""Which model a run trains: ``minilm``, ``tiny`` or a local Hugging Face folder.
+"""Which model a run trains: ``minilm``, ``tiny``, ``posttrain`` or a local Hugging Face folder.
 
 ``resolve_model`` turns the ``--model`` value into a ``ModelSource`` (checking
 the folder, reading no weights); ``ModelSource.build`` loads or builds the
-model and its tokenizer. Objectives: encoders train as masked LMs, decoders
+model and its tokenizer (``posttrain``: built and pretrained here,
+``profiler.posttrain``). Objectives: encoders train as masked LMs, decoders
 as causal LMs. Nothing is fetched from a model hub: folders are read with
 ``local_files_only``.
 """
@@ -43,6 +44,8 @@ class ModelSource:
 
     package: str | None = None
     """The Python package that ships the weights (``minilm``), else None."""
+    corpus: str = "all"
+    """The part of the corpus the job trains on (``profiler.jobs.corpus.PARTS``)."""
 
     def describe(self) -> dict[str, Any]:
         """What a trace records: the model by package (with its version) or by
@@ -50,6 +53,9 @@ class ModelSource:
         out: dict[str, Any] = {"label": self.label, "objective": self.objective}
         if self.package is not None:
             out.update(package=self.package, version=_package_version(self.package))
+        elif self.label == "posttrain":
+            from .posttrain import describe
+            out["built_from"] = describe()
         elif self.path is None:
             out["built_from"] = {"class": "Qwen2ForCausalLM", "config": dict(TINY),
                                  "defined_in": "profiler.models.TINY"}
@@ -63,6 +69,9 @@ class ModelSource:
         import torch
         _quiet_transformers()
         torch.manual_seed(seed)
+        if self.label == "posttrain":
+            from .posttrain import build
+            return build(seed=seed, max_len=max_len)
         if self.path is None:
             return _build_tiny(max_len), None
         from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
@@ -88,13 +97,17 @@ def resolve_model(spec: str) -> ModelSource:
     """``minilm``, ``tiny`` or a model folder; ProfilerError says what is wrong."""
     if spec == "tiny":
         return ModelSource(label="tiny", path=None, objective="causal", default_lr=1e-3)
+    if spec == "posttrain":
+        from .posttrain import FINETUNE_CORPUS
+        return ModelSource(label="posttrain", path=None, objective="causal", default_lr=5e-4,
+                           corpus=FINETUNE_CORPUS)
     if spec == "minilm":
         return ModelSource(label="minilm", path=_minilm_path(), objective="masked",
                            default_lr=5e-5, package=MINILM_PACKAGE)
     path = Path(spec).expanduser()
     if not path.exists():
         hint = ("" if any(c in spec for c in "/\\.") else
-                "; known names are minilm and tiny")
+                "; known names are minilm, tiny and posttrain")
         raise ProfilerError(f"--model {spec}: unknown model (no such folder){hint}")
     if not path.is_dir() or not os.access(path, os.R_OK | os.X_OK):
         raise ProfilerError(f"--model {spec}: not a readable folder; give a Hugging Face model "

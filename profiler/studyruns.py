@@ -1,5 +1,14 @@
 """The training runs of a staleness study (``profiler.stalecost``): the reference,
-the snapshot run and the recoveries, all of the plain job in this process."""
+the snapshot run and the recoveries, all of the plain job in this process.
+
+A recovery resumes at a failure step f in one of the ways ``profiler.replicates``
+names (its ``kind``): through ``LayerCheck.restore()`` of a copy of the LayerCheck
+directory taken at f (``composite``, and ``exact`` from a LayerCheck whose base
+checkpoint is f), that composite with some layers put back as they were at f
+(``blocks``, ``embedding``), or from training states the snapshot run held in
+memory (``twin``: the state at f; ``control``: the weights and optimizer state of
+f - S_c with everything else of f). It then trains on with data order ``draw``.
+"""
 from __future__ import annotations
 
 import copy
@@ -23,10 +32,11 @@ from .jobs.job import lr_schedule
 from .jobs.plain import PlainJob
 
 
-__all__ = ["Runs", "Reference", "Snapshot", "Recovered"]
+__all__ = ["Runs", "Reference", "Snapshot", "State", "Recovery", "Recovered", "link_copy",
+           "lr_clock", "REORDER_SEED"]
 
 REORDER_SEED = 104_729
-"""Offsets the data-order seed of a reorder control (the r-th: seed + r * this)."""
+"""Offsets the data-order seed of draw d (seed + d * this)."""
 
 
 @dataclass
@@ -37,32 +47,82 @@ class Reference:
     """Per threshold: S(t) for t = 1..T (NaN before the base checkpoint)."""
     written: dict[float, np.ndarray]
     writes: dict[str, int]
+    params: np.ndarray
+    """Parameters per layer, in the layer map's order."""
+    embedding: np.ndarray
+    """Per layer: whether it is an embedding (its own threshold, the paper's 10x)."""
+    names: list[str]
+    """Per layer: the parameter names it holds."""
     model: dict[str, Any]
     machine: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Snapshot:
+    """A copy of a LayerCheck directory as it was at ``step``."""
+
     kind: str
-    """``composite``, ``exact`` or ``reorder``."""
+    """``composite`` (at ``threshold``) or ``exact``."""
     threshold: float | None
     step: int
     directory: Path
     config: Any
-    staleness: float
-    reorder: int = 0
+
+
+@dataclass(frozen=True)
+class State:
+    """A consistent training state held in memory: what a full checkpoint holds."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: tuple[Any, Any]
+    position: int
+
+    @classmethod
+    def of(cls, job: PlainJob, step: int, position: int) -> "State":
+        return cls(step, {k: v.detach().clone() for k, v in job.module.state_dict().items()},
+                   copy.deepcopy(job.adam.state_dict()), copy.deepcopy(job.scheduler.state_dict()),
+                   capture_rng(), position)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One recovery to run (``profiler.replicates`` names the kinds)."""
+
+    kind: str
+    threshold: float | None
+    step: int
+    """The failure step f: training goes on from f + 1."""
+    draw: int
+    stop: int
+    """The last step trained."""
+    evals: tuple[int, ...]
+    """The steps after which the held-out sequences are evaluated."""
+    staleness: float = 0.0
+    staleness_lr: float = 0.0
+    snapshot: Snapshot | None = None
+    fresh: tuple[str, ...] = ()
+    """Parameters put back as they were at f after the composite's restore."""
+    rollback: int = 0
+    """``control``: the steps of work lost (weights and optimizer state of f - rollback)."""
 
 
 @dataclass
 class Recovered:
-    kind: str
-    threshold: float | None
-    failure_step: int
-    staleness: float
+    spec: Recovery
     max_layer_staleness: int
     sources: dict[str, int]
     losses: SequenceLosses
     identical: bool | None
+
+
+def lr_clock(config: Any) -> np.ndarray:
+    """clock[s]: the learning-rate-weighted steps after s optimizer steps, sum of lr /
+    lr_peak over them (the job's schedule, ``profiler.jobs.job.lr_schedule``)."""
+    factor = lr_schedule(config)
+    return np.concatenate([[0.0], np.cumsum([factor(done) for done in range(config.steps)])])
 
 
 class Runs:
@@ -75,7 +135,9 @@ class Runs:
         self.capture = config.capture
         self.grid = config.grid()
         self.reference_run: Reference | None = None
+        self.states: dict[int, State] = {}
         self._pristine: PlainJob | None = None
+        self._copies = 0
 
     # -- building blocks ----------------------------------------------------------
     def _job(self) -> PlainJob:
@@ -117,9 +179,10 @@ class Runs:
     # -- 1. the reference -----------------------------------------------------------
     def reference(self) -> Reference:
         job = self._job()
-        lcs = self._attach(job, "reference", {k: self._lc_config(k) for k in self.config.thresholds})
+        lcs = self._attach(job, "reference", {k: self._lc_config(k) for k in self.config.studied})
         steps = self.capture.steps
-        params = _layer_params(next(iter(lcs.values())))
+        layer_map = next(iter(lcs.values())).layer_map
+        params = np.array([layer.numel for layer in layer_map], dtype=np.float64)
         written = {k: np.zeros((steps, len(params)), dtype=bool) for k in lcs}
         sums, tokens = self._evaluate(job)
         evals, train_loss, position = [sums], [], 0
@@ -139,29 +202,39 @@ class Runs:
         finally:
             for lc in lcs.values():
                 lc.close()
-        staleness = {k: weighted_staleness(w, params) for k, w in written.items()}
         self.reference_run = Reference(
-            losses=SequenceLosses(np.asarray(self.grid), np.asarray(evals), np.asarray(tokens, float)),
-            train_loss=train_loss, staleness=staleness, written=written, writes=writes,
+            losses=SequenceLosses(np.asarray(self.grid), np.asarray(evals),
+                                  np.asarray(tokens, float)).rounded(),
+            train_loss=train_loss,
+            staleness={k: weighted_staleness(w, params) for k, w in written.items()},
+            written=written, writes=writes, params=params,
+            embedding=np.array([layer.kind == "embedding" for layer in layer_map]),
+            names=[list(layer.params) for layer in layer_map],
             model=job.source.describe(),
             machine={"device": job.device, "threads": job.config.threads, "torch": torch.__version__,
                      "cpu_count": os.cpu_count()})
         return self.reference_run
 
     # -- 2. the snapshots ---------------------------------------------------------------
-    def snapshots(self, plan: dict[float, list[int]], reference: Reference) -> list[Snapshot]:
-        """Train again to the last failure step and copy each failure step's directory
-        aside; the controls' exact state is the main threshold's stalest step."""
-        main = self.config.main_threshold
-        exact_step = max(plan[main], key=lambda t: reference.staleness[main][t - 1])
-        smax = max(self._lc_config(main).smax, exact_step)
+    def snapshots(self, plan: dict[float, list[int]], hold: set[int],
+                  exact_step: int | None) -> list[Snapshot]:
+        """Train again to the last failure step (and held step), checking that every
+        step repeats the reference; copy each failure step's directory aside and hold
+        the training state of every step in ``hold`` in memory (``self.states``).
+        ``exact_step``: also take a LayerCheck whose base checkpoint is that step."""
+        reference = self.reference_run
         configs: dict[Any, Any] = {k: self._lc_config(k) for k in plan}
-        configs["exact"] = self._lc_config(main, warmup_steps=exact_step, smax=smax)
-        last = max(max(v) for v in plan.values())
+        if exact_step is not None:
+            main = self.config.main_threshold
+            configs["exact"] = self._lc_config(
+                main, warmup_steps=exact_step, smax=max(self._lc_config(main).smax, exact_step))
+        last = max([t for v in plan.values() for t in v] + list(hold))
         job = self._job()
         lcs = self._attach(job, "snapshot-run", configs)
         out: list[Snapshot] = []
         position = 0
+        if 0 in hold:
+            self.states[0] = State.of(job, 0, 0)
         try:
             for t in range(1, last + 1):
                 loss, _ = job.step(position)
@@ -178,74 +251,105 @@ class Runs:
                                                               reference.written[key][t - 1]):
                         raise ProfilerError(f"step {t}: threshold {key:g} wrote other layers than "
                                             "in the reference run; drift does not reproduce here")
-                out.extend(self._take(lcs, plan, t, exact_step, configs, reference))
+                if t in hold:
+                    self.states[t] = State.of(job, t, position)
+                for key, lc in lcs.items():
+                    if t in (plan.get(key, []) if key != "exact" else [exact_step]):
+                        lc.flush()
+                        where = self.root / "snapshots" / f"{key if key == 'exact' else f'{key:g}'}-{t}"
+                        link_copy(lc.store.root, where)
+                        out.append(Snapshot("exact" if key == "exact" else "composite",
+                                            None if key == "exact" else key, t, where, configs[key]))
         finally:
             for lc in lcs.values():
                 lc.close()
         return out
 
-    def _take(self, lcs: dict[Any, Any], plan: dict[float, list[int]], t: int, exact_step: int,
-              configs: dict[Any, Any], reference: Reference) -> list[Snapshot]:
-        taken = []
-        for k, steps in plan.items():
-            if t in steps:
-                lcs[k].flush()
-                where = self.root / "snapshots" / f"{k:g}-{t}"
-                link_copy(lcs[k].store.root, where)
-                taken.append(Snapshot("composite", k, t, where, configs[k],
-                                      float(reference.staleness[k][t - 1])))
-        if t == exact_step:
-            lcs["exact"].flush()
-            where = self.root / "snapshots" / f"exact-{t}"
-            link_copy(lcs["exact"].store.root, where)
-            taken.append(Snapshot("exact", None, t, where, configs["exact"], 0.0))
-            for r in range(1, self.config.reorders + 1):
-                copy = self.root / "snapshots" / f"reorder{r}-{t}"
-                link_copy(where, copy)
-                taken.append(Snapshot("reorder", None, t, copy, configs["exact"], 0.0, reorder=r))
-        return taken
-
     # -- 3. a recovery --------------------------------------------------------------------
-    def recover(self, snap: Snapshot) -> Recovered:
+    def recover(self, spec: Recovery) -> Recovered:
+        """Resume as ``spec`` says, train to ``spec.stop`` with data order ``spec.draw``,
+        evaluating after each step of ``spec.evals``."""
         job = self._job()
-        lc = job.make_layercheck(snap.directory, snap.config)
+        sources: dict[str, int] = {}
+        if spec.snapshot is not None:
+            sources, position = self._restore(job, spec)
+            if spec.fresh:
+                self._put_back(job, self.states[spec.step], spec.fresh)
+        else:
+            state = self.states[spec.step]
+            weights = self.states[spec.step - spec.rollback]
+            _load(job, state, weights)
+            position = state.position
+        if spec.draw:
+            job.dataset = dataclasses.replace(job.dataset, seed=job.dataset.seed + spec.draw
+                                              * REORDER_SEED, _orders={})
+        label = spec.kind if spec.threshold is None else f"{spec.kind} at threshold {spec.threshold:g}"
+        self.say(f"staleness: {label} resumed at step {spec.step} (S = {spec.staleness:.1f} steps, "
+                 f"data order {spec.draw}), training on to {spec.stop}")
+        evals, train = [], []
+        for step in range(spec.step + 1, spec.stop + 1):
+            train.append(job.step(position)[0])
+            position += self.capture.batch_size
+            if step in spec.evals:
+                evals.append(self._evaluate(job)[0])
+        ref = self.reference_run
+        losses = SequenceLosses(np.asarray(spec.evals, dtype=np.int64),
+                                np.asarray(evals).reshape(len(spec.evals), -1), ref.losses.tokens)
+        identical = None
+        if spec.kind == "exact":
+            mine = np.round(losses.loss, 6)
+            identical = bool(np.array_equal(mine, ref.losses.loss[[ref.losses.at(s) for s in spec.evals]])
+                             and train == ref.train_loss[spec.step:spec.stop])
+        return Recovered(spec, max((spec.step - s for s in sources.values()), default=spec.rollback),
+                         sources, losses.rounded(), identical)
+
+    def _restore(self, job: PlainJob, spec: Recovery) -> tuple[dict[str, int], int]:
+        """``LayerCheck.restore()`` of a fresh copy of the snapshot (a restore records a
+        new timeline in its directory: every recovery gets the directory as it was)."""
+        self._copies += 1
+        where = self.root / "restores" / f"{self._copies}"
+        link_copy(spec.snapshot.directory, where)
+        lc = job.make_layercheck(where, spec.snapshot.config)
         try:
             t = lc.restore()
-            plan = lc.restored.plan
-            sources = {name: int(v.step) for name, v in plan.sources.items()}
+            sources = {name: int(v.step) for name, v in lc.restored.plan.sources.items()}
             position = int(lc.extra["position"])
         finally:
             lc.close()
-        if t != snap.step:
-            raise ProfilerError(f"restored step {t}, expected the failure step {snap.step}")
-        if snap.reorder:
-            job.dataset = dataclasses.replace(job.dataset, seed=job.dataset.seed + snap.reorder
-                                              * REORDER_SEED, _orders={})
-        label = snap.kind if snap.threshold is None else f"threshold {snap.threshold:g}"
-        self.say(f"staleness: {label} recovered at step {t} (S = {snap.staleness:.1f} steps), "
-                 f"training on to {self.capture.steps}")
-        evals, steps, train = [], [], []
-        for step in range(t + 1, self.capture.steps + 1):
-            train.append(job.step(position)[0])
-            position += self.capture.batch_size
-            if step in self.grid:
-                evals.append(self._evaluate(job)[0])
-                steps.append(step)
-        ref = self.reference_run.losses
-        losses = SequenceLosses(np.asarray(steps), np.asarray(evals), ref.tokens)
-        identical = None
-        if snap.kind == "exact":
-            identical = bool(np.array_equal(losses.loss, ref.loss[[ref.at(s) for s in steps]])
-                             and train == self.reference_run.train_loss[t:])
-        return Recovered(snap.kind, snap.threshold, t, snap.staleness,
-                         max((t - s for s in sources.values()), default=0), sources, losses,
-                         identical)
+        shutil.rmtree(where, ignore_errors=True)
+        if t != spec.step:
+            raise ProfilerError(f"restored step {t}, expected the failure step {spec.step}")
+        return sources, position
+
+    @staticmethod
+    def _put_back(job: PlainJob, state: State, names: tuple[str, ...]) -> None:
+        """Parameters ``names`` and their optimizer state as they were in ``state``."""
+        held = copy.deepcopy(state.optimizer["state"])
+        wanted = set(names)
+        named = dict(job.module.named_parameters())
+        order = [p for group in job.adam.param_groups for p in group["params"]]
+        index = {id(p): i for i, p in enumerate(order)}
+        with torch.no_grad():
+            for name in wanted:
+                param = named[name]
+                param.copy_(state.model[name])
+                i = index[id(param)]
+                if i in held:
+                    job.adam.state[param] = held[i]
+                else:
+                    job.adam.state.pop(param, None)
 
 
-def _layer_params(lc: Any) -> np.ndarray:
-    """Parameters per layer, in the layer map's order: staleness's weights, as the
-    capture records them in a trace's layer table."""
-    return np.array([layer.numel for layer in lc.layer_map], dtype=np.float64)
+def _load(job: PlainJob, state: State, weights: State) -> None:
+    """``job`` as a full checkpoint of ``state`` restores it, except the weights and the
+    optimizer's per-parameter state, taken from ``weights`` (``state`` itself: exact)."""
+    job.module.load_state_dict(weights.model)
+    # load_state_dict keeps the given tensors where it can: Adam would update the held
+    # state in place, so it gets a copy
+    job.adam.load_state_dict({"state": copy.deepcopy(weights.optimizer["state"]),
+                              "param_groups": copy.deepcopy(state.optimizer["param_groups"])})
+    job.scheduler.load_state_dict(copy.deepcopy(state.scheduler))
+    apply_rng(*state.rng)
 
 
 def link_copy(src: Path, dst: Path) -> None:

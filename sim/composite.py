@@ -15,6 +15,12 @@ it at j: its updates since j are what a recovery discards.
 The engines (``sim.engine``, the compiled ``sim.kernel``, the SimPy reference
 through ``Schedule.stale_s``) and the first-order form all ask this module, the
 compiled loop by the same walk written out.
+
+What the discarded updates cost is the stale cost factor phi (the ``stale_cost``
+figure): measured on one job (``python -m profiler staleness``) for the composite
+and for its parts, it is carried to another job by that job's composition
+(``embedding_share``, ``transfer_stale_cost``): the embedding's layers and the rest
+(blocks, head, norms) are stale at different rates and cost differently.
 """
 from __future__ import annotations
 
@@ -22,7 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Composite", "UNKNOWN"]
+from layercheck.contract.figure import STALE_COST_CAPTURE, STALE_COST_PARTS, Figure
+from layercheck.contract.trace import last_written
+
+__all__ = ["Composite", "UNKNOWN", "embedding_share", "transfer_stale_cost"]
 
 UNKNOWN = -1
 """A ``restarted`` entry where the resumed run's writes are not known: it is taken
@@ -113,3 +122,42 @@ class Composite:
         since = self.since(c, j, off)
         gone = work[(off + c)[..., None]] - work[off[..., None] + since]
         return np.cumsum(gone * self.weights, axis=-1)[..., -1]
+
+
+def embedding_share(written: np.ndarray, params: np.ndarray, embedding: np.ndarray) -> float:
+    """The embedding layers' share of the parameter-weighted staleness of a run: S(t)
+    (``layercheck.contract.trace.weighted_staleness``) split by layer and summed over
+    the steps from the base checkpoint on (every layer written once). ``written``: steps
+    x layers, ``params`` and ``embedding`` (bool) per layer. 0 for a run that is never
+    stale."""
+    last = last_written(written)
+    steps = np.arange(1, last.shape[0] + 1)
+    based = (last > 0).all(axis=1)
+    age = (steps[based, None] - last[based]) * np.asarray(params, dtype=np.float64)
+    total = age.sum()
+    return float(age[:, np.asarray(embedding, dtype=bool)].sum() / total) if total > 0 else 0.0
+
+
+def transfer_stale_cost(share: float, target: str) -> Figure:
+    """The stale cost factor of a job whose embedding makes ``share`` of its staleness
+    (``embedding_share``), carried from the measured parts (``STALE_COST_PARTS``):
+    phi = share x phi_embedding + (1 - share) x phi_blocks, its interval the same
+    mixture of the parts' bounds (as wide as theirs: the parts' errors may go
+    together). ``target`` names the job in the figure's method."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share {share!r}: the embedding's share of the staleness is a "
+                         "fraction in [0, 1]")
+    blocks, embedding = STALE_COST_PARTS["blocks"], STALE_COST_PARTS["embedding"]
+
+    def mix(a: float, b: float) -> float:
+        return (1 - share) * a + share * b
+    (b_low, b_high), (e_low, e_high) = blocks.interval, embedding.interval
+    method = (f"carried over from {STALE_COST_CAPTURE} by composition: on {target} the "
+              f"embedding makes {share:.1%} of the parameter-weighted staleness and the other "
+              f"layers (blocks, head, norms) {1 - share:.1%}, so phi = {1 - share:.3f} x "
+              f"{blocks.value:.3f} (the composite with only its non-embedding layers stale) + "
+              f"{share:.3f} x {embedding.value:.3f} (only its embedding stale), the interval the "
+              f"same mixture of theirs. The parts as measured: blocks: {blocks.method}; "
+              f"embedding: {embedding.method}")
+    return Figure(value=mix(blocks.value, embedding.value), low=mix(b_low, e_low),
+                  high=mix(b_high, e_high), source="transferred", method=method)

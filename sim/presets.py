@@ -30,6 +30,7 @@ from layercheck.contract.trace import (SCHEMA_VERSION, Trace, TraceError, last_w
                               weighted_staleness, write_trace)
 
 from .architectures import ARCHITECTURES, BYTES_PER_PARAM
+from .composite import embedding_share, transfer_stale_cost
 from .costs import GB, PAPER_A100, CostModel
 from .errors import SimError
 from .workload import Workload
@@ -149,11 +150,19 @@ def _values(costs: CostModel) -> dict[str, float]:
     return {n: getattr(costs, n) for n in FIGURES}
 
 
-def preset_calibration(name: str) -> Calibration:
-    """The costs.json of a preset: the paper's server (``costs_for``)."""
+def preset_calibration(name: str, written: np.ndarray | None = None) -> Calibration:
+    """The costs.json of a preset: the paper's server (``costs_for``), its stale cost
+    factor carried over by the composition of the preset's writes (``written``, steps x
+    layers; ``sim.composite.transfer_stale_cost``), or as measured where none is given."""
     costs = costs_for(name)
+    figures = dict(costs.provenance)
+    if written is not None:
+        layers = ARCHITECTURES[name].layers()
+        share = embedding_share(written, np.array([l["params"] for l in layers], dtype=np.float64),
+                                np.array([l["kind"] == "embedding" for l in layers]))
+        figures["stale_cost"] = transfer_stale_cost(share, f"{name}-synthetic")
     return Calibration(name=PAPER_A100, description=costs.description,
-                       figures=dict(costs.provenance),
+                       figures=figures,
                        model={"name": name, "hf_id": ARCHITECTURES[name].hf_id},
                        machine={"description": costs.description})
 
@@ -219,7 +228,7 @@ def _assemble(name, arch, layers, config, drift, lr, decisions, seed, intervals)
                              "drift": drift.ravel(), "accumulator": acc.ravel()})
     manifest = _manifest(name, arch, layers, config, seed, written, intervals)
     return Trace(manifest=manifest, steps=steps, drift=drift_df, writes=writes,
-                 costs=preset_calibration(name))
+                 costs=preset_calibration(name, written))
 
 
 def _manifest(name, arch, layers, config, seed, written, intervals) -> dict[str, Any]:

@@ -51,8 +51,9 @@ def show_study() -> None:
     fig = study.figure
     if fig is not None:
         c1, c2, c3 = st.columns(3)
+        n = f", n = {fig['n']}" if "n" in fig else ""
         c1.metric(f"phi (threshold {fig['threshold']:g}, horizon {fig['horizon']})",
-                  f"{fig['value']:.2f}", f"[{fig['low']:.2f}, {fig['high']:.2f}]", delta_color="off")
+                  f"{fig['value']:.2f}", f"[{fig['low']:.2f}, {fig['high']:.2f}]{n}", delta_color="off")
         c2.metric("Delta (steps behind)", f"{fig['delta']:.1f}")
         c3.metric("Staleness at the recovery", f"{fig['staleness']:.1f} steps")
     exact = study.runs[study.runs["kind"] == "exact"]

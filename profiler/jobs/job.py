@@ -131,7 +131,7 @@ def build_model_and_data(config: CaptureConfig, source: ModelSource | None = Non
     if config.lora is not None:  # the adapter's A is drawn from the RNG build() seeded
         from ..models import with_lora
         model = with_lora(model, config.lora)
-    corpus = load_corpus()
+    corpus = load_corpus(source.corpus)
     dataset = Dataset.build(corpus, tokenizer, objective=source.objective,
                             seq_len=config.seq_len, batch_size=config.batch_size,
                             seed=config.seed)

@@ -63,7 +63,8 @@ def make_trace(*, name: str = "tiny-captured", kind: str = "captured", steps: in
 STUDY = Path(__file__).parent / "data" / "staleness-tiny.json"
 """A real staleness study of the tiny Qwen2 (made by ``python -m profiler staleness --model
 tiny --steps 36 --threads 1 --eval-every 4 --eval-sequences 48 --horizons 4,12 --resamples
-200 --out tests/dashboard/data/staleness-tiny.json``): the dashboard's tests run without
+200 --out tests/dashboard/data/staleness-tiny.json``, then ``python -m profiler staleness
+--reread tests/dashboard/data/staleness-tiny.json``): the dashboard's tests run without
 torch, so they read a measured one rather than measure it."""
 
 

@@ -39,18 +39,21 @@ def test_the_figures_draw_every_run(doc):
     delta = delta_figure(study)
     names = [t.name for t in delta.data]
     assert "noise floor (data order)" in names
-    assert not any("reorder" in n for n in names if n != "noise floor (data order)")
+    assert not any("twin" in n for n in names if n != "noise floor (data order)")
 
 
 def test_the_table_gives_phi_with_the_noise_floor_beside_it(doc):
     table = phi_table(read_study(doc))
-    composite = [r for r in doc["runs"] if r["kind"] == "composite"]
-    assert len(table) == sum(len(r["readings"]) for r in composite)
-    for row in table.itertuples(index=False):
-        run = next(r for r in composite if r["threshold"] == row.threshold)
-        phi = run["phi"][row.horizon]
+    own = [r for r in doc["runs"] if r["kind"] in ("composite", "blocks", "embedding", "control")]
+    assert {r["kind"] for r in own} == {"composite", "blocks", "embedding", "control"}
+    assert len(table) == sum(len(r["readings"]) for r in own)
+    for row, (run, horizon) in zip(table.itertuples(index=False),
+                                   [(r, h) for r in own for h in r["readings"]]):
+        assert (row.run, row.threshold, row.horizon) == (run["kind"], run["threshold"], horizon)
+        phi = run["phi"][horizon]
         assert (math.isnan(row.phi) if phi is None else row.phi == phi["value"])
-        assert row[8] == doc["noise_floor"].get(row.horizon, math.nan) or math.isnan(row[8])
+        floor = table.columns.get_loc("noise floor")
+        assert row[floor] == doc["noise_floor"].get(horizon, math.nan) or math.isnan(row[floor])
 
 
 def test_a_study_in_another_shape_says_so(doc):

@@ -87,18 +87,21 @@ def test_calibrate_needs_a_trace(capsys):
 
 def test_a_calibration_keeps_a_measured_stale_cost_else_writes_the_transferred_one():
     """The stale cost factor is not timed by calibrate (profiler staleness measures it):
-    a measurement already in the trace's costs.json stays, anything else is the default."""
+    a measurement already in the trace's costs.json stays; anything else is the capture's
+    phi carried over by this trace's composition."""
     import dataclasses
     from pathlib import Path
 
-    from layercheck.contract.calibration import TRANSFERRED_STALE_COST, Figure
+    from layercheck.contract.calibration import Figure
     from layercheck.contract.trace import read_trace
-    from profiler.calibrate import _stale_cost
+    from profiler.calibrate import _stale_cost, transferred_stale_cost
 
     trace = read_trace(Path(__file__).resolve().parents[2] / "traces/minilm-200steps")
-    assert _stale_cost(dataclasses.replace(trace, costs=None)) == TRANSFERRED_STALE_COST
+    carried = _stale_cost(dataclasses.replace(trace, costs=None))
+    assert carried == transferred_stale_cost(trace) and carried.source == "transferred"
+    assert "minilm-200steps by composition" in carried.method
     if "stale_cost" in trace.costs.filled:          # a costs.json from before the figure
-        assert _stale_cost(trace) == TRANSFERRED_STALE_COST
+        assert _stale_cost(trace) == carried
     else:
         assert _stale_cost(trace) == trace.costs.figures["stale_cost"]
     measured = Figure(value=0.4, low=0.1, high=0.7, source="measured", method="staleness on x")

@@ -82,3 +82,34 @@ def test_shapes_broadcast_as_the_first_order_form_asks():
     assert got.shape == (3, 3)
     assert got[1, 1] == pytest.approx(sum(w * (20 - s) for w, s in
                                           zip(weights, _walked(last, restarted, 20, 10))))
+
+
+def test_the_embeddings_share_of_the_staleness_by_hand():
+    from sim.composite import embedding_share
+    params, embedding = np.array([3.0, 1.0]), np.array([True, False])
+    # a base at step 1; the embedding rewritten at step 3, the block never again:
+    # t=2: ages 1 and 1 -> 3 and 1; t=3: 0 and 2 -> 0 and 2: the embedding's 3 of 6
+    written = np.array([[1, 1], [0, 0], [1, 0]], dtype=bool)
+    assert embedding_share(written, params, embedding) == pytest.approx(0.5)
+    # the base at step 2 (before it nothing counts); t=3: 3 and 0; t=4: 6 and 1
+    written = np.array([[0, 1], [1, 1], [0, 1], [0, 0]], dtype=bool)
+    assert embedding_share(written, params, embedding) == pytest.approx(9 / 10)
+    assert embedding_share(np.ones((3, 2), dtype=bool), params, embedding) == 0.0  # never stale
+
+
+def test_phi_is_carried_over_by_the_composition_and_says_so(monkeypatch):
+    import sim.composite
+    from layercheck.contract.figure import Figure
+    parts = {"blocks": Figure(value=2.0, low=1.0, high=3.0, source="measured", method="b"),
+             "embedding": Figure(value=0.4, low=0.2, high=0.8, source="measured", method="e")}
+    monkeypatch.setattr(sim.composite, "STALE_COST_PARTS", parts)
+    fig = sim.composite.transfer_stale_cost(0.25, "qwen2.5-7b-synthetic")
+    assert (fig.value, fig.low, fig.high) == (pytest.approx(0.75 * 2.0 + 0.25 * 0.4),
+                                              pytest.approx(0.75 * 1.0 + 0.25 * 0.2),
+                                              pytest.approx(0.75 * 3.0 + 0.25 * 0.8))
+    assert fig.source == "transferred"
+    assert "qwen2.5-7b-synthetic" in fig.method and "25.0%" in fig.method
+    assert sim.composite.transfer_stale_cost(1.0, "x").value == pytest.approx(0.4)
+    transfer_stale_cost = sim.composite.transfer_stale_cost
+    with pytest.raises(ValueError, match="fraction"):
+        transfer_stale_cost(1.5, "x")

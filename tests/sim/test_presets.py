@@ -84,3 +84,18 @@ def test_compute_and_regime():
     regime = REGIMES["llama3-405b"]
     assert regime.job_mtbf_s / 3600 == pytest.approx(3.09, abs=0.01)
     assert regime.gpu_mtbf_s == pytest.approx(regime.job_mtbf_s * 16384)
+
+
+def test_a_presets_phi_is_carried_over_by_its_own_composition():
+    """The stale cost factor of a preset is the capture's, mixed by the share of the preset's
+    staleness its embedding makes (sim.composite.transfer_stale_cost), and the shipped
+    costs.json holds what the preset's build writes."""
+    from sim.composite import embedding_share, transfer_stale_cost
+    trace = build_trace("llama-3.2-1b")
+    layers = trace.layers
+    share = embedding_share(trace.write_matrix(), layers["params"].to_numpy(dtype=float),
+                            (layers["kind"] == "embedding").to_numpy())
+    assert 0.1 < share < 0.4  # the blocks make most of a Llama's staleness
+    figure = trace.costs.figures["stale_cost"]
+    assert figure == transfer_stale_cost(share, "llama-3.2-1b-synthetic")
+    assert read_trace(TRACES_DIR / "llama-3.2-1b-synthetic").costs.figures["stale_cost"] == figure

@@ -64,3 +64,15 @@ def test_masks_follow_the_bert_recipe(corpus):
     assert torch.equal(batch["input_ids"][~chosen], original[~chosen])
     again = list(ds.heldout_batches(8))
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(again, ds.heldout_batches(8)))
+
+
+def test_the_corpus_comes_in_two_parts_the_whole_is_their_union(corpus):
+    reference, docstrings = load_corpus("reference"), load_corpus("docstrings")
+    both = set(reference.train + reference.heldout) | set(docstrings.train + docstrings.heldout)
+    assert both == set(corpus.train + corpus.heldout)
+    assert not set(reference.train + reference.heldout) & set(docstrings.train + docstrings.heldout)
+    assert any("assignment statement" in d.lower() for d in reference.train)
+    assert docstrings.describe()["name"] == "python-docs-docstrings"
+    assert corpus.describe()["name"] == "python-docs"
+    with pytest.raises(ValueError, match="corpus part"):
+        load_corpus("novels")
