@@ -6,17 +6,17 @@ gathered inventory. A ``Copy`` is one committed memory-tier slot of rank
 that rank keeps it as its ward's buddy), with which of its items verified.
 
 The restored step T is the newest step whose training state every rank can
-get intact from memory (its own or a holder's). Each layer of each rank comes
-from its freshest intact copy at or before T: at T from its own memory, else
-at T from a holder, else an older slot (own first), else storage (the durable
-composite's version, chosen by the restore). None where memory has no step
-every rank can get, or where storage holds a newer step than T: then the
-restore is the durable one.
+get intact: from memory (its own or a holder's), else from storage
+(``durable_state``: the newest training state every rank verified there).
+Each layer of each rank comes from its freshest copy at or before T: its own
+memory's, else a holder's (at a tie, its own), else storage's where storage
+holds a newer version of it than memory does (the durable composite's version,
+which the restore reads and verifies). None where no tier holds a step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 __all__ = ["Copy", "Choice", "choose", "MEMORY", "BUDDY", "STORAGE"]
 
@@ -46,21 +46,28 @@ class Copy:
 @dataclass
 class Choice:
     step: int
-    state: dict[int, Copy]
-    """Per rank, the copy its training state comes from (of step ``step``)."""
+    state: dict[int, Copy | None]
+    """Per rank, the copy its training state comes from (of step ``step``; None:
+    storage's)."""
     layers: dict[int, list[Copy | None]]
     """Per rank, per layer, its copy (None: storage)."""
 
     def sources(self, rank: int) -> list[tuple[str, int | None]]:
         """Per layer of ``rank``: (tier, step; None for storage, whose step the
-        durable plan decides)."""
+        durable read decides)."""
         return [(c.tier(), c.step) if c is not None else (STORAGE, None)
                 for c in self.layers[rank]]
 
+    def from_storage(self) -> bool:
+        """Whether every piece comes from storage (then the durable restore does it)."""
+        return all(c is None for c in self.state.values()) and all(
+            c is None for layers in self.layers.values() for c in layers)
 
-def choose(copies: list[Copy], world: int, num_layers: int,
-           durable_latest: int | None) -> Choice | None:
-    """The choice (see the module doc), or None for a durable restore."""
+
+def choose(copies: list[Copy], world: int, num_layers: int, durable_state: int | None,
+           durable_layers: Sequence[Sequence[int]]) -> Choice | None:
+    """The choice (see the module doc); ``durable_layers[i]``: the steps of layer i's
+    committed durable versions."""
     by_rank: dict[int, list[Copy]] = {r: [] for r in range(world)}
     for copy in copies:
         if 0 <= copy.of < world and len(copy.layers) == num_layers:
@@ -69,18 +76,24 @@ def choose(copies: list[Copy], world: int, num_layers: int,
     for r in range(world):
         have = {c.step for c in by_rank[r] if c.state}
         steps = have if steps is None else steps & have
-    if not steps:
+    in_memory = max(steps) if steps else None
+    candidates = [s for s in (in_memory, durable_state) if s is not None]
+    if not candidates:
         return None
-    step = max(steps)
-    if durable_latest is not None and durable_latest > step:
-        return None
+    step = max(candidates)
 
     def rank_of(copy: Copy) -> tuple[int, int]:
         return copy.step, copy.holder == copy.of  # fresher first; at a tie, own memory
 
-    state, layers = {}, {}
+    state: dict[int, Copy | None] = {}
+    layers: dict[int, list[Copy | None]] = {}
     for r in range(world):
         usable = sorted((c for c in by_rank[r] if c.step <= step), key=rank_of, reverse=True)
-        state[r] = next(c for c in usable if c.step == step and c.state)
-        layers[r] = [next((c for c in usable if c.layers[i]), None) for i in range(num_layers)]
+        state[r] = next((c for c in usable if c.step == step and c.state), None)
+        layers[r] = []
+        for i in range(num_layers):
+            copy = next((c for c in usable if c.layers[i]), None)
+            stored = max((s for s in durable_layers[i] if s <= step), default=None)
+            layers[r].append(copy if copy is not None and (stored is None or copy.step >= stored)
+                             else None)
     return Choice(step, state, layers)

@@ -35,7 +35,7 @@ from ..format import read_state_document, tensor_key
 from ..layerread import read_verified_file
 from ..manifest import ManifestView, read_manifest
 from ..ranks import together
-from ..recovery import Planner
+from ..recovery import Planner, read_state
 from ..reports import RestoreReport
 from ..snapshot import apply_state, capture_state, check_state
 from ..source import ModuleSource
@@ -146,10 +146,15 @@ class Tiers:
         self.memory.wait()
         view = read_manifest(lc.store, self.rank)
         self.job = job_of(view)
-        copies = [c for inventory in lc.ranks.gather(self._inventory(len(lc.layer_map)))
-                  for c in inventory]
-        choice = choose(copies, lc.ranks.world_size, len(lc.layer_map), view.latest_step())
-        if choice is None:
+        gathered = lc.ranks.gather((self._inventory(len(lc.layer_map)),
+                                    _durable_state(lc, view)))
+        copies = [c for inventory, _ in gathered for c in inventory]
+        stored = [step for _, step in gathered]
+        choice = choose(copies, lc.ranks.world_size, len(lc.layer_map),
+                        None if None in stored else min(stored),
+                        [[v.step for v in view.versions.get(name, [])]
+                         for name in lc.layer_map.names])
+        if choice is None or choice.from_storage():
             step = durable()
             self._drop_after(step)
             self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
@@ -209,7 +214,8 @@ class Tiers:
         moves = []
         for r in sorted(choice.layers):
             wanted = [("state", choice.state[r])] + [
-                (f"L{i}", c) for i, c in enumerate(choice.layers[r]) if c is not None]
+                (f"L{i}", c) for i, c in enumerate(choice.layers[r])]
+            wanted = [(name, c) for name, c in wanted if c is not None]
             for name, c in wanted:
                 if c.holder != r:
                     moves.append((c.holder, r, c.kind, c.k, name, c.marker["items"][name]))
@@ -248,8 +254,11 @@ class Tiers:
             return tensors_from(data, entry["tensors"])
 
         state = choice.state[r]
-        tensors = item("state", state)
-        doc = read_state_document(state.marker["document"])
+        if state is not None:
+            tensors = item("state", state)
+            doc = read_state_document(state.marker["document"])
+        else:
+            tensors, doc = read_state(lc.store, view.states[choice.step])
         check_state(doc, lc.source.optimizer, lc.source.group_members(), lc.scheduler)
         layers = []
         for i, c in enumerate(choice.layers[r]):
@@ -276,6 +285,17 @@ def _intact(slot: Slot, name: str, item: dict[str, Any]) -> bool:
     except CorruptVersion:
         return False
     return True
+
+
+def _durable_state(lc: "LayerCheck", view: ManifestView) -> int | None:
+    """The step of this rank's newest durable training state that verifies."""
+    for step in sorted(view.states, reverse=True):
+        try:
+            read_verified_file(lc.store, view.states[step])
+        except CorruptVersion:
+            continue
+        return step
+    return None
 
 
 def _standing(view: ManifestView, step: int) -> dict[str, Any]:

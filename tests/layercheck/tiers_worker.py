@@ -70,7 +70,7 @@ def main() -> int:
                           nn.Linear(w, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
-    config = LayerCheckConfig(base_threshold=5e-3, embedding_threshold=5e-3, smax=4,
+    config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, smax=4,
                               warmup_steps=2)
     tiers = TierConfig(folder=args.tier, budget_bytes=64 << 20,
                        node=f"node{os.environ.get('GROUP_RANK', '0')}")
