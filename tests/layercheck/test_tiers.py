@@ -168,3 +168,21 @@ def test_the_config_refuses_bad_values():
     assert TierConfig(node="n1").folder_for("ckpt").endswith("/n1")
     assert os.path.dirname(TierConfig(node="n1").folder_for("a")) != \
         os.path.dirname(TierConfig(node="n1").folder_for("b"))
+
+
+def test_plan_and_inspect_say_which_tier_each_layer_would_come_from(killed, tmp_path, capsys):
+    from layercheck.cli import main
+    work = copy_of(killed, tmp_path)
+    flip(slot_of(work, 7) / "L1")
+    flip(slot_of(work, 6) / "L1")
+    assert main(["plan", str(work / "ckpt"), "--memory-tier", str(work / "mem"), "--json"]) == 0
+    tiers = json.loads(capsys.readouterr().out)["tiers"]
+    assert tiers["step"] == 7
+    (rank,) = tiers["ranks"]
+    assert rank["state"] == "memory"
+    assert [(l["layer"], l["tier"], l["step"]) for l in rank["layers"]] == [
+        ("0", "memory", 7), ("3", "storage", 6), ("5", "memory", 7)]
+    assert main(["inspect", str(work / "ckpt"), "--memory-tier", str(work / "mem")]) == 0
+    text = capsys.readouterr().out
+    assert "a restore now takes step 7" in text
+    assert "0/3 layers intact" not in text and "2/3 layers intact" in text
