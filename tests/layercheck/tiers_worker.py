@@ -85,6 +85,9 @@ def main() -> int:
     if lc.tiers.last is not None:
         result["sources"] = lc.tiers.last.sources
     result["extra"] = lc.extra
+    tmp = out / f".restored{rank}.json.tmp"  # what a drill that kills this run reads
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out / f"restored{rank}.json")
     for step in range(start + 1, args.steps + 1):
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(16, 8, generator=g)
