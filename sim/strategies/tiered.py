@@ -10,7 +10,8 @@ The model, in the base's terms:
   that loses only processes could use the local copy sooner).
 - durable tier (the engine's backup): LayerCheck's layer writes as the trace records
   them (``layercheck``'s figures: snapshot, background writer, commit), a composite
-  recovery point at every opportunity; its bytes are the only durable ones.
+  recovery point at every opportunity, written one after the other by one writer;
+  its bytes are the only durable ones.
 - failures: a share loses only processes (``tier_process_share``: host memory
   survives, the node's own copy is read back), a share a node and its buddy's copy
   (``tier_buddy_loss_share``: the durable composite, with its stale layers), the rest
@@ -94,7 +95,10 @@ class Tiered(Strategy):
     label = "LayerCheck's durable writes under a memory tier and a buddy on another node"
     rollback = True
     needs_trace = True
-    storage_tier = "backup"
+    storage_tier = None
+    """Its storage writes are LayerCheck's layer versions on the engine's backup tier, which
+    ``sim.storage.contended`` would re-time as full checkpoints: left out of the shared
+    storage's contention (as if the storage had room for them; their bytes are small)."""
 
     def _native(self, workload, costs, mtbf_s) -> Cadence:
         transfer = costs.peer_s(workload.full_bytes)
@@ -115,10 +119,19 @@ class Tiered(Strategy):
         self._durable = np.where(commits, writes, 0.0)
 
     def _backup(self, b: _Builder) -> None:
+        """LayerCheck's writer is one thread, writing the steps in order: a step's layers
+        are durable once the writes queued before them are, and its own are done (the
+        queue laid out on the failure-free run's clock; a commit never comes before an
+        earlier one's)."""
         c = b.costs
         commits = b.workload.layers.commits()
-        b.backup = np.where(commits, self._durable / (c.lc_write_gbps * 1e9) + c.lc_commit_s,
-                            np.nan)
+        write = self._durable / (c.lc_write_gbps * 1e9) + c.lc_commit_s
+        clock = np.cumsum(np.concatenate(([0.0], b.workload.compute_s)) + b.snap)
+        b.backup = np.full(b.steps + 1, np.nan)
+        free = 0.0
+        for i in np.flatnonzero(commits[:b.steps]):
+            free = max(free, clock[i]) + write[i]
+            b.backup[i] = free - clock[i]
         b.bytes += self._durable
 
     def _shares(self, b: _Builder) -> tuple[float, float, float]:
