@@ -16,10 +16,11 @@ from typing import Any, Mapping
 
 from layercheck.contract import decision
 
+from .checkpointers import VALIDATED
 from .errors import ProfilerError
 
 __all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
-           "ZERO_STAGES", "VALIDATED"]
+           "ZERO_STAGES"]
 
 PAPER = {"steps": decision.PAPER_STEPS, "warmup_steps": decision.PAPER.warmup_steps,
          "smax": decision.PAPER.smax, "threshold": decision.PAPER.base_threshold,
@@ -338,7 +339,6 @@ class ZeroConfig:
                 "steps_per_print": 10 ** 9, "zero_optimization": {"stage": self.stage}}
 
 
-VALIDATED = ("deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck")
 
 
 @dataclass(frozen=True, kw_only=True)

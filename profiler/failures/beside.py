@@ -51,21 +51,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..checkpointers import REAL
+
 __all__ = ["Beside", "probe", "restarts", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
 
 SAVES = 6
 """Full saves the probe's first worker makes (fewer where the interval is long)."""
 MAX_STEPS = 36
 """The most steps the probe's first worker trains for its saves."""
-FULL_SAVES = ("deepspeed", "lowdiff")
-"""The strategies whose runs make full saves on the training thread at their interval."""
-LOADS = {"deepspeed": ("load_s", "load_gbps"), "lowdiff": ("load_s", "load_gbps"),
-         "checkfreq": ("async_load_s", "async_load_gbps"),
-         "layercheck": ("lc_load_s", "lc_load_gbps")}
-"""Per strategy whose load the probe times: the ``CostModel`` method that prices its
-recovery's load of the full bytes in the simulator (``sim/strategies``; LowDiff's full
-checkpoint, killed just after one, replays no differential), and the rate in it the
-probe replaces (the method's fixed part, its load of no bytes, is kept)."""
+FULL_SAVES = tuple(name for name, r in REAL.items() if r.full_saves)
+"""The strategies whose runs make full saves on the training thread at their interval
+(``RealStrategy.full_saves``)."""
+LOADS = {name: r.load for name, r in REAL.items() if r.load is not None}
+"""Per strategy whose load the probe times (``RealStrategy.load``): the ``CostModel``
+method that prices its recovery's load of the full bytes in the simulator
+(``sim/strategies``; LowDiff's full checkpoint, killed just after one, replays no
+differential), and the rate in it the probe replaces (the method's fixed part, its load
+of no bytes, is kept)."""
 
 
 def priced_load_s(strategy: str, costs: Any, full_bytes: float) -> float:
@@ -154,7 +156,7 @@ class Beside:
         later = [e for e in steps if int(e["step"]) > first]
         after = {int(e["step"]): float(e["time"]) - float(e["computed"]) for e in later}
         full = [s for s in after if s % every == 0]
-        if strategy == "deepspeed":
+        if not REAL[strategy].differentials:
             return cls(strategy=strategy, restarts_s=restarts_s,
                        saves_s=tuple(after[s] for s in full), **load)
         others = [e for e in later if int(e["step"]) % every]
@@ -179,7 +181,7 @@ def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, cou
         # a few steps past the first recovery point (for CheckFreq's background
         # persist): LayerCheck's base, written at the end of its warm-up, or the
         # strategy's first checkpoint
-        first = job.resolved_warmup if strategy == "layercheck" else every
+        first = REAL[strategy].first_point(job, every)
         kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
     with _synced(folder):
         chain = time_restarts(job, device, folder, count=count, every=every, kill_at=kill_at,

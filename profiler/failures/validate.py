@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterator
 
 from layercheck.contract.trace import Trace, read_trace
 
+from ..checkpointers import real
 from ..config import CaptureConfig, ValidationConfig
 from ..contention import warning
 from ..errors import ProfilerError
@@ -223,7 +224,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     layers = trace.layers
     shares = dict(zip(layers["name"], layers["params"] / layers["params"].sum()))
     ledger = account(workers, window_s=config.window_s,
-                     shares=shares if strategy == "layercheck" else None)
+                     shares=shares if real(strategy).layerwise else None)
     shutil.rmtree(spec.root / "ckpt", ignore_errors=True)
     contention = json.loads((spec.root / CONTENTION_FILE).read_text())
     said = warning(contention, f"the {strategy} run")  # None when quiet or unchecked
@@ -239,11 +240,7 @@ def _every(cadence: Any) -> int:
 
 def _options(strategy: str, cadence: Any, costs: Any) -> dict[str, Any]:
     """The strategy's checkpointer's own keywords at ``cadence`` (a run's, and its probe's)."""
-    if strategy == "gemini":
-        return {"storage_every": cadence.storage_every}
-    if strategy == "lowdiff":
-        return {"batch": cadence.batch or costs.diff_batch}
-    return {}
+    return real(strategy).options(cadence, costs)
 
 
 def _said(probe: Any, scenario: Any) -> str:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layercheck.contract.calibration import Figure
+from sim.strategies import DeepSpeed
 
 from .base import Bench, Mechanism
 
@@ -131,10 +132,10 @@ class Restarts:
 
 
 def time_restarts(config, device: str, folder: Path, *, count: int, every: int = NEVER,
-                  kill_at: int = VICTIM_STEPS, strategy: str = "deepspeed",
+                  kill_at: int = VICTIM_STEPS, strategy: str = DeepSpeed.name,
                   options: dict | None = None, resume: bool = False) -> Restarts:
     """``time_restart`` ``count`` times in a chain: the first victim trains under
-    ``strategy``'s checkpointer (``profiler.checkpointers``, with ``options``) every
+    ``strategy``'s checkpointer (``profiler.checkpointers.REAL``, with ``options``) every
     ``every`` steps and is killed after step ``kill_at``; each successor but the last
     trains ``VICTIM_STEPS`` steps (saving nothing, but the first with ``resume``) and is
     the next victim; each is timed
@@ -188,7 +189,7 @@ def _steps(log: Path, killed: float) -> tuple[dict, ...]:
 
 
 def _spawn(config, device: str, folder: Path, name: str, *, interval: int, probe: bool,
-           strategy: str = "deepspeed", options: dict | None = None,
+           strategy: str = DeepSpeed.name, options: dict | None = None,
            root: str | None = None) -> subprocess.Popen:
     """A worker of the chain, its checkpoints in ``folder/ckpt/<root or name>``."""
     from ..failures.worker import write_job

@@ -234,6 +234,23 @@ class Strategy:
     def _native(self, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
         raise NotImplementedError
 
+    # -- the paper's per-iteration regime (sim.paper) ----------------------------
+    def paper_cadence(self, workload: Workload) -> Cadence | None:
+        """Its cadence when it checkpoints every iteration, as the paper's runs did: a
+        rollback strategy every step with no storage tier within the run (GEMINI's last
+        resort); None for strategies without a cadence."""
+        return Cadence(every=1, storage_every=workload.steps) if self.rollback else None
+
+    def paper_costs(self, costs: CostModel) -> CostModel:
+        """``costs`` as the paper's runs set its own knobs (none here)."""
+        return costs
+
+    def training_s(self, workload: Workload, costs: CostModel) -> float:
+        """Seconds its training pays beyond compute on one failure-free job whether it
+        checkpoints or not (none here; LowDiff's compressed training): outside the
+        checkpoint share the paper publishes."""
+        return 0.0
+
     # -- schedule ----------------------------------------------------------------
     def schedule(self, workload: Workload, costs: CostModel, cadence: Cadence | None = None) -> Schedule:
         if self.rollback and cadence is None:
