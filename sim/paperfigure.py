@@ -39,7 +39,7 @@ PAPER_RATIOS: dict[str, float] = {"layercheck": 0.923, "lowdiff": 0.888, "gemini
 PAPER_SOURCE = (
     "LayerCheck (Sun et al., IEEE CLUSTER 2026, arXiv 2609.27193), its failure-regime "
     "figure: effective training time ratio of Qwen2.5-7B at MTBF 0.5 h, LayerCheck 92.3%, "
-    "LowDiff 88.8%, GEMINI 84.5% (the values as issue 25 quotes them; "
+    "LowDiff 88.8%, GEMINI 84.5% (the values as the project's brief quotes them; "
     "shared/design/LAYERCHECK.md describes the figure, MTBF 0.01-3 h from measured "
     "per-iteration time, checkpoint overhead and recovery time, without them)")
 PAPER_RECOVERY_S: dict[str, float] = {"layercheck": 10.0, "lowdiff": 34.0, "gemini": 346.0}

@@ -11,10 +11,9 @@ strategy's run, ``probe`` times, on the machine as it is then:
   supervisor kills, its successor timed from the kill to ready). One start is one
   noisy sample, and the machine drifts during a run, so the run's restart is the
   median of these and of the restarts timed just after the run (``Beside.after``:
-  the next run's probe, or ``restarts`` once a repeat's last run has ended): over
-  60 runs of four validations (2026-12-03 and -04) the probe before a run alone
-  missed the run's own restarts by 1.02 s a failure (root mean square), the probes
-  before and after it by 0.68 s (docs/sim.md, `python -m profiler.failures.estimates`);
+  the next run's probe, or ``restarts`` once a repeat's last run has ended), which
+  estimate the run's own restarts better than the probe before it alone
+  (docs/results.md, `python -m profiler.failures.estimates`);
 - for a strategy whose run makes full saves on its training thread (deepspeed,
   and lowdiff's periodic full checkpoint), the probe's first worker trains under
   that strategy's own checkpointer at the run's cadence, inside a running job as
@@ -30,8 +29,8 @@ strategy's run, ``probe`` times, on the machine as it is then:
   first successor, under the same checkpointer in the victim's folder, loads its
   newest recovery point as a run's worker does after a failure: a fresh process's
   first load, from its ``ready`` to its ``resumed`` as the ledger counts it. The
-  calibration times a load into the live job it saved from (0.25 s for DeepSpeed's
-  save of MiniLM), where a restarted run's worker took 0.8-1.1 s (2026-12-03).
+  calibration times a load into the live job it saved from, which a fresh process
+  loads several times slower (docs/results.md).
 
 ``Beside.figures`` turns the medians into the cost model's figures
 (``restart_s``, of the restarts before and after the run; ``save_gbps`` = the

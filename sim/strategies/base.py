@@ -64,13 +64,13 @@ FIGURES: dict[str, FigureSpec] = {
                                         "start costs",
         band=Band(low=0.5, high=2.0, relative=True, reason=(
             "one process's restart measured 10.6 and 10.8 s here (minilm-1000steps, "
-            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps; 2026-12-01): ranks nearly "
+            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps): ranks nearly "
             "double it; half to twice")),
         default=Figure(value=30.0, source="assumed", method=(
         "relaunching 8 ranks on one server up to a model built from its initial weights "
         "(process start, CUDA context, NCCL init); the paper's recovery times exclude it"), band=Band(low=10.8, high=120.0, reason=(
         "low: one CPU process's restart measured here (10.8 s, traces/minilm-200steps "
-        "restart_s, 2026-12-01), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
+        "restart_s), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
         "paper's recovery times exclude the restart)")))),
 }
 """The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
