@@ -20,7 +20,7 @@ from .checkpointers import VALIDATED
 from .errors import ProfilerError
 
 __all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
-           "ZERO_STAGES"]
+           "ZERO_STAGES", "RANKED_CAPTURES", "ranked_capture"]
 
 PAPER = {"steps": decision.PAPER_STEPS, "warmup_steps": decision.PAPER.warmup_steps,
          "smax": decision.PAPER.smax, "threshold": decision.PAPER.base_threshold,
@@ -33,6 +33,16 @@ DEVICES = ("cpu", "cuda")
 
 ZERO_STAGES = {"zero3": 3}
 """``--deepspeed`` values the profiler captures under, and their ZeRO stage."""
+
+RANKED_CAPTURES = {"deepspeed": "a DeepSpeed", "fsdp": "an FSDP2"}
+"""The manifest sources of a job trained across ranks (its job's ``sources_key``; also
+its ``--`` option), each with what such a capture is called."""
+
+
+def ranked_capture(sources: Mapping[str, Any]) -> str | None:
+    """The key of ``sources`` (a trace manifest's) that says its job ran across ranks;
+    None for a plain, one-process capture."""
+    return next((k for k in RANKED_CAPTURES if k in sources), None)
 
 
 @dataclass(frozen=True, kw_only=True)

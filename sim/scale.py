@@ -41,7 +41,7 @@ from .presets import REGIMES
 from .recovery import GPUS_PER_NODE, RecoveryModel
 from .results import LIMIT, aggregate
 from .storage import AGGREGATE_SOURCE, SharedStorage, contended, storage_writes
-from .strategies import get_strategy
+from .strategies import Gemini, get_strategy
 from .timeline import Timeline
 from .units import DURATION_RANGE, is_duration
 from .work import bound_work, check_drained_writes
@@ -274,7 +274,7 @@ def _breakdown(frame, gpus, nodes, restart_s, loads, stall_share, parts) -> pd.D
                      "storage_wait_s": max(row["checkpoint_stall_s"], 0.0) * share,
                      "lost_work_s": row["lost_work_s"], "detection_s": split[0],
                      "reschedule_s": split[1], "restart_s": split[2], "load_s": split[3],
-                     "failures": n, "peer_lost": peer if row["strategy"] == "gemini" else 0.0,
+                     "failures": n, "peer_lost": peer if row["strategy"] == Gemini.name else 0.0,
                      "interval": row["interval"], "storage_interval": row["storage_interval"]})
     return pd.DataFrame(rows, columns=list(SCALE_COLUMNS))
 

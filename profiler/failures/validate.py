@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 from layercheck.contract.trace import Trace, read_trace
 
 from ..checkpointers import real
-from ..config import CaptureConfig, ValidationConfig
+from ..config import RANKED_CAPTURES, CaptureConfig, ValidationConfig, ranked_capture
 from ..contention import warning
 from ..errors import ProfilerError
 
@@ -192,11 +192,10 @@ def _plain_capture(trace_dir: Path) -> Trace:
     if trace.kind != "captured" or "capture" not in sources:
         raise ProfilerError(f"{trace_dir}: a validation re-runs a captured job; this trace has "
                             "no capture settings (make one with `python -m profiler capture`)")
-    ranked = [k for k in ("deepspeed", "fsdp") if k in sources]
+    ranked = ranked_capture(sources)
     if ranked:
-        what = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
-        raise ProfilerError(f"{trace_dir}: {what} capture; the validation runs the job in "
-                            "one process per worker, so give it a plain capture")
+        raise ProfilerError(f"{trace_dir}: {RANKED_CAPTURES[ranked]} capture; the validation "
+                            "runs the job in one process per worker, so give it a plain capture")
     return trace
 
 

@@ -55,7 +55,8 @@ from ..theory import daly_interval_s
 # are not imported: both read the calibration schema, which is the union of this
 # package's declarations, so importing them here would be a cycle.
 
-__all__ = ["Cadence", "Schedule", "Strategy", "Footprint", "PROTOCOLS", "FIGURES", "STRATEGIES"]
+__all__ = ["Cadence", "Schedule", "Strategy", "Footprint", "PROTOCOLS", "FIGURES", "STRATEGIES",
+           "LADDER", "ladder"]
 
 FIGURES: dict[str, FigureSpec] = {
     "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
@@ -74,6 +75,21 @@ FIGURES: dict[str, FigureSpec] = {
         "paper's recovery times exclude the restart)")))),
 }
 """The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+
+
+LADDER = (4, 3)
+"""Points per doubling and doublings each way of an interval ladder: 4 per doubling (19%
+apart, where the ratio's optimum is flat to a few parts in 10,000) over 1/8 to 8 times
+the theory's interval."""
+
+
+def ladder(start: float, steps: int, *, per_doubling: int = LADDER[0],
+           doublings: int = LADDER[1]) -> list[int]:
+    """Whole intervals ``start`` x 2^(k / per_doubling), k = -per_doubling x doublings ..
+    +per_doubling x doublings, within 1 .. ``steps``, each once, ascending."""
+    k = np.arange(-per_doubling * doublings, per_doubling * doublings + 1)
+    points = np.round(max(start, 1.0) * 2.0 ** (k / per_doubling)).astype(np.int64)
+    return sorted({int(p) for p in np.clip(points, 1, steps)})
 
 
 PROTOCOLS = ("matched", "native")
@@ -233,6 +249,24 @@ class Strategy:
 
     def _native(self, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
         raise NotImplementedError
+
+    # -- the fair comparison's search (sim.settings) ------------------------------
+    def search_centres(self, workload: Workload, costs: CostModel,
+                       mtbf_s: float) -> tuple[int, int | None]:
+        """Where theory puts its interval, and a second tier's (None: none). Default:
+        Daly's for a synchronous full checkpoint (DeepSpeed, CheckFreq)."""
+        return _daly_steps(costs.save_s(workload.full_bytes), workload, mtbf_s), None
+
+    def search_cadences(self, centre: int, storage: int | None, workload: Workload,
+                        costs: CostModel) -> list[Cadence]:
+        """The search's own cadences around ``search_centres``. Default: a ladder of
+        intervals."""
+        return [Cadence(every=k) for k in ladder(centre, workload.steps)]
+
+    def spelled(self, cadence: Cadence, costs: CostModel) -> Cadence:
+        """``cadence`` with what None stands for spelled out (one cadence, one point).
+        Default: as it is."""
+        return cadence
 
     # -- the paper's per-iteration regime (sim.paper) ----------------------------
     def paper_cadence(self, workload: Workload) -> Cadence | None:

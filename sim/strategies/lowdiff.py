@@ -1,6 +1,7 @@
 """LowDiff's per-step differentials, and the figures of their size, batching, stall and replay."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from layercheck.contract.figure import Figure, FigureSpec
 
 from ..errors import SimError
 from .lowdiff_writer import queued_writer
-from .base import Cadence, Footprint, Strategy, _Builder
+from .base import Cadence, Footprint, Strategy, _Builder, ladder
 from .bands import COPY_RULE, PAPER, STORAGE_RULE
 
 __all__ = ["LowDiff", "NATIVE_DIFF_BATCH", "FIGURES", "STRATEGIES"]
@@ -111,6 +112,21 @@ class LowDiff(Strategy):
         replay = costs.diff_replay_s(costs.diff_bytes(workload.full_bytes))
         every = math.floor(math.sqrt(2 * full * mtbf_s / (step_s * replay)) + 0.5)
         return Cadence(every=max(1, min(workload.steps, every)), batch=NATIVE_DIFF_BATCH)
+
+    def search_centres(self, workload, costs, mtbf_s) -> tuple[int, None]:
+        """Its native full-checkpoint interval."""
+        return self.cadence("native", workload, costs, mtbf_s=mtbf_s).every, None
+
+    def search_cadences(self, centre, storage, workload, costs) -> list[Cadence]:
+        """Its full-checkpoint ladder times its two batch sizes (1, the cost model's)."""
+        return [Cadence(every=f, batch=b) for b in sorted({1, int(costs.diff_batch)})
+                for f in ladder(centre, workload.steps)]
+
+    def spelled(self, cadence: Cadence, costs) -> Cadence:
+        """The cost model's batch spelled out where ``cadence`` leaves it to it."""
+        if cadence.batch is not None:
+            return cadence
+        return dataclasses.replace(cadence, batch=int(costs.diff_batch))
 
     def paper_cadence(self, workload) -> Cadence:
         """A differential every iteration, its full checkpoints every ``PAPER_FULL_EVERY``."""
