@@ -395,7 +395,7 @@ class ValidationConfig:
     """Restarts the probe before each run times, one after the other (each worker
     killed as the supervisor kills, its successor timed to ready); the prediction
     takes their median. One start is one noisy sample: four in a row on a quiet
-    machine took 14.7-17.1 s (docs/sim.md)."""
+    machine took 14.7-17.1 s (docs/results.md)."""
 
     def __post_init__(self) -> None:
         _positive_float("window_s", self.window_s)

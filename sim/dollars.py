@@ -117,7 +117,7 @@ class Prices:
                 f"${self.storage_usd_per_gb_month:g} a GB-month ({self.keep} recovery points "
                 f"kept), writes ${self.write_usd_per_gb:.3g} a GB"
                 + (f"; given: {', '.join(given)}" if given else
-                   " (AWS on-demand A100, S3 Standard and S3 PUTs: docs/sim.md, Hours and dollars)"))
+                   " (AWS on-demand A100, S3 Standard and S3 PUTs: docs/sim-fair.md, Hours and dollars)"))
 
 
 @dataclass(frozen=True, kw_only=True)

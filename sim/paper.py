@@ -88,7 +88,7 @@ def lowdiff_shares(schedule: Schedule, workload: Workload, costs: CostModel) -> 
 def lowdiff_stall_note(schedule: Schedule, workload: Workload, costs: CostModel,
                        stall_share: float) -> str:
     """Why LowDiff's stall column is far above the checkpoint share its paper publishes: one
-    line for under a ranking (docs/sim.md, "LowDiff's stall")."""
+    line for under a ranking (docs/sim-fair.md, "LowDiff's stall")."""
     compression, checkpoint = lowdiff_shares(schedule, workload, costs)
     low, high = PUBLISHED_SHARES[LowDiff.name]
     place = (f"under that band by {100 * (low - checkpoint):.1f} points: its writer process's "
@@ -99,7 +99,7 @@ def lowdiff_stall_note(schedule: Schedule, workload: Workload, costs: CostModel,
             f"all-gather and decompression every step (diff_snapshot_gbps, fit to its published "
             f"57.2 min), which its training pays whether it checkpoints or not and the "
             f"{low:.1%}-{high:.1%} checkpoint share its paper publishes leaves out; its "
-            f"checkpointing is {checkpoint:.1%} of the job, {place} (docs/sim.md, LowDiff's stall)")
+            f"checkpointing is {checkpoint:.1%} of the job, {place} (docs/sim-fair.md, LowDiff's stall)")
 
 
 def main() -> None:

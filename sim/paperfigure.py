@@ -9,7 +9,7 @@ counted at the cost model's phi (and its interval) and as useful (phi 0, the pap
 accounting), with the number of seeds and the 95% band, and each strategy's first-order
 terms (``sim.firstorder``). ``implied`` does the paper's side: what its ratios leave for
 stall and rework once its own recovery times are taken out. Nothing here is fitted to
-the paper's ratios; ``python -m sim paper`` prints it (docs/sim.md, "The paper's own
+the paper's ratios; ``python -m sim paper`` prints it (docs/sim-paper.md, "The paper's own
 figure").
 """
 from __future__ import annotations

@@ -75,7 +75,7 @@ _PER_NODE = ("snapshot_gbps", "host_copy_gbps", "lc_snapshot_gbps", "peer_gbps",
 
 @dataclass(frozen=True, kw_only=True)
 class ScaleModel:
-    """Everything a job of N GPUs adds to a scenario (defaults: ``docs/sim.md``, The scale model)."""
+    """Everything a job of N GPUs adds to a scenario (defaults: ``docs/sim-scale.md``, The scale model)."""
 
     node_mtbf_s: float = LLAMA3_NODE_MTBF_S
     node_shape: float = 1.0
@@ -308,7 +308,7 @@ LayerCheck paper's convention): 5,670 GB."""
 
 
 def llama3_405b(*, window_days: float = 54.0) -> tuple[Scenario, ScaleModel]:
-    """Llama 3 405B's pre-training as this model sees it (docs/sim.md, The Llama 3
+    """Llama 3 405B's pre-training as this model sees it (docs/sim-scale.md, The Llama 3
     comparison): 16,384 GPUs over 54 days, its nodes failing at its reported rate, every
     other figure this model's default with its source. Protocol native: DeepSpeed at
     Daly's interval for its synchronous save."""

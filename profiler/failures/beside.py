@@ -3,7 +3,7 @@
 A figure timed at calibration describes the machine of that hour. On this
 2-core machine the same restart took 8.85 s at a calibration, 13.7-14.9 s eight
 hours later and 14.2-19.1 s the next morning, and DeepSpeed's saves ran 0.29 s
-in the runs against the calibration's 0.46 s (docs/sim.md). So just before each
+in the runs against the calibration's 0.46 s (docs/results.md). So just before each
 strategy's run, ``probe`` times, on the machine as it is then:
 
 - the restart, ``count`` times one after the other

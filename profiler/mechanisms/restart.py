@@ -13,10 +13,10 @@ corpus and batches, the model built (and, where DeepSpeed is installed, wrapped 
 the world-size-1 engine every validation worker builds, so that all strategies
 restart alike). Version 1 spawned the probes back to back on an idle machine, and
 a real killed run's restarts took 1.5-2 s longer each; timed from a kill, the restart
-came out no longer (7.96 s against 8.37 s: docs/sim.md), so the kill is not that gap,
+came out no longer (7.96 s against 8.37 s: docs/results.md), so the kill is not that gap,
 but this is how a failure restarts a worker. Nor is it the victim's checkpoints: a
 victim that had written DeepSpeed saves every 6 steps restarted no slower than one
-that wrote none (``benchmarks/bench_restart.py``, docs/sim.md). Under ZeRO or
+that wrote none (``benchmarks/bench_restart.py``, docs/benchmarks.md). Under ZeRO or
 FSDP2 the probe is a torchrun of as many ranks as the job, timed from its spawn to
 rank 0's ready.
 

@@ -37,7 +37,7 @@ class FullSave(Mechanism):
             # inside a short run at the strategy's interval, as a job meets its saves: after
             # `every` training steps, the previous save still in the page cache (saves timed
             # back to back, with nothing between them, ran 8-12% faster than a validation
-            # run's; docs/sim.md)
+            # run's; docs/results.md)
             for _ in range(every):
                 bench.job.step(position)
                 position += bench.job.config.batch_size
