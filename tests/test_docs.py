@@ -58,3 +58,42 @@ def test_every_docs_page_the_code_names_exists():
         for path in (ROOT / folder).rglob("*.py"):
             named.update(re.findall(r"docs/([\w.-]+\.md)", path.read_text()))
     assert sorted(n for n in named if not (ROOT / "docs" / n).exists()) == []
+
+
+RECIPE_EXAMPLES = {"<name>": "jit", "<module>": "twophase", "<backend>": "fsdp", "<format>": "dcp"}
+"""What each recipe's placeholder is for a change already made (docs/architecture.md)."""
+
+
+def _recipes() -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("## What a change touches")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_every_file_a_recipe_names_exists():
+    section = _recipes()
+    paths = set(re.findall(r"`((?:[\w<>.-]+/)+[\w<>.-]+\.py)`", section))
+    assert len(paths) >= 20, paths
+    missing = []
+    for path in sorted(paths):
+        for placeholder, example in RECIPE_EXAMPLES.items():
+            path = path.replace(placeholder, example)
+        if not (ROOT / path).exists():
+            missing.append(path)
+    assert not missing, f"docs/architecture.md's recipes name files the code lacks: {missing}"
+
+
+def test_every_recipe_counts_its_files():
+    """A recipe's bold line states its count; its numbered list ends there."""
+    section = _recipes()
+    blocks = re.split(r"\n(?=\*\*)", section)[1:]
+    checked = 0
+    for block in blocks:
+        head = block.split("\n\n", 1)[0]
+        stated = re.search(r"\((\d+)(?: at most)?\)", head) or re.search(r"(\d+) files", head)
+        numbers = [int(n) for n in re.findall(r"^(\d+)\. ", block, re.M)]
+        if stated and numbers:
+            assert max(numbers) == int(stated.group(1)), head
+            checked += 1
+    assert checked >= 5
