@@ -24,7 +24,8 @@ class Layout:
     """How the versions of one job were laid out across ranks."""
 
     id: int
-    """0: the header's own world size and backend facts (every directory written before layouts were recorded)."""
+    """0: the header's own world size and backend facts (every directory written before
+    layouts were recorded)."""
     world_size: int
     """Ranks that wrote shards; 1 for a single-process job."""
     facts: Mapping[str, Any] = field(default_factory=dict)

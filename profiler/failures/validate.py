@@ -43,7 +43,8 @@ from typing import Any, Callable, Iterator
 from layercheck.contract.trace import Trace, read_trace
 
 from ..checkpointers import real
-from ..config import RANKED_CAPTURES, CaptureConfig, ValidationConfig, ranked_capture
+from ..config import (RANKED_CAPTURES, CaptureConfig, ValidationConfig,
+                      ranked_capture)
 from ..contention import warning
 from ..errors import ProfilerError
 

@@ -54,9 +54,10 @@ class Differential(Mechanism):
                        "persist_gbps, from LowDiff's writer process"),
             "diff_snapshot_gbps": rate_figure(
                 nbytes, compress, "profiler.checkpointers.differential.DiffCheckpointer's "
-                f"compression in the optimizer's step pre-hook (torch.topk of |gradient|, k = {DENSITY:g} of "
-                "each parameter's entries, the rest zeroed, values and int32 indices kept for "
-                f"the writer process's queue), {where}; the first step not counted"),
+                "compression in the optimizer's step pre-hook (torch.topk of |gradient|, "
+                f"k = {DENSITY:g} of each parameter's entries, the rest zeroed, values and int32 "
+                f"indices kept for the writer process's queue), {where}; the first step not "
+                "counted"),
             "diff_replay_gbps": rate_figure(
                 nbytes, again.replay_times, "a fresh DiffCheckpointer's load of that run: each "
                 "differential after the full save read from its batch file, scattered into "

@@ -71,7 +71,7 @@ class Gemini(Strategy):
         """Its copies as often as its transfer keeps up, Daly's interval for the persist
         behind them."""
         memory = max(1, round(costs.peer_s(workload.full_bytes) / float(workload.compute_s.mean())))
-        return memory, _daly_steps(costs.persist_s(workload.full_bytes), workload, mtbf_s)
+        return memory, self._storage_every(workload, costs, mtbf_s)
 
     def search_cadences(self, centre, storage, workload, costs) -> list[Cadence]:
         """Its memory ladder times its storage ladder."""

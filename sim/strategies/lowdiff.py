@@ -10,9 +10,9 @@ from layercheck.contract.band import Band
 from layercheck.contract.figure import Figure, FigureSpec
 
 from ..errors import SimError
-from .lowdiff_writer import queued_writer
-from .base import Cadence, Footprint, Strategy, _Builder, ladder
 from .bands import COPY_RULE, PAPER, STORAGE_RULE
+from .base import Cadence, Footprint, Strategy, _Builder, ladder
+from .lowdiff_writer import queued_writer
 
 __all__ = ["LowDiff", "NATIVE_DIFF_BATCH", "FIGURES", "STRATEGIES"]
 
