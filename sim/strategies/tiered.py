@@ -105,6 +105,12 @@ class Tiered(Strategy):
         k = max(1, math.ceil(transfer / float(workload.compute_s.mean()) - 1e-9))
         return Cadence(every=min(k, workload.steps))
 
+    def search_centres(self, workload, costs, mtbf_s) -> tuple[int, None]:
+        """Its memory copies as often as the buddy's transfer keeps up (GEMINI's
+        centre); no second interval (the durable tier is LayerCheck's policy)."""
+        return max(1, round(costs.peer_s(workload.full_bytes)
+                            / float(workload.compute_s.mean()))), None
+
     def _checkpoints(self, b: _Builder) -> None:
         c, layers = b.costs, b.workload.layers
         at = b.every(b.cadence.every)
