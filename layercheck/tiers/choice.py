@@ -6,12 +6,16 @@ gathered inventory. A ``Copy`` is one committed memory-tier slot of rank
 that rank keeps it as its ward's buddy), with which of its items verified.
 
 The restored step T is the newest step whose training state every rank can
-get intact: from memory (its own or a holder's), else from storage
-(``durable_state``: the newest training state every rank verified there).
-Each layer of each rank comes from its freshest copy at or before T: its own
-memory's, else a holder's (at a tie, its own), else storage's where storage
-holds a newer version of it than memory does (the durable composite's version,
-which the restore reads and verifies). None where no tier holds a step.
+get intact from memory (its own or a holder's): a consistent state, restored
+exactly, even where storage has committed a newer step (a kill between the
+durable writer's commit and the memory tier's): a composite of that newer
+step would discard its stale layers' updates. Only where memory holds no such
+step is T storage's newest training state every rank verified
+(``durable_state``). Each layer of each rank comes from its freshest copy at
+or before T: its own memory's, else a holder's (at a tie, its own), else
+storage's where storage holds a newer version of it than memory does (a
+damaged memory file: the durable composite's version, which the restore reads
+and verifies). None where no tier holds a step.
 """
 from __future__ import annotations
 
@@ -76,11 +80,9 @@ def choose(copies: list[Copy], world: int, num_layers: int, durable_state: int |
     for r in range(world):
         have = {c.step for c in by_rank[r] if c.state}
         steps = have if steps is None else steps & have
-    in_memory = max(steps) if steps else None
-    candidates = [s for s in (in_memory, durable_state) if s is not None]
-    if not candidates:
+    step = max(steps) if steps else durable_state
+    if step is None:
         return None
-    step = max(candidates)
 
     def rank_of(copy: Copy) -> tuple[int, int]:
         return copy.step, copy.holder == copy.of  # fresher first; at a tie, own memory

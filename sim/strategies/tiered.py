@@ -27,7 +27,10 @@ The model, in the base's terms:
   its durable version and the newest memory copy, as the restore chooses; the
   engine cannot tell a recovery whose memory copies died from one where storage
   is merely newer, so the two are charged their mean, weighted by
-  ``tier_buddy_loss_share``. A fixed-window run loses the same useful time either way.
+  ``tier_buddy_loss_share``. (The library itself resumes at the memory copy's
+  step where memory holds one, exactly, and loses the steps storage is ahead;
+  the engines always take the newest recovery point: with phi above 1 this
+  charge is the larger.) A fixed-window run loses the same useful time either way.
 """
 from __future__ import annotations
 

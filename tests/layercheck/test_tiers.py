@@ -113,15 +113,13 @@ def test_a_damaged_memory_file_falls_back_to_the_older_slot_then_to_storage(kill
     assert resumed["restored_step"] == 7 and tier == "storage" and step < 7
 
 
-def test_a_slot_without_its_marker_is_not_used(killed, tmp_path):
+def test_a_slot_without_its_marker_is_not_used(killed, reference, tmp_path):
     work = copy_of(killed, tmp_path)
     (slot_of(work, 7).parent / (slot_of(work, 7).name + ".json")).unlink()
     resumed = run(work, "again")
-    # storage's training state of step 7; each layer its freshest copy: memory's of
-    # step 6, or storage's of step 7 where it wrote that layer at 7
-    assert resumed["restored_step"] == 7
-    assert {tuple(s) for s in resumed["sources"].values()} <= {("memory", 6), ("storage", 7)}
-    assert ["memory", 6] in resumed["sources"].values()
+    # memory's consistent step 6, exactly, though storage committed step 7
+    assert resumed["restored_step"] == 6
+    assert resumed["restored_digest"] == reference["6"]
 
 
 def test_a_kill_during_a_memory_tier_write_resumes_at_the_step_before(reference, tmp_path):

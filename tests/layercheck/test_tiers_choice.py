@@ -27,10 +27,13 @@ def test_storage_where_no_memory_copy_is_fresher():
     copies = [copy(0, 0, 9, layers=(True, False)), copy(0, 0, 8, layers=(True, False))]
     choice = choose(copies, 1, 2, durable_state=9, durable_layers=[[9], [7]])
     assert choice.sources(0) == [("memory", 9), ("storage", None)]
-    # storage newer than memory: its state, and its layer where it wrote it
+    # storage committed a newer step: memory's consistent step all the same
     choice = choose([copy(0, 0, 5)], 1, 2, durable_state=9, durable_layers=[[9], [3]])
-    assert choice.step == 9 and choice.state[0] is None
-    assert choice.sources(0) == [("storage", None), ("memory", 5)]
+    assert choice.step == 5 and choice.state[0] is not None
+    assert choice.sources(0) == [("memory", 5), ("memory", 5)]
+    # no memory step: storage's
+    choice = choose([], 1, 2, durable_state=9, durable_layers=[[9], [3]])
+    assert choice.step == 9 and choice.from_storage()
 
 
 def test_the_step_is_one_every_rank_has_and_a_damaged_state_does_not_count():
