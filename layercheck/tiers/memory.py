@@ -16,7 +16,6 @@ Contract (``write`` once per step, from the training thread):
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
@@ -46,9 +45,8 @@ class MemoryTier:
         self.slots = [Slot(self.folder, 0), Slot(self.folder, 1)]
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="layercheck-memtier")
         self._pending: Future | None = None
-        self._lock = threading.Lock()
         self.checked = False
-        self.stall_s = 0.0
+        """Whether the budget was checked (at the first write: the sizes are known then)."""
 
     def newest(self) -> tuple[Slot | None, dict[str, Any] | None]:
         """(the slot holding the newest committed step, its marker), or (None, None)."""

@@ -20,7 +20,6 @@ time): a memory tier left by another run in the same folder is never used.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from .buddy import BuddyLink
 from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig
 from .memory import MemoryTier, slot_bytes
-from .slots import Slot, tensors_from
+from .slots import Slot, tensors_from, verified_bytes
 
 if TYPE_CHECKING:
     from ..checkpoint import LayerCheck
@@ -248,7 +247,6 @@ class Tiers:
                 where = Path(self.folder) / (f"ward{c.of}" if c.kind == "ward" else f"rank{r}")
                 data = Slot(where, c.k).read(name, entry)
             else:
-                from .slots import verified_bytes
                 data = verified_bytes(received[(name, r)], entry["checksum"],
                                       f"rank {c.holder}'s copy of rank {r}'s {name}")
             return tensors_from(data, entry["tensors"])
