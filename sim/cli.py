@@ -218,13 +218,13 @@ def check(args: argparse.Namespace) -> None:
             parse_range(value, what="--mtbf")
         else:
             parse_duration(value, what=flag, allow_zero=zero)
-    for dest, flag, least in (("seeds", "--seeds", 1), ("seed", "--seed", 0),
-                              ("points", "--points", 2), ("workers", "--workers", 1),
-                              ("iterations", "--iterations", 1), ("gpus", "--gpus", 1),
-                              ("nodes", "--nodes", 1)):
-        value = getattr(args, dest, None)
-        if isinstance(value, int) and value < least:
-            raise SimError(f"{flag} {value}: give a whole number >= {least}")
+    seeds, seed, points = (getattr(args, d, None) for d in ("seeds", "seed", "points"))
+    if isinstance(seeds, int) and seeds < 1:
+        raise SimError(f"--seeds {seeds}: give a whole number of runs >= 1 (default 10)")
+    if isinstance(seed, int) and seed < 0:
+        raise SimError(f"--seed {seed}: give a non-negative integer (default 0)")
+    if isinstance(points, int) and points < 2:
+        raise SimError(f"--points={points} must be at least 2")
     if args.command == "tune" and args.strategies:
         others = [s for s in args.strategies.split(",") if s.strip() != "layercheck"]
         if others:

@@ -51,12 +51,18 @@ STALE_DOC = "docs/stale-cost.md"
 """Where the stale cost factor, its measurement and its transfer are explained."""
 
 
-def stale_brief(phi: Any) -> str:
-    """``stale_line`` in one short line: phi, its interval, its source, and where to read
-    how it was found (``STALE_DOC``); the method in full is in the JSON."""
+def stale_brief(phi: Any, *, width: int = 120) -> str:
+    """``stale_line`` in one line of at most ``width`` characters: phi, its interval, its
+    source, the start of its method (cut at a word, "..."), and where to read how it was
+    found (``STALE_DOC``); the method in full is in the JSON (``stale_cost``)."""
     low, high = phi.interval
     bounds = f"interval {low:.3g}..{high:.3g}" if phi.low is not None else "no interval"
-    return f"stale cost phi: {phi.value:.3g} ({bounds}; {phi.source}): how it is found, {STALE_DOC}"
+    head, tail = f"stale cost phi: {phi.value:.3g} ({bounds}); {phi.source}: ", f" ({STALE_DOC})"
+    method = str(phi.method).split(": ")[0].split("; ")[0].rstrip(".")
+    room = width - len(head) - len(tail)
+    if len(method) > room:
+        method = method[:max(room - 3, 0)].rsplit(" ", 1)[0] + "..."
+    return head + method + tail
 
 
 def stale_line(phi: Any) -> str:
