@@ -56,8 +56,8 @@ def stale_brief(phi: Any, *, width: int = 120) -> str:
     source, the start of its method (cut at a word, "..."), and where to read how it was
     found (``STALE_DOC``); the method in full is in the JSON (``stale_cost``)."""
     low, high = phi.interval
-    bounds = f"interval {low:.3g}..{high:.3g}" if phi.low is not None else "no interval"
-    head, tail = f"stale cost phi: {phi.value:.3g} ({bounds}); {phi.source}: ", f" ({STALE_DOC})"
+    bounds = f"[{low:.3g}..{high:.3g}]" if phi.low is not None else "(no interval)"
+    head, tail = f"stale cost phi: {phi.value:.3g} {bounds}; {phi.source}: ", f" ({STALE_DOC})"
     method = str(phi.method).split(": ")[0].split("; ")[0].rstrip(".")
     room = width - len(head) - len(tail)
     if len(method) > room:

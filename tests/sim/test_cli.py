@@ -196,8 +196,8 @@ def test_the_table_shows_phi_its_bounds_source_and_when_the_ranking_depends_on_i
     lines = result.stdout.splitlines()
     # the capture's phi, carried over to the preset by its composition
     phi = read_calibration(ROOT / "traces/qwen2.5-7b-synthetic").figures["stale_cost"]
-    assert lines[3].startswith(f"stale cost phi: {phi.value:.3g} (interval {phi.low:.3g}.."
-                               f"{phi.high:.3g}); transferred: carried over from traces/minilm-200steps")
+    assert lines[3].startswith(f"stale cost phi: {phi.value:.3g} [{phi.low:.3g}..{phi.high:.3g}]; "
+                               "transferred: carried over from traces/minilm-200steps")
     assert lines[3].endswith("(docs/stale-cost.md)") and len(lines[3]) <= 120
     assert "phi low phi high" in lines[5]
     assert any(line.startswith(f"  phi {phi.low:g}..{phi.high:g}: first at its low end ")
@@ -205,7 +205,7 @@ def test_the_table_shows_phi_its_bounds_source_and_when_the_ranking_depends_on_i
     result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--no-bands",
                   "--protocol", "matched", "--costs", str(_phi_costs(tmp_path)))
     lines = result.stdout.splitlines()
-    assert lines[3] == ("stale cost phi: 0.5 (interval 0..1); measured: on traces/x, a test's "
+    assert lines[3] == ("stale cost phi: 0.5 [0..1]; measured: on traces/x, a test's "
                         "(docs/stale-cost.md)")
     assert any(line.startswith("  phi 0..1: first at its low end layercheck") for line in lines)
     given_phi = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--costs",
