@@ -44,8 +44,9 @@ class Progress:
             return
         if self._bar is None:
             from tqdm import tqdm
+            # mininterval 0: a command's steps are few and seconds long, each worth drawing
             self._bar = tqdm(total=total, desc=self.desc, unit=self.unit, file=sys.stderr,
-                             leave=False, dynamic_ncols=True)
+                             leave=False, dynamic_ncols=True, mininterval=0)
         self._bar.total = total
         self._bar.update(done - self._bar.n)
 

@@ -49,8 +49,10 @@ def test_default_table_says_what_it_rests_on():
 
 def test_json_has_exactly_the_keys(capsys):
     assert main(["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d",
-                 "--preset", "llama-3.2-1b", "--no-bands"]) == 0
-    data = json.loads(capsys.readouterr().out)
+                 "--preset", "llama-3.2-1b", "--no-bands", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)                              # the bar went to stderr, not into the JSON
+    assert "python -m sim run" in err and "2/2" in err
     assert set(data) == {"rows", "scenario", "verdict", "seconds"}
     assert all(list(row) == [*COLUMNS, *RUN_TAIL] for row in data["rows"])
     assert data["scenario"]["name"] == "llama-3.2-1b" and data["scenario"]["protocol"] == "fair"
@@ -143,13 +145,17 @@ def test_tune_prints_the_best_setting_and_the_line_to_paste(capsys):
     assert out.startswith("qwen2.5-7b-synthetic: MTBF 30m, 2 seeds, costs paper-a100")
     assert "budgets: --max-gb 500" in out and "paper default" in out
     assert "    LayerCheckConfig(base_threshold=" in out
+    assert any(line.startswith("verdict: ") and " ahead of " in line for line in out.splitlines())
     assert "Against the best baseline within the same budgets, on the same failures" in out
 
 
 def test_tune_json(capsys):
     assert main(["tune", "--trace", "traces/minilm-1000steps", "--costs", "paper-a100", "--mtbf",
-                 "1h", "--max-write-share", "0.05", "--json", "--seeds", "2", "--window", "2d"]) == 0
-    out = json.loads(capsys.readouterr().out)
+                 "1h", "--max-write-share", "0.05", "--json", "--seeds", "2", "--window", "2d",
+                 "--progress"]) == 0
+    out, err = capsys.readouterr()
+    out = json.loads(out)                               # the bar went to stderr, not into the JSON
+    assert "python -m sim tune" in err and "3/3" in err
     assert out["recommended"]["write_share"] <= 0.05 and out["costs"] == "paper-a100"
     grid, _ = layercheck_grid(read_trace("traces/minilm-1000steps"))
     assert out["config_line"].startswith("LayerCheckConfig(") and out["grid_size"] == grid.size
