@@ -177,9 +177,14 @@ def _summary(leaders: dict[int, dict[str, float]]) -> str:
             runs.append((top, gpus, gpus))
     if not runs:
         return "summary: no strategy was compared"
-    spans = "; ".join(f"{name} at {low:,} GPUs" if low == high else f"{name} from {low:,} to "
-                      f"{high:,} GPUs" for name, low, high in runs)
     largest = max(g for g in leaders if leaders[g])
     last = leader_line(leaders[largest], what="the highest ratio", label=f"at {largest:,} GPUs")
-    head = "summary: highest ratio " + ("at every size: " if len(runs) == 1 else "by size: ")
-    return head + spans + "; " + last
+    if len(leaders) == 1:
+        return "summary " + last
+    if len(runs) == 1:
+        name, low, high = runs[0]
+        return (f"summary: {name} has the highest ratio at every size ({low:,} to {high:,} "
+                f"GPUs); {last}")
+    spans = "; ".join(f"{name} at {low:,} GPUs" if low == high else f"{name} from {low:,} to "
+                      f"{high:,} GPUs" for name, low, high in runs)
+    return f"summary: highest ratio by size: {spans}; {last}"
