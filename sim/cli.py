@@ -238,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
-    args = _parser().parse_args(_join_negatives(argv))
+    top = _parser()
+    args, extra = top.parse_known_args(_join_negatives(argv))
+    if extra:                            # named by the command that did not take them
+        sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         check(args)
         from .commands import COMMAND_RUNS

@@ -380,7 +380,8 @@ def test_bad_node_input_is_one_line_exit_2(capsys, args, words):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and words in err, err
-    assert err.startswith("python -m sim: error:")
+    command = args[0] if args[0] in ("fit-failures", "scale") else "run"
+    assert err.startswith(f"python -m sim {command}: error:")
 
 
 def test_bad_node_input_from_the_shell_has_no_traceback():
@@ -626,9 +627,11 @@ def test_sensitivity_csv_is_clean_with_progress_on_stderr(capsys):
 
 def test_sensitivity_table_ends_with_the_verdict(capsys):
     assert main(SENSITIVITY) == 0
-    out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines() if not line.startswith("llama")) <= 100
-    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("verdict: "))
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("figure ")):at]
+    assert table and max(len(line) for line in table) <= 100
+    verdict = lines[at]
     assert " has the highest ratio at the cost model's values, " in verdict and " ahead of " in verdict
 
 
@@ -643,8 +646,8 @@ def test_paper_prints_verdicts_and_no_issue_or_path_outside_the_repo(capsys):
         assert (ROOT / path).exists(), path
     verdicts = [line for line in out.splitlines() if line.startswith("verdict (")]
     assert len(verdicts) == 4 and all("has the highest ratio" in v for v in verdicts)
-    table = out.split("\n\n")[1].splitlines()
-    assert table[0].split()[:3] == ["strategy", "protocol", "paper"]
+    table = out.split("\n\n")[1].split("\nverdict (")[0].splitlines()
+    assert table[0].split()[:3] == ["strategy", "protocol", "paper"] and len(table) == 2 + 12
     assert max(len(line) for line in table) <= 100
 
 

@@ -105,7 +105,7 @@ def test_a_bad_trace_is_one_line_naming_the_flag(make, tmp_path):
     code, out, err = _main("scale", "--trace", str(trace), "--gpus", "8", "--seeds", "2",
                            "--window", "1d")
     assert code == 2 and out == "" and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m sim: error: --trace: "), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m sim scale: error: --trace: "), err
 
 
 def test_each_size_has_column_headers_and_a_summary_closes_the_report():
