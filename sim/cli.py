@@ -166,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--system", type=int, help="LANL: the system, e.g. 18")
     fi.add_argument("--cofailure-window", default="0s", help="failures this close count as "
                     "together (default 0s: the same recorded instant)")
-    output_args(fi, csv=False, wide=False)
+    output_args(fi, csv=False)
     sc = _subparser(sub, "scale", "each strategy's ratio against job size, with the perfect "
                     "checkpointer, the 95%% band and where the time goes")
     scalecli.add_arguments(sc)
@@ -175,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--write", action="store_true", help="write traces/<preset>-synthetic/ "
                     "again (deterministic for --seed)")
     pr.add_argument("--seed", type=int, default=0, help="the drift's random seed (default 0)")
+    pr.add_argument("--wide", action="store_true", help="the table one line a row, however wide "
+                    "(default: blocks of columns that fit 100 columns)")
     return top
 
 

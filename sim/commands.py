@@ -19,7 +19,7 @@ from .published import DEFAULT_PRESET, PRESET_NAMES
 from .report import (RUN_TAIL, bill_table, figure, header, json_clean, leader_line, ranking_notes,
                      table, to_csv, to_json)
 from .scenarioargs import FAIR, budgets_of, mtbf_of, prices_of, scenario_of
-from .tables import WIDTH
+from .tables import WIDTH, Column, render
 from .units import format_duration, parse_duration, parse_range
 from .work import check_runs
 
@@ -120,11 +120,17 @@ def presets(args) -> None:
     if args.write:
         for folder in write_presets(seed=args.seed):
             print(f"wrote {folder}")
+    rows = []
     for name in PRESET_NAMES:
         s, pub = trace_stats(preset_trace(name)), PUBLISHED[name]
-        print(f"{name:<13} writes {s['layer_writes']} (paper {pub.layer_writes})  checkpoints "
-              f"{s['checkpoints']} (paper {pub.checkpoints})  total {s['total_gb']:.0f} GB (paper "
-              f"{pub.total_gb:.0f})  staleness avg {s['staleness']:.0f} max {s['max_staleness']}")
+        rows.append([name, str(s["layer_writes"]), str(pub.layer_writes), str(s["checkpoints"]),
+                     str(pub.checkpoints), f"{s['total_gb']:.0f}", f"{pub.total_gb:.0f}",
+                     f"{s['staleness']:.0f}", str(s["max_staleness"])])
+    print("each preset's synthetic trace (the writes it records) beside the paper's figures")
+    print(render([Column("preset", 13, left=True), Column("writes", 6), Column("paper", 6),
+                  Column("checkpoints", 11), Column("paper", 6), Column("total GB", 8),
+                  Column("paper", 6), Column("mean stale", 10), Column("max stale", 9)], rows,
+                 width=_width(args)))
 
 
 def tune(args) -> None:
@@ -221,7 +227,7 @@ def fit_failures(args) -> None:
     from .records import read_record
     window = parse_duration(args.cofailure_window, what="--cofailure-window", allow_zero=True)
     result = fit_record(read_record(args.record, system=args.system), window_s=window)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text(width=_width(args)))
 
 
 COMMAND_RUNS = {"run": run, "sweep": sweep, "presets": presets, "tune": tune,

@@ -656,3 +656,17 @@ def test_paper_csv_has_a_row_a_cell(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("strategy,protocol,accounting,phi,paper,ratio,ci95")
     assert len(lines) == 1 + 6 * 2 * 2          # strategies x protocols x accountings
+
+
+def test_fit_failures_and_presets_tables_fit_100_columns(capsys):
+    assert main(["fit-failures", "philly"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[1:next(i for i, line in enumerate(lines) if line.startswith("restart_gap"))]
+    assert table[0].startswith("sample ") and max(len(line) for line in table) <= 100
+    assert any(line.split()[-1] == "better" for line in table)     # its last column, in a block
+    assert main(["fit-failures", "philly", "--wide"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].rstrip().endswith("better")
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["preset", "writes", "paper"] and len(lines) == 3 + 3
+    assert max(len(line) for line in lines[1:]) <= 100
