@@ -269,6 +269,8 @@ def paper_figure(*, mtbf_s: float = PAPER_MTBF_S, seeds: int = 10, window_s: flo
     phi = base.stale_figure()
     cells, terms, intervals = [], {}, {}
     window, done = float(window_s), 0
+    if progress is not None:
+        progress(0, len(PROTOCOLS) * len(ACCOUNTINGS))
     for protocol in PROTOCOLS:
         scenario = dataclasses.replace(base, protocol=protocol)
         for accounting, stale in zip(ACCOUNTINGS, (None, 0.0)):

@@ -156,6 +156,8 @@ def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequenc
                mean_step_s=float(scenario.workload.compute_s.mean()))
 
     runs = iter(range(1, 2 + 2 * len(varied)))
+    if progress is not None:
+        progress(0, 1 + 2 * len(varied))
 
     def ratios(s: Scenario) -> dict[str, float]:
         df = simulate(s, mtbf_s=mtbf_s, strategies=names, seeds=seeds, window_s=window_s)

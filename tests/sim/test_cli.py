@@ -620,7 +620,7 @@ def test_sensitivity_csv_is_clean_with_progress_on_stderr(capsys):
     lines = out.splitlines()
     assert lines[0] == "figure,strategy,point,at_low,at_high,min,max,swing,band"
     assert len(lines) == 3 and all(line.startswith("persist_gbps,") for line in lines[1:])
-    assert "python -m sim sensitivity" in err and "3/3" in err
+    assert "python -m sim sensitivity" in err and "0/3" in err and "3/3" in err
     assert main([*SENSITIVITY, "--csv"]) == 0             # stderr not a terminal: no bar
     assert capsys.readouterr().err == ""
 
@@ -652,8 +652,10 @@ def test_paper_prints_verdicts_and_no_issue_or_path_outside_the_repo(capsys):
 
 
 def test_paper_csv_has_a_row_a_cell(capsys):
-    assert main([*PAPER, "--csv"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    assert main([*PAPER, "--csv", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "python -m sim paper" in err and "0/4" in err and "4/4" in err
+    lines = out.splitlines()
     assert lines[0].startswith("strategy,protocol,accounting,phi,paper,ratio,ci95")
     assert len(lines) == 1 + 6 * 2 * 2          # strategies x protocols x accountings
 
