@@ -591,10 +591,10 @@ def test_the_header_says_phi_in_one_line_with_its_docs_link():
 
 
 def _small_run():
-    from sim.fair import compare
     from sim.dollars import Prices
-    result = compare(Scenario.from_preset("llama-3.2-1b", window_s=86400.0), mtbf_s=1800.0,
-                     strategies=["deepspeed", "gemini", "layercheck"], seeds=2)
+    from sim.fair import fixed
+    result = fixed(Scenario.from_preset("llama-3.2-1b", window_s=86400.0), mtbf_s=1800.0,
+                   strategies=["deepspeed", "gemini", "layercheck"], seeds=2)
     return result.bills(Prices())
 
 
