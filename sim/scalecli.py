@@ -45,7 +45,7 @@ def add_arguments(sc) -> None:
     j.add_argument("--seeds", type=int, default=10, help=SEEDS_HELP)
     j.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     j.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
-    f = sc.add_argument_group("failures and recovery (defaults and sources: docs/sim.md)")
+    f = sc.add_argument_group("failures and recovery (defaults and sources: docs/sim-scale.md)")
     f.add_argument("--node-mtbf", help=f"one node's MTBF (default "
                    f"{format_duration(REGIMES['llama3-405b'].node_mtbf_s(GPUS_PER_NODE))}: "
                    "Llama 3 405B's 419 interruptions in 54 days on 2,048 nodes)")
