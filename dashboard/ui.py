@@ -19,10 +19,11 @@ from . import catalog
 from .downloads import csv_bytes, filename, html_bytes
 
 __all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
-           "UPLOAD_KEY", "trace_key"]
+           "UPLOAD_KEY", "trace_key", "restore", "keep"]
 
 UPLOAD_KEY = "uploaded_trace"
 _CHOICE = "trace_name"
+_KEPT = "kept_widget_values"
 
 
 def page(title: str, caption: str) -> None:
@@ -92,6 +93,25 @@ def current_trace() -> Trace:
     st.sidebar.caption(f"**{trace.name}**: {catalog.model_label(trace)}, {trace.num_steps:,} steps, "
                        f"{len(trace.layer_names)} layers, {label}")
     return trace
+
+
+def restore(keys: list[str]) -> None:
+    """Put back the values ``keep`` saved for the widgets ``keys`` before they are drawn.
+
+    Streamlit forgets a widget's state when a run does not draw it (the user is on another
+    page), so a page whose widgets take their value from session state would open at each
+    widget's minimum on the way back. The saved copies live under a key no widget owns,
+    which Streamlit keeps."""
+    saved = st.session_state.get(_KEPT, {})
+    for name in keys:
+        if name not in st.session_state and name in saved:
+            st.session_state[name] = saved[name]
+
+
+def keep(keys: list[str]) -> None:
+    """Save the widgets ``keys``' current values (call after drawing them) for ``restore``."""
+    saved = st.session_state.setdefault(_KEPT, {})
+    saved.update({name: st.session_state[name] for name in keys if name in st.session_state})
 
 
 def trace_key(trace: Trace) -> tuple:

@@ -17,7 +17,9 @@ SEEDS, WINDOW_S = 5, 7 * 86400.0
 
 ui.page("What-if tuning", "Re-decide the trace's run under other settings: the same policy as "
         "the library (vectorised replays proven equal to layercheck.policy.replay).")
+SLIDERS = ["k_base", "k_emb", "smax", "warmup", "interval", "lr_scaling", "budget_on", "budget_mb"]
 trace = ui.current_trace()
+ui.restore(SLIDERS)
 recorded = whatif.Settings.from_trace(trace)
 nearest = lambda v: min(THRESHOLDS, key=lambda k: abs(k - v) if k != v else -1)  # noqa: E731
 if st.session_state.get("whatif_trace") != trace.name:  # a new trace opens at its own settings
@@ -52,6 +54,7 @@ with st.sidebar:
                                "step after the base checkpoint at the budget; Smax still forces.")
     budget_mb = st.number_input("Write budget (MB per step)", min_value=0.001, key="budget_mb",
                                 disabled=not budget_on, format="%.3f")
+ui.keep(SLIDERS)
 try:
     settings = whatif.Settings(base_threshold=base, embedding_threshold=emb, smax=smax,
                                warmup_steps=warmup, interval=interval, lr_scaling=lr_scaling,

@@ -136,3 +136,53 @@ def test_budget_moves_the_recommendation_and_a_click_applies_a_point(server, tmp
         assert int(writes.locator('[data-testid="stMetricValue"]').inner_text().replace(",", "")) \
             > int(old.replace(",", ""))
         browser.close()
+
+
+def _slider_values(page) -> list[str]:
+    sliders = page.locator('[data-testid="stSidebar"]').get_by_role("slider")
+    return [sliders.nth(i).get_attribute("aria-valuetext") or sliders.nth(i).get_attribute("aria-valuenow")
+            for i in range(sliders.count())]
+
+
+def _settled(page) -> None:
+    """Wait until the app has finished its reruns (no running indicator for a second)."""
+    page.wait_for_timeout(700)
+    page.wait_for_function("""() => { const busy = document.querySelector('[data-testid="stStatusWidget"]');
+        if (busy) { window.__idle = 0; return false; }
+        window.__idle = (window.__idle || 0) + 1; return window.__idle > 10 }""", polling=100,
+        timeout=120_000)
+
+
+def _go(page, title: str) -> None:
+    """Another page through the sidebar's navigation (the same session, as a user does)."""
+    page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+    page.wait_for_function("t => [...document.querySelectorAll('h1')].some(h => h.innerText.includes(t))",
+                           arg=title, timeout=60_000)
+
+
+def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
+    """Sliders moved on What-if, a visit to Drift, back: every slider and the numbers they
+    give are as the user left them (Streamlit forgets the state of widgets it does not draw)."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    value = '[data-testid="stMetric"] [data-testid="stMetricValue"]'
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        opened = _slider_values(page)
+        sliders = page.locator('[data-testid="stSidebar"]').get_by_role("slider")
+        for index, key, presses in ((0, "ArrowLeft", 2), (2, "ArrowLeft", 30), (4, "ArrowRight", 3)):
+            sliders.nth(index).focus()
+            for _ in range(presses):
+                sliders.nth(index).press(key)
+            _settled(page)
+        moved, writes = _slider_values(page), _text(page, value)
+        assert moved != opened
+        _go(page, "Drift")
+        _go(page, "What-if tuning")
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        _settled(page)
+        assert _slider_values(page) == moved
+        assert _text(page, value) == writes
+        browser.close()
