@@ -15,11 +15,11 @@ import streamlit as st
 
 from layercheck.contract.trace import Trace, TraceError
 
-from . import catalog
+from . import catalog, tables
 from .downloads import csv_bytes, filename, html_bytes
 
 __all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
-           "UPLOAD_KEY", "trace_key", "restore", "keep"]
+           "UPLOAD_KEY", "trace_key", "restore", "keep", "table"]
 
 UPLOAD_KEY = "uploaded_trace"
 _CHOICE = "trace_name"
@@ -125,6 +125,11 @@ def figure(fig: go.Figure, name: str, *, key: str) -> None:
     st.download_button("Download figure (HTML)", data=lambda: html_bytes(fig),
                        file_name=filename(name, ext="html"), mime="text/html",
                        key=f"html-{key}", on_click="ignore")
+
+
+def table(frame: pd.DataFrame) -> None:
+    """Show a table as people read it (``tables.styled``: words, units, separators)."""
+    st.dataframe(tables.styled(frame), hide_index=True, width="stretch")
 
 
 def table_download(frame: pd.DataFrame | Callable[[], pd.DataFrame], name: str, *, key: str,

@@ -18,5 +18,5 @@ c4.metric("Slowest layer", stats["slowest"])
 ui.figure(driftmap.heatmap_figure(trace, first, last, log_color=log_color),
           f"{trace.name}-drift-heatmap", key="heatmap")
 ui.figure(driftmap.rates_figure(rates), f"{trace.name}-drift-rates", key="rates")
-st.dataframe(rates, hide_index=True, width="stretch")
+ui.table(rates)
 ui.table_download(rates, f"{trace.name}-drift-rates-{first}-{last}", key="rates")

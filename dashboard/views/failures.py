@@ -94,7 +94,7 @@ st.caption(phi_line)
 if phi_note:
     st.warning(phi_note)
 ui.figure(mtbf.breakdown_figure(table, days * DAY), f"{trace.name}-breakdown-{hours}h", key="breakdown")
-st.dataframe(table, hide_index=True, width="stretch")
+ui.table(table)
 ui.table_download(table, f"{trace.name}-strategies-{hours}h", key="strategies")
 
 costs = mtbf.cost_model(trace, choice)
@@ -102,7 +102,7 @@ st.subheader("Where the costs come from")
 st.caption(f"Cost model **{costs.name}**: {costs.description}. Each figure is measured on the "
            "capturing machine, derived, published, fitted or assumed, and says how.")
 cost_table = mtbf.costs_frame(costs)
-st.dataframe(cost_table, hide_index=True, width="stretch")
+ui.table(cost_table)
 ui.table_download(cost_table, f"{trace.name}-costs", key="costs")
 
 st.subheader("Across MTBFs")
@@ -118,7 +118,7 @@ winner = by_k.loc[by_k["best"]].iloc[0]
 st.metric("Best base threshold", f"{winner['base_threshold']:g}",
           f"ratio {winner['effective_ratio']:.4f}", delta_color="off")
 ui.figure(mtbf.threshold_figure(by_k), f"{trace.name}-thresholds-{hours}h", key="thresholds")
-st.dataframe(by_k, hide_index=True, width="stretch")
+ui.table(by_k)
 ui.table_download(by_k, f"{trace.name}-thresholds-{hours}h", key="thresholds")
 
 st.subheader("What the ranking hangs on")
@@ -141,5 +141,5 @@ if st.toggle("Run the sensitivity (1 + 2 x figures simulations)", key="sensitivi
     ui.figure(sensitivity.tornado_figure(result, pick), f"{trace.name}-tornado-{pick}-{hours}h",
               key="tornado")
     bands = sensitivity.bands_frame(result)
-    st.dataframe(bands, hide_index=True, width="stretch")
+    ui.table(bands)
     ui.table_download(bands, f"{trace.name}-bands", key="bands")

@@ -37,7 +37,7 @@ def show_drill() -> None:
               key="fid")
     failures = pd.DataFrame({"failure_step": drill.failure_steps,
                              "recovery_seconds": drill.recovery_seconds[:len(drill.failure_steps)]})
-    st.dataframe(failures, hide_index=True)
+    ui.table(failures)
     ui.table_download(drill.curves, f"{trace.name}-drill-curves", key="curves")
 
 
@@ -67,7 +67,7 @@ def show_study() -> None:
     ui.figure(stalecost.curves_figure(study), f"{trace.name}-staleness-curves", key="stale_curves")
     ui.figure(stalecost.delta_figure(study), f"{trace.name}-staleness-delta", key="stale_delta")
     table = stalecost.phi_table(study)
-    st.dataframe(table, hide_index=True)
+    ui.table(table)
     ui.table_download(table, f"{trace.name}-stale-cost", key="stale_table")
 
 

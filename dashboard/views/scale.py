@@ -59,5 +59,5 @@ size = st.select_slider("Where the time goes at", sorted(frame["gpus"].unique())
                         value=int(frame["gpus"].max()), key="scale_at")
 ui.figure(scale.where_figure(frame, int(size), days * DAY), f"{trace.name}-scale-{size}",
           key="scale_where")
-st.dataframe(frame, hide_index=True, width="stretch")
+ui.table(frame)
 ui.table_download(frame, f"{trace.name}-scale", key="scale")

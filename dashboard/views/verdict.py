@@ -69,23 +69,23 @@ c3.metric("Holds under the checks", "yes" if outcome.robust else "no",
           f"{len(outcome.flips)} flip(s)", delta_color="off")
 st.text(outcome.text())
 settings = verdict.settings_frame(result)
-st.dataframe(settings, hide_index=True, width="stretch")
+ui.table(settings)
 ui.table_download(settings, f"{trace.name}-fair-{hours}h", key="fair")
 flips = verdict.flips_frame(outcome)
 if not flips.empty:
-    st.dataframe(flips, hide_index=True, width="stretch")
+    ui.table(flips)
 
 st.subheader("Ratio against durable bytes")
 ui.figure(verdict.frontier_figure(result), f"{trace.name}-bytes-frontier-{hours}h", key="bytefront")
 ranges = verdict.budget_frame(result)
 st.caption("The best strategy under each budget of durable bytes a job: `python -m sim frontier` "
            "prints the same.")
-st.dataframe(ranges, hide_index=True, width="stretch")
+ui.table(ranges)
 ui.table_download(ranges, f"{trace.name}-best-by-budget-{hours}h", key="budgets")
 
 st.subheader("In hours and dollars")
 bill = verdict.bill_frame(result, prices)
-st.dataframe(bill, hide_index=True, width="stretch")
+ui.table(bill)
 ui.table_download(bill, f"{trace.name}-bill-{hours}h", key="bill")
 st.caption("Where each price comes from:")
-st.dataframe(verdict.prices_frame(prices), hide_index=True, width="stretch")
+ui.table(verdict.prices_frame(prices))

@@ -147,7 +147,7 @@ rows = {f"K {r.base_threshold:g}, emb {r.embedding_threshold:g}, Smax {int(r.sma
         for row, r in front.iterrows()}
 pick = st.selectbox("Pareto point", list(rows), key="front_pick")
 st.button("Use this setting", key="use_front", on_click=use_row, args=(rows[pick],))
-st.dataframe(front, width="stretch")
+ui.table(front)
 ui.table_download(table, f"{trace.name}-frontier-{hours}h", key="frontier")
 
 # -- the recommendation ------------------------------------------------------------------
@@ -195,5 +195,5 @@ st.code(advice.line, language="python")
 if advice.budget_mode is not None:
     st.caption("To hold the budget online on a run that drifts differently (budget mode):")
     st.code(tuning.config_line(advice.budget_mode), language="python")
-st.dataframe(tuning.recommendation_frame(advice), hide_index=True, width="stretch")
+ui.table(tuning.recommendation_frame(advice))
 st.button("Use the recommendation", key="use_rec", on_click=use_row, args=(advice.best["row"],))
