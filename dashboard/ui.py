@@ -19,7 +19,7 @@ from . import catalog, tables
 from .downloads import csv_bytes, filename, html_bytes
 
 __all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
-           "UPLOAD_KEY", "trace_key", "restore", "keep", "table"]
+           "UPLOAD_KEY", "trace_key", "restore", "keep", "table", "folder_stamp"]
 
 UPLOAD_KEY = "uploaded_trace"
 _CHOICE = "trace_name"
@@ -40,6 +40,11 @@ def _stamp(path: Path) -> float:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _load(path: str, stamp: float) -> Trace:
     return catalog.load(Path(path))
+
+
+def folder_stamp(path: str | Path) -> float:
+    """A folder's newest modification time: key a cache on it to see the folder change."""
+    return _stamp(Path(path))
 
 
 def load(path: Path) -> Trace:
