@@ -10,11 +10,10 @@ first, last = st.slider("Steps", 1, trace.num_steps, (1, trace.num_steps), key="
 log_color = st.toggle("Log colour scale", value=False, key="drift_log")
 rates = driftmap.rates_frame(trace, first, last)
 stats = driftmap.window_stats(rates)
-c1, c2, c3, c4 = st.columns(4)
+c1, c2 = st.columns(2)
 c1.metric("Layer writes in window", f"{stats['writes']:,}")
 c2.metric("Mean drift per step", f"{stats['mean_drift']:.3g}")
-c3.metric("Fastest layer", stats["fastest"])
-c4.metric("Slowest layer", stats["slowest"])
+st.markdown(f"Fastest layer: **{stats['fastest']}**; slowest: **{stats['slowest']}**.")
 ui.figure(driftmap.heatmap_figure(trace, first, last, log_color=log_color),
           f"{trace.name}-drift-heatmap", key="heatmap")
 ui.figure(driftmap.rates_figure(rates), f"{trace.name}-drift-rates", key="rates")

@@ -49,7 +49,7 @@ with st.sidebar:
     warmup = st.slider("Warm-up (steps)", 0, max(trace.num_steps, recorded.warmup_steps), key="warmup")
     interval = st.slider("Checkpoint interval (steps)", 1, 100, key="interval")
     lr_scaling = st.toggle("Scale K by lr / lr_peak", key="lr_scaling")
-    budget_on = st.toggle("Budget mode (write_budget)", key="budget_on",
+    budget_on = st.toggle("Budget mode (a write budget)", key="budget_on",
                           help="A controller scales every threshold to keep the bytes written per "
                                "step after the base checkpoint at the budget; Smax still forces.")
     budget_mb = st.number_input("Write budget (MB per step)", min_value=0.001, key="budget_mb",
