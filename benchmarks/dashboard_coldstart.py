@@ -83,6 +83,14 @@ def cold_start(script: str, path: str, playwright, *, env: dict) -> tuple[float,
         server.wait(timeout=30)
 
 
+def cli_time(env: dict) -> float:
+    """Seconds for the command line to answer the dashboard's default job, fresh process."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "sim", "--mtbf", "0.5h", "--no-bands", "--json"], cwd=ROOT,
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
 def _summary(name: str, values: list[float]) -> str:
     return f"{name:<34} min {min(values):6.2f}  median {statistics.median(values):6.2f}"
 
@@ -100,11 +108,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         bare = Path(tmp) / "bare.py"
         bare.write_text(BARE)
-        times: dict[str, list[tuple[float, float]]] = {"reference": []}
+        times: dict[str, list[tuple[float, float]]] = {"reference": [], "cli": []}
         for page in pages:
             times[page] = []
         for _ in range(args.repeat):                     # interleaved: reference, each page
             times["reference"].append(cold_start(str(bare), "", pw, env=env))
+            if "" in pages:
+                seconds = cli_time(env)
+                times["cli"].append((seconds, seconds))
             for page in pages:
                 times[page].append(cold_start("dashboard/app.py", page, pw, env=env))
     load_after = os.getloadavg()
@@ -113,6 +124,8 @@ def main() -> None:
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     ref = [c for c, _ in times["reference"]]
     print(_summary("reference: first chart (s)", ref))
+    if times["cli"]:
+        print(_summary("python -m sim --mtbf 0.5h (s)", [c for c, _ in times["cli"]]))
     for page in pages:
         label = page or "default page"
         chart = [c for c, _ in times[page]]
