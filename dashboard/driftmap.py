@@ -50,6 +50,7 @@ def heatmap_figure(trace: Trace, first: int = 1, last: int | None = None, *,
     fig.update_layout(title="Drift accumulator per layer (resets when the layer is written)",
                       xaxis_title="step" + (f" (bins of {b})" if b > 1 else ""),
                       height=max(320, 16 * len(names) + 140), margin=dict(t=50, b=40),
+                      showlegend=True,
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
     return charts.tidy(fig)
 

@@ -84,13 +84,16 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("Best strategy", best["strategy"], f"ratio {best['effective_ratio']:.3f}")
 if not lc.empty:
     c2.metric("LayerCheck effective ratio", f"{lc['effective_ratio'].iloc[0]:.3f}",
-              f"+-{lc['ci95'].iloc[0]:.3f} (95%); at phi's bounds "
-              f"{lc['ratio_at_phi_low'].iloc[0]:.3f}..{lc['ratio_at_phi_high'].iloc[0]:.3f}",
-              delta_color="off")
-    c3.metric("Discarded by stale layers (stale_s)", f"{lc['stale_s'].iloc[0] / mtbf.HOUR:.1f} h",
-              f"phi = {phi:g} of it counted as lost", delta_color="off")
+              f"±{lc['ci95'].iloc[0]:.3f} (95%)", delta_color="off",
+              help=f"At phi's bounds {lc['ratio_at_phi_low'].iloc[0]:.3f}.."
+                   f"{lc['ratio_at_phi_high'].iloc[0]:.3f}.")
+    c3.metric("Discarded by stale layers", f"{lc['stale_s'].iloc[0] / mtbf.HOUR:.1f} h",
+              f"phi {phi:.3g} of it lost", delta_color="off",
+              help="stale_s: training whose updates the stale layers of a composite recovery "
+                   f"discarded; phi = {phi:g} of it is counted as lost, the rest as useful.")
 c4.metric("Failures per window", f"{table['failures'].mean():.1f}")
-st.caption(phi_line)
+with st.expander(f"Where the stale cost phi = {phi:.3g} comes from"):
+    st.caption(phi_line)
 if phi_note:
     st.warning(phi_note)
 ui.figure(mtbf.breakdown_figure(table, days * DAY), f"{trace.name}-breakdown-{hours}h", key="breakdown")

@@ -6,7 +6,7 @@ from sim import SimError
 from sim.presets import PRESET_NAMES
 from sim.units import parse_duration
 
-ui.page("My job", "Describe your training job; the simulator says which checkpointing strategy, "
+ui.page("My job", "Describe your training job in the sidebar; the simulator says which checkpointing strategy, "
         "at which setting, keeps most of the wall clock for useful training, by how much, what "
         "it writes and what the run costs: `python -m sim`'s fair comparison, the same numbers.")
 cli = myjob.cli_defaults()
@@ -22,44 +22,47 @@ ui.restore(KEYS)
 for name, value in DEFAULTS.items():
     st.session_state.setdefault(name, value)
 
-with st.form("job"):
+with st.sidebar.form("job"):
     st.subheader("The job")
-    c1, c2, c3 = st.columns(3)
-    model = c1.radio("The model", myjob.MODELS, key="job_model", horizontal=True,
-                     format_func={"preset": "a preset", "trace": "a trace",
-                                  "size": "its size"}.get)
-    c1.selectbox("Preset", PRESET_NAMES, key="job_preset", help="Published models with the "
+    st.radio("The model", myjob.MODELS, key="job_model", horizontal=True,
+             format_func={"preset": "a preset", "trace": "a trace", "size": "its size"}.get)
+    st.selectbox("Preset", PRESET_NAMES, key="job_preset", help="Published models, with the "
                  "paper's A100/Lustre server as cost model.")
-    c1.selectbox("Trace", traces, key="job_trace", help="A trace's layers, steps and its "
+    st.selectbox("Trace", traces, key="job_trace", help="A trace's layers, steps and its "
                  "costs.json (its machine) where it has one.")
-    c2.number_input("Parameters (billions)", min_value=0.001, key="job_params", format="%g",
+    c1, c2 = st.columns(2)
+    c1.number_input("Parameters (billions)", min_value=0.001, key="job_params", format="%g",
                     help="Checkpoint: 14 bytes a parameter (bf16 weights, fp32 master, Adam).")
     c2.number_input("Step time (s)", min_value=0.001, key="job_step_s", format="%g")
-    c2.caption("Size and step time describe a job without a trace: LayerCheck needs one, so "
+    st.caption("Size and step time describe a job without a trace: LayerCheck needs one, so "
                "it is not compared then.")
-    c3.number_input("GPUs (0: the price list's 8)", min_value=0, step=1, key="job_gpus")
-    c3.number_input("Storage write GB/s (0: the cost model's)", min_value=0.0, key="job_write",
-                    format="%g")
-    c3.number_input("Storage read GB/s (0: the cost model's)", min_value=0.0, key="job_read",
-                    format="%g")
+    st.number_input("GPUs (0: the price list's 8)", min_value=0, step=1, key="job_gpus")
+    c1, c2 = st.columns(2)
+    c1.number_input("Write GB/s", min_value=0.0, key="job_write", format="%g",
+                    help="Storage write bandwidth (0: the cost model's).")
+    c2.number_input("Read GB/s", min_value=0.0, key="job_read", format="%g",
+                    help="Storage read bandwidth during recovery (0: the cost model's).")
     st.subheader("Its failures")
-    c1, c2, c3 = st.columns(3)
-    c1.radio("Given as", myjob.FAILURES, key="job_failures")
-    c2.number_input("Job MTBF (hours)", min_value=0.001, key="job_mtbf_h", format="%g")
-    c2.number_input("One GPU's MTBF (hours)", min_value=1.0, key="job_gpu_mtbf_h", format="%g")
-    c3.number_input("Nodes replaying LANL's record", min_value=1, step=1, key="job_nodes")
-    c3.number_input("LANL system", min_value=1, step=1, key="job_system")
-    st.subheader("Budgets and prices (0: none, or the default)")
-    c1, c2, c3, c4 = st.columns(4)
-    c1.number_input("Durable TB a job", min_value=0.0, key="job_max_tb", format="%g")
-    c2.number_input("Host memory GB", min_value=0.0, key="job_max_host", format="%g")
-    c3.number_input("Share of write bandwidth", min_value=0.0, max_value=1.0, key="job_max_share",
-                    format="%g")
-    c4.number_input("GPU-hour ($)", min_value=0.0, key="job_gpu_hour", format="%g")
-    c1, c2, c3 = st.columns(3)
-    c1.number_input("Seeds (failure sequences)", min_value=1, step=1, key="job_seeds")
-    c2.number_input("Simulated window (days)", min_value=0.1, key="job_window_d", format="%g")
-    c3.toggle("Check every cost figure's band (slower)", key="job_bands")
+    st.radio("Given as", myjob.FAILURES, key="job_failures")
+    c1, c2 = st.columns(2)
+    c1.number_input("Job MTBF (h)", min_value=0.001, key="job_mtbf_h", format="%g")
+    c2.number_input("One GPU's MTBF (h)", min_value=1.0, key="job_gpu_mtbf_h", format="%g")
+    c1.number_input("Nodes (record)", min_value=1, step=1, key="job_nodes",
+                    help="The job's nodes, each replaying a node of LANL's record.")
+    c2.number_input("LANL system", min_value=1, step=1, key="job_system")
+    st.subheader("Budgets and prices")
+    c1, c2 = st.columns(2)
+    c1.number_input("Durable TB a job", min_value=0.0, key="job_max_tb", format="%g",
+                    help="0: no budget.")
+    c2.number_input("Host memory GB", min_value=0.0, key="job_max_host", format="%g",
+                    help="0: no budget.")
+    c1.number_input("Write share", min_value=0.0, max_value=1.0, key="job_max_share", format="%g",
+                    help="Share of the storage's write bandwidth (0: no budget).")
+    c2.number_input("GPU-hour ($)", min_value=0.0, key="job_gpu_hour", format="%g",
+                    help="0: the price list's.")
+    c1.number_input("Seeds", min_value=1, step=1, key="job_seeds", help="Failure sequences.")
+    c2.number_input("Window (days)", min_value=0.1, key="job_window_d", format="%g")
+    st.toggle("Check every cost figure's band (slower)", key="job_bands")
     st.form_submit_button("Get the verdict", type="primary")
 ui.keep(KEYS)
 

@@ -3,7 +3,8 @@
 Needs: apt-get install -y chromium; pip install -c constraints.txt playwright
 (no `playwright install`: the system Chromium is used). Saves a screenshot in
 the test's temporary folder, or to $DASHBOARD_SCREENSHOT (the README's picture
-is made with DASHBOARD_BROWSER_TRACES=traces DASHBOARD_SCREENSHOT=docs/img/dashboard.png).
+is made by tools/dashboard_screenshots.py; the frontier picture of docs/dashboard.md with
+DASHBOARD_BROWSER_TRACES=traces DASHBOARD_FRONTIER_SCREENSHOT=docs/img/frontier.png).
 """
 from __future__ import annotations
 

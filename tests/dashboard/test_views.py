@@ -93,7 +93,7 @@ def test_failures_says_where_costs_come_from_and_what_stale_layers_discard(trace
     costs = at.dataframe[1].value
     assert {"figure", "value", "source", "method"} <= set(costs.columns)
     assert costs.set_index("figure").loc["load_gbps", "source"] == "fit"
-    assert metrics(at)["Discarded by stale layers (stale_s)"].endswith(" h")
+    assert metrics(at)["Discarded by stale layers"].endswith(" h")
     assert any(c.value.startswith("stale cost phi: ") for c in at.caption)
     model = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
     assert {"ratio at phi's low end", "ratio at phi's high end", "stale, counted lost (h)"} <= \
@@ -106,8 +106,8 @@ def test_failures_says_where_costs_come_from_and_what_stale_layers_discard(trace
     assert paper["effective ratio"] == pytest.approx(honest["effective ratio"]
                                                      + honest["stale training (h)"] / 24)
     assert paper["ratio at phi's low end"] == paper["ratio at phi's high end"] == paper["effective ratio"]
-    stale_metric = next(m for m in at.metric if m.label == "Discarded by stale layers (stale_s)")
-    assert stale_metric.delta == "phi = 0 of it counted as lost"
+    stale_metric = next(m for m in at.metric if m.label == "Discarded by stale layers")
+    assert stale_metric.delta == "phi 0 of it lost"
     at.sidebar.radio(key="protocol").set_value("native").run()
     assert not at.exception
     strategies = at.dataframe[0].value.set_index("strategy")
