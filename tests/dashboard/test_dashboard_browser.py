@@ -187,3 +187,25 @@ def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
         assert _slider_values(page) == moved
         assert _text(page, value) == writes
         browser.close()
+
+
+def test_tables_read_in_words_and_units_in_the_browser(server):
+    """What a user sees in a table (the grid's cells, not the frame behind them): headers
+    in words with units, sizes converted to them. (The grid's accessible cells carry the
+    value, not the drawn text: thousands separators are checked on dashboard.tables.)"""
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/traces", wait_until="networkidle")
+        grid = '[data-testid="stDataFrame"]'
+        page.wait_for_selector(grid, timeout=60_000)
+        _settled(page)
+        # the grid draws on a canvas; its accessible cells hold the values it draws
+        shown = page.locator(f'{grid} [role="gridcell"]').all_text_contents()
+        headers = page.locator(f'{grid} [role="columnheader"]').all_text_contents()
+        browser.close()
+    assert "parameters" in headers and "size (kB)" in headers, headers
+    assert not [h for h in headers if "_" in h], headers
+    assert "5000" in shown                       # the embedding's parameters
+    assert "70000" not in shown and "70" in shown   # its 70,000 bytes as 70 kB
