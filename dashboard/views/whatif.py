@@ -100,8 +100,11 @@ if trace.costs is None:
     st.caption(f"This trace has no costs.json: effective ratios use the {mtbf.cost_options(trace)[0]} "
                f"cost model. Measure the capturing machine with `python -m profiler calibrate "
                f"--trace traces/{trace.name}`.")
-hours = st.select_slider("MTBF for the effective ratio (hours)", MTBF_HOURS, value=0.5,
-                         key="tune_mtbf_h")
+KEPT = ["tune_mtbf_h", "budget_gb", "budget_stale", "budget_share"]
+ui.restore(KEPT)
+for name, value in zip(KEPT, (0.5, 0.0, 0, 0.0)):   # defaults here, not value=: restored values win
+    st.session_state.setdefault(name, value)
+hours = st.select_slider("MTBF for the effective ratio (hours)", MTBF_HOURS, key="tune_mtbf_h")
 key = ui.trace_key(trace)
 
 
@@ -154,13 +157,14 @@ ui.table_download(table, f"{trace.name}-frontier-{hours}h", key="frontier")
 st.header("Recommendation from budgets")
 with st.form("tune_form"):
     c1, c2, c3 = st.columns(3)
-    max_gb = c1.number_input("Max GB written over the run (0: none)", min_value=0.0, value=0.0,
+    max_gb = c1.number_input("Max GB written over the run (0: none)", min_value=0.0,
                              key="budget_gb", format="%g")
     max_stale = c2.number_input("Max staleness of any layer, steps (0: none)", min_value=0,
-                                value=0, key="budget_stale")
+                                key="budget_stale")
     max_share = c3.number_input("Max share of write bandwidth, % (0: none)", min_value=0.0,
-                                max_value=100.0, value=0.0, key="budget_share")
+                                max_value=100.0, key="budget_share")
     st.form_submit_button("Recommend")
+ui.keep(KEPT)
 
 
 @st.cache_data(show_spinner="Finding the best setting...", max_entries=32)
