@@ -98,16 +98,22 @@ except SimError as exc:
     st.error(f"The simulator cannot run this job: {exc}")
     st.stop()
 
+bill = verdict.bill_frame(result, prices).set_index("strategy")["usd_total"]
+runner = f"{outcome.runner_up} ({outcome.runner_setting})" if outcome.runner_up else None
+st.success(f"Use **{outcome.winner}** at **{outcome.setting}**: it keeps {outcome.ratio:.1%} of "
+           "the wall clock for useful training" + (f", {outcome.margin * 100:.1f} points more than "
+                                                    f"{runner}" if runner else "")
+           + f"; the run costs ${bill[outcome.winner]:,.0f}.")
 c1, c2, c3, c4 = st.columns(4)
-c1.metric("Use", outcome.winner, outcome.setting, delta_color="off")
+c1.metric("Use", outcome.winner)
 c2.metric("Keeps of the wall clock", f"{outcome.ratio:.1%}", "for useful training",
           delta_color="off")
 c3.metric("Margin", f"{outcome.margin * 100:+.1f} points",
           f"over {outcome.runner_up}" if outcome.runner_up else "alone", delta_color="off")
-bill = verdict.bill_frame(result, prices).set_index("strategy")["usd_total"]
+saved = bill[outcome.winner] - bill[outcome.runner_up] if outcome.runner_up else None
 c4.metric("The run costs", f"${bill[outcome.winner]:,.0f}",
-          f"${bill[outcome.winner] - bill[outcome.runner_up]:+,.0f} against {outcome.runner_up}"
-          if outcome.runner_up else None, delta_color="inverse")
+          None if saved is None else f"{'-' if saved < 0 else '+'}${abs(saved):,.0f} against "
+          f"{outcome.runner_up}", delta_color="inverse")
 with st.expander("The verdict in full (what can flip it)"):
     st.text(outcome.text())
 ui.table(verdict.settings_frame(result))
