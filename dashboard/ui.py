@@ -19,7 +19,7 @@ from . import catalog, tables
 from .downloads import csv_bytes, filename, html_bytes
 
 __all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
-           "UPLOAD_KEY", "trace_key", "restore", "keep", "table", "folder_stamp"]
+           "UPLOAD_KEY", "trace_key", "restore", "keep", "settings", "table", "folder_stamp"]
 
 UPLOAD_KEY = "uploaded_trace"
 _CHOICE = "trace_name"
@@ -111,6 +111,17 @@ def restore(keys: list[str]) -> None:
     for name in keys:
         if name not in st.session_state and name in saved:
             st.session_state[name] = saved[name]
+
+
+def settings(defaults: dict) -> list[str]:
+    """Start a page's widgets at ``defaults`` (key -> value) unless the user set them on an
+    earlier visit (``restore``); the widgets then take no ``value=``. Returns the keys, for
+    ``keep`` once the widgets are drawn."""
+    keys = list(defaults)
+    restore(keys)
+    for name, value in defaults.items():
+        st.session_state.setdefault(name, value)
+    return keys
 
 
 def keep(keys: list[str]) -> None:

@@ -16,11 +16,13 @@ ui.page("Failures", "How much wall-clock time goes to useful training at a failu
         "LayerCheck and each alternative (the sim package, common random failures).")
 trace = ui.current_trace()
 options = mtbf.cost_options(trace)
+KEPT = ui.settings({"mtbf_h": 0.5, "seeds": 5, "window_d": 7, "protocol": PROTOCOLS[0],
+                    "phi_mode": "the cost model's", "phi": 1.0})
 with st.sidebar:
     st.subheader("Simulation")
-    hours = st.select_slider("MTBF (hours)", MTBF_HOURS, value=0.5, key="mtbf_h")
-    seeds = st.slider("Seeds", 2, 20, 5, key="seeds")
-    days = st.select_slider("Simulated window (days)", [1, 3, 7, 14, 30], value=7, key="window_d")
+    hours = st.select_slider("MTBF (hours)", MTBF_HOURS, key="mtbf_h")
+    seeds = st.slider("Seeds", 2, 20, key="seeds")
+    days = st.select_slider("Simulated window (days)", [1, 3, 7, 14, 30], key="window_d")
     choice = st.selectbox("Cost model", options, key="cost_model",
                           help="What each mechanism costs: the calibration measured on the "
                                "machine that captured the trace, or the paper's A100/Lustre server.")
@@ -34,7 +36,8 @@ with st.sidebar:
                              "discarded through stale layers (stale_s) counted as lost, the "
                              "rest as useful: the cost model's carries its interval.")
     given_phi = st.number_input("phi (0: the paper's accounting, 1: every stale update lost)",
-                                value=1.0, step=0.1, key="phi", disabled=phi_mode != "given")
+                                step=0.1, key="phi", disabled=phi_mode != "given")
+ui.keep(KEPT)
 
 if trace.costs is None and trace.kind == "captured":
     st.warning(f"This trace has no costs.json, so the simulator uses the paper's A100/Lustre "

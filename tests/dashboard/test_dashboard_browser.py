@@ -209,3 +209,27 @@ def test_tables_read_in_words_and_units_in_the_browser(server):
     assert not [h for h in headers if "_" in h], headers
     assert "5000" in shown                       # the embedding's parameters
     assert "70000" not in shown and "70" in shown   # its 70,000 bytes as 70 kB
+
+
+def test_failures_keeps_its_mtbf_across_a_visit_to_another_page(server):
+    """A sidebar setting with a default (Failures' MTBF) is kept too, not put back to it."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/failures", wait_until="networkidle")
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+        _settled(page)
+        mtbf = page.locator('[data-testid="stSidebar"]').get_by_role("slider").first
+        opened = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
+        mtbf.focus()
+        mtbf.press("ArrowRight")
+        _settled(page)
+        moved = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
+        assert moved != opened
+        _go(page, "Drift")
+        _go(page, "Failures")
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+        _settled(page)
+        assert _slider_values(page)[0] == moved
+        browser.close()
