@@ -17,10 +17,7 @@ DEFAULTS = {"job_model": "preset", "job_preset": myjob.Job().preset, "job_trace"
             "job_nodes": 1024, "job_system": 18, "job_max_tb": 0.0, "job_max_host": 0.0,
             "job_max_share": 0.0, "job_gpu_hour": 0.0, "job_seeds": cli.seeds,
             "job_window_d": parse_duration(cli.window, what="--window") / 86400, "job_bands": False}
-KEYS = list(DEFAULTS)
-ui.restore(KEYS)
-for name, value in DEFAULTS.items():
-    st.session_state.setdefault(name, value)
+KEYS = ui.settings(DEFAULTS)
 
 with st.sidebar.form("job"):
     st.subheader("The job")

@@ -100,10 +100,7 @@ if trace.costs is None:
     st.caption(f"This trace has no costs.json: effective ratios use the {mtbf.cost_options(trace)[0]} "
                f"cost model. Measure the capturing machine with `python -m profiler calibrate "
                f"--trace traces/{trace.name}`.")
-KEPT = ["tune_mtbf_h", "budget_gb", "budget_stale", "budget_share"]
-ui.restore(KEPT)
-for name, value in zip(KEPT, (0.5, 0.0, 0, 0.0)):   # defaults here, not value=: restored values win
-    st.session_state.setdefault(name, value)
+KEPT = ui.settings({"tune_mtbf_h": 0.5, "budget_gb": 0.0, "budget_stale": 0, "budget_share": 0.0})
 hours = st.select_slider("MTBF for the effective ratio (hours)", MTBF_HOURS, key="tune_mtbf_h")
 key = ui.trace_key(trace)
 
