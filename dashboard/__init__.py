@@ -11,7 +11,10 @@ and Plotly figures:
 - ``mtbf``: view 3, over ``sim``;
 - ``fidelity``: view 4, drill.json;
 - ``catalog``, ``downloads``: view 5, traces and uploads; CSV and HTML bytes;
-- ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons).
+- ``myjob``: the My job page, a described job as ``python -m sim``'s command line and its answer;
+- ``verdict``, ``tuning``, ``scale``, ``sensitivity``, ``stalecost``: the other pages' tables and figures;
+- ``tables``, ``charts``: every table as people read it; log ticks, legend keys, margins;
+- ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons, kept widget values).
 """
 
 import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)

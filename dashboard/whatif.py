@@ -21,6 +21,7 @@ from layercheck.contract.trace import Trace, last_written
 
 from layercheck.contract.fastreplay import base_step, fast_replay
 from layercheck.contract.replayed import REPLAYED_REASONS, Replayed
+from . import charts
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
            "staleness_figure", "io_figure", "writes_figure", "budget_figure", "summary_frame", "GB"]
@@ -174,7 +175,7 @@ def staleness_figure(trace: Trace, replayed: Replayed) -> go.Figure:
     fig.update_layout(title="Staleness (steps since each layer's newest saved copy)",
                       xaxis_title="step", yaxis_title="staleness (steps)", height=330,
                       margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return charts.tidy(fig)
 
 
 def io_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure:
@@ -190,10 +191,10 @@ def io_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure
     fig.add_scatter(x=starts, y=np.full(len(starts), full / GB), name="full checkpoints",
                     mode="lines", line=dict(dash="dash", color="black"))
     fig.update_layout(title=f"I/O over time (GB per {b} step{'s' if b > 1 else ''})",
-                      xaxis_title="step", yaxis_title="GB written", yaxis_type="log",
+                      xaxis_title="step", yaxis_title="GB written", yaxis_rangemode="tozero",
                       height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25),
                       bargap=0)
-    return fig
+    return charts.tidy(fig)
 
 
 def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
@@ -203,8 +204,8 @@ def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
         fig.add_bar(x=trace.layer_names, y=(replayed.reasons == reason).sum(axis=0),
                     name=reason.label)
     fig.update_layout(barmode="stack", title="Layer writes per layer", yaxis_title="writes",
-                      height=330, margin=dict(t=50, b=80), legend=dict(orientation="h", y=-0.45))
-    return fig
+                      height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=1.12))
+    return charts.tidy(fig)
 
 
 def budget_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure:
@@ -224,6 +225,7 @@ def budget_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Fi
                     mode="lines", yaxis="y2", line=dict(color="grey", width=1))
     fig.update_layout(title="Budget mode: bytes against the budget, and the K factor",
                       xaxis_title="step", yaxis_title="GB since the base checkpoint",
-                      yaxis2=dict(title="K factor", overlaying="y", side="right", type="log"),
+                      yaxis2=dict(title="K factor", overlaying="y", side="right"),
                       height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    charts.log_axis(fig, "y2", replayed.k_scales(), "x")
+    return charts.tidy(fig)
