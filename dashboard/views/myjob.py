@@ -123,5 +123,5 @@ ui.table(verdict.budget_frame(result))
 
 st.subheader("In hours and dollars")
 st.caption(f"{prices.gpus:,} GPUs at ${prices.gpu_hour_usd:g} a GPU-hour; storage and writes at "
-           "the price list's rates (docs/sim.md, Hours and dollars).")
+           "the price list's rates (docs/sim-fair.md, Hours and dollars).")
 ui.table(verdict.bill_frame(result, prices))
