@@ -1,7 +1,7 @@
 """The LayerCheck dashboard (``streamlit run dashboard/app.py``).
 
 Torch-free: it reads traces (``layercheck.contract.trace``), re-decides them with the
-library's pure policy (``layercheck.policy``; ``layercheck.contract.fastreplay`` and
+library's pure policy (``layercheck.contract.policy``; ``layercheck.contract.fastreplay`` and
 ``layercheck.contract.lanes`` are its vectorised twins) and runs the simulator (``sim``). Views are thin scripts in
 ``dashboard/views/`` over the pure modules here, which return numbers, tables
 and Plotly figures:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from layercheck.errors import OneLineParser, one_line
+from layercheck.contract.errors import OneLineParser, one_line
 
 from .config import VALIDATED, CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError
@@ -323,7 +323,7 @@ def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     """A ZeRO trace is calibrated under torchrun with its own world size (started here)."""
-    from layercheck.contract.calibration import read_calibration
+    from sim.calibrated import read_calibration
     from layercheck.contract.trace import read_trace
 
     from .calibrate import calibrate_trace, job_spec

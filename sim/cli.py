@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from layercheck.errors import OneLineParser, one_line, stdout_gone
+from layercheck.contract.errors import OneLineParser, one_line, stdout_gone
 from layercheck.contract.trace import TraceError, read_trace
 
 from . import scalecli
@@ -42,7 +42,7 @@ from .report import figure
 from .scenarioargs import (FAIR, add_budget_args, add_price_args, add_scenario_args, budgets_of,
                            mtbf_of, prices_of, scenario_of)
 from .units import DURATION_RANGE, format_duration, parse_duration, parse_range
-from .work import check_runs
+from .workbound import check_runs
 
 __all__ = ["main"]
 

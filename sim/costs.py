@@ -29,8 +29,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
-from layercheck.contract.calibration import (Band, Calibration, CalibrationError, Figure, band_of,
-                                             read_calibration)
+from layercheck.contract.calibration import Band, CalibrationError, Figure
+from .calibrated import Calibration, band_of, checked, read_calibration
 
 from .errors import SimError
 from .strategies import SCHEMA as FIGURES  # the owner's declarations: CostModel's fields below
@@ -89,7 +89,12 @@ class _CostModel(MappingABC):
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> "CostModel":
-        """The figures of a ``costs.json`` (``python -m profiler calibrate``)."""
+        """The figures of a ``costs.json`` (``python -m profiler calibrate``), a trace's
+        included (read schema-agnostic: checked here, ``calibrated.checked``)."""
+        try:
+            calibration = checked(calibration)
+        except CalibrationError as exc:
+            raise SimError(str(exc)) from None
         return cls(**{n: calibration.figures[n].value for n in FIGURES}, name=calibration.name,
                    description=calibration.description, provenance=dict(calibration.figures))
 
@@ -218,7 +223,7 @@ differs from its record is marked given)."""
 
 
 def declared_band(name: str, record: Figure) -> Band | None:
-    """The band of ``record`` (``layercheck.contract.calibration.band_of``), where a paper-a100 figure
+    """The band of ``record`` (``calibrated.band_of``), where a paper-a100 figure
     read back from a preset's costs.json (its value, source and method the paper's, the band
     not written there) has the paper's band."""
     spec = FIGURES.get(name)

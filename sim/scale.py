@@ -44,7 +44,7 @@ from .storage import AGGREGATE_SOURCE, SharedStorage, contended, storage_writes
 from .strategies import get_strategy
 from .timeline import Timeline
 from .units import DURATION_RANGE, is_duration
-from .work import bound_work, check_drained_writes
+from .workbound import bound_work, check_drained_writes
 
 __all__ = ["ScaleModel", "scale_costs", "simulate_scale", "scale_curve", "SCALE_COLUMNS",
            "LLAMA3_NODE_MTBF_S", "gpu_steps", "shares", "WHERE"]

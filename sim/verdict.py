@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from layercheck.contract.calibration import FIGURES
+from .calibrated import FIGURES
 
 from .api import Scenario
 from .fair import LAYERCHECK, FairResult, rate_schedules, search_kernel, spelled

@@ -14,6 +14,6 @@ torch, and none of it imports ``sim``, ``profiler`` or ``dashboard``:
 - reading a file a user names: ``userfile`` (regular files only, each kind bounded:
   every torch-free reader of a trace, a costs.json, a failure log or record).
 
-The write decision itself (``layercheck.policy``, ``layercheck.budget``) is the
+The write decision itself (``layercheck.contract.policy``, ``layercheck.contract.budget``) is the
 library's: the live ``LayerCheck`` runs it, and the contract replays it.
 """

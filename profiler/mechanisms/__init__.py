@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from layercheck.contract.figure import CALIBRATE
 
 from ..errors import ProfilerError

