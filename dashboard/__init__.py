@@ -14,4 +14,3 @@ and Plotly figures:
 - ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons).
 """
 
-import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)
