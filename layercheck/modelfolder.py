@@ -1,4 +1,4 @@
-"""A checkpoint's step as a model folder ``from_pretrained`` loads: the composite, its files, their publication.
+"""A checkpoint's step as a model folder ``from_pretrained`` loads: the composite, its files.
 
 ``composite`` reads the plan of a step of an unsharded directory and the module's
 weights and buffers of that composite; ``write_model`` writes them as

@@ -1,4 +1,4 @@
-"""``python -m profiler capture | drill | heatmap``: the command line.
+"""The profiler's command line, ``python -m profiler capture | drill | heatmap``.
 
 ``capture --deepspeed zero3`` trains inside a DeepSpeed ZeRO-3 engine, and
 ``capture --fsdp`` under PyTorch FSDP2, one process per rank: typed plainly

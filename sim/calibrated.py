@@ -40,7 +40,8 @@ def checked(calibration: contract.Calibration) -> Calibration:
     ``read_calibration`` would have read its file; CalibrationError where it fails."""
     if isinstance(calibration, Calibration):
         return calibration
-    return Calibration.from_dict(calibration.to_dict(), where=calibration.name or contract.COSTS_FILE)
+    where = calibration.name or contract.COSTS_FILE
+    return Calibration.from_dict(calibration.to_dict(), where=where)
 
 
 def band_of(name: str, figure: Figure) -> Band | None:

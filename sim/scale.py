@@ -1,4 +1,6 @@
-"""A scenario's job on N GPUs: per-node failures, recovery that grows, shared storage, placement.
+"""The simulator's scale model: a scenario's job on N GPUs.
+
+Per-node failures, recovery that grows, shared storage, placement.
 
 The job is the scenario's model trained data-parallel over ``gpus`` GPUs in nodes of
 ``GPUS_PER_NODE`` (ZeRO-3 sharded over every rank): every step takes the scenario's

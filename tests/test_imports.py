@@ -83,6 +83,14 @@ def test_packages_import_one_way(graph):
     assert not wrong
 
 
+def _last_line(code: str) -> str:
+    """The last line ``code`` prints in a fresh interpreter at the repository's root."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
 def room(name: str) -> str:
     """The room of module ``name``: its folder in the library, else its package."""
     parts = name.split(".")
@@ -134,10 +142,7 @@ def test_the_contract_and_a_calibrated_trace_load_neither_torch_nor_the_simulato
             "library = {m for m in sys.modules if m.startswith('layercheck.')\n"
             f"           and not m.startswith({CONTRACT + '.'!r}) and m != {CONTRACT!r}}}\n"
             "print(sorted(loaded & {'torch', 'sim', 'profiler', 'dashboard'}), sorted(library))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[] []"
+    assert _last_line(code) == "[] []"
 
 
 def test_no_module_imports_itself_through_others(graph):
@@ -162,13 +167,9 @@ def test_no_module_imports_itself_through_others(graph):
 def test_the_library_loads_no_module_of_the_simulator_profiler_or_dashboard(graph):
     """Every module of ``layercheck`` imported in a fresh interpreter leaves no ``sim``,
     ``profiler`` or ``dashboard`` module loaded: what the graph above cannot see (an import
-    by a computed name) fails here. The calibration schema the strategies own is declared
-    by them (``sim.strategies``), never fetched from them."""
+    by a computed name) fails here."""
     library = sorted(n for n in graph if n.split(".")[0] == "layercheck" and n != "layercheck.__main__")
     code = ("import importlib, sys\n"
             f"for name in {library!r}: importlib.import_module(name)\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sim', 'profiler', 'dashboard'}))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert _last_line(code) == "[]"

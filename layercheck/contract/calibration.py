@@ -105,7 +105,8 @@ class Calibration:
                                    "`python -m profiler calibrate`")
         unknown = sorted(set(self.figures) - set(self.schema))
         if unknown:
-            raise CalibrationError(f"{self.name}: unknown figures {unknown}; known: {list(self.schema)}")
+            raise CalibrationError(f"{self.name}: unknown figures {unknown}; "
+                                   f"known: {list(self.schema)}")
         for name, spec in self.schema.items():
             figure = self.figures[name]
             if not spec.signed and min(figure.value, *figure.interval) < 0:

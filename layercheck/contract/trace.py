@@ -142,7 +142,8 @@ class Trace:
     def lr_ratio(self) -> np.ndarray:
         """lr(t) / lr_peak per step: what the policy scales thresholds by
         (``policy.lr_ratio``: 1 where a step measured no LR)."""
-        return lr_ratio(self.steps["lr"].to_numpy(dtype=np.float64), float(self.manifest["lr_peak"]))
+        lr = self.steps["lr"].to_numpy(dtype=np.float64)
+        return lr_ratio(lr, float(self.manifest["lr_peak"]))
 
     def write_matrix(self) -> np.ndarray:
         """Boolean steps x layers: True where the layer was written at that step."""

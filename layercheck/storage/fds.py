@@ -1,4 +1,6 @@
-"""Descriptors of the checkpoint's own files: opened only if regular, read and written whole. Torch-free.
+"""Descriptors of the checkpoint's own files: opened only if regular, read and written whole.
+
+Torch-free.
 
 Every file layercheck reads is a regular file: a checkpoint's own (``store``),
 and the files a record names outside the directory (the pretrained files that

@@ -1,4 +1,6 @@
-"""``FsspecStore``: a checkpoint directory on any fsspec filesystem but the local one (``store.Store``)."""
+"""``FsspecStore``: a checkpoint directory on any fsspec filesystem but the local one.
+
+A ``store.Store``; ``location.open_store`` opens every local directory as a ``LocalStore``."""
 from __future__ import annotations
 
 from contextlib import nullcontext

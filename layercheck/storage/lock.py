@@ -1,4 +1,4 @@
-"""The locks of a checkpoint directory: one writer (``.lock``), readers that hold off deletion (``.readers``).
+"""A checkpoint directory's locks: one writer (``.lock``), readers that hold off deletion.
 
 A writer (``LocalStore.lock``) takes ``.lock`` exclusively, held by this process
 (not by the children it forks) until it lets go or dies, even by SIGKILL:

@@ -11,7 +11,8 @@ not leave the store's root.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Protocol, Union, runtime_checkable
+from typing import (TYPE_CHECKING, Callable, ContextManager, Iterable, Protocol, Union,
+                    runtime_checkable)
 
 from ..contract.errors import LayerCheckError
 

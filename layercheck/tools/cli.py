@@ -1,5 +1,7 @@
 """python -m layercheck: inspect, plan, export and clean up checkpoint directories.
 
+The library's command line (the simulator's is ``sim.cli``, the profiler's ``profiler.cli``).
+
 Every expected failure (no such directory, not a checkpoint, damaged or
 mismatched data, bad arguments) is one line on stderr and exit status 2. A
 reader that stops reading (``| head -1``) ends a command quietly, status 0.

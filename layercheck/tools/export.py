@@ -15,8 +15,8 @@ written at step T had the composite been the live state (``latest``,
 ``engine.load_checkpoint(out)`` loads at the world size, ZeRO stage and
 parameter groups of the layout that wrote step T's training state; a layer whose
 version another layout wrote (another world size or stage, or one process) is
-resharded into it (``backends.reshard.partition_tensors``). The files are torch.save pickles, DeepSpeed's own format;
-nothing in the layercheck directory is unpickled (safetensors and JSON only).
+resharded into it (``backends.reshard.partition_tensors``). The files are
+torch.save pickles, DeepSpeed's own format; nothing in the layercheck directory is unpickled (safetensors and JSON only).
 It runs offline (one process, no torch.distributed) and needs deepspeed.
 
 ``export_dcp`` (``--format dcp``) writes, from a directory written by
