@@ -237,7 +237,7 @@ def test_attach_refuses_what_it_can_never_fuse_with_a_warning_that_says_why(what
     if what == "replaced-step":
         opt.step = lambda *a, **k: None
     if what == "no-numba":
-        import layercheck
+        import layercheck.drift as layercheck
         monkeypatch.setitem(sys.modules, "layercheck.drift.stepkernel", None)  # import fails
         monkeypatch.delattr(layercheck, "stepkernel")
     with pytest.warns(UserWarning, match="fused_step does not apply: .*(SGD|replaced|numba)"):
