@@ -35,7 +35,7 @@ per element, under the time the memory takes to deliver the three tensors,
 so the pass costs about one plain read of them.
 
 Threads. A pass of several pieces runs on ``threads`` threads, the caller's
-included (``layercheck.drift.threads``): torch's own OpenMP team as one parallel
+included (``layercheck.drift.parallel``): torch's own OpenMP team as one parallel
 region (the body ``_team_work``, a numba C callback), or where torch's runtime
 is not loaded, or in a process forked after that module was imported, on up
 to ``threads - 1`` helper threads. Pieces are handed out by an atomic ticket
@@ -63,7 +63,7 @@ from llvmlite import ir
 from numba import cfunc, njit, types
 from numba.extending import intrinsic
 
-from . import threads as passthreads
+from . import parallel
 
 __all__ = ["CHUNK", "SUM_BLOCK", "TINY", "PER_THREAD", "PREFETCH_RUNS", "Extent", "FusedPass",
            "warm"]
@@ -123,7 +123,7 @@ class FusedPass:
         if len(self.seg):
             cuts = self.pieces(threads)
             threads = min(threads, len(cuts) - 1)
-            team = passthreads.team()
+            team = parallel.team()
             if threads == 1:
                 _sums(ptr, eps_c, alpha, self.seg, 0, len(self.seg), phase, self._out)
             elif team is not None:
@@ -136,7 +136,7 @@ class FusedPass:
             else:
                 def piece(i: int) -> None:
                     _sums(ptr, eps_c, alpha, self.seg, cuts[i], cuts[i + 1], phase, self._out)
-                passthreads.crew().run(len(cuts) - 1, piece, helpers=threads - 1)
+                parallel.crew().run(len(cuts) - 1, piece, helpers=threads - 1)
         k = self.seg[:, 0]
         return (np.bincount(k, self._out[:, 0], minlength=self.entries),
                 np.bincount(k, self._out[:, 1], minlength=self.entries))

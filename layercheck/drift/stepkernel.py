@@ -39,7 +39,7 @@ bounds and the same independence from the number of threads). The update of
 an element does not depend on the pieces or the threads at all.
 
 Threads: as ``layercheck.drift.kernels``' pass, the segments of ``FusedPass`` cut
-into pieces and run on torch's OpenMP team (``layercheck.drift.threads``), else
+into pieces and run on torch's OpenMP team (``layercheck.drift.parallel``), else
 on helper threads, else on the caller's. The step counts and each entry's
 fp32 coefficients are computed first, on the calling thread.
 """
@@ -53,7 +53,7 @@ from llvmlite import ir
 from numba import cfunc, njit, types
 from numba.extending import intrinsic
 
-from . import threads as passthreads
+from . import parallel
 from .kernels import SUM_BLOCK, FusedPass, _f32_at, _f64_at, _i64_at, _next_ticket
 
 __all__ = ["AdamPass", "HYPER", "COEFFICIENTS", "warm"]
@@ -85,7 +85,7 @@ class AdamPass:
         if len(seg):
             cuts = self.plan.pieces(threads)
             threads = min(threads, len(cuts) - 1)
-            team = passthreads.team()
+            team = parallel.team()
             if threads == 1:
                 _step_segments(ptr, self._coef, seg, 0, len(seg), self._out)
             elif team is not None:
@@ -97,7 +97,7 @@ class AdamPass:
             else:
                 def piece(i: int) -> None:
                     _step_segments(ptr, self._coef, seg, cuts[i], cuts[i + 1], self._out)
-                passthreads.crew().run(len(cuts) - 1, piece, helpers=threads - 1)
+                parallel.crew().run(len(cuts) - 1, piece, helpers=threads - 1)
         k = seg[:, 0]
         return (np.bincount(k, self._out[:, 0], minlength=self.entries),
                 np.bincount(k, self._out[:, 1], minlength=self.entries))

@@ -12,7 +12,7 @@ name: a PEFT model renames its base weights (``base_layer``), a task model
 prefixes them.
 
 A record names a pretrained file by absolute path, outside the checkpoint
-directory: it is opened only as a regular file (``regularfile.open_regular``,
+directory: it is opened only as a regular file (``fds.open_regular``,
 links followed to the file they resolve to, as a Hugging Face cache links a
 snapshot's files to their blobs; a FIFO, a device or a folder refused without
 blocking), and read within bounds: a header of at most ``MAX_HEADER`` bytes

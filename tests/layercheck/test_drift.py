@@ -165,7 +165,7 @@ def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, mo
     """Numba must not fight torch for the cores: the pass runs on torch's own
     OpenMP team, sized by torch's thread count (the calling thread included),
     and hires no helper threads of its own."""
-    from layercheck.drift import kernels, threads as passthreads
+    from layercheck.drift import kernels, parallel as passthreads
     teams, hired = [], []
     run, crew_run = passthreads.Team.run, passthreads.Crew.run
     monkeypatch.setattr(passthreads.Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))

@@ -1,5 +1,5 @@
 """Pretrained files read by reference: regular files only, read within bounds, never
-blocking (the end-to-end runs: test_adapters.py, test_reliability_hostile.py). Torch-free."""
+blocking (the end-to-end runs: test_lora.py, test_reliability_hostile.py). Torch-free."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The threads a pass shares (layercheck.drift.threads): torch's OpenMP team, the helper crew.
+"""The threads a pass shares (layercheck.drift.parallel): torch's OpenMP team, the helper crew.
 
 What the kernel's passes sum on them is tested in test_kernels.py; here, what each
 runner promises whoever hands it work."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.drift import threads as passthreads
+from layercheck.drift import parallel as passthreads
 
 ROOT = Path(__file__).resolve().parents[2]
 
