@@ -65,7 +65,7 @@ def test_the_team_calls_the_work_once_on_each_thread_the_callers_included(monkey
 
 
 def test_no_team_without_torch_loaded():
-    code = ("import sys; from layercheck import passthreads; "
+    code = ("import sys; from layercheck.drift import parallel as passthreads; "
             "assert 'torch' not in sys.modules and passthreads.team() is None; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})

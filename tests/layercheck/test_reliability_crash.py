@@ -64,7 +64,8 @@ def test_the_harness_reports_a_store_that_lies(tmp_path):
 COMPACTING_CHILD = r"""
 import os, signal, sys
 import torch
-from layercheck import LayerCheck, LayerCheckConfig, writer
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.storage import writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
 root, when = sys.argv[1], sys.argv[2]
 writer.COMPACT_BYTES = 8 << 10

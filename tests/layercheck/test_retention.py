@@ -211,7 +211,8 @@ def test_without_a_restore_every_live_version_counts_as_before():
 KILLED_BETWEEN_COMMIT_AND_DROPS = r"""
 import os, signal, sys
 import torch
-from layercheck import LayerCheck, LayerCheckConfig, retention
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.storage import retention
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 committed = retention.Retention.committed
 def kill_before_the_drop_records(self, versions):
