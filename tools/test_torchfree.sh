@@ -16,4 +16,4 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     exit 1
 fi
 echo "test_torchfree: tests/sim and tests/dashboard in $VENV (no torch)"
-"$VENV/bin/python" -m pytest -q tests/sim tests/dashboard
+"$VENV/bin/python" -m pytest -q -n auto --dist loadfile tests/sim tests/dashboard

@@ -160,11 +160,15 @@ def version_files(version: Version) -> list[str]:
     state), step and number of shards alone, in the order of ``Version.files``. A
     record may name only these (the manifest's replay skips one that names any other
     file as damaged), and retention deletes only these: a deleter derives what it
-    deletes, never takes a path from a record."""
+    deletes, never takes a path from a record. A one-rank job writes unsuffixed files
+    (the writer names a rank only where there are several), whether its record holds
+    one ``shards`` entry (a sharded backend on one rank) or a plain file."""
     def name(rank: int | None) -> str:
         return state_path(version.step, rank) if version.layer is None else \
             layer_path(version.layer, version.step, rank)
-    return [name(r) for r in range(len(version.shards))] if version.shards else [name(None)]
+    if len(version.shards) > 1:
+        return [name(r) for r in range(len(version.shards))]
+    return [name(None)]
 
 
 _VERSION_FILE = re.compile(r"^(layers/[A-Za-z0-9._-]+@|states/)[0-9]{9,}(\.rank[0-9]{5,})?"

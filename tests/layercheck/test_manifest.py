@@ -599,3 +599,29 @@ def test_read_again_replays_only_a_manifest_that_changed(tmp_path):
     now = read_again(store, view)
     assert now is not view and now.states == {} and now.problems == view.problems
     assert read_again(store, read_manifest(store, rank=1)).rank == 1
+
+
+def test_a_sharded_backend_on_one_rank_names_its_unsuffixed_files_and_is_live(tmp_path):
+    """A sharded backend (FSDP2, ZeRO) resumed on one rank commits records with one
+    ``shards`` entry naming the file the writer names there, without a rank suffix:
+    replay keeps those versions (they are the newest step), as it does a 2-rank
+    layout's suffixed shards."""
+    store = LocalStore(tmp_path)
+
+    def sharded(step, layer, ranks, layout):
+        suffix = (lambda r: f".rank{r:05d}") if ranks > 1 else (lambda r: "")
+        stem = f"layers/{layer}@{step:09d}" if layer else f"states/{step:09d}"
+        shards = [{"file": f"{stem}{suffix(r)}.safetensors", "bytes": 1,
+                   "checksum": "crc32:00000000"} for r in range(ranks)]
+        record = {"kind": "layer" if layer else "state", "step": step, "shards": shards,
+                  **({"layer": layer, "reason": "threshold"} if layer else {})}
+        return {**record, "layout": layout} if layout else record
+
+    _write(store, {**HEADER, "world_size": 2}, sharded(1, "a", 2, 0), sharded(1, None, 2, 0),
+           {"kind": "resume", "step": 1},
+           {"kind": "layout", "id": 1, "world_size": 1, "facts": {}},
+           sharded(2, "a", 1, 1), sharded(2, None, 1, 1))
+    view = read_manifest(store)
+    assert view.problems == []
+    assert view.latest_step() == 2 and [v.step for v in view.versions["a"]] == [1, 2]
+    assert view.versions["a"][-1].files == ["layers/a@000000002.safetensors"]
