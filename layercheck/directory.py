@@ -32,7 +32,7 @@ def open_directory(store: Store, ranks: Ranks, layer_map: LayerMap, facts: dict[
                    model: Any = None) -> tuple[Layout, bool]:
     """Create the header once (the coordinator, ``write(facts)``: the record appended),
     check on every rank that it describes ``layer_map`` and ``model``'s LoRA adapter
-    (``adapters.check_unchanged``), and return the layout this job of ``ranks`` whose
+    (``lora.check_unchanged``), and return the layout this job of ``ranks`` whose
     source gives ``facts`` writes in (True: not recorded yet)."""
     view = None
     if ranks.is_coordinator:

@@ -17,7 +17,7 @@
 layer source is this rank's DTensor shards (``DTensorShards``: the local
 tensors of each parameter and of its Adam moments, no gather), and the ranks
 are the process group's (``ranks.ProcessGroupRanks``). So on every rank: the
-drift tracker reads the local shards (``drift.local``) with the fused kernel,
+drift tracker reads the local shards (``backends.source.local``) with the fused kernel,
 and the sums are all-reduced (each rank sees the drift of whole layers and
 makes the same decisions); each rank writes its own shard of a layer version
 and rank 0 commits the version once every rank's shard is durable; a restore

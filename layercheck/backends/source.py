@@ -119,7 +119,7 @@ class LayerSource:
 
     def drift_adapters(self) -> Any:
         """The LoRA modules whose drift is taken of their effective weights
-        (``adapters.AdapterDrift``), or None: every tensor counts as itself."""
+        (``lora.AdapterDrift``), or None: every tensor counts as itself."""
         return None
 
     def drift_groups(self) -> dict[int, dict] | None:
@@ -339,7 +339,7 @@ class ModuleSource(LayerSource):
 
     def _whole(self, i: int, written: Layout, read: Any) -> dict[str, torch.Tensor]:
         """Layer ``i``'s whole tensors, from a version of ``written`` (see ``elastic``);
-        ZeRO's flat partitions joined by ``pieces.zero_layer_tensors``; ModelMismatch for
+        ZeRO's flat partitions joined by ``reshard.zero_layer_tensors``; ModelMismatch for
         a layout read neither way."""
         from .elastic import resharded
         if written.backend == "zero":  # flat partitions: ZeRO's arithmetic joins them

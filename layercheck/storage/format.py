@@ -354,7 +354,7 @@ ranges every reader relies on, checked where the manifest is read (``decode_line
 and on the header as it is written. Of the header's ``config`` (reported as
 recorded by ``inspect``) only ``write_budget`` is used (``plan``); the backend
 facts (``zero``, ``fsdp``) are checked by their own parsers where an export uses
-them (``ZeroFacts``, ``FsdpFacts``), ``lora`` by ``adapters.LoraFacts``. A layer
+them (``ZeroFacts``, ``FsdpFacts``), ``lora`` by ``lora.LoraFacts``. A layer
 record's ``base`` must be below its ``step`` (``Version.from_record``)."""
 
 

@@ -211,7 +211,7 @@ def _rank_shards(planner: Planner, plan: Plan, written: Layout, facts: ZeroFacts
                  rank: int) -> RankShards:
     """Rank ``rank``'s shard of every layer of ``plan`` in layout ``written``: its own
     file for a version written so, else its partitions read from the version's layout
-    (``pieces.partition_tensors``: only the pieces they need, each rank's file of the
+    (``reshard.partition_tensors``: only the pieces they need, each rank's file of the
     version read and verified when first touched) and the layer's buffers."""
     target = Partitioning.from_facts(written.facts, written.world_size)
     layers = {}

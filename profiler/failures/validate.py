@@ -276,7 +276,7 @@ def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) ->
 
 def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: Path,
            count: int) -> Any:
-    """The machine just before ``strategy``'s run (module doc, 1.: ``beside.probe``)."""
+    """The machine just before ``strategy``'s run (module doc, 1.: ``costprobe.probe``)."""
     from ..machine import resolve_device
     from .costprobe import probe
     with _failing("before a run"):
@@ -286,7 +286,7 @@ def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: 
 
 
 def _closing(job: CaptureConfig, folder: Path, count: int) -> tuple[float, ...]:
-    """The restarts after a repeat's last run (``beside.restarts``)."""
+    """The restarts after a repeat's last run (``costprobe.restarts``)."""
     from ..machine import resolve_device
     from .costprobe import restarts
     with _failing("after the runs"):

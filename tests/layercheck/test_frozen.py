@@ -1,7 +1,7 @@
 """Only what trains: layer versions of a model with frozen parameters (issue 29).
 
 A plain tiny Qwen2 with parameters frozen by ``requires_grad_(False)``; the
-PEFT LoRA runs are in test_adapters.py. Threshold 0 and warm-up 1: every layer
+PEFT LoRA runs are in test_lora.py. Threshold 0 and warm-up 1: every layer
 written at every step from step 1 (the base checkpoint) on.
 """
 from __future__ import annotations
