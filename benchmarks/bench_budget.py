@@ -31,7 +31,6 @@ from layercheck.contract.config import LayerCheckConfig  # noqa: E402
 from layercheck.contract.lanes import replay_many  # noqa: E402
 from layercheck.contract.policy import Policy, replay  # noqa: E402
 from layercheck.contract.trace import read_trace  # noqa: E402
-import sim.strategies  # noqa: E402,F401  declares the cost figures a captured trace's costs.json holds
 
 FACTORS = np.geomspace(1e-3, 1e3, 481)
 

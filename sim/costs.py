@@ -1,7 +1,7 @@
 """The cost model: what each checkpointing mechanism costs, and where each number came from.
 
 ``CostModel`` is a validated mapping over the calibration schema
-(``layercheck.contract.calibration.FIGURES``, the union of the figures the strategy
+(``sim.calibrated.FIGURES``, the union of the figures the strategy
 modules declare, ``sim.strategies``): one entry (and attribute) per figure, a
 ``provenance`` record for each (measured, derived, published, fit, assumed,
 given or transferred, with the method; ``stale_cost`` also with its interval).
@@ -216,7 +216,7 @@ CostModel = dataclasses.make_dataclass(
     bases=(_CostModel,), frozen=True, kw_only=True)
 CostModel.__module__ = __name__
 CostModel.__doc__ = """Seconds and bandwidths of every mechanism: a validated, immutable mapping
-from each figure of ``layercheck.contract.calibration.FIGURES`` to its value, each also an attribute
+from each figure of ``sim.calibrated.FIGURES`` to its value, each also an attribute
 (``costs.save_gbps``; meanings: the figure's declaration). Defaults are the declared
 defaults, the paper's server; ``provenance`` says where each value came from (a value that
 differs from its record is marked given)."""

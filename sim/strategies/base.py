@@ -73,7 +73,7 @@ FIGURES: dict[str, FigureSpec] = {
         "restart_s, 2026-12-01), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
         "paper's recovery times exclude the restart)")))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 PROTOCOLS = ("matched", "native")

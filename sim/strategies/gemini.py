@@ -41,7 +41,7 @@ FIGURES: dict[str, FigureSpec] = {
         f"32 / 419 = {HOST_LOSS_SHARE:.4f} (on different hosts it would be that share x the "
         "chance the peer's host fails before the copy is re-made)"))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class Gemini(Strategy):

@@ -82,7 +82,7 @@ FIGURES: dict[str, FigureSpec] = {
                 "0 to 1% of a step, a judgment of \"nearly zero\" (the transparent variant "
                 "intercepts the job's GPU calls)")))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class JustInTime(Strategy):

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract import decision
 from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.policy import Policy

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract.trace import (ADDED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, last_written,
                               read_trace, weighted_staleness, write_trace)
 
