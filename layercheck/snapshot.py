@@ -118,7 +118,7 @@ def check_state(doc: Mapping[str, Any], optimizer: torch.optim.Optimizer,
     Hyper-parameters and the LR scheduler's per-group state go back by position,
     so every group must hold the parameters it held (torch's own load_state_dict
     refuses other sizes). The optimizer's and scheduler's types are compared where
-    the document records them (since issue 27); the scheduler's state is loaded
+    the document records them (older documents do not); the scheduler's state is loaded
     into a copy of ``scheduler`` either way, so an older document that the live
     scheduler would not take is refused too."""
     _check_optimizer(doc.get("optimizer"), optimizer)
@@ -129,7 +129,7 @@ def check_state(doc: Mapping[str, Any], optimizer: torch.optim.Optimizer,
     _check_scheduler(doc, scheduler)
     saved = doc.get("group_members")
     if saved is None or members is None:
-        return  # recorded since issue 13; older states are taken by position
+        return  # older states, without names, are taken by position
     for i, (mine, theirs) in enumerate(zip(members, saved)):
         if mine != theirs:
             raise ModelMismatch(

@@ -20,7 +20,8 @@ from typing import Sequence
 
 from layercheck.contract.errors import OneLineParser, one_line
 
-from .config import VALIDATED, CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
+from .checkpointers import VALIDATED
+from .config import CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError
 
 __all__ = ["main"]

@@ -16,10 +16,11 @@ from typing import Any, Mapping
 
 from layercheck.contract import decision
 
+from .checkpointers import VALIDATED
 from .errors import ProfilerError
 
 __all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
-           "ZERO_STAGES", "VALIDATED"]
+           "ZERO_STAGES", "RANKED_CAPTURES", "ranked_capture"]
 
 PAPER = {"steps": decision.PAPER_STEPS, "warmup_steps": decision.PAPER.warmup_steps,
          "smax": decision.PAPER.smax, "threshold": decision.PAPER.base_threshold,
@@ -32,6 +33,16 @@ DEVICES = ("cpu", "cuda")
 
 ZERO_STAGES = {"zero3": 3}
 """``--deepspeed`` values the profiler captures under, and their ZeRO stage."""
+
+RANKED_CAPTURES = {"deepspeed": "a DeepSpeed", "fsdp": "an FSDP2"}
+"""The manifest sources of a job trained across ranks (its job's ``sources_key``; also
+its ``--`` option), each with what such a capture is called."""
+
+
+def ranked_capture(sources: Mapping[str, Any]) -> str | None:
+    """The key of ``sources`` (a trace manifest's) that says its job ran across ranks;
+    None for a plain, one-process capture."""
+    return next((k for k in RANKED_CAPTURES if k in sources), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,7 +349,6 @@ class ZeroConfig:
                 "steps_per_print": 10 ** 9, "zero_optimization": {"stage": self.stage}}
 
 
-VALIDATED = ("deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,7 +395,7 @@ class ValidationConfig:
     """Restarts the probe before each run times, one after the other (each worker
     killed as the supervisor kills, its successor timed to ready); the prediction
     takes their median. One start is one noisy sample: four in a row on a quiet
-    machine took 14.7-17.1 s (docs/sim.md)."""
+    machine took 14.7-17.1 s (docs/results.md)."""
 
     def __post_init__(self) -> None:
         _positive_float("window_s", self.window_s)

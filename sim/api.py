@@ -35,7 +35,7 @@ from .intervals import parse_interval, resolve_interval
 from .nodes import NodeFailures
 from .reference import run_reference
 from .results import COLUMNS, LIMIT, aggregate
-from .strategies import PROTOCOLS, STRATEGIES, Cadence, Schedule, get_strategy
+from .strategies import PROTOCOLS, STRATEGIES, Cadence, LayerCheck, Schedule, Strategy, get_strategy
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
 from .units import DURATION_RANGE, is_duration
@@ -264,7 +264,7 @@ def simulate_writes(scenario: Scenario, variants: Sequence[LayerWrites], *, mtbf
     settings would write on the scenario's job), all on the same failures: one row per
     variant, in order, columns ``COLUMNS`` (``strategy`` is the variant's index). The
     tuner's way to put an effective ratio on many settings in one engine run."""
-    if strategy not in ("layercheck", "layercheck-sync"):
+    if not issubclass(STRATEGIES.get(strategy, Strategy), LayerCheck):
         raise SimError(f"simulate_writes runs LayerCheck's strategies, not {strategy!r}")
     if not variants:
         raise SimError("simulate_writes needs at least one write pattern")

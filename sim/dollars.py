@@ -42,8 +42,8 @@ PRICES: dict[str, Figure] = {
     "gpu_hour_usd": Figure(value=2.7447, source="published", method=(
         "AWS EC2 On-Demand, p4d.24xlarge (8x A100 40 GB, the paper's GPU) in us-east-1: "
         "$21.957642 an instance-hour, $2.7447 a GPU-hour, as recorded by "
-        "github.com/datareceipts/data-receipts 109-gpu-pricing/hyperscalers.json (retrieved "
-        "2026-11-09; before AWS's 2025 price cut the same instance listed at $32.77)")),
+        "github.com/datareceipts/data-receipts 109-gpu-pricing/hyperscalers.json (before AWS's "
+        "price cut of that year the same instance listed at $32.77)")),
     "gpus": Figure(value=8, source="published", method=(
         "the paper's server: one node of 8 A100 40 GB (shared/design/LAYERCHECK.md); "
         "--gpus sets the job's")),
@@ -117,7 +117,7 @@ class Prices:
                 f"${self.storage_usd_per_gb_month:g} a GB-month ({self.keep} recovery points "
                 f"kept), writes ${self.write_usd_per_gb:.3g} a GB"
                 + (f"; given: {', '.join(given)}" if given else
-                   " (AWS on-demand A100, S3 Standard and S3 PUTs: docs/sim.md, Hours and dollars)"))
+                   " (AWS on-demand A100, S3 Standard and S3 PUTs: docs/sim-fair.md, Hours and dollars)"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -110,7 +110,7 @@ class _Stack:
 def _check_resolution(timelines: Sequence[Timeline], span: float) -> None:
     """Refuse timelines whose stacked keys (up to ``span`` seconds) float64 cannot resolve
     to a millionth of the shortest step: past that, positions found by searchsorted are
-    wrong and the totals garbage (issue 27, item 11: ratios above 1 and NaN rows)."""
+    wrong and the totals garbage (ratios above 1, NaN rows)."""
     steps = [t.schedule.compute[t.schedule.compute > 0] for t in timelines]   # position 0: none
     shortest = min(float(c.min()) for c in steps if c.size)
     if np.spacing(span) > 1e-6 * shortest:

@@ -278,13 +278,12 @@ def _settings(scenario: Scenario, name: str, mtbf_s: float) -> list[Setting]:
 
 
 def spelled(setting: Setting, scenario: Scenario) -> Setting:
-    """LowDiff's cadence with the cost model's batch spelled out (None means it): one
-    cadence, one point."""
-    c = setting.cadence
-    if setting.strategy != "lowdiff" or c is None or c.batch is not None:
+    """``setting`` with what its cadence leaves to the cost model spelled out
+    (``Strategy.spelled``: LowDiff's batch): one cadence, one point."""
+    if setting.cadence is None:
         return setting
-    return dataclasses.replace(setting, cadence=dataclasses.replace(
-        c, batch=int(scenario.costs.diff_batch)))
+    return dataclasses.replace(setting, cadence=get_strategy(setting.strategy).spelled(
+        setting.cadence, scenario.costs))
 
 
 def _unique(settings: list[Setting]) -> list[Setting]:

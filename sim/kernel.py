@@ -24,7 +24,7 @@ below or above the key.
 
 Three smaller walks live here for the same reason, each the same arithmetic as its
 numpy or Python original (tested equal): the failure-free timeline's writer
-recurrence (``sim.timeline``), LowDiff's queued writer (``sim.writer``) and the table
+recurrence (``sim.timeline``), LowDiff's queued writer (``sim.strategies.lowdiff_writer``) and the table
 of a resumed policy's writes (``sim.nextwrites``), which a search over many settings
 builds hundreds of times.
 
@@ -235,7 +235,7 @@ def next_writes_walk(drift, thresholds, smax, interval, only_smax):
 
 @njit(cache=True)
 def queued_writer_walk(compute, snap, write, full, full_s, slots):
-    """``sim.writer.queued_writer``'s walk (``slots`` < 0: unbounded), its FIFO an array
+    """``sim.strategies.lowdiff_writer.queued_writer``'s walk (``slots`` < 0: unbounded), its FIFO an array
     with a head index: the same float64 operations in order."""
     n = compute.shape[0]
     out = np.full(n + 1, np.nan)

@@ -1,8 +1,8 @@
 """Where a command writes its files: a folder made before any work, write errors as one line.
 
-``sweep --out /etc/passwd`` raised ``FileExistsError`` after the whole sweep had run
-(issue 27, item 11); a folder that cannot be made or written is now refused before
-the first failure is drawn, and an error while writing names the file.
+A folder that cannot be made or written (``sweep --out /etc/passwd``) is refused before
+the first failure is drawn, not after the whole sweep has run, and an error while
+writing names the file.
 """
 from __future__ import annotations
 

@@ -5,12 +5,14 @@ The paper (LayerCheck, IEEE CLUSTER 2026; shared/design/LAYERCHECK.md) ran 1,692
 iterations with a checkpoint every iteration and reports: LayerCheck's checkpoint
 share of runtime 10.7-12.0% and LowDiff's 9.3-15.9% (across models), Llama-3.2-1B
 LayerCheck 43.8 min vs LowDiff 57.2 min, Qwen2.5-7B LayerCheck 198.8 min vs GEMINI
-747.9 min. ``regime_run`` reproduces one of those runs from the cost model: the
+747.9 min. ``regime_run`` reproduces one of those runs from the cost model, each strategy
+as its own class says it ran there (``Strategy.paper_cadence``, ``paper_costs``): the
 rollback strategies checkpoint every iteration (LowDiff: a differential every
 iteration, its full checkpoints every 106 as in the paper's storage table), LayerCheck
-as the paper ran it (``layercheck-sync``). The checkpoint share leaves out LowDiff's
-compression, which its compressed training pays whether it checkpoints or not (the
-paper's share is of checkpointing); the end-to-end time includes it.
+as the paper ran it (``layercheck-sync``). The checkpoint share leaves out what a
+strategy's training pays whether it checkpoints or not (``Strategy.training_s``:
+LowDiff's compression; the paper's share is of checkpointing); the end-to-end time
+includes it.
 """
 from __future__ import annotations
 
@@ -19,22 +21,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import CostModel
-from .strategies import Cadence, Schedule, get_strategy
+from .strategies import Cadence, LowDiff, Schedule, get_strategy
 from .timeline import Timeline
 from .workload import Workload
 
-__all__ = ["RegimeRun", "regime_run", "PUBLISHED_RUNS", "LOWDIFF_FULL_EVERY", "lowdiff_shares",
-           "lowdiff_stall_note"]
+__all__ = ["RegimeRun", "regime_run", "regime_cadence", "PUBLISHED_RUNS", "PUBLISHED_SHARES",
+           "lowdiff_shares", "lowdiff_stall_note"]
 
-LOWDIFF_FULL_EVERY = 106
-"""LowDiff's full checkpoints in the paper's runs: every 106 iterations (16 in 1,692,
-the storage table's 930 writes less its 914 batches)."""
 PUBLISHED_RUNS: dict[tuple[str, str], float] = {
     ("llama-3.2-1b", "layercheck-sync"): 43.8, ("llama-3.2-1b", "lowdiff"): 57.2,
     ("qwen2.5-7b", "layercheck-sync"): 198.8, ("qwen2.5-7b", "gemini"): 747.9}
 """End-to-end minutes the paper published (preset, strategy)."""
-PUBLISHED_SHARES = {"layercheck-sync": (0.107, 0.120), "lowdiff": (0.093, 0.159)}
+PUBLISHED_SHARES = {"layercheck-sync": (0.107, 0.120), LowDiff.name: (0.093, 0.159)}
 """Checkpoint shares of runtime the paper published, across its models."""
+REGIME = ("layercheck-sync", "lowdiff", "gemini", "checkfreq", "deepspeed")
+"""The strategies ``python -m sim.paper`` runs, in its table's order (the paper's
+LayerCheck, synchronous, then the baselines)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +47,8 @@ class RegimeRun:
     minutes: float
     compute_s: float
     compression_s: float
-    """LowDiff's training-side compression (0 for the others)."""
+    """What its training pays whether it checkpoints or not (``Strategy.training_s``:
+    LowDiff's compression; 0 for the others)."""
     checkpoint_s: float
 
     @property
@@ -55,32 +58,22 @@ class RegimeRun:
 
 
 def regime_cadence(strategy: str, workload: Workload) -> Cadence | None:
-    """The paper's per-iteration cadence of ``strategy`` (None: LayerCheck, no cadence)."""
-    if strategy == "lowdiff":
-        return Cadence(every=LOWDIFF_FULL_EVERY)
-    if get_strategy(strategy).rollback:   # GEMINI: no storage tier within the run
-        return Cadence(every=1, storage_every=workload.steps)
-    return None
+    """The paper's per-iteration cadence of ``strategy`` (``Strategy.paper_cadence``;
+    None: LayerCheck, no cadence)."""
+    return get_strategy(strategy).paper_cadence(workload)
 
 
 def regime_run(strategy: str, workload: Workload, costs: CostModel) -> RegimeRun:
     """``strategy`` failure-free on ``workload`` in the paper's per-iteration regime."""
-    if strategy == "lowdiff":
-        costs = costs.with_overrides(diff_batch=2) if costs.diff_batch != 2 else costs
-    schedule = get_strategy(strategy).schedule(workload, costs, regime_cadence(strategy, workload))
+    model = get_strategy(strategy)
+    costs = model.paper_costs(costs)
+    schedule = model.schedule(workload, costs, model.paper_cadence(workload))
     timeline = Timeline.build(schedule)
     total = float(timeline.ready[-1])
     compute = float(np.sum(workload.compute_s))
-    compression = _compression_s(workload, costs) if strategy == "lowdiff" else 0.0
+    compression = model.training_s(workload, costs)
     return RegimeRun(strategy=strategy, minutes=total / 60, compute_s=compute,
                      compression_s=compression, checkpoint_s=total - compute - compression)
-
-
-def _compression_s(workload: Workload, costs: CostModel) -> float:
-    """LowDiff's compressed training on one job: its per-step compression and hand-off
-    (``diff_snapshot_gbps``) at every step but the job's end."""
-    steps = len(range(1, workload.steps))
-    return steps * costs.diff_snapshot_s(costs.diff_bytes(workload.full_bytes))
 
 
 def lowdiff_shares(schedule: Schedule, workload: Workload, costs: CostModel) -> tuple[float, float]:
@@ -88,16 +81,16 @@ def lowdiff_shares(schedule: Schedule, workload: Workload, costs: CostModel) -> 
     compressed training, and the share that is checkpointing (the paper's checkpoint
     share: what blocks training beyond compute and compression)."""
     total = float(Timeline.build(schedule).ready[-1])
-    compression = _compression_s(workload, costs)
+    compression = LowDiff().training_s(workload, costs)
     return compression / total, (total - float(np.sum(workload.compute_s)) - compression) / total
 
 
 def lowdiff_stall_note(schedule: Schedule, workload: Workload, costs: CostModel,
                        stall_share: float) -> str:
     """Why LowDiff's stall column is far above the checkpoint share its paper publishes: one
-    line for under a ranking (docs/sim.md, "LowDiff's stall")."""
+    line for under a ranking (docs/sim-fair.md, "LowDiff's stall")."""
     compression, checkpoint = lowdiff_shares(schedule, workload, costs)
-    low, high = PUBLISHED_SHARES["lowdiff"]
+    low, high = PUBLISHED_SHARES[LowDiff.name]
     place = (f"under that band by {100 * (low - checkpoint):.1f} points: its writer process's "
              "contention with training is not charged") if checkpoint < low else \
         ("within it" if checkpoint <= high else f"over it by {100 * (checkpoint - high):.1f} points")
@@ -106,7 +99,7 @@ def lowdiff_stall_note(schedule: Schedule, workload: Workload, costs: CostModel,
             f"all-gather and decompression every step (diff_snapshot_gbps, fit to its published "
             f"57.2 min), which its training pays whether it checkpoints or not and the "
             f"{low:.1%}-{high:.1%} checkpoint share its paper publishes leaves out; its "
-            f"checkpointing is {checkpoint:.1%} of the job, {place} (docs/sim.md, LowDiff's stall)")
+            f"checkpointing is {checkpoint:.1%} of the job, {place} (docs/sim-fair.md, LowDiff's stall)")
 
 
 def main() -> None:
@@ -115,7 +108,7 @@ def main() -> None:
     print(f"{'preset':<14} {'strategy':<16} {'minutes':>8} {'published':>9} {'share':>7}")
     for preset in PRESET_NAMES:
         workload, costs = preset_scenario_fields(preset)["workload"], costs_for(preset)
-        for strategy in ("layercheck-sync", "lowdiff", "gemini", "checkfreq", "deepspeed"):
+        for strategy in REGIME:
             run = regime_run(strategy, workload, costs)
             published = PUBLISHED_RUNS.get((preset, strategy))
             print(f"{preset:<14} {strategy:<16} {run.minutes:>8.1f} "

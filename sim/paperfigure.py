@@ -9,7 +9,7 @@ counted at the cost model's phi (and its interval) and as useful (phi 0, the pap
 accounting), with the number of seeds and the 95% band, and each strategy's first-order
 terms (``sim.firstorder``). ``implied`` does the paper's side: what its ratios leave for
 stall and rework once its own recovery times are taken out. Nothing here is fitted to
-the paper's ratios; ``python -m sim paper`` prints it (docs/sim.md, "The paper's own
+the paper's ratios; ``python -m sim paper`` prints it (docs/sim-paper.md, "The paper's own
 figure").
 """
 from __future__ import annotations
@@ -25,10 +25,11 @@ from .firstorder import FirstOrder, first_order
 from .paper import PUBLISHED_RUNS, PUBLISHED_SHARES
 from .presets import ITERATIONS, PUBLISHED, compute_seconds
 from .report import interval_text, json_value
-from .strategies import PROTOCOLS
+from .strategies import PROTOCOLS, LayerCheck, LayerCheckSync, LowDiff
 from .units import format_duration
 
-__all__ = ["PAPER_MTBF_S", "PAPER_PRESET", "PAPER_RATIOS", "PAPER_SOURCE", "PAPER_RECOVERY_S",
+__all__ = ["PAPER_MTBF_S", "PAPER_PRESET", "PAPER_RATIOS", "PAPER_SOURCE", "AS_PUBLISHED",
+           "PAPER_RECOVERY_S",
            "STRATEGIES", "ACCOUNTINGS", "Cell", "Implied", "PaperFigure", "paper_figure",
            "implied", "gemini_readings", "lowdiff_write_rate"]
 
@@ -39,9 +40,12 @@ PAPER_RATIOS: dict[str, float] = {"layercheck": 0.923, "lowdiff": 0.888, "gemini
 PAPER_SOURCE = (
     "LayerCheck (Sun et al., IEEE CLUSTER 2026, arXiv 2609.27193), its failure-regime "
     "figure: effective training time ratio of Qwen2.5-7B at MTBF 0.5 h, LayerCheck 92.3%, "
-    "LowDiff 88.8%, GEMINI 84.5% (the values as issue 25 quotes them; "
+    "LowDiff 88.8%, GEMINI 84.5% (the values as the project's brief quotes them; "
     "shared/design/LAYERCHECK.md describes the figure, MTBF 0.01-3 h from measured "
     "per-iteration time, checkpoint overhead and recovery time, without them)")
+AS_PUBLISHED: dict[str, str] = {LayerCheck.name: LayerCheckSync.name}
+"""The simulator's strategy whose published checkpoint share a figure's strategy reads: the
+paper ran LayerCheck synchronously (``layercheck-sync``)."""
 PAPER_RECOVERY_S: dict[str, float] = {"layercheck": 10.0, "lowdiff": 34.0, "gemini": 346.0}
 """The paper's recovery times of Qwen2.5-7B (matched freshness; restart excluded):
 LayerCheck 10 s, LowDiff 34 s, the rollback methods 346-364 s with their 53 steps of
@@ -117,7 +121,7 @@ def lowdiff_write_rate() -> dict[str, float]:
     """The storage write rate LowDiff's figure needs: at its ratio its 7B run (compute 1,692 x
     6.25 s) may take at most compute / (1 - x) with x what the figure leaves for its stall
     (``implied``), and its 19,259 GB (the storage table) must be written within it."""
-    x = next(i.remainder for i in implied() if i.strategy == "lowdiff")
+    x = next(i.remainder for i in implied() if i.strategy == LowDiff.name)
     compute = compute_seconds(PAPER_PRESET) * ITERATIONS
     run = compute / (1 - x)
     written = PUBLISHED[PAPER_PRESET].lowdiff_total_gb
@@ -199,7 +203,7 @@ class PaperFigure:
             lines += ["", "the paper's side: with its recovery R, x = 1 - ratio/(1 - R/M) is left for "
                       "stall and rework"]
             for i in implied():
-                share = PUBLISHED_SHARES.get("layercheck-sync" if i.strategy == "layercheck" else i.strategy)
+                share = PUBLISHED_SHARES.get(AS_PUBLISHED.get(i.strategy, i.strategy))
                 note = f"; its published checkpoint share {share[0]:.1%}-{share[1]:.1%}" if share else ""
                 lines.append(f"{i.strategy:<16} {i.ratio:.3f}  R {i.recovery_s:>4.0f} s  x = "
                              f"{i.remainder:+.1%}{note}")

@@ -43,7 +43,7 @@ from .presets import REGIMES
 from .recovery import GPUS_PER_NODE, RecoveryModel
 from .results import LIMIT, aggregate
 from .storage import AGGREGATE_SOURCE, SharedStorage, contended, storage_writes
-from .strategies import get_strategy
+from .strategies import Gemini, get_strategy
 from .timeline import Timeline
 from .units import DURATION_RANGE, is_duration
 from .workbound import bound_work, check_drained_writes
@@ -77,7 +77,7 @@ _PER_NODE = ("snapshot_gbps", "host_copy_gbps", "lc_snapshot_gbps", "peer_gbps",
 
 @dataclass(frozen=True, kw_only=True)
 class ScaleModel:
-    """Everything a job of N GPUs adds to a scenario (defaults: ``docs/sim.md``, The scale model)."""
+    """Everything a job of N GPUs adds to a scenario (defaults: ``docs/sim-scale.md``, The scale model)."""
 
     node_mtbf_s: float = LLAMA3_NODE_MTBF_S
     node_shape: float = 1.0
@@ -276,7 +276,7 @@ def _breakdown(frame, gpus, nodes, restart_s, loads, stall_share, parts) -> pd.D
                      "storage_wait_s": max(row["checkpoint_stall_s"], 0.0) * share,
                      "lost_work_s": row["lost_work_s"], "detection_s": split[0],
                      "reschedule_s": split[1], "restart_s": split[2], "load_s": split[3],
-                     "failures": n, "peer_lost": peer if row["strategy"] == "gemini" else 0.0,
+                     "failures": n, "peer_lost": peer if row["strategy"] == Gemini.name else 0.0,
                      "interval": row["interval"], "storage_interval": row["storage_interval"]})
     return pd.DataFrame(rows, columns=list(SCALE_COLUMNS))
 
@@ -310,7 +310,7 @@ LayerCheck paper's convention): 5,670 GB."""
 
 
 def llama3_405b(*, window_days: float = 54.0) -> tuple[Scenario, ScaleModel]:
-    """Llama 3 405B's pre-training as this model sees it (docs/sim.md, The Llama 3
+    """Llama 3 405B's pre-training as this model sees it (docs/sim-scale.md, The Llama 3
     comparison): 16,384 GPUs over 54 days, its nodes failing at its reported rate, every
     other figure this model's default with its source. Protocol native: DeepSpeed at
     Daly's interval for its synchronous save."""

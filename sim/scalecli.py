@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     j.add_argument("--seeds", type=int, default=10)
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
-    f = sc.add_argument_group("failures and recovery (defaults and sources: docs/sim.md)")
+    f = sc.add_argument_group("failures and recovery (defaults and sources: docs/sim-scale.md)")
     f.add_argument("--node-mtbf", help=f"one node's MTBF (default {format_duration(LLAMA3_NODE_MTBF_S)}: "
                    "Llama 3 405B's 419 interruptions in 54 days on 2,048 nodes)")
     f.add_argument("--node-shape", type=float, default=1.0, help="a node's Weibull shape, 0.01 "

@@ -309,7 +309,7 @@ def budgets_of(args):
 def add_price_args(p: argparse.ArgumentParser) -> None:
     """What the bill in dollars prices (``sim.dollars``; every default with its source)."""
     from .dollars import PRICES
-    g = p.add_argument_group("prices (defaults: docs/sim.md, Hours and dollars)")
+    g = p.add_argument_group("prices (defaults: docs/sim-fair.md, Hours and dollars)")
     g.add_argument("--gpu-hour-usd", type=float, help=f"one GPU-hour, default "
                    f"${PRICES['gpu_hour_usd'].value:g} (AWS on-demand A100 40 GB)")
     g.add_argument("--storage-usd-per-gb-month", type=float, help=f"durable storage, default "

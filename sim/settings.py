@@ -31,15 +31,11 @@ from .errors import SimError
 from .frontier import BASE_THRESHOLDS, EMBEDDING_THRESHOLDS, Grid, config_line
 from .intervals import resolve_interval
 from .strategies import STRATEGIES, Cadence, get_strategy
-from .strategies.base import _daly_steps
+from .strategies.base import LADDER, ladder
 
 __all__ = ["Setting", "rollback_space", "layercheck_grid", "ladder", "centres", "near", "LADDER",
            "SMAX_DECADES", "INTERVALS"]
 
-LADDER = (4, 3)
-"""Points per doubling and doublings each way of an interval ladder: 4 per doubling (19%
-apart, where the ratio's optimum is flat to a few parts in 10,000) over 1/8 to 8 times
-the theory's interval."""
 SMAX_DECADES = 2
 """LayerCheck's Smax searched over this many decades below the larger of the recorded
 and the paper's (1,000 on the 7B preset: 10 to 1,000, seven values)."""
@@ -95,15 +91,6 @@ def _g(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.3g}"
 
 
-def ladder(start: float, steps: int, *, per_doubling: int = LADDER[0],
-           doublings: int = LADDER[1]) -> list[int]:
-    """Whole intervals ``start`` x 2^(k / per_doubling), k = -per_doubling x doublings ..
-    +per_doubling x doublings, within 1 .. ``steps``, each once, ascending."""
-    k = np.arange(-per_doubling * doublings, per_doubling * doublings + 1)
-    points = np.round(max(start, 1.0) * 2.0 ** (k / per_doubling)).astype(np.int64)
-    return sorted({int(p) for p in np.clip(points, 1, steps)})
-
-
 def rollback_space(scenario: Scenario, strategy: str, *, mtbf_s: float) -> list[Setting]:
     """The cadences of rollback ``strategy`` the fair comparison tries (module doc); the
     matched and native cadences first, marked."""
@@ -133,28 +120,16 @@ def centres(strategy: str, scenario: Scenario, mtbf_s: float) -> tuple[int, int 
     for a synchronous full checkpoint (DeepSpeed, CheckFreq), GEMINI's copies as often
     as its transfer keeps up with Daly's interval for its persist behind them, LowDiff's
     native full-checkpoint interval."""
-    w, c = scenario.workload, scenario.costs
-    if strategy == "gemini":
-        memory = max(1, round(c.peer_s(w.full_bytes) / float(w.compute_s.mean())))
-        return memory, _daly_steps(c.persist_s(w.full_bytes), w, mtbf_s)
-    if strategy == "lowdiff":
-        return get_strategy("lowdiff").cadence("native", w, c, mtbf_s=mtbf_s).every, None
-    return resolve_interval("daly", w, c, mtbf_s), None
+    return get_strategy(strategy).search_centres(scenario.workload, scenario.costs, mtbf_s)
 
 
 def _ladder_cadences(strategy: str, scenario: Scenario, mtbf_s: float) -> list[Cadence]:
     """The search's own points around ``centres``: GEMINI's memory ladder times its storage
     ladder, LowDiff's full-checkpoint ladder times its two batch sizes (1, the cost
     model's)."""
-    n, costs = scenario.workload.steps, scenario.costs
     centre, storage = centres(strategy, scenario, mtbf_s)
-    if strategy == "gemini":
-        return [Cadence(every=m, storage_every=max(m, s)) for m in ladder(centre, n, doublings=2)
-                for s in ladder(storage, n, per_doubling=1, doublings=2)]
-    if strategy == "lowdiff":
-        return [Cadence(every=f, batch=b) for b in sorted({1, int(costs.diff_batch)})
-                for f in ladder(centre, n)]
-    return [Cadence(every=k) for k in ladder(centre, n)]
+    return get_strategy(strategy).search_cadences(centre, storage, scenario.workload,
+                                                  scenario.costs)
 
 
 def near(settings: list[Setting], scenario: Scenario, mtbf_s: float, *,

@@ -17,7 +17,7 @@ not in step with this one's), drained by the fluid model; each write's
 extra time over its uncontended one lands on the tier (a synchronous save stalls
 training longer, a background write keeps the writer busy longer and the next
 snapshot waits: the backlog follows). The engines then read it like any schedule.
-Simplification (as ``sim.writer``): the writes are timed on the failure-free run.
+Simplification (as ``sim.strategies.lowdiff_writer``): the writes are timed on the failure-free run.
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from .fair import LAYERCHECK, FairResult, rate_schedules, search_kernel, spelled
 from .paper import lowdiff_stall_note
 from .sensitivity import SEEDS, WINDOW_S, at_value, banded
 from .settings import Setting, near, rollback_space
-from .strategies import Schedule, get_strategy
+from .strategies import LowDiff, Schedule, get_strategy
 
 __all__ = ["Verdict", "Flip", "judge", "CHECK_SEEDS", "CHECK_WINDOW_S", "RERATED", "RERATED_CLOSE",
            "CLOSE", "FRESH_SEED"]
@@ -368,8 +368,8 @@ def _fresh(result: FairResult, best: dict[str, int]) -> dict[str, float]:
 def _notes(result: FairResult, best: dict[str, int]) -> list[str]:
     """What a reader of the ranking must know: LowDiff's stall, what it is made of."""
     out = []
-    if "lowdiff" in best:
-        row = best["lowdiff"]
+    if LowDiff.name in best:
+        row = best[LowDiff.name]
         out.append(lowdiff_stall_note(result.schedule(row), result.scenario.workload,
                                       result.scenario.costs,
                                       result.field.at[row, "checkpoint_stall_s"] / result.window_s))

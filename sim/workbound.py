@@ -6,7 +6,7 @@ shape or a failure log of tiny gaps all mean many failures. So the bound is
 one estimate, checked in one place (``bound_work``, called by every entry of
 ``sim.api`` before it draws a failure), and ``FailureModel.failure_times``
 stops drawing at ``MAX_RUN_FAILURES`` whatever the estimate said. Each limit
-is refused with the estimate, the limit and the fix (issue 27, item 11).
+is refused with the estimate, the limit and the fix.
 
 The limits (docs/sim.md, "Work limits"), each with what it protects:
 

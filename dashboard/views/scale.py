@@ -11,7 +11,7 @@ DAY = 86400.0
 
 ui.page("Scale", "The trace's job trained data-parallel on more GPUs: per-node failures, "
         "recovery that grows with the job, shared storage, GEMINI's peer placement "
-        "(`python -m sim scale` prints the same; docs/sim.md, The scale model).")
+        "(`python -m sim scale` prints the same; docs/sim-scale.md, The scale model).")
 trace = ui.current_trace()
 options = mtbf.cost_options(trace)
 with st.sidebar:

@@ -1,6 +1,6 @@
 """Flat tensors assembled from the pieces of a version written in another layout.
 
-A restore at another world size (issue 30) gives a source ``read(rank, key,
+A restore at another world size gives a source ``read(rank, key,
 start, stop)``: elements [start, stop) of the flat tensor ``key`` in rank
 ``rank``'s verified file of the version (``LayerSource.apply_elastic``). Here,
 with the arithmetic of ``layercheck.backends.partitioning``, such pieces become the

@@ -25,7 +25,7 @@ UNIT_RANGES: dict[str, tuple[float, float]] = {"s": (0.0, 1e7), "GB/s": (1e-6, m
 use), rates of at least 1 kB/s (any finite rate above: a fast one only shortens a
 duration towards 0), batches up to a million steps, fractions and probabilities in
 [0, 1]. Past them a figure is a typo that makes durations the engine's float64 times
-cannot hold beside a step (issue 27, item 11: ratios above 1 and NaN rows)."""
+cannot hold beside a step (ratios above 1, NaN rows)."""
 SIGNED_RANGE = (-1e3, 1e3)
 """A signed factor's range (``stale_cost``): a measured phi may be negative (the recovered
 run ahead) or above 1 (stale layers cost more steps than they are old)."""

@@ -10,8 +10,8 @@ manifest's layers, one drift row per step and layer) are ``layercheck.contract.t
 
 Why each range: a trace feeds the simulator and the tuner, which divide by
 learning rates, weight staleness by parameter counts and add up bytes; a
-negative, non-finite or fractional figure there does not fail, it recommends
-(issue 27, item 12). Sizes and counts stay at or below ``MAX_COUNT`` (2**53,
+negative, non-finite or fractional figure there does not fail, it recommends.
+Sizes and counts stay at or below ``MAX_COUNT`` (2**53,
 9.0e15): exact in float64, where they are summed, and far above any model.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ names exactly the files its layer, step and shards give (``version_files``:
 header lists; one naming any other file is skipped as a damaged line, and no
 deleter takes a path from a record (``version_files``, ``deletable``).
 
-Layouts (issue 30; ``layercheck/1`` still: every new field is optional, and a
+Layouts (``layercheck/1`` still: every new field is optional, and a
 directory without them reads as before). A *layout* (``Layout``) is how the
 versions of one job were laid out across ranks: its world size (1 for one
 process) and its backend's facts (``LayerSource.header_facts()``: ``zero`` or
@@ -56,7 +56,7 @@ before anything changes, naming the reason and ``resize_advice``. Retention,
 versions whatever their layout; each export reads a version by its own layout,
 or refuses, with the reason and the fix, a combination it cannot express.
 
-Frozen tensors (issue 29; ``layercheck/1`` still, as every field is optional and
+Frozen tensors (``layercheck/1`` still, as every field is optional and
 older directories read as before): a layer record may carry ``frozen``, the
 names of the layer's parameters that did not train (``requires_grad`` False) at
 its step, and ``base``, the step of the same layer's version whose file holds
@@ -64,7 +64,7 @@ those parameters. A version with ``base`` (a *partial* version) holds only the
 parameters that trained, their optimizer state and the layer's buffers; its
 ``frozen`` parameters come from the file of the layer's version of step
 ``base``, a *full* version (no ``base``: its file holds every parameter, which
-every version written before issue 29 is). A partial version is restorable only
+every version written before frozen tensors were recorded is). A partial version is restorable only
 while that full version is live and intact; a full version with ``frozen``
 parameters is kept by retention and ``gc`` like the base checkpoint's. The
 writer leaves a frozen parameter out of a version only if it was frozen at
@@ -96,7 +96,7 @@ Training state: RNG tensors and the state document (metadata ``state``,
 format ``layercheck-state/2``): step, param_groups (hyper-parameters), group_members
 (which parameters each group holds; absent before it was recorded), optimizer
 (``{type, fields}``: its class and per-parameter state fields) and scheduler_type
-(absent before issue 27), scheduler, rng scalars,
+(absent in older documents), scheduler, rng scalars,
 ``extra`` (the user's), ``engine`` (the backend's counters; None for a
 plain module) and ``kept`` (absent where none: the fingerprints,
 ``layercheck.storage.fingerprint``, of the live tensors no version holds, ZeRO's frozen

@@ -24,7 +24,8 @@ class Layout:
     """How the versions of one job were laid out across ranks."""
 
     id: int
-    """0: the header's own world size and backend facts (every directory before issue 30)."""
+    """0: the header's own world size and backend facts (every directory written before
+    layouts were recorded)."""
     world_size: int
     """Ranks that wrote shards; 1 for a single-process job."""
     facts: Mapping[str, Any] = field(default_factory=dict)
@@ -49,7 +50,7 @@ class Layout:
 
     def same_job(self, world_size: int, facts: Mapping[str, Any]) -> bool:
         """Whether a job of ``world_size`` ranks whose source gives ``facts`` writes in this
-        layout: the same world size and backend (as a restore before issue 30 compared:
+        layout: the same world size and backend (what a restore compared before layouts were recorded:
         other facts, a grouping say, are the source's ``check`` to refuse), and for ZeRO the
         same flat layout: ZeRO-3 cuts each parameter, ZeRO-1/2 a group's concatenation,
         into partitions of the same sizes but other contents."""

@@ -115,12 +115,12 @@ class Version:
             record["shards"] = [s.to_record() for s in self.shards]
         else:
             record.update(file=self.file, bytes=self.bytes, checksum=self.checksum)
-        if self.layout:  # absent for layout 0: records as before issue 30
+        if self.layout:  # absent for layout 0: records as before layouts
             record["layout"] = self.layout
         if self.layer is not None:
             record["layer"] = self.layer
             record["reason"] = self.reason
-            if self.frozen:  # absent where nothing is frozen: records as before issue 29
+            if self.frozen:  # absent where nothing is frozen: records as before frozen tensors
                 record["frozen"] = list(self.frozen)
             if self.base is not None:
                 record["base"] = self.base

@@ -8,6 +8,6 @@
 - ``worker`` (``python -m profiler worker JOB.json``, internal): the training process
   of a drill or a validation, also what the restart measurement times.
 
-GEMINI's peer process (``profiler.peerstore``) is part of its checkpointer, not of
+GEMINI's peer process (``profiler.checkpointers.peerstore``) is part of its checkpointer, not of
 these runs, and the staleness study's runs (``profiler.studyruns``) kill nothing.
 """

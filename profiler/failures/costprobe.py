@@ -3,7 +3,7 @@
 A figure timed at calibration describes the machine of that hour. On this
 2-core machine the same restart took 8.85 s at a calibration, 13.7-14.9 s eight
 hours later and 14.2-19.1 s the next morning, and DeepSpeed's saves ran 0.29 s
-in the runs against the calibration's 0.46 s (docs/sim.md). So just before each
+in the runs against the calibration's 0.46 s (docs/results.md). So just before each
 strategy's run, ``probe`` times, on the machine as it is then:
 
 - the restart, ``count`` times one after the other
@@ -11,10 +11,9 @@ strategy's run, ``probe`` times, on the machine as it is then:
   supervisor kills, its successor timed from the kill to ready). One start is one
   noisy sample, and the machine drifts during a run, so the run's restart is the
   median of these and of the restarts timed just after the run (``Beside.after``:
-  the next run's probe, or ``restarts`` once a repeat's last run has ended): over
-  60 runs of four validations (2026-12-03 and -04) the probe before a run alone
-  missed the run's own restarts by 1.02 s a failure (root mean square), the probes
-  before and after it by 0.68 s (docs/sim.md, `python -m profiler.failures.estimates`);
+  the next run's probe, or ``restarts`` once a repeat's last run has ended), which
+  estimate the run's own restarts better than the probe before it alone
+  (docs/results.md, `python -m profiler.failures.estimates`);
 - for a strategy whose run makes full saves on its training thread (deepspeed,
   and lowdiff's periodic full checkpoint), the probe's first worker trains under
   that strategy's own checkpointer at the run's cadence, inside a running job as
@@ -30,8 +29,8 @@ strategy's run, ``probe`` times, on the machine as it is then:
   first successor, under the same checkpointer in the victim's folder, loads its
   newest recovery point as a run's worker does after a failure: a fresh process's
   first load, from its ``ready`` to its ``resumed`` as the ledger counts it. The
-  calibration times a load into the live job it saved from (0.25 s for DeepSpeed's
-  save of MiniLM), where a restarted run's worker took 0.8-1.1 s (2026-12-03).
+  calibration times a load into the live job it saved from, which a fresh process
+  loads several times slower (docs/results.md).
 
 ``Beside.figures`` turns the medians into the cost model's figures
 (``restart_s``, of the restarts before and after the run; ``save_gbps`` = the
@@ -51,21 +50,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..checkpointers import REAL
+
 __all__ = ["Beside", "probe", "restarts", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
 
 SAVES = 6
 """Full saves the probe's first worker makes (fewer where the interval is long)."""
 MAX_STEPS = 36
 """The most steps the probe's first worker trains for its saves."""
-FULL_SAVES = ("deepspeed", "lowdiff")
-"""The strategies whose runs make full saves on the training thread at their interval."""
-LOADS = {"deepspeed": ("load_s", "load_gbps"), "lowdiff": ("load_s", "load_gbps"),
-         "checkfreq": ("async_load_s", "async_load_gbps"),
-         "layercheck": ("lc_load_s", "lc_load_gbps")}
-"""Per strategy whose load the probe times: the ``CostModel`` method that prices its
-recovery's load of the full bytes in the simulator (``sim/strategies``; LowDiff's full
-checkpoint, killed just after one, replays no differential), and the rate in it the
-probe replaces (the method's fixed part, its load of no bytes, is kept)."""
+FULL_SAVES = tuple(name for name, r in REAL.items() if r.full_saves)
+"""The strategies whose runs make full saves on the training thread at their interval
+(``RealStrategy.full_saves``)."""
+LOADS = {name: r.load for name, r in REAL.items() if r.load is not None}
+"""Per strategy whose load the probe times (``RealStrategy.load``): the ``CostModel``
+method that prices its recovery's load of the full bytes in the simulator
+(``sim/strategies``; LowDiff's full checkpoint, killed just after one, replays no
+differential), and the rate in it the probe replaces (the method's fixed part, its load
+of no bytes, is kept)."""
 
 
 def priced_load_s(strategy: str, costs: Any, full_bytes: float) -> float:
@@ -154,7 +155,7 @@ class Beside:
         later = [e for e in steps if int(e["step"]) > first]
         after = {int(e["step"]): float(e["time"]) - float(e["computed"]) for e in later}
         full = [s for s in after if s % every == 0]
-        if strategy == "deepspeed":
+        if not REAL[strategy].differentials:
             return cls(strategy=strategy, restarts_s=restarts_s,
                        saves_s=tuple(after[s] for s in full), **load)
         others = [e for e in later if int(e["step"]) % every]
@@ -179,7 +180,7 @@ def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, cou
         # a few steps past the first recovery point (for CheckFreq's background
         # persist): LayerCheck's base, written at the end of its warm-up, or the
         # strategy's first checkpoint
-        first = job.resolved_warmup if strategy == "layercheck" else every
+        first = REAL[strategy].first_point(job, every)
         kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
     with _synced(folder):
         chain = time_restarts(job, device, folder, count=count, every=every, kill_at=kill_at,

@@ -37,7 +37,7 @@ import pandas as pd
 from layercheck.contract.trace import Trace, TraceError, read_trace, write_trace
 
 from ..capture import capture
-from ..config import CaptureConfig, DrillConfig
+from ..config import RANKED_CAPTURES, CaptureConfig, DrillConfig, ranked_capture
 from ..errors import ProfilerError
 from ..machine import resolve_device
 from ..staleness import failure_steps
@@ -95,13 +95,11 @@ def plain_capture(path: Path, what: str) -> tuple[Trace, CaptureConfig]:
                             "capture` (this one has no capture settings)")
     if "evaluation" not in trace.manifest:
         raise TraceError(f"{path}/manifest.json: no evaluation; re-capture it")
-    ranked = [k for k, what in (("deepspeed", "DeepSpeed"), ("fsdp", "FSDP2"))
-              if k in trace.manifest["sources"]]
+    ranked = ranked_capture(trace.manifest["sources"])
     if ranked:
-        kind = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
-        raise ProfilerError(f"{path}: {kind} capture; {what} re-runs the job in a single "
-                            "process, so give it a plain capture (python -m profiler capture "
-                            f"without --{ranked[0]})")
+        raise ProfilerError(f"{path}: {RANKED_CAPTURES[ranked]} capture; {what} re-runs the job "
+                            "in a single process, so give it a plain capture (python -m profiler "
+                            f"capture without --{ranked})")
     return trace, CaptureConfig.from_dict(trace.manifest["sources"]["capture"])
 
 

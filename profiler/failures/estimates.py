@@ -5,10 +5,9 @@ documents (``profiler.failures.validate``) and, per file and over all, compares
 each run's restart per failure with two estimates a validation can make before it
 predicts: the median of the probe just before the run (``before``), and the median
 of that probe and the restarts just after it (``bracketed``: the probe's own
-``after_s`` where the document has them, as the validation writes them since
-2026-12-06, else the next run's probe; the last run of an older document has none
-and keeps ``before``). It prints the root mean square and the mean of estimate -
-run, in seconds a failure.
+``after_s`` where the document has them, else the next run's probe; the last run of
+a document without them has none and keeps ``before``). It prints the root mean
+square and the mean of estimate - run, in seconds a failure.
 
 A run's restart per failure is solved from its measured total (``restart_s``: every
 restart from the kill to the successor's ready) and its failure log: the one

@@ -9,7 +9,7 @@ writer dies with it, as on a failed machine), and at once starts a new one,
 which rebuilds the model, loads its newest durable recovery point and
 trains on. At ``window_s`` the last worker is killed too.
 
-GEMINI's peer (``profiler.peerstore``) is this process's child, so it
+GEMINI's peer (``profiler.checkpointers.peerstore``) is this process's child, so it
 outlives the workers; at a failure whose ``peer_lost`` is true it is killed
 too and a new, empty one started (the failure took the peer's memory).
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..checkpointers import real
 from ..contention import ContentionMeter, Descendants, summarize
 from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
 from ..mechanisms.restart import kill_worker, spawn_worker
@@ -94,7 +95,7 @@ def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[Work
     log = _Log(spec.root / SUPERVISOR_LOG)
     meter, others = ContentionMeter(children=True), Descendants()
     meter.start()
-    peer = _Peer(log) if spec.strategy == "gemini" else None
+    peer = _Peer(log) if real(spec.strategy).peer else None
     options = lambda: {**spec.options, **({"peer": peer.port} if peer else {})}  # noqa: E731
     workers = [_Worker(spec, 0, options(), log)]
     watch = _Watch(others, workers)
@@ -158,7 +159,7 @@ class _Peer:
     """GEMINI's peer process, restarted empty when a failure takes it."""
 
     def __init__(self, log: _Log) -> None:
-        from ..peerstore import start_peer
+        from ..checkpointers.peerstore import start_peer
         self.log, self.start = log, start_peer
         self.proc, self.port = start_peer()
         log.write("peer", port=self.port)

@@ -1,39 +1,30 @@
 """``python -m profiler validate``: the simulator's predictions against real runs killed at known times.
 
-For a calibrated plain capture (``costs.json`` beside its trace), ``repeats``
-times, each repeat with a failure log of its own (drawn from ``mtbf_s`` with
-seed ``seed + r``, redrawn while it has fewer than ``min_failures``; or the
-log given, replayed by every repeat):
+Contract. For a calibrated plain capture (``costs.json`` beside its trace), ``repeats``
+times, each repeat with a failure log of its own (drawn from ``mtbf_s`` with seed
+``seed + r``, redrawn while it has fewer than ``min_failures``; or the log given,
+replayed by every repeat):
 
-1. per strategy (deepspeed, checkfreq, gemini, lowdiff, layercheck:
-   ``profiler.checkpointers``) a real run of the trace's job on this machine
-   for ``window_s`` seconds, at the cadence the simulator gives that strategy
-   on that log (``sim.api.cadences``: the interval, GEMINI's storage
-   interval, LowDiff's batch), its workers SIGKILLed at the failure times and
-   restarted, GEMINI's peer killed with them at the failures where the
-   simulator's own draws say the failure took it (``sim.api.primary_loss_draws``)
-   (``profiler.failures.supervisor``); the measured effective ratio
-   (useful - stale) / window and its parts, from the processes' own
-   timestamped logs (``profiler.failures.ledger``);
-   Just before each run, a probe of the machine as it is then
-   (``profiler.failures.costprobe``): ``probes`` restarts timed one after the other,
-   and for deepspeed and lowdiff their full saves (and lowdiff's differentials) at
-   the run's cadence inside a running job; after the repeat's last run, ``probes``
-   restarts more, so that every run has restarts timed just before and just after
-   it (the next run's probe's): the run's restart is their median;
-2. the simulator on the same trace, costs, failure log, window and cadence
-   (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat),
-   with the probe's figures in place of the calibration's (``Beside.figures``):
-   the predicted ratio. None of them is one figure on one machine: a restart
-   drifts with the page cache (8.85 s in a calibration, 13.7-14.9 s eight hours
-   later, 14.2-19.1 s the next morning: docs/sim.md), so figures timed hours before
-   the runs predict another machine; ``predicted_from_costs`` is the prediction
-   with costs.json's own;
+1. per strategy run for real (``profiler.checkpointers.REAL``), a run of the trace's
+   job on this machine for ``window_s`` seconds at the cadence the simulator gives it
+   on that log (``sim.api.cadences``), its workers SIGKILLed at the failure times and
+   restarted, a peer process killed with them where the simulator's own draws say the
+   failure took it (``sim.api.primary_loss_draws``; ``profiler.failures.supervisor``);
+   measured: the effective ratio (useful - stale) / window and its parts, from the
+   processes' own timestamped logs (``profiler.failures.ledger``). Just before each run
+   a probe of the machine as it is then (``profiler.failures.costprobe``); after a
+   repeat's last run, ``probes`` restarts more, so every run's restart is the median of
+   restarts timed just before and just after it;
+2. predicted: the simulator on the same trace, costs, failure log, window and cadence
+   (``sim.simulate`` with ``FailureModel.exact_log``, seeded as the repeat), with the
+   probe's figures in place of the calibration's (``Beside.figures``), since a figure
+   timed hours before the runs describes another machine (docs/results.md);
+   ``predicted_from_costs`` is the prediction with costs.json's own;
 3. per repeat a row per strategy (measured, predicted, relative error
-   (predicted - measured) / measured, failures, the parts), and per strategy
-   the median relative error over the repeats with its smallest and largest;
-   written as JSON (``validation.json`` in the trace folder unless ``out`` is
-   given) and printed by ``format_table``.
+   (predicted - measured) / measured, failures, the parts), and per strategy the median
+   relative error over the repeats with its smallest and largest; written as JSON
+   (``validation.json`` in the trace folder unless ``out`` is given) and printed by
+   ``format_table``.
 """
 from __future__ import annotations
 
@@ -51,7 +42,9 @@ from typing import Any, Callable, Iterator
 
 from layercheck.contract.trace import Trace, read_trace
 
-from ..config import CaptureConfig, ValidationConfig
+from ..checkpointers import real
+from ..config import (RANKED_CAPTURES, CaptureConfig, ValidationConfig,
+                      ranked_capture)
 from ..contention import warning
 from ..errors import ProfilerError
 
@@ -201,11 +194,10 @@ def _plain_capture(trace_dir: Path) -> Trace:
     if trace.kind != "captured" or "capture" not in sources:
         raise ProfilerError(f"{trace_dir}: a validation re-runs a captured job; this trace has "
                             "no capture settings (make one with `python -m profiler capture`)")
-    ranked = [k for k in ("deepspeed", "fsdp") if k in sources]
+    ranked = ranked_capture(sources)
     if ranked:
-        what = "a DeepSpeed" if ranked[0] == "deepspeed" else "an FSDP2"
-        raise ProfilerError(f"{trace_dir}: {what} capture; the validation runs the job in "
-                            "one process per worker, so give it a plain capture")
+        raise ProfilerError(f"{trace_dir}: {RANKED_CAPTURES[ranked]} capture; the validation "
+                            "runs the job in one process per worker, so give it a plain capture")
     return trace
 
 
@@ -224,7 +216,7 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     layers = trace.layers
     shares = dict(zip(layers["name"], layers["params"] / layers["params"].sum()))
     ledger = account(workers, window_s=config.window_s,
-                     shares=shares if strategy == "layercheck" else None)
+                     shares=shares if real(strategy).layerwise else None)
     shutil.rmtree(spec.root / "ckpt", ignore_errors=True)
     contention = json.loads((spec.root / CONTENTION_FILE).read_text())
     said = warning(contention, f"the {strategy} run")  # None when quiet or unchecked
@@ -240,11 +232,7 @@ def _every(cadence: Any) -> int:
 
 def _options(strategy: str, cadence: Any, costs: Any) -> dict[str, Any]:
     """The strategy's checkpointer's own keywords at ``cadence`` (a run's, and its probe's)."""
-    if strategy == "gemini":
-        return {"storage_every": cadence.storage_every}
-    if strategy == "lowdiff":
-        return {"batch": cadence.batch or costs.diff_batch}
-    return {}
+    return real(strategy).options(cadence, costs)
 
 
 def _said(probe: Any, scenario: Any) -> str:

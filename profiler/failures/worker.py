@@ -44,13 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from sim.strategies import LayerCheck
+
 from ..config import CaptureConfig
 
 __all__ = ["run_job", "write_job", "EventReader"]
 
 
 def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log: Path,
-              strategy: str = "layercheck", interval: int = 1, halt_at: int | None = None,
+              strategy: str = LayerCheck.name, interval: int = 1, halt_at: int | None = None,
               repeat: bool = False, engine: bool = False, probe: bool = False,
               zero_ranks: int | None = None, fsdp: bool = False,
               options: dict[str, Any] | None = None) -> Path:
@@ -59,8 +61,8 @@ def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log
     an evaluation (a drill); ``engine``: build the DeepSpeed engine at start-up;
     ``probe``: stop once ready; ``zero_ranks``: (a probe only) build the ZeRO-3
     job (with ``fsdp``: the FSDP2 job) as one rank of that many, under torchrun;
-    ``options``: the strategy's checkpointer's own keywords (gemini's ``storage_every``
-    and ``peer``, lowdiff's ``batch``)."""
+    ``options``: the strategy's checkpointer's own keywords (``RealStrategy.options``,
+    and GEMINI's ``peer``)."""
     job = {"config": config.to_dict(), "device": device, "root": str(root), "log": str(log),
            "strategy": strategy, "interval": interval, "halt_at": halt_at, "repeat": repeat,
            "engine": engine, "probe": probe, "zero_ranks": zero_ranks,
@@ -71,7 +73,7 @@ def write_job(path: Path, *, config: CaptureConfig, device: str, root: Path, log
 
 def run_job(path: Path) -> int:
     entered = time.time()
-    from ..strategies import CHECKPOINTERS
+    from ..checkpointers import checkpointer_class
     from ..jobs.plain import PlainJob
     spec = json.loads(Path(path).read_text())
     config = CaptureConfig.from_dict(spec["config"]).replace(device=spec["device"])
@@ -91,7 +93,7 @@ def run_job(path: Path) -> int:
         initial = _Initial.of(job) if spec["repeat"] else None
         while True:
             number = _current(root)
-            checkpointer = CHECKPOINTERS[spec["strategy"]](job, root / f"job{number}",
+            checkpointer = checkpointer_class(spec["strategy"])(job, root / f"job{number}",
                                                           interval=spec["interval"],
                                                           **spec.get("options", {}))
             _train_one(job, checkpointer, number, spec["halt_at"], log)

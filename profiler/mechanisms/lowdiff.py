@@ -1,6 +1,6 @@
 """lowdiff: per-step compressed gradient differentials, written in batches, replayed on recovery.
 
-Times the very checkpointer a validation run drives (``profiler.differential``):
+Times the very checkpointer a validation run drives (``profiler.checkpointers.differential``):
 a short run of the job with ``DiffCheckpointer`` attached at the validation's
 interval (compressed training: its optimizer pre-hook top-k sparsifies every
 gradient, each step's differential queued to the writer process, a full save
@@ -14,7 +14,7 @@ from typing import Any
 
 from layercheck.contract.calibration import Figure
 
-from ..differential import BATCH, DENSITY, DiffCheckpointer
+from ..checkpointers.differential import BATCH, DENSITY, DiffCheckpointer
 from ..failures.validate import default_interval
 from .base import Bench, Mechanism, rate_figure
 
@@ -53,10 +53,11 @@ class Differential(Mechanism):
                        "paper's storage table implies 1,692 / 914 = 1.85). A batch persists at "
                        "persist_gbps, from LowDiff's writer process"),
             "diff_snapshot_gbps": rate_figure(
-                nbytes, compress, "profiler.differential.DiffCheckpointer's compression in "
-                f"the optimizer's step pre-hook (torch.topk of |gradient|, k = {DENSITY:g} of "
-                "each parameter's entries, the rest zeroed, values and int32 indices kept for "
-                f"the writer process's queue), {where}; the first step not counted"),
+                nbytes, compress, "profiler.checkpointers.differential.DiffCheckpointer's "
+                "compression in the optimizer's step pre-hook (torch.topk of |gradient|, "
+                f"k = {DENSITY:g} of each parameter's entries, the rest zeroed, values and int32 "
+                f"indices kept for the writer process's queue), {where}; the first step not "
+                "counted"),
             "diff_replay_gbps": rate_figure(
                 nbytes, again.replay_times, "a fresh DiffCheckpointer's load of that run: each "
                 "differential after the full save read from its batch file, scattered into "

@@ -13,10 +13,10 @@ corpus and batches, the model built (and, where DeepSpeed is installed, wrapped 
 the world-size-1 engine every validation worker builds, so that all strategies
 restart alike). Version 1 spawned the probes back to back on an idle machine, and
 a real killed run's restarts took 1.5-2 s longer each; timed from a kill, the restart
-came out no longer (7.96 s against 8.37 s: docs/sim.md), so the kill is not that gap,
+came out no longer (7.96 s against 8.37 s: docs/results.md), so the kill is not that gap,
 but this is how a failure restarts a worker. Nor is it the victim's checkpoints: a
 victim that had written DeepSpeed saves every 6 steps restarted no slower than one
-that wrote none (``benchmarks/bench_restart.py``, docs/sim.md). Under ZeRO or
+that wrote none (``benchmarks/bench_restart.py``, docs/benchmarks.md). Under ZeRO or
 FSDP2 the probe is a torchrun of as many ranks as the job, timed from its spawn to
 rank 0's ready.
 
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layercheck.contract.calibration import Figure
+from sim.strategies import DeepSpeed
 
 from .base import Bench, Mechanism
 
@@ -131,10 +132,10 @@ class Restarts:
 
 
 def time_restarts(config, device: str, folder: Path, *, count: int, every: int = NEVER,
-                  kill_at: int = VICTIM_STEPS, strategy: str = "deepspeed",
+                  kill_at: int = VICTIM_STEPS, strategy: str = DeepSpeed.name,
                   options: dict | None = None, resume: bool = False) -> Restarts:
     """``time_restart`` ``count`` times in a chain: the first victim trains under
-    ``strategy``'s checkpointer (``profiler.checkpointers``, with ``options``) every
+    ``strategy``'s checkpointer (``profiler.checkpointers.REAL``, with ``options``) every
     ``every`` steps and is killed after step ``kill_at``; each successor but the last
     trains ``VICTIM_STEPS`` steps (saving nothing, but the first with ``resume``) and is
     the next victim; each is timed
@@ -188,7 +189,7 @@ def _steps(log: Path, killed: float) -> tuple[dict, ...]:
 
 
 def _spawn(config, device: str, folder: Path, name: str, *, interval: int, probe: bool,
-           strategy: str = "deepspeed", options: dict | None = None,
+           strategy: str = DeepSpeed.name, options: dict | None = None,
            root: str | None = None) -> subprocess.Popen:
     """A worker of the chain, its checkpoints in ``folder/ckpt/<root or name>``."""
     from ..failures.worker import write_job

@@ -1,6 +1,6 @@
 """Whole-state checkpoints: DeepSpeed's synchronous save, CheckFreq's two phases, a host copy.
 
-Each times the very ``profiler.checkpointers`` object a validation run
+Each times the very ``profiler.checkpointers`` class a validation run
 drives, so the cost model and the killed runs share one implementation.
 """
 from __future__ import annotations
@@ -11,10 +11,11 @@ import torch
 
 from layercheck.contract.calibration import Figure
 
-from ..checkpointers import FullCheckpointer, folder_bytes
+from ..checkpointers.base import folder_bytes
+from ..checkpointers.full import FullCheckpointer
+from ..checkpointers.twophase import TwoPhaseCheckpointer
 from ..failures.validate import default_interval
 from ..state import TrainingState
-from ..twophase import TwoPhaseCheckpointer
 from .base import GB, Bench, Mechanism, rate_figure, timed
 
 __all__ = ["FullSave", "TwoPhase", "HostCopy"]
@@ -36,7 +37,7 @@ class FullSave(Mechanism):
             # inside a short run at the strategy's interval, as a job meets its saves: after
             # `every` training steps, the previous save still in the page cache (saves timed
             # back to back, with nothing between them, ran 8-12% faster than a validation
-            # run's; docs/sim.md)
+            # run's; docs/results.md)
             for _ in range(every):
                 bench.job.step(position)
                 position += bench.job.config.batch_size

@@ -16,7 +16,7 @@ PAPER = "LayerCheck (IEEE CLUSTER 2026)"
 
 STORAGE_RULE = Band(low=1 / 3, high=3.0, relative=True, reason=(
     "a storage rate carried from elsewhere: this machine's two calibrations of one model "
-    "(traces/minilm-200steps and minilm-1000steps, their costs.json of 2026-12-01) measured DeepSpeed's save at "
+    "(traces/minilm-200steps and minilm-1000steps, their costs.json) measured DeepSpeed's save at "
     "0.42 and 1.10 GB/s on the same disk, 2.6x apart; a third to three times"))
 COPY_RULE = Band(low=0.5, high=2.0, relative=True, reason=(
     "a copy to host memory carried from elsewhere: the same two calibrations measured "
@@ -25,7 +25,7 @@ COPY_RULE = Band(low=0.5, high=2.0, relative=True, reason=(
 LOAD_FIXED_RULE = Band(low=0.0, high=0.5, reason=(
     "0 where the load is timed whole and folded into its rate (how calibrate measures "
     "load_fixed_s), up to the 0.48 s restore plan measured here (minilm-200steps "
-    "lc_load_fixed_s, 2026-12-01)"))
+    "lc_load_fixed_s)"))
 
 
 WRITE_BAND = Band(low=1.12, high=12.0, reason=(

@@ -55,7 +55,8 @@ from ..theory import daly_interval_s
 # are not imported: both read the calibration schema, which is the union of this
 # package's declarations, so importing them here would be a cycle.
 
-__all__ = ["Cadence", "Schedule", "Strategy", "Footprint", "PROTOCOLS", "FIGURES", "STRATEGIES"]
+__all__ = ["Cadence", "Schedule", "Strategy", "Footprint", "PROTOCOLS", "FIGURES", "STRATEGIES",
+           "LADDER", "ladder"]
 
 FIGURES: dict[str, FigureSpec] = {
     "restart_s": FigureSpec("s", "all", "a new training process up to a model ready to load "
@@ -64,16 +65,31 @@ FIGURES: dict[str, FigureSpec] = {
                                         "start costs",
         band=Band(low=0.5, high=2.0, relative=True, reason=(
             "one process's restart measured 10.6 and 10.8 s here (minilm-1000steps, "
-            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps; 2026-12-01): ranks nearly "
+            "minilm-200steps), a 2-rank torchrun 19.1 s (minilm-zero3-200steps): ranks nearly "
             "double it; half to twice")),
         default=Figure(value=30.0, source="assumed", method=(
         "relaunching 8 ranks on one server up to a model built from its initial weights "
         "(process start, CUDA context, NCCL init); the paper's recovery times exclude it"), band=Band(low=10.8, high=120.0, reason=(
         "low: one CPU process's restart measured here (10.8 s, traces/minilm-200steps "
-        "restart_s, 2026-12-01), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
+        "restart_s), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
         "paper's recovery times exclude the restart)")))),
 }
 """The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
+
+
+LADDER = (4, 3)
+"""Points per doubling and doublings each way of an interval ladder: 4 per doubling (19%
+apart, where the ratio's optimum is flat to a few parts in 10,000) over 1/8 to 8 times
+the theory's interval."""
+
+
+def ladder(start: float, steps: int, *, per_doubling: int = LADDER[0],
+           doublings: int = LADDER[1]) -> list[int]:
+    """Whole intervals ``start`` x 2^(k / per_doubling), k = -per_doubling x doublings ..
+    +per_doubling x doublings, within 1 .. ``steps``, each once, ascending."""
+    k = np.arange(-per_doubling * doublings, per_doubling * doublings + 1)
+    points = np.round(max(start, 1.0) * 2.0 ** (k / per_doubling)).astype(np.int64)
+    return sorted({int(p) for p in np.clip(points, 1, steps)})
 
 
 PROTOCOLS = ("matched", "native")
@@ -233,6 +249,41 @@ class Strategy:
 
     def _native(self, workload: Workload, costs: CostModel, mtbf_s: float | None) -> Cadence:
         raise NotImplementedError
+
+    # -- the fair comparison's search (sim.settings) ------------------------------
+    def search_centres(self, workload: Workload, costs: CostModel,
+                       mtbf_s: float) -> tuple[int, int | None]:
+        """Where theory puts its interval, and a second tier's (None: none). Default:
+        Daly's for a synchronous full checkpoint (DeepSpeed, CheckFreq)."""
+        return _daly_steps(costs.save_s(workload.full_bytes), workload, mtbf_s), None
+
+    def search_cadences(self, centre: int, storage: int | None, workload: Workload,
+                        costs: CostModel) -> list[Cadence]:
+        """The search's own cadences around ``search_centres``. Default: a ladder of
+        intervals."""
+        return [Cadence(every=k) for k in ladder(centre, workload.steps)]
+
+    def spelled(self, cadence: Cadence, costs: CostModel) -> Cadence:
+        """``cadence`` with what None stands for spelled out (one cadence, one point).
+        Default: as it is."""
+        return cadence
+
+    # -- the paper's per-iteration regime (sim.paper) ----------------------------
+    def paper_cadence(self, workload: Workload) -> Cadence | None:
+        """Its cadence when it checkpoints every iteration, as the paper's runs did: a
+        rollback strategy every step with no storage tier within the run (GEMINI's last
+        resort); None for strategies without a cadence."""
+        return Cadence(every=1, storage_every=workload.steps) if self.rollback else None
+
+    def paper_costs(self, costs: CostModel) -> CostModel:
+        """``costs`` as the paper's runs set its own knobs (none here)."""
+        return costs
+
+    def training_s(self, workload: Workload, costs: CostModel) -> float:
+        """Seconds its training pays beyond compute on one failure-free job whether it
+        checkpoints or not (none here; LowDiff's compressed training): outside the
+        checkpoint share the paper publishes."""
+        return 0.0
 
     # -- schedule ----------------------------------------------------------------
     def schedule(self, workload: Workload, costs: CostModel, cadence: Cadence | None = None) -> Schedule:

@@ -9,7 +9,7 @@ from layercheck.contract.figure import Figure, FigureSpec
 from ..placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 from layercheck.contract.band import Band
 
-from .base import Cadence, Footprint, Strategy, _Builder, _daly_steps
+from .base import Cadence, Footprint, Strategy, _Builder, _daly_steps, ladder
 from .bands import COPY_BAND, COPY_RULE, PAPER
 
 __all__ = ["Gemini", "FIGURES", "STRATEGIES"]
@@ -66,6 +66,18 @@ class Gemini(Strategy):
     @staticmethod
     def _storage_every(workload, costs, mtbf_s) -> int:
         return _daly_steps(costs.persist_s(workload.full_bytes), workload, mtbf_s)
+
+    def search_centres(self, workload, costs, mtbf_s) -> tuple[int, int]:
+        """Its copies as often as its transfer keeps up, Daly's interval for the persist
+        behind them."""
+        memory = max(1, round(costs.peer_s(workload.full_bytes) / float(workload.compute_s.mean())))
+        return memory, self._storage_every(workload, costs, mtbf_s)
+
+    def search_cadences(self, centre, storage, workload, costs) -> list[Cadence]:
+        """Its memory ladder times its storage ladder."""
+        n = workload.steps
+        return [Cadence(every=m, storage_every=max(m, s)) for m in ladder(centre, n, doublings=2)
+                for s in ladder(storage, n, per_doubling=1, doublings=2)]
 
     def _checkpoints(self, b: _Builder) -> None:
         at = b.every(b.cadence.every)

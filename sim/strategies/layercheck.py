@@ -38,11 +38,11 @@ FIGURES: dict[str, FigureSpec] = {
     "lc_commit_s": FigureSpec("s", "layercheck", "committing one step's training state "
                                                  "(state file, fsyncs, manifest line)",
         band=Band(low=0.1, high=10.0, relative=True, reason=(
-            "the three captures here measured 2.1 to 19.6 ms (costs.json of 2026-12-01) (a 9x range): a tenth to ten "
+            "the three captures here measured 2.1 to 19.6 ms (their costs.json; a 9x range): a tenth to ten "
             "times")),
         default=Figure(value=0.05, source="assumed", method=(
         "one small training-state file and its manifest line, each fsynced, on Lustre"), band=Band(low=0.002, high=0.2, reason=(
-        "low: 2.1 ms measured here on a local disk (minilm-200steps lc_commit_s, 2026-12-01); high: 4x "
+        "low: 2.1 ms measured here on a local disk (minilm-200steps lc_commit_s); high: 4x "
         "the assumption, a judgment for a loaded Lustre metadata server")))),
     "lc_load_fixed_s": FigureSpec("s", "layercheck", "fixed part of a composite restore "
                                                      "(manifest, training state)",

@@ -1,6 +1,7 @@
 """LowDiff's per-step differentials, and the figures of their size, batching, stall and replay."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,9 +10,9 @@ from layercheck.contract.band import Band
 from layercheck.contract.figure import Figure, FigureSpec
 
 from ..errors import SimError
-from ..writer import queued_writer
-from .base import Cadence, Footprint, Strategy, _Builder
 from .bands import COPY_RULE, PAPER, STORAGE_RULE
+from .base import Cadence, Footprint, Strategy, _Builder, ladder
+from .lowdiff_writer import queued_writer
 
 __all__ = ["LowDiff", "NATIVE_DIFF_BATCH", "FIGURES", "STRATEGIES"]
 
@@ -62,6 +63,12 @@ FIGURES: dict[str, FigureSpec] = {
 """The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
+PAPER_FULL_EVERY = 106
+"""LowDiff's full checkpoints in the paper's runs: every 106 iterations (16 in 1,692,
+the storage table's 930 writes less its 914 batches)."""
+PAPER_DIFF_BATCH = 2
+"""Its differentials per write in the paper's runs (1,692 steps in 914 batches: 1.85, rounded)."""
+
 NATIVE_DIFF_BATCH = 1
 """LowDiff's differentials per write as its authors ran it: ``SAVE_BATCH_FREQ=1`` in
 its scripts (Chenxuan-Yao/TPDS-LowDiff, scripts/run_qwen_lowdiff_topk.sh)."""
@@ -105,6 +112,35 @@ class LowDiff(Strategy):
         replay = costs.diff_replay_s(costs.diff_bytes(workload.full_bytes))
         every = math.floor(math.sqrt(2 * full * mtbf_s / (step_s * replay)) + 0.5)
         return Cadence(every=max(1, min(workload.steps, every)), batch=NATIVE_DIFF_BATCH)
+
+    def search_centres(self, workload, costs, mtbf_s) -> tuple[int, None]:
+        """Its native full-checkpoint interval."""
+        return self.cadence("native", workload, costs, mtbf_s=mtbf_s).every, None
+
+    def search_cadences(self, centre, storage, workload, costs) -> list[Cadence]:
+        """Its full-checkpoint ladder times its two batch sizes (1, the cost model's)."""
+        return [Cadence(every=f, batch=b) for b in sorted({1, int(costs.diff_batch)})
+                for f in ladder(centre, workload.steps)]
+
+    def spelled(self, cadence: Cadence, costs) -> Cadence:
+        """The cost model's batch spelled out where ``cadence`` leaves it to it."""
+        if cadence.batch is not None:
+            return cadence
+        return dataclasses.replace(cadence, batch=int(costs.diff_batch))
+
+    def paper_cadence(self, workload) -> Cadence:
+        """A differential every iteration, its full checkpoints every ``PAPER_FULL_EVERY``."""
+        return Cadence(every=PAPER_FULL_EVERY)
+
+    def paper_costs(self, costs):
+        return costs.with_overrides(diff_batch=PAPER_DIFF_BATCH) \
+            if costs.diff_batch != PAPER_DIFF_BATCH else costs
+
+    def training_s(self, workload, costs) -> float:
+        """Its compressed training: the per-step compression and hand-off
+        (``diff_snapshot_gbps``) at every step but the job's end."""
+        steps = len(range(1, workload.steps))
+        return steps * costs.diff_snapshot_s(costs.diff_bytes(workload.full_bytes))
 
     def _diff_bytes(self, b: _Builder) -> float:
         return b.costs.diff_bytes(b.full)

@@ -73,7 +73,7 @@ def test_layercheck_stale_term_and_the_clamp_at_zero():
 
 
 def test_layercheck_loses_most_before_its_base_checkpoint():
-    """docs/sim.md's warm-up term: about a sixth of LayerCheck's failures at 0.5 h strike a
+    """docs/sim-paper.md's warm-up term: about a sixth of LayerCheck's failures at 0.5 h strike a
     job before its base checkpoint (step 200) and throw away about 600 s each; the rest
     lose under one step (6.25 s)."""
     scenario = Scenario.from_preset("qwen2.5-7b")

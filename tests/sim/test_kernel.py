@@ -76,7 +76,8 @@ import sys  # noqa: E402
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from sim import timeline as timeline_module, writer as writer_module  # noqa: E402
+from sim import timeline as timeline_module  # noqa: E402
+from sim.strategies import lowdiff_writer as writer_module  # noqa: E402
 from sim.engine import compiled_kernel  # noqa: E402
 
 

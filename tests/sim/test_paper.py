@@ -37,7 +37,7 @@ def test_lowdiff_is_not_write_bound_and_its_share_is_below_the_published_band(pr
     its share is what blocks its training thread: the synchronous full saves. That is
     6-8%, under the published 9.3-15.9%: the writer process's copies and writes also
     compete with training for host CPU, PCIe and memory, which no published figure
-    separates and the model does not charge (docs/sim.md)."""
+    separates and the model does not charge (docs/sim-fair.md)."""
     run = _run(preset, "lowdiff")
     costs = costs_for(preset)
     written = PUBLISHED[preset].lowdiff_total_gb * 1e9
@@ -75,7 +75,7 @@ def test_lowdiffs_shares_split_its_job_into_compute_compression_and_checkpointin
     run = regime_run("lowdiff", workload, costs)
     schedule = get_strategy("lowdiff").schedule(workload, costs, regime_cadence("lowdiff", workload))
     compression, checkpoint = lowdiff_shares(schedule, workload, costs)
-    assert checkpoint == pytest.approx(run.share)                   # docs/sim.md: 8.1%
+    assert checkpoint == pytest.approx(run.share)                   # docs/sim-fair.md: 8.1%
     assert compression == pytest.approx(run.compression_s / (run.minutes * 60))
     note = lowdiff_stall_note(schedule, workload, costs, 0.35)
     assert "35% of the wall clock" in note and f"{checkpoint:.1%}" in note

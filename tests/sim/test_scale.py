@@ -85,7 +85,7 @@ def test_gemini_loses_its_peer_only_where_the_placement_shares_a_rack():
 def test_llama3_405b_above_90_percent():
     """Llama 3 405B: 419 unexpected interruptions in 54 days on 16,384 GPUs and an
     effective training time above 90% (Meta 2024). Under this model's stated figures
-    (docs/sim.md) a synchronous save at Daly's interval keeps 95%, the perfect
+    (docs/sim-scale.md) a synchronous save at Daly's interval keeps 95%, the perfect
     checkpointer 97%: the 419 interruptions cost about 3% in recovery whatever the
     checkpointing, and the checkpoints the rest."""
     scenario, model = llama3_405b()

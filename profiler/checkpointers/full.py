@@ -1,35 +1,11 @@
-"""The checkpointing strategies' real mechanisms on a live job, each in a folder of its own.
+"""DeepSpeed's strategy for real: a synchronous full save of model and optimizer.
 
-One base, five strategies; the calibration times these very objects and the
-validation's workers drive them, so what is costed is what runs:
-
-- ``FullCheckpointer`` ("deepspeed"): a synchronous full save of model and
-  optimizer: ``engine.save_checkpoint`` (``profiler.engine``) when DeepSpeed
-  is installed (not for a one-process job inside a world of several ranks),
-  else one safetensors file written, fsynced and renamed into place; for an
-  FSDP2 job (which has no DeepSpeed engine) its own framework's
-  full save, ``torch.distributed.checkpoint.save`` of every rank's shards.
-  Durable when the save returns; loaded with ``engine.load_checkpoint`` (or
-  ``dcp.load``).
-- ``TwoPhaseCheckpointer`` ("checkfreq", ``profiler.twophase``): CheckFreq's
-  snapshot to host memory in the background while the next step computes (the
-  weight update waits for it), then its persist with ``dcp.save``.
-- ``PeerCheckpointer`` ("gemini", ``profiler.inmemory``): host copies sent to a
-  peer process's memory over loopback, storage as the last tier.
-- ``DiffCheckpointer`` ("lowdiff", ``profiler.differential``): compressed
-  training, each step's differential queued to a writer process that writes
-  batches, full saves (this module's ``FullCheckpointer``) every k steps.
-- ``LayerCheckpointer`` ("layercheck"): the library itself (``job.make_layercheck``),
-  a step recoverable once its training state is committed.
-
-``profiler.strategies.CHECKPOINTERS`` names all five.
-
-Contract: ``load()`` once, first (the newest recovery point into the live job,
-or None: start the job at step 1); ``due(step, last)`` says whether ``save``
-runs after that step; ``save(step, position)`` returns what the training
-thread spent in it; ``held_s()``, after every training step, the seconds the
-strategy held that step (CheckFreq's weight update waiting for its snapshot);
-``close()`` releases the folder.
+``engine.save_checkpoint`` (``profiler.engine``) when DeepSpeed is installed (not for a
+one-process job inside a world of several ranks), else one safetensors file written,
+fsynced and renamed into place; for an FSDP2 job (which has no DeepSpeed engine) its own
+framework's full save, ``torch.distributed.checkpoint.save`` of every rank's shards.
+Durable when the save returns; loaded with ``engine.load_checkpoint`` (or ``dcp.load``).
+Disk stays one save deep. LowDiff's full checkpoints are this class's saves.
 """
 from __future__ import annotations
 
@@ -37,70 +13,16 @@ import os
 import shutil
 import time
 import warnings
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from .state import TrainingState, fsync_path
+from ..state import TrainingState, fsync_path
+from .base import Checkpointer, Resume, Saved, folder_bytes
 
-__all__ = ["Checkpointer", "FullCheckpointer", "LayerCheckpointer",
-           "Resume", "Saved", "folder_bytes", "single_process"]
-
-@dataclass(frozen=True)
-class Resume:
-    """Where a load left the job."""
-
-    step: int
-    position: int
-    sources: dict[str, int] = field(default_factory=dict)
-    """LayerCheck: the step of each layer's version in the composite."""
-
-
-@dataclass(frozen=True)
-class Saved:
-    """What a save cost the training thread."""
-
-    stall_s: float
-    """Seconds the training thread spent on the save (waits included)."""
-    tracking_s: float = 0.0
-    """Seconds of the last optimizer phase that were the strategy's (LayerCheck's drift)."""
-    bytes: int = 0
-    """Bytes this save queued or wrote."""
-
-
-class Checkpointer:
-    name = ""
-
-    def __init__(self, job: Any, folder: Path, *, interval: int = 1) -> None:
-        self.job, self.folder, self.interval = job, Path(folder), interval
-        self.folder.mkdir(parents=True, exist_ok=True)
-
-    def due(self, step: int, last: int) -> bool:
-        """Checkpoint after ``step`` of a ``last``-step job (never after the last:
-        the end-of-job save is not part of the strategy)."""
-        return step % self.interval == 0 and step < last
-
-    def load(self) -> Resume | None:
-        raise NotImplementedError
-
-    def save(self, step: int, position: int) -> Saved:
-        raise NotImplementedError
-
-    def held_s(self) -> float:
-        """Seconds of the training step just taken that waited for this strategy (read
-        once per step, after it; they are inside that step's optimizer phase)."""
-        return 0.0
-
-    def flush(self) -> None:
-        """Wait until every save so far is durable."""
-
-    def close(self) -> None:
-        pass
+__all__ = ["FullCheckpointer"]
 
 
 class FullCheckpointer(Checkpointer):
-    name = "deepspeed"
 
     def __init__(self, job: Any, folder: Path, *, interval: int = 1) -> None:
         super().__init__(job, folder, interval=interval)
@@ -215,62 +137,15 @@ class FullCheckpointer(Checkpointer):
                 shutil.rmtree(old, ignore_errors=True)
 
 
-class LayerCheckpointer(Checkpointer):
-    name = "layercheck"
-
-    def __init__(self, job: Any, folder: Path, *, interval: int = 1) -> None:
-        super().__init__(job, folder, interval=interval)
-        self.lc = job.make_layercheck(self.folder, job.config.layercheck_config(keep_versions=1))
-
-    def due(self, step: int, last: int) -> bool:
-        return step < last  # an opportunity at every step (the policy decides what to write)
-
-    def load(self) -> Resume | None:
-        step = self.lc.restore()
-        if step == 0:
-            return None
-        plan = self.lc.restored.plan.to_dict()
-        sources = {layer["layer"]: int(layer["source_step"]) for layer in plan["layers"]}
-        return Resume(step, int((self.lc.extra or {}).get("position", 0)), sources)
-
-    def save(self, step: int, position: int) -> Saved:
-        # the drift hook ran inside the optimizer phase; the reduce of its sums runs here
-        inside = self.lc.drift.hook_seconds()
-        start = time.perf_counter()
-        report = self.lc.step(extra={"position": position})
-        spent = time.perf_counter() - start
-        return Saved(spent + inside, tracking_s=inside, bytes=report.bytes_queued)
-
-    def flush(self) -> None:
-        self.lc.flush()
-
-    def close(self) -> None:
-        self.lc.close()
-
-
-
-
 def _engine(job: Any) -> Any:
     """The DeepSpeed engine that saves ``job``: its own (a ZeRO job's), else a world-size-1
     engine around it; None without DeepSpeed, or for a one-process job inside a world of
     several ranks (rank 0's plain job in a ZeRO calibration), which an engine would span."""
     import torch.distributed as dist
 
-    from .engine import deepspeed_available, engine_for
+    from ..engine import deepspeed_available, engine_for
     if not deepspeed_available():
         return None
     if getattr(job, "engine", None) is None and dist.is_initialized() and dist.get_world_size() > 1:
         return None
     return engine_for(job)
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-@contextmanager
-def single_process() -> Iterator[None]:
-    """DCP warns that it saves in one process when asked to (no_dist=True): it is asked.
-    The saves of CheckFreq and GEMINI run in threads of their own, so the filter is global."""
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
-    yield

@@ -1,7 +1,7 @@
 """GEMINI's and LowDiff's real checkpointers: their tiers, their processes, and the state they restore.
 
-In one process: the peer process (``profiler.peerstore``) and LowDiff's
-writer process (``profiler.diffwriter``) are real, the job is the tiny one.
+In one process: the peer process (``profiler.checkpointers.peerstore``) and LowDiff's
+writer process (``profiler.checkpointers.diffwriter``) are real, the job is the tiny one.
 The real kills are in ``test_killed_checkpointers.py``.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from profiler.config import CaptureConfig
-from profiler.differential import DiffCheckpointer
-from profiler.diffwriter import batch_files, frame, read_batch
-from profiler.inmemory import PeerCheckpointer
-from profiler.peerstore import recv_frame, send_frame, start_peer
+from profiler.checkpointers.differential import DiffCheckpointer
+from profiler.checkpointers.diffwriter import batch_files, frame, read_batch
+from profiler.checkpointers.inmemory import PeerCheckpointer
+from profiler.checkpointers.peerstore import recv_frame, send_frame, start_peer
 from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
 from tests.profiler.conftest import TINY
@@ -142,7 +142,7 @@ def test_the_writer_seals_batches_that_read_back(tmp_path):
     import subprocess
     import sys
 
-    from profiler.differential import WRITER
+    from profiler.checkpointers.differential import WRITER
     proc = subprocess.Popen([sys.executable, str(WRITER), str(tmp_path)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     for step in (1, 2):

@@ -16,10 +16,10 @@ import time
 import pytest
 import torch
 
-from profiler.strategies import CHECKPOINTERS
+from profiler.checkpointers import checkpointer_class
 from profiler.config import CaptureConfig
 from profiler.mechanisms.restart import spawn_worker
-from profiler.peerstore import start_peer
+from profiler.checkpointers.peerstore import start_peer
 from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
 from profiler.failures.worker import EventReader, write_job
@@ -35,7 +35,7 @@ def _reference(steps: int, *, compressed: bool, tmp) -> dict[str, torch.Tensor]:
     """The state after ``steps`` steps of the job in this process (LowDiff's training is
     compressed: its checkpointer's hook on, as in the worker)."""
     job = PlainJob.prepare(CONFIG, say=lambda _: None)
-    hook = CHECKPOINTERS["lowdiff"](job, tmp, interval=10 ** 6, batch=10 ** 6) if compressed else None
+    hook = checkpointer_class("lowdiff")(job, tmp, interval=10 ** 6, batch=10 ** 6) if compressed else None
     for step in range(1, steps + 1):
         job.step((step - 1) * CONFIG.batch_size)
         if hook is not None:
@@ -66,7 +66,7 @@ def _killed_worker(root, strategy: str, interval: int, options: dict) -> None:
 
 def _load(strategy: str, root, interval: int, options: dict):
     job = PlainJob.prepare(CONFIG, say=lambda _: None)
-    ckpt = CHECKPOINTERS[strategy](job, root / "ckpt" / "job0", interval=interval, **options)
+    ckpt = checkpointer_class(strategy)(job, root / "ckpt" / "job0", interval=interval, **options)
     resume = ckpt.load()
     state = {k: t.detach().clone()
              for k, t in TrainingState(job.model, job.optimizer, job.scheduler).tensors().items()}

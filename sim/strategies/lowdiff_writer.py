@@ -15,6 +15,9 @@ import numpy as np
 
 __all__ = ["queued_writer"]
 
+_KERNEL = f"{__name__.split('.')[0]}.kernel"
+"""``sim.kernel``, the compiled walks (``sim.engine.compiled_kernel`` loads it)."""
+
 
 def queued_writer(compute: np.ndarray, snap: np.ndarray, write: np.ndarray, full: np.ndarray,
                   full_s: float, slots: int | None) -> tuple[np.ndarray, int]:
@@ -35,7 +38,7 @@ def queued_writer(compute: np.ndarray, snap: np.ndarray, write: np.ndarray, full
 
     Where the compiled walks are loaded (``sim.engine.compiled_kernel``) they run this
     one: the same float64 operations in order (tested equal)."""
-    kernel = sys.modules.get(f"{__package__}.kernel")    # loaded by the engine, never here
+    kernel = sys.modules.get(_KERNEL)    # loaded by the engine, never here
     if kernel is not None:
         out, most = kernel.queued_writer_walk(
             np.ascontiguousarray(compute, dtype=np.float64), snap,

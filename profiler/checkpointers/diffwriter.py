@@ -4,9 +4,9 @@ LowDiff (Yao et al.; Chenxuan-Yao/TPDS-LowDiff) hands each step's compressed
 gradient to a separate process through a queue and goes on training; that
 process writes them in batches. Here the queue is this process's stdin (fed
 by a thread of the training process, as ``multiprocessing.Queue`` feeds its
-pipe); the training process's checkpointer is ``profiler.differential``.
+pipe); the training process's checkpointer is ``profiler.checkpointers.differential``.
 
-Torch-free: run as a script (``python profiler/diffwriter.py FOLDER``). Frames
+Torch-free: run as a script (``python profiler/checkpointers/diffwriter.py FOLDER``). Frames
 on stdin: 8 bytes big-endian length, a JSON header, then ``size`` raw bytes
 where the header has one.
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from profiler.checkpointers import FullCheckpointer, LayerCheckpointer, folder_bytes
+from profiler.checkpointers.base import folder_bytes
+from profiler.checkpointers.full import FullCheckpointer
+from profiler.checkpointers.layerwise import LayerCheckpointer
 from profiler.config import CaptureConfig
 from profiler.engine import deepspeed_available
 from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
-from profiler.twophase import TwoPhaseCheckpointer
+from profiler.checkpointers.twophase import TwoPhaseCheckpointer
 from tests.profiler.conftest import TINY
 
 
@@ -31,7 +33,7 @@ def _lrs(job) -> list[float]:
 
 @pytest.mark.parametrize("kind", [FullCheckpointer, TwoPhaseCheckpointer, LayerCheckpointer])
 def test_save_then_load_gives_the_saved_state_back(job, kind, tmp_path):
-    ckpt = kind(job, tmp_path / kind.name, interval=1)
+    ckpt = kind(job, tmp_path / kind.__name__, interval=1)
     assert ckpt.load() is None  # a fresh folder: no recovery point, start at step 1
     job.step(0)
     saved = ckpt.save(1, job.config.batch_size)
@@ -41,7 +43,7 @@ def test_save_then_load_gives_the_saved_state_back(job, kind, tmp_path):
     job.step(job.config.batch_size)  # the live state moves on
     assert any(not torch.equal(t, expected[k]) for k, t in _snapshot(job).items())
     ckpt.close()
-    again = kind(job, tmp_path / kind.name, interval=1)
+    again = kind(job, tmp_path / kind.__name__, interval=1)
     resume = again.load()
     assert (resume.step, resume.position) == (1, job.config.batch_size)
     for key, tensor in _snapshot(job).items():

@@ -21,7 +21,7 @@ training loop wait before its weight update):
 - ``load()`` reads the newest durable folder into the live tensors with
   ``dcp.load`` (``async_load_gbps``).
 
-Contract (``profiler.checkpointers``): ``load``, ``due``, ``save``, ``held_s``
+Contract (``profiler.checkpointers.base``): ``load``, ``due``, ``save``, ``held_s``
 (after every training step: the seconds that step waited for a snapshot),
 ``flush``, ``close``. ``last`` holds the phases of the newest completed save.
 """
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from .checkpointers import Checkpointer, Resume, Saved, single_process
-from .state import TrainingState
+from .base import Checkpointer, Resume, Saved, single_process
+from ..state import TrainingState
 
 __all__ = ["Phases", "TwoPhaseCheckpointer"]
 
@@ -53,7 +53,6 @@ class Phases:
 
 
 class TwoPhaseCheckpointer(Checkpointer):
-    name = "checkfreq"
     method = ("CheckFreq's two phases: a background thread copies the state into "
               "preallocated host buffers while the next step's forward and backward run "
               "(an optimizer step pre-hook holds the weight update until the copy is "

@@ -7,7 +7,7 @@ What ``sim.strategies.Gemini`` models, for real:
   background writer), then copies the whole state (weights, Adam moments,
   steps) into preallocated host buffers (``host_copy_gbps``, the stall);
 - a background thread sends those buffers to the peer process
-  (``profiler.peerstore``) over loopback (``peer_gbps``); the step is a
+  (``profiler.checkpointers.peerstore``) over loopback (``peer_gbps``); the step is a
   recovery point once the peer has acknowledged the copy (the primary tier);
 - every ``storage_every`` steps a second background thread also writes a
   host copy to storage with ``torch.distributed.checkpoint.save``
@@ -33,26 +33,25 @@ from typing import Any
 
 import torch
 
-from .checkpointers import Checkpointer, Resume, Saved
-from .mechanisms.peer import byte_views
+from .base import Checkpointer, Resume, Saved
+from ..mechanisms.peer import byte_views
 from .peerstore import recv_exact, recv_frame, send_frame
-from .state import TrainingState
+from ..state import TrainingState
 from .twophase import TwoPhaseCheckpointer
 
 __all__ = ["PeerCheckpointer"]
 
 
 class PeerCheckpointer(Checkpointer):
-    name = "gemini"
 
     def __init__(self, job: Any, folder: Path, *, interval: int = 1,
                  storage_every: int | None = None, peer: int | None = None) -> None:
-        """``peer``: the port of a running ``profiler.peerstore`` on 127.0.0.1;
+        """``peer``: the port of a running ``profiler.checkpointers.peerstore`` on 127.0.0.1;
         ``storage_every``: steps between storage writes (default: ``interval``)."""
         super().__init__(job, folder, interval=interval)
         if peer is None:
             raise ValueError("the gemini checkpointer needs a peer: the port of a running "
-                             "profiler.peerstore (profiler.peerstore.start_peer)")
+                             "profiler.checkpointers.peerstore (its start_peer)")
         self.storage_every = storage_every or interval
         self.key = str(self.folder.resolve())
         self.state = TrainingState(job.model, job.optimizer, job.scheduler)

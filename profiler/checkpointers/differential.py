@@ -9,7 +9,7 @@ What ``sim.strategies.LowDiff`` models, for real:
   the step applied. The compression is the training-side stall the
   simulator charges (``diff_snapshot_gbps``);
 - after every step the differential is handed to a queue (a thread feeds it
-  to the writer process, ``profiler.diffwriter``) and training goes on; every
+  to the writer process, ``profiler.checkpointers.diffwriter``) and training goes on; every
   ``batch`` steps (the simulator's batches end at multiples of it) the
   writer seals the held differentials into one batch file, durable when
   renamed;
@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from .checkpointers import Checkpointer, FullCheckpointer, Resume, Saved
+from .base import Checkpointer, Resume, Saved
+from .full import FullCheckpointer
 from .diffwriter import batch_files, frame, read_batch
 
 __all__ = ["BATCH", "DENSITY", "DiffCheckpointer", "kept"]
@@ -58,7 +59,6 @@ def kept(p: torch.Tensor) -> int:
 
 
 class DiffCheckpointer(Checkpointer):
-    name = "lowdiff"
 
     def __init__(self, job: Any, folder: Path, *, interval: int = 1, batch: int = BATCH) -> None:
         super().__init__(job, folder, interval=interval)

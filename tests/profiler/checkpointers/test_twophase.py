@@ -9,7 +9,7 @@ import torch
 from profiler.config import CaptureConfig
 from profiler.jobs.plain import PlainJob
 from profiler.state import TrainingState
-from profiler.twophase import TwoPhaseCheckpointer
+from profiler.checkpointers.twophase import TwoPhaseCheckpointer
 from tests.profiler.conftest import TINY
 
 DELAY_S = 0.4

@@ -8,7 +8,7 @@ is started by whoever outlives the training processes (the validation's
 supervisor), so killing a worker does not kill its peer; killing this
 process is the failure that takes the peer too.
 
-Torch-free: run as a script (``python profiler/peerstore.py PARENT_PID``); it
+Torch-free: run as a script (``python profiler/checkpointers/peerstore.py PARENT_PID``); it
 prints its port, then serves one connection at a time, forever, until its
 parent is gone or it is killed. Frames: 8 bytes big-endian length, a JSON
 header, then ``size`` raw bytes where the header says so.
