@@ -1,4 +1,4 @@
-"""``python -m sim``: the command line. Bad input is one line on stderr and exit 2.
+"""The simulator's command line, ``python -m sim``. Bad input is one line on stderr and exit 2.
 
     python -m sim --mtbf 0.5h                      table for the default preset
     python -m sim --mtbf 30m --json | --csv
@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from layercheck.errors import OneLineParser, one_line, stdout_gone
+from layercheck.contract.errors import OneLineParser, one_line, stdout_gone
 from layercheck.contract.trace import TraceError, read_trace
 
 from . import scalecli
@@ -42,7 +42,7 @@ from .report import figure
 from .scenarioargs import (FAIR, add_budget_args, add_price_args, add_scenario_args, budgets_of,
                            mtbf_of, prices_of, scenario_of)
 from .units import DURATION_RANGE, format_duration, parse_duration, parse_range
-from .work import check_runs
+from .workbound import check_runs
 
 __all__ = ["main"]
 

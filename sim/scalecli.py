@@ -17,7 +17,7 @@ from .scale import LLAMA3_NODE_MTBF_S, WHERE, ScaleModel, gpu_steps, scale_curve
 from .scenarioargs import job_scenario
 from .strategies import PROTOCOLS
 from .units import format_duration, parse_duration
-from .work import MAX_DRAINED_WRITES
+from .workbound import MAX_DRAINED_WRITES
 
 __all__ = ["add_parser", "run"]
 

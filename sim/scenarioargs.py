@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layercheck.contract.calibration import FIGURES, read_calibration
+from .calibrated import FIGURES, read_calibration
 from layercheck.contract.measurement import age_warning
 from layercheck.contract.trace import TraceError, read_trace
 
