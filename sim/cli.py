@@ -1,4 +1,4 @@
-"""``python -m sim``: the command line. Bad input is one line on stderr and exit 2.
+"""The simulator's command line, ``python -m sim``. Bad input is one line on stderr and exit 2.
 
     python -m sim --mtbf 0.5h                      table for the default preset
     python -m sim --mtbf 30m --json | --csv
@@ -33,7 +33,7 @@ import sys
 import textwrap
 from typing import Sequence
 
-from layercheck.errors import OneLineParser, one_line, stdout_gone
+from layercheck.contract.errors import OneLineParser, one_line, stdout_gone
 
 from . import scalecli
 from .errors import SimError

@@ -21,7 +21,7 @@ from .report import (RUN_TAIL, bill_table, figure, header, json_clean, leader_li
 from .scenarioargs import FAIR, budgets_of, mtbf_of, prices_of, scenario_of
 from .tables import WIDTH, Column, render
 from .units import format_duration, parse_duration, parse_range
-from .work import check_runs
+from .workbound import check_runs
 
 __all__ = ["COMMAND_RUNS"]
 

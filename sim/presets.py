@@ -3,7 +3,7 @@
 Each preset is a model (layer table from ``architectures``), the paper's
 setting (1,692 iterations, per-iteration time from its end-to-end times, the
 LayerCheck defaults) and a *synthetic* drift trace: per-layer drift drawn so
-that ``layercheck.policy.replay`` with the paper's thresholds writes about as
+that ``layercheck.contract.policy.replay`` with the paper's thresholds writes about as
 many layers, checkpoints and bytes as the paper's storage table reports. The
 trace is labelled kind="synthetic" and never stands in for a measurement.
 
@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layercheck.config import LayerCheckConfig
-from layercheck.policy import Policy, Reason, replay
-from layercheck.contract.calibration import FIGURES, Calibration, Figure
+from layercheck.contract.config import LayerCheckConfig
+from layercheck.contract.policy import Policy, Reason, replay
+from layercheck.contract.calibration import Figure
+from .calibrated import FIGURES, Calibration
 from layercheck.contract.trace import (SCHEMA_VERSION, Trace, TraceError, last_written, read_trace,
                               weighted_staleness, write_trace)
 
@@ -132,7 +133,7 @@ def _drift(name: str, intervals: dict[str, float], rng: np.random.Generator,
 
 def build_trace(name: str, *, seed: int = 0, intervals: dict[str, float] | None = None) -> Trace:
     """The synthetic trace of preset ``name``: drift drawn with ``seed``, writes decided
-    by ``layercheck.policy.replay`` with the paper's LayerCheck defaults."""
+    by ``layercheck.contract.policy.replay`` with the paper's LayerCheck defaults."""
     if name not in ARCHITECTURES:
         raise SimError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from layercheck.contract.calibration import FIGURES, read_calibration
 from layercheck.contract.measurement import age_warning
 
+from .calibrated import FIGURES, read_calibration
 from .costs import COST_MODELS, CostModel
 from .engine import ENGINES
 from .errors import SimError

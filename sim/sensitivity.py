@@ -14,7 +14,7 @@ strategy ranks first, and to which (``Sensitivity.flips``).
 
 The default run is smaller than ``python -m sim``'s (``SEEDS`` seeds over a
 ``WINDOW_S`` window) because it is 1 + 2 x figures runs; the work bound
-(``sim.work``) is checked for all of them together before the first.
+(``sim.workbound``) is checked for all of them together before the first.
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from layercheck.contract.calibration import FIGURES
+from .calibrated import FIGURES
 
 from .api import Scenario, simulate
 from .errors import SimError
 from .report import leader_line
 from .tables import WIDTH, Column, render
-from .work import bound_work
+from .workbound import bound_work
 
 __all__ = ["SEEDS", "WINDOW_S", "Sensitivity", "sensitivity", "banded", "at_value"]
 

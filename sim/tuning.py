@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.decision import paper_default, recorded_config
 from layercheck.contract.trace import Trace
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.contract.calibration import read_calibration
+from sim.calibrated import read_calibration
 from sim.api import COLUMNS, Scenario, simulate
 from sim.cli import main
 from sim.report import RUN_TAIL
@@ -26,7 +26,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_torch_free():
     code = ("import sys, sim, sim.__main__, sim.cli, sim.api, sim.reference, sim.report, sim.presets, "
-            "sim.frontier, sim.tuning, layercheck.contract.lanes, layercheck.budget; "
+            "sim.frontier, sim.tuning, layercheck.contract.lanes, layercheck.contract.budget; "
             "sim.simulate(sim.Scenario.from_preset('llama-3.2-1b', window_s=3600.0), mtbf_s=600.0, seeds=1); "
             "assert 'torch' not in sys.modules, 'sim imported torch'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -74,7 +74,8 @@ def test_an_old_calibration_warns_in_one_line_on_python_m_sim_scale(tmp_path):
     import sys
     from pathlib import Path
 
-    from layercheck.contract.calibration import read_calibration, write_calibration
+    from layercheck.contract.calibration import write_calibration
+    from sim.calibrated import read_calibration
     root = Path(__file__).resolve().parents[2]
     trace = tmp_path / "t"
     shutil.copytree(root / "traces" / "minilm-200steps", trace)
