@@ -27,7 +27,7 @@ from layercheck.contract.trace import Trace
 from layercheck.contract.traceschema import MAX_COUNT
 
 from .costs import GB, CostModel
-from .engine import RESULT_FIELDS, LaneResults, run_limit
+from .engine import ENGINES, RESULT_FIELDS, LaneResults, run_limit
 from .errors import SimError
 from .failures import FailureModel
 from .grid import run_grid
@@ -46,9 +46,6 @@ __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "simulate_schedul
            "PRESETS", "COLUMNS", "LIMIT", "DAY", "ENGINES", "cadences", "primary_loss_draws"]
 
 DAY = 86400.0
-ENGINES = ("fast", "simpy")
-"""fast: jumps from failure to failure (``sim.engine``); simpy: every step an event
-(``sim.reference``, the model to read and extend; slower)."""
 
 
 def _presets() -> tuple[str, ...]:

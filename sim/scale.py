@@ -52,7 +52,7 @@ __all__ = ["ScaleModel", "scale_costs", "simulate_scale", "scale_curve", "SCALE_
            "LLAMA3_NODE_MTBF_S", "gpu_steps", "shares", "WHERE"]
 
 _REGIME = REGIMES["llama3-405b"]
-LLAMA3_NODE_MTBF_S = _REGIME.days * 86400.0 / _REGIME.interruptions * (_REGIME.gpus / GPUS_PER_NODE)
+LLAMA3_NODE_MTBF_S = _REGIME.node_mtbf_s(GPUS_PER_NODE)
 """One node's MTBF behind Llama 3 405B's record: 419 unexpected interruptions in 54 days on
 2,048 nodes of 8 GPUs (``sim.presets.REGIMES``), 54 d / 419 x 2,048 = 264 days."""
 NODE_MTBF_SOURCE = (f"Llama 3 405B (Meta 2024): {_REGIME.interruptions} unexpected interruptions "

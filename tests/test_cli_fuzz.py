@@ -567,7 +567,7 @@ def _row_id(row) -> str:
 NON_NUMERIC = {"-h", "--preset", "--trace", "--regime", "--failures", "--failure-log",
                "--strategies", "--protocol", "--engine", "--costs", "--scheduler", "--out",
                "--json", "--csv", "--figures", "--write", "--log-once", "--stale-as-useful",
-               "--no-spare", "--placement", "--no-bands", "--no-baselines"}
+               "--no-spare", "--placement", "--no-bands", "--no-baselines", "--wide", "--progress"}
 """Options that take a name, a path or nothing (a failure log's numbers are fuzzed below)."""
 
 

@@ -175,7 +175,7 @@ def test_cli_json_names_the_flip_and_states_its_smaller_defaults():
 @pytest.mark.parametrize("args, message", [
     (("--mtbf", "0.5h", "--figures", "nope"), "unknown cost figures"),
     (("--figures", "save_gbps"), "give --mtbf"),
-    (("--mtbf", "0.5h", "--seeds", "0"), "seeds=0"),
+    (("--mtbf", "0.5h", "--seeds", "0"), "--seeds 0"),
     (("--mtbf", "0.5h", "--window", "-1d"), "--window"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, message):
