@@ -17,7 +17,8 @@ import streamlit as st  # noqa: E402
 st.set_page_config(page_title="LayerCheck", page_icon=":floppy_disk:", layout="wide")
 VIEWS = Path(__file__).resolve().parent / "views"
 pages = st.navigation([
-    st.Page(VIEWS / "drift.py", title="Drift", icon=":material/grid_on:", default=True),
+    st.Page(VIEWS / "myjob.py", title="My job", icon=":material/work:", default=True),
+    st.Page(VIEWS / "drift.py", title="Drift", icon=":material/grid_on:"),
     st.Page(VIEWS / "whatif.py", title="What-if tuning", icon=":material/tune:"),
     st.Page(VIEWS / "failures.py", title="Failures", icon=":material/bolt:"),
     st.Page(VIEWS / "verdict.py", title="Verdict", icon=":material/gavel:"),

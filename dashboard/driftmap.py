@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.contract.trace import Trace
+from . import charts
 
 __all__ = ["MAX_COLUMNS", "heatmap_figure", "rates_frame", "rates_figure", "window_stats"]
 
@@ -49,8 +50,9 @@ def heatmap_figure(trace: Trace, first: int = 1, last: int | None = None, *,
     fig.update_layout(title="Drift accumulator per layer (resets when the layer is written)",
                       xaxis_title="step" + (f" (bins of {b})" if b > 1 else ""),
                       height=max(320, 16 * len(names) + 140), margin=dict(t=50, b=40),
+                      showlegend=True,
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
-    return fig
+    return charts.tidy(fig)
 
 
 def rates_frame(trace: Trace, first: int = 1, last: int | None = None) -> pd.DataFrame:
@@ -70,12 +72,21 @@ def rates_frame(trace: Trace, first: int = 1, last: int | None = None) -> pd.Dat
 
 
 def rates_figure(rates: pd.DataFrame) -> go.Figure:
-    """Mean drift per step per layer (log scale): fast and slow layers at a glance."""
-    fig = go.Figure(go.Bar(x=rates["layer"], y=rates["mean_drift"],
-                           marker_color=np.where(rates["kind"] == "embedding", "#d62728", "#1f77b4")))
-    fig.update_layout(title="Per-layer drift rate (mean d per step)", yaxis_type="log",
-                      yaxis_title="mean d per step", height=330, margin=dict(t=50, b=80))
-    return fig
+    """Mean drift per step per layer, a dot per layer on a log axis (a dot's position, not a
+    bar's length, carries the value): fast and slow layers at a glance."""
+    fig = go.Figure()
+    embedding = rates["kind"] == "embedding"
+    for name, rows, colour in (("embedding", rates[embedding], "#d62728"),
+                               ("other layers", rates[~embedding], "#1f77b4")):
+        if not rows.empty:
+            fig.add_scatter(x=rows["layer"], y=rows["mean_drift"], mode="markers", name=name,
+                            marker=dict(color=colour, size=9),
+                            hovertemplate="%{x}: %{y:.3g} a step<extra></extra>")
+    fig.update_layout(title="Per-layer drift rate (mean drift a step)", yaxis_title="mean drift a step",
+                      height=360, margin=dict(t=50, b=40), legend=dict(orientation="h", y=1.1),
+                      xaxis=dict(categoryorder="array", categoryarray=list(rates["layer"])))
+    charts.log_axis(fig, "y", rates["mean_drift"])
+    return charts.tidy(fig)
 
 
 def window_stats(rates: pd.DataFrame) -> dict[str, float]:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from . import charts
 
 __all__ = ["DrillError", "Drill", "read_drill", "curves_figure", "deviation_in"]
 
@@ -103,4 +104,4 @@ def curves_figure(drill: Drill, *, show_deviation: bool = False) -> go.Figure:
     fig.update_layout(title="Loss: failure-free run vs run recovered from LayerCheck's composite",
                       xaxis_title="step", height=380, margin=dict(t=50, b=40),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return charts.tidy(fig)

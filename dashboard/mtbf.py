@@ -13,12 +13,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.contract.trace import Trace
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from sim import COST_MODELS, LIMIT, CostModel, Scenario, simulate, sweep, sweep_figure
 from sim.report import ranking_note, stale_line
 from sim.workload import LayerWrites
 
 from .whatif import Settings, replay_trace
+from . import charts
 
 __all__ = ["HOUR", "TRACE_COSTS", "cost_options", "cost_model", "costs_frame", "scenario_for", "strategies_table", "breakdown_figure", "curves",
            "curves_figure", "threshold_table", "threshold_figure", "replayed_trace", "stale_notes"]
@@ -86,7 +87,7 @@ def breakdown_figure(table: pd.DataFrame, window_s: float) -> go.Figure:
     fig.update_layout(barmode="stack", title="Where the time goes (hours per simulated window)",
                       xaxis_title="hours", height=340, margin=dict(t=50, b=40),
                       legend=dict(orientation="h", y=-0.3))
-    return fig
+    return charts.tidy(fig)
 
 
 def curves(scenario: Scenario, *, mtbf_s: Sequence[float], seeds: int, window_s: float) -> pd.DataFrame:
@@ -98,10 +99,18 @@ def curves_figure(frame: pd.DataFrame, mtbf_s: float) -> go.Figure:
     """Effective ratio against MTBF in hours (the simulator's figure), the chosen MTBF marked."""
     fig = sweep_figure(frame, title="Effective training time ratio vs MTBF (dashed: perfect checkpointer)")
     # A trace, not a shape: shapes on a log axis take log10 coordinates.
-    fig.add_scatter(x=[mtbf_s / HOUR] * 2, y=[0, 1.02], mode="lines", name="this MTBF",
-                    line=dict(color="grey", dash="dot"))
-    fig.update_layout(height=420)
-    return fig
+    fig.add_scatter(x=[mtbf_s / HOUR] * 2, y=[0, 1.02], mode="lines",
+                    name=f"this MTBF ({mtbf_s / HOUR:g} h)", line=dict(color="grey", dash="dot"))
+    charts.legend_key(fig, "shaded: 95% band over seeds", mode="lines",
+                      line=dict(color="rgba(128,128,128,0.35)", width=10))
+    if any(getattr(t.marker, "symbol", None) == "triangle-up-open" for t in fig.data):
+        charts.legend_key(fig, "ratio at phi's low end", mode="markers",
+                          marker=dict(symbol="triangle-up-open", size=8, color="grey"))
+        charts.legend_key(fig, "ratio at phi's high end", mode="markers",
+                          marker=dict(symbol="triangle-down-open", size=8, color="grey"))
+    fig.update_layout(height=460, legend=dict(orientation="h", y=-0.2))
+    charts.log_axis(fig, "x", frame["mtbf_s"] / HOUR, "h")
+    return charts.tidy(fig)
 
 
 def replayed_trace(trace: Trace, settings: Settings) -> Trace:
@@ -153,8 +162,10 @@ def threshold_figure(table: pd.DataFrame) -> go.Figure:
     best = table[table["best"]]
     fig.add_scatter(x=best["base_threshold"], y=best["effective_ratio"], mode="markers",
                     marker=dict(size=14, symbol="star", color="gold"), name="best")
-    fig.update_layout(title="LayerCheck at this MTBF, by base threshold", xaxis_type="log",
+    fig.update_layout(title="LayerCheck at this MTBF, by base threshold",
                       xaxis_title="base threshold K", yaxis_title="effective ratio",
-                      yaxis2=dict(title="TB written", overlaying="y", side="right", type="log"),
-                      height=360, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.3))
-    return fig
+                      yaxis2=dict(title="TB written (dotted)", overlaying="y", side="right",
+                                  rangemode="tozero"),
+                      height=380, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.3))
+    charts.log_axis(fig, "x", table["base_threshold"])
+    return charts.tidy(fig)

@@ -1,4 +1,6 @@
-"""Scale (a page beside Failures): each strategy's ratio against job size, and where the time goes.
+"""The dashboard's Scale page, data and figures: each strategy's ratio against job size.
+
+And where the time goes.
 
 Thin wrappers over ``sim.scale`` plus the page's figures. No Streamlit here.
 """
@@ -10,6 +12,7 @@ import plotly.graph_objects as go
 from sim import LIMIT, Scenario
 from sim.recovery import RecoveryModel
 from sim.scale import WHERE, ScaleModel, gpu_steps, scale_curve, shares
+from . import charts
 
 __all__ = ["SIZES", "model_for", "curve", "curve_figure", "where_figure"]
 
@@ -40,9 +43,11 @@ def curve_figure(frame: pd.DataFrame) -> go.Figure:
                         line=dict(dash="dash") if name == LIMIT else None)
     fig.update_layout(title="Effective training time ratio vs job size (dashed: perfect "
                       "checkpointer; bars: 95% band over seeds)", xaxis_title="GPUs",
-                      yaxis_title="effective ratio", height=440)
-    fig.update_xaxes(type="log")
-    return fig
+                      yaxis_title="effective ratio", height=440, legend=dict(orientation="h", y=-0.2))
+    sizes = sorted(frame["gpus"].unique())
+    fig.update_xaxes(type="log", tickvals=sizes, ticktext=[f"{int(g):,}" for g in sizes],
+                     minor=dict(ticks="", showgrid=False))
+    return charts.tidy(fig)
 
 
 def where_figure(frame: pd.DataFrame, gpus: int, window_s: float) -> go.Figure:
@@ -53,4 +58,4 @@ def where_figure(frame: pd.DataFrame, gpus: int, window_s: float) -> go.Figure:
         fig.add_bar(x=rows["strategy"], y=rows[column], name=label)
     fig.update_layout(barmode="stack", title=f"Where the time goes at {gpus:,} GPUs",
                       yaxis_title="share of the window", yaxis_tickformat=".1%", height=420)
-    return fig
+    return charts.tidy(fig)

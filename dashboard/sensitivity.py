@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from sim.sensitivity import Sensitivity
+from . import charts
 
 __all__ = ["tornado_figure", "flips_frame", "bands_frame"]
 
@@ -28,7 +29,7 @@ def tornado_figure(result: Sensitivity, strategy: str) -> go.Figure:
     fig.update_layout(barmode="overlay", title=f"{result.scenario}: {strategy}'s effective ratio "
                       "across each figure's band", xaxis_title="effective ratio",
                       height=max(300, 24 * len(rows) + 120), legend_orientation="h")
-    return fig
+    return charts.tidy(fig)
 
 
 def flips_frame(result: Sensitivity) -> pd.DataFrame:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
+from . import charts
 
 __all__ = ["StudyError", "Study", "read_study", "curves_figure", "delta_figure", "phi_table"]
 
@@ -113,7 +114,7 @@ def curves_figure(study: Study) -> go.Figure:
     fig.update_layout(title="Held-out loss after each recovery, against the failure-free run",
                       xaxis_title="step", yaxis_title="held-out loss", height=420,
                       margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return charts.tidy(fig)
 
 
 def delta_figure(study: Study) -> go.Figure:
@@ -138,7 +139,7 @@ def delta_figure(study: Study) -> go.Figure:
     fig.update_layout(title="Steps behind the failure-free run (Delta), by held-out loss",
                       xaxis_title="steps since the recovery", yaxis_title="Delta (steps)",
                       height=400, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return charts.tidy(fig)
 
 
 def phi_table(study: Study) -> pd.DataFrame:

@@ -12,13 +12,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.trace import Trace
 from sim.api import Scenario
 from sim.frontier import Evaluation, Grid, config_line, rate, write_bandwidth
 from sim.tuning import Budgets, Recommendation, evaluate_with_references, recommend
 
 from .whatif import GB, Outcome, Settings
+from . import charts
 
 __all__ = ["frontier", "rate_front", "frontier_figure", "front_frame", "settings_for",
            "advise", "recommendation_frame", "slider_values", "budgets_from_form", "config_line"]
@@ -81,10 +82,12 @@ def frontier_figure(table: pd.DataFrame, current: Outcome | None = None,
     fig.update_layout(title=title or "Every setting: bytes written against staleness "
                       "(colour: effective ratio)",
                       xaxis_title="mean parameter-weighted staleness (steps)",
-                      yaxis_title="GB written over the run", yaxis_type="log", xaxis_type="log",
+                      yaxis_title="GB written over the run",
                       height=460, margin=dict(t=50, b=40), clickmode="event+select",
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    charts.log_axis(fig, "x", grid["mean_weighted_staleness"], "steps")
+    charts.log_axis(fig, "y", grid["bytes_written"] / GB, "GB")
+    return charts.tidy(fig)
 
 
 def _hover(rows: pd.DataFrame) -> list[str]:

@@ -15,14 +15,15 @@ import streamlit as st
 
 from layercheck.contract.trace import Trace, TraceError
 
-from . import catalog
+from . import catalog, tables
 from .downloads import csv_bytes, filename, html_bytes
 
 __all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
-           "UPLOAD_KEY", "trace_key"]
+           "UPLOAD_KEY", "trace_key", "restore", "keep", "settings", "table", "folder_stamp"]
 
 UPLOAD_KEY = "uploaded_trace"
 _CHOICE = "trace_name"
+_KEPT = "kept_widget_values"
 
 
 def page(title: str, caption: str) -> None:
@@ -39,6 +40,11 @@ def _stamp(path: Path) -> float:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _load(path: str, stamp: float) -> Trace:
     return catalog.load(Path(path))
+
+
+def folder_stamp(path: str | Path) -> float:
+    """A folder's newest modification time: key a cache on it to see the folder change."""
+    return _stamp(Path(path))
 
 
 def load(path: Path) -> Trace:
@@ -94,6 +100,36 @@ def current_trace() -> Trace:
     return trace
 
 
+def restore(keys: list[str]) -> None:
+    """Put back the values ``keep`` saved for the widgets ``keys`` before they are drawn.
+
+    Streamlit forgets a widget's state when a run does not draw it (the user is on another
+    page), so a page whose widgets take their value from session state would open at each
+    widget's minimum on the way back. The saved copies live under a key no widget owns,
+    which Streamlit keeps."""
+    saved = st.session_state.get(_KEPT, {})
+    for name in keys:
+        if name not in st.session_state and name in saved:
+            st.session_state[name] = saved[name]
+
+
+def settings(defaults: dict) -> list[str]:
+    """Start a page's widgets at ``defaults`` (key -> value) unless the user set them on an
+    earlier visit (``restore``); the widgets then take no ``value=``. Returns the keys, for
+    ``keep`` once the widgets are drawn."""
+    keys = list(defaults)
+    restore(keys)
+    for name, value in defaults.items():
+        st.session_state.setdefault(name, value)
+    return keys
+
+
+def keep(keys: list[str]) -> None:
+    """Save the widgets ``keys``' current values (call after drawing them) for ``restore``."""
+    saved = st.session_state.setdefault(_KEPT, {})
+    saved.update({name: st.session_state[name] for name in keys if name in st.session_state})
+
+
 def trace_key(trace: Trace) -> tuple:
     """A cache key for results computed from a trace (name, size and a checksum of its drift)."""
     return (trace.name, trace.num_steps, len(trace.writes), float(trace.drift["drift"].sum()))
@@ -105,6 +141,11 @@ def figure(fig: go.Figure, name: str, *, key: str) -> None:
     st.download_button("Download figure (HTML)", data=lambda: html_bytes(fig),
                        file_name=filename(name, ext="html"), mime="text/html",
                        key=f"html-{key}", on_click="ignore")
+
+
+def table(frame: pd.DataFrame) -> None:
+    """Show a table as people read it (``tables.styled``: words, units, separators)."""
+    st.dataframe(tables.styled(frame), hide_index=True, width="stretch")
 
 
 def table_download(frame: pd.DataFrame | Callable[[], pd.DataFrame], name: str, *, key: str,

@@ -15,6 +15,7 @@ from sim.bytefront import best_by_budget, front_table
 from sim.dollars import PRICES, Prices
 from sim.fair import FairResult
 from sim.verdict import Verdict
+from . import charts
 
 __all__ = ["frontier_figure", "budget_frame", "settings_frame", "bill_frame", "flips_frame",
            "prices_frame", "prices_from_form"]
@@ -35,7 +36,7 @@ def frontier_figure(result: FairResult) -> go.Figure:
         colour = qualitative.Plotly[i % len(qualitative.Plotly)]
         fig.add_scatter(x=rows["job_bytes"] / 1e12, y=rows["effective_ratio"], mode="markers",
                         marker=dict(color=colour, opacity=0.25, size=6), legendgroup=name,
-                        showlegend=False, customdata=rows["setting"], name=name,
+                        showlegend=False, customdata=rows["setting"], name=f"{name}: a setting",
                         hovertemplate="%{customdata}<br>%{x:.3g} TB, ratio %{y:.4f}<extra></extra>")
         front = rows[rows["front"]]
         fig.add_scatter(x=front["job_bytes"] / 1e12, y=front["effective_ratio"], name=name,
@@ -49,11 +50,14 @@ def frontier_figure(result: FairResult) -> go.Figure:
         y = [r["effective_ratio"] for r in ranges] + [ranges[-1]["effective_ratio"]]
         fig.add_scatter(x=x, y=y, mode="lines", name="best under the budget",
                         line=dict(color="black", dash="dash", shape="hv"))
+    charts.legend_key(fig, "faint: every other setting rated", mode="markers",
+                      marker=dict(color="grey", opacity=0.35, size=6))
     fig.update_layout(title="Effective ratio against durable bytes a job (each strategy's front)",
-                      xaxis_title="durable bytes over one job (TB)", xaxis_type="log",
-                      yaxis_title="effective ratio", yaxis_range=[0, 1.02], height=460,
+                      xaxis_title="durable bytes over one job (TB)",
+                      yaxis_title="effective ratio", yaxis_range=[0, 1.02], height=480,
                       template="plotly_white", legend=dict(orientation="h", y=-0.25))
-    return fig
+    charts.log_axis(fig, "x", table["job_bytes"][table["job_bytes"] > 0] / 1e12, "TB")
+    return charts.tidy(fig)
 
 
 def budget_frame(result: FairResult) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """What-if tuning (view 2): re-decide a trace's run under other policy settings.
 
-Pure functions: ``Settings`` -> ``layercheck.policy.Policy`` -> ``fast_replay``
+Pure functions: ``Settings`` -> ``layercheck.contract.policy.Policy`` -> ``fast_replay``
 -> ``Outcome`` (numbers) and Plotly figures. No Streamlit here.
 """
 from __future__ import annotations
@@ -14,13 +14,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.contract import decision
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.decision import lr_ratio, recorded_config
-from layercheck.policy import Policy
+from layercheck.contract.policy import Policy
 from layercheck.contract.trace import Trace, last_written
 
 from layercheck.contract.fastreplay import base_step, fast_replay
 from layercheck.contract.replayed import REPLAYED_REASONS, Replayed
+from . import charts
 
 __all__ = ["Settings", "Outcome", "policy_for", "replay_trace", "outcome", "written_trace_frame",
            "staleness_figure", "io_figure", "writes_figure", "budget_figure", "summary_frame", "GB"]
@@ -46,7 +47,7 @@ class Settings:
     lr_scaling: bool = True
     """Scale thresholds by lr(t) / lr_peak (the paper's rule)."""
     write_budget: float | None = None
-    """Budget mode: bytes per step after the base checkpoint (``layercheck.budget``)."""
+    """Budget mode: bytes per step after the base checkpoint (``layercheck.contract.budget``)."""
 
     def __post_init__(self) -> None:
         self.config()  # raises ConfigError with the fix
@@ -174,7 +175,7 @@ def staleness_figure(trace: Trace, replayed: Replayed) -> go.Figure:
     fig.update_layout(title="Staleness (steps since each layer's newest saved copy)",
                       xaxis_title="step", yaxis_title="staleness (steps)", height=330,
                       margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return charts.tidy(fig)
 
 
 def io_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure:
@@ -190,10 +191,10 @@ def io_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure
     fig.add_scatter(x=starts, y=np.full(len(starts), full / GB), name="full checkpoints",
                     mode="lines", line=dict(dash="dash", color="black"))
     fig.update_layout(title=f"I/O over time (GB per {b} step{'s' if b > 1 else ''})",
-                      xaxis_title="step", yaxis_title="GB written", yaxis_type="log",
+                      xaxis_title="step", yaxis_title="GB written", yaxis_rangemode="tozero",
                       height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25),
                       bargap=0)
-    return fig
+    return charts.tidy(fig)
 
 
 def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
@@ -203,8 +204,8 @@ def writes_figure(trace: Trace, replayed: Replayed) -> go.Figure:
         fig.add_bar(x=trace.layer_names, y=(replayed.reasons == reason).sum(axis=0),
                     name=reason.label)
     fig.update_layout(barmode="stack", title="Layer writes per layer", yaxis_title="writes",
-                      height=330, margin=dict(t=50, b=80), legend=dict(orientation="h", y=-0.45))
-    return fig
+                      height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=1.12))
+    return charts.tidy(fig)
 
 
 def budget_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Figure:
@@ -224,6 +225,7 @@ def budget_figure(trace: Trace, replayed: Replayed, settings: Settings) -> go.Fi
                     mode="lines", yaxis="y2", line=dict(color="grey", width=1))
     fig.update_layout(title="Budget mode: bytes against the budget, and the K factor",
                       xaxis_title="step", yaxis_title="GB since the base checkpoint",
-                      yaxis2=dict(title="K factor", overlaying="y", side="right", type="log"),
+                      yaxis2=dict(title="K factor", overlaying="y", side="right"),
                       height=330, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    charts.log_axis(fig, "y2", replayed.k_scales(), "x")
+    return charts.tidy(fig)

@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from layercheck.contract.calibration import Figure
 
@@ -54,6 +53,7 @@ def aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
                                                           "lost_work_s", "recovery_s",
                                                           "failures", "bytes_written")}})
     rows = []
+    from scipy import stats  # 1-2 s to import: only when an interval is computed
     for key, group in lanes.groupby("key", sort=False):
         mi, name, cadence = key
         n, ratio = len(group), group["ratio"].to_numpy()

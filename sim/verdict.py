@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from layercheck.contract.calibration import FIGURES
+from .calibrated import FIGURES
 
 from .api import Scenario
 from .fair import LAYERCHECK, FairResult, rate_schedules, search_kernel, spelled
@@ -161,6 +160,7 @@ def judge(result: FairResult, *, bands: bool = True, fresh: bool = True) -> Verd
     if runner is not None:
         diff = ratios[w] - ratios[best[runner]]
         margin = float(diff.mean())
+        from scipy import stats  # 1-2 s to import: only when an interval is computed
         half = float(stats.t.ppf(0.975, diff.size - 1) * diff.std(ddof=1) / math.sqrt(diff.size)) \
             if diff.size > 1 else math.nan
     phi, phi_flips = _phi(result, winner)

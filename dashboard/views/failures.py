@@ -16,11 +16,13 @@ ui.page("Failures", "How much wall-clock time goes to useful training at a failu
         "LayerCheck and each alternative (the sim package, common random failures).")
 trace = ui.current_trace()
 options = mtbf.cost_options(trace)
+KEPT = ui.settings({"mtbf_h": 0.5, "seeds": 5, "window_d": 7, "protocol": PROTOCOLS[0],
+                    "phi_mode": "the cost model's", "phi": 1.0})
 with st.sidebar:
     st.subheader("Simulation")
-    hours = st.select_slider("MTBF (hours)", MTBF_HOURS, value=0.5, key="mtbf_h")
-    seeds = st.slider("Seeds", 2, 20, 5, key="seeds")
-    days = st.select_slider("Simulated window (days)", [1, 3, 7, 14, 30], value=7, key="window_d")
+    hours = st.select_slider("MTBF (hours)", MTBF_HOURS, key="mtbf_h")
+    seeds = st.slider("Seeds", 2, 20, key="seeds")
+    days = st.select_slider("Simulated window (days)", [1, 3, 7, 14, 30], key="window_d")
     choice = st.selectbox("Cost model", options, key="cost_model",
                           help="What each mechanism costs: the calibration measured on the "
                                "machine that captured the trace, or the paper's A100/Lustre server.")
@@ -34,7 +36,8 @@ with st.sidebar:
                              "discarded through stale layers (stale_s) counted as lost, the "
                              "rest as useful: the cost model's carries its interval.")
     given_phi = st.number_input("phi (0: the paper's accounting, 1: every stale update lost)",
-                                value=1.0, step=0.1, key="phi", disabled=phi_mode != "given")
+                                step=0.1, key="phi", disabled=phi_mode != "given")
+ui.keep(KEPT)
 
 if trace.costs is None and trace.kind == "captured":
     st.warning(f"This trace has no costs.json, so the simulator uses the paper's A100/Lustre "
@@ -84,17 +87,20 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("Best strategy", best["strategy"], f"ratio {best['effective_ratio']:.3f}")
 if not lc.empty:
     c2.metric("LayerCheck effective ratio", f"{lc['effective_ratio'].iloc[0]:.3f}",
-              f"+-{lc['ci95'].iloc[0]:.3f} (95%); at phi's bounds "
-              f"{lc['ratio_at_phi_low'].iloc[0]:.3f}..{lc['ratio_at_phi_high'].iloc[0]:.3f}",
-              delta_color="off")
-    c3.metric("Discarded by stale layers (stale_s)", f"{lc['stale_s'].iloc[0] / mtbf.HOUR:.1f} h",
-              f"phi = {phi:g} of it counted as lost", delta_color="off")
+              f"±{lc['ci95'].iloc[0]:.3f} (95%)", delta_color="off",
+              help=f"At phi's bounds {lc['ratio_at_phi_low'].iloc[0]:.3f}.."
+                   f"{lc['ratio_at_phi_high'].iloc[0]:.3f}.")
+    c3.metric("Discarded by stale layers", f"{lc['stale_s'].iloc[0] / mtbf.HOUR:.1f} h",
+              f"phi {phi:.3g} of it lost", delta_color="off",
+              help="stale_s: training whose updates the stale layers of a composite recovery "
+                   f"discarded; phi = {phi:g} of it is counted as lost, the rest as useful.")
 c4.metric("Failures per window", f"{table['failures'].mean():.1f}")
-st.caption(phi_line)
+with st.expander(f"Where the stale cost phi = {phi:.3g} comes from"):
+    st.caption(phi_line)
 if phi_note:
     st.warning(phi_note)
 ui.figure(mtbf.breakdown_figure(table, days * DAY), f"{trace.name}-breakdown-{hours}h", key="breakdown")
-st.dataframe(table, hide_index=True, width="stretch")
+ui.table(table)
 ui.table_download(table, f"{trace.name}-strategies-{hours}h", key="strategies")
 
 costs = mtbf.cost_model(trace, choice)
@@ -102,7 +108,7 @@ st.subheader("Where the costs come from")
 st.caption(f"Cost model **{costs.name}**: {costs.description}. Each figure is measured on the "
            "capturing machine, derived, published, fitted or assumed, and says how.")
 cost_table = mtbf.costs_frame(costs)
-st.dataframe(cost_table, hide_index=True, width="stretch")
+ui.table(cost_table)
 ui.table_download(cost_table, f"{trace.name}-costs", key="costs")
 
 st.subheader("Across MTBFs")
@@ -118,7 +124,7 @@ winner = by_k.loc[by_k["best"]].iloc[0]
 st.metric("Best base threshold", f"{winner['base_threshold']:g}",
           f"ratio {winner['effective_ratio']:.4f}", delta_color="off")
 ui.figure(mtbf.threshold_figure(by_k), f"{trace.name}-thresholds-{hours}h", key="thresholds")
-st.dataframe(by_k, hide_index=True, width="stretch")
+ui.table(by_k)
 ui.table_download(by_k, f"{trace.name}-thresholds-{hours}h", key="thresholds")
 
 st.subheader("What the ranking hangs on")
@@ -141,5 +147,5 @@ if st.toggle("Run the sensitivity (1 + 2 x figures simulations)", key="sensitivi
     ui.figure(sensitivity.tornado_figure(result, pick), f"{trace.name}-tornado-{pick}-{hours}h",
               key="tornado")
     bands = sensitivity.bands_frame(result)
-    st.dataframe(bands, hide_index=True, width="stretch")
+    ui.table(bands)
     ui.table_download(bands, f"{trace.name}-bands", key="bands")

@@ -20,9 +20,12 @@ def show_drill() -> None:
     c1.metric("Max |loss deviation|", f"{drill.max_abs_loss_deviation:.4g}")
     c2.metric("Max relative deviation", f"{drill.max_rel_loss_deviation:.2%}", "paper: 0.54%",
               delta_color="off")
-    c3.metric(f"{drill.metric_name}: failure-free", f"{drill.metric_failure_free:.4g}")
-    c4.metric(f"{drill.metric_name}: recovered", f"{drill.metric_recovered:.4g}",
-              f"{drill.metric_recovered - drill.metric_failure_free:+.4g}", delta_color="off")
+    c3.metric("Final metric, failure-free", f"{drill.metric_failure_free:.4g}",
+              help=drill.metric_name)
+    c4.metric("Final metric, recovered", f"{drill.metric_recovered:.4g}",
+              f"{drill.metric_recovered - drill.metric_failure_free:+.4g}", delta_color="off",
+              help=drill.metric_name)
+    st.caption(f"Final metric: {drill.metric_name}.")
     steps = drill.curves["step"]
     lo, hi = int(steps.min()), int(steps.max())
     first, last = st.slider("Steps", lo, max(hi, lo + 1), (lo, max(hi, lo + 1)), key="fid_window")
@@ -37,7 +40,7 @@ def show_drill() -> None:
               key="fid")
     failures = pd.DataFrame({"failure_step": drill.failure_steps,
                              "recovery_seconds": drill.recovery_seconds[:len(drill.failure_steps)]})
-    st.dataframe(failures, hide_index=True)
+    ui.table(failures)
     ui.table_download(drill.curves, f"{trace.name}-drill-curves", key="curves")
 
 
@@ -67,7 +70,7 @@ def show_study() -> None:
     ui.figure(stalecost.curves_figure(study), f"{trace.name}-staleness-curves", key="stale_curves")
     ui.figure(stalecost.delta_figure(study), f"{trace.name}-staleness-delta", key="stale_delta")
     table = stalecost.phi_table(study)
-    st.dataframe(table, hide_index=True)
+    ui.table(table)
     ui.table_download(table, f"{trace.name}-stale-cost", key="stale_table")
 
 

@@ -11,10 +11,9 @@ ui.page("Traces", "Shipped traces (captured by the profiler, or synthetic preset
 listing = ui.entries()
 st.write(f"Traces folder: `{catalog.traces_dir()}` (set ${catalog.ENV} to use another).")
 if listing:
-    st.dataframe(pd.DataFrame([{"name": e.name, "kind": e.kind, "model": e.model, "steps": e.steps,
-                                "layers": e.layers, "drill": e.has_drill,
-                                "problem": e.error or ""} for e in listing]),
-                 hide_index=True, width="stretch")
+    ui.table(pd.DataFrame([{"name": e.name, "kind": e.kind, "model": e.model, "steps": e.steps,
+                            "layers": e.layers, "recovery drill": e.has_drill,
+                            "problem": e.error or ""} for e in listing]))
     for bad in (e for e in listing if not e.valid):
         st.warning(f"{bad.name} is not usable: {bad.error}")
 
@@ -39,7 +38,7 @@ c1.metric("Steps", f"{trace.num_steps:,}")
 c2.metric("Layers", len(trace.layer_names))
 c3.metric("Full checkpoint", human_bytes(trace.full_checkpoint_bytes))
 c4.metric("Layer writes recorded", f"{len(trace.writes):,}")
-st.dataframe(trace.layers, hide_index=True, width="stretch")
+ui.table(trace.layers)
 table = st.selectbox("Table to download", ["layers", "steps", "writes", "drift", "recovery"],
                      key="table_pick")
 frame = trace.layers if table == "layers" else getattr(trace, table)

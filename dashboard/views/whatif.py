@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard import mtbf, tuning, ui, whatif
 from dashboard.downloads import human_bytes
-from layercheck.config import ConfigError
+from layercheck.contract.config import ConfigError
 from sim import SimError
 from sim.frontier import BASE_THRESHOLDS, EMBEDDING_THRESHOLDS
 
@@ -16,8 +16,10 @@ MTBF_HOURS = [0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 SEEDS, WINDOW_S = 5, 7 * 86400.0
 
 ui.page("What-if tuning", "Re-decide the trace's run under other settings: the same policy as "
-        "the library (vectorised replays proven equal to layercheck.policy.replay).")
+        "the library (vectorised replays proven equal to layercheck.contract.policy.replay).")
+SLIDERS = ["k_base", "k_emb", "smax", "warmup", "interval", "lr_scaling", "budget_on", "budget_mb"]
 trace = ui.current_trace()
+ui.restore(SLIDERS)
 recorded = whatif.Settings.from_trace(trace)
 nearest = lambda v: min(THRESHOLDS, key=lambda k: abs(k - v) if k != v else -1)  # noqa: E731
 if st.session_state.get("whatif_trace") != trace.name:  # a new trace opens at its own settings
@@ -47,11 +49,12 @@ with st.sidebar:
     warmup = st.slider("Warm-up (steps)", 0, max(trace.num_steps, recorded.warmup_steps), key="warmup")
     interval = st.slider("Checkpoint interval (steps)", 1, 100, key="interval")
     lr_scaling = st.toggle("Scale K by lr / lr_peak", key="lr_scaling")
-    budget_on = st.toggle("Budget mode (write_budget)", key="budget_on",
+    budget_on = st.toggle("Budget mode (a write budget)", key="budget_on",
                           help="A controller scales every threshold to keep the bytes written per "
                                "step after the base checkpoint at the budget; Smax still forces.")
     budget_mb = st.number_input("Write budget (MB per step)", min_value=0.001, key="budget_mb",
                                 disabled=not budget_on, format="%.3f")
+ui.keep(SLIDERS)
 try:
     settings = whatif.Settings(base_threshold=base, embedding_threshold=emb, smax=smax,
                                warmup_steps=warmup, interval=interval, lr_scaling=lr_scaling,
@@ -97,8 +100,8 @@ if trace.costs is None:
     st.caption(f"This trace has no costs.json: effective ratios use the {mtbf.cost_options(trace)[0]} "
                f"cost model. Measure the capturing machine with `python -m profiler calibrate "
                f"--trace traces/{trace.name}`.")
-hours = st.select_slider("MTBF for the effective ratio (hours)", MTBF_HOURS, value=0.5,
-                         key="tune_mtbf_h")
+KEPT = ui.settings({"tune_mtbf_h": 0.5, "budget_gb": 0.0, "budget_stale": 0, "budget_share": 0.0})
+hours = st.select_slider("MTBF for the effective ratio (hours)", MTBF_HOURS, key="tune_mtbf_h")
 key = ui.trace_key(trace)
 
 
@@ -144,20 +147,21 @@ rows = {f"K {r.base_threshold:g}, emb {r.embedding_threshold:g}, Smax {int(r.sma
         for row, r in front.iterrows()}
 pick = st.selectbox("Pareto point", list(rows), key="front_pick")
 st.button("Use this setting", key="use_front", on_click=use_row, args=(rows[pick],))
-st.dataframe(front, width="stretch")
+ui.table(front)
 ui.table_download(table, f"{trace.name}-frontier-{hours}h", key="frontier")
 
 # -- the recommendation ------------------------------------------------------------------
 st.header("Recommendation from budgets")
 with st.form("tune_form"):
     c1, c2, c3 = st.columns(3)
-    max_gb = c1.number_input("Max GB written over the run (0: none)", min_value=0.0, value=0.0,
+    max_gb = c1.number_input("Max GB written over the run (0: none)", min_value=0.0,
                              key="budget_gb", format="%g")
     max_stale = c2.number_input("Max staleness of any layer, steps (0: none)", min_value=0,
-                                value=0, key="budget_stale")
+                                key="budget_stale")
     max_share = c3.number_input("Max share of write bandwidth, % (0: none)", min_value=0.0,
-                                max_value=100.0, value=0.0, key="budget_share")
+                                max_value=100.0, key="budget_share")
     st.form_submit_button("Recommend")
+ui.keep(KEPT)
 
 
 @st.cache_data(show_spinner="Finding the best setting...", max_entries=32)
@@ -192,5 +196,5 @@ st.code(advice.line, language="python")
 if advice.budget_mode is not None:
     st.caption("To hold the budget online on a run that drifts differently (budget mode):")
     st.code(tuning.config_line(advice.budget_mode), language="python")
-st.dataframe(tuning.recommendation_frame(advice), hide_index=True, width="stretch")
+ui.table(tuning.recommendation_frame(advice))
 st.button("Use the recommendation", key="use_rec", on_click=use_row, args=(advice.best["row"],))

@@ -8,7 +8,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from ..config import ConfigError
+from ..contract.config import ConfigError
 
 __all__ = ["TierConfig", "NODE_ENV", "RACK_ENV"]
 

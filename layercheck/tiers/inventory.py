@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import CorruptVersion
-from ..layerread import read_verified_file
-from ..manifest import ManifestView
-from ..store import Store
+from ..contract.errors import CorruptVersion
+from ..storage.layerread import read_verified_file
+from ..storage.manifest import ManifestView
+from ..storage.store import Store
 from .choice import STORAGE, Copy, choose
 from .config import TierConfig
 from .slots import Slot

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import LayerCheckError
+from ..contract.errors import LayerCheckError
 from .slots import Slot, layout
 
 __all__ = ["MemoryTier", "TierFull", "slot_bytes"]

@@ -21,8 +21,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..checksums import Checksummer, checksum_matches
-from ..errors import CorruptVersion
+from ..storage.checksums import Checksummer, checksum_matches
+from ..contract.errors import CorruptVersion
 
 __all__ = ["ALIGN", "Slot", "layout", "tensors_from", "verified_bytes"]
 

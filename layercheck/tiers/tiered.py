@@ -29,16 +29,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointNotFound, CorruptVersion
-from ..format import read_state_document, tensor_key
-from ..layerread import read_verified_file
-from ..manifest import ManifestView, read_manifest
-from ..ranks import together
+from ..contract.errors import CheckpointNotFound, CorruptVersion
+from ..storage.format import read_state_document, tensor_key
+from ..storage.layerread import read_verified_file
+from ..storage.manifest import ManifestView, read_manifest
+from ..backends.ranks import together
 from ..recovery import Planner, read_state
 from ..reports import RestoreReport
 from ..snapshot import apply_state, capture_state, check_state
-from ..source import ModuleSource
-from ..views import tensor_views
+from ..backends.source import ModuleSource
+from ..storage.views import tensor_views
 from .buddy import BuddyLink
 from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig

@@ -3,7 +3,8 @@
 Needs: apt-get install -y chromium; pip install -c constraints.txt playwright
 (no `playwright install`: the system Chromium is used). Saves a screenshot in
 the test's temporary folder, or to $DASHBOARD_SCREENSHOT (the README's picture
-is made with DASHBOARD_BROWSER_TRACES=traces DASHBOARD_SCREENSHOT=docs/img/dashboard.png).
+is made by tools/dashboard_screenshots.py; the frontier picture of docs/dashboard.md with
+DASHBOARD_BROWSER_TRACES=traces DASHBOARD_FRONTIER_SCREENSHOT=docs/img/frontier.png).
 """
 from __future__ import annotations
 
@@ -135,4 +136,100 @@ def test_budget_moves_the_recommendation_and_a_click_applies_a_point(server, tmp
             arg=['[data-testid="stMetric"] [data-testid="stMetricValue"]', old], timeout=60_000)
         assert int(writes.locator('[data-testid="stMetricValue"]').inner_text().replace(",", "")) \
             > int(old.replace(",", ""))
+        browser.close()
+
+
+def _slider_values(page) -> list[str]:
+    sliders = page.locator('[data-testid="stSidebar"]').get_by_role("slider")
+    return [sliders.nth(i).get_attribute("aria-valuetext") or sliders.nth(i).get_attribute("aria-valuenow")
+            for i in range(sliders.count())]
+
+
+def _settled(page) -> None:
+    """Wait until the app has finished its reruns (no running indicator for a second)."""
+    page.wait_for_timeout(700)
+    page.wait_for_function("""() => { const busy = document.querySelector('[data-testid="stStatusWidget"]');
+        if (busy) { window.__idle = 0; return false; }
+        window.__idle = (window.__idle || 0) + 1; return window.__idle > 10 }""", polling=100,
+        timeout=120_000)
+
+
+def _go(page, title: str) -> None:
+    """Another page through the sidebar's navigation (the same session, as a user does)."""
+    page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+    page.wait_for_function("t => [...document.querySelectorAll('h1')].some(h => h.innerText.includes(t))",
+                           arg=title, timeout=60_000)
+
+
+def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
+    """Sliders moved on What-if, a visit to Drift, back: every slider and the numbers they
+    give are as the user left them (Streamlit forgets the state of widgets it does not draw)."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    value = '[data-testid="stMetric"] [data-testid="stMetricValue"]'
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        opened = _slider_values(page)
+        sliders = page.locator('[data-testid="stSidebar"]').get_by_role("slider")
+        for index, key, presses in ((0, "ArrowLeft", 2), (2, "ArrowLeft", 30), (4, "ArrowRight", 3)):
+            sliders.nth(index).focus()
+            for _ in range(presses):
+                sliders.nth(index).press(key)
+            _settled(page)
+        moved, writes = _slider_values(page), _text(page, value)
+        assert moved != opened
+        _go(page, "Drift")
+        _go(page, "What-if tuning")
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        _settled(page)
+        assert _slider_values(page) == moved
+        assert _text(page, value) == writes
+        browser.close()
+
+
+def test_tables_read_in_words_and_units_in_the_browser(server):
+    """What a user sees in a table (the grid's cells, not the frame behind them): headers
+    in words with units, sizes converted to them. (The grid's accessible cells carry the
+    value, not the drawn text: thousands separators are checked on dashboard.tables.)"""
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/traces", wait_until="networkidle")
+        grid = '[data-testid="stDataFrame"]'
+        page.wait_for_selector(grid, timeout=60_000)
+        _settled(page)
+        # the grid draws on a canvas; its accessible cells hold the values it draws
+        shown = page.locator(f'{grid} [role="gridcell"]').all_text_contents()
+        headers = page.locator(f'{grid} [role="columnheader"]').all_text_contents()
+        browser.close()
+    assert "parameters" in headers and "size (kB)" in headers, headers
+    assert not [h for h in headers if "_" in h], headers
+    assert "5000" in shown                       # the embedding's parameters
+    assert "70000" not in shown and "70" in shown   # its 70,000 bytes as 70 kB
+
+
+def test_failures_keeps_its_mtbf_across_a_visit_to_another_page(server):
+    """A sidebar setting with a default (Failures' MTBF) is kept too, not put back to it."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(f"{server}/failures", wait_until="networkidle")
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+        _settled(page)
+        mtbf = page.locator('[data-testid="stSidebar"]').get_by_role("slider").first
+        opened = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
+        mtbf.focus()
+        mtbf.press("ArrowRight")
+        _settled(page)
+        moved = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
+        assert moved != opened
+        _go(page, "Drift")
+        _go(page, "Failures")
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+        _settled(page)
+        assert _slider_values(page)[0] == moved
         browser.close()

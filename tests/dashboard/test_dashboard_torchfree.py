@@ -7,16 +7,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["dashboard", "layercheck.contract.fastreplay", "layercheck.contract.replay_windows", "layercheck.contract.lanes",
-           "layercheck.budget", "dashboard.whatif", "dashboard.tuning", "sim.frontier", "sim.tuning",
+           "layercheck.contract.budget", "dashboard.whatif", "dashboard.tuning", "sim.frontier", "sim.tuning",
            "dashboard.driftmap", "dashboard.fidelity", "dashboard.mtbf", "dashboard.catalog",
-           "dashboard.downloads", "dashboard.ui", "dashboard.scale"]
+           "dashboard.downloads", "dashboard.ui", "dashboard.scale", "dashboard.myjob",
+           "dashboard.tables", "dashboard.charts", "dashboard.verdict"]
 
 
 def test_no_module_imports_torch():
     code = ("import sys\n"
             f"for m in {MODULES!r}: __import__(m)\n"
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')"
-            " or m in ('layercheck.checkpoint', 'layercheck.layermap'))\n"
+            " or m in ('layercheck.checkpoint', 'layercheck.backends.layermap'))\n"
             "print(bad); sys.exit(1 if bad else 0)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
@@ -39,11 +40,14 @@ root = {str(tmp_path)!r}
 write_trace(make_trace(steps=120), root + "/t")
 os.environ["LAYERCHECK_TRACES"] = root
 from streamlit.testing.v1 import AppTest
-for view in ("drift", "whatif", "fidelity", "traces", "failures", "scale"):
+for view in ("myjob", "drift", "whatif", "fidelity", "traces", "failures", "scale"):
     at = AppTest.from_file({str(ROOT / 'dashboard' / 'views')!r} + "/" + view + ".py", default_timeout=180)
     if view == "failures":
         at.session_state["seeds"] = 2
         at.session_state["window_d"] = 1
+    if view == "myjob":
+        at.session_state["job_seeds"] = 2
+        at.session_state["job_window_d"] = 1.0
     if view == "scale":
         at.session_state["scale_seeds"] = 2
         at.session_state["scale_window_d"] = 1

@@ -18,7 +18,7 @@ def _run(**session):
 def test_scale_page_shows_the_curve_and_where_the_time_goes(traces_dir):
     at = _run()
     frame = at.dataframe[0].value
-    assert sorted(frame["gpus"].unique()) == [8, 16, 32, 64]
+    assert sorted(frame["GPUs"].unique()) == [8, 16, 32, 64]
     assert "limit" in set(frame["strategy"])
     assert "Best at 64 GPUs" in metrics(at)
     assert len(at.get("plotly_chart")) == 2

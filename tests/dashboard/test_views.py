@@ -3,6 +3,7 @@ changes the numbers it should."""
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from pathlib import Path
 
@@ -27,11 +28,14 @@ def metrics(at: AppTest) -> dict[str, str]:
 
 
 def test_app_entry_point_runs_the_default_view(traces_dir):
-    at = AppTest.from_file(str(APP), default_timeout=120).run()
+    at = AppTest.from_file(str(APP), default_timeout=600).run()
     assert not at.exception
-    assert at.title[0].value == "Drift"
+    assert at.title[0].value == "My job"
+
+
+def test_a_trace_page_opens_on_the_default_trace(traces_dir):
     # The default rule opened the captured trace, not the synthetic preset.
-    assert at.sidebar.selectbox(key="trace_picker").value == "tiny-captured"
+    assert run("drift").sidebar.selectbox(key="trace_picker").value == "tiny-captured"
 
 
 def test_drift_window_changes_the_counts(traces_dir):
@@ -89,23 +93,25 @@ def test_failures_says_where_costs_come_from_and_what_stale_layers_discard(trace
     costs = at.dataframe[1].value
     assert {"figure", "value", "source", "method"} <= set(costs.columns)
     assert costs.set_index("figure").loc["load_gbps", "source"] == "fit"
-    assert metrics(at)["Discarded by stale layers (stale_s)"].endswith(" h")
+    assert metrics(at)["Discarded by stale layers"].endswith(" h")
     assert any(c.value.startswith("stale cost phi: ") for c in at.caption)
     model = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
-    assert {"ratio_at_phi_low", "ratio_at_phi_high", "stale_lost_s"} <= set(model.index)
+    assert {"ratio at phi's low end", "ratio at phi's high end", "stale, counted lost (h)"} <= \
+        set(model.index)
     at.sidebar.radio(key="phi_mode").set_value("given").run()     # phi 1: every stale update lost
     honest = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
     at.sidebar.number_input(key="phi").set_value(0.0).run()       # the paper's accounting
     paper = at.dataframe[0].value.set_index("strategy").loc["layercheck"]
-    assert honest["stale_s"] > 0
-    assert paper["effective_ratio"] == pytest.approx(honest["effective_ratio"] + honest["stale_s"] / 86400)
-    assert paper["ratio_at_phi_low"] == paper["ratio_at_phi_high"] == paper["effective_ratio"]
-    stale_metric = next(m for m in at.metric if m.label == "Discarded by stale layers (stale_s)")
-    assert stale_metric.delta == "phi = 0 of it counted as lost"
+    assert honest["stale training (h)"] > 0          # a day's window: the table is in hours
+    assert paper["effective ratio"] == pytest.approx(honest["effective ratio"]
+                                                     + honest["stale training (h)"] / 24)
+    assert paper["ratio at phi's low end"] == paper["ratio at phi's high end"] == paper["effective ratio"]
+    stale_metric = next(m for m in at.metric if m.label == "Discarded by stale layers")
+    assert stale_metric.delta == "phi 0 of it lost"
     at.sidebar.radio(key="protocol").set_value("native").run()
     assert not at.exception
     strategies = at.dataframe[0].value.set_index("strategy")
-    assert strategies.loc["layercheck", "stale_s"] > 0
+    assert strategies.loc["layercheck", "stale training (h)"] > 0
 
 
 def test_failures_uses_the_traces_own_calibration(traces_dir):
@@ -180,10 +186,10 @@ def test_whatif_frontier_point_goes_to_the_sliders(traces_dir):
     chosen = at.dataframe[0].value.iloc[1]
     at.button(key="use_front").click().run()
     assert not at.exception
-    assert at.sidebar.select_slider(key="k_base").value == pytest.approx(chosen["base_threshold"])
-    assert at.sidebar.slider(key="smax").value == chosen["smax"]
-    assert at.sidebar.slider(key="interval").value == chosen["interval"]
-    assert int(metrics(at)["Layer writes"].replace(",", "")) == chosen["layer_writes"]
+    assert at.sidebar.select_slider(key="k_base").value == pytest.approx(chosen["base threshold K"])
+    assert at.sidebar.slider(key="smax").value == chosen["Smax (steps)"]
+    assert at.sidebar.slider(key="interval").value == chosen["interval (steps)"]
+    assert int(metrics(at)["Layer writes"].replace(",", "")) == chosen["layer writes"]
 
 
 def test_whatif_moving_a_budget_changes_the_recommendation(traces_dir):
@@ -235,7 +241,20 @@ def test_failures_shows_what_the_ranking_hangs_on(traces_dir):
 def test_verdict_names_a_winner_and_prices_move_the_bill(traces_dir):
     at = run("verdict", v_seeds=2, v_window_d=1)
     assert metrics(at)["Winner"]
-    before = at.dataframe[-2].value["usd_gpu"].sum()
+    before = at.dataframe[-2].value["GPU ($)"].sum()
     at.sidebar.number_input(key="v_gpu_hour").set_value(10.0).run()
     assert not at.exception
-    assert at.dataframe[-2].value["usd_gpu"].sum() > before
+    assert at.dataframe[-2].value["GPU ($)"].sum() > before
+
+
+@pytest.mark.parametrize("view, session", [
+    ("drift", {}), ("whatif", {}), ("failures", {"seeds": 2, "window_d": 1}),
+    ("verdict", {"v_seeds": 2, "v_window_d": 1}), ("fidelity", {}), ("traces", {}),
+    ("scale", {"scale_seeds": 2, "scale_window_d": 1, "scale_gpus": (8, 64)})])
+def test_every_table_has_headers_in_words(traces_dir, view, session):
+    """No snake_case header on any page: each table goes through dashboard.tables."""
+    at = run(view, **session)
+    assert at.dataframe, f"{view} shows no table"
+    for table in at.dataframe:
+        for column in table.value.columns:
+            assert not re.search(r"[a-z]_[a-z]", str(column)), (view, column)

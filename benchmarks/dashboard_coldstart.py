@@ -1,0 +1,140 @@
+"""Cold start of the dashboard: from `streamlit run` to the first chart visible in Chromium.
+
+    python benchmarks/dashboard_coldstart.py [--repeat 5] [--page ""] [--page drift]
+
+Each repeat starts a fresh server (nothing cached in memory: a cold server) and a fresh
+headless Chromium, opens the page, and times until the first Plotly chart is drawn
+(``.js-plotly-plot`` visible) and, for the dashboard, until the page has finished its
+run. The reference, in the same run and interleaved with it, is a bare Streamlit page
+that draws one Plotly chart: what Streamlit, Plotly and the browser cost on this machine
+whatever the app does. Prints min and median of each, of the dashboard's excess over the
+reference and of their ratio, and the load average before and after.
+
+Needs Chromium (/usr/bin/chromium or on PATH) and playwright (no `playwright install`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+BARE = '''import plotly.graph_objects as go
+import streamlit as st
+st.title("Reference")
+st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])))
+'''
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+    if not Path(found).exists():
+        sys.exit("needs Chromium: apt-get install -y chromium")
+    return found
+
+
+def cold_start(script: str, path: str, playwright, *, env: dict) -> tuple[float, float]:
+    """Seconds from starting the server to the first chart visible, and to the page idle."""
+    port = _port()
+    start = time.perf_counter()
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", script,
+                               "--server.address", "127.0.0.1", "--server.port", str(port),
+                               "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                               "--server.fileWatcherType", "none"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+                break
+            except OSError:
+                if server.poll() is not None or time.perf_counter() - start > 120:
+                    raise RuntimeError(f"streamlit did not start for {script}")
+                time.sleep(0.05)
+        browser = playwright.chromium.launch(executable_path=_chromium(), args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/{path}")
+        page.wait_for_selector(".js-plotly-plot .main-svg", state="visible", timeout=300_000)
+        chart = time.perf_counter() - start
+        page.wait_for_function("""() => !document.querySelector('[data-testid="stStatusWidget"]')""",
+                               timeout=300_000, polling=50)
+        idle = time.perf_counter() - start
+        browser.close()
+        return chart, idle
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def cli_time(env: dict) -> float:
+    """Seconds for the command line to answer the dashboard's default job, fresh process."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "sim", "--mtbf", "0.5h", "--no-bands", "--json"], cwd=ROOT,
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def _summary(name: str, values: list[float]) -> str:
+    return f"{name:<34} min {min(values):6.2f}  median {statistics.median(values):6.2f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--page", action="append", help="the dashboard's page path ('' for the default "
+                   "page, drift, whatif ...); repeatable (default: the default page)")
+    args = p.parse_args()
+    pages = args.page if args.page is not None else [""]
+    from playwright.sync_api import sync_playwright
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
+        bare = Path(tmp) / "bare.py"
+        bare.write_text(BARE)
+        times: dict[str, list[tuple[float, float]]] = {"reference": [], "cli": []}
+        for page in pages:
+            times[page] = []
+        for _ in range(args.repeat):                     # interleaved: reference, each page
+            times["reference"].append(cold_start(str(bare), "", pw, env=env))
+            if "" in pages:
+                seconds = cli_time(env)
+                times["cli"].append((seconds, seconds))
+            for page in pages:
+                times[page].append(cold_start("dashboard/app.py", page, pw, env=env))
+    load_after = os.getloadavg()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.repeat} repeats, "
+          f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    ref = [c for c, _ in times["reference"]]
+    print(_summary("reference: first chart (s)", ref))
+    if times["cli"]:
+        print(_summary("python -m sim --mtbf 0.5h (s)", [c for c, _ in times["cli"]]))
+    for page in pages:
+        label = page or "default page"
+        chart = [c for c, _ in times[page]]
+        idle = [i for _, i in times[page]]
+        print(_summary(f"{label}: first chart (s)", chart))
+        print(_summary(f"{label}: page finished (s)", idle))
+        print(_summary(f"{label}: chart - reference (s)", [c - r for c, r in zip(chart, ref)]))
+        print(_summary(f"{label}: chart / reference", [c / r for c, r in zip(chart, ref)]))
+
+
+if __name__ == "__main__":
+    main()
