@@ -23,7 +23,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -45,8 +45,9 @@ from .config import TierConfig
 from .memory import MemoryTier, slot_bytes
 from .slots import Slot, tensors_from, verified_bytes
 
-if TYPE_CHECKING:
-    from ..checkpoint import LayerCheck
+LayerCheck = Any
+"""The ``layercheck.checkpoint.LayerCheck`` that holds these tiers (it imports this
+module, so the annotation does not import it back)."""
 
 __all__ = ["Tiers", "TierRestore", "live_tensors", "job_of"]
 
@@ -94,7 +95,7 @@ def live_tensors(source: Any, i: int) -> dict[str, torch.Tensor]:
 class Tiers:
     """A LayerCheck's memory tier and buddy link (see the module doc)."""
 
-    def __init__(self, config: TierConfig, lc: "LayerCheck") -> None:
+    def __init__(self, config: TierConfig, lc: LayerCheck) -> None:
         self.config = config
         self.folder = config.folder_for(lc.store.url)
         self.rank = lc.ranks.rank
@@ -109,7 +110,7 @@ class Tiers:
         """The training thread's seconds in the memory tier at the last step."""
 
     # -- every step -------------------------------------------------------------------
-    def step(self, lc: "LayerCheck", t: int, extra: Mapping[str, Any] | None) -> None:
+    def step(self, lc: LayerCheck, t: int, extra: Mapping[str, Any] | None) -> None:
         start = time.perf_counter()
         items = {f"L{i}": live_tensors(lc.source, i) for i in range(len(lc.layer_map))}
         tensors, document = capture_state(t, lc.source.optimizer, lc.scheduler, extra,
@@ -121,7 +122,7 @@ class Tiers:
                           self.link.exchange if self.link is not None else None)
         self.stall_s = time.perf_counter() - start
 
-    def _check_budget(self, lc: "LayerCheck", own: int) -> None:
+    def _check_budget(self, lc: LayerCheck, own: int) -> None:
         sizes = self.link.gather(own) if self.link is not None else [own]
         ward = sizes[self.link.ward] if self.link is not None else 0
         together(lc.ranks, lambda: self.memory.check_budget(own, ward))
@@ -138,7 +139,7 @@ class Tiers:
                 self.link.close()
 
     # -- restore ------------------------------------------------------------------------
-    def restore(self, lc: "LayerCheck", durable: Callable[[], int]) -> int:
+    def restore(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
         """The newest step, restored from the tiers (``durable()`` where memory holds
         none every rank can get, or storage holds a newer one). See the module doc."""
         start = time.perf_counter()
@@ -235,7 +236,7 @@ class Tiers:
         got = self.link.move(moves, read)
         return {(moves[n][4], moves[n][1]): data for (n, _), data in got.items()}
 
-    def _load(self, lc: "LayerCheck", choice: Choice, received: dict, view: ManifestView
+    def _load(self, lc: LayerCheck, choice: Choice, received: dict, view: ManifestView
               ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor], dict[str, Any]]:
         """Every layer and the training state of this rank, verified and checked
         against the live objects; nothing live changed."""
@@ -285,7 +286,7 @@ def _intact(slot: Slot, name: str, item: dict[str, Any]) -> bool:
     return True
 
 
-def _durable_state(lc: "LayerCheck", view: ManifestView) -> int | None:
+def _durable_state(lc: LayerCheck, view: ManifestView) -> int | None:
     """The step of this rank's newest durable training state that verifies."""
     for step in sorted(view.states, reverse=True):
         try:
@@ -306,7 +307,7 @@ def _standing(view: ManifestView, step: int) -> dict[str, Any]:
     return out
 
 
-def _durable(lc: "LayerCheck", view: ManifestView, name: str, step: int
+def _durable(lc: LayerCheck, view: ManifestView, name: str, step: int
              ) -> dict[str, torch.Tensor]:
     """Layer ``name``'s newest intact durable version at or before ``step``."""
     planner = Planner(lc.store, view)
