@@ -49,8 +49,8 @@ def job(mb: int):
     import torch
     from torch import nn
 
-    from layercheck.layermap import LayerMap
-    from layercheck.source import ModuleSource
+    from layercheck.backends.layermap import LayerMap
+    from layercheck.backends.source import ModuleSource
     torch.manual_seed(0)
     width = 1024
     layers = max(1, round(mb * 2**20 / (3 * 4 * (width * width + width))))
@@ -64,7 +64,7 @@ def job(mb: int):
 def stall(args, folder: Path) -> dict:
     import torch
 
-    from layercheck.hostcopy import host
+    from layercheck.backends.hostcopy import host
     from layercheck.snapshot import capture_state
     from layercheck.tiers.memory import MemoryTier
     from layercheck.tiers.tiered import live_tensors

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.config import ConfigError
+from layercheck import ConfigError
 from layercheck.tiers import TierConfig
 from layercheck.tiers.memory import TierFull
 from profiler.launch import rank_environment
@@ -169,7 +169,7 @@ def test_the_config_refuses_bad_values():
 
 
 def test_plan_and_inspect_say_which_tier_each_layer_would_come_from(killed, tmp_path, capsys):
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     work = copy_of(killed, tmp_path)
     flip(slot_of(work, 7) / "L1")
     flip(slot_of(work, 6) / "L1")

@@ -59,7 +59,7 @@ def main() -> int:
     rank = 0
     if args.dist:
         import torch.distributed as dist
-        from layercheck.ranks import ProcessGroupRanks
+        from layercheck.backends.ranks import ProcessGroupRanks
         dist.init_process_group("gloo")
         rank = dist.get_rank()
     out = Path(args.out)
