@@ -39,6 +39,7 @@ WORDS = {
     "gpu_h_stall": "stall", "gpu_h_lost_work": "lost work", "gpu_h_stale_work": "stale work",
     "gpu_h_restart": "restart", "gpu_h_recovery": "recovery", "bytes": "size",
     "host_bytes": "host memory", "job_bytes": "durable bytes a job",
+    "against": "ahead of", "winner_ratio": "whose ratio there",
 }
 """Header words of the columns the simulator and the trace name in code (the unit is added)."""
 

@@ -98,7 +98,7 @@ def flips_frame(verdict: Verdict) -> pd.DataFrame:
     """The band ends (phi's included) at which another strategy ranks first."""
     return pd.DataFrame([f.to_dict() for f in verdict.flips],
                         columns=["figure", "end", "value", "leader", "setting", "ratio",
-                                 "winner_ratio"])
+                                 "against", "winner_ratio"])
 
 
 def prices_frame(prices: Prices) -> pd.DataFrame:

@@ -70,7 +70,11 @@ class Flip:
     ratio: float
     """The leader's ratio there."""
     winner_ratio: float
-    """The verdict's winner's ratio there."""
+    """The ratio there of ``against``."""
+    against: str
+    """The strategy it displaces: the verdict's winner for phi's ends; for a band end,
+    the leader of the band check's own runs at the cost model's values (its smaller
+    runs may rank a close race otherwise than the verdict's)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -133,7 +137,7 @@ class Verdict:
                     if f.figure == "stale_cost":
                         continue
                     lines.append(f"    {f.figure} at its {f.end} end ({f.value:.3g}) puts {f.leader} "
-                                 f"first ({f.setting}, {f.ratio:.4f} against {self.winner}'s "
+                                 f"first ({f.setting}, {f.ratio:.4f} against {f.against}'s "
                                  f"{f.winner_ratio:.4f})")
             if not [f for f in self.flips if f.figure != "stale_cost"]:
                 lines.append("    none changes the winner")
@@ -195,7 +199,8 @@ def _phi(result: FairResult, winner: str) -> tuple[dict[str, Any], list[Flip]]:
             flips.append(Flip(figure="stale_cost", end=end, value=value, leader=leader,
                               setting=result.settings[rows[leader]].label(),
                               ratio=float(mean[rows[leader]]),
-                              winner_ratio=float(mean[rows[winner]]) if winner in rows else math.nan))
+                              winner_ratio=float(mean[rows[winner]]) if winner in rows else math.nan,
+                              against=winner))
     return out, flips
 
 
@@ -227,7 +232,7 @@ def _bands(result: FairResult, best: dict[str, int], winner: str):
         if leader != leader0:
             flips.append(Flip(figure=figure, end=end, value=value, leader=leader,
                               setting=there[leader][1], ratio=there[leader][0],
-                              winner_ratio=there[leader0][0]))
+                              winner_ratio=there[leader0][0], against=leader0))
     summary = {"seeds": check.seeds, "window_s": check.window_s, "leader": leader0,
                "ratios": {n: r for n, (r, _) in check.point.items()},
                "schedules": check.count}

@@ -52,6 +52,11 @@ def test_band_ends_that_move_the_leader_are_named(close_race):
     assert flips[("save_gbps", "low")].ratio == pytest.approx(verdict.check["ratios"]["checkfreq"])
     assert ("save_gbps", "high") not in flips and ("restart_s", "low") not in flips
     assert not verdict.robust and "persist_gbps at its high end" in verdict.text()
+    # each flip names what it displaces: the band check's own leader at the cost model's values
+    leader0 = verdict.check["leader"]
+    assert {f.against for f in verdict.flips if f.figure != "stale_cost"} == {leader0}
+    flip = flips[("persist_gbps", "high")]
+    assert f"against {leader0}'s {flip.winner_ratio:.4f}" in verdict.text()
 
 
 def hand_made(phi: Figure, ratios: dict[str, list[tuple[float, float]]]) -> FairResult:
@@ -85,6 +90,7 @@ def test_an_end_of_phis_interval_that_moves_the_leader_is_named():
     [flip] = verdict.flips
     assert (flip.figure, flip.end, flip.leader) == ("stale_cost", "high", "deepspeed")
     assert flip.ratio == pytest.approx(0.80) and flip.winner_ratio == pytest.approx(0.75)
+    assert flip.against == "layercheck"
 
 
 def test_at_an_end_of_phis_interval_each_strategy_chooses_its_best_setting_again():
