@@ -44,13 +44,14 @@ __all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk"]
 def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
     """Totals of ``lanes`` (``sim.engine._Lanes``, fresh) over every segment of each."""
     n = len(lanes.off)
-    if st.composite is None:
+    tables = st.stale_tables()
+    if tables is None:
         stale_last = restarted = np.zeros((0, 0), dtype=np.int64)
         weights = np.zeros(0)
     else:
-        stale_last = st.composite.last
-        restarted = np.ascontiguousarray(st.composite.restarted)
-        weights = np.ascontiguousarray(st.composite.weights, dtype=np.float64)
+        stale_last, restarted, weights = tables
+        restarted = np.ascontiguousarray(restarted)
+        weights = np.ascontiguousarray(weights, dtype=np.float64)
     out = np.zeros((10, n))
     _lanes(lanes.off, lanes.key, lanes.end, lanes.job_s, lanes.prob, lanes.seg_off, lanes.count,
            lanes.ready_hi, lanes.commit_lo, lanes.commit_hi, lanes.backup_lo, lanes.backup_hi,
@@ -212,10 +213,13 @@ def timeline_walk(compute, snap, persist):
 def next_writes_walk(drift, thresholds, smax, interval, only_smax):
     """``layercheck.contract.resumed.next_writes``'s table, entry by entry: the drift of
     steps s+1..t summed left to right from 0.0 in float64 and compared with the same
-    threshold, stopping at the write (``sim.nextwrites``)."""
-    steps, layers = drift.shape
+    threshold, stopping at the write (``sim.nextwrites``). ``drift`` and ``thresholds``
+    layer-major (layers x steps, each layer's steps contiguous); the table is steps + 1
+    x layers. Opportunities (t a multiple of ``interval``) are counted, not divided."""
+    layers, steps = drift.shape
     out = np.full((steps + 1, layers), steps + 1, dtype=np.int64)
     for layer in range(layers):
+        row, limit = drift[layer], thresholds[layer]
         for s in range(steps + 1):
             if only_smax[layer]:
                 t = s + smax + (-(s + smax)) % interval
@@ -223,13 +227,15 @@ def next_writes_walk(drift, thresholds, smax, interval, only_smax):
                     out[s, layer] = t
                 continue
             acc = 0.0
+            phase = (s + 1) % interval          # t % interval, for t = s + 1 on
             for t in range(s + 1, steps + 1):
-                acc += drift[t - 1, layer]
-                if t % interval != 0:
-                    continue
-                if t - s >= smax or acc >= thresholds[t - 1, layer]:
+                acc += row[t - 1]
+                if phase == 0 and (t - s >= smax or acc >= limit[t - 1]):
                     out[s, layer] = t
                     break
+                phase += 1
+                if phase == interval:
+                    phase = 0
     return out
 
 
