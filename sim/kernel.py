@@ -137,7 +137,9 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
                 if has_stale[lane]:
                     low = min(js, c)
                     dot = 0.0
-                    for layer in range(width):
+                    # low == c: every layer's copy is at c or was restored there, each
+                    # term 0.0 (a failure before any new commit): the sum is 0.0 unsummed
+                    for layer in range(width if low != c else 0):
                         # sim.composite's Composite.since, one layer: after a restore of
                         # low > 0 the resumed run's writes, walked one by one up to c
                         if low > 0 and restarted[off + low, layer] != UNKNOWN:
