@@ -38,7 +38,7 @@ from numba import njit
 
 from .composite import UNKNOWN
 
-__all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk"]
+__all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk", "lanes_walk"]
 
 
 def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
@@ -278,3 +278,36 @@ def queued_writer_walk(compute, snap, write, full, full_s, slots):
         snap[i] = stall
         t = end
     return out, most
+
+
+@njit(cache=True)
+def lanes_walk(drift, lr_ratio, layer, base, smax, interval, base_step, scaled, reasons):
+    """``layercheck.contract.lanes``' walk for lanes without a write budget, one lane at a
+    time (``sim.frontier``): ``drift`` layer-major (layers x steps), per lane its layer,
+    threshold, Smax, interval, base step and LR scaling; fills ``reasons`` (steps x lanes,
+    ``NO_WRITE`` on entry) with 0 (base), 1 (threshold) or 2 (Smax) where the lane writes.
+    The same float64 sums and products per step as the numpy walk (tested equal)."""
+    steps = drift.shape[1]
+    for lane in range(base.shape[0]):
+        row, b, every, limit = drift[layer[lane]], base[lane], interval[lane], smax[lane]
+        infinite, first = np.isinf(b), base_step[lane]
+        acc = 0.0
+        due = limit
+        started = False
+        for t in range(1, steps + 1):
+            acc += row[t - 1]
+            ratio = lr_ratio[t - 1]
+            k = b * ratio if scaled[lane] else b
+            if infinite and not ratio > 0:
+                k = np.inf                      # inf * 0 -> nan: an infinite K stays infinite
+            by_drift = acc >= k
+            write = (by_drift or due <= t) and t % every == 0 and started
+            if t == first:
+                write = True
+                started = True
+            if write:
+                reasons[t - 1, lane] = 1 if by_drift else 2
+                acc = 0.0
+                due = t + limit
+        if first <= steps:
+            reasons[first - 1, lane] = 0

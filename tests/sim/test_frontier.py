@@ -154,3 +154,34 @@ def test_write_bandwidth_says_where_it_comes_from(minilm):
         write_bandwidth(bare)
     scenario = Scenario.from_trace(bare, costs=CostModel.paper_a100())
     assert write_bandwidth(bare, scenario)[0] == 1.24e9
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 60),
+       special=st.sampled_from(["none", "nan", "inf", "negative", "ratio zero"]))
+def test_the_compiled_replay_decides_as_the_librarys_lanes(seed, steps, special):
+    pytest.importorskip("numba")
+    from layercheck.contract.lanes import replay_many
+    from sim.engine import compiled_kernel
+    from sim.frontier import _replay
+    assert compiled_kernel(load=True) is not None, "numba: the sim-fast extra, in both test environments"
+    kinds = ["embedding", "block", "block", "norm", "head"]
+    rng = np.random.default_rng(seed)
+    drift = rng.gamma(1.0, 2e-4, (steps, len(kinds)))
+    if special == "nan":
+        drift[rng.random(drift.shape) < 0.1] = np.nan
+    elif special == "inf":
+        drift[rng.random(drift.shape) < 0.05] = np.inf
+    elif special == "negative":
+        drift -= 3e-4
+    ratio = rng.uniform(0.0, 1.0, steps)
+    if special == "ratio zero":
+        ratio[rng.random(steps) < 0.3] = 0.0
+    configs = [LayerCheckConfig(base_threshold=k, embedding_threshold=10 * k, smax=smax,
+                                warmup_steps=min(smax, 3), interval=interval, lr_scaling=scaled)
+               for k in (0.0, 1e-4, 1e-3, math.inf) for smax in (1, 7) for interval in (1, 3)
+               for scaled in (True, False)]
+    policies = [Policy.from_config(c, [f"l{i}" for i in range(len(kinds))], kinds) for c in configs]
+    ours, theirs = _replay(policies, drift, ratio), replay_many(policies, drift, ratio)
+    for field in ("reasons", "lane_of", "k_scale", "base_steps"):
+        np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field))
