@@ -6,7 +6,7 @@ do to staleness?
 Replay: the trace's drift under its recorded setting with ``write_budget`` at a
 quarter, half, one and two times what that setting writes per step (after the
 base checkpoint, the base not counted), decided by the library's own policy
-(``layercheck.policy.replay``, equal to the vectorised replays). For each: the
+(``layercheck.contract.policy.replay``, equal to the vectorised replays). For each: the
 realised bytes per step against the budget, the staleness, and the staleness of
 fixed thresholds that write no more (every threshold scaled by one constant,
 the best of 481 constants from 1/1000 to 1000, 3% apart, replayed at once by
@@ -27,11 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from layercheck.config import LayerCheckConfig  # noqa: E402
+from layercheck.contract.config import LayerCheckConfig  # noqa: E402
 from layercheck.contract.lanes import replay_many  # noqa: E402
-from layercheck.policy import Policy, replay  # noqa: E402
+from layercheck.contract.policy import Policy, replay  # noqa: E402
 from layercheck.contract.trace import read_trace  # noqa: E402
-import sim.strategies  # noqa: E402,F401  declares the cost figures a captured trace's costs.json holds
 
 FACTORS = np.geomspace(1e-3, 1e3, 481)
 

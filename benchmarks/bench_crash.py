@@ -66,11 +66,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.cleanup import collect_garbage  # noqa: E402
-from layercheck.errors import CheckpointNotFound  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.tools.cleanup import collect_garbage  # noqa: E402
+from layercheck.contract.errors import CheckpointNotFound  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 
 WIDTH, BLOCKS, BATCH = 192, 6, 16
 GC_EVERY = 10
@@ -298,7 +298,7 @@ def _warm_drift_kernel() -> None:
     """Compile (or load) the fused drift kernels once, here: every forked child
     inherits them, so no child spends its short life in the JIT instead of training."""
     try:
-        from layercheck import kernels
+        from layercheck.drift import kernels
     except ImportError:  # no numba: the torch path needs no warming
         return
     kernels.warm()
@@ -308,7 +308,7 @@ def run(trials: int, seed: int, sabotage: bool, max_delay: float,
         after_commit: bool = False, retention: bool = False) -> dict:
     _warm_drift_kernel()
     if retention:
-        from layercheck import writer
+        from layercheck.storage import writer
         RETENTION.update(keep_versions=1, on_error="warn")
         writer.COMPACT_BYTES = 16 << 10
     rng = random.Random(seed)

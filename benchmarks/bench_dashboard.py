@@ -1,4 +1,4 @@
-"""What-if replay speed: layercheck.contract.fastreplay against layercheck.policy.replay.
+"""What-if replay speed: layercheck.contract.fastreplay against layercheck.contract.policy.replay.
 
     python benchmarks/bench_dashboard.py [--steps 10000] [--layers 31] [--repeat 7]
 
@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from layercheck.contract.fastreplay import fast_replay  # noqa: E402
-from layercheck.policy import Policy, replay  # noqa: E402
+from layercheck.contract.policy import Policy, replay  # noqa: E402
 
 SETTINGS = [  # (label, base threshold, smax, warm-up, interval)
     ("paper default K=1e-3", 1e-3, 1000, 200, 1),

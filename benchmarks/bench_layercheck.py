@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's layercheck and profiler, whatever is installed
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.drift import DriftTracker  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
-from layercheck.writer import LayerSnapshot, StepJob, Writer  # noqa: E402
+from layercheck.drift.tracker import DriftTracker  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
+from layercheck.storage.writer import LayerSnapshot, StepJob, Writer  # noqa: E402
 
 
 def minilm():
@@ -151,7 +151,7 @@ class Riders:
 
 
 def layer_params(model):
-    from layercheck.layermap import LayerMap
+    from layercheck.backends.layermap import LayerMap
     lm = LayerMap.auto(model)
     return [[p for _, p in lm.parameters(i)] for i in range(len(lm))]
 
@@ -216,8 +216,8 @@ def disk_write_bandwidth(folder: Path, nbytes: int) -> float:
 
 def writer_throughput(folder: Path, model, opt, layer_bytes: int) -> tuple[float, int]:
     """Bytes/s from first submit to last commit for a burst of real layer snapshots."""
-    from layercheck.layermap import LayerMap
-    from layercheck.source import ModuleSource, tensors_nbytes
+    from layercheck.backends.layermap import LayerMap
+    from layercheck.backends.source import ModuleSource, tensors_nbytes
     lm = LayerMap.auto(model)
     source = ModuleSource(model, opt, lm)
     snaps = [source.capture(i) for i in range(len(lm))]

@@ -51,8 +51,8 @@ def train(folder: Path, *, lora: int | None, steps: int, seed: int = 0,
     import torch
 
     from layercheck import LayerCheck, LayerCheckConfig
-    from layercheck.manifest import read_manifest
-    from layercheck.store import LocalStore
+    from layercheck.storage.manifest import read_manifest
+    from layercheck.storage.localstore import LocalStore
     from profiler.models import resolve_model, with_lora
 
     source = resolve_model("minilm")

@@ -59,8 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's layercheck, whatever is installed
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.format import MANIFEST, Checksummer  # noqa: E402
-from layercheck.store import _PIECE as PIECE  # noqa: E402
+from layercheck.storage.format import MANIFEST, Checksummer  # noqa: E402
+from layercheck.storage.fds import PIECE  # noqa: E402
 
 
 def minilm() -> torch.nn.Module:

@@ -36,8 +36,8 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.cleanup import collect_garbage  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.tools.cleanup import collect_garbage  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 
 WIDTH, BLOCKS, BATCH = 64, 4, 8
 MIB = 1 << 20

@@ -20,7 +20,7 @@ failure time and restarted, and the simulator on the same trace,
 costs.json, log, window and cadence, with the figures a probe just before the
 run timed (``--probes`` restarts, their median; deepspeed's and lowdiff's full
 saves and lowdiff's differentials at the run's cadence:
-``profiler/failures/beside.py``) in place of costs.json's. Prints every repeat's rows, the median
+``profiler/failures/costprobe.py``) in place of costs.json's. Prints every repeat's rows, the median
 relative error per strategy with its smallest and largest, and the median
 parts, measured / predicted; writes the JSON.
 

@@ -50,10 +50,10 @@ def minilm_job():
     from transformers import BertForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from layercheck.layermap import LayerMap
+    from layercheck.backends.layermap import LayerMap
     from layercheck.snapshot import capture_state
-    from layercheck.source import ModuleSource, tensors_nbytes
-    from layercheck.writer import LayerSnapshot, StepJob
+    from layercheck.backends.source import ModuleSource, tensors_nbytes
+    from layercheck.storage.writer import LayerSnapshot, StepJob
 
     hf_logging.set_verbosity_error()  # the fresh classifier head is expected
     torch.manual_seed(0)
@@ -79,8 +79,8 @@ def minilm_job():
 
 def persist(job, folder: Path, threads: int) -> tuple[float, int]:
     """(seconds, bytes of its files) for a fresh Writer persisting ``job`` into ``folder``."""
-    from layercheck.store import LocalStore
-    from layercheck.writer import Writer
+    from layercheck.storage.localstore import LocalStore
+    from layercheck.storage.writer import Writer
     writer = Writer(LocalStore(folder), queue_bytes=job.nbytes, threads=threads)
     start = time.perf_counter()
     writer.submit(job)
@@ -107,7 +107,7 @@ def sequential_write(path: Path, nbytes: int, chunk: bytes) -> float:
 
 
 def run(rounds: int, threads: int, folder: Path) -> dict:
-    from layercheck.writer import WRITE_THREADS
+    from layercheck.storage.writer import WRITE_THREADS
     threads = threads or WRITE_THREADS
     load_start = os.getloadavg()
     make_job = minilm_job()

@@ -37,7 +37,7 @@ model, one per variant, each training on from the same start:
   the base checkpoint): ``lc.step()`` after every ``engine.step()``;
 - ``layercheck_fused``: the same with ``fused_step=True``: DeepSpeed's inner
   torch AdamW steps each flat partition with the drift sums taken in the
-  same pass (``layercheck.fusedstep``), so no drift pass runs after it;
+  same pass (``layercheck.drift.fusedstep``), so no drift pass runs after it;
 - ``drift_only`` (not run by default): ``layercheck_fused`` with infinite
   thresholds and Smax, so that after the base checkpoint no layer is written:
   what LayerCheck costs without its layer writes (drift, the policy, and the

@@ -1,7 +1,7 @@
 """The LayerCheck dashboard (``streamlit run dashboard/app.py``).
 
 Torch-free: it reads traces (``layercheck.contract.trace``), re-decides them with the
-library's pure policy (``layercheck.policy``; ``layercheck.contract.fastreplay`` and
+library's pure policy (``layercheck.contract.policy``; ``layercheck.contract.fastreplay`` and
 ``layercheck.contract.lanes`` are its vectorised twins) and runs the simulator (``sim``). Views are thin scripts in
 ``dashboard/views/`` over the pure modules here, which return numbers, tables
 and Plotly figures:
@@ -17,4 +17,3 @@ and Plotly figures:
 - ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons, kept widget values).
 """
 
-import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)

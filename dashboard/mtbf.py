@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.contract.trace import Trace
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from sim import COST_MODELS, LIMIT, CostModel, Scenario, simulate, sweep, sweep_figure
 from sim.report import ranking_note, stale_line
 from sim.workload import LayerWrites

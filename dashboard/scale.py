@@ -1,4 +1,6 @@
-"""Scale (a page beside Failures): each strategy's ratio against job size, and where the time goes.
+"""The dashboard's Scale page, data and figures: each strategy's ratio against job size.
+
+And where the time goes.
 
 Thin wrappers over ``sim.scale`` plus the page's figures. No Streamlit here.
 """

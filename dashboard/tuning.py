@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.trace import Trace
 from sim.api import Scenario
 from sim.frontier import Evaluation, Grid, config_line, rate, write_bandwidth

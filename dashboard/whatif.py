@@ -1,6 +1,6 @@
 """What-if tuning (view 2): re-decide a trace's run under other policy settings.
 
-Pure functions: ``Settings`` -> ``layercheck.policy.Policy`` -> ``fast_replay``
+Pure functions: ``Settings`` -> ``layercheck.contract.policy.Policy`` -> ``fast_replay``
 -> ``Outcome`` (numbers) and Plotly figures. No Streamlit here.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from layercheck.contract import decision
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.decision import lr_ratio, recorded_config
-from layercheck.policy import Policy
+from layercheck.contract.policy import Policy
 from layercheck.contract.trace import Trace, last_written
 
 from layercheck.contract.fastreplay import base_step, fast_replay
@@ -47,7 +47,7 @@ class Settings:
     lr_scaling: bool = True
     """Scale thresholds by lr(t) / lr_peak (the paper's rule)."""
     write_budget: float | None = None
-    """Budget mode: bytes per step after the base checkpoint (``layercheck.budget``)."""
+    """Budget mode: bytes per step after the base checkpoint (``layercheck.contract.budget``)."""
 
     def __post_init__(self) -> None:
         self.config()  # raises ConfigError with the fix

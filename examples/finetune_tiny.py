@@ -20,8 +20,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.inspection import format_size, inspect_directory
-from layercheck.store import open_store
+from layercheck.tools.inspection import format_size, inspect_directory
+from layercheck.storage.location import open_store
 
 VOCAB, SEQ, BATCH = 96, 24, 8
 

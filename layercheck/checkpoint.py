@@ -34,29 +34,30 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import hostcopy
-from .config import LayerCheckConfig
+from .backends import hostcopy
+from .contract.config import LayerCheckConfig
 from .directory import open_directory, refuse_to_abandon, write_header
-from .drift import DriftTracker
-from .elastic import ElasticRead
-from .errors import (CorruptVersion, LayerCheckError, ModelMismatch, ReadFailed,
-                     RestoreIncomplete, TimelineNotRecorded)
-from .format import MANIFEST, Layout, Version, encode_record, layout_record, resume_record
+from .drift.tracker import DriftTracker
+from .backends.elastic import ElasticRead
+from .contract.errors import (CorruptVersion, LayerCheckError, ModelMismatch, ReadFailed,
+                              RestoreIncomplete, TimelineNotRecorded)
+from .storage.format import MANIFEST, Layout, Version, encode_record, layout_record, resume_record
 from .frozen import FrozenParts, KeptTensors, trained_nbytes
-from .layerfile import DTYPES
-from .layermap import LayerMap
-from .layerread import VerifiedFile
-from .manifest import ManifestView, read_manifest
-from .pretrained import PretrainedFiles
-from .policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
-from .ranks import Ranks
+from .storage.layerfile import DTYPES
+from .backends.layermap import LayerMap
+from .storage.layerread import VerifiedFile
+from .storage.manifest import ManifestView, read_manifest
+from .storage.pretrained import PretrainedFiles
+from .contract.policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
+from .backends.ranks import Ranks
 from .recovery import Plan, Planner, read_state, together
 from .reports import RestoreReport, StepReport
-from .retention import Retention
+from .storage.retention import Retention
 from .snapshot import apply_state, capture_state, check_state
-from .source import LayerSource, ModuleSource, tensors_nbytes
-from .store import Store, open_store
-from .writer import LayerSnapshot, StepJob, Writer, WriteRecord
+from .backends.source import LayerSource, ModuleSource, tensors_nbytes
+from .storage.store import Store
+from .storage.location import open_store
+from .storage.writer import LayerSnapshot, StepJob, Writer, WriteRecord
 
 __all__ = ["LayerCheck", "StepReport", "RestoreReport"]
 
@@ -77,7 +78,7 @@ class LayerCheck:
     lifecycle; ``model`` and ``optimizer`` are then the backend's own.
     ``pretrained``: the safetensors files (folder or file) the model was loaded
     from; frozen parameters found there unchanged are recorded by reference,
-    not written (``layercheck.pretrained``)."""
+    not written (``layercheck.storage.pretrained``)."""
 
     def __init__(self, model: nn.Module, optimizer: Any, directory: "str | Store",
                  config: LayerCheckConfig | None = None, *, scheduler: Any = None,

@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from .adapters import check_unchanged as check_adapter
-from .adapters import describe as describe_adapters
-from .errors import CheckpointNotFound, LayerCheckError
-from .format import ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Layout, encode_record, header_record
-from .layermap import LayerMap
-from .manifest import ManifestView, job_layout, read_manifest, seal_torn_tail
-from .ranks import Ranks
-from .store import Store
+from .backends.lora import check_unchanged as check_adapter
+from .backends.lora import describe as describe_adapters
+from .contract.errors import CheckpointNotFound, LayerCheckError
+from .storage.format import (ADAPTER_CONFIG, MANIFEST, MODEL_CONFIG, Layout, encode_record,
+                             header_record)
+from .backends.layermap import LayerMap
+from .storage.manifest import ManifestView, job_layout, read_manifest, seal_torn_tail
+from .backends.ranks import Ranks
+from .storage.store import Store
 
 __all__ = ["open_directory", "write_header", "refuse_to_abandon"]
 
@@ -31,7 +32,7 @@ def open_directory(store: Store, ranks: Ranks, layer_map: LayerMap, facts: dict[
                    model: Any = None) -> tuple[Layout, bool]:
     """Create the header once (the coordinator, ``write(facts)``: the record appended),
     check on every rank that it describes ``layer_map`` and ``model``'s LoRA adapter
-    (``adapters.check_unchanged``), and return the layout this job of ``ranks`` whose
+    (``lora.check_unchanged``), and return the layout this job of ``ranks`` whose
     source gives ``facts`` writes in (True: not recorded yet)."""
     view = None
     if ranks.is_coordinator:

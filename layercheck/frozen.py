@@ -8,7 +8,7 @@ everything (a full version). Frozen (``requires_grad`` False) is not
 unchanged: an EMA teacher (MoCo, DINO, BYOL) moves every step without
 training. So a parameter is left out only while it provably equals the copy
 the full version holds: frozen at every step since that full version, and its
-fingerprint (``layercheck.fingerprint``, taken where the tensor lives) the one
+fingerprint (``layercheck.storage.fingerprint``, taken where the tensor lives) the one
 taken when the full version was captured. Each partial version checks the
 fingerprints of what it leaves out; nothing else is read per step.
 
@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from .errors import LayerCheckError, ModelMismatch
-from .fingerprint import fingerprints, recomputed
-from .format import Version, tensor_key
+from .contract.errors import LayerCheckError, ModelMismatch
+from .storage.fingerprint import fingerprints, recomputed
+from .storage.format import Version, tensor_key
 
 if TYPE_CHECKING:
-    from .ranks import Ranks
-    from .source import LayerSource
+    from .backends.ranks import Ranks
+    from .backends.source import LayerSource
 
 __all__ = ["FrozenParts", "KeptTensors", "Part", "trained_nbytes"]
 

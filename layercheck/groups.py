@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from .layermap import LayerMap
+from .backends.layermap import LayerMap
 
 __all__ = ["layer_aligned_param_groups", "default_no_decay"]
 

@@ -47,15 +47,15 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
-from .elastic import ElasticRead
-from .errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
-from .format import Layout, Version, read_state_document, tensor_key
-from .layerread import VerifiedFile, read_verified_file
-from .manifest import ManifestView
-from .pretrained import Ref
-from .ranks import FAILED as _FAILED, Ranks, raise_together as _raise_together, together
-from .store import Store
-from .views import Loaded, parse_safetensors, referenced, tensor_views
+from .backends.elastic import ElasticRead
+from .contract.errors import CheckpointNotFound, CorruptVersion, LayerCheckError, ReadFailed
+from .storage.format import Layout, Version, read_state_document, tensor_key
+from .storage.layerread import VerifiedFile, read_verified_file
+from .storage.manifest import ManifestView
+from .storage.pretrained import Ref
+from .backends.ranks import FAILED as _FAILED, Ranks, raise_together as _raise_together, together
+from .storage.store import Store
+from .storage.views import Loaded, parse_safetensors, referenced, tensor_views
 
 __all__ = ["Loaded", "Plan", "Planner", "make_plan", "parse_safetensors", "read_state",
            "tensor_views", "together", "REREAD_DELAYS"]
@@ -357,7 +357,7 @@ class Planner:
         """``file``, and for a partial version its full version's file too (verified
         likewise; ``format``: frozen tensors), and the frozen parameters the full
         version holds by reference (read from the pretrained file, verified:
-        ``layercheck.pretrained``), so that its views are the whole layer."""
+        ``layercheck.storage.pretrained``), so that its views are the whole layer."""
         if not version.frozen:
             return file
         full = version if version.base is None else self.view.base_of(version)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .policy import Decision
+from .contract.policy import Decision
 
 __all__ = ["StepReport", "RestoreReport"]
 

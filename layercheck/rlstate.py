@@ -43,8 +43,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from .checksums import Checksummer
-from .errors import LayerCheckError
+from .storage.checksums import Checksummer
+from .contract.errors import LayerCheckError
 
 __all__ = ["RL_STATE_KEY", "RlState", "check_arguments", "generation_span", "replay_epochs"]
 

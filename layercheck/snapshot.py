@@ -1,7 +1,7 @@
-"""A step's training state, captured and applied (layer versions: ``layercheck.source``).
+"""A step's training state, captured and applied (layer versions: ``layercheck.backends.source``).
 
 Training state (one safetensors file): RNG states as tensors, and in the
-metadata the state document (``layercheck.format``): the step, the
+metadata the state document (``layercheck.storage.format``): the step, the
 optimizer's hyper-parameters, type and state layout, the LR scheduler's
 state and type, the numpy/python RNG scalars, the user's extra state and the
 backend's counters.
@@ -23,8 +23,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from .errors import ModelMismatch
-from .format import state_metadata
+from .contract.errors import ModelMismatch
+from .storage.format import state_metadata
 
 __all__ = ["capture_state", "check_state", "apply_state", "capture_rng", "apply_rng",
            "type_name", "optimizer_layout"]

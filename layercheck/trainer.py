@@ -47,16 +47,18 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from .checkpoint import LayerCheck
-from .config import LayerCheckConfig
-from .errors import CheckpointNotFound, LayerCheckError
-from .export import composite, publish, write_model
-from .layermap import LayerMap
-from .location import local_directory
-from .manifest import read_manifest
+from .contract.config import LayerCheckConfig
+from .contract.errors import CheckpointNotFound, LayerCheckError
+from .modelfolder import composite, publish, write_model
+from .backends.layermap import LayerMap
+from .storage.location import local_directory
+from .storage.manifest import read_manifest
 from .recovery import read_state
 from .rlstate import RL_STATE_KEY, RlState, check_arguments, generation_span, replay_epochs
 from .snapshot import apply_rng, capture_rng
-from .store import LocalStore, Store, open_store
+from .storage.localstore import LocalStore
+from .storage.store import Store
+from .storage.location import open_store
 
 __all__ = ["LayerCheckCallback", "TRAINER_STATE_KEY"]
 

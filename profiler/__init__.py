@@ -22,8 +22,6 @@ rank 0 writes the trace, in the same format.
 """
 from __future__ import annotations
 
-import sim.strategies  # noqa: F401  declares the cost figures every costs.json holds (the schema's owner)
-
 from .config import CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
 from .errors import ProfilerError
 

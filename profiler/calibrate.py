@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layercheck.contract.calibration import Calibration, Figure, write_calibration
+from layercheck.contract.calibration import Figure, write_calibration
+from sim.calibrated import Calibration
 from layercheck.contract.trace import Trace, read_trace
 from sim.composite import embedding_share, transfer_stale_cost
 
@@ -106,7 +107,7 @@ def _stale_cost(trace: Trace) -> Figure:
     holds, unless that is itself carried over (transferred, or filled in on reading),
     else carry the shipped capture's over by this trace's composition
     (``transferred_stale_cost``)."""
-    kept = trace.costs.figures["stale_cost"] if trace.costs is not None else None
+    kept = trace.costs.figures.get("stale_cost") if trace.costs is not None else None
     if kept is None or kept.source == "transferred":
         return transferred_stale_cost(trace)
     return kept

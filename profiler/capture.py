@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layercheck.contract.trace import SCHEMA_VERSION, Trace, write_trace
-from layercheck.inspection import format_size
+from layercheck.tools.inspection import format_size
 
 from .config import CaptureConfig, ZeroConfig
 from .contention import ContentionMeter, Lap, summarize as summarize_contention, warning
@@ -246,7 +246,7 @@ def _gather_trace(job: Job, run: _Run, name: str, machine: dict[str, Any],
 
 def _merge_writes(per_rank: list[list[list[Any]]]) -> list[Any]:
     """One WriteRecord per layer version: bytes of every rank's shard, rank 0's persist time."""
-    from layercheck.writer import WriteRecord
+    from layercheck.storage.writer import WriteRecord
     keys = [sorted((w[0], w[1]) for w in rows) for rows in per_rank]
     if any(k != keys[0] for k in keys):
         raise RuntimeError("the ranks committed different layer versions; ZeroLayerCheck "

@@ -1,4 +1,4 @@
-"""``python -m profiler capture | drill | heatmap``: the command line.
+"""The profiler's command line, ``python -m profiler capture | drill | heatmap``.
 
 ``capture --deepspeed zero3`` trains inside a DeepSpeed ZeRO-3 engine, and
 ``capture --fsdp`` under PyTorch FSDP2, one process per rank: typed plainly
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from layercheck.errors import OneLineParser, one_line
+from layercheck.contract.errors import OneLineParser, one_line
 
 from .checkpointers import VALIDATED
 from .config import CaptureConfig, DrillConfig, ValidationConfig, ZeroConfig
@@ -324,7 +324,7 @@ def _run_staleness(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_calibrate(args: argparse.Namespace, argv: list[str]) -> int:
     """A ZeRO trace is calibrated under torchrun with its own world size (started here)."""
-    from layercheck.contract.calibration import read_calibration
+    from sim.calibrated import read_calibration
     from layercheck.contract.trace import read_trace
 
     from .calibrate import calibrate_trace, job_spec

@@ -92,7 +92,7 @@ class CaptureConfig:
 
     fused_step: bool = False
     """LayerCheck's ``fused_step``: AdamW's step with the drift sums taken in the
-    same pass (``layercheck.fusedstep``; CPU fp32 only: on a GPU torch's step runs
+    same pass (``layercheck.drift.fusedstep``; CPU fp32 only: on a GPU torch's step runs
     and a warning says so)."""
 
     seed: int = 0
@@ -162,7 +162,7 @@ class CaptureConfig:
         """The ``layercheck`` dict as a LayerCheckConfig (None when not given)."""
         if self.layercheck is None:
             return None
-        from layercheck.config import ConfigError, LayerCheckConfig
+        from layercheck.contract.config import ConfigError, LayerCheckConfig
         try:
             return LayerCheckConfig.from_dict(self.layercheck)
         except (ConfigError, TypeError) as exc:
@@ -248,7 +248,7 @@ class CaptureConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaptureConfig":
-        # the shape of layercheck.config.LayerCheckConfig.from_dict, with this
+        # the shape of layercheck.contract.config.LayerCheckConfig.from_dict, with this
         # package's error class (the library does not know ProfilerError)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)

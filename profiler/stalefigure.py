@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from layercheck.contract.calibration import Figure, read_calibration
+from layercheck.contract.calibration import Figure
+from sim.calibrated import read_calibration
 
 from .errors import ProfilerError
 

@@ -76,7 +76,7 @@ class TrainingState:
 
 
 def fsync_path(path: "os.PathLike[str] | str") -> None:
-    """fsync a file or folder (the four lines of layercheck.store's own, which is
+    """fsync a file or folder (the four lines of layercheck.storage.store's own, which is
     private to the store and takes the store's paths)."""
     fd = os.open(path, os.O_RDONLY)
     try:

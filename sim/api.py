@@ -27,7 +27,7 @@ from layercheck.contract.trace import Trace
 from layercheck.contract.traceschema import MAX_COUNT
 
 from .costs import GB, CostModel
-from .engine import RESULT_FIELDS, LaneResults, run_limit
+from .engine import ENGINES, RESULT_FIELDS, LaneResults, run_limit
 from .errors import SimError
 from .failures import FailureModel
 from .grid import run_grid
@@ -39,16 +39,13 @@ from .strategies import PROTOCOLS, STRATEGIES, Cadence, LayerCheck, Schedule, St
 from .theory import limit_ratio_exponential
 from .timeline import Timeline
 from .units import DURATION_RANGE, is_duration
-from .work import bound_work
+from .workbound import bound_work
 from .workload import LayerWrites, Workload
 
 __all__ = ["Scenario", "simulate", "sweep", "simulate_writes", "simulate_schedules", "limit_ratio",
            "PRESETS", "COLUMNS", "LIMIT", "DAY", "ENGINES", "cadences", "primary_loss_draws"]
 
 DAY = 86400.0
-ENGINES = ("fast", "simpy")
-"""fast: jumps from failure to failure (``sim.engine``); simpy: every step an event
-(``sim.reference``, the model to read and extend; slower)."""
 
 
 def _presets() -> tuple[str, ...]:
@@ -363,7 +360,7 @@ def _check_run(scenario, mtbfs, seeds, window_s, engine) -> float:
 
 
 def _bound(scenario, mtbfs, seeds, window, strategies, engine) -> None:
-    """The work bound (``sim.work``): refused before a failure is drawn."""
+    """The work bound (``sim.workbound``): refused before a failure is drawn."""
     bound_work(scenario.failures, mtbfs, seeds=int(seeds), window_s=window, strategies=strategies,
                engine=engine, mean_step_s=float(scenario.workload.compute_s.mean()))
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from .fair import FairResult
 from .frontier import pareto
+from .tables import WIDTH, Column, render
 
 __all__ = ["front_table", "best_by_budget", "budget_text", "front_text", "FRONT_COLUMNS"]
 
@@ -93,10 +94,11 @@ def _tb(nbytes: float) -> str:
     return f"{nbytes / 1e12:.3g} TB" if nbytes >= 1e11 else f"{nbytes / 1e9:.3g} GB"
 
 
-def front_text(table: pd.DataFrame) -> str:
-    """Each strategy's front, fewest bytes first: bytes a job, ratio, setting."""
-    lines = [f"{'strategy':<15} {'durable a job':>14} {'ratio':>7} {'+-95%':>7}  setting"]
-    for row in table[table["front"]].to_dict("records"):
-        lines.append(f"{row['strategy']:<15} {_tb(row['job_bytes']):>14} {row['effective_ratio']:>7.4f} "
-                     f"{row['ci95']:>7.4f}  {row['setting']}")
-    return "\n".join(lines)
+def front_text(table: pd.DataFrame, *, width: int | None = WIDTH) -> str:
+    """Each strategy's front, fewest bytes first: bytes a job, ratio, setting (in blocks of
+    ``width`` columns, ``sim.tables``; None: one line a row)."""
+    rows = [[row["strategy"], _tb(row["job_bytes"]), f"{row['effective_ratio']:.4f}",
+             f"{row['ci95']:.4f}", row["setting"]] for row in table[table["front"]].to_dict("records")]
+    return render([Column("strategy", 15, left=True), Column("durable a job", 14),
+                   Column("ratio", 7), Column("+-95%", 7), Column("setting", left=True)], rows,
+                  width=width)

@@ -30,7 +30,6 @@ from functools import lru_cache
 import numpy as np
 
 from layercheck.contract.figure import STALE_COST_CAPTURE, STALE_COST_PARTS, Figure
-from layercheck.contract.trace import last_written
 
 __all__ = ["Composite", "UNKNOWN", "embedding_share", "transfer_stale_cost"]
 
@@ -148,6 +147,7 @@ def embedding_share(written: np.ndarray, params: np.ndarray, embedding: np.ndarr
     the steps from the base checkpoint on (every layer written once). ``written``: steps
     x layers, ``params`` and ``embedding`` (bool) per layer. 0 for a run that is never
     stale."""
+    from layercheck.contract.trace import last_written   # pandas and pyarrow: only here
     last = last_written(written)
     steps = np.arange(1, last.shape[0] + 1)
     based = (last > 0).all(axis=1)

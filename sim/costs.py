@@ -1,7 +1,7 @@
 """The cost model: what each checkpointing mechanism costs, and where each number came from.
 
 ``CostModel`` is a validated mapping over the calibration schema
-(``layercheck.contract.calibration.FIGURES``, the union of the figures the strategy
+(``sim.calibrated.FIGURES``, the union of the figures the strategy
 modules declare, ``sim.strategies``): one entry (and attribute) per figure, a
 ``provenance`` record for each (measured, derived, published, fit, assumed,
 given or transferred, with the method; ``stale_cost`` also with its interval).
@@ -29,8 +29,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
-from layercheck.contract.calibration import (Band, Calibration, CalibrationError, Figure, band_of,
-                                             read_calibration)
+from layercheck.contract.calibration import Band, CalibrationError, Figure
+from .calibrated import Calibration, band_of, checked, read_calibration
 
 from .errors import SimError
 from .strategies import SCHEMA as FIGURES  # the owner's declarations: CostModel's fields below
@@ -89,7 +89,12 @@ class _CostModel(MappingABC):
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> "CostModel":
-        """The figures of a ``costs.json`` (``python -m profiler calibrate``)."""
+        """The figures of a ``costs.json`` (``python -m profiler calibrate``), a trace's
+        included (read schema-agnostic: checked here, ``calibrated.checked``)."""
+        try:
+            calibration = checked(calibration)
+        except CalibrationError as exc:
+            raise SimError(str(exc)) from None
         return cls(**{n: calibration.figures[n].value for n in FIGURES}, name=calibration.name,
                    description=calibration.description, provenance=dict(calibration.figures))
 
@@ -211,14 +216,14 @@ CostModel = dataclasses.make_dataclass(
     bases=(_CostModel,), frozen=True, kw_only=True)
 CostModel.__module__ = __name__
 CostModel.__doc__ = """Seconds and bandwidths of every mechanism: a validated, immutable mapping
-from each figure of ``layercheck.contract.calibration.FIGURES`` to its value, each also an attribute
+from each figure of ``sim.calibrated.FIGURES`` to its value, each also an attribute
 (``costs.save_gbps``; meanings: the figure's declaration). Defaults are the declared
 defaults, the paper's server; ``provenance`` says where each value came from (a value that
 differs from its record is marked given)."""
 
 
 def declared_band(name: str, record: Figure) -> Band | None:
-    """The band of ``record`` (``layercheck.contract.calibration.band_of``), where a paper-a100 figure
+    """The band of ``record`` (``calibrated.band_of``), where a paper-a100 figure
     read back from a preset's costs.json (its value, source and method the paper's, the band
     not written there) has the paper's band."""
     spec = FIGURES.get(name)

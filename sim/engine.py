@@ -30,9 +30,12 @@ from .composite import Composite
 from .errors import SimError
 from .timeline import Timeline
 
-__all__ = ["LaneResults", "run_lanes", "run_limit", "resolve_kernel", "compiled_kernel",
+__all__ = ["ENGINES", "LaneResults", "run_lanes", "run_limit", "resolve_kernel", "compiled_kernel",
            "RESULT_FIELDS", "KERNELS", "AUTO_COMPILED_TURNS"]
 
+ENGINES = ("fast", "simpy")
+"""fast: jumps from failure to failure (this module); simpy: every step an event
+(``sim.reference``, the model to read and extend; slower)."""
 RESULT_FIELDS = ("useful_s", "stale_s", "checkpoint_stall_s", "lost_work_s", "recovery_s",
                  "failures", "bytes_written", "events", "jobs", "rolled_back_steps")
 KERNELS = ("auto", "compiled", "numpy")

@@ -32,7 +32,7 @@ count only means a shorter MTBF, which the work bound refuses long before)."""
 MAX_RUN_FAILURES = 1_000_000
 """The most failures one run draws (``failure_times`` stops there whatever was
 estimated): the fast engine takes one loop turn per failure of the run with the
-most, about 70 us a turn on one core, so about a minute (``sim.work``)."""
+most, about 70 us a turn on one core, so about a minute (``sim.workbound``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,7 @@ class FailureModel:
     """Weibull shape k (k < 1: failures cluster, as field studies of large
     clusters report; k = 1 is exponential). Scale = MTBF / Gamma(1 + 1/k), taken
     in logarithms so that no shape overflows it; a shape so small that a run
-    would draw too many failures is refused by the work bound (``sim.work``)."""
+    would draw too many failures is refused by the work bound (``sim.workbound``)."""
     log_times: tuple[float, ...] | None = None
     """kind='log': failure times in seconds from the start of the log,
     ascending. The log's gaps repeat cyclically; each seed starts at a random
@@ -88,7 +88,7 @@ class FailureModel:
 
     def expected_failures(self, *, mtbf_s: float | None, window_s: float) -> float:
         """About how many failures one run over ``window_s`` draws: what the work bound
-        (``sim.work``) checks before anything is drawn. A renewal process from a failure
+        (``sim.workbound``) checks before anything is drawn. A renewal process from a failure
         expects window/MTBF + (CV^2 - 1)/2 failures (the renewal theorem's second term:
         clustered gaps add failures); a log played once, its rows within the window."""
         if self.kind == "log" and not self.repeat:

@@ -25,6 +25,7 @@ from scipy import optimize, stats
 
 from .errors import SimError
 from .records import InterruptionRecord, NodeRecord
+from .tables import WIDTH, Column, render
 from .units import format_duration
 
 __all__ = ["GapFit", "fit_gaps", "cofailures", "fit_record", "RecordFit", "MIN_GAPS"]
@@ -156,18 +157,20 @@ class RecordFit:
                 "fits": {k: asdict(v) for k, v in self.fits.items()}, **self.extra,
                 "attribution": self.attribution}
 
-    def text(self) -> str:
+    def text(self, *, width: int | None = WIDTH) -> str:
+        """The summary, the fits' table (blocks of ``width`` columns, ``sim.tables``; None:
+        one line a sample), the extra findings and the data's attribution."""
         lines = [f"{self.record}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in self.summary.items())]
-        head = (f"{'sample':<10} {'gaps':>6} {'mean':>9} {'rate/h':>9} {'95%':>19} {'shape':>6} "
-                f"{'95%':>13} {'KS exp':>7} {'p':>8} {'KS wbl':>7} {'p':>8} {'LR p':>8}  better")
-        lines += [head, "-" * len(head)]
-        for name, f in self.fits.items():
-            lines.append(
-                f"{name:<10} {f.gaps:>6} {format_duration(f.mean_s):>9} {f.rate_per_h:>9.4g} "
-                f"{f'{f.rate_per_h_low:.4g}..{f.rate_per_h_high:.4g}':>19} {f.weibull_shape:>6.3f} "
-                f"{f'{f.weibull_shape_low:.3f}..{f.weibull_shape_high:.3f}':>13} "
-                f"{f.ks_exponential:>7.3f} {f.ks_exponential_p:>8.2g} {f.ks_weibull:>7.3f} "
-                f"{f.ks_weibull_p:>8.2g} {f.lr_p:>8.2g}  {f.better}")
+        columns = [Column("sample", 10, left=True), Column("gaps", 6), Column("mean", 9),
+                   Column("rate/h", 9), Column("95%", 19), Column("shape", 6), Column("95%", 13),
+                   Column("KS exp", 7), Column("p", 8), Column("KS wbl", 7), Column("p", 8),
+                   Column("LR p", 8), Column("better", left=True)]
+        rows = [[name, str(f.gaps), format_duration(f.mean_s), f"{f.rate_per_h:.4g}",
+                 f"{f.rate_per_h_low:.4g}..{f.rate_per_h_high:.4g}", f"{f.weibull_shape:.3f}",
+                 f"{f.weibull_shape_low:.3f}..{f.weibull_shape_high:.3f}",
+                 f"{f.ks_exponential:.3f}", f"{f.ks_exponential_p:.2g}", f"{f.ks_weibull:.3f}",
+                 f"{f.ks_weibull_p:.2g}", f"{f.lr_p:.2g}", f.better] for name, f in self.fits.items()]
+        lines.append(render(columns, rows, width=width))
         for key, value in self.extra.items():
             lines.append(f"{key}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()))
         lines.append(f"data: {self.attribution}")

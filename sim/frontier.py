@@ -6,7 +6,7 @@
     rated = rate(result, scenario, rows=front.index, mtbf_s=1800, seeds=10)
 
 Every setting is re-decided exactly as the library would decide it on the
-trace's drift (``layercheck.contract.lanes``, proven equal to ``layercheck.policy.replay``),
+trace's drift (``layercheck.contract.lanes``, proven equal to ``layercheck.contract.policy.replay``),
 and measured with the one staleness definition (``layercheck.contract.trace``). The
 effective ratio is simulated (``sim.api.simulate_writes``: LayerCheck with each
 setting's writes, on the same failures) for the rows asked for, typically the
@@ -25,14 +25,15 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from layercheck.config import ConfigError, LayerCheckConfig
+from layercheck.contract.config import ConfigError, LayerCheckConfig
 from layercheck.contract.decision import PAPER_STEPS, lr_ratio, paper_default, policy_for, recorded_config
 from layercheck.contract.lanes import LaneTable, Lanes, replay_many
+from layercheck.contract.policy import Policy
 from layercheck.contract.replayed import NO_WRITE, run_arrays
-from layercheck.policy import Policy
 from layercheck.contract.trace import Trace
 
 from .api import Scenario, simulate_writes
+from .calibrated import checked
 from .errors import SimError
 from .workload import LayerWrites
 
@@ -131,7 +132,7 @@ def write_bandwidth(trace: Trace, scenario: Scenario | None = None) -> tuple[flo
     bandwidth the capture measured (manifest machine ``write_bytes_per_s``), else
     the scenario's cost model."""
     if trace.costs is not None:
-        figure = trace.costs.figures["lc_write_gbps"]
+        figure = checked(trace.costs).figures["lc_write_gbps"]
         return figure.value * 1e9, f"costs.json lc_write_gbps ({figure.source})"
     measured = (trace.manifest.get("machine") or {}).get("write_bytes_per_s")
     if isinstance(measured, (int, float)) and measured > 0:

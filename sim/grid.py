@@ -33,12 +33,11 @@ import numpy as np
 
 from .engine import RESULT_FIELDS, LaneResults, resolve_kernel, run_lanes
 from .errors import SimError
-from .scheduler import HANDSHAKE_TIMEOUT_S, connect
+from .scheduler import HANDSHAKE_TIMEOUT_S, SCHEDULER_ENV, connect
 from .timeline import Timeline
 
 __all__ = ["run_grid", "SCHEDULER_ENV", "POOL_MIN_WORK", "PIECES_PER_WORKER"]
 
-SCHEDULER_ENV = "LAYERCHECK_SIM_SCHEDULER"
 POOL_MIN_WORK = 50_000_000
 """Lane-segments (a lane's failures + 1, summed) below which a grid runs in this
 process unless ``workers`` is given: about 3 s of the compiled loop on one core. A

@@ -19,7 +19,7 @@ import numpy as np
 
 from layercheck.contract.replayed import run_arrays
 from layercheck.contract.resumed import next_writes as contract_next_writes
-from layercheck.policy import Policy
+from layercheck.contract.policy import Policy
 
 __all__ = ["next_writes"]
 

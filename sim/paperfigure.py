@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from layercheck.contract.calibration import Figure
 
@@ -24,9 +25,13 @@ from .api import DAY, Scenario, simulate
 from .firstorder import FirstOrder, first_order
 from .paper import PUBLISHED_RUNS, PUBLISHED_SHARES
 from .presets import ITERATIONS, PUBLISHED, compute_seconds
-from .report import interval_text, json_value
+from .report import interval_text, json_value, leader_line
 from .strategies import PROTOCOLS, LayerCheck, LayerCheckSync, LowDiff
+from .tables import WIDTH, Column, render
 from .units import format_duration
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["PAPER_MTBF_S", "PAPER_PRESET", "PAPER_RATIOS", "PAPER_SOURCE", "AS_PUBLISHED",
            "PAPER_RECOVERY_S",
@@ -40,9 +45,8 @@ PAPER_RATIOS: dict[str, float] = {"layercheck": 0.923, "lowdiff": 0.888, "gemini
 PAPER_SOURCE = (
     "LayerCheck (Sun et al., IEEE CLUSTER 2026, arXiv 2609.27193), its failure-regime "
     "figure: effective training time ratio of Qwen2.5-7B at MTBF 0.5 h, LayerCheck 92.3%, "
-    "LowDiff 88.8%, GEMINI 84.5% (the values as the project's brief quotes them; "
-    "shared/design/LAYERCHECK.md describes the figure, MTBF 0.01-3 h from measured "
-    "per-iteration time, checkpoint overhead and recovery time, without them)")
+    "LowDiff 88.8%, GEMINI 84.5%; the figure spans MTBF 0.01-3 h, simulated from measured "
+    "per-iteration time, checkpoint overhead and recovery time (docs/sim-paper.md)")
 AS_PUBLISHED: dict[str, str] = {LayerCheck.name: LayerCheckSync.name}
 """The simulator's strategy whose published checkpoint share a figure's strategy reads: the
 paper ran LayerCheck synchronously (``layercheck-sync``)."""
@@ -168,8 +172,39 @@ class PaperFigure:
                           "interval": self.intervals[c.protocol, c.strategy]} for c in self.cells],
                 "first_order": [{"protocol": p, **t.to_dict()} for (p, _), t in self.terms.items()]}
 
-    def text(self) -> str:
-        """The table, the first-order terms, and the paper's own arithmetic."""
+    def frame(self) -> "pd.DataFrame":
+        """One row per cell (strategy, protocol, accounting): the paper's value, the
+        simulator's ratio with its band and phi bounds, the shares and the first order
+        (``--csv``)."""
+        import pandas as pd
+        return pd.DataFrame([{"strategy": c.strategy, "protocol": c.protocol,
+                              "accounting": c.accounting, "phi": c.phi,
+                              "paper": paper_ratio(c.strategy) if self.at_paper_mtbf else None,
+                              "ratio": c.ratio, "ci95": c.ci95,
+                              "ratio_at_phi_low": c.ratio_at_phi_low,
+                              "ratio_at_phi_high": c.ratio_at_phi_high,
+                              **{f"{k}_share": v for k, v in c.shares.items()},
+                              "first_order": c.first_order,
+                              "interval": self.intervals[c.protocol, c.strategy]}
+                             for c in self.cells])
+
+    def verdicts(self) -> list[str]:
+        """A verdict line per protocol and accounting: who ranks first, by how much."""
+        out = []
+        for p in PROTOCOLS:
+            for a in ACCOUNTINGS:
+                line = leader_line({c.strategy: c.ratio for c in self.cells
+                                    if (c.protocol, c.accounting) == (p, a)},
+                                   fmt=lambda v: f"{v:.3f}", gap=lambda v: f"{v:+.3f} ahead of",
+                                   label=f"verdict ({p}, {a})", what="the highest ratio")
+                if line:
+                    out.append(line)
+        return out
+
+    def text(self, *, width: int | None = WIDTH) -> str:
+        """The table (blocks of ``width`` columns, ``sim.tables``; None: one line a row)
+        with a verdict line per protocol and accounting, the first-order terms, and the
+        paper's own arithmetic."""
         phi, (low, high) = self.phi.value, self.phi.interval
         lines = [f"The paper's figure: {PAPER_PRESET} at MTBF {format_duration(self.mtbf_s)}; ours: "
                  f"{self.seeds} seeds x {format_duration(self.window_s)}, ratio +-95% band",
@@ -177,28 +212,32 @@ class PaperFigure:
                  f"paper: published at MTBF {format_duration(PAPER_MTBF_S)} only",
                  f"stale counted: phi {phi:.3g} [{low:.3g}..{high:.3g}] ({self.phi.source}); "
                  "stale as useful: phi 0 (the paper's accounting)", ""]
-        head = f"{'strategy':<16} {'paper':>6}"
-        for p in PROTOCOLS:
-            head += f" | {p + ': stale counted [phi bounds]':<35} {'as useful':>13}"
-        lines += [head, "-" * len(head)]
+        columns = [Column("strategy", 15, left=True), Column("protocol", 8, left=True),
+                   Column("paper", 6), Column("stale counted [phi bounds]", 30),
+                   Column("as useful", 13)]
+        rows = []
         for s in dict.fromkeys(c.strategy for c in self.cells):
             pub = paper_ratio(s) if self.at_paper_mtbf else None
-            row = f"{s:<16} {'-' if pub is None else f'{pub:.3f}':>6}"
             for p in PROTOCOLS:
                 a, b = self.cell(s, p, ACCOUNTINGS[0]), self.cell(s, p, ACCOUNTINGS[1])
-                row += f" | {_pm(a)} [{a.ratio_at_phi_low:.3f}..{a.ratio_at_phi_high:.3f}]{'':<7} {_pm(b):>13}"
-            lines.append(row)
+                rows.append([s, p, "-" if pub is None else f"{pub:.3f}",
+                             f"{_pm(a)} [{a.ratio_at_phi_low:.3f}..{a.ratio_at_phi_high:.3f}]", _pm(b)])
+        lines += [render(columns, rows, keep=2, width=width), *self.verdicts()]
         lines += ["", f"first order: ratio ~ (1 - s)(1 - (W + R)/M) - phi S/M, M = {self.mtbf_s:g} s "
-                  "(sim.firstorder; the simulator's ratio in brackets)",
-                  f"{'protocol':<8} {'strategy':<16} {'interval':>8} {'s':>6} {'W s':>6} {'R s':>6} "
-                  f"{'S s':>6} {'phi 0':>15} {f'phi {phi:.3g}':>15}   W of failures before the "
-                  "job's first recovery point"]
+                  "(sim.firstorder; the simulator's ratio in brackets; W first: the share of "
+                  "failures before the job's first recovery point x their W, s)"]
+        columns = [Column("protocol", 8, left=True), Column("strategy", 15, left=True),
+                   Column("every", 7), Column("s", 6), Column("W s", 6), Column("R s", 6),
+                   Column("S s", 6), Column("phi 0", 13), Column(f"phi {phi:.3g}", 13),
+                   Column("W first", 11)]
+        rows = []
         for (p, s), t in self.terms.items():
             a, b = self.cell(s, p, ACCOUNTINGS[0]), self.cell(s, p, ACCOUNTINGS[1])
-            lines.append(f"{p:<8} {s:<16} {self.intervals[p, s]:>8} {t.stall_share:>6.3f} "
-                         f"{t.rework_s:>6.0f} {t.recovery_s:>6.0f} {t.stale_s:>6.0f} "
-                         f"{t.ratio(0.0):>6.3f} ({b.ratio:.3f}) {t.ratio(phi):>6.3f} ({a.ratio:.3f})   "
-                         f"{t.start_share:.1%} of failures x {t.start_rework_s:.0f} s")
+            rows.append([p, s, self.intervals[p, s], f"{t.stall_share:.3f}", f"{t.rework_s:.0f}",
+                         f"{t.recovery_s:.0f}", f"{t.stale_s:.0f}", f"{t.ratio(0.0):.3f} ({b.ratio:.3f})",
+                         f"{t.ratio(phi):.3f} ({a.ratio:.3f})",
+                         f"{t.start_share:.1%} x {t.start_rework_s:.0f}"])
+        lines.append(render(columns, rows, keep=2, width=width))
         if self.at_paper_mtbf:
             lines += ["", "the paper's side: with its recovery R, x = 1 - ratio/(1 - R/M) is left for "
                       "stall and rework"]
@@ -224,19 +263,26 @@ def _pm(cell: Cell) -> str:
 
 
 def paper_figure(*, mtbf_s: float = PAPER_MTBF_S, seeds: int = 10, window_s: float = 30 * DAY,
-                 seed: int = 0, strategies: tuple[str, ...] = STRATEGIES) -> PaperFigure:
+                 seed: int = 0, strategies: tuple[str, ...] = STRATEGIES,
+                 progress: Callable[[int, int], None] | None = None) -> PaperFigure:
     """Each of ``strategies`` on the paper's preset at ``mtbf_s``, under each protocol, at
-    the cost model's phi and at phi 0: two simulations a protocol, on the same failures."""
+    the cost model's phi and at phi 0: two simulations a protocol, on the same failures.
+    ``progress(done, total)`` is called as each simulation ends."""
     base = Scenario.from_preset(PAPER_PRESET, seed=seed, window_s=window_s)
     phi = base.stale_figure()
     cells, terms, intervals = [], {}, {}
-    window = float(window_s)
+    window, done = float(window_s), 0
+    if progress is not None:
+        progress(0, len(PROTOCOLS) * len(ACCOUNTINGS))
     for protocol in PROTOCOLS:
         scenario = dataclasses.replace(base, protocol=protocol)
         for accounting, stale in zip(ACCOUNTINGS, (None, 0.0)):
             run = dataclasses.replace(scenario, stale_cost=stale)
             value = run.stale_figure().value
             df = simulate(run, mtbf_s=mtbf_s, strategies=list(strategies), seeds=seeds)
+            if progress is not None:
+                done += 1
+                progress(done, len(PROTOCOLS) * len(ACCOUNTINGS))
             for s in strategies:     # after simulate: its checks (work bound, seeds) come first
                 if (protocol, s) not in terms:
                     terms[protocol, s] = first_order(scenario.schedule(s, mtbf_s), mtbf_s)

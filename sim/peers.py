@@ -11,7 +11,7 @@ event takes some node and that node's peer**. This replaces the assumed
 
 On one node the peer is another rank's region of the same host's memory (the
 paper's server): then the copy is lost when the failure takes the host's memory,
-``layercheck.placement.HOST_LOSS_SHARE`` of failures (Llama 3 405B, Table 5: host
+``sim.placement.HOST_LOSS_SHARE`` of failures (Llama 3 405B, Table 5: host
 maintenance, 32 of 419), drawn per event.
 
 Placements:
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layercheck.placement import HOST_LOSS_SHARE
+from sim.placement import HOST_LOSS_SHARE
 
 from .errors import SimError
 

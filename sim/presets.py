@@ -3,7 +3,7 @@
 Each preset is a model (layer table from ``architectures``), the paper's
 setting (1,692 iterations, per-iteration time from its end-to-end times, the
 LayerCheck defaults) and a *synthetic* drift trace: per-layer drift drawn so
-that ``layercheck.policy.replay`` with the paper's thresholds writes about as
+that ``layercheck.contract.policy.replay`` with the paper's thresholds writes about as
 many layers, checkpoints and bytes as the paper's storage table reports. The
 trace is labelled kind="synthetic" and never stands in for a measurement.
 
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from layercheck.config import LayerCheckConfig
-from layercheck.policy import Policy, Reason, replay
-from layercheck.contract.calibration import FIGURES, Calibration, Figure
+from layercheck.contract.config import LayerCheckConfig
+from layercheck.contract.policy import Policy, Reason, replay
+from layercheck.contract.calibration import Figure
+from .calibrated import FIGURES, Calibration
 from layercheck.contract.trace import (SCHEMA_VERSION, Trace, TraceError, last_written, read_trace,
                               weighted_staleness, write_trace)
 
@@ -33,13 +33,12 @@ from .architectures import ARCHITECTURES, BYTES_PER_PARAM
 from .composite import embedding_share, transfer_stale_cost
 from .costs import GB, PAPER_A100, CostModel
 from .errors import SimError
+from .published import DEFAULT_PRESET, PAPER, PRESET_NAMES, PUBLISHED, REGIMES, Published, Regime
 from .workload import Workload
 
 __all__ = ["PRESET_NAMES", "DEFAULT_PRESET", "PUBLISHED", "REGIMES", "Regime", "build_trace",
            "preset_trace", "preset_scenario_fields", "TRACES_DIR", "trace_stats"]
 
-PAPER = ("Sun, Huang, Guo, Tallent, Sato, Dai. LayerCheck: Adaptive Layer-wise Checkpointing "
-         "for Large Language Model Post-training. IEEE CLUSTER 2026 (arXiv 2609.27193)")
 ITERATIONS = 1692
 """Training iterations per run in every experiment of the paper."""
 CHECKPOINT_SHARE = 0.1135
@@ -54,35 +53,6 @@ PHASES = {"forward_s": 0.3, "backward_s": 0.6, "optimizer_s": 0.1}
 """ASSUMPTION (synthetic traces only): split of a step's compute; the simulator
 uses only the sum."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class Published:
-    """The paper's figures for one model (OpenThoughts, default threshold)."""
-
-    layer_writes: int
-    checkpoints: int
-    total_gb: float
-    layercheck_minutes: float | None
-    """End-to-end time with per-iteration LayerCheck (None: not reported)."""
-    lowdiff_total_gb: float
-    staleness: float | None = None
-    """Observed parameter-weighted average staleness (steps), where reported."""
-    max_staleness: int | None = None
-    """Maximum per-layer staleness at the end of the run (steps), where reported."""
-
-
-PUBLISHED: dict[str, Published] = {
-    "qwen2.5-7b": Published(layer_writes=319, checkpoints=277, total_gb=1205,
-                            layercheck_minutes=198.8, lowdiff_total_gb=19259, staleness=106,
-                            max_staleness=800),
-    "qwen2.5-3b": Published(layer_writes=340, checkpoints=273, total_gb=376,
-                            layercheck_minutes=None, lowdiff_total_gb=8513),
-    "llama-3.2-1b": Published(layer_writes=266, checkpoints=242, total_gb=265,
-                              layercheck_minutes=43.8, lowdiff_total_gb=3837),
-}
-PRESET_NAMES = tuple(PUBLISHED)
-DEFAULT_PRESET = "qwen2.5-7b"
-
 # Mean steps between threshold writes per layer kind, fitted by `--calibrate`
 # so that replay matches PUBLISHED (writes, bytes; staleness where reported).
 DRIFT_INTERVALS: dict[str, dict[str, float]] = {
@@ -92,30 +62,6 @@ DRIFT_INTERVALS: dict[str, dict[str, float]] = {
 }
 NOISE_SIGMA = 0.5
 """Log-normal spread of a layer's per-step drift around its mean."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Regime:
-    """A published failure regime: ``interruptions`` in ``days`` on ``gpus`` GPUs."""
-
-    gpus: int
-    interruptions: int
-    days: float
-    source: str
-
-    @property
-    def job_mtbf_s(self) -> float:
-        return self.days * 86400.0 / self.interruptions
-
-    @property
-    def gpu_mtbf_s(self) -> float:
-        return self.job_mtbf_s * self.gpus
-
-
-REGIMES = {"llama3-405b": Regime(
-    gpus=16384, interruptions=419, days=54,
-    source="Llama 3 herd of models (Meta, 2024): 419 unexpected interruptions in 54 days "
-           "of pre-training on 16,384 H100 GPUs (one every ~3.1 h)")}
 
 
 def compute_seconds(name: str) -> float:
@@ -187,7 +133,7 @@ def _drift(name: str, intervals: dict[str, float], rng: np.random.Generator,
 
 def build_trace(name: str, *, seed: int = 0, intervals: dict[str, float] | None = None) -> Trace:
     """The synthetic trace of preset ``name``: drift drawn with ``seed``, writes decided
-    by ``layercheck.policy.replay`` with the paper's LayerCheck defaults."""
+    by ``layercheck.contract.policy.replay`` with the paper's LayerCheck defaults."""
     if name not in ARCHITECTURES:
         raise SimError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

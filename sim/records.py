@@ -39,7 +39,7 @@ MAX_NODES = 1_000_000
 """The most nodes a job may have, and the node numbers a record may name (0 to
 MAX_NODES - 1): a draw opens a stream per 64 nodes (55-80 us each here), so a
 million nodes cost about a second a run before any failure (the work bound,
-``sim.work.MAX_STREAMS``, counts them over a call's runs)."""
+``sim.workbound.MAX_STREAMS``, counts them over a call's runs)."""
 
 SHIPPED = {"lanl": "lanl-1996-2005.csv.xz", "philly": "philly-interruptions.csv"}
 """The records shipped with the package, by the name ``--failure-log`` takes."""

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
 from .api import COLUMNS, LIMIT
 from .dollars import BILL_COLUMNS
+from .tables import WIDTH, Column, render
 from .units import format_duration
 
 __all__ = ["table", "header", "to_json", "to_csv", "figure", "stale_line", "ranking_note",
-           "ranking_notes", "interval_text", "json_value", "json_clean", "bill_table", "RUN_TAIL"]
+           "ranking_notes", "interval_text", "json_value", "json_clean", "bill_table", "RUN_TAIL",
+           "leader_line", "stale_brief", "STALE_DOC"]
 
 BOUNDS = ("ratio_at_phi_low", "ratio_at_phi_high")
 RUN_TAIL = ("setting", *BILL_COLUMNS)
@@ -42,7 +44,25 @@ def header(scenario: Any, *, mtbf: str, seeds: int, protocol: str | None = None,
         f"{format_duration(scenario.window_s)} window x {seeds} seeds", *nodes,
         f"costs: {costs.name} ({costs.description.rstrip('.')}; figures: {sources})",
         f"protocol: {protocol or scenario.protocol}{interval}; accounting: {scenario.accounting()}",
-        stale_line(scenario.stale_figure()), *([prices.line()] if prices is not None else [])])
+        stale_brief(scenario.stale_figure()), *([prices.line()] if prices is not None else [])])
+
+
+STALE_DOC = "docs/stale-cost.md"
+"""Where the stale cost factor, its measurement and its transfer are explained."""
+
+
+def stale_brief(phi: Any, *, width: int = 120) -> str:
+    """``stale_line`` in one line of at most ``width`` characters: phi, its interval, its
+    source, the start of its method (cut at a word, "..."), and where to read how it was
+    found (``STALE_DOC``); the method in full is in the JSON (``stale_cost``)."""
+    low, high = phi.interval
+    bounds = f"[{low:.3g}..{high:.3g}]" if phi.low is not None else "(no interval)"
+    head, tail = f"stale cost phi: {phi.value:.3g} {bounds}; {phi.source}: ", f" ({STALE_DOC})"
+    method = str(phi.method).split(": ")[0].split("; ")[0].rstrip(".")
+    room = width - len(head) - len(tail)
+    if len(method) > room:
+        method = method[:max(room - 3, 0)].rsplit(" ", 1)[0] + "..."
+    return head + method + tail
 
 
 def stale_line(phi: Any) -> str:
@@ -82,48 +102,81 @@ def ranking_notes(df: pd.DataFrame, phi: Any) -> list[str]:
     return notes
 
 
-def table(df: pd.DataFrame) -> str:
+RUN_COLUMNS = (Column("strategy", 15, left=True), Column("ratio", 7), Column("+-95%", 7),
+               Column("phi low", 7), Column("phi high", 8), Column("useful h", 9),
+               Column("stale h", 8), Column("stall h", 8), Column("lost h", 8),
+               Column("recov h", 8), Column("failures", 9), Column("written TB", 11),
+               Column("interval", 9), Column("setting", left=True))
+
+
+def table(df: pd.DataFrame, *, width: int | None = WIDTH) -> str:
     """A fixed-width table: ratio +- ci95, the ratio at the stale cost factor's bounds
     (phi low, phi high), then where the time went (hours per run), and each strategy's
-    setting where the table has one (``setting``: the fair comparison's best)."""
+    setting where the table has one (``setting``: the fair comparison's best); in blocks
+    of ``width`` columns (``sim.tables``; None: one line a row)."""
     has_setting = "setting" in df
-    head = (f"{'strategy':<15} {'ratio':>7} {'+-95%':>7} {'phi low':>7} {'phi high':>8} "
-            f"{'useful h':>9} {'stale h':>8} "
-            f"{'stall h':>8} {'lost h':>8} {'recov h':>8} {'failures':>9} {'written TB':>11} "
-            f"{'interval':>9}" + ("  setting" if has_setting else ""))
-    lines = [head, "-" * len(head)]
+    columns = RUN_COLUMNS if has_setting else RUN_COLUMNS[:-1]
+    rows = []
     for row in df.to_dict("records"):
+        setting = [str(row["setting"])] if has_setting else []
         if row["effective_ratio"] is None or pd.isna(row["effective_ratio"]):
-            lines.append(f"{row['strategy']:<15} {'-':>7}" + (f"  {row['setting']}" if has_setting
-                                                             else ""))
+            rows.append([row["strategy"], "-", *[""] * (len(columns) - 2 - len(setting)), *setting])
             continue
         ci = "" if row["ci95"] is None or math.isnan(row["ci95"]) else f"{row['ci95']:.4f}"
-        lines.append(f"{row['strategy']:<15} {row['effective_ratio']:>7.4f} {ci:>7} "
-                     f"{row['ratio_at_phi_low']:>7.4f} {row['ratio_at_phi_high']:>8.4f} "
-                     f"{row['useful_s'] / 3600:>9.1f} {row['stale_s'] / 3600:>8.1f} "
-                     f"{_hours(row['checkpoint_stall_s']):>8.1f} "
-                     f"{row['lost_work_s'] / 3600:>8.1f} {row['recovery_s'] / 3600:>8.1f} "
-                     f"{row['failures']:>9.1f} {row['bytes_written'] / 1e12:>11.2f} "
-                     f"{interval_text(row['interval'], row['storage_interval']):>9}"
-                     + (f"  {row['setting']}" if has_setting else ""))
-    return "\n".join(lines)
+        rows.append([row["strategy"], f"{row['effective_ratio']:.4f}", ci,
+                     f"{row['ratio_at_phi_low']:.4f}", f"{row['ratio_at_phi_high']:.4f}",
+                     f"{row['useful_s'] / 3600:.1f}", f"{row['stale_s'] / 3600:.1f}",
+                     f"{_hours(row['checkpoint_stall_s']):.1f}", f"{row['lost_work_s'] / 3600:.1f}",
+                     f"{row['recovery_s'] / 3600:.1f}", f"{row['failures']:.1f}",
+                     f"{row['bytes_written'] / 1e12:.2f}",
+                     interval_text(row["interval"], row["storage_interval"]), *setting])
+    return render(columns, rows, width=width)
 
 
-def bill_table(df: pd.DataFrame) -> str:
+BILL_COLUMNS_TEXT = (Column("strategy", 15, left=True), Column("stall", 6), Column("lost", 6),
+                     Column("stale", 6), Column("restart", 7), Column("recovery", 8),
+                     Column("GPU $", 9), Column("storage $", 9), Column("writes $", 9),
+                     Column("total $", 9))
+
+
+def bill_table(df: pd.DataFrame, *, width: int | None = WIDTH) -> str:
     """GPU hours per run by cause and what the run's failures and checkpointing cost
-    (``sim.dollars``): one row per strategy of a table with ``BILL_COLUMNS``."""
-    head = (f"{'strategy':<15} {'stall':>8} {'lost':>8} {'stale':>8} {'restart':>8} "
-            f"{'recovery':>8} {'GPU $':>10} {'storage $':>10} {'writes $':>9} {'total $':>10}")
-    lines = ["GPU hours a run by cause, and dollars", head, "-" * len(head)]
+    (``sim.dollars``): one row per strategy of a table with ``BILL_COLUMNS``, then the
+    verdict in dollars (``leader_line``: the cheapest, and by how much)."""
+    rows = []
     for row in df.to_dict("records"):
         if pd.isna(row["usd_total"]):
-            lines.append(f"{row['strategy']:<15} {'-':>8}")
+            rows.append([row["strategy"], "-"])
             continue
-        lines.append(f"{row['strategy']:<15} {row['gpu_h_stall']:>8.0f} {row['gpu_h_lost_work']:>8.0f} "
-                     f"{row['gpu_h_stale_work']:>8.0f} {row['gpu_h_restart']:>8.0f} "
-                     f"{row['gpu_h_recovery']:>8.0f} {row['usd_gpu']:>10,.0f} "
-                     f"{row['usd_storage']:>10,.2f} {row['usd_writes']:>9,.2f} {row['usd_total']:>10,.0f}")
-    return "\n".join(lines)
+        rows.append([row["strategy"], f"{row['gpu_h_stall']:.0f}", f"{row['gpu_h_lost_work']:.0f}",
+                     f"{row['gpu_h_stale_work']:.0f}", f"{row['gpu_h_restart']:.0f}",
+                     f"{row['gpu_h_recovery']:.0f}", f"{row['usd_gpu']:,.0f}",
+                     f"{row['usd_storage']:,.2f}", f"{row['usd_writes']:,.2f}",
+                     f"{row['usd_total']:,.0f}"])
+    totals = {r["strategy"]: -float(r["usd_total"]) for r in df.to_dict("records")
+              if r["strategy"] != LIMIT and not pd.isna(r["usd_total"])}
+    verdict = leader_line(totals, what="the cheapest run", fmt=lambda v: f"${-v:,.0f}",
+                          gap=lambda v: f"${v:,.0f} less than")
+    return "\n".join(["GPU hours a run by cause, and dollars", render(BILL_COLUMNS_TEXT, rows, width=width),
+                      *([verdict] if verdict else [])])
+
+
+def leader_line(scores: Mapping[str, float], *, what: str = "the highest effective ratio",
+                fmt: Callable[[float], str] = lambda v: f"{v:.4f}",
+                gap: Callable[[float], str] = lambda v: f"{v:+.4f} ahead of",
+                label: str = "verdict") -> str | None:
+    """One line under a table: the name with the highest score, its score and its margin
+    over the runner-up (``fmt`` and ``gap`` spell them); None without a score."""
+    ranked = sorted(((v, k) for k, v in scores.items() if v is not None and not math.isnan(v)),
+                    reverse=True)
+    if not ranked:
+        return None
+    (top, name), rest = ranked[0], ranked[1:]
+    line = f"{label}: {name} has {what}, {fmt(top)}"
+    if rest:
+        second, runner = rest[0]
+        line += f", {gap(top - second)} {runner} ({fmt(second)})"
+    return line
 
 
 def _hours(seconds: float) -> float:

@@ -1,4 +1,6 @@
-"""A scenario's job on N GPUs: per-node failures, recovery that grows, shared storage, placement.
+"""The simulator's scale model: a scenario's job on N GPUs.
+
+Per-node failures, recovery that grows, shared storage, placement.
 
 The job is the scenario's model trained data-parallel over ``gpus`` GPUs in nodes of
 ``GPUS_PER_NODE`` (ZeRO-3 sharded over every rank): every step takes the scenario's
@@ -44,13 +46,13 @@ from .storage import AGGREGATE_SOURCE, SharedStorage, contended, storage_writes
 from .strategies import Gemini, get_strategy
 from .timeline import Timeline
 from .units import DURATION_RANGE, is_duration
-from .work import bound_work, check_drained_writes
+from .workbound import bound_work, check_drained_writes
 
 __all__ = ["ScaleModel", "scale_costs", "simulate_scale", "scale_curve", "SCALE_COLUMNS",
            "LLAMA3_NODE_MTBF_S", "gpu_steps", "shares", "WHERE"]
 
 _REGIME = REGIMES["llama3-405b"]
-LLAMA3_NODE_MTBF_S = _REGIME.days * 86400.0 / _REGIME.interruptions * (_REGIME.gpus / GPUS_PER_NODE)
+LLAMA3_NODE_MTBF_S = _REGIME.node_mtbf_s(GPUS_PER_NODE)
 """One node's MTBF behind Llama 3 405B's record: 419 unexpected interruptions in 54 days on
 2,048 nodes of 8 GPUs (``sim.presets.REGIMES``), 54 d / 419 x 2,048 = 264 days."""
 NODE_MTBF_SOURCE = (f"Llama 3 405B (Meta 2024): {_REGIME.interruptions} unexpected interruptions "

@@ -7,46 +7,47 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from .api import PRESETS, Scenario
 from .errors import SimError
-from .nodes import Domain
 from .peers import PLACEMENTS
-from .recovery import NO_SPARE, RECOVERY_FIGURES, RecoveryModel
-from .scale import LLAMA3_NODE_MTBF_S, WHERE, ScaleModel, gpu_steps, scale_curve, shares
-from .scenarioargs import job_scenario
-from .strategies import PROTOCOLS
+from .published import PRESET_NAMES, REGIMES
+from .recovery import GPUS_PER_NODE, NO_SPARE, RECOVERY_FIGURES, RecoveryModel
+from .scenarioargs import SEED_HELP, SEEDS_HELP, job_scenario
+from .strategies import PROTOCOLS, STRATEGIES
+from .tables import WIDTH, Column, render
 from .units import format_duration, parse_duration
-from .work import MAX_DRAINED_WRITES
 
-__all__ = ["add_parser", "run"]
+if TYPE_CHECKING:       # run() imports them: declaring the flags stays light
+    from .api import Scenario
+    from .scale import ScaleModel
+
+__all__ = ["add_arguments", "run"]
 
 
-def add_parser(sub) -> None:
-    sc = sub.add_parser("scale", help="each strategy's ratio against job size, with the perfect "
-                        "checkpointer, the 95%% band and where the time goes")
+def add_arguments(sc) -> None:
+    """``scale``'s flags on its parser ``sc`` (``sim.cli`` adds the output flags)."""
     sc.add_argument("--gpus", default="8..16384", help="LOW..HIGH (doubling from LOW) or one "
                     "size, multiples of 8 GPUs (default 8..16384)")
-    out = sc.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true")
-    out.add_argument("--csv", action="store_true")
     j = sc.add_argument_group("job (default: the qwen2.5-7b preset, trained data-parallel)")
-    j.add_argument("--preset", choices=PRESETS)
+    j.add_argument("--preset", choices=PRESET_NAMES, help="a built-in preset")
     j.add_argument("--trace", help="a trace folder (traces/NAME)")
     j.add_argument("--iteration-time", help="custom job: compute per step, e.g. 6s")
     j.add_argument("--iterations", type=int, default=1692, help="custom job: steps per job")
     j.add_argument("--checkpoint-gb", type=float, default=106.6, help="custom job: full checkpoint GB")
     j.add_argument("--costs", help="a cost model (paper-a100) or a costs.json: one node's figures")
-    j.add_argument("--strategies", help="comma list")
-    j.add_argument("--protocol", choices=PROTOCOLS)
+    j.add_argument("--strategies", help=f"comma list from {','.join(STRATEGIES)}")
+    j.add_argument("--protocol", choices=PROTOCOLS, help="rollback strategies' cadence: matched "
+                   "(the paper's matched freshness) or native (each as its authors designed it)")
     j.add_argument("--interval", help="every rollback strategy every N steps (or young, daly)")
     j.add_argument("--stale-cost", type=float, metavar="PHI", help="the stale cost factor phi "
                    "(-1000 to 1000)")
-    j.add_argument("--seeds", type=int, default=10)
-    j.add_argument("--seed", type=int, default=0)
+    j.add_argument("--seeds", type=int, default=10, help=SEEDS_HELP)
+    j.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     j.add_argument("--window", default="30d", help="wall-clock window per run (default 30d)")
     f = sc.add_argument_group("failures and recovery (defaults and sources: docs/sim-scale.md)")
-    f.add_argument("--node-mtbf", help=f"one node's MTBF (default {format_duration(LLAMA3_NODE_MTBF_S)}: "
+    f.add_argument("--node-mtbf", help=f"one node's MTBF (default "
+                   f"{format_duration(REGIMES['llama3-405b'].node_mtbf_s(GPUS_PER_NODE))}: "
                    "Llama 3 405B's 419 interruptions in 54 days on 2,048 nodes)")
     f.add_argument("--node-shape", type=float, default=1.0, help="a node's Weibull shape, 0.01 "
                    "to 20 (1: exponential)")
@@ -67,15 +68,17 @@ def add_parser(sub) -> None:
     s = sc.add_argument_group("shared storage")
     s.add_argument("--aggregate-gbps", type=float, default=2000.0,
                    help="the file system's aggregate write GB/s (default 2000: Llama 3's 2 TB/s)")
-    s.add_argument("--read-aggregate-gbps", type=float, default=2000.0)
+    s.add_argument("--read-aggregate-gbps", type=float, default=2000.0,
+                   help="the file system's aggregate read GB/s during recoveries (default 2000)")
     s.add_argument("--tenants", type=int, default=0, help="other jobs like this one on the same "
-                   f"file system, at random phases (the job's writes x (1 + tenants) at most "
-                   f"{MAX_DRAINED_WRITES:,}: docs/sim.md, Work limits)")
+                   "file system, at random phases (the job's writes x (1 + tenants) are "
+                   "bounded: docs/sim.md, Work limits)")
     # the rest of the job vocabulary sim.scenarioargs.job_scenario reads: flags scale lacks
     sc.set_defaults(checkpoint_cost=None, stale_as_useful=False)
 
 
 def _sizes(text: str) -> list[int]:
+    from .scale import gpu_steps
     low, sep, high = str(text).partition("..")
     try:
         values = [int(low)] + ([int(high)] if sep else [])
@@ -86,6 +89,8 @@ def _sizes(text: str) -> list[int]:
 
 
 def _model(args) -> ScaleModel:
+    from .nodes import Domain
+    from .scale import LLAMA3_NODE_MTBF_S, ScaleModel
     changes = {}
     if args.hang_share is not None:
         changes["hang_share"] = args.hang_share
@@ -104,6 +109,7 @@ def _model(args) -> ScaleModel:
 
 
 def run(args) -> None:
+    from .scale import scale_curve, shares
     sizes = _sizes(args.gpus)
     model = _model(args)
     scenario = job_scenario(args)     # its failures are the model's nodes'
@@ -116,20 +122,69 @@ def run(args) -> None:
     elif args.csv:
         print(frame.to_csv(index=False), end="")
     else:
-        print(_text(scenario, model, shares(frame, scenario.window_s), args.seeds))
+        print(_text(scenario, model, shares(frame, scenario.window_s), args.seeds,
+                    width=None if args.wide else WIDTH))
 
 
-def _text(scenario: Scenario, model: ScaleModel, frame, seeds: int) -> str:
+HEADERS = {"stale_lost_s": "stale", "stall_s": "stall", "storage_wait_s": "storage",
+           "lost_work_s": "lost", "detection_s": "detect", "reschedule_s": "resched",
+           "restart_s": "restart", "load_s": "load"}
+"""Short column headers of ``sim.scale.WHERE``'s shares (the line above the tables spells
+them out)."""
+
+
+def _text(scenario: Scenario, model: ScaleModel, frame, seeds: int, *,
+          width: int | None = WIDTH) -> str:
+    """A table per job size (ratio, band, where the window went), then the summary: who
+    leads at each size and by how much at the largest."""
+    from .results import LIMIT
+    from .scale import WHERE
     lines = [f"{scenario.name}: {format_duration(scenario.window_s)} window x {seeds} seeds, "
              f"node MTBF {format_duration(model.node_mtbf_s)}, storage {model.aggregate_gbps:g} GB/s "
              f"aggregate, spares {'unlimited' if model.recovery.spares is None else model.recovery.spares}"
              f", placement {model.placement}",
-             "ratio +-95%; then shares of the window: " + ", ".join(WHERE.values())]
+             "ratio +-95%, then shares of the window: " + ", ".join(
+                 h if h == WHERE[c] else f"{h} ({WHERE[c]})" for c, h in HEADERS.items())]
+    columns = [Column("strategy", 16, left=True), Column("ratio", 6), Column("+-95%", 7),
+               *(Column(h, 7) for h in HEADERS.values())]
+    leaders = {}
     for gpus, group in frame.groupby("gpus", sort=False):
         first = group.iloc[0]
         lines.append(f"\n{gpus:,} GPUs ({first.nodes:,} nodes): job MTBF "
                      f"{format_duration(first.job_mtbf_s)}, {first.failures:.1f} failures a run")
-        for row in group.itertuples():
-            parts = "  ".join(f"{getattr(row, c):6.2%}" for c in WHERE)
-            lines.append(f"  {row.strategy:<16}{row.effective_ratio:.4f} +-{row.ci95:.4f}  {parts}")
+        rows = [[row.strategy, f"{row.effective_ratio:.4f}", f"+-{row.ci95:.4f}",
+                 *(f"{getattr(row, c):.2%}" for c in HEADERS)] for row in group.itertuples()]
+        lines.append(render(columns, rows, width=width))
+        leaders[int(gpus)] = {r.strategy: float(r.effective_ratio) for r in group.itertuples()
+                              if r.strategy != LIMIT}
+    lines.append("")
+    lines.append(_summary(leaders))
     return "\n".join(lines)
+
+
+def _summary(leaders: dict[int, dict[str, float]]) -> str:
+    """One closing line: the strategy with the highest ratio at each size (runs of sizes
+    with the same one), and the margin at the largest size over the runner-up."""
+    from .report import leader_line
+    runs: list[tuple[str, int, int]] = []
+    for gpus, ratios in leaders.items():
+        if not ratios:
+            continue
+        top = max(ratios, key=ratios.get)
+        if runs and runs[-1][0] == top:
+            runs[-1] = (top, runs[-1][1], gpus)
+        else:
+            runs.append((top, gpus, gpus))
+    if not runs:
+        return "summary: no strategy was compared"
+    largest = max(g for g in leaders if leaders[g])
+    last = leader_line(leaders[largest], what="the highest ratio", label=f"at {largest:,} GPUs")
+    if len(leaders) == 1:
+        return "summary " + last
+    if len(runs) == 1:
+        name, low, high = runs[0]
+        return (f"summary: {name} has the highest ratio at every size ({low:,} to {high:,} "
+                f"GPUs); {last}")
+    spans = "; ".join(f"{name} at {low:,} GPUs" if low == high else f"{name} from {low:,} to "
+                      f"{high:,} GPUs" for name, low, high in runs)
+    return f"summary: highest ratio by size: {spans}; {last}"

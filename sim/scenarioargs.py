@@ -13,22 +13,24 @@ import dataclasses
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from layercheck.contract.calibration import FIGURES, read_calibration
 from layercheck.contract.measurement import age_warning
-from layercheck.contract.trace import TraceError, read_trace
 
-from .api import ENGINES, Scenario
+from .calibrated import FIGURES, read_calibration
 from .costs import COST_MODELS, CostModel
+from .engine import ENGINES
 from .errors import SimError
-from .failures import FailureModel, job_mtbf, read_failure_log
-from .nodes import Domain, NodeFailures
-from .presets import DEFAULT_PRESET, PRESET_NAMES, REGIMES
+from .published import DEFAULT_PRESET, PRESET_NAMES, REGIMES
 from .strategies import PROTOCOLS, STRATEGIES
 from .units import parse_duration
 
-__all__ = ["COST_FLAGS", "FAIR", "add_scenario_args", "add_budget_args", "add_price_args",
+if TYPE_CHECKING:       # the builders import them when called: declaring the flags stays light
+    from .api import Scenario
+    from .failures import FailureModel
+    from .nodes import NodeFailures
+
+__all__ = ["SEEDS_HELP", "SEED_HELP", "COST_FLAGS", "FAIR", "add_scenario_args", "add_budget_args", "add_price_args",
            "scenario_of", "job_scenario", "failure_model", "cost_overrides", "stale_cost", "warn_age",
            "mtbf_of", "budgets_of", "prices_of", "protocol_of"]
 
@@ -36,6 +38,9 @@ FAIR = "fair"
 """The comparison's default protocol: each strategy at its own best setting within the
 budgets (``sim.fair``); ``matched`` and ``native`` fix every cadence by a rule."""
 
+SEEDS_HELP = ("runs per strategy, each on its own failures, every strategy on the same ones "
+              "(default 10; sensitivity 5); the 95%% band needs 2 or more")
+SEED_HELP = "the first run's random seed (default 0; the same seed, the same failures)"
 COST_FLAGS = {
     "write_gbps": (("save_gbps", "persist_gbps", "lc_write_gbps"), "storage write bandwidth, GB/s "
                    "(synchronous saves, background persists and LayerCheck's writer)"),
@@ -86,8 +91,8 @@ def add_scenario_args(p: argparse.ArgumentParser, *, fair: bool = False) -> None
                    "as written (no cycling, no random start; a real run killed at those times)")
     r = p.add_argument_group("run")
     r.add_argument("--strategies", help=f"comma list from {','.join(STRATEGIES)}")
-    r.add_argument("--seeds", type=int, default=10)
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seeds", type=int, default=10, help=SEEDS_HELP)
+    r.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     if fair:
         r.add_argument("--protocol", choices=(FAIR, *PROTOCOLS), default=FAIR, help="fair (the "
                        "default: every strategy at its own best setting within the budgets), "
@@ -138,6 +143,7 @@ def cost_overrides(args, base: CostModel) -> CostModel:
 
 
 def failure_model(args) -> FailureModel | NodeFailures:
+    from .failures import FailureModel, read_failure_log
     kind = args.failures or ("log" if args.failure_log else "exponential")
     if args.nodes is not None:
         return _node_failures(args, kind)
@@ -155,6 +161,8 @@ def failure_model(args) -> FailureModel | NodeFailures:
 
 def _node_failures(args, kind: str) -> NodeFailures:
     """--nodes N: each node by --node-mtbf and the law, or a record replayed."""
+    from .failures import FailureModel
+    from .nodes import Domain, NodeFailures
     from .records import InterruptionRecord, read_record
     if args.log_once:
         raise SimError("--log-once plays a job's log as written; a record of nodes replays "
@@ -219,6 +227,9 @@ def job_scenario(args, **fields: Any) -> Scenario:
 
     ``args`` holds every dest this vocabulary reads (``add_scenario_args`` declares them
     all; a command without some of the flags sets their defaults: ``sim.scalecli``)."""
+    from layercheck.contract.trace import TraceError, read_trace
+
+    from .api import Scenario
     common = {**fields, "seed": args.seed,
               "window_s": parse_duration(args.window, what="--window"),
               "stale_cost": stale_cost(args)}
@@ -269,6 +280,7 @@ def mtbf_of(args, value: str | None) -> float | None:
         return None
     if value is not None:
         return parse_duration(value, what="--mtbf")
+    from .failures import job_mtbf
     regime = REGIMES.get(args.regime) if args.regime else None
     if args.gpu_mtbf is not None or regime:
         gpu = parse_duration(args.gpu_mtbf, what="--gpu-mtbf") if args.gpu_mtbf else regime.gpu_mtbf_s

@@ -27,8 +27,10 @@ from typing import Any
 
 from .errors import SimError
 
-__all__ = ["connect", "probe", "HANDSHAKE_TIMEOUT_S", "HANDSHAKE_MAX_BYTES", "IDENTITY_MAX_BYTES"]
+__all__ = ["connect", "probe", "SCHEDULER_ENV", "HANDSHAKE_TIMEOUT_S", "HANDSHAKE_MAX_BYTES", "IDENTITY_MAX_BYTES"]
 
+SCHEDULER_ENV = "LAYERCHECK_SIM_SCHEDULER"
+"""The environment variable that names a Dask scheduler's address (``sim.grid``)."""
 HANDSHAKE_TIMEOUT_S = 10.0
 """How long the connect and the handshake may take together, and then the client's
 connect: a scheduler on a reachable host answers in milliseconds."""

@@ -14,22 +14,24 @@ strategy ranks first, and to which (``Sensitivity.flips``).
 
 The default run is smaller than ``python -m sim``'s (``SEEDS`` seeds over a
 ``WINDOW_S`` window) because it is 1 + 2 x figures runs; the work bound
-(``sim.work``) is checked for all of them together before the first.
+(``sim.workbound``) is checked for all of them together before the first.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from layercheck.contract.calibration import FIGURES
+from .calibrated import FIGURES
 
 from .api import Scenario, simulate
 from .errors import SimError
-from .work import bound_work
+from .report import leader_line
+from .tables import WIDTH, Column, render
+from .workbound import bound_work
 
 __all__ = ["SEEDS", "WINDOW_S", "Sensitivity", "sensitivity", "banded", "at_value"]
 
@@ -99,8 +101,9 @@ class Sensitivity:
                 "point": self.point, "figures": list(self.rows), "unvaried": list(self.unvaried),
                 "flips": self.flips()}
 
-    def text(self) -> str:
-        """The report ``python -m sim sensitivity`` prints."""
+    def text(self, *, width: int | None = WIDTH) -> str:
+        """The report ``python -m sim sensitivity`` prints: the table in blocks of ``width``
+        columns (``sim.tables``; None: one line a figure), the verdict under it."""
         lines = [f"{self.scenario}: each figure not measured here varied across its band, one at "
                  f"a time ({self.seeds} seeds x {self.window_s / 86400:g} days a point, the same "
                  f"failures in every run; protocol {self.protocol})",
@@ -108,11 +111,14 @@ class Sensitivity:
                  f"({self.point[self.leader]:.3f})", ""]
         df = self.frame()
         names = list(self.point)
-        lines.append(f"{'figure':<22} {'band':<24} " + " ".join(f"{n[:15]:>15}" for n in names))
+        rows = []
         for figure, group in df.groupby("figure", sort=False):
             cells = {r.strategy: f"{r.min:.3f}-{r.max:.3f}" for r in group.itertuples()}
-            lines.append(f"{figure:<22} {group['band'].iloc[0]:<24} "
-                         + " ".join(f"{cells[n]:>15}" for n in names))
+            rows.append([figure, group["band"].iloc[0], *(cells[n] for n in names)])
+        lines.append(render([Column("figure", 22, left=True), Column("band", 24, left=True),
+                             *(Column(n, 11) for n in names)], rows, keep=1, width=width))
+        lines.append(leader_line(self.point, what="the highest ratio at the cost model's values",
+                                 fmt=lambda v: f"{v:.3f}", gap=lambda v: f"{v:+.3f} ahead of"))
         flips = self.flips()
         lines.append("")
         if flips:
@@ -129,10 +135,11 @@ class Sensitivity:
 
 def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequence[str] | None = None,
                 seeds: int = SEEDS, window_s: float = WINDOW_S,
-                figures: Sequence[str] | None = None) -> Sensitivity:
+                figures: Sequence[str] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Sensitivity:
     """The point run, then every banded figure (or those of ``figures``) at each end of its
     band, on the same failures; refused (``SimError``) before any run if the whole passes
-    the simulator's work bound."""
+    the simulator's work bound. ``progress(done, total)`` is called as each run ends."""
     names = scenario.strategy_names(strategies)
     chosen = list(FIGURES) if figures is None else list(figures)
     unknown = [f for f in chosen if f not in FIGURES]
@@ -148,8 +155,14 @@ def sensitivity(scenario: Scenario, *, mtbf_s: float | None, strategies: Sequenc
                window_s=float(window_s), strategies=len(names), engine="fast",
                mean_step_s=float(scenario.workload.compute_s.mean()))
 
+    runs = iter(range(1, 2 + 2 * len(varied)))
+    if progress is not None:
+        progress(0, 1 + 2 * len(varied))
+
     def ratios(s: Scenario) -> dict[str, float]:
         df = simulate(s, mtbf_s=mtbf_s, strategies=names, seeds=seeds, window_s=window_s)
+        if progress is not None:
+            progress(next(runs), 1 + 2 * len(varied))
         return dict(zip(df["strategy"], df["effective_ratio"].astype(float)))
 
     rows = []

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.decision import paper_default, recorded_config
 from layercheck.contract.trace import Trace
 

@@ -29,7 +29,7 @@ import numpy as np
 from .errors import SimError
 from .strategies import STRATEGIES, Schedule
 from .timeline import Timeline
-from .work import check_drained_writes
+from .workbound import check_drained_writes
 
 __all__ = ["SharedStorage", "drain", "contended", "storage_writes", "AGGREGATE_SOURCE"]
 

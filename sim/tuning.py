@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.decision import paper_default, recorded_config
 from layercheck.contract.trace import Trace
 
@@ -33,6 +33,7 @@ from .engine import compiled_kernel
 from .errors import SimError
 from .frontier import (SETTING_COLUMNS, Evaluation, Grid, config_line, describe, evaluate,
                        fronts, rate, write_bandwidth)
+from .report import leader_line
 from .settings import layercheck_grid
 from .units import format_duration
 
@@ -133,6 +134,10 @@ class Recommendation:
             rows.append(f"{label:<16} {row['effective_ratio']:>7.4f} {band:>7} "
                         f"{_gb(row['bytes_written']):>10} {row['max_staleness']:>10} "
                         f"{row['mean_weighted_staleness']:>11.1f} {row['write_share']:>12.2%}")
+        verdict = leader_line({label: row["effective_ratio"] for label, row in
+                               (("recommended", self.best), ("paper default", self.paper),
+                                ("recorded", self.recorded))})
+        rows.append(verdict)
         gain = self.best["effective_ratio"] - self.paper["effective_ratio"]
         budgets = ", ".join(f"{flag} {_limit(flag, limit)}" for flag, _, limit
                             in self.budgets.limits().values()) or "none"
@@ -156,10 +161,15 @@ class Recommendation:
 
 def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: float,
               seeds: int = 10, window_s: float | None = None, grid: Grid | None = None,
-              result: Evaluation | None = None, baselines: bool = True) -> Recommendation:
+              result: Evaluation | None = None, baselines: bool = True,
+              progress: Callable[[str, int, int], None] | None = None) -> Recommendation:
     """The setting with the best effective ratio at ``mtbf_s`` within ``budgets``
     (module doc). ``result``: an ``evaluate_with_references`` of this trace to reuse;
-    ``baselines``: also find the best baseline within the same budgets (``best_baseline``)."""
+    ``baselines``: also find the best baseline within the same budgets (``best_baseline``);
+    ``progress(stage, done, total)``: called as each stage begins, and at the end."""
+    stages = 3 if baselines else 2
+    tell = progress or (lambda stage, done, total: None)
+    tell("replaying the grid's settings on the trace's drift", 0, stages)
     compiled_kernel(load=True)      # many settings: the compiled walks and loop pay for their import
     bandwidth = write_bandwidth(trace, scenario)
     result = result or evaluate_with_references(trace, grid, bandwidth=bandwidth[0])
@@ -168,8 +178,14 @@ def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: flo
     if not rows.size:
         raise SimError(_infeasible(table[table["role"] == ROLES[0]], budgets))
     refs = [int(np.flatnonzero(table["role"] == role)[0]) for role in ROLES[1:]]
+    tell(f"simulating {len(rows) + len(refs)} settings", 1, stages)
     rated = rate(result, scenario, rows=[*rows, *refs], mtbf_s=mtbf_s, seeds=seeds,
                  window_s=window_s)
+    if baselines:
+        tell("the best baseline within the same budgets", 2, stages)
+    baseline = best_baseline(scenario, budgets, mtbf_s=mtbf_s, seeds=seeds,
+                             window_s=window_s) if baselines else None
+    tell("done", stages, stages)
     best = int(rated.loc[rows, "effective_ratio"].idxmax())
     config = result.configs[best]
     return Recommendation(
@@ -179,8 +195,7 @@ def recommend(trace: Trace, scenario: Scenario, budgets: Budgets, *, mtbf_s: flo
         bandwidth=bandwidth, grid_size=int((table["role"] == ROLES[0]).sum()),
         within=int((budgets.within(table) & (table["role"] == ROLES[0]).to_numpy()).sum()),
         simulated=len(rows), budget_mode=_budget_mode(trace, config, budgets, bandwidth[0]),
-        baseline=best_baseline(scenario, budgets, mtbf_s=mtbf_s, seeds=seeds, window_s=window_s)
-        if baselines else None)
+        baseline=baseline)
 
 
 def best_baseline(scenario: Scenario, budgets: Budgets, *, mtbf_s: float, seeds: int = 10,

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from layercheck.contract.calibration import FIGURES
+from .calibrated import FIGURES
 
 from .api import Scenario
 from .fair import LAYERCHECK, FairResult, rate_schedules, search_kernel, spelled

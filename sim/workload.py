@@ -15,12 +15,12 @@ import numpy as np
 
 from layercheck.contract.decision import lr_ratio, policy_for
 from layercheck.contract.trace import Trace, last_written
-from layercheck.policy import Policy
+from layercheck.contract.policy import Policy
 
 from .errors import SimError
 from .nextwrites import next_writes
 from .units import DURATION_RANGE, MAX_DURATION_S, MIN_DURATION_S
-from .work import check_job_steps
+from .workbound import check_job_steps
 
 __all__ = ["Workload", "LayerWrites", "warmup_from"]
 

@@ -27,8 +27,8 @@ from unittest import mock
 
 import numpy as np
 
-from layercheck import store as store_module
-from layercheck.store import LocalStore
+from layercheck.storage import fds as store_module
+from layercheck.storage.localstore import LocalStore
 
 __all__ = ["Forwarding", "FailingWrites", "Faults", "HeldFull", "CannotDelete", "FlakyReads",
            "BeforeFirstRead", "GatedStore", "CountingStore", "DropsBuffers", "RecordingStore",
@@ -118,7 +118,7 @@ class Faults(Forwarding):
             def half_then_fail(fd, chunk, err=fault["err"]):
                 os.write(fd, bytes(chunk[: len(chunk) // 2]))
                 raise OSError(err, os.strerror(err), path)
-            with mock.patch.object(store_module, "_write_all", half_then_fail):
+            with mock.patch.object(store_module, "write_all", half_then_fail):
                 self.inner.append(path, data)
         self.inner.append(path, data)
 

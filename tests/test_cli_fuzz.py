@@ -132,7 +132,7 @@ def _encode(rec: dict) -> bytes:
 @FUZZ
 def test_layercheck_on_a_manifest_of_well_framed_nonsense_never_tracebacks(command, records, tail):
     """Records with valid CRCs but any content: a clean answer or one line + exit 2."""
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     folder = _garbage_folder({"manifest.jsonl": b"".join(map(_encode, records)) + tail})
     argv = [command, folder] + (["--out", folder + "/out"] if command == "export" else [])
     code, out, err = _call(main, argv)
@@ -142,7 +142,7 @@ def test_layercheck_on_a_manifest_of_well_framed_nonsense_never_tracebacks(comma
 
 
 # -- one hostile value in a real checkpoint's manifest, through every command ----------------
-# The record schema (layercheck.format.RECORD_SCHEMAS) is what stands between a
+# The record schema (layercheck.storage.format.RECORD_SCHEMAS) is what stands between a
 # well-framed record and the code that uses its values: each example takes a real
 # checkpoint, puts one hostile value in one field of one record (or of the backend
 # facts an export parses), and runs every command on it.
@@ -221,7 +221,7 @@ def test_layercheck_on_a_real_checkpoint_with_one_hostile_value_never_tracebacks
     answer or one line and exit 2."""
     import shutil
 
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     records, what = manifest
     folder = Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "c"
     shutil.copytree(_real_checkpoint(), folder)
@@ -249,7 +249,7 @@ def test_export_of_a_real_checkpoint_with_any_model_config_never_tracebacks(conf
     """model_config.json holding anything: exported as config.json, or one line and exit 2."""
     import shutil
 
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     folder = Path(tempfile.mkdtemp(dir=_SCRATCH.name)) / "c"
     shutil.copytree(_real_checkpoint(), folder)
     (folder / "model_config.json").write_bytes(config)
@@ -272,7 +272,7 @@ def test_export_of_a_real_checkpoint_with_any_model_config_never_tracebacks(conf
 ))
 @FUZZ
 def test_layercheck_missing_or_garbage_directories(malformed):
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     command, directory = malformed
     argv = [command, directory] + (["--out", "/nonexistent/o"] if command == "export" else [])
     _assert_one_line_exit_2(main, argv)
@@ -293,7 +293,7 @@ def test_layercheck_missing_or_garbage_directories(malformed):
 ))
 @FUZZ
 def test_layercheck_malformed_arguments(argv):
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     _assert_one_line_exit_2(main, argv)
 
 
@@ -436,7 +436,7 @@ def _sim_rows() -> list[tuple[str, str, tuple[str, ...], object]]:
     """(command, flag, values, argv of a value): each numeric flag in a context where it is used."""
     from sim.scenarioargs import COST_FLAGS
 
-    from layercheck.contract.calibration import FIGURES
+    from sim.calibrated import FIGURES
     n, d = EXTREMES, DURATION_EXTREMES
     no_mtbf = _without(RUN, "--mtbf")
     rows = [
@@ -567,7 +567,7 @@ def _row_id(row) -> str:
 NON_NUMERIC = {"-h", "--preset", "--trace", "--regime", "--failures", "--failure-log",
                "--strategies", "--protocol", "--engine", "--costs", "--scheduler", "--out",
                "--json", "--csv", "--figures", "--write", "--log-once", "--stale-as-useful",
-               "--no-spare", "--placement", "--no-bands", "--no-baselines"}
+               "--no-spare", "--placement", "--no-bands", "--no-baselines", "--wide", "--progress"}
 """Options that take a name, a path or nothing (a failure log's numbers are fuzzed below)."""
 
 
@@ -694,7 +694,7 @@ def test_profiler_malformed_files(malformed):
 
 
 def _mains():
-    from layercheck.cli import main as layercheck_main
+    from layercheck.tools.cli import main as layercheck_main
     from sim.cli import main as sim_main
     return {"layercheck": layercheck_main, "sim": sim_main}
 

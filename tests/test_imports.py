@@ -1,4 +1,4 @@
-"""The import structure: one way between the packages, and no cycles between modules.
+"""The import structure: one way between the packages, floors inside the library, no cycles.
 
 Every ``import`` counts, including those inside functions: an import deferred
 into a function to dodge a cycle is still a cycle in the design.
@@ -20,6 +20,24 @@ FORBIDDEN = {
     "dashboard": {"profiler"},                        # torch-free, reads traces and sim
     "profiler": {"dashboard"},
 }
+
+CONTRACT = "layercheck.contract"
+FLOORS = {
+    CONTRACT: set(),                                  # torch-free, shared: the floor
+    "layercheck.storage": {CONTRACT},                 # the format and its I/O
+    "layercheck.backends": {CONTRACT, "layercheck.storage"},   # where a layer's tensors live
+    "layercheck.drift": {CONTRACT, "layercheck.storage", "layercheck.backends"},
+    "layercheck": {CONTRACT, "layercheck.storage", "layercheck.backends",   # the lifecycle
+                   "layercheck.drift"},
+    "layercheck.tools": {CONTRACT, "layercheck.storage", "layercheck.backends",   # offline
+                         "layercheck.drift", "layercheck"},
+}
+"""The library's rooms (a folder each; ``layercheck`` itself is the lifecycle's top-level
+modules) and the rooms each may import besides itself: every arrow points down."""
+DOORS = {"layercheck.__main__"}
+"""Modules that only open another room (``python -m layercheck`` runs ``tools.cli``)."""
+UPPER = {"sim", "dashboard"}
+"""Packages that stand on the contract alone: of the library, they import only it."""
 
 
 def _modules() -> dict[str, Path]:
@@ -65,6 +83,68 @@ def test_packages_import_one_way(graph):
     assert not wrong
 
 
+def _last_line(code: str) -> str:
+    """The last line ``code`` prints in a fresh interpreter at the repository's root."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def room(name: str) -> str:
+    """The room of module ``name``: its folder in the library, else its package."""
+    parts = name.split(".")
+    if parts[0] != "layercheck":
+        return parts[0]
+    folder = ".".join(parts[:2])
+    return folder if folder in FLOORS else "layercheck"
+
+
+def test_every_module_of_the_library_has_a_room(graph):
+    folders = {room(n) for n in graph if n.startswith("layercheck")}
+    assert folders == set(FLOORS)
+
+
+def test_the_library_s_rooms_import_only_the_floors_below_them(graph):
+    wrong = sorted(f"{name} ({room(name)}) imports {target} ({room(target)})"
+                   for name, targets in graph.items()
+                   if name.startswith("layercheck") and name not in DOORS
+                   for target in targets
+                   if target.startswith("layercheck") and room(target) != room(name)
+                   and room(target) not in FLOORS[room(name)])
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_simulator_and_the_dashboard_import_only_the_contract_of_the_library(graph):
+    wrong = sorted(f"{name} imports {target}" for name, targets in graph.items()
+                   if name.split(".")[0] in UPPER
+                   for target in targets
+                   if target.startswith("layercheck") and room(target) != CONTRACT)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_contract_and_a_calibrated_trace_load_neither_torch_nor_the_simulator(graph):
+    """Every module of the contract imported, and a shipped trace with its costs.json read
+    through it, in a fresh interpreter: no torch, no ``sim`` (the calibration is
+    schema-agnostic: no owner is looked up), and nothing of the library outside the
+    contract but the package itself."""
+    contract = sorted(n for n in graph if room(n) == CONTRACT)
+    trace = ROOT / "traces" / "minilm-200steps"
+    assert (trace / "costs.json").exists()
+    code = ("import importlib, sys\n"
+            f"for name in {contract!r}: importlib.import_module(name)\n"
+            "from layercheck.contract.trace import read_trace\n"
+            "from layercheck.contract.decision import threshold_matrix\n"
+            f"trace = read_trace({str(trace)!r})\n"
+            "assert trace.costs is not None and trace.costs.figures\n"
+            "threshold_matrix(trace)\n"
+            "loaded = {m.split('.')[0] for m in sys.modules}\n"
+            "library = {m for m in sys.modules if m.startswith('layercheck.')\n"
+            f"           and not m.startswith({CONTRACT + '.'!r}) and m != {CONTRACT!r}}}\n"
+            "print(sorted(loaded & {'torch', 'sim', 'profiler', 'dashboard'}), sorted(library))")
+    assert _last_line(code) == "[] []"
+
+
 def test_no_module_imports_itself_through_others(graph):
     cycles, done = [], set()
 
@@ -87,13 +167,9 @@ def test_no_module_imports_itself_through_others(graph):
 def test_the_library_loads_no_module_of_the_simulator_profiler_or_dashboard(graph):
     """Every module of ``layercheck`` imported in a fresh interpreter leaves no ``sim``,
     ``profiler`` or ``dashboard`` module loaded: what the graph above cannot see (an import
-    by a computed name) fails here. The calibration schema the strategies own is declared
-    by them (``sim.strategies``), never fetched from them."""
+    by a computed name) fails here."""
     library = sorted(n for n in graph if n.split(".")[0] == "layercheck" and n != "layercheck.__main__")
     code = ("import importlib, sys\n"
             f"for name in {library!r}: importlib.import_module(name)\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sim', 'profiler', 'dashboard'}))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert _last_line(code) == "[]"

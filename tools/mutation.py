@@ -32,14 +32,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = ROOT / ".mutation"
 GOAL = 0.90
 
+_STORE_TESTS = [
+    "tests/layercheck/test_store.py",
+    *(f"tests/layercheck/test_reliability_io.py::{t}" for t in (
+        "test_a_streamed_write_cut_short_leaves_neither_file_nor_temp",
+        "test_a_streamed_write_writes_each_buffer_in_order",
+        "test_an_fsspec_store_streams_buffers_and_discards_a_failed_object",
+        "test_a_streamed_write_survives_short_writes"))]
+
 # module -> (its source file, the tests that exercise it: pytest arguments). Only fast tests: never the
 # torchrun / DeepSpeed / FSDP / browser / slow-marked ones.
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "policy": ("layercheck/policy.py", [
+    "policy": ("layercheck/contract/policy.py", [
         "tests/layercheck/test_policy.py", "tests/layercheck/test_budget.py"]),
-    "commit": ("layercheck/commit.py", [
+    "commit": ("layercheck/storage/commit.py", [
         "tests/layercheck/test_commit.py"]),  # its ranks are child processes: SPAWNED
-    "drift": ("layercheck/drift.py", [
+    "drift": ("layercheck/drift/tracker.py", [
         "tests/layercheck/test_drift.py",
         # a fresh interpreter per mutant (torch import); test_fallback_without_numba
         # covers the same path in-process
@@ -47,23 +55,23 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         # these run at 2 threads: torch's OpenMP team (their ops, and the pass on it) starts
         # in mutmut's parent, and a worker forked from it that runs them at 2 threads again
         # hangs in torch's own ops (the team's threads are not in the child). They test
-        # layercheck.kernels' threading, not drift's values; the rest run at 1 thread
+        # layercheck.drift.kernels' threading, not drift's values; the rest run at 1 thread
         "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
         "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
     # drift's fused path and its Adam terms, moved out of drift.py: the same tests, and their own
-    "fusedsums": ("layercheck/fusedsums.py", [
+    "fusedsums": ("layercheck/drift/fusedsums.py", [
         "tests/layercheck/test_fusedsums.py", "tests/layercheck/test_drift.py",
         "--deselect", "tests/layercheck/test_drift.py::test_drift_imports_and_works_without_numba",
         "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
         "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
-    "adamupdate": ("layercheck/adamupdate.py", [
+    "adamupdate": ("layercheck/drift/adamupdate.py", [
         "tests/layercheck/test_adamupdate.py", "tests/layercheck/test_drift.py",
         "--deselect", "tests/layercheck/test_drift.py::test_drift_imports_and_works_without_numba",
         "--deselect", "tests/layercheck/test_drift.py::test_the_pass_takes_no_more_threads_than_torch_trains_with",
         "--deselect", "tests/layercheck/test_drift.py::test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count"]),
     "engine": ("sim/engine.py", [
         "tests/sim/test_engine.py"]),
-    "manifest": ("layercheck/manifest.py", [
+    "manifest": ("layercheck/storage/manifest.py", [
         "tests/layercheck/test_manifest.py", "tests/layercheck/test_cleanup.py",
         # a rank's view of a sharded manifest (in-process; not the two-process test)
         "tests/layercheck/test_commit.py::test_a_rank_reads_its_own_shard_and_drops_go_by_rank0_file",
@@ -71,16 +79,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         # a minute of real training per mutant; test_cleanup compacts too
         "--deselect",
         "tests/layercheck/test_manifest.py::test_under_retention_the_manifest_is_compacted_while_training"]),
-    "layerread": ("layercheck/layerread.py", [
+    "layerread": ("layercheck/storage/layerread.py", [
         "tests/layercheck/test_manifest.py", "tests/layercheck/test_layerfile.py"]),
-    "store": ("layercheck/store.py", [
-        "tests/layercheck/test_store.py",
-        *(f"tests/layercheck/test_reliability_io.py::{t}" for t in (
-            "test_a_streamed_write_cut_short_leaves_neither_file_nor_temp",
-            "test_a_streamed_write_writes_each_buffer_in_order",
-            "test_an_fsspec_store_streams_buffers_and_discards_a_failed_object",
-            "test_a_streamed_write_survives_short_writes"))]),
-    "writer": ("layercheck/writer.py", [
+    **{name: (f"layercheck/storage/{name}.py", _STORE_TESTS)
+       for name in ("store", "localstore", "fsspecstore", "lock", "fds", "location")},
+    "writer": ("layercheck/storage/writer.py", [
         "tests/layercheck/test_writer.py"]),
     "recovery": ("layercheck/recovery.py", [
         "tests/layercheck/test_recovery.py"]),
@@ -103,29 +106,29 @@ TIE = ("an exact tie: differs only when a failure lands exactly on an event inst
        "such ties its own way")
 EQUIVALENT: dict[str, str] = {
     # policy
-    "layercheck.policy.xǁPolicyǁ__post_init____mutmut_4":
+    "layercheck.contract.policy.xǁPolicyǁ__post_init____mutmut_4":
         "sizes kept as given (int64 for whole numbers): its only use, float(sizes[chosen].sum()), "
         "is exact in both below 2**53 bytes, and the checks accept and reject the same values",
-    "layercheck.policy.xǁPolicyǁ__post_init____mutmut_6": "as __post_init__ 4 (dtype dropped)",
-    "layercheck.policy.xǁPolicyǁfrom_config__mutmut_44":
+    "layercheck.contract.policy.xǁPolicyǁ__post_init____mutmut_6": "as __post_init__ 4 (dtype dropped)",
+    "layercheck.contract.policy.xǁPolicyǁfrom_config__mutmut_44":
         "sizes' dtype: Policy.__post_init__ converts them to float64 anyway",
-    "layercheck.policy.xǁPolicyǁfrom_config__mutmut_46": "as from_config 44",
-    "layercheck.policy.xǁPolicyǁthresholds__mutmut_3":
+    "layercheck.contract.policy.xǁPolicyǁfrom_config__mutmut_46": "as from_config 44",
+    "layercheck.contract.policy.xǁPolicyǁthresholds__mutmut_3":
         "lr_ratio kept as given: base (float64) * ratio converts an int or float32 ratio "
         "exactly, so K is bit for bit the same",
-    "layercheck.policy.xǁPolicyǁthresholds__mutmut_5": "as thresholds 3",
-    "layercheck.policy.xǁPolicyStateǁ__post_init____mutmut_5":
+    "layercheck.contract.policy.xǁPolicyǁthresholds__mutmut_5": "as thresholds 3",
+    "layercheck.contract.policy.xǁPolicyStateǁ__post_init____mutmut_5":
         "np.zeros without a dtype is float64: the same array",
-    "layercheck.policy.xǁPolicyStateǁ__post_init____mutmut_7": "as PolicyState.__post_init__ 5",
-    "layercheck.policy.xǁPolicyStateǁobserve__mutmut_37":
+    "layercheck.contract.policy.xǁPolicyStateǁ__post_init____mutmut_7": "as PolicyState.__post_init__ 5",
+    "layercheck.contract.policy.xǁPolicyStateǁobserve__mutmut_37":
         "np.full of an IntEnum value without a dtype is int64: the same array",
-    "layercheck.policy.xǁPolicyStateǁobserve__mutmut_40": "as observe 37",
-    "layercheck.policy.xǁPolicyStateǁmark_written__mutmut_7":
+    "layercheck.contract.policy.xǁPolicyStateǁobserve__mutmut_40": "as observe 37",
+    "layercheck.contract.policy.xǁPolicyStateǁmark_written__mutmut_7":
         "list() of a 1-D index array, converted back to int64, is the same index array",
-    "layercheck.policy.x_replay__mutmut_3":
+    "layercheck.contract.policy.x_replay__mutmut_3":
         "drift kept as given: accumulating int or float32 drift into the float64 "
         "accumulators converts each value exactly, as float64 input does",
-    "layercheck.policy.x_replay__mutmut_5": "as replay 3",
+    "layercheck.contract.policy.x_replay__mutmut_5": "as replay 3",
     # sim.engine
     "sim.engine.xǁ_Stackǁ__init____mutmut_19":
         "3 * horizon + 10 instead of 2 * horizon + 10: any shift longer than the longest "
@@ -173,77 +176,77 @@ EQUIVALENT: dict[str, str] = {
         "probability exactly (probability zero)",
     "sim.engine.x_run_limit__mutmut_37": TIE,
     # drift (its fused path in fusedsums, its Adam terms in adamupdate since the split)
-    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_43":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ__init____mutmut_43":
         "_previous starts as None instead of {}: only the copy fallback reads it, and it "
         "sets it itself; Adam never touches it",
-    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_47": "np.zeros without a dtype is float64: the same array",
-    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_49": "as DriftTracker.__init__ 47",
-    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_9":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ__init____mutmut_47": "np.zeros without a dtype is float64: the same array",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ__init____mutmut_49": "as DriftTracker.__init__ 47",
+    "layercheck.drift.tracker.xǁDriftTrackerǁtake__mutmut_9":
         "errstate(divide=...) unset: the division's denominator is never 0 "
         "(np.where(total > 0, total, 1.0)), so there is no division by zero to silence",
-    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_11": "as take 9",
-    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_33":
+    "layercheck.drift.tracker.xǁDriftTrackerǁtake__mutmut_11": "as take 9",
+    "layercheck.drift.tracker.xǁDriftTrackerǁtake__mutmut_33":
         "the inner where with >= 0: it then divides by 0 where total is 0, but the outer "
         "where takes the other branch there (and errstate silences it)",
-    "layercheck.drift.xǁDriftTrackerǁtake__mutmut_35":
+    "layercheck.drift.tracker.xǁDriftTrackerǁtake__mutmut_35":
         "the inner where's 2.0: used only where total is 0, where the outer where takes the "
         "other branch",
-    "layercheck.drift.xǁDriftTrackerǁ_after_step__mutmut_8":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_after_step__mutmut_8":
         "_updates also for other optimizers: their state holds no exp_avg, so it returns "
         "nothing, as the {} it replaces",
-    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_8":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_updates__mutmut_8":
         "`not state and ...` for `not state or ...`: torch's Adam state either is empty or "
         "holds exp_avg, and both forms agree in both cases",
-    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_18":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_updates__mutmut_18":
         "reading the optimizer's own step count every step instead of counting: Adam adds "
         "one per step, as the tracker does (the count saves a device sync, not a value)",
-    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_19": "as _updates 18",
-    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_22": "as _updates 18",
-    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_29": "as _updates 18",
-    "layercheck.adamupdate.x_adam_terms__mutmut_33":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_updates__mutmut_19": "as _updates 18",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_updates__mutmut_22": "as _updates 18",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_updates__mutmut_29": "as _updates 18",
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_33":
         "at lr 0 the scale is 0, so moved is 0 whatever eps_c, alpha or shrink are",
-    "layercheck.adamupdate.x_adam_terms__mutmut_34": "as _adam_terms 33",
-    "layercheck.adamupdate.x_adam_terms__mutmut_36": "as _adam_terms 33",
-    "layercheck.adamupdate.x_adam_terms__mutmut_40":
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_34": "as _adam_terms 33",
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_36": "as _adam_terms 33",
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_40":
         "the default of group.get('weight_decay'): torch's Adam and AdamW groups always "
         "hold the key",
-    "layercheck.adamupdate.x_adam_terms__mutmut_42": "as _adam_terms 40",
-    "layercheck.adamupdate.x_adam_terms__mutmut_45": "as _adam_terms 40",
-    "layercheck.adamupdate.x_adam_terms__mutmut_48":
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_42": "as _adam_terms 40",
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_45": "as _adam_terms 40",
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_48":
         "the default of group.get('decoupled_weight_decay'): torch 2.13's Adam and AdamW "
         "groups always hold the key",
-    "layercheck.adamupdate.x_adam_terms__mutmut_50": "as _adam_terms 48",
-    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_23":
+    "layercheck.drift.adamupdate.x_adam_terms__mutmut_50": "as _adam_terms 48",
+    "layercheck.drift.fusedsums.xǁFusedSumsǁsums__mutmut_23":
         "the v address 1 for an entry without moments: the kernel reads m and v only where "
         "the m address is non-zero (kernels._run_sums, _sums' prefetch)",
-    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_52":
+    "layercheck.drift.fusedsums.xǁFusedSumsǁsums__mutmut_52":
         "np.array of Python ints without a dtype is int64, which is np.intp on the 64-bit "
         "platforms torch supports: the same array",
-    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_54": "as FusedSums.sums 52",
-    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_77":
+    "layercheck.drift.fusedsums.xǁFusedSumsǁsums__mutmut_54": "as FusedSums.sums 52",
+    "layercheck.drift.fusedsums.xǁFusedSumsǁsums__mutmut_77":
         "the addresses without dtype=int64: Python ints below 2**63 (user-space addresses "
         "and 0) make an int64 array anyway",
-    "layercheck.fusedsums.xǁFusedSumsǁsums__mutmut_79": "as FusedSums.sums 77",
-    "layercheck.fusedsums.xǁ_Layoutǁof__mutmut_11": "the layers' dtype dropped: as FusedSums.sums 52",
-    "layercheck.fusedsums.xǁ_Layoutǁof__mutmut_13": "as _Layout.of 11",
-    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_6":
+    "layercheck.drift.fusedsums.xǁFusedSumsǁsums__mutmut_79": "as FusedSums.sums 77",
+    "layercheck.drift.fusedsums.xǁ_Layoutǁof__mutmut_11": "the layers' dtype dropped: as FusedSums.sums 52",
+    "layercheck.drift.fusedsums.xǁ_Layoutǁof__mutmut_13": "as _Layout.of 11",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_buffers__mutmut_6":
         "the scratch buffer not reused: a fresh one each call holds the same values "
         "(reuse saves page faults, not results)",
-    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
-    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_buffers__mutmut_7": "as _buffers 6",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_buffers__mutmut_10": "reallocating also at equal size: as _buffers 6",
     # manifest
-    "layercheck.layerread.x_read_verified_file__mutmut_4":
+    "layercheck.storage.layerread.x_read_verified_file__mutmut_4":
         "rpartition for partition on 'algorithm:hex': a checksum holds one colon",
-    "layercheck.layerread.x_read_verified_file__mutmut_19":
+    "layercheck.storage.layerread.x_read_verified_file__mutmut_19":
         "no read limit: a regular file longer than committed is read whole and refused with "
         "the same message (the limit only bounds the memory)",
-    "layercheck.layerread.x_read_verified_file__mutmut_29":
+    "layercheck.storage.layerread.x_read_verified_file__mutmut_29":
         "as read_verified_file 19, read apart: a size other than the committed one is read "
         "whole (_Split.targets) and refused with the same message",
-    "layercheck.manifest.x_encode_manifest__mutmut_9":
+    "layercheck.storage.manifest.x_encode_manifest__mutmut_9":
         "the sort key's name for a state ('XXXX' for ''): a step has one state, after its "
         "layers by the key before it",
-    "layercheck.layerread.x_read_verified_file__mutmut_47":
+    "layercheck.storage.layerread.x_read_verified_file__mutmut_47":
         "<= for <: that branch is taken only when the sizes differ",
     # recovery
     "layercheck.recovery.x_parse_safetensors__mutmut_9":
@@ -288,122 +291,122 @@ EQUIVALENT: dict[str, str] = {
     "layercheck.recovery.xǁPlannerǁtogether__mutmut_12":
         "what a rank that did not fail proposes (1 for 0): only _FAILED (-3) is looked for "
         "in the agreed values",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_3":
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_3":
         "a placeholder no read sees: read_verified_file reads data_start (and apart, "
         "apart_keys) only when targets parsed the header, and targets sets them then",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_4": "as _Split.__init__ 3",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_5":
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_4": "as _Split.__init__ 3",
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_5":
         "a placeholder no read sees: targets sets data before the read can end with the "
         "committed size (every read asks for the first buffer; only a shrunk file, refused "
         "as short, stops it earlier)",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_7": "as _Split.__init__ 5",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_9": "as _Split.__init__ 5",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_10": "as _Split.__init__ 5",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_11": "as _Split.__init__ 3 (apart)",
-    "layercheck.layerread.xǁ_Splitǁ__init____mutmut_12": "as _Split.__init__ 3 (apart_keys)",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_14":
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_7": "as _Split.__init__ 5",
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_9": "as _Split.__init__ 5",
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_10": "as _Split.__init__ 5",
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_11": "as _Split.__init__ 3 (apart)",
+    "layercheck.storage.layerread.xǁ_Splitǁ__init____mutmut_12": "as _Split.__init__ 3 (apart_keys)",
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_14":
         "n of a head shorter than 8 bytes: that is a file shorter than 8 bytes, where no "
         "n >= 0 satisfies n <= size - 8 < 0, so the file is read whole either way",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_23": "as _Split.targets 14 (+1 for -1)",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_24": "as _Split.targets 14 (-2 for -1)",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_28":
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_23": "as _Split.targets 14 (+1 for -1)",
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_24": "as _Split.targets 14 (-2 for -1)",
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_28":
         "a header length of 0 not tried: the empty text is no JSON, so the original reads "
         "the file whole too, after an empty read that adds no byte",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_29": "as _Split.targets 28",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_45":
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_29": "as _Split.targets 28",
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_45":
         "the file's name in _header's message: targets drops that error (the file is read "
         "whole and parse_header names it)",
-    "layercheck.layerread.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
+    "layercheck.storage.layerread.xǁ_Splitǁtargets__mutmut_51": "as _Split.targets 45",
     # writer
-    "layercheck.writer.xǁWriterǁclose__mutmut_1":
+    "layercheck.storage.writer.xǁWriterǁclose__mutmut_1":
         "_retire(None) for _retire([]): both are falsy, and _retire reads its versions only "
         "under `if versions`",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_1":
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_1":
         "the first `what` (the manifest) is read only if _write_layers itself raises, which it "
         "cannot while the writer thread runs (close shuts the file pool down only after the "
         "thread has ended); every other path sets `what` again before it can be read",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_2": "as _persist 1",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_3": "as _persist 1",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_10":
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_2": "as _persist 1",
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_3": "as _persist 1",
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_10":
         "the first value of `committed` is never read: it is set again from the versions "
         "before the commit, and a failed job commits [] instead",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_24":
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_24":
         "the message of an unreachable branch (a layer neither written nor failed): a write "
         "returns None only once another has failed, and that failure's exception is among "
         "the outcomes, so the loop raises it before the count is compared",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_25": "as _persist 24",
-    "layercheck.writer.xǁWriterǁ_persist__mutmut_70":
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_25": "as _persist 24",
+    "layercheck.storage.writer.xǁWriterǁ_persist__mutmut_70":
         "the job's versions handed to the commit with its error too: no commit reads them "
         "then (Commit raises the error first; ShardedCommit only sends them to the other "
         "ranks, and any rank's error raises before anything is merged or appended)",
-    "layercheck.writer.xǁWriterǁ__init____mutmut_27":
+    "layercheck.storage.writer.xǁWriterǁ__init____mutmut_27":
         "_job_committed None for False in the constructor: never read before _run sets it to "
         "False at the start of each job (its only read, in _run's handler, comes after that)",
-    "layercheck.writer.xǁWriterǁ__init____mutmut_28": "True for False: as __init__ 27",
-    "layercheck.writer.xǁWriterǁ_run__mutmut_4":
+    "layercheck.storage.writer.xǁWriterǁ__init____mutmut_28": "True for False: as __init__ 27",
+    "layercheck.storage.writer.xǁWriterǁ_run__mutmut_4":
         "_job_committed None for False at the start of a job: its only use is its truth in "
         "raise_if_failed's message (committed or not), and None is false like False",
     # commit
-    "layercheck.commit.x_all_gather_json__mutmut_10":
+    "layercheck.storage.commit.x_all_gather_json__mutmut_10":
         "torch.tensor of a Python int without a dtype is int64: the same tensor",
-    "layercheck.commit.x_all_gather_json__mutmut_12": "as all_gather_json 10",
+    "layercheck.storage.commit.x_all_gather_json__mutmut_12": "as all_gather_json 10",
     # store
-    "layercheck.store.x_is_temporary__mutmut_6":
+    "layercheck.storage.store.x_is_temporary__mutmut_6":
         "the last element of rsplit('/') is the last path component for any maxsplit",
-    "layercheck.store.x_is_temporary__mutmut_9": "as is_temporary 6",
-    "layercheck.store.xǁLocalStoreǁ_make_parents__mutmut_3":
+    "layercheck.storage.store.x_is_temporary__mutmut_9": "as is_temporary 6",
+    "layercheck.storage.localstore.xǁLocalStoreǁ_make_parents__mutmut_3":
         "[+2::-1] for [-2::-1]: the walk also visits '.', the root, which exists: skipped",
-    "layercheck.store.xǁLocalStoreǁ_path__mutmut_6": "[+2::-1]: as _make_parents 3 (the root is not a link: it is resolved)",
-    "layercheck.store.xǁLocalStoreǁ__init____mutmut_16":
+    "layercheck.storage.localstore.xǁLocalStoreǁ_path__mutmut_6": "[+2::-1]: as _make_parents 3 (the root is not a link: it is resolved)",
+    "layercheck.storage.localstore.xǁLocalStoreǁ__init____mutmut_16":
         "_lock_key '' instead of None: unlock pops '' from the held locks, finds nothing, as with None",
-    "layercheck.store.xǁLocalStoreǁ_writable__mutmut_4": "same = None instead of False: both falsy",
-    "layercheck.store.xǁLocalStoreǁlock__mutmut_2":
+    "layercheck.storage.localstore.xǁLocalStoreǁ_writable__mutmut_4": "same = None instead of False: both falsy",
+    "layercheck.storage.localstore.xǁLocalStoreǁlock__mutmut_2":
         "_writable is called for its check that the directory is the one opened; the path's "
         "name does not matter",
-    "layercheck.store.xǁLocalStoreǁlock__mutmut_3": "as lock 2",
-    "layercheck.store.xǁLocalStoreǁlock__mutmut_44":
+    "layercheck.storage.localstore.xǁLocalStoreǁlock__mutmut_3": "as lock 2",
+    "layercheck.storage.localstore.xǁLocalStoreǁlock__mutmut_44":
         "reading 33 bytes of the holder's pid instead of 32: a pid and newline are shorter",
-    "layercheck.store.xǁLocalStoreǁlock__mutmut_59":
+    "layercheck.storage.localstore.xǁLocalStoreǁlock__mutmut_59":
         "truncating to 1 byte, then writing the pid over byte 0 on: the same content",
-    "layercheck.store.xǁLocalStoreǁunlock__mutmut_3":
+    "layercheck.storage.localstore.xǁLocalStoreǁunlock__mutmut_3":
         "popping the held lock also when _lock_key is None: nothing is held under None",
-    "layercheck.store.xǁLocalStoreǁunlock__mutmut_8": "as LocalStore.__init__ 16",
-    "layercheck.store.x__fill__mutmut_3":
+    "layercheck.storage.localstore.xǁLocalStoreǁunlock__mutmut_8": "as LocalStore.__init__ 16",
+    "layercheck.storage.fds.x_fill__mutmut_3":
         "one more readv once the view is full: into an empty slice, it returns 0 and the loop ends",
-    "layercheck.store.xǁLocalStoreǁread_buffer__mutmut_32":
+    "layercheck.storage.localstore.xǁLocalStoreǁread_buffer__mutmut_32":
         "buffer[:done] also when done == size: the same bytes (a view of the whole buffer)",
-    "layercheck.store.xǁLocalStoreǁread_into__mutmut_33":
+    "layercheck.storage.localstore.xǁLocalStoreǁread_into__mutmut_33":
         "one more read past the targets once size bytes are in: os.read of 0 bytes returns "
         "b'' and the loop ends",
-    "layercheck.store.x_read_into__mutmut_38":
+    "layercheck.storage.store.x_read_into__mutmut_38":
         "the rest past the targets consumed also when there is none: consume gets an empty "
         "piece, which adds no byte (the checksum is unchanged)",
-    "layercheck.store.x__read_all__mutmut_2":
+    "layercheck.storage.fds.x_read_all__mutmut_2":
         "one more read at the end: os.read of 0 bytes returns b'' and the loop ends",
-    "layercheck.store.x__read_all__mutmut_14": "the size of each read call (2**27 for 2**26): the same bytes",
-    "layercheck.store.x__read_all__mutmut_15": "as _read_all 14",
-    "layercheck.store.x_open_store__mutmut_33":
+    "layercheck.storage.fds.x_read_all__mutmut_14": "the size of each read call (2**27 for 2**26): the same bytes",
+    "layercheck.storage.fds.x_read_all__mutmut_15": "as _read_all 14",
+    "layercheck.storage.location.x_open_store__mutmut_33":
         "LocalStore without create=False: open_store has already refused a missing "
         "directory then, and creating an existing one changes nothing",
-    "layercheck.store.xǁLocalStoreǁlist__mutmut_14": "follow_symlinks=None is falsy, as False",
-    "layercheck.store.x__write_all__mutmut_5":
+    "layercheck.storage.localstore.xǁLocalStoreǁlist__mutmut_14": "follow_symlinks=None is falsy, as False",
+    "layercheck.storage.fds.x_write_all__mutmut_5":
         "a memoryview cast to signed bytes writes the same memory",
-    "layercheck.store.xǁFsspecStoreǁappend__mutmut_7":
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁappend__mutmut_7":
         "an invalid open mode raises ValueError, and the fallback rewrites the object whole: "
         "the same bytes",
-    "layercheck.store.xǁFsspecStoreǁappend__mutmut_8": "as FsspecStore.append 7",
-    "layercheck.store.xǁFsspecStoreǁread__mutmut_2": "cat_file's start None is 0",
-    "layercheck.store.xǁFsspecStoreǁread__mutmut_5": "as FsspecStore.read 2 (start's default)",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_1": "FsspecStore.list ignores temporary (no temp files on object stores)",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_14": "the last element of rsplit('/') for any maxsplit: as is_temporary 6",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_16":
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁappend__mutmut_8": "as FsspecStore.append 7",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁread__mutmut_2": "cat_file's start None is 0",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁread__mutmut_5": "as FsspecStore.read 2 (start's default)",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_1": "FsspecStore.list ignores temporary (no temp files on object stores)",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_14": "the last element of rsplit('/') for any maxsplit: as is_temporary 6",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_16":
         "rstrip(None) for rstrip('/'): fsspec's ls names files without a trailing '/' and "
         "store names have no trailing whitespace",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_17": "lstrip('/') for rstrip('/'): as FsspecStore.list 16",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_20": "as FsspecStore.list 14",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_21": "[+1] of a two-element rsplit is its [-1]",
-    "layercheck.store.xǁFsspecStoreǁlist__mutmut_25": "detail=None is falsy, as detail=False",
-    "layercheck.drift.xǁDriftTrackerǁ_updates__mutmut_30":
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_17": "lstrip('/') for rstrip('/'): as FsspecStore.list 16",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_20": "as FsspecStore.list 14",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_21": "[+1] of a two-element rsplit is its [-1]",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁlist__mutmut_25": "detail=None is falsy, as detail=False",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_updates__mutmut_30":
         "the cache check on id(None): it always misses, and the terms are computed "
         "anew under the right key: the same values",
 }
@@ -411,50 +414,50 @@ EQUIVALENT: dict[str, str] = {
 # Survivors that are not equivalent but that no test here can kill, and why. They count
 # as survived in the score.
 UNTESTABLE: dict[str, str] = {
-    "layercheck.store.x__forget_locks_in_child__mutmut_1":
+    "layercheck.storage.lock.x__forget_locks_in_child__mutmut_1":
         "runs only in a forked child, where mutmut records no coverage (so it has no test "
         "to run); test_a_forked_child_holds_none_of_its_parents_locks fails on it when the "
         "mutation is made by hand",
-    "layercheck.commit.x_all_gather_json__mutmut_22":
+    "layercheck.storage.commit.x_all_gather_json__mutmut_22":
         "the exchange on the default group instead of the commit's own: in a test both span "
         "the same two ranks; only a job running other collectives on the default group at "
         "the same time (training's all-reduces beside the writer's commits) tells",
-    "layercheck.commit.x_all_gather_json__mutmut_25": "as all_gather_json 22",
-    "layercheck.commit.x_all_gather_json__mutmut_43": "as all_gather_json 22",
-    "layercheck.commit.x_all_gather_json__mutmut_46": "as all_gather_json 22",
-    "layercheck.commit.xǁShardedCommitǁcommit__mutmut_27": "as all_gather_json 22",
-    "layercheck.commit.xǁShardedCommitǁcommit__mutmut_80": "as all_gather_json 22",
-    "layercheck.store.xǁFsspecStoreǁ__init____mutmut_5":
+    "layercheck.storage.commit.x_all_gather_json__mutmut_25": "as all_gather_json 22",
+    "layercheck.storage.commit.x_all_gather_json__mutmut_43": "as all_gather_json 22",
+    "layercheck.storage.commit.x_all_gather_json__mutmut_46": "as all_gather_json 22",
+    "layercheck.storage.commit.xǁShardedCommitǁcommit__mutmut_27": "as all_gather_json 22",
+    "layercheck.storage.commit.xǁShardedCommitǁcommit__mutmut_80": "as all_gather_json 22",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁ__init____mutmut_5":
         "storage options dropped: they matter only to filesystems that take them "
         "(credentials, endpoints); memory:// takes none and nothing else is reachable here",
-    "layercheck.store.x_open_store__mutmut_17": "as FsspecStore.__init__ 5",
-    "layercheck.store.xǁFsspecStoreǁ__init____mutmut_7":
+    "layercheck.storage.location.x_open_store__mutmut_17": "as FsspecStore.__init__ 5",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁ__init____mutmut_7":
         "the root's trailing '/' kept: memory:// normalises the doubled '/' in its paths "
         "(tested: a URL with a trailing slash is the same store); an object store whose "
         "keys keep it would tell",
-    "layercheck.store.xǁFsspecStoreǁ__init____mutmut_8": "as FsspecStore.__init__ 7 (lstrip: memory:// adds the leading '/')",
-    "layercheck.store.xǁFsspecStoreǁ__init____mutmut_9": "as FsspecStore.__init__ 7",
-    "layercheck.store.xǁLocalStoreǁappend__mutmut_4":
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁ__init____mutmut_8": "as FsspecStore.__init__ 7 (lstrip: memory:// adds the leading '/')",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁ__init____mutmut_9": "as FsspecStore.__init__ 7",
+    "layercheck.storage.localstore.xǁLocalStoreǁappend__mutmut_4":
         "the fsync of a new file's folder: only a power cut tells whether the new directory "
         "entry was durable",
-    "layercheck.store.xǁLocalStoreǁappend__mutmut_5": "as LocalStore.append 4",
-    "layercheck.store.x__abandon__mutmut_1":
+    "layercheck.storage.localstore.xǁLocalStoreǁappend__mutmut_5": "as LocalStore.append 4",
+    "layercheck.storage.fsspecstore.x__abandon__mutmut_1":
         "discard() of a failed streamed upload: memory:// files have none (the object is "
         "deleted anyway); only an object store with multipart uploads tells",
-    "layercheck.store.x__abandon__mutmut_3": "as _abandon 1",
-    "layercheck.store.x__abandon__mutmut_6": "as _abandon 1",
-    "layercheck.store.x__abandon__mutmut_7": "as _abandon 1",
-    "layercheck.store.x__abandon__mutmut_8": "as _abandon 1",
-    "layercheck.store.x__abandon__mutmut_9": "as _abandon 1",
-    "layercheck.store.xǁFsspecStoreǁwrite_atomic__mutmut_17": "as _abandon 1",
-    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_62":
+    "layercheck.storage.fsspecstore.x__abandon__mutmut_3": "as _abandon 1",
+    "layercheck.storage.fsspecstore.x__abandon__mutmut_6": "as _abandon 1",
+    "layercheck.storage.fsspecstore.x__abandon__mutmut_7": "as _abandon 1",
+    "layercheck.storage.fsspecstore.x__abandon__mutmut_8": "as _abandon 1",
+    "layercheck.storage.fsspecstore.x__abandon__mutmut_9": "as _abandon 1",
+    "layercheck.storage.fsspecstore.xǁFsspecStoreǁwrite_atomic__mutmut_17": "as _abandon 1",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ__init____mutmut_62":
         "the copy warning's stacklevel (3): mutmut's trampoline adds frames, so a test of "
         "the warning's reported line cannot run under mutmut (it does outside it)",
-    "layercheck.drift.xǁDriftTrackerǁ__init____mutmut_69": "as DriftTracker.__init__ 62 (stacklevel 4)",
-    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_14":
+    "layercheck.drift.tracker.xǁDriftTrackerǁ__init____mutmut_69": "as DriftTracker.__init__ 62 (stacklevel 4)",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_buffers__mutmut_14":
         "torch.empty on the default device instead of the tensors' own: the same on a "
         "CPU, wrong on a GPU; this machine has none",
-    "layercheck.drift.xǁDriftTrackerǁ_buffers__mutmut_17": "as _buffers 14",
+    "layercheck.drift.tracker.xǁDriftTrackerǁ_buffers__mutmut_17": "as _buffers 14",
 }
 
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "--hypothesis-seed=0", "-m", "not slow and not browser"]
@@ -589,7 +592,7 @@ def run(module: str, *, children: int, show: bool, survivors: bool = False) -> d
 
 
 def source_prefix(module: str) -> str:
-    """mutmut's name of the module (``layercheck.policy``)."""
+    """mutmut's name of the module (``layercheck.contract.policy``)."""
     return re.sub(r"\.py$", "", MODULES[module][0]).replace("/", ".")
 
 
@@ -629,7 +632,7 @@ def report(modules: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from layercheck.errors import OneLineParser  # the project's one-line errors, exit 2
+    from layercheck.contract.errors import OneLineParser  # the project's one-line errors, exit 2
     parser = OneLineParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--module", nargs="+", choices=sorted(MODULES), default=list(MODULES),

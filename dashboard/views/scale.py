@@ -1,4 +1,6 @@
-"""View: scale: the current trace's job on 8 to 16,384 GPUs (sim.scale)."""
+"""The dashboard's Scale page (Streamlit): the current trace's job on 8 to 16,384 GPUs.
+
+Over ``dashboard.scale``, which wraps ``sim.scale``."""
 import streamlit as st
 
 from dashboard import mtbf, scale, ui

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard import mtbf, tuning, ui, whatif
 from dashboard.downloads import human_bytes
-from layercheck.config import ConfigError
+from layercheck.contract.config import ConfigError
 from sim import SimError
 from sim.frontier import BASE_THRESHOLDS, EMBEDDING_THRESHOLDS
 
@@ -16,7 +16,7 @@ MTBF_HOURS = [0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 SEEDS, WINDOW_S = 5, 7 * 86400.0
 
 ui.page("What-if tuning", "Re-decide the trace's run under other settings: the same policy as "
-        "the library (vectorised replays proven equal to layercheck.policy.replay).")
+        "the library (vectorised replays proven equal to layercheck.contract.policy.replay).")
 SLIDERS = ["k_base", "k_emb", "smax", "warmup", "interval", "lr_scaling", "budget_on", "budget_mb"]
 trace = ui.current_trace()
 ui.restore(SLIDERS)

@@ -13,11 +13,13 @@ A ``costs.json``::
                                "method": "engine.save_checkpoint of ... median of 3",
                                "samples": [...], "bytes": 272882456, "seconds": 0.88}, ...}}
 
-``FIGURES`` is the union of the figures the strategies declare, one module per
-strategy, which ``sim.strategies`` declares here on import (``FigureSchema.declare``;
-this module imports nothing of the simulator); the declaration, ``FigureSpec``, and
-the record, ``Figure``, are in ``layercheck.contract.figure``. A costs.json written before a figure
-was declared reads with that figure filled in from its declared default (the
+Schema-agnostic: this module reads and writes the figures a file holds and checks
+each record (``Figure``), but knows no figure by name. Which figures a calibration
+must hold, in which unit and range, with which default, is its reader's: a subclass
+names them in ``schema`` (name -> ``FigureSpec``, ``layercheck.contract.figure``), and
+the simulator's (``sim.figures.Calibration``, its strategies' declarations) is the one
+the profiler writes and the simulator reads. Against a schema, a costs.json written
+before a figure was declared reads with that figure filled in from its declared default (the
 paper's value), marked ``assumed`` and named in ``Calibration.filled``, its
 method saying so; a carried-over default (``stale_cost``'s) stays
 ``transferred``. Each figure says where it came from (``SOURCES``) and how.
@@ -33,94 +35,22 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from .band import Band
 from .userfile import RefusedFile, read_json
 from .figure import (SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST, CalibrationError, Figure,
                      FigureSpec)
 
-__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "FIGURES", "SOURCES", "Band", "Figure", "FigureSpec",
-           "FigureSchema", "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
+__all__ = ["SCHEMA_VERSION", "COSTS_FILE", "SOURCES", "Band", "Figure", "FigureSpec",
+           "Calibration", "CalibrationError", "band_of", "read_calibration", "write_calibration",
            "TRANSFERRED_STALE_COST", "STALE_COST_CAPTURE"]
 
 SCHEMA_VERSION = 1
 COSTS_FILE = "costs.json"
 
-OWNERS_GROUP = "layercheck.figures"
-"""The entry-point group under which a package registers a module that declares figures."""
-
-
-class FigureSchema(Mapping):
-    """``FIGURES``: the figures every calibration holds, declared by their owners.
-
-    The strategies declare their figures beside their models (one module each;
-    ``sim.strategies`` declares the union of its modules' on import, ``declare``); the
-    contract reads what was declared and never imports its owners (imports point one
-    way: the library imports nothing of the simulator). Reading the schema before any
-    owner declared it is a ``CalibrationError`` that says so."""
-
-    def __init__(self) -> None:
-        self._owners: dict[str, dict[str, FigureSpec]] = {}
-        self._union: dict[str, FigureSpec] = {}
-
-    def declare(self, owner: str, specs: Mapping[str, FigureSpec]) -> None:
-        """Declare ``specs`` (name -> ``FigureSpec``, in report order) as ``owner``'s figures,
-        replacing what ``owner`` declared before (a reload declares again). A figure another
-        owner declared, or one without a default (what a costs.json that predates it reads
-        as), is refused with the fix."""
-        for name, spec in specs.items():
-            if not isinstance(spec, FigureSpec):
-                raise CalibrationError(f"{owner}: figure {name!r} must be a FigureSpec, not "
-                                       f"{type(spec).__name__}")
-            if spec.default is None:
-                raise CalibrationError(f"{owner}: figure {name!r} declares no default: give the "
-                                       "paper's value with its provenance (FigureSpec.default)")
-            for other, theirs in self._owners.items():
-                if other != owner and name in theirs:
-                    raise CalibrationError(f"figure {name!r} is declared by both {other} and "
-                                           f"{owner}: declare it once, where it is owned")
-        self._owners[owner] = dict(specs)
-        self._union = {n: s for declared in self._owners.values() for n, s in declared.items()}
-
-    def _specs(self) -> dict[str, FigureSpec]:
-        if not self._union:
-            self._discover()
-        if not self._union:
-            raise CalibrationError("no cost figures are declared yet: the strategies declare "
-                                   "them (sim.strategies, on import); install the project "
-                                   "(pip install -e .) or import sim before reading or making a "
-                                   "calibration")
-        return self._union
-
-    def _discover(self) -> None:
-        """Load the owners installed packages register under the entry-point group
-        ``OWNERS_GROUP`` (the simulator's strategies do, in pyproject.toml): a plug-in
-        found by its own registration, so the contract still names none of them."""
-        from importlib.metadata import entry_points
-        for point in entry_points(group=OWNERS_GROUP):
-            point.load()  # importing the owner declares its figures
-
-    def __getitem__(self, name: str) -> FigureSpec:
-        return self._specs()[name]
-
-    def __iter__(self):
-        return iter(self._specs())
-
-    def __len__(self) -> int:
-        return len(self._specs())
-
-    def __repr__(self) -> str:
-        return f"FIGURES({list(self._union)})"
-
-
-FIGURES = FigureSchema()
-"""Every figure of a calibration: name -> unit, users, meaning, range, default, band rule,
-in the strategies' report order. The simulator's ``CostModel`` has one entry per figure."""
-
-
-def band_of(name: str, figure: Figure) -> Band | None:
-    """The band ``figure`` (of ``FIGURES[name]``) is varied across, absolute and holding
+def band_of(figure: Figure, spec: FigureSpec) -> Band | None:
+    """The band ``figure`` (declared by ``spec``) is varied across, absolute and holding
     its value; None for a figure measured here (its repeats are its own record, not a
     plausible range). In order: the figure's own ``band``; its own interval where that has
     a width (a measured phi's confidence interval); for a measured figure none; else the
@@ -132,19 +62,24 @@ def band_of(name: str, figure: Figure) -> Band | None:
         return Band(low=low, high=high, reason=f"its own interval: {figure.method}")
     if figure.source == "measured":
         return None
-    rule = FIGURES[name].band
+    rule = spec.band
     if rule is None or not rule.relative:
         return None if rule is None else rule.around(float(figure.value))
     # a relative rule around a value near the top of the figure's range would leave float64
     # (a given --write-gbps 1e307, ten times): the band stops at the range's ends
-    value, (low, high) = float(figure.value), FIGURES[name].range
+    value, (low, high) = float(figure.value), spec.range
     top = min(high, sys.float_info.max)
     return Band(low=min(max(value * rule.low, low), top), high=min(value * rule.high, top),
                 reason=rule.reason)
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
-    """A complete set of ``FIGURES``, with where they were measured."""
+    """The figures of a costs.json, with where they were measured: as the file holds
+    them, or, in a subclass that names its ``schema``, every figure of it, checked."""
+
+    schema: ClassVar[Mapping[str, FigureSpec] | None] = None
+    """The figures a calibration holds (name -> declaration, in report order), or None:
+    schema-agnostic, the figures as given."""
 
     name: str
     description: str
@@ -161,15 +96,18 @@ class Calibration:
     costs.json written before it was recorded (``layercheck.contract.measurement.outdated``)."""
 
     def __post_init__(self) -> None:
-        missing = [n for n in FIGURES if n not in self.figures]
+        object.__setattr__(self, "filled", tuple(self.filled))
+        if self.schema is None:
+            return
+        missing = [n for n in self.schema if n not in self.figures]
         if missing:
             raise CalibrationError(f"{self.name}: missing figures {missing}; re-run "
                                    "`python -m profiler calibrate`")
-        unknown = sorted(set(self.figures) - set(FIGURES))
+        unknown = sorted(set(self.figures) - set(self.schema))
         if unknown:
-            raise CalibrationError(f"{self.name}: unknown figures {unknown}; known: {list(FIGURES)}")
-        object.__setattr__(self, "filled", tuple(self.filled))
-        for name, spec in FIGURES.items():
+            raise CalibrationError(f"{self.name}: unknown figures {unknown}; "
+                                   f"known: {list(self.schema)}")
+        for name, spec in self.schema.items():
             figure = self.figures[name]
             if not spec.signed and min(figure.value, *figure.interval) < 0:
                 raise CalibrationError(f"{self.name}: {name} must be >= 0")
@@ -188,7 +126,7 @@ class Calibration:
                 "description": self.description, "model": dict(self.model),
                 "machine": dict(self.machine), "full_bytes": self.full_bytes,
                 **({"code": dict(self.code)} if self.code else {}),
-                "figures": {n: self.figures[n].to_dict() for n in FIGURES}}
+                "figures": {n: self.figures[n].to_dict() for n in (self.schema or self.figures)}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "costs.json") -> "Calibration":
@@ -211,7 +149,7 @@ class Calibration:
                 parsed[name] = Figure.from_dict(record)
             except (CalibrationError, TypeError) as exc:
                 raise CalibrationError(f"{where}: figures.{name}: {exc}") from None
-        for name, spec in FIGURES.items():
+        for name, spec in (cls.schema or {}).items():
             if name not in parsed:
                 parsed[name] = _filled(spec.default, name)
                 filled.append(name)
@@ -235,8 +173,9 @@ def _filled(default: Figure, name: str) -> Figure:
         f"({default.source}), {default.method}"))
 
 
-def read_calibration(path: str | Path) -> Calibration:
-    """Load and validate ``path`` (a costs.json, or a trace folder holding one)."""
+def read_calibration(path: str | Path, kind: type[Calibration] = Calibration) -> Calibration:
+    """Load and validate ``path`` (a costs.json, or a trace folder holding one) as a ``kind``
+    (its ``schema``'s figures; the figures as written for ``Calibration`` itself)."""
     path = Path(path)
     if path.is_dir():
         path = path / COSTS_FILE
@@ -255,7 +194,7 @@ def read_calibration(path: str | Path) -> Calibration:
         raise CalibrationError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, Mapping):
         raise CalibrationError(f"{path}: expected a JSON object")
-    return Calibration.from_dict(data, where=str(path))
+    return kind.from_dict(data, where=str(path))
 
 
 def write_calibration(calibration: Calibration, path: str | Path) -> Path:

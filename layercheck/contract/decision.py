@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 import numpy as np
 
-from ..config import ConfigError, LayerCheckConfig
-from ..policy import Policy
+from .config import ConfigError, LayerCheckConfig
+from .policy import Policy
 from .trace import Trace, TraceError
 
 __all__ = ["PAPER", "PAPER_STEPS", "EMBEDDING_FACTOR", "paper_scale", "paper_schedule", "paper_default",
@@ -123,9 +123,8 @@ def policy_for(trace: Trace, config: LayerCheckConfig | None = None) -> Policy:
 
 def lr_ratio(trace: Trace) -> np.ndarray:
     """lr(t) / lr_peak per step; 1 (thresholds at their base values) where the trace
-    measured no learning rate (NaN), as ``layercheck.policy.lr_ratio`` does live."""
-    ratio = trace.lr_ratio()
-    return np.where(np.isnan(ratio), 1.0, ratio)
+    measured no learning rate: ``Trace.lr_ratio``, which is ``policy.lr_ratio``."""
+    return trace.lr_ratio()
 
 
 def threshold_matrix(trace: Trace) -> np.ndarray:

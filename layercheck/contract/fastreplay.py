@@ -1,4 +1,4 @@
-"""A vectorised twin of ``layercheck.policy.replay`` for one setting: the same decisions, fast.
+"""A vectorised twin of ``layercheck.contract.policy.replay`` for one setting: the same decisions, fast.
 
 The what-if view re-decides a whole run on every slider move, so the replay
 must answer in well under 100 ms on a 31-layer x 10,000-step trace
@@ -8,7 +8,7 @@ next to the policy, so that the dashboard and the simulator's tuner
 (``sim.frontier``) share it; ``layercheck.contract.lanes`` replays many settings at once.
 
 Exactness is the contract: ``fast_replay`` returns, for every input, the
-decisions ``layercheck.policy.replay`` makes (``tests/layercheck/
+decisions ``layercheck.contract.policy.replay`` makes (``tests/layercheck/
 test_fastreplay.py`` checks it on many random runs). The policy compares a
 running float64 sum ``A_l`` (reset to 0.0 at a write, one step's drift added
 at a time) with ``K_l(t) = base_l * lr(t) / lr_peak``. Two methods:
@@ -35,7 +35,7 @@ from typing import Literal
 import numpy as np
 
 from .lanes import replay_many
-from ..policy import Policy, Reason
+from .policy import Policy, Reason
 from .replay_windows import windowed
 from .replayed import NO_WRITE, Replayed, run_arrays
 
@@ -57,7 +57,7 @@ def base_step(policy: Policy, num_steps: int) -> int | None:
 def fast_replay(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray, *,
                 method: Literal["auto", "certified", "windowed"] = "auto",
                 window: int = 16) -> Replayed:
-    """Decide every step of a run exactly as ``layercheck.policy.replay`` does.
+    """Decide every step of a run exactly as ``layercheck.contract.policy.replay`` does.
 
     ``drift[t-1, l]`` is d_l(t) and ``lr_ratio[t-1]`` is lr(t) / lr_peak for
     steps t = 1..T (the reference's arguments). ``method="auto"`` tries the

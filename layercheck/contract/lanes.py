@@ -2,7 +2,7 @@
 
 ``replay_many(policies, drift, lr_ratio)`` decides a whole run under every
 policy of a list (a grid of thresholds, Smax values, intervals, write budgets)
-exactly as ``layercheck.policy.replay`` decides it under each one
+exactly as ``layercheck.contract.policy.replay`` decides it under each one
 (``tests/layercheck/contract/test_lanes.py``).
 
 A *lane* is one layer under one setting. Without a write budget a layer's
@@ -29,9 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import budget
+from . import budget
 from .replayed import NO_WRITE, Replayed, run_arrays
-from ..policy import Policy, Reason
+from .policy import Policy, Reason
 
 __all__ = ["Lanes", "LaneTable", "replay_many"]
 
@@ -205,7 +205,7 @@ class _Openings:
 
 def _settle(lt: LaneTable, t: int, write: np.ndarray, at_base: np.ndarray | None,
             scale: np.ndarray, level: np.ndarray, spent: np.ndarray, k_row: np.ndarray) -> None:
-    """The write budgets' accounts after step t (``layercheck.budget``), in place."""
+    """The write budgets' accounts after step t (``layercheck.contract.budget``), in place."""
     groups = len(lt.group_budget)
     k_row[lt.group_policy] = scale[:groups]
     settle = (t % lt.group_interval == 0) & (t > lt.group_base)

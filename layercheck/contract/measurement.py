@@ -91,7 +91,7 @@ CODE: tuple[MeasuringCode, ...] = (
            "snapshot_gbps", "persist_gbps", "async_load_gbps"),
     _timed("lowdiff checkpointer", 1, "profiler.checkpointers.differential:DiffCheckpointer",
            "diff_fraction", "diff_snapshot_gbps", "diff_replay_gbps"),
-    _timed("layercheck writer", 1, "layercheck.writer:Writer", "lc_write_gbps", "lc_commit_s"),
+    _timed("layercheck writer", 1, "layercheck.storage.writer:Writer", "lc_write_gbps", "lc_commit_s"),
     _timed("layercheck restore", 1, "layercheck.recovery:Planner",
            "lc_load_fixed_s", "lc_load_gbps"),
     _mechanism("jit detection", 1, "profiler.mechanisms.jit:JitDetection",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy import Policy, Reason
+from .policy import Policy, Reason
 
 __all__ = ["windowed"]
 

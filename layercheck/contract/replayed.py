@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..policy import Reason
+from .policy import Reason
 
 __all__ = ["NO_WRITE", "REPLAYED_REASONS", "Replayed", "run_arrays"]
 
@@ -38,7 +38,7 @@ def run_arrays(num_layers: int, drift: np.ndarray, lr_ratio: np.ndarray) -> tupl
 class Replayed:
     """The decisions of a whole run.
 
-    ``reasons[t-1, l]`` is ``NO_WRITE`` (-1) or a ``layercheck.policy.Reason``
+    ``reasons[t-1, l]`` is ``NO_WRITE`` (-1) or a ``layercheck.contract.policy.Reason``
     value: the same as ``Decision.reasons`` of the reference replay, laid out
     as steps x layers.
     ``method`` says which method produced it.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy import Policy
+from .policy import Policy
 from .replayed import run_arrays
 
 __all__ = ["next_writes"]

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from .calibration import COSTS_FILE, Calibration, CalibrationError, read_calibration, write_calibration
+from .policy import lr_ratio
 from .traceschema import LAYER_SCHEMA, TABLES, WRITE_REASONS, TraceError, check_layers, check_table
 from .userfile import RefusedFile, read_json, read_parquet
 
@@ -139,8 +140,10 @@ class Trace:
         return self._matrix("accumulator")
 
     def lr_ratio(self) -> np.ndarray:
-        """lr(t) / lr_peak per step: what the policy scales thresholds by."""
-        return self.steps["lr"].to_numpy(dtype=np.float64) / float(self.manifest["lr_peak"])
+        """lr(t) / lr_peak per step: what the policy scales thresholds by
+        (``policy.lr_ratio``: 1 where a step measured no LR)."""
+        lr = self.steps["lr"].to_numpy(dtype=np.float64)
+        return lr_ratio(lr, float(self.manifest["lr_peak"]))
 
     def write_matrix(self) -> np.ndarray:
         """Boolean steps x layers: True where the layer was written at that step."""

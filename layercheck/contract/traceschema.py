@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..policy import Reason
+from .policy import Reason
 
 __all__ = ["Column", "SCHEMA", "LAYER_SCHEMA", "TABLES", "WRITE_REASONS", "MAX_COUNT",
            "TraceError", "check_table", "check_layers"]

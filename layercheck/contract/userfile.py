@@ -17,9 +17,11 @@ a directory, a file of 100 GB. Every read of one goes through this module:
 
 ``RefusedFile`` is an ``OSError``: a reader that already turns an unreadable file into
 its own one-line error (``TraceError``, ``CalibrationError``, ``SimError``) does so for
-these too. The library's own references to pretrained files are opened by another
-reader in ``layercheck`` (it also refuses symbolic links and checks what it reads
-against a recorded size); the two share this rule and may be unified.
+these too. The checkpoint's own files, and the pretrained files it references, are
+opened by ``layercheck.storage.fds`` instead: the same refusal of what is not a regular
+file, but no bound (a layer file holds gigabytes, read in pieces), links never
+followed inside the directory, opened for writing too, and ``NotARegularFile`` (a
+``LayerCheckError``) rather than an ``OSError``.
 """
 from __future__ import annotations
 

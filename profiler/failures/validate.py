@@ -12,7 +12,7 @@ replayed by every repeat):
    failure took it (``sim.api.primary_loss_draws``; ``profiler.failures.supervisor``);
    measured: the effective ratio (useful - stale) / window and its parts, from the
    processes' own timestamped logs (``profiler.failures.ledger``). Just before each run
-   a probe of the machine as it is then (``profiler.failures.beside``); after a
+   a probe of the machine as it is then (``profiler.failures.costprobe``); after a
    repeat's last run, ``probes`` restarts more, so every run's restart is the median of
    restarts timed just before and just after it;
 2. predicted: the simulator on the same trace, costs, failure log, window and cadence
@@ -81,7 +81,8 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
              scratch: Path | None = None, say: Callable[[str], None] = print,
              argv: list[str] | None = None) -> ValidationResult:
     """Run the validation of the module doc on the trace at ``trace_dir``."""
-    from layercheck.contract.calibration import CalibrationError, read_calibration
+    from layercheck.contract.calibration import CalibrationError
+    from sim.calibrated import read_calibration
     trace = _plain_capture(trace_dir)
     # a capture that shared the machine gives the predicted side step times that are
     # not the job's: the comparison would measure the other job, so say it first
@@ -242,7 +243,7 @@ def _said(probe: Any, scenario: Any) -> str:
     if probe.save_s is not None:
         text += f", full saves of {probe.save_s:.3f} s (costs.json: {costs.save_s(full):.3f} s)"
     if probe.load_s is not None:
-        from .beside import priced_load_s
+        from .costprobe import priced_load_s
         text += (f", a load of step {probe.load_step}'s recovery point in {probe.load_s:.3f} s "
                  f"(costs.json: {priced_load_s(probe.strategy, costs, full):.3f} s)")
     if probe.diff_s is not None:
@@ -263,9 +264,9 @@ def _scenario(trace: Trace, calibration: Any, log: FailureLog, interval: int) ->
 
 def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: Path,
            count: int) -> Any:
-    """The machine just before ``strategy``'s run (module doc, 1.: ``beside.probe``)."""
+    """The machine just before ``strategy``'s run (module doc, 1.: ``costprobe.probe``)."""
     from ..machine import resolve_device
-    from .beside import probe
+    from .costprobe import probe
     with _failing("before a run"):
         return probe(job, resolve_device(job.device)[0], folder, strategy=strategy,
                      every=_every(cadence), count=count,
@@ -273,9 +274,9 @@ def _probe(strategy: str, job: CaptureConfig, cadence: Any, costs: Any, folder: 
 
 
 def _closing(job: CaptureConfig, folder: Path, count: int) -> tuple[float, ...]:
-    """The restarts after a repeat's last run (``beside.restarts``)."""
+    """The restarts after a repeat's last run (``costprobe.restarts``)."""
     from ..machine import resolve_device
-    from .beside import restarts
+    from .costprobe import restarts
     with _failing("after the runs"):
         return restarts(job, resolve_device(job.device)[0], folder, count=count)
 
@@ -417,7 +418,7 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
                        "diff_snapshot_gbps; load_probe_s (all but gemini): the probe's first "
                        "successor's load of its victim's newest recovery point, a fresh "
                        "process's as in the run, the load figure of its prediction "
-                       "(profiler/failures/beside.py LOADS); "
+                       "(profiler/failures/costprobe.py LOADS); "
                        "predicted_from_costs: the prediction with costs.json's figures, "
                        "timed at calibration; "
                        "predicted_at_pace (a diagnostic): the prediction, with "

@@ -66,7 +66,7 @@ class FsdpJob(ZeroJob):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        from layercheck.layermap import LayerMap
+        from layercheck.backends.layermap import LayerMap
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for layer in LayerMap.auto(model):
             if layer.kind == "block":
@@ -97,8 +97,8 @@ class FsdpJob(ZeroJob):
                               scheduler=self.scheduler)
 
     def describe_setup(self) -> tuple[str, str, dict[str, Any]]:
-        from layercheck.fsdp import units
-        from layercheck.layermap import LayerMap
+        from layercheck.backends.dtensorshards import units
+        from layercheck.backends.layermap import LayerMap
         zero = self.zero
         return "PyTorch FSDP2", "; fully_shard per block, then the root", {
             "capture": f"PyTorch FSDP2 (fully_shard), {zero.ranks} ranks", "ranks": zero.ranks,

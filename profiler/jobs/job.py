@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from layercheck.ranks import Ranks
+from layercheck.backends.ranks import Ranks
 
 from ..config import CaptureConfig
 from .corpus import Corpus, load_corpus
@@ -140,7 +140,7 @@ def build_model_and_data(config: CaptureConfig, source: ModelSource | None = Non
 
 def _warm_drift_kernels() -> None:
     try:
-        from layercheck.kernels import warm
+        from layercheck.drift.kernels import warm
     except ImportError:  # no numba: drift takes the torch path, nothing to load
         return
     warm()

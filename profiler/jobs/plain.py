@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from layercheck.ranks import Ranks
+from layercheck.backends.ranks import Ranks
 
 from ..config import CaptureConfig
 from .corpus import Corpus

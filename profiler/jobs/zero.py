@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from layercheck.ranks import DefaultGroupRanks, Ranks
+from layercheck.backends.ranks import DefaultGroupRanks, Ranks
 
 from ..config import CaptureConfig, ZeroConfig
 from .corpus import Corpus

@@ -6,7 +6,7 @@ One ``Mechanism`` per strategy's mechanism (``base``): ``Restart`` (all),
 declared once, as data, in ``layercheck.contract.measurement.CODE`` (its version and the
 figures it measures; the simulator reads that table without torch), and registers those
 figures (``Mechanism.figures``, filled in from the declaration). Together they must cover
-every figure of ``layercheck.contract.calibration.FIGURES`` that ``python -m profiler
+every figure of ``sim.calibrated.FIGURES`` that ``python -m profiler
 calibrate`` measures (``FigureSpec.measured_by``), each exactly once: ``check_coverage``,
 which ``calibrate`` runs before it times anything. A new strategy's figures therefore
 need a mechanism here, in ``MECHANISMS``, and its line in ``CODE``.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from layercheck.contract.figure import CALIBRATE
 
 from ..errors import ProfilerError

@@ -116,7 +116,7 @@ class Mechanism:
     def stated_figures(self) -> dict[str, Figure]:
         """``stated`` as their declarations' defaults (value, source and band), the method
         saying why they are not measured here."""
-        from layercheck.contract.calibration import FIGURES
+        from sim.calibrated import FIGURES
         out = {}
         for name in self.stated:
             default = FIGURES[name].default

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from layercheck.contract.calibration import Figure
-from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
+from sim.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 
 from ..state import TrainingState
 from .base import Bench, Mechanism, rate_figure
@@ -119,7 +119,7 @@ def loopback_copy_seconds(tensors: Sequence[torch.Tensor], repeats: int, *,
 
 class PeerCopy(Mechanism):
     """gemini: the full state to a peer process's memory over loopback, and the chance a
-    failure takes that peer too (``layercheck.placement``: the peer shares the host)."""
+    failure takes that peer too (``sim.placement``: the peer shares the host)."""
 
     name = "peer copy"
 
@@ -133,7 +133,7 @@ class PeerCopy(Mechanism):
                 "to a second process that receives it into its own memory and acknowledges "
                 f"(GEMINI's copy to a peer's CPU memory; loopback: no wire), {bench.where()}")),
             "peer_loss_probability": Figure(value=round(HOST_LOSS_SHARE, 4), source="derived", method=(
-                "layercheck.placement: the peer measured here is a process on the same host, "
+                "sim.placement: the peer measured here is a process on the same host, "
                 f"so every failure that takes the host's memory takes it: {HOST_LOSS_SOURCE}, "
                 f"32 / 419 = {HOST_LOSS_SHARE:.4f}")),
         }

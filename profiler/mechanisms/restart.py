@@ -25,7 +25,7 @@ next victim, so ``count`` restarts cost one interpreter start less each than
 separate probes; its first victim may train under any strategy's checkpointer, whose
 steps it returns, and its first successor may resume from that checkpointer's
 folder, a fresh process's load timed as a run's (the validation's probe beside a
-run, ``profiler.failures.beside``).
+run, ``profiler.failures.costprobe``).
 """
 from __future__ import annotations
 

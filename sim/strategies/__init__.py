@@ -9,15 +9,13 @@ Each strategy module (``base`` for what all share) holds
 - ``STRATEGIES``: its ``Strategy`` classes (the model: ``base``'s contract).
 
 ``MODULES`` below is the registry, in report order. ``SCHEMA``, the union of their
-``FIGURES``, is the calibration schema: this package declares it on import
-(``layercheck.contract.calibration.FIGURES.declare``), so it is every ``costs.json``'s
+``FIGURES``, is the calibration schema (``sim.calibrated.FIGURES``): every ``costs.json``'s
 and ``sim.costs.CostModel``'s figures. Adding a strategy is one module
 here, its test, its profiler mechanism (``profiler.mechanisms``) and its name in
 ``MODULES``.
 """
 from __future__ import annotations
 
-from layercheck.contract import calibration
 from layercheck.contract.figure import FigureSpec
 
 from ..errors import SimError
@@ -58,9 +56,8 @@ def schema(modules=MODULES) -> dict[str, FigureSpec]:
 
 
 SCHEMA: dict[str, FigureSpec] = schema()
-"""Every cost figure: name -> declaration, declared here as the calibration schema
-(``layercheck.contract.calibration.FIGURES``; the contract never imports the simulator)."""
-calibration.FIGURES.declare(__name__, SCHEMA)
+"""Every cost figure: name -> declaration, the calibration schema (``sim.calibrated``
+checks every costs.json the simulator reads against it; the contract knows no figure)."""
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for module in MODULES for cls in module.STRATEGIES}

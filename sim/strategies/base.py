@@ -74,7 +74,7 @@ FIGURES: dict[str, FigureSpec] = {
         "restart_s), which 8 GPU ranks cannot beat; high: 4x the assumption, a judgment (the "
         "paper's recovery times exclude the restart)")))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 LADDER = (4, 3)

@@ -26,7 +26,7 @@ FIGURES: dict[str, FigureSpec] = {
         band=STORAGE_RULE,
         default=Figure(value=17.9, source="fit", method="the same Lustre reads as load_gbps", band=READ_BAND)),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 CHECKFREQ_OVERHEAD = 0.035

@@ -32,7 +32,7 @@ FIGURES: dict[str, FigureSpec] = {
         band=STORAGE_RULE,
         default=Figure(value=17.9, source="fit", method="see load_fixed_s: the same Lustre reads", band=READ_BAND)),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class DeepSpeed(Strategy):

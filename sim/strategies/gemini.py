@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from layercheck.contract.figure import Figure, FigureSpec
-from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
+from ..placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 from layercheck.contract.band import Band
 
 from .base import Cadence, Footprint, Strategy, _Builder, _daly_steps, ladder
@@ -36,12 +36,12 @@ FIGURES: dict[str, FigureSpec] = {
             "0.2: a judgment (no published figure), one failure in five from a fault domain "
             "wider than a node (a switch, a rack's power) that holds the peer too")),
         default=Figure(value=round(HOST_LOSS_SHARE, 4), source="derived", method=(
-        f"layercheck.placement: on the paper's one server GEMINI's replicas share a host's memory, so "
+        f"sim.placement: on the paper's one server GEMINI's replicas share a host's memory, so "
         f"every failure that takes a host's memory takes them: {HOST_LOSS_SOURCE}, "
         f"32 / 419 = {HOST_LOSS_SHARE:.4f} (on different hosts it would be that share x the "
         "chance the peer's host fails before the copy is re-made)"))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class Gemini(Strategy):

@@ -30,7 +30,7 @@ import numpy as np
 
 from layercheck.contract.band import Band
 from layercheck.contract.figure import Figure, FigureSpec
-from layercheck.placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
+from ..placement import HOST_LOSS_SHARE, HOST_LOSS_SOURCE
 
 from .base import Strategy, _Builder
 
@@ -63,7 +63,7 @@ FIGURES: dict[str, FigureSpec] = {
             "0: a full replica of each rank's state on another host and independent host "
             "failures; 1: no replica at all (one ZeRO-3 or FSDP group over every GPU)")),
         default=Figure(value=round(HOST_LOSS_SHARE, 4), source="assumed", method=(
-            "as GEMINI's peer loss (layercheck.placement): the failures that take a host's "
+            "as GEMINI's peer loss (sim.placement): the failures that take a host's "
             f"memory, {HOST_LOSS_SOURCE}, 32 / 419 = {HOST_LOSS_SHARE:.4f}, assuming each "
             "rank's state has a replica on another GPU of the server (data parallelism "
             "across ZeRO groups); the paper's own setup, one ZeRO-3 group over the 8 GPUs, "
@@ -82,7 +82,7 @@ FIGURES: dict[str, FigureSpec] = {
                 "0 to 1% of a step, a judgment of \"nearly zero\" (the transparent variant "
                 "intercepts the job's GPU calls)")))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class JustInTime(Strategy):

@@ -64,7 +64,7 @@ FIGURES: dict[str, FigureSpec] = {
             "interval of its own (a measured one) uses that")),
         measured_by="python -m profiler staleness"),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class LayerCheck(Strategy):

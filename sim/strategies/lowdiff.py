@@ -60,7 +60,7 @@ FIGURES: dict[str, FigureSpec] = {
         "the published 34 s and 10 s are whole seconds: the 549.6 GB of 53 differentials "
         "replayed in 23 s to 25 s")))),
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 PAPER_FULL_EVERY = 106

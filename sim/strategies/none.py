@@ -9,7 +9,7 @@ __all__ = ["NoCheckpoint", "FIGURES", "STRATEGIES"]
 
 FIGURES: dict[str, FigureSpec] = {
 }
-"""The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+"""The figures this module declares (``sim.calibrated.FIGURES`` is the union)."""
 
 
 class NoCheckpoint(Strategy):

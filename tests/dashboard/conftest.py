@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from layercheck.config import LayerCheckConfig
-from layercheck.policy import Policy, PolicyState, Reason
+from layercheck.contract.config import LayerCheckConfig
+from layercheck.contract.policy import Policy, PolicyState, Reason
 from layercheck.contract.trace import SCHEMA_VERSION, Trace, write_trace
 from sim.presets import preset_calibration
 

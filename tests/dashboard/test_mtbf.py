@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from dashboard import mtbf, whatif
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from sim.presets import preset_calibration
 
 DAY = 86400.0

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dashboard import whatif
-from layercheck.config import ConfigError
+from layercheck.contract.config import ConfigError
 
 
 def test_recorded_settings_replay_the_recorded_writes(trace):

@@ -2,7 +2,7 @@
 gathers to, whatever its layout.
 
 ``gathered`` (a ZeRO engine's partitions, all-gathered and cut by the test's own
-arithmetic, not ``layercheck.partitioning``'s) and ``plain_state`` (a module's)
+arithmetic, not ``layercheck.backends.partitioning``'s) and ``plain_state`` (a module's)
 give, per parameter, its fp32 master, Adam moments and step count as whole
 tensors: what a test compares across layouts.
 """

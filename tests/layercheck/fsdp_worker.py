@@ -43,8 +43,8 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from layercheck import LayerCheckConfig  # noqa: E402
-from layercheck.drift import local  # noqa: E402
-from layercheck.errors import LayerCheckError  # noqa: E402
+from layercheck.backends.source import local  # noqa: E402
+from layercheck.contract.errors import LayerCheckError  # noqa: E402
 from layercheck.fsdp import FsdpLayerCheck  # noqa: E402
 from tests.conftest import tiny_lm  # noqa: E402
 from tests.layercheck.torchrun import (VOCAB, Report, batch, digest, newest_versions,  # noqa: E402
@@ -122,11 +122,11 @@ def check_elastic(optimizer, layer_map, url: str, step: int) -> list[str]:
     """Every mismatch between this rank's live state and its rows of the composite of
     ``step`` as whole tensors (``assemble``, each version joined by its own layout):
     each parameter's local tensor, its Adam moments and step count, bit for bit."""
-    from layercheck.dcpcheckpoint import assemble
-    from layercheck.elastic import chunk_rows
-    from layercheck.manifest import read_manifest
+    from layercheck.tools.dcpcheckpoint import assemble
+    from layercheck.backends.elastic import chunk_rows
+    from layercheck.storage.manifest import read_manifest
     from layercheck.recovery import make_plan
-    from layercheck.store import open_store
+    from layercheck.storage.location import open_store
     store = open_store(url)
     view = read_manifest(store)
     composite = assemble(store, view, make_plan(store, view, step, exact=True), None)
@@ -230,7 +230,7 @@ def main() -> int:
         start = dcp_load(model, optimizer, scheduler, args.dcp_load)
         result["loaded_step"] = start
         if args.check_composite:
-            from layercheck.layermap import LayerMap
+            from layercheck.backends.layermap import LayerMap
             result["problems"] = check_composite(model, optimizer, LayerMap.auto(model),
                                                  args.check_composite,
                                                  newest_versions(args.check_composite, start))

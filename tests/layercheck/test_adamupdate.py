@@ -1,10 +1,10 @@
-"""Adam's update recomputed (layercheck.adamupdate): the terms against torch's own steps."""
+"""Adam's update recomputed (layercheck.drift.adamupdate): the terms against torch's own steps."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from layercheck.adamupdate import NOT_STEPPED, AdamTerms, adam_terms
+from layercheck.drift.adamupdate import NOT_STEPPED, AdamTerms, adam_terms
 
 
 def _moved_by_terms(opt, w: torch.Tensor, step: int) -> float:

@@ -1,4 +1,4 @@
-"""layercheck.budget: the write budget's controller keeps the rate, Smax keeps the staleness."""
+"""layercheck.contract.budget: the write budget's controller keeps the rate, Smax keeps the staleness."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layercheck import budget
-from layercheck.config import ConfigError, LayerCheckConfig
+from layercheck.contract import budget
+from layercheck.contract.config import ConfigError, LayerCheckConfig
 from layercheck.contract.lanes import replay_many
-from layercheck.policy import Policy, PolicyState, replay
+from layercheck.contract.policy import Policy, PolicyState, replay
 from layercheck.contract.trace import last_written, read_trace
 
 

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 
@@ -137,7 +137,7 @@ def test_memory_store_round_trip():
 
 
 def test_step_without_restore_on_a_used_directory_is_refused(tmp_path):
-    from layercheck.errors import LayerCheckError
+    from layercheck.contract.errors import LayerCheckError
     cfg = LayerCheckConfig(warmup_steps=0)
     model = tiny_lm()
     opt, sched = optimizer_for(model)
@@ -157,7 +157,7 @@ def test_restore_refuses_layer_versions_without_any_state(tmp_path):
     from the base checkpoint on, while later steps commit the others): restore() must
     not silently start over at step 0, which would abandon every version; it says
     what is there and what to do. So must a step() without restore()."""
-    from layercheck.errors import CheckpointNotFound
+    from layercheck.contract.errors import CheckpointNotFound
     from tests.layercheck.test_retention import versions_without_any_state
     root = tmp_path / "c"
     model, opt, sched, cfg = versions_without_any_state(root)
@@ -203,7 +203,7 @@ def test_after_a_restore_the_library_writes_what_next_writes_follows_from_there(
     real library restored at step 25 (layers of several ages) and trained on writes,
     step by step, the chain that table gives from 25 on the drift it measured."""
     from layercheck.contract.resumed import next_writes
-    from layercheck.policy import lr_ratio
+    from layercheck.contract.policy import lr_ratio
     _mixed_run(tmp_path / "c", total=60)
     model = tiny_lm(seed=5)
     opt, sched = optimizer_for(model, lr=3e-3, total=60)

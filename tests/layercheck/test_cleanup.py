@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.cleanup import collect_garbage
-from layercheck.errors import LayerCheckError
-from layercheck.format import MANIFEST
-from layercheck.manifest import read_manifest
+from layercheck.tools.cleanup import collect_garbage
+from layercheck.contract.errors import LayerCheckError
+from layercheck.storage.format import MANIFEST
+from layercheck.storage.manifest import read_manifest
 from layercheck.recovery import make_plan
-from layercheck.store import LocalStore
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 from tests.stores import FlakyReads
 
@@ -43,7 +43,7 @@ def test_a_transient_read_error_is_not_damage_and_gc_deletes_nothing(ckpt):
 def test_gc_keeps_a_version_it_found_damaged_and_reports_it(ckpt, capsys):
     """A damaged newest version is passed over by the plan, but gc does not delete it
     (nor its record): it may be the only copy of that step, for whoever repairs it."""
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     view = read_manifest(LocalStore(ckpt))
     newest = view.versions["model.layers.1"][-1]
     data = bytearray((ckpt / newest.file).read_bytes())
@@ -63,7 +63,7 @@ def test_gc_deletes_nothing_where_no_step_is_recoverable(tmp_path, capsys):
     """Layer versions without any committed state (a layer failing under 'warn' since
     the base checkpoint): no kept step needs them, but no newer state has superseded
     them either. gc refuses, as retention retires nothing without a newer state."""
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     from tests.layercheck.test_retention import versions_without_any_state
     root = tmp_path / "c"
     versions_without_any_state(root)
@@ -81,9 +81,9 @@ def test_gc_removes_only_the_temp_files_of_interrupted_writes_and_only_under_the
     write_atomic's own pattern, says so, and only while it holds the lock: beside a
     running writer (whose write may be in flight) it removes nothing. ``list`` and
     ``inspect`` never count them."""
-    from layercheck.cli import main
-    from layercheck.errors import DirectoryLocked
-    from layercheck.inspection import inspect_directory
+    from layercheck.tools.cli import main
+    from layercheck.contract.errors import DirectoryLocked
+    from layercheck.tools.inspection import inspect_directory
     leftovers = [f".{MANIFEST}.0123abcd.tmp",
                  "layers/.model.layers.1@000000007.safetensors.deadbeef.tmp"]
     foreign = [".notes", f".{MANIFEST}.tmp", f".{MANIFEST}.0123ABCD.tmp", "notes.txt",
@@ -111,7 +111,7 @@ def test_a_record_naming_a_kept_versions_file_never_displaces_its_record(ckpt):
     """A record of step 99 naming step 6's state file (gc kept only it, and lost step
     6) names a file that is not its own: it is skipped as damaged, so gc keeps step 6
     with its record and files."""
-    from layercheck.format import encode_record
+    from layercheck.storage.format import encode_record
     store = LocalStore(ckpt)
     newest = read_manifest(store).states[6]
     store.append(MANIFEST, encode_record({**newest.to_record(), "step": 99}))
@@ -129,7 +129,7 @@ def test_gc_deletes_only_files_the_format_names(ckpt):
     notes there too. It deletes only versions' files and the temp files of writes;
     records naming files that are not their own (notes.txt, the manifest, the .lock,
     another layer's live version) make it keep, or delete, none of those."""
-    from layercheck.format import deletable, layer_path
+    from layercheck.storage.format import deletable, layer_path
     from tests.layercheck.test_retention import _rename_in_records
     foreign = ["layers/notes.txt", "states/README", "layers/.notes.txt.0123abcd.tmp",
                "notes.txt"]

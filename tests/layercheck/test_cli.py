@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.cli import main
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.tools.cli import main
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_and_exit_2(ckpt, tmp_path, argv, needle):
 
 
 def test_restore_into_a_different_model_is_refused(ckpt):
-    from layercheck.errors import ModelMismatch
+    from layercheck.contract.errors import ModelMismatch
     model = tiny_lm(layers=2)
     opt, sched = optimizer_for(model)
     with pytest.raises(ModelMismatch, match="different model"):
@@ -173,7 +173,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly(ckpt, argv):
 def test_a_broken_pipe_elsewhere_is_still_an_error(ckpt):
     # only stdout's reader going away is quiet: another broken pipe (a remote store's
     # connection) is the one-line error it always was, stdout being read meanwhile
-    code = ("import sys, layercheck.cli as cli\n"
+    code = ("import sys, layercheck.tools.cli as cli\n"
             "def broken(args):\n"
             "    raise BrokenPipeError(32, 'Broken pipe')\n"
             "cli._run = broken\n"

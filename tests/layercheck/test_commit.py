@@ -12,12 +12,12 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from layercheck.commit import Commit, ShardedCommit, all_gather_json  # noqa: E402
-from layercheck.errors import WriteFailed  # noqa: E402
-from layercheck.format import (MANIFEST, Shard, Version, encode_record, layer_path,  # noqa: E402
-                               state_path)
-from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.storage.commit import Commit, ShardedCommit, all_gather_json  # noqa: E402
+from layercheck.contract.errors import WriteFailed  # noqa: E402
+from layercheck.storage.format import (MANIFEST, Shard, Version, encode_record, layer_path,
+                                       state_path)
+from layercheck.storage.manifest import read_manifest  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 from tests.stores import FullAppends  # noqa: E402
 
 

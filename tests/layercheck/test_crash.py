@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.layercheck.halting import HaltingRun
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck import drift as drift_module
-from layercheck import fusedsums
-from layercheck.drift import BLOCK, DriftTracker, _Entry
-from layercheck.fusedsums import fusable
-from layercheck.layermap import LayerMap
+from layercheck.drift import tracker as drift_module
+from layercheck.drift import fusedsums
+from layercheck.drift.tracker import BLOCK, DriftTracker, _Entry
+from layercheck.drift.fusedsums import fusable
+from layercheck.backends.layermap import LayerMap
 from tests.conftest import in_a_fresh_python, tiny_lm
 
 
@@ -119,7 +119,7 @@ def test_sampled_drift_estimates_the_exact_value_on_large_tensors():
         assert not np.array_equal(d_sampled, d_exact)  # it really sampled
 
 
-# -- the fused kernel (layercheck.kernels) against the torch path --------------------------
+# -- the fused kernel (layercheck.drift.kernels) against the torch path --------------------------
 
 def _flat_parts(sizes, seed=0):
     """ZeRO-style flat fp32 partitions: 1-D contiguous views of one buffer."""
@@ -165,7 +165,7 @@ def test_the_pass_takes_no_more_threads_than_torch_trains_with(torch_threads, mo
     """Numba must not fight torch for the cores: the pass runs on torch's own
     OpenMP team, sized by torch's thread count (the calling thread included),
     and hires no helper threads of its own."""
-    from layercheck import kernels, passthreads
+    from layercheck.drift import kernels, parallel as passthreads
     teams, hired = [], []
     run, crew_run = passthreads.Team.run, passthreads.Crew.run
     monkeypatch.setattr(passthreads.Team, "run", lambda self, *args: teams.append(args[-1]) or run(self, *args))
@@ -247,13 +247,13 @@ def test_fallback_without_numba(monkeypatch):
 def test_drift_imports_and_works_without_numba():
     code = ("import sys; sys.modules['numba'] = None\n"  # makes `import numba` fail
             "import torch\n"
-            "from layercheck.drift import DriftTracker\n"
+            "from layercheck.drift.tracker import DriftTracker\n"
             "lin = torch.nn.Linear(8, 8)\n"
             "opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)\n"
             "t = DriftTracker(opt, [list(lin.parameters())])\n"
             "lin(torch.randn(2, 8)).sum().backward(); opt.step()\n"
             "d, _, _ = t.take(); assert d[0] > 0 and t.fused_params == 0\n"
-            "assert 'layercheck.kernels' not in sys.modules\n")
+            "assert 'layercheck.drift.kernels' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
@@ -274,7 +274,7 @@ def test_a_zero_learning_rate_moves_nothing():
 
 @needs_numba
 def test_kernel_is_accurate_over_millions_of_terms_and_ignores_thread_count():
-    from layercheck import kernels
+    from layercheck.drift import kernels
     assert kernels.TINY == np.float32(drift_module._TINY)
     gen = torch.Generator().manual_seed(3)
     n = 1 << 22  # 4 M terms of ~0.8: a float32 running sum would be off by ~1e-3
@@ -597,7 +597,7 @@ def test_given_groups_decide_what_is_tracked_and_the_rest_is_frozen():
 
 
 def test_sampling_starts_at_sample_min_elements_and_is_off_by_default():
-    from layercheck.drift import SAMPLE_MIN
+    from layercheck.drift.tracker import SAMPLE_MIN
     gen = torch.Generator().manual_seed(5)
     at, below = (torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (SAMPLE_MIN, SAMPLE_MIN - 1))
     opt = torch.optim.AdamW([at, below], lr=1e-2)
@@ -672,7 +672,7 @@ def test_the_kernel_measures_every_fusable_tensor_whatever_comes_first():
 
 
 def test_local_hands_over_a_dtensors_shard_and_a_plain_tensor_itself():
-    from layercheck.drift import local
+    from layercheck.backends.source import local
     plain = torch.arange(4.0)
     assert local(plain) is plain
     # in a fresh Python: this one may hold a group another test file left up
@@ -686,7 +686,7 @@ def _local_of_a_one_rank_dtensor() -> tuple[str, str, list[float]]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
-    from layercheck.drift import local
+    from layercheck.backends.source import local
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         sharded = distribute_tensor(torch.arange(4.0), init_device_mesh("cpu", (1,)), [Shard(0)])

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layercheck.elastic import ElasticRead, chunk_rows, rows
-from layercheck.errors import CorruptVersion, LayerCheckError, ModelMismatch
-from layercheck.format import Layout, Shard, Version, checksum, layer_metadata
-from layercheck.layerfile import layout as lay_out
-from layercheck.layerread import read_verified_file
-from layercheck.source import LayerSource
-from layercheck.store import LocalStore
+from layercheck.backends.elastic import ElasticRead, chunk_rows, rows
+from layercheck.contract.errors import CorruptVersion, LayerCheckError, ModelMismatch
+from layercheck.storage.format import Layout, Shard, Version, checksum, layer_metadata
+from layercheck.storage.layerfile import layout as lay_out
+from layercheck.storage.layerread import read_verified_file
+from layercheck.backends.source import LayerSource
+from layercheck.storage.localstore import LocalStore
 
 W = torch.arange(20, dtype=torch.float32).reshape(5, 4)
 
@@ -124,7 +124,7 @@ def _as_two_ranks(ckpt, steps, backend="fsdp", layers=None):
     2 ranks would have written it (each weight and moment split by rows of dim 0, the
     scalars and buffers on both), in a layout recorded after the header; returns the
     original tensors of each rewritten version by (layer, step); ``layers``: only those."""
-    from layercheck.format import MANIFEST, decode_line, encode_record
+    from layercheck.storage.format import MANIFEST, decode_line, encode_record
     from layercheck.recovery import parse_safetensors
     store = LocalStore(ckpt)
     lines = (ckpt / MANIFEST).read_bytes().splitlines(keepends=True)
@@ -191,7 +191,7 @@ def test_a_plain_restore_joins_the_two_rank_versions_of_a_mixed_composite_exactl
 
 def test_a_damaged_shard_of_another_layout_is_passed_over_like_any_version(two_layouts):
     ckpt, originals = two_layouts
-    view = __import__("layercheck.manifest", fromlist=["read_manifest"]).read_manifest(
+    view = __import__("layercheck.storage.manifest", fromlist=["read_manifest"]).read_manifest(
         LocalStore(ckpt))
     newest = view.versions["model.layers.1"][-1]
     path = ckpt / newest.shards[1].file
@@ -225,10 +225,10 @@ def test_what_a_source_cannot_reshard_is_refused_before_anything_changes(tmp_pat
 def test_inspect_plan_and_gc_on_a_directory_of_two_layouts(two_layouts, capsys):
     import json
 
-    from layercheck.cleanup import collect_garbage
-    from layercheck.cli import main as cli
-    from layercheck.inspection import format_inspection, inspect_directory
-    from layercheck.manifest import read_manifest
+    from layercheck.tools.cleanup import collect_garbage
+    from layercheck.tools.cli import main as cli
+    from layercheck.tools.inspection import format_inspection, inspect_directory
+    from layercheck.storage.manifest import read_manifest
     ckpt, originals = two_layouts
     info = inspect_directory(LocalStore(ckpt))
     assert info["problems"] == []
@@ -256,7 +256,7 @@ def test_an_hf_export_joins_each_version_by_its_own_layout(tmp_path):
     """Two layers' newest versions of a 2-rank layout, the others a plain module's."""
     from safetensors.torch import load_file
 
-    from layercheck.cli import main as cli
+    from layercheck.tools.cli import main as cli
     from layercheck.recovery import parse_safetensors
     from tests.conftest import every_layer_checkpoint
     ckpt = every_layer_checkpoint(tmp_path / "ckpt", steps=6)

@@ -25,9 +25,9 @@ pytest.importorskip("deepspeed")
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from layercheck.cli import main  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.tools.cli import main  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 from tests.stores import BeforeFirstRead  # noqa: E402
 from tests.layercheck.test_zero import ROOT, _command, _env, _results  # noqa: E402
 
@@ -303,10 +303,10 @@ def test_a_shard_damaged_on_one_rank_makes_the_layer_fall_back_on_every_rank(run
 
 
 def test_the_command_line_offers_the_formats_export_knows(tmp_path):
-    from layercheck import cli, export
-    from layercheck.errors import LayerCheckError
-    from layercheck.format import EXPORT_FORMATS
-    from layercheck.store import LocalStore
+    from layercheck.tools import cli, export
+    from layercheck.contract.errors import LayerCheckError
+    from layercheck.storage.format import EXPORT_FORMATS
+    from layercheck.storage.localstore import LocalStore
     commands = cli.build_parser()._subparsers._group_actions[0].choices
     offered = next(a.choices for a in commands["export"]._actions if a.dest == "format")
     assert tuple(offered) == EXPORT_FORMATS
@@ -365,7 +365,7 @@ def _retiring(root: Path, versions: list):
     rank's files (for ``BeforeFirstRead``: after the reader's snapshot of the manifest,
     before it reads what it planned)."""
     def retire() -> None:
-        from layercheck.format import MANIFEST, encode_record
+        from layercheck.storage.format import MANIFEST, encode_record
         store = LocalStore(root, create=False)
         store.append(MANIFEST, b"".join(encode_record({"kind": "drop", "file": v.key})
                                         for v in versions))
@@ -382,8 +382,8 @@ def test_export_racing_retention_refuses_a_step_it_retired_instead_of_a_false_fa
     never reported as damage (a read of the snapshot alone finds T's files missing:
     CorruptVersion) nor exported with a fallback to an older version. No torchrun job
     of its own: the module's ZeRO-3 directory."""
-    from layercheck.errors import CheckpointNotFound
-    from layercheck.export import export_deepspeed
+    from layercheck.contract.errors import CheckpointNotFound
+    from layercheck.tools.export import export_deepspeed
     from layercheck.recovery import make_plan
     ckpt = tmp_path / "ckpt"
     shutil.copytree(runs[3]["ckpt"], ckpt)

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from layercheck import LayerCheckConfig
-from layercheck.inspection import format_size, inspect_directory
-from layercheck.store import LocalStore
+from layercheck.tools.inspection import format_size, inspect_directory
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import checkpointed_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from layercheck.fingerprint import CHUNK, fingerprint, fingerprints
+from layercheck.storage.fingerprint import CHUNK, fingerprint, fingerprints
 
 
 def reference_sum(data: bytes) -> int:

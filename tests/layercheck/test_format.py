@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from layercheck.errors import CorruptVersion
-from layercheck.format import (STATE_FORMAT, Shard, Version, header_record, module_tensors,
-                               optimizer_fields, read_state_document, sub_group, tensor_key)
+from layercheck.contract.errors import CorruptVersion
+from layercheck.storage.format import (STATE_FORMAT, Shard, Version, header_record,
+                                       module_tensors, optimizer_fields, read_state_document,
+                                       sub_group, tensor_key)
 
 
 def test_keys_name_what_a_layer_file_holds_and_parse_back():
@@ -58,15 +59,15 @@ def test_a_sharded_version_is_one_version_per_rank():
 
 def test_the_format_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; "
-            "import layercheck.format, layercheck.manifest, layercheck.layerread, layercheck.inspection, "
-            "layercheck.errors")
+            "import layercheck.storage.format, layercheck.storage.manifest, layercheck.storage.layerread, layercheck.tools.inspection, "
+            "layercheck.contract.errors")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_new_records_use_crc32c_and_records_of_either_algorithm_verify():
     import zlib
 
-    from layercheck.format import CHECKSUM, Checksummer, checksum, checksum_matches
+    from layercheck.storage.format import CHECKSUM, Checksummer, checksum, checksum_matches
     assert CHECKSUM == "crc32c"  # google-crc32c's compiled extension is installed
     # the standard check value of CRC-32C (RFC 3720, appendix B.4)
     assert checksum(b"123456789") == "crc32c:e3069283"
@@ -82,7 +83,7 @@ def test_new_records_use_crc32c_and_records_of_either_algorithm_verify():
 
 
 def test_a_record_naming_an_unknown_checksum_says_to_upgrade():
-    from layercheck.format import checksum_matches
+    from layercheck.storage.format import checksum_matches
     with pytest.raises(CorruptVersion, match="newer layercheck.*upgrade"):
         checksum_matches(b"abc", "blake9:00000000")
 
@@ -94,7 +95,7 @@ def test_the_crc32c_that_lets_other_threads_run_is_google_crc32c_s_own():
     import google_crc32c
     import numpy as np
 
-    from layercheck import checksums as fmt  # the checksums moved out of format (issue 27)
+    from layercheck.storage import checksums as fmt  # the checksums moved out of format (issue 27)
     assert fmt._CRC32C_EXTEND is not None  # the wheel's library is found here
     data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8)
     expected = f"crc32c:{google_crc32c.value(data.tobytes()):08x}"
@@ -113,7 +114,7 @@ LAYERS = [{"name": "a", "kind": "block", "params": 4, "weight_bytes": 16}]
 
 
 def test_every_record_layercheck_writes_passes_its_schema():
-    from layercheck.format import MAX_COUNT, check_record, drop_record, resume_record
+    from layercheck.storage.format import MAX_COUNT, check_record, drop_record, resume_record
     shards = (Shard("layers/a@1.rank0", 10, "crc32c:0000000a"), Shard("layers/a@1.rank1", 11,
                                                                       "crc32:0000000b"))
     records = [header_record(layers=LAYERS, config={"write_budget": 5e5, "smax": 10}, lr_peak=0.0),
@@ -159,21 +160,21 @@ def test_every_record_layercheck_writes_passes_its_schema():
     ({"kind": "resume", "step": 1, "x": json.loads("[" * 64 + "]" * 64)}, "deeper than 64"),
 ])
 def test_a_record_outside_its_schema_is_refused_naming_the_field(record, wrong):
-    from layercheck.format import check_record
+    from layercheck.storage.format import check_record
     with pytest.raises(ValueError) as err:
         check_record(record)
     assert wrong in str(err.value), str(err.value)
 
 
 def test_a_value_is_shown_cut_short_in_the_message():
-    from layercheck.format import check_record
+    from layercheck.storage.format import check_record
     with pytest.raises(ValueError) as err:
         check_record({"kind": "resume", "step": "x" * 10**6})
     assert len(str(err.value)) < 200
 
 
 def test_a_model_config_is_a_json_object_nesting_at_most_64_deep():
-    from layercheck.format import parse_model_config
+    from layercheck.storage.format import parse_model_config
     assert parse_model_config(b'{"model_type": "qwen2", "rope_scaling": {"factor": 2}}') == {
         "model_type": "qwen2", "rope_scaling": {"factor": 2}}
     assert parse_model_config(b'{"a":' * 63 + b"1" + b"}" * 63)  # 63 objects: at the limit
@@ -187,7 +188,7 @@ def test_a_model_config_is_a_json_object_nesting_at_most_64_deep():
 def test_a_layer_named_by_an_empty_prefix_is_a_layer_the_schema_accepts():
     """An explicit layer map may name a layer '' (its files are '_@<step>'): such a
     checkpoint was readable before the schema and stays so."""
-    from layercheck.format import check_record
+    from layercheck.storage.format import check_record
     check_record(header_record(layers=[{"name": "", "kind": "head", "params": 8}], config={},
                                lr_peak=1e-3))
     check_record(Version(1, "layers/_@000000001.safetensors", 1, "crc32:0", "", "base").to_record())

@@ -1,7 +1,7 @@
 """Only what trains: layer versions of a model with frozen parameters (issue 29).
 
 A plain tiny Qwen2 with parameters frozen by ``requires_grad_(False)``; the
-PEFT LoRA runs are in test_adapters.py. Threshold 0 and warm-up 1: every layer
+PEFT LoRA runs are in test_lora.py. Threshold 0 and warm-up 1: every layer
 written at every step from step 1 (the base checkpoint) on.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from safetensors import safe_open
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.cleanup import collect_garbage
-from layercheck.manifest import read_manifest
+from layercheck.tools.cleanup import collect_garbage
+from layercheck.storage.manifest import read_manifest
 from layercheck.recovery import make_plan
-from layercheck.store import LocalStore
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import tiny_lm, train_step
 
 EVERY_STEP = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1)
@@ -158,7 +158,7 @@ def test_a_partial_version_whose_full_version_is_gone_is_passed_over(tmp_path):
     """Its frozen parameters are nowhere: the plan falls back (here to the full version
     itself being gone too, so nothing): it never restores a layer half-way."""
     import pytest
-    from layercheck.errors import CheckpointNotFound
+    from layercheck.contract.errors import CheckpointNotFound
     root = tmp_path / "c"
     run(root, 3)
     store = LocalStore(root)

@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from layercheck.cli import main as cli
-from layercheck.dcpcheckpoint import FsdpFacts, fqn
-from layercheck.errors import CorruptVersion, LayerCheckError
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.tools.cli import main as cli
+from layercheck.tools.dcpcheckpoint import FsdpFacts, fqn
+from layercheck.contract.errors import CorruptVersion, LayerCheckError
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.layercheck.torchrun import Torchrun, assert_ranks_fall_back_together, digest
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -147,7 +147,7 @@ def test_dcp_export_reshards_into_one_process(killed, tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from layercheck.dcpcheckpoint import assemble
+    from layercheck.tools.dcpcheckpoint import assemble
     from layercheck.recovery import make_plan
     from tests.layercheck.fsdp_worker import build
     export = tmp_path / "dcp"
@@ -370,7 +370,7 @@ def test_a_dcp_export_of_a_composite_of_two_layouts_loads_whole(elastic, tmp_pat
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from layercheck.dcpcheckpoint import assemble
+    from layercheck.tools.dcpcheckpoint import assemble
     from layercheck.recovery import make_plan
     from tests.layercheck.fsdp_worker import build
     export = tmp_path / "dcp"

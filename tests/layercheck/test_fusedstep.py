@@ -1,4 +1,4 @@
-"""Adam/AdamW's step fused with the drift sums (layercheck.fusedstep, layercheck.stepkernel):
+"""Adam/AdamW's step fused with the drift sums (layercheck.drift.fusedstep, layercheck.drift.stepkernel):
 the optimizer's numbers against torch's own steps, the sums against weight copies, and
 what stays torch's (state, hooks, schedulers, the calls it does not fuse)."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("numba")  # the fused step needs it; without it attach() warns (tested below)
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck import fusedstep as fusedstep_module  # noqa: E402
-from layercheck import stepkernel  # noqa: E402
-from layercheck.drift import DriftTracker  # noqa: E402
-from layercheck.fusedstep import FusedStep  # noqa: E402
-from layercheck.layermap import LayerMap  # noqa: E402
+from layercheck.drift import fusedstep as fusedstep_module  # noqa: E402
+from layercheck.drift import stepkernel  # noqa: E402
+from layercheck.drift.tracker import DriftTracker  # noqa: E402
+from layercheck.drift.fusedstep import FusedStep  # noqa: E402
+from layercheck.backends.layermap import LayerMap  # noqa: E402
 from tests.conftest import tiny_lm  # noqa: E402
 
 SIZES = [70_001, 30_522, 385, 7, 16, 4096]  # tails of 1-15 elements beyond a 16-wide vector
@@ -237,8 +237,8 @@ def test_attach_refuses_what_it_can_never_fuse_with_a_warning_that_says_why(what
     if what == "replaced-step":
         opt.step = lambda *a, **k: None
     if what == "no-numba":
-        import layercheck
-        monkeypatch.setitem(sys.modules, "layercheck.stepkernel", None)  # import fails
+        import layercheck.drift as layercheck
+        monkeypatch.setitem(sys.modules, "layercheck.drift.stepkernel", None)  # import fails
         monkeypatch.delattr(layercheck, "stepkernel")
     with pytest.warns(UserWarning, match="fused_step does not apply: .*(SGD|replaced|numba)"):
         assert FusedStep.attach(opt) is None
@@ -274,7 +274,7 @@ def test_layercheck_with_fused_step_records_the_drift_of_the_stored_weights(tmp_
 
 
 def test_the_kernel_does_not_depend_on_the_number_of_threads(monkeypatch):
-    from layercheck import kernels
+    from layercheck.drift import kernels
     monkeypatch.setattr(kernels, "PER_THREAD", 4096)  # cut even this small step into pieces
     results = []
     for threads in (1, 2, 3):
@@ -298,7 +298,7 @@ def test_the_kernel_does_not_depend_on_the_number_of_threads(monkeypatch):
 
 
 def test_the_config_takes_only_a_boolean_and_round_trips():
-    from layercheck.config import ConfigError
+    from layercheck.contract.config import ConfigError
     with pytest.raises(ConfigError, match="fused_step='yes': use True or False"):
         LayerCheckConfig(fused_step="yes")
     config = LayerCheckConfig(fused_step=True)

@@ -1,4 +1,4 @@
-"""The drift tracker's fused path (layercheck.fusedsums): which tensors the kernel may read,
+"""The drift tracker's fused path (layercheck.drift.fusedsums): which tensors the kernel may read,
 the kernel loaded on first use, the layout built once per set of entries."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from layercheck import fusedsums
-from layercheck.drift import DriftTracker
-from layercheck.fusedsums import fusable
+from layercheck.drift import fusedsums
+from layercheck.drift.tracker import DriftTracker
+from layercheck.drift.fusedsums import fusable
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
@@ -24,7 +24,7 @@ def test_the_kernel_reads_only_contiguous_cpu_fp32_tensors():
 
 
 def test_kernels_load_on_first_use_and_a_failed_import_means_the_torch_path(monkeypatch):
-    import layercheck.kernels
+    import layercheck.drift.kernels
     lin = torch.nn.Linear(8, 8)
     opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
     tracker = DriftTracker(opt, [list(lin.parameters())])
@@ -32,11 +32,11 @@ def test_kernels_load_on_first_use_and_a_failed_import_means_the_torch_path(monk
     lin(torch.randn(2, 8)).sum().backward()
     opt.step()
     tracker.take()
-    assert fusedsums._kernels is layercheck.kernels and tracker.fused_params == (2 if HAVE_NUMBA else 0)
+    assert fusedsums._kernels is layercheck.drift.kernels and tracker.fused_params == (2 if HAVE_NUMBA else 0)
     # numba missing: the import fails once, is remembered, and the torch path measures
     monkeypatch.setattr(fusedsums, "_kernels", None)
     monkeypatch.setitem(sys.modules, "numba", None)
-    monkeypatch.delitem(sys.modules, "layercheck.kernels")
+    monkeypatch.delitem(sys.modules, "layercheck.drift.kernels")
     before = {n: p.detach().clone() for n, p in lin.named_parameters()}
     lin(torch.randn(2, 8)).sum().backward()
     opt.step()
@@ -53,7 +53,7 @@ def test_the_fused_layout_is_built_once_per_set_of_entries(monkeypatch):
     its own once, and the first set's comes back unchanged). A parameter is read by
     the kernel only if its weights and both moments are: a restore may leave one
     moment non-contiguous beside a contiguous other, and the torch path takes it."""
-    from layercheck import kernels
+    from layercheck.drift import kernels
     built = []
 
     class Counted(kernels.FusedPass):

@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from layercheck.groups import layer_aligned_param_groups  # noqa: E402
-from layercheck.layermap import LayerMap  # noqa: E402
+from layercheck.backends.layermap import LayerMap  # noqa: E402
 
 from tests.conftest import tiny_lm  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The snapshot's host copies (layercheck.hostcopy): at once on the CPU; on a GPU, pinned
+"""The snapshot's host copies (layercheck.backends.hostcopy): at once on the CPU; on a GPU, pinned
 memory filled on a side stream that the writer waits for (StepJob.ready) and the next
 step's work waits for on the GPU. The CUDA tests skip only where there is no GPU
 (tests/allowed_skips.txt); what runs everywhere is the CPU path and the writer's
@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from layercheck import LayerCheck, LayerCheckConfig, hostcopy
-from layercheck.store import LocalStore
-from layercheck.writer import LayerSnapshot, StepJob, Writer
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.backends import hostcopy
+from layercheck.storage.localstore import LocalStore
+from layercheck.storage.writer import LayerSnapshot, StepJob, Writer
 from tests.conftest import tiny_lm
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -107,8 +108,8 @@ def test_a_cuda_layercheck_restores_what_it_saved(tmp_path):
 
 @needs_cuda
 def test_drift_on_the_gpu_is_the_copy_reference_and_counts_the_gpus_time():
-    from layercheck.drift import DriftTracker
-    from layercheck.layermap import LayerMap
+    from layercheck.drift.tracker import DriftTracker
+    from layercheck.backends.layermap import LayerMap
     torch.manual_seed(0)
     model = tiny_lm(tied=False).cuda()
     layer_map = LayerMap.auto(model)

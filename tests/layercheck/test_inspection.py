@@ -1,9 +1,9 @@
 """inspect: what a checkpoint directory holds, and how its cost grows with the manifest."""
 from __future__ import annotations
 
-from layercheck.format import MANIFEST, encode_record, header_record
-from layercheck.inspection import inspect_directory
-from layercheck.store import LocalStore
+from layercheck.storage.format import MANIFEST, encode_record, header_record
+from layercheck.tools.inspection import inspect_directory
+from layercheck.storage.localstore import LocalStore
 
 
 def _damaged(path, lines: int) -> LocalStore:

@@ -1,5 +1,5 @@
-"""The streaming drift pass (layercheck.kernels): pieces, on torch's OpenMP team or helper
-threads (layercheck.passthreads), fork safety.
+"""The streaming drift pass (layercheck.drift.kernels): pieces, on torch's OpenMP team or helper
+threads (layercheck.drift.parallel), fork safety.
 
 Its sums against the torch path and against weight copies are tested in
 test_drift.py; here, what the threads must not change or break."""
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba")  # the kernel is optional: test_drift covers the torch path without it
-from layercheck import kernels, passthreads  # noqa: E402
+from layercheck.drift import kernels, parallel as passthreads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,7 @@ def _fork_script(prelude: str, parent_checks: str, epilogue: str = "") -> str:
     return textwrap.dedent("""
         import os, signal, threading
         import numpy as np
-        from layercheck import kernels, passthreads
+        from layercheck.drift import kernels, parallel as passthreads
     """) + textwrap.dedent(prelude) + textwrap.dedent("""
         n = 3 << 20
         rng = np.random.default_rng(0)

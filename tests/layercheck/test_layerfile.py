@@ -12,8 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from layercheck.layerfile import layout
-from layercheck.layerread import check_structure
+from layercheck.storage.layerfile import layout
+from layercheck.storage.layerread import check_structure
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -99,8 +99,8 @@ def test_every_dtype_the_writer_stores_restore_reads_back():
     """The writer's dtype table and restore's agree: a file holding every dtype
     ``layout`` accepts (complex64 and the float8s included) passes the structure
     check and comes back as equal tensors through restore's views."""
-    from layercheck.layerfile import DTYPES as STORED
-    from layercheck.layerread import DTYPE_SIZES, VerifiedFile, parse_header
+    from layercheck.storage.layerfile import DTYPES as STORED
+    from layercheck.storage.layerread import DTYPE_SIZES, VerifiedFile, parse_header
     from layercheck.recovery import tensor_views
     assert {name: DTYPE_SIZES[name] for name in STORED.values()} == \
         {name: dtype.itemsize for dtype, name in STORED.items()}

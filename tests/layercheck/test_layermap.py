@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from layercheck.errors import ModelMismatch
-from layercheck.layermap import LayerMap
+from layercheck.contract.errors import ModelMismatch
+from layercheck.backends.layermap import LayerMap
 from tests.conftest import tiny_lm
 
 
@@ -102,7 +102,7 @@ def test_a_non_ascii_module_name_is_checkpointed_from_the_base_checkpoint_on(tmp
     store refused its file name: under 'raise' the error said to fix the storage, under
     'warn' nothing was ever committed. Its file name is ASCII."""
     from layercheck import LayerCheck, LayerCheckConfig
-    from layercheck.format import layer_path
+    from layercheck.storage.format import layer_path
 
     class Net(nn.Module):
         def __init__(self) -> None:

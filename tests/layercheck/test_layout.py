@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from layercheck.format import MANIFEST, Layout, Shard, Version, check_record, encode_record, layout_record
-from layercheck.manifest import compact, encode_manifest, read_manifest
-from layercheck.store import LocalStore
+from layercheck.storage.format import (MANIFEST, Layout, Shard, Version, check_record,
+                                       encode_record, layout_record)
+from layercheck.storage.manifest import compact, encode_manifest, read_manifest
+from layercheck.storage.localstore import LocalStore
 
 LAYERS = [{"name": "a", "kind": "block", "params": 1}]
 FSDP = {"fsdp": {"world_size": 2, "params": {"w": {"shape": [4, 2], "dim": 0, "dtype": "float32"}}}}
@@ -123,12 +124,12 @@ def test_a_job_writes_in_the_layout_of_its_world_size_and_backend():
 
 def test_layouts_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None; "
-            "import layercheck.layout, layercheck.version, layercheck.manifest")
+            "import layercheck.storage.layout, layercheck.storage.version, layercheck.storage.manifest")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_retention_counts_versions_of_every_layout_alike(tmp_path):
-    from layercheck.retention import Retention
+    from layercheck.storage.retention import Retention
     store = LocalStore(tmp_path)
     _write(store, HEADER, _layer(1, 2), _state(1, 2), {"kind": "resume", "step": 1},
            layout_record(ONE), _layer(2, 1, 1), _state(2, 1, 1))

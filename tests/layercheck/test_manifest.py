@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from layercheck.errors import LayerCheckError
-from layercheck.format import MANIFEST, Version, encode_record
-from layercheck.manifest import compact, read_manifest
-from layercheck.store import LocalStore, check_relative, open_store
+from layercheck.contract.errors import LayerCheckError
+from layercheck.storage.format import MANIFEST, Version, encode_record
+from layercheck.storage.manifest import compact, read_manifest
+from layercheck.storage.localstore import LocalStore
+from layercheck.storage.store import check_relative
+from layercheck.storage.location import open_store
 
 
 def _layer(step, name="a"):
@@ -129,7 +131,7 @@ def test_under_retention_the_manifest_is_compacted_while_training(tmp_path, monk
     version's record and its drop record forever (issue 13: 18 MiB after 15,000 steps),
     and every restore replayed it all. Now it stays near its compaction size, and
     replays to exactly what the same run's uncompacted manifest does."""
-    from layercheck import writer
+    from layercheck.storage import writer
     monkeypatch.setattr(writer, "COMPACT_BYTES", 1 << 40)
     grown = _train_every_step(tmp_path / "grown", 40)
     monkeypatch.setattr(writer, "COMPACT_BYTES", 8 << 10)
@@ -146,7 +148,7 @@ def test_under_retention_the_manifest_is_compacted_while_training(tmp_path, monk
 def _committed(store, *, layer="a", step=3, rank=None, metadata=None, name="layers/f.safetensors"):
     import numpy as np
     import safetensors.numpy
-    from layercheck.format import checksum, layer_metadata
+    from layercheck.storage.format import checksum, layer_metadata
     data = safetensors.numpy.save({"w": np.arange(4, dtype=np.float32), "b": np.ones(2, np.int64)},
                                   metadata=metadata if metadata is not None else layer_metadata(layer, step, rank))
     store.write_atomic(name, data)
@@ -156,8 +158,8 @@ def _committed(store, *, layer="a", step=3, rank=None, metadata=None, name="laye
 
 def test_a_committed_file_is_read_once_and_verified(tmp_path):
     import dataclasses
-    from layercheck.errors import CorruptVersion, ReadFailed
-    from layercheck.layerread import check_structure, read_verified, read_verified_file
+    from layercheck.contract.errors import CorruptVersion, ReadFailed
+    from layercheck.storage.layerread import check_structure, read_verified, read_verified_file
     store = LocalStore(tmp_path)
     data, version = _committed(store)
     verified = read_verified_file(store, version)
@@ -224,8 +226,8 @@ def _file(header, data=b""):
      "tensor data offsets do not tile the data section"),
 ])
 def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
-    from layercheck.errors import CorruptVersion
-    from layercheck.layerread import check_structure, parse_header
+    from layercheck.contract.errors import CorruptVersion
+    from layercheck.storage.layerread import check_structure, parse_header
     with pytest.raises(CorruptVersion) as err:
         parse_header(raw, "layers/x")
     assert str(err.value).startswith("layers/x: not a valid safetensors file (") and says in str(err.value)
@@ -237,7 +239,7 @@ def test_a_malformed_safetensors_file_is_corrupt_saying_how(raw, says):
 
 
 def test_well_formed_files_parse_with_and_without_tensors():
-    from layercheck.layerread import check_structure, parse_header
+    from layercheck.storage.layerread import check_structure, parse_header
     empty = _file({})
     assert parse_header(empty, "x") == ({}, len(empty)) and check_structure(empty, "x") == {}
     raw = _file({"__metadata__": {"k": "v"}, "a": {"dtype": "BF16", "shape": [2, 0], "data_offsets": [0, 0]},
@@ -251,7 +253,7 @@ def test_well_formed_files_parse_with_and_without_tensors():
 
 def test_a_consistent_read_believes_only_what_is_still_so():
     import uuid
-    from layercheck.manifest import read_consistent
+    from layercheck.storage.manifest import read_consistent
     store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
     _write(store, HEADER, _layer(1), _state(1), _layer(2), _state(2))
     calls = []
@@ -278,8 +280,8 @@ def test_a_consistent_read_believes_only_what_is_still_so():
 
 def test_a_consistent_read_believes_an_error_only_if_nothing_moved_and_gives_up_in_time():
     import uuid
-    from layercheck.errors import CheckpointNotFound, CorruptVersion
-    from layercheck.manifest import read_consistent
+    from layercheck.contract.errors import CheckpointNotFound, CorruptVersion
+    from layercheck.storage.manifest import read_consistent
     store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
     _write(store, HEADER, _layer(1), _state(1))
     tries = []
@@ -311,7 +313,7 @@ def test_a_consistent_read_believes_an_error_only_if_nothing_moved_and_gives_up_
 
 
 def test_a_torn_tail_is_sealed_once_and_nothing_else_is_touched(tmp_path):
-    from layercheck.manifest import seal_torn_tail
+    from layercheck.storage.manifest import seal_torn_tail
     store = LocalStore(tmp_path)
     assert seal_torn_tail(store) is False and not store.exists(MANIFEST)  # no manifest
     store.append(MANIFEST, b"")
@@ -371,7 +373,7 @@ def test_drop_and_resume_retire_exactly_what_they_name(tmp_path):
 
 def test_compaction_orders_each_steps_layers_then_its_state_and_needs_a_header(tmp_path):
     import json
-    from layercheck.manifest import encode_manifest
+    from layercheck.storage.manifest import encode_manifest
     store = LocalStore(tmp_path)
     _write(store, HEADER, _state(2), _layer(2, "b"), _layer(2, "a"), _state(1), _layer(1, "c"))
     store.append(MANIFEST, b"damaged one\ndamaged two\n")
@@ -391,9 +393,9 @@ def test_compaction_orders_each_steps_layers_then_its_state_and_needs_a_header(t
 
 
 def test_a_committed_file_that_is_no_safetensors_file_names_itself(tmp_path):
-    from layercheck.errors import CorruptVersion
-    from layercheck.format import checksum
-    from layercheck.layerread import read_verified_file
+    from layercheck.contract.errors import CorruptVersion
+    from layercheck.storage.format import checksum
+    from layercheck.storage.layerread import read_verified_file
     store = LocalStore(tmp_path)
     store.write_atomic("layers/g.safetensors", b"garbage, checksummed all the same")
     version = Version(step=1, file="layers/g.safetensors", bytes=33,
@@ -404,7 +406,7 @@ def test_a_committed_file_that_is_no_safetensors_file_names_itself(tmp_path):
 
 def test_a_consistent_read_tries_eight_times_by_default_and_says_when_nothing_was_found():
     import uuid
-    from layercheck.manifest import read_consistent
+    from layercheck.storage.manifest import read_consistent
     store = open_store(f"memory://consistent-{uuid.uuid4().hex}")
     _write(store, HEADER, _layer(1), _state(1))
     tries = []
@@ -434,8 +436,8 @@ def test_a_file_read_apart_is_verified_as_a_whole_read_and_holds_only_the_chosen
     import uuid
     import numpy as np
     import torch
-    from layercheck.errors import CorruptVersion
-    from layercheck.layerread import read_verified_file
+    from layercheck.contract.errors import CorruptVersion
+    from layercheck.storage.layerread import read_verified_file
     from layercheck.recovery import tensor_views
     for store in (LocalStore(tmp_path), open_store(f"memory://apart-{uuid.uuid4().hex}")):
         data, version = _committed(store)
@@ -475,9 +477,9 @@ def test_a_damaged_header_read_apart_is_reported_as_a_whole_read_reports_it(tmp_
     """The header is parsed before the checksum is known, only to place the tensors:
     a flipped header byte is still a checksum mismatch, and a header that is no
     safetensors header (checksummed all the same) is still named as such."""
-    from layercheck.errors import CorruptVersion
-    from layercheck.format import checksum
-    from layercheck.layerread import read_verified_file
+    from layercheck.contract.errors import CorruptVersion
+    from layercheck.storage.format import checksum
+    from layercheck.storage.layerread import read_verified_file
     store = LocalStore(tmp_path)
     data, version = _committed(store)
     n = int.from_bytes(data[:8], "little")
@@ -504,7 +506,7 @@ def _handmade(store, tensors, *, header_order, name="layers/h.safetensors", leng
     """A committed safetensors file written by hand: ``tensors`` ((key, dtype, shape,
     bytes), in file order), its header listing them in ``header_order``; ``length``:
     the header length the file claims (default: the true one)."""
-    from layercheck.format import checksum, layer_metadata
+    from layercheck.storage.format import checksum, layer_metadata
     spans, at = {}, 0
     for key, dtype, shape, raw in tensors:
         spans[key] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
@@ -525,7 +527,7 @@ def test_tensors_read_apart_in_runs_are_placed_where_the_file_has_them(tmp_path)
     holding its tensors back to back in file order."""
     import uuid
     import numpy as np
-    from layercheck.layerread import read_verified_file
+    from layercheck.storage.layerread import read_verified_file
     rng = np.random.default_rng(15)
     layout = [("z", "F32", [3], False), ("q", "I64", [2], False),  # data, data
               ("m", "F32", [2], True), ("k", "F16", [3], True),  # apart, apart
@@ -558,7 +560,7 @@ def test_tensors_read_apart_in_runs_are_placed_where_the_file_has_them(tmp_path)
 def test_a_file_without_tensor_bytes_read_apart_still_keeps_the_chosen_apart(tmp_path):
     """A data section of no bytes (every tensor empty: the header ends the file):
     the chosen tensors are apart all the same, in an empty buffer of their own."""
-    from layercheck.layerread import read_verified_file
+    from layercheck.storage.layerread import read_verified_file
     store = LocalStore(tmp_path)
     data, version = _handmade(store, [("e", "F32", [0], b""), ("f", "U8", [0, 4], b"")],
                               header_order=["f", "e"])
@@ -572,8 +574,8 @@ def test_a_header_longer_than_its_file_read_apart_is_named_as_a_whole_read_names
     """A header length a few bytes past the end of the file (checksummed as it is):
     the same 'not a valid safetensors file' as a whole read gives, whichever store."""
     import uuid
-    from layercheck.errors import CorruptVersion
-    from layercheck.layerread import read_verified_file
+    from layercheck.contract.errors import CorruptVersion
+    from layercheck.storage.layerread import read_verified_file
     tensors = [("w", "F32", [2], bytes(range(8)))]
     for store in (LocalStore(tmp_path), open_store(f"memory://long-{uuid.uuid4().hex}")):
         size = len(_handmade(store, tensors, header_order=["w"])[0])
@@ -588,7 +590,7 @@ def test_a_header_longer_than_its_file_read_apart_is_named_as_a_whole_read_names
 
 
 def test_read_again_replays_only_a_manifest_that_changed(tmp_path):
-    from layercheck.manifest import read_again
+    from layercheck.storage.manifest import read_again
     store = LocalStore(tmp_path)
     _write(store, HEADER, _layer(1), _state(1), tail=b"garbage\n")
     view = read_manifest(store)

@@ -1,4 +1,4 @@
-"""The flat-range arithmetic of ZeRO partitions (``layercheck.partitioning``), torch-free.
+"""The flat-range arithmetic of ZeRO partitions (``layercheck.backends.partitioning``), torch-free.
 
 Layouts are built here by DeepSpeed's rules (ZeRO-3: p = ceil(numel / W) per
 parameter; ZeRO-1/2: the group's concatenation padded to 2*W, P = padded / W), as
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from layercheck.errors import LayerCheckError, ModelMismatch
-from layercheck.format import sub_group
-from layercheck.partitioning import PLAIN, ZERO3, ZERO12, FlatGroup, Partitioning
+from layercheck.contract.errors import LayerCheckError, ModelMismatch
+from layercheck.storage.format import sub_group
+from layercheck.backends.partitioning import PLAIN, ZERO3, ZERO12, FlatGroup, Partitioning
 
 
 def layout(kind: str, world: int, groups: list[list[tuple[str, int]]]) -> Partitioning:

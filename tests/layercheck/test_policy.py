@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layercheck.config import ConfigError, LayerCheckConfig
-from layercheck.policy import Policy, PolicyState, Reason, replay
+from layercheck.contract.config import ConfigError, LayerCheckConfig
+from layercheck.contract.policy import Policy, PolicyState, Reason, replay
 
 
 def _policy(n, *, base=1e-3, emb=1e-2, smax=50, warmup=5, interval=1, scaling=True):
@@ -286,7 +286,7 @@ def test_decisions_hold_integer_layers_and_reasons_at_every_kind_of_step():
 
 
 def test_every_decision_reports_the_budget_scale_of_its_step():
-    from layercheck import budget
+    from layercheck.contract import budget
     policy = _bare(2, warmup_steps=3, interval=2, write_budget=1.0, sizes=[10, 10])
     for level in (0, 3):  # e.g. a state resumed at a raised level
         state = PolicyState(policy=policy, level=level)

@@ -1,5 +1,5 @@
 """Pretrained files read by reference: regular files only, read within bounds, never
-blocking (the end-to-end runs: test_adapters.py, test_reliability_hostile.py). Torch-free."""
+blocking (the end-to-end runs: test_lora.py, test_reliability_hostile.py). Torch-free."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.checksums import checksum
-from layercheck.errors import CorruptVersion, LayerCheckError
-from layercheck.pretrained import PretrainedFiles, Ref, read_ref
+from layercheck.storage.checksums import checksum
+from layercheck.contract.errors import CorruptVersion, LayerCheckError
+from layercheck.storage.pretrained import PretrainedFiles, Ref, read_ref
 
 DATA = bytes(range(16))
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from layercheck.commit import Commit
-from layercheck.errors import LayerCheckError
-from layercheck.ranks import DefaultGroupRanks, ProcessGroupRanks, Ranks
+from layercheck.storage.commit import Commit
+from layercheck.contract.errors import LayerCheckError
+from layercheck.backends.ranks import DefaultGroupRanks, ProcessGroupRanks, Ranks
 from tests.conftest import in_a_fresh_python
 
 

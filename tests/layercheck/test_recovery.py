@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.errors import CheckpointNotFound
-from layercheck.manifest import read_manifest
-from layercheck.ranks import Ranks
+from layercheck.contract.errors import CheckpointNotFound
+from layercheck.storage.manifest import read_manifest
+from layercheck.backends.ranks import Ranks
 from layercheck.recovery import Planner, make_plan
-from layercheck.store import LocalStore
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 from tests.stores import CountedReads, NotedScatteredReads, SlowReads, ThreadNotedReads
 
@@ -111,7 +111,7 @@ def test_live_ranks_agree_on_the_older_version_and_this_rank_loads_it_again(ckpt
 # -- a file is checked for what it says it is, and nothing is touched before all is (item 7) --
 def _rewrite(ckpt, old, new_record):
     """Replace the manifest record of ``old`` (a committed Version) by ``new_record``."""
-    from layercheck.format import decode_line, encode_record
+    from layercheck.storage.format import decode_line, encode_record
     lines = (ckpt / "manifest.jsonl").read_bytes().splitlines(keepends=True)
     out = []
     for line in lines:
@@ -171,8 +171,8 @@ def test_a_restore_that_fails_leaves_the_model_and_optimizer_untouched(ckpt):
     another model: restore refuses, and had copied the earlier layers into the live
     model by then. Now every version is planned and checked against the model first."""
     from safetensors.torch import save
-    from layercheck.errors import ModelMismatch
-    from layercheck.format import checksum, layer_metadata
+    from layercheck.contract.errors import ModelMismatch
+    from layercheck.storage.format import checksum, layer_metadata
     store = LocalStore(ckpt)
     view = read_manifest(store)
     norm = view.versions["model.norm"][-1]
@@ -314,7 +314,7 @@ def test_tensor_views_are_the_tensors_safetensors_reads():
     """Every dtype layercheck writes, 0-d and empty tensors: the views equal
     safetensors' own load, and share the verified buffer."""
     from safetensors.torch import load, save
-    from layercheck.layerread import VerifiedFile, parse_header
+    from layercheck.storage.layerread import VerifiedFile, parse_header
     from layercheck.recovery import parse_safetensors, tensor_views
     torch.manual_seed(0)
     tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16),
@@ -336,7 +336,7 @@ def test_tensor_views_are_the_tensors_safetensors_reads():
 
 
 def test_planner_and_config_refuse_bad_read_settings(ckpt):
-    from layercheck.config import ConfigError
+    from layercheck.contract.config import ConfigError
     store = LocalStore(ckpt)
     with pytest.raises(ValueError, match="keep_bytes"):
         Planner(store, read_manifest(store), keep_bytes=-1)
@@ -450,7 +450,7 @@ def test_a_checkpoint_with_nothing_to_restore_says_what_is_missing(tmp_path, ckp
     assert str(no_state.value) == (f"{store.url}: no recoverable step yet (training stopped "
                                    "before the base checkpoint)")
     # a layer the header names without a record left (each line of it lost), read serially or ahead
-    from layercheck.format import decode_line
+    from layercheck.storage.format import decode_line
     lines = (ckpt / "manifest.jsonl").read_bytes().splitlines(keepends=True)
     (ckpt / "manifest.jsonl").write_bytes(b"".join(
         line for line in lines if decode_line(line).get("layer") != "model.norm"))
@@ -505,7 +505,7 @@ def _shard_in_two(ckpt, version):
     0's and a copy of it as rank 1's (unsharded files say no rank), of a 2-rank layout
     recorded before it (issue 30: a version has its layout's shards). Returns the
     copy's path."""
-    from layercheck.format import Layout, Shard, encode_record, layer_path
+    from layercheck.storage.format import Layout, Shard, encode_record, layer_path
     manifest = ckpt / "manifest.jsonl"
     header, rest = manifest.read_bytes().split(b"\n", 1)
     layout = Layout(id=1, world_size=2, facts={"fsdp": {}}).to_record()
@@ -659,8 +659,8 @@ class _ThreadRanks(Ranks):
 
 def test_together_raises_on_every_rank_when_one_fails(tmp_path):
     """The failing rank raises its own error; the other one says that another rank failed."""
-    from layercheck.errors import LayerCheckError
-    from layercheck.manifest import ManifestView
+    from layercheck.contract.errors import LayerCheckError
+    from layercheck.storage.manifest import ManifestView
     store, board, barrier = LocalStore(tmp_path), {}, threading.Barrier(2, timeout=30)
     planners = [Planner(store, ManifestView(), ranks=_ThreadRanks(r, board, barrier)) for r in (0, 1)]
 
@@ -693,7 +693,7 @@ def test_together_raises_on_every_rank_when_one_fails(tmp_path):
 def test_together_raises_what_elsewhere_gives_on_the_ranks_that_did_not_fail():
     """``elsewhere``: the error of a rank whose own work succeeded (a restore's apply
     says there what that rank's objects hold); the failing rank keeps its own."""
-    from layercheck.errors import RestoreIncomplete
+    from layercheck.contract.errors import RestoreIncomplete
     from layercheck.recovery import together
     board, barrier, results = {}, threading.Barrier(2, timeout=30), [None, None]
 
@@ -742,7 +742,7 @@ def test_planner_refuses_read_settings_that_are_not_whole_numbers(ckpt):
 
 
 def test_parse_safetensors_names_what_it_parses_in_its_error():
-    from layercheck.errors import CorruptVersion
+    from layercheck.contract.errors import CorruptVersion
     from layercheck.recovery import parse_safetensors
     with pytest.raises(CorruptVersion, match="the blob under test"):
         parse_safetensors(b"\x05\x00\x00\x00\x00\x00\x00\x00{}", "the blob under test")

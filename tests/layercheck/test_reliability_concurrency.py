@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.errors import DirectoryLocked
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.contract.errors import DirectoryLocked
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.stores import BeforeFirstRead
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ HOLDER = r"""
 import sys, time, torch
 from torch import nn
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.errors import DirectoryLocked
+from layercheck.contract.errors import DirectoryLocked
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -247,9 +247,9 @@ def test_export_inspect_and_plan_while_the_trainer_retires_what_they_planned(tmp
     manifest read and its first file read. Before: 'all damaged', false damage, a
     FileNotFoundError, or a silent export of the base layers (never recoverable)."""
     from safetensors.torch import load_file
-    from layercheck.export import export_model
-    from layercheck.inspection import inspect_directory
-    from layercheck.manifest import read_consistent
+    from layercheck.tools.export import export_model
+    from layercheck.tools.inspection import inspect_directory
+    from layercheck.storage.manifest import read_consistent
     from layercheck.recovery import make_plan
     root = tmp_path / "c"
     trainer = LiveTrainer(root)
@@ -277,7 +277,7 @@ def test_offline_commands_beside_a_real_trainer_never_report_false_damage(tmp_pa
     fallback. (How often the race strikes depends on the machine; what is asserted
     does not.)"""
     from safetensors.torch import load_file
-    from layercheck.cli import main
+    from layercheck.tools.cli import main
     trainer = subprocess.Popen(
         [sys.executable, "-c", LIVE_TRAINER, str(tmp_path / "c")], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -327,7 +327,7 @@ with LayerCheck(model, opt, sys.argv[1], cfg, scheduler=sched) as lc:
 
 READER = r"""
 import sys
-from layercheck.store import LocalStore
+from layercheck.storage.localstore import LocalStore
 with LocalStore(sys.argv[1]).reading():
     print("READING", flush=True)
     sys.stdin.readline()

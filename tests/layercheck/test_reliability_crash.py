@@ -64,7 +64,8 @@ def test_the_harness_reports_a_store_that_lies(tmp_path):
 COMPACTING_CHILD = r"""
 import os, signal, sys
 import torch
-from layercheck import LayerCheck, LayerCheckConfig, writer
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.storage import writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
 root, when = sys.argv[1], sys.argv[2]
 writer.COMPACT_BYTES = 8 << 10
@@ -100,11 +101,12 @@ def test_sigkill_during_manifest_compaction_loses_nothing(tmp_path, when, monkey
     renamed but the folder not yet fsynced. Either manifest is whole: the step that
     was committed just before compaction restores, with no damage and nothing passed
     over, and training resumed there compacts again."""
-    from layercheck import LayerCheck, LayerCheckConfig, writer
-    from layercheck.format import MANIFEST
-    from layercheck.manifest import read_manifest
+    from layercheck import LayerCheck, LayerCheckConfig
+    from layercheck.storage import writer
+    from layercheck.storage.format import MANIFEST
+    from layercheck.storage.manifest import read_manifest
     from layercheck.recovery import make_plan
-    from layercheck.store import LocalStore
+    from layercheck.storage.localstore import LocalStore
     from tests.conftest import optimizer_for, tiny_lm, train_step
     root = tmp_path / "c"
     proc = subprocess.run([sys.executable, "-c", COMPACTING_CHILD, str(root), when],

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.cli import main
-from layercheck.errors import LayerCheckError
-from layercheck.format import MANIFEST, encode_record
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.tools.cli import main
+from layercheck.contract.errors import LayerCheckError
+from layercheck.storage.format import MANIFEST, encode_record
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ def test_a_layer_record_naming_a_file_not_its_own_is_skipped_and_said(ckpt, file
 @pytest.mark.parametrize("file", [f for f in OTHER_FILES if not f.startswith("states/")]
                          + ["states/000000003.safetensors", "states/000000004.rank00001.safetensors"])
 def test_a_state_record_or_a_shard_naming_a_file_not_its_own_is_skipped(ckpt, file):
-    from layercheck.format import Layout, layer_path
+    from layercheck.storage.format import Layout, layer_path
     _rewrite(ckpt, lambda records: [r.update(file=file) for r in records
                                     if r["kind"] == "state" and r["step"] == 4])
     view = read_manifest(LocalStore(ckpt))
@@ -167,8 +167,8 @@ def test_a_layer_the_header_does_not_list_and_a_second_record_of_a_version_are_r
     a listed layer's: 'enc 0' and 'enc_0' share one); a second record of a (layer,
     step) replaces the first, so no file is live twice (retention would retire one
     and delete the file the other needs)."""
-    from layercheck.format import layer_path
-    from layercheck.retention import Retention
+    from layercheck.storage.format import layer_path
+    from layercheck.storage.retention import Retention
     view = read_manifest(LocalStore(ckpt))
     norm = view.versions["model.norm"][-1]
     _append(ckpt, {**norm.to_record(), "layer": "ghost", "file": layer_path("ghost", 4)})
@@ -263,10 +263,10 @@ def test_a_symlinked_layers_folder_is_refused_and_its_target_untouched(tmp_path)
 def test_a_new_folder_is_made_durable_in_its_parent(tmp_path, monkeypatch):
     """A power cut must not lose the folder holding committed files: creating
     layers/ fsyncs the checkpoint directory that now lists it."""
-    import layercheck.store as store_module
+    import layercheck.storage.fds as store_module
     synced = []
-    real = store_module._fsync_dir
-    monkeypatch.setattr(store_module, "_fsync_dir", lambda path: (synced.append(path), real(path)))
+    real = store_module.fsync_dir
+    monkeypatch.setattr(store_module, "fsync_dir", lambda path: (synced.append(path), real(path)))
     store = LocalStore(tmp_path / "ckpt")
     store.write_atomic("layers/a@000000001.safetensors", b"data")
     root = (tmp_path / "ckpt").resolve()
@@ -467,8 +467,8 @@ def _within_deadline(call, fifo: Path, seconds: float = 60):
 def test_a_pretrained_file_replaced_by_a_fifo_is_refused_by_inspect_and_restore(
         by_reference, tmp_path, kind):
     import os
-    from layercheck.errors import CheckpointNotFound
-    from layercheck.inspection import inspect_directory
+    from layercheck.contract.errors import CheckpointNotFound
+    from layercheck.tools.inspection import inspect_directory
     from tests.layercheck.test_frozen import EVERY_STEP, frozen_model
     shutil.copytree(by_reference, tmp_path, dirs_exist_ok=True)
     pretrained = tmp_path / "pretrained" / "model.safetensors"
@@ -504,7 +504,7 @@ def _relocate_references(ckpt: Path, old: Path, new: Path) -> None:
 def test_a_pretrained_file_reached_through_a_link_is_read(by_reference, tmp_path):
     """Links are followed to a pretrained file (a Hugging Face cache links each file of a
     snapshot to its blob): what is read is the regular file they resolve to."""
-    from layercheck.inspection import inspect_directory
+    from layercheck.tools.inspection import inspect_directory
     shutil.copytree(by_reference, tmp_path, dirs_exist_ok=True)
     pretrained = tmp_path / "pretrained" / "model.safetensors"
     blob = tmp_path / "blob"
@@ -580,7 +580,7 @@ def test_a_state_at_a_step_past_int64_is_a_damaged_line_and_every_command_works(
     """Steps are int64 where they are used (the ranks agree on them in int64 tensors):
     a larger one is a damaged line; the largest int64 is read, and passed over, since
     the file it names (its own) is not there."""
-    from layercheck.format import state_path
+    from layercheck.storage.format import state_path
 
     def hostile(records):
         state = max((r for r in records if r["kind"] == "state"), key=lambda r: r["step"])

@@ -22,12 +22,13 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.errors import WriteFailed
-from layercheck.format import MANIFEST, encode_record
-from layercheck.manifest import read_manifest
+from layercheck.contract.errors import WriteFailed
+from layercheck.storage.format import MANIFEST, encode_record
+from layercheck.storage.manifest import read_manifest
 from layercheck.recovery import make_plan
-from layercheck import store as store_module
-from layercheck.store import FsspecStore, LocalStore
+from layercheck.storage import fds as store_module
+from layercheck.storage.fsspecstore import FsspecStore
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import optimizer_for, tiny_lm, train_step
 from tests.stores import Faults
 
@@ -264,9 +265,9 @@ def test_real_full_disk_warn_policy_recovers_when_space_returns(tiny_fs, caplog)
 # -- a read-only directory, and a directory deleted under a running writer (issue 13) -------
 READ_ONLY_CHILD = r"""
 import fcntl, json, os, sys
-import layercheck.cleanup, layercheck.export, layercheck.inspection, layercheck.recovery
+import layercheck.tools.cleanup, layercheck.tools.export, layercheck.tools.inspection, layercheck.recovery
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.cli import main
+from layercheck.tools.cli import main
 from tests.conftest import optimizer_for, tiny_lm
 root, out, report = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model = tiny_lm()
@@ -358,7 +359,7 @@ def test_a_streamed_write_cut_short_leaves_neither_file_nor_temp(tmp_path, err):
     """The disk fails on the second buffer, after the first reached the temp file:
     the temp file goes, nothing appears under the name, the error is the disk's."""
     store = LocalStore(tmp_path)
-    real_write_all, calls = store_module._write_all, []
+    real_write_all, calls = store_module.write_all, []
 
     def fail_on_second(fd, buffer):
         calls.append(len(buffer))
@@ -367,7 +368,7 @@ def test_a_streamed_write_cut_short_leaves_neither_file_nor_temp(tmp_path, err):
         real_write_all(fd, buffer)
 
     path = "layers/a@000000001.safetensors"
-    with mock.patch.object(store_module, "_write_all", fail_on_second), \
+    with mock.patch.object(store_module, "write_all", fail_on_second), \
             pytest.raises(OSError) as caught:
         store.write_atomic(path, iter([b"x" * 100, memoryview(b"y" * 100), b"z"]))
     assert caught.value.errno == err and len(calls) == 2

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.config import ConfigError
-from layercheck.errors import (LayerCheckError, ModelMismatch, RestoreIncomplete,
-                               TimelineNotRecorded)
-from layercheck.format import MANIFEST, checksum, decode_line, encode_record
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore
+from layercheck.contract.config import ConfigError
+from layercheck.contract.errors import (LayerCheckError, ModelMismatch, RestoreIncomplete,
+                                        TimelineNotRecorded)
+from layercheck.storage.format import MANIFEST, checksum, decode_line, encode_record
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 from tests.stores import FailingReads, FullAppends
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.cli import main
-from layercheck.format import Version
-from layercheck.manifest import ManifestView, read_manifest
-from layercheck.retention import Retention
-from layercheck.store import LocalStore
+from layercheck.tools.cli import main
+from layercheck.storage.format import Version
+from layercheck.storage.manifest import ManifestView, read_manifest
+from layercheck.storage.retention import Retention
+from layercheck.storage.localstore import LocalStore
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 from tests.stores import HeldFull
 
@@ -75,7 +75,7 @@ def test_retention_keeps_the_newest_plan_and_deletes_the_rest(tmp_path, capsys):
 
 
 def test_config_rejects_zero_keep():
-    from layercheck.config import ConfigError
+    from layercheck.contract.config import ConfigError
     with pytest.raises(ConfigError, match="keep_versions"):
         LayerCheckConfig(keep_versions=0)
 
@@ -211,7 +211,8 @@ def test_without_a_restore_every_live_version_counts_as_before():
 KILLED_BETWEEN_COMMIT_AND_DROPS = r"""
 import os, signal, sys
 import torch
-from layercheck import LayerCheck, LayerCheckConfig, retention
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck.storage import retention
 from tests.conftest import every_layer_checkpoint, optimizer_for, tiny_lm, train_step
 committed = retention.Retention.committed
 def kill_before_the_drop_records(self, versions):
@@ -279,8 +280,8 @@ def test_retention_never_deletes_the_intact_version_a_restore_fell_back_to(tmp_p
 # -- retention deletes only the files the format names for a version ------------------------
 SECOND_WRITER = """
 import sys
-from layercheck.errors import DirectoryLocked
-from layercheck.store import LocalStore
+from layercheck.contract.errors import DirectoryLocked
+from layercheck.storage.localstore import LocalStore
 try:
     LocalStore(sys.argv[1]).lock()
 except DirectoryLocked:
@@ -294,7 +295,7 @@ def _rename_in_records(root, renames):
     """The manifest of ``root`` with the file of the version (layer, step) of each key of
     ``renames`` rewritten to its value, each line's CRC recomputed: records that pass
     every check of their own but name a file that is not theirs."""
-    from layercheck.format import MANIFEST, encode_record
+    from layercheck.storage.format import MANIFEST, encode_record
     records = [json.loads(line)["r"] for line in (root / MANIFEST).read_bytes().splitlines()]
     for record in records:
         file = renames.get((record.get("layer"), record.get("step")))
@@ -313,7 +314,7 @@ def test_retention_never_deletes_a_file_a_record_names_that_is_not_its_own(tmp_p
     import subprocess
     import sys
     from pathlib import Path
-    from layercheck.format import MANIFEST, layer_path
+    from layercheck.storage.format import MANIFEST, layer_path
     from layercheck.recovery import make_plan
     root = tmp_path / "c"
     every_layer_checkpoint(root, steps=4)  # every layer at 2 (base), 3 and 4

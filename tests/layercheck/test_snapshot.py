@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck.errors import ModelMismatch
+from layercheck.contract.errors import ModelMismatch
 from tests.conftest import tiny_lm, train_step
 
 EVERY = dict(base_threshold=0, embedding_threshold=0, warmup_steps=1)

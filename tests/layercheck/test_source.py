@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layercheck.errors import ModelMismatch
-from layercheck.layermap import LayerMap
-from layercheck.source import ModuleSource
+from layercheck.contract.errors import ModelMismatch
+from layercheck.backends.layermap import LayerMap
+from layercheck.backends.source import ModuleSource
 from tests.conftest import checkpointed_run, optimizer_for, tiny_lm, train_step
 
 
@@ -46,7 +46,7 @@ def test_another_dtype_is_refused_before_anything_is_copied(tmp_path):
     without them (an older directory) still refuses it, tensor by tensor, before the
     first byte is copied."""
     from layercheck import LayerCheck, LayerCheckConfig
-    from layercheck.format import MANIFEST, decode_line, encode_record
+    from layercheck.storage.format import MANIFEST, decode_line, encode_record
     cfg = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=1)
     checkpointed_run(tmp_path / "c", cfg, 2)
     half = tiny_lm(seed=3).to(torch.bfloat16)

@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layercheck.errors import DirectoryLocked, LayerCheckError, NotARegularFile
-from layercheck.store import FsspecStore, LocalStore, Store, check_relative, is_temporary, open_store
+from layercheck.contract.errors import DirectoryLocked, LayerCheckError, NotARegularFile
+from layercheck.storage.fsspecstore import FsspecStore
+from layercheck.storage.localstore import LocalStore
+from layercheck.storage.store import Store, check_relative, is_temporary
+from layercheck.storage.location import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +162,7 @@ def test_delete_is_idempotent(tmp_path):
 
 _READER = """
 import sys, time
-from layercheck.store import LocalStore
+from layercheck.storage.localstore import LocalStore
 with LocalStore(sys.argv[1]).reading():
     print("reading", flush=True)
     sys.stdin.readline()
@@ -198,7 +201,7 @@ def test_one_lock_per_directory_and_process_holding_the_pid(tmp_path):
 
 
 def test_a_lock_held_by_another_process_names_it(tmp_path):
-    code = ("import sys; from layercheck.store import LocalStore\n"
+    code = ("import sys; from layercheck.storage.localstore import LocalStore\n"
             "LocalStore(sys.argv[1]).lock(); print('locked', flush=True); sys.stdin.readline()\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -259,7 +262,7 @@ def test_open_store_takes_paths_urls_and_stores(tmp_path):
 
 
 def test_read_buffer_reads_what_read_reads_into_one_writable_buffer(tmp_path):
-    from layercheck.store import read_buffer
+    from layercheck.storage.store import read_buffer
     data = bytes(range(256)) * (3 * 4096 + 7)  # over 3 MiB: several pieces of 1 MiB
     local, memory = LocalStore(tmp_path), FsspecStore(f"memory://rb-{uuid.uuid4().hex}")
     for store in (local, memory):
@@ -443,7 +446,7 @@ def test_an_unlocked_directory_is_free_for_another_process_and_the_holder_is_nam
     store = LocalStore(tmp_path)
     store.lock()
     store.unlock()
-    code = ("import sys; from layercheck.store import LocalStore\n"
+    code = ("import sys; from layercheck.storage.localstore import LocalStore\n"
             "s = LocalStore(sys.argv[1]); s.lock(); print('locked', flush=True); sys.stdin.readline()\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -540,7 +543,7 @@ def test_read_into_scatters_what_read_reads_and_consumes_every_byte_once(tmp_pat
     """Each target is filled (and its bytes consumed) before the next is asked for;
     bytes beyond the last target are consumed, not kept; a short file stops the
     targets. The same from a store without ``read_into`` (a copy of ``read``)."""
-    from layercheck.store import read_into
+    from layercheck.storage.store import read_into
     data = bytes(range(251)) * (2 * 4096 + 3)  # about 2 MiB: several pieces per target
     local, memory = LocalStore(tmp_path), FsspecStore(f"memory://ri-{uuid.uuid4().hex}")
     for store in (local, memory):
@@ -592,7 +595,7 @@ def test_a_local_store_reads_into_its_buffers_without_a_copy_of_the_file(tmp_pat
     they fill: the memory they take at their peak is the file's size (and a few
     objects), not twice it as through ``read`` (what a store without them costs)."""
     import tracemalloc
-    from layercheck.store import read_buffer, read_into
+    from layercheck.storage.store import read_buffer, read_into
     store = LocalStore(tmp_path)
     data = os.urandom(8 << 20)
     store.write_atomic("f", data)

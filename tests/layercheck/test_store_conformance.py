@@ -1,4 +1,4 @@
-"""The Store protocol's contract (``layercheck.store.Store``), once, on every backend.
+"""The Store protocol's contract (``layercheck.storage.store.Store``), once, on every backend.
 
 Each test takes ``store``, a fresh store of every backend in ``BACKENDS``; a new
 backend is one line there and must pass all of them. What only one backend has
@@ -12,14 +12,17 @@ from typing import Callable
 
 import pytest
 
-from layercheck.errors import DirectoryLocked, LayerCheckError
-from layercheck.store import FsspecStore, LocalStore, Store, open_store
+from layercheck.contract.errors import DirectoryLocked, LayerCheckError
+from layercheck.storage.fsspecstore import FsspecStore
+from layercheck.storage.localstore import LocalStore
+from layercheck.storage.store import Store
+from layercheck.storage.location import open_store
 
 BACKENDS: dict[str, Callable] = {
     "local": lambda tmp_path: LocalStore(tmp_path / "store"),
     "fsspec-memory": lambda tmp_path: FsspecStore(f"memory://conformance-{uuid.uuid4().hex}"),
 }
-"""Every Store backend of ``layercheck.store``: name -> a fresh, empty store."""
+"""Every Store backend of ``layercheck.storage.store``: name -> a fresh, empty store."""
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -17,10 +17,10 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallbac
                           TrainingArguments)
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
-from layercheck.errors import LayerCheckError, ModelMismatch  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.contract.errors import LayerCheckError, ModelMismatch  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
 from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
 
@@ -284,9 +284,9 @@ def test_every_url_of_a_local_directory_resumes_from_that_directory(trained, tmp
 
 def test_fused_step_takes_over_the_trainers_adamw_and_trains_as_torchs_fused_adamw(tmp_path):
     """LayerCheckConfig(fused_step=True) through the callback: the AdamW the Trainer
-    creates (its for-loop step) is stepped by layercheck.fusedstep, and the run equals
+    creates (its for-loop step) is stepped by layercheck.drift.fusedstep, and the run equals
     the Trainer's own optim="adamw_torch_fused" run bit for bit (every tensor of this
-    model is a multiple of 16 elements: no scalar tail, layercheck.fusedstep)."""
+    model is a multiple of 16 elements: no scalar tail, layercheck.drift.fusedstep)."""
     pytest.importorskip("numba")
     args = arguments(tmp_path / "ref", steps=6)
     args.optim = "adamw_torch_fused"

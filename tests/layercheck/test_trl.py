@@ -13,9 +13,9 @@ pytest.importorskip("trl", reason="TRL's trainers need the trl extra: pip instal
 pytest.importorskip("peft", reason="LoRA adapters need the trl extra: pip install -e '.[trl]'")
 
 from layercheck import LayerCheckConfig  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
 from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
 from tests.layercheck.test_trainer import StopAt, assert_same_training_state, losses  # noqa: E402

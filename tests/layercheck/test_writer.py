@@ -21,16 +21,16 @@ import pytest
 import torch
 
 from layercheck import LayerCheck, LayerCheckConfig
-from layercheck import writer as writer_module
-from layercheck.commit import Commit
-from layercheck.errors import WriteFailed
-from layercheck.format import CHECKSUM, checksum_matches
-from layercheck.format import MANIFEST, encode_record
-from layercheck.layerread import check_structure
-from layercheck.manifest import ManifestView, read_manifest
-from layercheck.retention import Retention
-from layercheck.store import LocalStore
-from layercheck.writer import LayerSnapshot, StepJob, Writer
+from layercheck.storage import writer as writer_module
+from layercheck.storage.commit import Commit
+from layercheck.contract.errors import WriteFailed
+from layercheck.storage.format import CHECKSUM, checksum_matches
+from layercheck.storage.format import MANIFEST, encode_record
+from layercheck.storage.layerread import check_structure
+from layercheck.storage.manifest import ManifestView, read_manifest
+from layercheck.storage.retention import Retention
+from layercheck.storage.localstore import LocalStore
+from layercheck.storage.writer import LayerSnapshot, StepJob, Writer
 from tests.conftest import optimizer_for, tiny_lm, train_step
 from tests.stores import (CannotDelete, CountingStore, DropsBuffers, FailingWrites, GatedStore,
                           HeldFull, RecordingStore, layer_step, one_step_of_layers_from)
@@ -294,7 +294,7 @@ def test_a_failure_that_no_retry_can_fix_stops_checkpointing_under_either_policy
     """'warn' retries storage errors (a disk may empty, a mount come back); a failure that
     is the same at every try was retried forever and nothing was ever committed, and
     under 'raise' its message said to fix the storage. Both now stop, saying what it is."""
-    from layercheck.errors import WriteFailed
+    from layercheck.contract.errors import WriteFailed
     torch.manual_seed(0)
     model = tiny_lm()
     opt, sched = optimizer_for(model, total=40)
@@ -322,7 +322,7 @@ def test_a_bug_in_the_writer_thread_stops_checkpointing_instead_of_hanging(tmp_p
     """An exception outside the storage calls (here in retention's bookkeeping, as a
     mutation of it did) killed the writer thread, and the next flush() waited
     forever: a trainer that hangs. It stops checkpointing with the error instead."""
-    from layercheck.errors import WriteFailed
+    from layercheck.contract.errors import WriteFailed
 
     class BrokenRetention:
         def committed(self, versions):
@@ -429,7 +429,7 @@ def test_parallel_writes_commit_exactly_the_records_of_serial_writes(tmp_path):
 def test_a_failed_file_among_parallel_writes_commits_nothing_of_its_step(tmp_path):
     """One layer fails while others are in flight: the step commits nothing, the
     writes in flight end before the failure is reported, and no temp file stays."""
-    from layercheck.errors import WriteFailed
+    from layercheck.contract.errors import WriteFailed
     store = CountingStore(tmp_path, delay=0.05, fail=("enc.2",))
     writer = Writer(store, queue_bytes=64 * MB, threads=4)
     writer.submit(_layer_job(1))
@@ -871,8 +871,8 @@ def test_the_writers_threads_are_named_and_never_keep_a_process_alive(tmp_path):
     names = sorted(t.name for t in threading.enumerate() if t not in before)
     writer.close()
     assert names == ["layercheck-file_0", "layercheck-file_1", "layercheck-writer"]
-    script = ("import sys; from layercheck.store import LocalStore; "
-              "from layercheck.writer import Writer; "
+    script = ("import sys; from layercheck.storage.localstore import LocalStore; "
+              "from layercheck.storage.writer import Writer; "
               "Writer(LocalStore(sys.argv[1]), queue_bytes=1 << 20)")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b")], cwd=root,

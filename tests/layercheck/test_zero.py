@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("deepspeed")
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
-from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 # test_export_deepspeed imports ROOT and the helpers below from here
 from tests.layercheck.torchrun import (ROOT, Torchrun,  # noqa: E402,F401
                                        assert_ranks_fall_back_together)

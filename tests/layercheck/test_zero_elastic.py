@@ -23,10 +23,10 @@ pytest.importorskip("deepspeed")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from layercheck.cli import main  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
+from layercheck.tools.cli import main  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
-from layercheck.store import LocalStore  # noqa: E402
+from layercheck.storage.localstore import LocalStore  # noqa: E402
 from tests.layercheck.torchrun import Torchrun  # noqa: E402
 
 HERE = Path(__file__).parent

@@ -26,9 +26,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from layercheck.format import Version
-from layercheck.manifest import read_manifest
-from layercheck.store import LocalStore, open_store
+from layercheck.storage.format import Version
+from layercheck.storage.manifest import read_manifest
+from layercheck.storage.localstore import LocalStore
+from layercheck.storage.location import open_store
 from profiler.launch import rank_environment, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -34,10 +34,10 @@ import deepspeed  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from layercheck import LayerCheckConfig  # noqa: E402
-from layercheck.errors import LayerCheckError  # noqa: E402
+from layercheck.contract.errors import LayerCheckError  # noqa: E402
 from layercheck.groups import layer_aligned_param_groups  # noqa: E402
-from layercheck.manifest import read_manifest  # noqa: E402
-from layercheck.store import open_store  # noqa: E402
+from layercheck.storage.manifest import read_manifest  # noqa: E402
+from layercheck.storage.location import open_store  # noqa: E402
 from layercheck.zero import ZeroLayerCheck  # noqa: E402
 from tests.layercheck.elastic import gathered  # noqa: E402
 from tests.layercheck.torchrun import (FROZEN, VOCAB, Report, batch, digest,  # noqa: E402
@@ -212,16 +212,16 @@ def main() -> int:
         lc = None
         result["loaded"] = loaded_state(engine, scheduler)
         if args.dump:  # the loaded state, whole, and the layer sources of an export's plan
-            from layercheck.layermap import LayerMap
-            from layercheck.zero import partitions_for
+            from layercheck.backends.layermap import LayerMap
+            from layercheck.backends.zeropartitions import partitions_for
             plan = json.loads((Path(args.ds_load_dir) / "layercheck_plan.json").read_text())
             result["sources"] = {entry["layer"]: entry["source_step"] for entry in plan["layers"]}
             loaded = gathered(partitions_for(engine, LayerMap.auto(engine.module)))
             loaded["module"] = full_weights(engine, args.stage)
             torch.save(loaded, out / f"restored{rank}.pt")
         if args.check_composite:
-            from layercheck.layermap import LayerMap
-            from layercheck.zero import partitions_for
+            from layercheck.backends.layermap import LayerMap
+            from layercheck.backends.zeropartitions import partitions_for
             layer_map = LayerMap.auto(engine.module)
             result["problems"] = check_composite(
                 partitions_for(engine, layer_map), layer_map, args.check_composite, rank,
@@ -232,8 +232,8 @@ def main() -> int:
                                   drift_sampling=args.sampling, keep_versions=args.keep_versions,
                                   on_error=args.on_error, fused_step=args.fused_step)
         if args.sample_min:
-            import layercheck.drift
-            layercheck.drift.SAMPLE_MIN = args.sample_min
+            import layercheck.drift.tracker
+            layercheck.drift.tracker.SAMPLE_MIN = args.sample_min
         lc = ZeroLayerCheck(engine, args.dir, config, scheduler=scheduler)
         result["sub_groups"] = len(lc.source.flats)
         result["sampled_tensors"] = sum(e.take < e.span for e in lc.drift._all)

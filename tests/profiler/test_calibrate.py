@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from layercheck.contract.calibration import FIGURES, read_calibration
+from sim.calibrated import FIGURES, read_calibration
 from profiler.failures.validate import default_interval
 from profiler.cli import main
 
 from profiler.mechanisms import MECHANISMS
 
 ASSUMED = {"diff_batch"}
-DERIVED = {"load_fixed_s", "peer_loss_probability"}   # peer loss: layercheck.placement
+DERIVED = {"load_fixed_s", "peer_loss_probability"}   # peer loss: sim.placement
 STATED = {n for m in MECHANISMS for n in m.stated}    # their declared defaults, said so
 
 

@@ -128,7 +128,7 @@ def test_cuda_request_falls_back_to_cpu_with_a_message():
 def test_replaying_the_policy_over_the_trace_gives_the_recorded_writes(tiny_capture):
     """drift, lr and lr_peak in the trace are what the live policy saw: the
     torch-free replay decides exactly the writes that were committed."""
-    from layercheck.policy import Policy, replay
+    from layercheck.contract.policy import Policy, replay
     trace = tiny_capture.trace
     policy = Policy.from_config(LayerCheckConfig.from_dict(trace.manifest["config"]),
                                 trace.layer_names, trace.layers["kind"].tolist())
@@ -144,7 +144,7 @@ def test_a_write_budget_run_records_its_thresholds_and_replays_exactly(budget_ca
     drift, takes the same decisions and the same factors; the realised rate is
     the budget's."""
     from layercheck.contract.fastreplay import fast_replay
-    from layercheck.policy import Policy, replay
+    from layercheck.contract.policy import Policy, replay
     trace, steps = budget_capture.trace, BUDGET_STEPS
     lc = budget_capture.config
     assert LayerCheckConfig.from_dict(trace.manifest["config"]).write_budget == lc.write_budget
@@ -196,7 +196,7 @@ def test_a_recommended_setting_writes_the_bytes_the_tuner_predicted(tmp_path, ca
 
 
 def test_a_fused_step_capture_records_the_drift_of_the_same_training(tiny_capture, tmp_path):
-    """``--fused-step``: the drift comes from AdamW's own step (layercheck.fusedstep),
+    """``--fused-step``: the drift comes from AdamW's own step (layercheck.drift.fusedstep),
     and is the drift the default tracker recorded for the same job (the two runs
     differ only in how the step rounds: one ulp of a weight, so by far less than
     1e-3 of a layer's drift over these steps)."""

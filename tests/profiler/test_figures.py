@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from layercheck import LayerCheckConfig
-from layercheck.policy import Policy, replay
+from layercheck.contract.policy import Policy, replay
 from profiler.figures import heatmap_png, threshold_matrix
 
 

@@ -1,7 +1,7 @@
 """jit detection (profiler.mechanisms.jit): a killed peer seen by the survivor's collective."""
 import math
 
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from profiler.mechanisms import MECHANISMS
 from profiler.mechanisms.jit import JIT_TIMEOUT_S, JitDetection, detection_seconds
 

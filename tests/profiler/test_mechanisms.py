@@ -1,7 +1,7 @@
 """Each mechanism registers the figures it measures; together they cover the schema."""
 import pytest
 
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES
 from layercheck.contract.figure import CALIBRATE
 from profiler import mechanisms
 from profiler.calibrate import calibrate_job

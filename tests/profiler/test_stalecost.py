@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layercheck.contract.calibration import read_calibration
+from sim.calibrated import read_calibration
 from profiler.cli import main
 from profiler.config import CaptureConfig
 from profiler.errors import ProfilerError

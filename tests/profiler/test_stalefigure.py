@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.contract.calibration import read_calibration
+from sim.calibrated import read_calibration
 from layercheck.contract.figure import STALE_COST_CAPTURE, STALE_COST_PARTS, TRANSFERRED_STALE_COST
 from layercheck.contract.trace import read_trace
 from profiler.calibrate import transferred_stale_cost

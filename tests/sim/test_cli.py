@@ -1,4 +1,6 @@
+import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -6,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.contract.calibration import read_calibration
+from sim.calibrated import read_calibration
 from sim.api import COLUMNS, Scenario, simulate
 from sim.cli import main
 from sim.report import RUN_TAIL
@@ -24,7 +26,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_torch_free():
     code = ("import sys, sim, sim.__main__, sim.cli, sim.api, sim.reference, sim.report, sim.presets, "
-            "sim.frontier, sim.tuning, layercheck.contract.lanes, layercheck.budget; "
+            "sim.frontier, sim.tuning, layercheck.contract.lanes, layercheck.contract.budget; "
             "sim.simulate(sim.Scenario.from_preset('llama-3.2-1b', window_s=3600.0), mtbf_s=600.0, seeds=1); "
             "assert 'torch' not in sys.modules, 'sim imported torch'")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -47,8 +49,10 @@ def test_default_table_says_what_it_rests_on():
 
 def test_json_has_exactly_the_keys(capsys):
     assert main(["--mtbf", "30m", "--json", "--seeds", "2", "--window", "1d",
-                 "--preset", "llama-3.2-1b", "--no-bands"]) == 0
-    data = json.loads(capsys.readouterr().out)
+                 "--preset", "llama-3.2-1b", "--no-bands", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)                              # the bar went to stderr, not into the JSON
+    assert "python -m sim run" in err and "2/2" in err
     assert set(data) == {"rows", "scenario", "verdict", "seconds"}
     assert all(list(row) == [*COLUMNS, *RUN_TAIL] for row in data["rows"])
     assert data["scenario"]["name"] == "llama-3.2-1b" and data["scenario"]["protocol"] == "fair"
@@ -141,13 +145,17 @@ def test_tune_prints_the_best_setting_and_the_line_to_paste(capsys):
     assert out.startswith("qwen2.5-7b-synthetic: MTBF 30m, 2 seeds, costs paper-a100")
     assert "budgets: --max-gb 500" in out and "paper default" in out
     assert "    LayerCheckConfig(base_threshold=" in out
+    assert any(line.startswith("verdict: ") and " ahead of " in line for line in out.splitlines())
     assert "Against the best baseline within the same budgets, on the same failures" in out
 
 
 def test_tune_json(capsys):
     assert main(["tune", "--trace", "traces/minilm-1000steps", "--costs", "paper-a100", "--mtbf",
-                 "1h", "--max-write-share", "0.05", "--json", "--seeds", "2", "--window", "2d"]) == 0
-    out = json.loads(capsys.readouterr().out)
+                 "1h", "--max-write-share", "0.05", "--json", "--seeds", "2", "--window", "2d",
+                 "--progress"]) == 0
+    out, err = capsys.readouterr()
+    out = json.loads(out)                               # the bar went to stderr, not into the JSON
+    assert "python -m sim tune" in err and "3/3" in err
     assert out["recommended"]["write_share"] <= 0.05 and out["costs"] == "paper-a100"
     grid, _ = layercheck_grid(read_trace("traces/minilm-1000steps"))
     assert out["config_line"].startswith("LayerCheckConfig(") and out["grid_size"] == grid.size
@@ -194,15 +202,17 @@ def test_the_table_shows_phi_its_bounds_source_and_when_the_ranking_depends_on_i
     lines = result.stdout.splitlines()
     # the capture's phi, carried over to the preset by its composition
     phi = read_calibration(ROOT / "traces/qwen2.5-7b-synthetic").figures["stale_cost"]
-    assert lines[3].startswith(f"stale cost phi: {phi.value:g} (interval {phi.low:g}..{phi.high:g}); "
+    assert lines[3].startswith(f"stale cost phi: {phi.value:.3g} [{phi.low:.3g}..{phi.high:.3g}]; "
                                "transferred: carried over from traces/minilm-200steps")
+    assert lines[3].endswith("(docs/stale-cost.md)") and len(lines[3]) <= 120
     assert "phi low phi high" in lines[5]
     assert any(line.startswith(f"  phi {phi.low:g}..{phi.high:g}: first at its low end ")
                for line in lines)
     result = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--no-bands",
                   "--protocol", "matched", "--costs", str(_phi_costs(tmp_path)))
     lines = result.stdout.splitlines()
-    assert lines[3] == "stale cost phi: 0.5 (interval 0..1); measured: on traces/x, a test's"
+    assert lines[3] == ("stale cost phi: 0.5 [0..1]; measured: on traces/x, a test's "
+                        "(docs/stale-cost.md)")
     assert any(line.startswith("  phi 0..1: first at its low end layercheck") for line in lines)
     given_phi = _run("--mtbf", "0.5h", "--seeds", "2", "--window", "2d", "--costs",
                      str(_phi_costs(tmp_path)), "--stale-cost", "0.25", "--no-bands",
@@ -370,7 +380,8 @@ def test_bad_node_input_is_one_line_exit_2(capsys, args, words):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and words in err, err
-    assert err.startswith("python -m sim: error:")
+    command = args[0] if args[0] in ("fit-failures", "scale") else "run"
+    assert err.startswith(f"python -m sim {command}: error:")
 
 
 def test_bad_node_input_from_the_shell_has_no_traceback():
@@ -498,3 +509,166 @@ def test_a_device_or_a_fifo_the_simulator_reads_outside_python_is_one_line_exit_
     result = _capped(*args)
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+
+# -- the command line a person reads: fast refusals, help, tables, verdicts, progress ------
+
+LIGHT = ("import sys; from sim.cli import main; code = main({argv!r}); "
+         "heavy = sorted(m for m in ('pandas', 'scipy', 'pyarrow', 'sim.api') if m in sys.modules); "
+         "print(code, heavy)")
+
+
+@pytest.mark.parametrize("argv", [["--mtbf", "-1h"], ["--mtbf", "1h", "--seeds", "0"],
+                                  ["tune", "--mtbf", "1h", "--strategies", "gemini"],
+                                  ["paper", "--window", "-3d"], ["scale", "--node-mtbf", "soon"],
+                                  ["sensitivity", "--mtbf", "1h", "--window", "0"],
+                                  ["sweep", "--mtbf", "1h"], ["frontier", "--bogus"]])
+def test_a_bad_argument_is_refused_before_the_heavy_imports(argv):
+    result = subprocess.run([sys.executable, "-c", LIGHT.format(argv=argv)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode == 2:           # argparse's own refusal exits from parse_args
+        assert "(see --help)" in result.stderr
+        return
+    assert result.stdout.strip() == "2 []", (result.stdout, result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--mtbf", "-1h"], ["python -m sim run: error: --mtbf='-1h' is not a duration"]),
+    (["tune", "--mtbf", "-0.5h"], ["python -m sim tune: error: --mtbf='-0.5h'"]),
+    (["scale", "--node-mtbf", "-2d"], ["python -m sim scale: error: --node-mtbf='-2d'"]),
+    (["paper", "--seeds", "0"], ["python -m sim paper: error: --seeds 0"]),
+    (["sensitivity", "--bogus"], ["python -m sim sensitivity: error: unrecognized arguments"]),
+    (["tune", "--mtbf", "1h", "--strategies", "gemini,layercheck"],
+     ["python -m sim tune: error: --strategies gemini,layercheck: tune searches LayerCheck's own",
+      "python -m sim --strategies gemini,layercheck"])])
+def test_errors_name_the_subcommand_and_a_negative_value_gets_its_range(argv, words, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:            # argparse's refusals
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "expected one argument" not in err
+    for word in words:
+        assert word in err
+
+
+def test_a_negative_value_where_one_is_allowed_still_reaches_its_flag(capsys):
+    from sim.cli import _join_negatives
+    assert _join_negatives(["--mtbf", "1h", "--stale-cost", "-0.5", "--json"]) == \
+        ["--mtbf", "1h", "--stale-cost=-0.5", "--json"]
+    assert _join_negatives(["--stale-cost=-1", "-h"]) == ["--stale-cost=-1", "-h"]
+
+
+def test_every_flag_has_a_help_line_and_every_command_examples():
+    from sim.cli import COMMANDS, _parser
+    top = _parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+    for name, parser in sub.choices.items():
+        missing = [a.option_strings or a.dest for a in parser._actions if not a.help]
+        assert not missing, f"{name}: {missing}"
+        help_text = parser.format_help()
+        assert "examples:\n  python -m sim" in help_text, name
+        assert help_text.rstrip().endswith("Ranges of the command line's numbers."), name
+    for name in ("run", "sensitivity", "paper", "frontier", "scale"):
+        flags = {s for a in sub.choices[name]._actions for s in a.option_strings}
+        assert {"--json", "--csv", "--wide"} <= flags, name
+    for name in ("run", "tune", "sensitivity", "paper"):
+        flags = {s for a in sub.choices[name]._actions for s in a.option_strings}
+        assert "--progress" in flags, name
+
+
+def test_the_header_says_phi_in_one_line_with_its_docs_link():
+    from sim.report import STALE_DOC, header
+    scenario = Scenario.from_preset("qwen2.5-7b")
+    lines = header(scenario, mtbf="30m", seeds=2).splitlines()
+    stale = [line for line in lines if line.startswith("stale cost phi")]
+    assert len(stale) == 1 and stale[0].endswith(f"({STALE_DOC})") and len(stale[0]) <= 120
+    assert (ROOT / STALE_DOC).is_file()
+    assert scenario.stale_figure().method not in "\n".join(lines)   # the paragraph: JSON's
+
+
+def _small_run():
+    from sim.dollars import Prices
+    from sim.fair import fixed
+    result = fixed(Scenario.from_preset("llama-3.2-1b", window_s=86400.0), mtbf_s=1800.0,
+                   strategies=["deepspeed", "gemini", "layercheck"], seeds=2)
+    return result.bills(Prices())
+
+
+def test_run_tables_fit_100_columns_and_the_bill_ends_with_its_verdict():
+    from sim.report import bill_table, table
+    df = _small_run()
+    for text in (table(df), bill_table(df)):
+        assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert "K " in table(df) and "setting" in table(df)        # the settings: a block of their own
+    assert len(table(df, width=None).splitlines()) == 2 + len(df)
+    verdict = bill_table(df).splitlines()[-1]
+    cheapest = df.loc[df["usd_total"].idxmin(), "strategy"]
+    assert verdict.startswith(f"verdict: {cheapest} has the cheapest run, $") and " less than " in verdict
+
+
+SENSITIVITY = ["sensitivity", "--mtbf", "1h", "--preset", "llama-3.2-1b", "--seeds", "1",
+               "--window", "1d", "--figures", "persist_gbps", "--strategies", "deepspeed,checkfreq"]
+
+
+def test_sensitivity_csv_is_clean_with_progress_on_stderr(capsys):
+    assert main([*SENSITIVITY, "--csv", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "figure,strategy,point,at_low,at_high,min,max,swing,band"
+    assert len(lines) == 3 and all(line.startswith("persist_gbps,") for line in lines[1:])
+    assert "python -m sim sensitivity" in err and "0/3" in err and "3/3" in err
+    assert main([*SENSITIVITY, "--csv"]) == 0             # stderr not a terminal: no bar
+    assert capsys.readouterr().err == ""
+
+
+def test_sensitivity_table_ends_with_the_verdict(capsys):
+    assert main(SENSITIVITY) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("verdict: "))
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("figure ")):at]
+    assert table and max(len(line) for line in table) <= 100
+    verdict = lines[at]
+    assert " has the highest ratio at the cost model's values, " in verdict and " ahead of " in verdict
+
+
+PAPER = ["paper", "--seeds", "1", "--window", "1d"]
+
+
+def test_paper_prints_verdicts_and_no_issue_or_path_outside_the_repo(capsys):
+    assert main(PAPER) == 0
+    out = capsys.readouterr().out
+    assert "issue" not in out.lower()
+    for path in set(re.findall(r"[\w.-]+(?:/[\w.-]+)+\.(?:md|json|py)", out)):
+        assert (ROOT / path).exists(), path
+    verdicts = [line for line in out.splitlines() if line.startswith("verdict (")]
+    assert len(verdicts) == 4 and all("has the highest ratio" in v for v in verdicts)
+    table = out.split("\n\n")[1].split("\nverdict (")[0].splitlines()
+    assert table[0].split()[:3] == ["strategy", "protocol", "paper"] and len(table) == 2 + 12
+    assert max(len(line) for line in table) <= 100
+
+
+def test_paper_csv_has_a_row_a_cell(capsys):
+    assert main([*PAPER, "--csv", "--progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "python -m sim paper" in err and "0/4" in err and "4/4" in err
+    lines = out.splitlines()
+    assert lines[0].startswith("strategy,protocol,accounting,phi,paper,ratio,ci95")
+    assert len(lines) == 1 + 6 * 2 * 2          # strategies x protocols x accountings
+
+
+def test_fit_failures_and_presets_tables_fit_100_columns(capsys):
+    assert main(["fit-failures", "philly"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[1:next(i for i, line in enumerate(lines) if line.startswith("restart_gap"))]
+    assert table[0].startswith("sample ") and max(len(line) for line in table) <= 100
+    assert any(line.split()[-1:] == ["better"] for line in table)     # its last column, in a block
+    assert main(["fit-failures", "philly", "--wide"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].rstrip().endswith("better")
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["preset", "writes", "paper"] and len(lines) == 3 + 3
+    assert max(len(line) for line in lines[1:]) <= 100

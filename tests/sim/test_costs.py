@@ -2,8 +2,8 @@ from dataclasses import fields
 
 import pytest
 
-from layercheck.contract.calibration import (FIGURES, TRANSFERRED_STALE_COST, Calibration, Figure,
-                                    write_calibration)
+from layercheck.contract.calibration import TRANSFERRED_STALE_COST, Figure, write_calibration
+from sim.calibrated import FIGURES, Calibration
 from sim.costs import CostModel
 from sim.errors import SimError
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layercheck.config import LayerCheckConfig
-from layercheck.policy import Policy, replay
+from layercheck.contract.config import LayerCheckConfig
+from layercheck.contract.policy import Policy, replay
 from layercheck.contract.trace import last_written, read_trace
 from sim.api import Scenario, simulate
 from sim.costs import CostModel

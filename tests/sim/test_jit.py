@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layercheck.contract.calibration import FIGURES, read_calibration
+from sim.calibrated import FIGURES, read_calibration
 from sim import CostModel, FailureModel, Scenario, simulate
 from sim.strategies import STRATEGIES, get_strategy
 from sim.strategies.jit import FIGURES as JIT_FIGURES

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.resumed import next_writes as contract_next_writes
-from layercheck.policy import Policy
+from layercheck.contract.policy import Policy
 from sim.engine import compiled_kernel
 from sim.nextwrites import next_writes
 

@@ -5,7 +5,7 @@ import pytest
 
 from sim.costs import CostModel
 from sim.paper import PUBLISHED_RUNS, PUBLISHED_SHARES, regime_run
-from layercheck.placement import PeerPlacement
+from sim.placement import PeerPlacement
 from sim.presets import ITERATIONS, PRESET_NAMES, PUBLISHED, compute_seconds, costs_for, preset_scenario_fields
 
 SHARE_TOLERANCE = 0.015

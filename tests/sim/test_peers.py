@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from layercheck.placement import HOST_LOSS_SHARE
+from sim.placement import HOST_LOSS_SHARE
 from sim import SimError
 from sim.peers import ReplicaPlacement
 

@@ -1,10 +1,10 @@
-"""Preset traces: valid, labelled synthetic, decided by layercheck.policy.replay,
+"""Preset traces: valid, labelled synthetic, decided by layercheck.contract.policy.replay,
 close to the paper's aggregates, calibrated to its end-to-end times."""
 import numpy as np
 import pytest
 
-from layercheck.config import LayerCheckConfig
-from layercheck.policy import Policy, replay
+from layercheck.contract.config import LayerCheckConfig
+from layercheck.contract.policy import Policy, replay
 from layercheck.contract.trace import read_trace
 from sim.api import Scenario
 from sim.presets import (PRESET_NAMES, PUBLISHED, REGIMES, TRACES_DIR, build_trace, compute_seconds,

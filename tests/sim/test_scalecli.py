@@ -74,7 +74,8 @@ def test_an_old_calibration_warns_in_one_line_on_python_m_sim_scale(tmp_path):
     import sys
     from pathlib import Path
 
-    from layercheck.contract.calibration import read_calibration, write_calibration
+    from layercheck.contract.calibration import write_calibration
+    from sim.calibrated import read_calibration
     root = Path(__file__).resolve().parents[2]
     trace = tmp_path / "t"
     shutil.copytree(root / "traces" / "minilm-200steps", trace)
@@ -105,4 +106,29 @@ def test_a_bad_trace_is_one_line_naming_the_flag(make, tmp_path):
     code, out, err = _main("scale", "--trace", str(trace), "--gpus", "8", "--seeds", "2",
                            "--window", "1d")
     assert code == 2 and out == "" and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m sim: error: --trace: "), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m sim scale: error: --trace: "), err
+
+
+def test_each_size_has_column_headers_and_a_summary_closes_the_report():
+    code, out, err = _main(*FAST, "--gpus", "8..16", "--strategies", "deepspeed,gemini")
+    assert code == 0, err
+    lines = out.splitlines()
+    heads = [line for line in lines if line.startswith("strategy ")]
+    assert len(heads) == 2 and heads[0].split()[:3] == ["strategy", "ratio", "+-95%"]
+    assert "storage" in heads[0].split() and "lost" in heads[0].split()
+    assert max(len(line) for line in lines[2:-1]) <= 100       # the tables, between head and summary
+    summary = lines[-1]
+    assert summary.startswith("summary: ") and "at 16 GPUs" in summary
+    assert " ahead of " in summary and "limit" not in summary
+
+
+def test_the_summary_names_where_the_leader_changes():
+    from sim.scalecli import _summary
+    line = _summary({8: {"a": 0.9, "b": 0.8}, 16: {"a": 0.9, "b": 0.85},
+                     32: {"a": 0.7, "b": 0.75}})
+    assert line.startswith("summary: highest ratio by size: a from 8 to 16 GPUs; b at 32 GPUs; ")
+    assert line.endswith("at 32 GPUs: b has the highest ratio, 0.7500, +0.0500 ahead of a (0.7000)")
+    assert _summary({8: {"a": 0.9, "b": 0.8}, 16: {"a": 0.8, "b": 0.7}}).startswith(
+        "summary: a has the highest ratio at every size (8 to 16 GPUs); at 16 GPUs: a has")
+    assert _summary({8: {"a": 0.9, "b": 0.8}}) == \
+        "summary at 8 GPUs: a has the highest ratio, 0.9000, +0.1000 ahead of b (0.8000)"

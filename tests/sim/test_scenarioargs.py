@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layercheck.contract.calibration import FIGURES, read_calibration
+from sim.calibrated import FIGURES, read_calibration
 from sim.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

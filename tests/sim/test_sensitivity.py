@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from layercheck.contract.band import BandError
-from layercheck.contract.calibration import (FIGURES, TRANSFERRED_STALE_COST, Band, CalibrationError,
-                                    Figure, band_of)
+from layercheck.contract.calibration import TRANSFERRED_STALE_COST, Band, CalibrationError, Figure
+from sim.calibrated import FIGURES, band_of
 from sim import CostModel, Scenario, SimError
 from sim.presets import PRESET_NAMES
 from sim.sensitivity import sensitivity
@@ -134,7 +134,7 @@ def test_measured_and_given_figures_are_not_varied():
 
 
 def test_the_work_bound_covers_every_run_before_the_first():
-    from sim.work import bound_work
+    from sim.workbound import bound_work
     scenario, figures = _small(), ["save_gbps", "persist_gbps", "peer_gbps", "restart_s",
                                    "lc_write_gbps", "diff_fraction", "stale_cost", "lc_commit_s"]
     one = dict(seeds=50, window_s=30 * DAY, strategies=7, engine="fast",
@@ -175,7 +175,7 @@ def test_cli_json_names_the_flip_and_states_its_smaller_defaults():
 @pytest.mark.parametrize("args, message", [
     (("--mtbf", "0.5h", "--figures", "nope"), "unknown cost figures"),
     (("--figures", "save_gbps"), "give --mtbf"),
-    (("--mtbf", "0.5h", "--seeds", "0"), "seeds=0"),
+    (("--mtbf", "0.5h", "--seeds", "0"), "--seeds 0"),
     (("--mtbf", "0.5h", "--window", "-1d"), "--window"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, message):

@@ -85,7 +85,7 @@ def test_tenants_past_the_work_limit_are_refused_before_their_writes_are_drawn()
     """1e9 tenants asked numpy for 112 GiB (1e8: 11 GiB) of write times: refused with the
     most tenants this job's writes allow, before anything is drawn (a generator that
     would draw fails the test)."""
-    from sim.work import MAX_DRAINED_WRITES, check_drained_writes
+    from sim.workbound import MAX_DRAINED_WRITES, check_drained_writes
     scenario, schedule = _schedule("deepspeed")
     writes = storage_writes(schedule)
     most = MAX_DRAINED_WRITES // writes - 1

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from layercheck.config import LayerCheckConfig
+from layercheck.contract.config import LayerCheckConfig
 from layercheck.contract.trace import read_trace
 from sim.api import Scenario
 from sim.costs import CostModel

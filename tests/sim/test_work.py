@@ -1,4 +1,4 @@
-"""sim.work: the work bound, one estimate checked before anything is drawn (issue 27, item 11)."""
+"""sim.workbound: the work bound, one estimate checked before anything is drawn (issue 27, item 11)."""
 import dataclasses
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 from sim import Scenario, simulate, sweep
 from sim.errors import SimError
 from sim.failures import FailureModel
-from sim.work import (MAX_FAILURES, MAX_LANE_FAILURES, MAX_RUN_FAILURES, MAX_SIMPY_STEPS,
-                      bound_work)
+from sim.workbound import (MAX_FAILURES, MAX_LANE_FAILURES, MAX_RUN_FAILURES, MAX_SIMPY_STEPS,
+                           bound_work)
 
 DAY = 86400.0
 
@@ -77,7 +77,7 @@ def test_a_job_of_nodes_is_bounded_by_its_failures_and_its_streams():
     """A job of nodes expects window / job MTBF failures exactly (stationary nodes), and its
     streams (one per 64 nodes a run) are counted over the call's runs."""
     from sim.nodes import NodeFailures
-    from sim.work import MAX_STREAMS
+    from sim.workbound import MAX_STREAMS
     model = NodeFailures(nodes=1000, node_law=FailureModel(kind="weibull", shape=0.7),
                          node_mtbf_s=1000 * 3600.0)
     counts = [len(model.failure_times(np.random.default_rng(s), mtbf_s=None, window_s=30 * DAY))

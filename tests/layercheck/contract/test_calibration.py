@@ -1,15 +1,19 @@
-"""costs.json: figures with intervals, the signed stale cost factor, and declared defaults."""
+"""costs.json: figures with intervals, the signed stale cost factor, and declared defaults
+(the contract's schema-agnostic reading, and the simulator's against its strategies)."""
 import json
 from pathlib import Path
 
 import pytest
 
-import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
-from layercheck.contract.calibration import (FIGURES, SOURCES, STALE_COST_CAPTURE,
-                                             TRANSFERRED_STALE_COST, Calibration, CalibrationError,
-                                             Figure, FigureSchema, read_calibration,
-                                             write_calibration)
+from types import SimpleNamespace
+
+import sim.strategies
+from layercheck.contract import calibration as contract
+from layercheck.contract.calibration import (SOURCES, STALE_COST_CAPTURE, TRANSFERRED_STALE_COST,
+                                             CalibrationError, Figure, write_calibration)
 from layercheck.contract.figure import FigureSpec
+from sim import SimError
+from sim.calibrated import FIGURES, Calibration, checked, read_calibration
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -126,53 +130,48 @@ def _spec(value: float = 1.0, default: bool = True) -> FigureSpec:
         value=value, source="assumed", method="a test default") if default else None)
 
 
-def test_the_schema_is_what_its_owners_declared():
-    """The contract holds no figure of its own: the strategies declare theirs
-    (``sim.strategies`` on import, what every other test here reads), in order."""
-    assert list(FIGURES) == list(sim.strategies.SCHEMA)
-    schema = FigureSchema()
-    with pytest.raises(CalibrationError, match="no cost figures are declared yet.*import sim"):
-        list(schema)
-    schema.declare("a", {"x_s": _spec(), "y_s": _spec()})
-    schema.declare("b", {"z_s": _spec()})
-    assert list(schema) == ["x_s", "y_s", "z_s"] and len(schema) == 3 and "z_s" in schema
-    schema.declare("a", {"x_s": _spec(2.0)})          # an owner declaring again replaces its own
-    assert list(schema) == ["x_s", "z_s"] and schema["x_s"].default.value == 2.0
+def test_the_contract_reads_the_figures_a_file_holds_and_the_simulator_checks_them(tmp_path):
+    """The contract holds no figure of its own: its ``Calibration`` is the file's figures as
+    written (none filled, none refused for being unknown); the simulator's, whose schema is
+    its strategies' declarations (``sim.strategies.SCHEMA``), fills and checks them."""
+    assert contract.Calibration.schema is None
+    assert Calibration.schema is sim.strategies.SCHEMA and list(FIGURES) == list(sim.strategies.SCHEMA)
+    figures = {"x_s": Figure(value=1.0, source="measured", method="m")}
+    plain = contract.Calibration(name="x", description="d", figures=figures)
+    assert list(plain.to_dict()["figures"]) == ["x_s"]
+    with pytest.raises(CalibrationError, match="unknown figures"):
+        Calibration(name="x", description="d", figures={**_figures(), **figures})
+    data = Calibration(name="old", description="d", figures=_figures()).to_dict()
+    del data["figures"]["save_gbps"]
+    (tmp_path / "costs.json").write_text(json.dumps(data))
+    read = contract.read_calibration(tmp_path)
+    assert read.filled == () and "save_gbps" not in read.figures
+    assert checked(read).filled == ("save_gbps",) and set(checked(read).figures) == set(FIGURES)
+    assert checked(read).figures["restart_s"] == read.figures["restart_s"]
 
 
-def test_a_fresh_interpreter_reads_a_costs_json_without_importing_the_simulator_itself(tmp_path):
-    """The owners are found by their own registration (the entry-point group
-    ``layercheck.figures`` in pyproject.toml), so ``read_trace`` of a calibrated trace
-    just works, and the contract's code still names no owner."""
+def test_a_fresh_interpreter_reads_a_costs_json_without_importing_the_simulator(tmp_path):
+    """No entry point and no side-effect import: the contract reads a calibrated trace's
+    costs.json by itself, and the simulator is not loaded."""
     import subprocess
     import sys
-    from pathlib import Path
-
-    from layercheck.contract.calibration import OWNERS_GROUP
-    root = Path(__file__).resolve().parents[3]
     code = ("import sys\n"
-            "from layercheck.contract.trace import read_trace\n"
             "from layercheck.contract.calibration import read_calibration\n"
-            "assert 'sim' not in sys.modules\n"
-            f"c = read_calibration({str(root / 'traces' / 'minilm-200steps')!r})\n"
-            "print(len(c.figures), 'sim.strategies' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path)  # not the repository root: found as installed
+            f"c = read_calibration({str(ROOT / 'traces' / 'minilm-200steps')!r})\n"
+            "print(len(c.figures), 'sim' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     count, loaded = done.stdout.split()
-    assert int(count) == len(FIGURES) and loaded == "True"
-    assert OWNERS_GROUP == "layercheck.figures"
-    text = (root / "pyproject.toml").read_text()
-    assert '[project.entry-points."layercheck.figures"]' in text and '"sim.strategies"' in text
+    written = json.loads((ROOT / "traces" / "minilm-200steps" / "costs.json").read_text())
+    assert int(count) == len(written["figures"]) and loaded == "False"
+    assert "layercheck.figures" not in (ROOT / "pyproject.toml").read_text()
 
 
 def test_a_figure_has_one_owner_and_a_default():
-    schema = FigureSchema()
-    schema.declare("a", {"x_s": _spec()})
-    with pytest.raises(CalibrationError, match="'x_s' is declared by both a and b"):
-        schema.declare("b", {"x_s": _spec()})
-    with pytest.raises(CalibrationError, match="'w_s' declares no default"):
-        schema.declare("b", {"w_s": _spec(default=False)})
-    with pytest.raises(CalibrationError, match="must be a FigureSpec"):
-        schema.declare("b", {"w_s": 1.0})
-    assert list(schema) == ["x_s"]
+    one, two, bare = (SimpleNamespace(__name__=n, FIGURES=f) for n, f in (
+        ("a", {"x_s": _spec()}), ("b", {"x_s": _spec()}), ("c", {"w_s": _spec(default=False)})))
+    assert list(sim.strategies.schema((one,))) == ["x_s"]
+    with pytest.raises(SimError, match="'x_s' is declared by both a and b"):
+        sim.strategies.schema((one, two))
+    with pytest.raises(SimError, match="'w_s' .c. declares no default"):
+        sim.strategies.schema((bare,))

@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract import decision
-from layercheck.config import LayerCheckConfig
-from layercheck.policy import Policy
+from layercheck.contract.config import LayerCheckConfig
+from layercheck.contract.policy import Policy
 from layercheck.contract.trace import TraceError, read_trace
 
 TRACES = Path(__file__).resolve().parents[3] / "traces"

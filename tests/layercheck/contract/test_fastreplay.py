@@ -1,4 +1,4 @@
-"""layercheck.contract.fastreplay decides exactly what layercheck.policy.replay decides."""
+"""layercheck.contract.fastreplay decides exactly what layercheck.contract.policy.replay decides."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import arrays
 
 from layercheck.contract.fastreplay import base_step, fast_replay
 from layercheck.contract.replayed import NO_WRITE
-from layercheck.policy import Policy, replay
+from layercheck.contract.policy import Policy, replay
 
 # Values that make ties likely (sums of them hit thresholds exactly or within
 # one rounding) next to arbitrary floats.

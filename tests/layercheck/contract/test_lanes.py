@@ -1,4 +1,4 @@
-"""layercheck.contract.lanes: many policies at once, each decided exactly as layercheck.policy.replay decides."""
+"""layercheck.contract.lanes: many policies at once, each decided exactly as layercheck.contract.policy.replay decides."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import arrays
 
 from layercheck.contract.fastreplay import fast_replay
 from layercheck.contract.lanes import replay_many
-from layercheck.policy import Policy, replay
+from layercheck.contract.policy import Policy, replay
 
 from .test_fastreplay import drift_values, threshold_values
 

@@ -3,11 +3,10 @@ from pathlib import Path
 
 import pytest
 
-import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
-from layercheck.contract.calibration import Calibration, read_calibration, write_calibration
+from layercheck.contract.calibration import write_calibration
 from layercheck.contract.measurement import (CODE, MEASURED_BY, MEASURES, MECHANISM_VERSIONS,
                                              MeasuringCode, age_warning, code_record, outdated)
-from layercheck.contract.calibration import FIGURES
+from sim.calibrated import FIGURES, Calibration, read_calibration
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "traces" / "minilm-1000steps" / "costs.json"

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from layercheck.contract.resumed import next_writes
-from layercheck.policy import Policy, PolicyState
+from layercheck.contract.policy import Policy, PolicyState
 from tests.layercheck.contract.test_fastreplay import runs
 
 

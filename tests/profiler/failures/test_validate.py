@@ -61,9 +61,9 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     # each run's prediction restarts as the probe beside it did, where costs.json's
     # restart (timed at calibration) gives predicted_from_costs
     from sim import CostModel
-    from layercheck.contract.calibration import read_calibration
+    from sim.calibrated import read_calibration
     from layercheck.contract.trace import read_trace
-    from profiler.failures.beside import LOADS, priced_load_s
+    from profiler.failures.costprobe import LOADS, priced_load_s
     from sim import Scenario
     costs = CostModel.from_calibration(read_calibration(calibrated_tiny))
     calibrated = costs.restart_s
@@ -237,7 +237,7 @@ def test_the_summary_is_the_median_of_the_repeats_with_their_spread():
 
 
 def test_each_run_s_restarts_after_it_are_the_next_run_s_probe_s_and_the_last_the_closing():
-    from profiler.failures.beside import Beside
+    from profiler.failures.costprobe import Beside
     from profiler.failures.validate import _bracketed
     probes = {"deepspeed": Beside(strategy="deepspeed", restarts_s=(10.0, 11.0, 12.0)),
               "gemini": Beside(strategy="gemini", restarts_s=(8.0, 9.0, 7.0)),
@@ -256,7 +256,7 @@ def test_the_prediction_restarts_as_the_probe_beside_the_run_did():
     """Each failure's recovery in the prediction moves by the probe's difference from
     costs.json's restart (the failures stay at their wall-clock times)."""
     from layercheck.contract.trace import read_trace
-    from profiler.failures.beside import Beside
+    from profiler.failures.costprobe import Beside
     from profiler.failures.validate import FailureLog, _beside, _predict, _scenario
 
     trace = read_trace(ROOT / "traces/minilm-200steps")
@@ -276,7 +276,7 @@ def test_the_probe_s_full_saves_and_differentials_price_the_prediction_s():
     """DeepSpeed's every save stalls the probe's seconds; LowDiff's step stalls its
     differential's; the calibration's figures give the rest."""
     from layercheck.contract.trace import read_trace
-    from profiler.failures.beside import Beside
+    from profiler.failures.costprobe import Beside
     from profiler.failures.validate import FailureLog, _beside, _predict, _scenario
 
     trace = read_trace(ROOT / "traces/minilm-200steps")

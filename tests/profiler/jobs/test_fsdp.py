@@ -73,7 +73,7 @@ def test_calibrate_measures_an_fsdp_capture_on_its_own_sharded_job(fsdp, tmp_pat
     import shutil
     import sys
 
-    from layercheck.contract.calibration import read_calibration
+    from sim.calibrated import read_calibration
     from tests.profiler.conftest import run_command
     folder = tmp_path / "tiny-fsdp"
     shutil.copytree(fsdp.path, folder)

@@ -82,7 +82,7 @@ def test_zero3_restore_was_measured_on_every_rank(zero):
 
 @pytest.mark.slow
 def test_zero3_policy_replay_gives_the_recorded_writes(zero):
-    from layercheck.policy import Policy, replay
+    from layercheck.contract.policy import Policy, replay
     policy = Policy.from_config(LayerCheckConfig.from_dict(zero.trace.manifest["config"]),
                                 zero.trace.layer_names, zero.trace.layers["kind"].tolist())
     decided = np.zeros_like(zero.trace.write_matrix())
@@ -112,7 +112,7 @@ def test_python_m_profiler_starts_torchrun_itself(tmp_path):
     assert trace.num_steps == 3 and len(trace.writes) >= len(trace.layer_names)
     # calibrated by default: DeepSpeed's save and LayerCheck under the ZeRO-3 engine on both
     # ranks, the rest single-process on rank 0, and the methods say which
-    from layercheck.contract.calibration import read_calibration
+    from sim.calibrated import read_calibration
     costs = read_calibration(out)
     assert "under the capture's ZeRO-3 engine on 2 ranks" in costs.figures["save_gbps"].method
     assert "ZeroLayerCheck on 2 ranks" in costs.figures["lc_write_gbps"].method
