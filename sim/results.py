@@ -57,7 +57,7 @@ def aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
     rows = []
     for size, group in _by_size(first).items():
         lanes = np.array([first[k] for k in group], dtype=np.int64)        # keys x lanes
-        means = {f: np.asarray(v, dtype=np.float64)[lanes].sum(axis=1) / size
+        means = {f: _mean(np.asarray(v, dtype=np.float64)[lanes], skip_nan=f != "ratio")
                  for f, v in columns.items()}
         if size > 1:
             spread = np.asarray(columns["ratio"], dtype=np.float64)[lanes].std(axis=1, ddof=1)
@@ -75,6 +75,16 @@ def aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
             rows.append((first[key][0], row))
     rows.sort(key=lambda r: r[0])
     return pd.DataFrame([r for _, r in rows], columns=["mtbf_s", *COLUMNS])
+
+
+def _mean(values: np.ndarray, *, skip_nan: bool) -> np.ndarray:
+    """Each row's mean, summed as numpy sums a row (pairwise): the ratio's as numpy's
+    ``mean``, the other columns' as pandas' (NaN lanes left out), to the bit."""
+    missing = np.isnan(values)
+    if not skip_nan or not missing.any():
+        return values.sum(axis=1) / values.shape[1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(missing, 0.0, values).sum(axis=1) / (~missing).sum(axis=1)
 
 
 def _by_size(groups: dict) -> dict[int, list]:
