@@ -28,7 +28,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import torch
@@ -59,6 +59,9 @@ from .storage.store import Store
 from .storage.location import open_store
 from .storage.writer import LayerSnapshot, StepJob, Writer, WriteRecord
 
+if TYPE_CHECKING:
+    from .tiers.config import TierConfig
+
 __all__ = ["LayerCheck", "StepReport", "RestoreReport"]
 
 log = logging.getLogger("layercheck")
@@ -78,14 +81,16 @@ class LayerCheck:
     lifecycle; ``model`` and ``optimizer`` are then the backend's own.
     ``pretrained``: the safetensors files (folder or file) the model was loaded
     from; frozen parameters found there unchanged are recorded by reference,
-    not written (``layercheck.storage.pretrained``)."""
+    not written (``layercheck.storage.pretrained``). ``tiers``: a memory tier (and buddy
+    replica) over the directory, the durable tier (``layercheck.tiers``)."""
 
     def __init__(self, model: nn.Module, optimizer: Any, directory: "str | Store",
                  config: LayerCheckConfig | None = None, *, scheduler: Any = None,
                  layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
                  source: LayerSource | None = None, ranks: Ranks | None = None,
-                 pretrained: "str | os.PathLike[str] | None" = None) -> None:
+                 pretrained: "str | os.PathLike[str] | None" = None,
+                 tiers: "TierConfig | None" = None) -> None:
         self.config = config or LayerCheckConfig()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.layer_map = layer_map or LayerMap.for_model(model, self.config.layers)
@@ -121,6 +126,10 @@ class LayerCheck:
         self.restored: RestoreReport | None = None
         self._restore_called = False
         self._retry: set[int] = set()
+        self.tiers = None
+        if tiers is not None:
+            from .tiers.tiered import Tiers
+            self.tiers = Tiers(tiers, self)
 
     # -- lifecycle -----------------------------------------------------------
     def _init_directory(self) -> None:
@@ -138,6 +147,8 @@ class LayerCheck:
         self._closed = True
         try:
             self.writer.close()
+            if self.tiers is not None:
+                self.tiers.close()
         finally:
             self.drift.remove()
             self._release()
@@ -152,8 +163,10 @@ class LayerCheck:
             self.ranks.close()
 
     def flush(self) -> None:
-        """Wait until everything submitted so far is committed."""
+        """Wait until everything submitted so far is committed (in every tier)."""
         self.writer.flush()
+        if self.tiers is not None:
+            self.tiers.flush()
 
     def __enter__(self) -> "LayerCheck":
         return self
@@ -178,7 +191,15 @@ class LayerCheck:
         the record of the new timeline (TimelineNotRecorded: the objects hold step
         t, the directory is as it was). After either, ``step()`` refuses until a
         ``restore()`` succeeds; after a failure before the first copy, the objects
-        and the timeline are those of before the call."""
+        and the timeline are those of before the call. With ``tiers``, the newest
+        step is restored from the freshest intact copy of each layer across the
+        tiers (``layercheck.tiers.tiered``)."""
+        if self.tiers is not None and step is None:
+            return self.tiers.restore(self, lambda: self._restore_durable(None, exact=exact))
+        return self._restore_durable(step, exact=exact)
+
+    def _restore_durable(self, step: int | None, *, exact: bool) -> int:
+        """``restore`` from the durable tier alone."""
         start = time.perf_counter()
         self.writer.flush()  # a failed pending write is raised before anything changes
         self.drift.take()  # sums of steps before a restore are of weights it replaces
@@ -353,6 +374,8 @@ class LayerCheck:
         queued = 0
         if self.policy.is_opportunity(t) and self.state.base_step is not None:
             queued = self._submit(t, decision, extra)
+        if self.tiers is not None:
+            self.tiers.step(self, t, extra)
         report = StepReport(t, decision, drift, lr, drift_s, time.perf_counter() - start, queued,
                             decision.k_scale)
         self.last_report = report

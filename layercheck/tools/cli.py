@@ -25,12 +25,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="layers, versions, staleness and bytes on disk")
     p.add_argument("directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--memory-tier", action="append", metavar="FOLDER",
+                   help="a node's memory-tier folder (repeat per node; default: those under "
+                        "the default location): which tier each layer would come from")
     p.add_argument("--quick", action="store_true",
                    help="check that files exist with their committed sizes; skip checksums")
     p = sub.add_parser("plan", help="which step each layer would be restored from")
     p.add_argument("directory")
     p.add_argument("--step", type=_step, help="recover at or before this step (default newest)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--memory-tier", action="append", metavar="FOLDER",
+                   help="a node's memory-tier folder (repeat per node; default: those under "
+                        "the default location): which tier each layer would come from")
     p = sub.add_parser("export", help="write the composite state of a step as a model folder, "
                        "a DeepSpeed or a DCP checkpoint")
     p.add_argument("directory")
@@ -95,7 +101,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "inspect":
         from .inspection import format_inspection, inspect_directory
         info = inspect_directory(store, verify=not args.quick)
-        print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+        text = _with_tiers(store, args, info)
+        print(json.dumps(info, indent=2) if args.json else format_inspection(info) + text)
     elif args.command == "plan":
         from ..storage.manifest import read_consistent, read_manifest
         from ..recovery import make_plan
@@ -105,7 +112,8 @@ def _run(args: argparse.Namespace) -> int:
         budget = ((read_manifest(store).header or {}).get("config") or {}).get("write_budget")
         if budget is not None:
             info["budget"] = _budget_on_resume(float(budget), plan.step)
-        print(json.dumps(info, indent=2) if args.json else _format_plan(info))
+        text = _with_tiers(store, args, info) if args.step is None else ""
+        print(json.dumps(info, indent=2) if args.json else _format_plan(info) + text)
     elif args.command == "export":
         from .export import export
         plan = export(store, args.out, step=args.step, format=args.format,
@@ -129,6 +137,18 @@ def _run(args: argparse.Namespace) -> int:
               f"{len(report.removed_files)} files{crashed}, "
               f"{report.freed_bytes / 2**20:.1f} MiB{unverified}")
     return 0
+
+
+def _with_tiers(store: object, args: argparse.Namespace, info: dict) -> str:
+    """Adds ``tiers`` to ``info`` where memory tiers are found (``layercheck.tiers``);
+    the text to print after the table."""
+    from ..storage.manifest import read_manifest
+    from ..tiers.inventory import default_folders, format_tier_plan, tier_plan
+    folders = args.memory_tier or default_folders(store.url)  # type: ignore[attr-defined]
+    if not folders:
+        return ""
+    info["tiers"] = tier_plan(store, read_manifest(store), folders)  # type: ignore[arg-type]
+    return "\n\n" + format_tier_plan(info["tiers"])
 
 
 def _budget_on_resume(write_budget: float, step: int) -> dict:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from layercheck.contract.figure import FigureSpec
 
 from ..errors import SimError
-from . import base, checkfreq, deepspeed, gemini, jit, layercheck, lowdiff, none
+from . import base, checkfreq, deepspeed, gemini, jit, layercheck, lowdiff, none, tiered
 from .base import PROTOCOLS, Cadence, Footprint, Schedule, Strategy
 from .checkfreq import CHECKFREQ_OVERHEAD, CheckFreq
 from .deepspeed import DeepSpeed
@@ -27,13 +27,14 @@ from .gemini import Gemini
 from .layercheck import LayerCheck, LayerCheckSync
 from .lowdiff import NATIVE_DIFF_BATCH, LowDiff
 from .none import NoCheckpoint
+from .tiered import Tiered
 
 __all__ = ["Cadence", "Footprint", "Schedule", "Strategy", "STRATEGIES", "MODULES", "SCHEMA", "schema",
            "get_strategy", "PROTOCOLS", "CHECKFREQ_OVERHEAD", "NATIVE_DIFF_BATCH",
            "NoCheckpoint", "DeepSpeed", "CheckFreq", "Gemini", "LowDiff", "LayerCheck",
-           "LayerCheckSync"]
+           "LayerCheckSync", "Tiered"]
 
-MODULES = (base, none, deepspeed, checkfreq, gemini, lowdiff, layercheck, jit)
+MODULES = (base, none, deepspeed, checkfreq, gemini, lowdiff, layercheck, jit, tiered)
 """The registry: every strategy module, in report order."""
 
 

@@ -22,7 +22,7 @@ def test_presets_and_columns():
     df = simulate(Scenario.from_preset("llama-3.2-1b", window_s=DAY), mtbf_s=1800.0, seeds=2)
     assert tuple(df.columns) == COLUMNS
     assert list(df.strategy) == ["none", "deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck",
-                                 "layercheck-sync"]
+                                 "layercheck-sync", "tiered"]
     assert ((df.effective_ratio > 0) & (df.effective_ratio < 1)).all()
     # useful_s is net of the stale time counted as lost (phi x stale_s), whatever phi is
     parts = df.useful_s + df.stale_lost_s + df.checkpoint_stall_s + df.lost_work_s + df.recovery_s

@@ -105,7 +105,7 @@ def test_sweep_writes_files(tmp_path, capsys):
                  "--preset", "llama-3.2-1b", "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"sweep.csv", "sweep.json", "sweep.html"}
     rows = json.loads((out / "sweep.json").read_text())["rows"]
-    assert len(rows) == 3 * 8 and {r["strategy"] for r in rows} >= {"limit", "layercheck"}
+    assert len(rows) == 3 * 9 and {r["strategy"] for r in rows} >= {"limit", "layercheck"}
     assert "limit (perfect checkpointer)" in (out / "sweep.html").read_text()
 
 

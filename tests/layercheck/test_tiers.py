@@ -1,0 +1,186 @@
+"""The memory tier in one process: real SIGKILLed training runs resume bit-identically.
+
+Each killed run is compared with the failure-free run of the same job
+(``tiers_worker.py``): the digest of the whole training state restored at step
+T equals the failure-free run's at T, and so does the end of the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from layercheck import LayerCheck, LayerCheckConfig
+from layercheck import ConfigError
+from layercheck.tiers import TierConfig
+from layercheck.tiers.memory import TierFull
+from profiler.launch import rank_environment
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "layercheck" / "tiers_worker.py"
+STEPS = 10
+
+
+def run(work: Path, out: str, *args: str, halt: int = 0) -> dict:
+    """The worker on ``work/ckpt`` and ``work/mem``; its report (``out``/rank0.json).
+    ``halt``: SIGKILL it once step ``halt`` is committed in every tier."""
+    command = [sys.executable, str(WORKER), "--dir", str(work / "ckpt"), "--tier",
+               str(work / "mem"), "--out", str(work / out), "--steps", str(STEPS), *args]
+    env = rank_environment(1)
+    if not halt:
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode in (0, -signal.SIGKILL), done.stderr[-3000:]
+        report = work / out / "rank0.json"
+        return json.loads(report.read_text()) if report.exists() else {}
+    proc = subprocess.Popen([*command, "--halt-at", str(halt)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (work / out / "halted0").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the worker did not halt"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return json.loads((work / out / "rank0.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The failure-free run: the digest after every step. Its durable tier writes every
+    layer at steps 2 (the base), 6 and 10 only (Smax 4, thresholds no drift reaches)."""
+    return run(tmp_path_factory.mktemp("reference"), "out")["digests"]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> Path:
+    """A run SIGKILLed once step 7 is committed: its checkpoint and memory tier."""
+    work = tmp_path_factory.mktemp("killed")
+    run(work, "first", halt=7)
+    return work
+
+
+def copy_of(killed: Path, tmp_path: Path) -> Path:
+    shutil.copytree(killed, tmp_path / "w")
+    return tmp_path / "w"
+
+
+def flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def slot_of(work: Path, step: int) -> Path:
+    for k in (0, 1):
+        marker = work / "mem" / "rank0" / f"slot{k}.json"
+        if marker.exists() and json.loads(marker.read_text())["step"] == step:
+            return work / "mem" / "rank0" / f"slot{k}"
+    raise AssertionError(f"no slot of step {step}")
+
+
+def test_sigkill_resumes_bit_identical_at_the_failure_step(killed, reference, tmp_path):
+    work = copy_of(killed, tmp_path)
+    resumed = run(work, "again")
+    assert resumed["restored_step"] == 7
+    assert resumed["extra"] == {"step": 7}
+    assert {tier for tier, _ in resumed["sources"].values()} == {"memory"}
+    assert resumed["restored_digest"] == reference["7"]
+    assert resumed["digests"][str(STEPS)] == reference[str(STEPS)]
+
+
+def test_a_damaged_memory_file_falls_back_to_the_older_slot_then_to_storage(killed, tmp_path):
+    work = copy_of(killed, tmp_path)
+    flip(slot_of(work, 7) / "L1")  # layer "3", the second
+    resumed = run(work, "again")
+    assert resumed["restored_step"] == 7
+    assert resumed["sources"]["3"] == ["memory", 6]  # the other slot: one step older
+    assert resumed["sources"]["0"] == ["memory", 7]
+    work = copy_of(killed, tmp_path / "second")
+    flip(slot_of(work, 7) / "L1")  # layer "3", the second
+    with open(slot_of(work, 6) / "L1", "r+b") as f:  # partial: cut short
+        f.truncate(10)
+    resumed = run(work, "again")
+    tier, step = resumed["sources"]["3"]
+    assert resumed["restored_step"] == 7 and tier == "storage" and step < 7
+
+
+def test_a_slot_without_its_marker_is_not_used(killed, reference, tmp_path):
+    work = copy_of(killed, tmp_path)
+    (slot_of(work, 7).parent / (slot_of(work, 7).name + ".json")).unlink()
+    resumed = run(work, "again")
+    # memory's consistent step 6, exactly, though storage committed step 7
+    assert resumed["restored_step"] == 6
+    assert resumed["restored_digest"] == reference["6"]
+
+
+def test_a_kill_during_a_memory_tier_write_resumes_at_the_step_before(reference, tmp_path):
+    run(tmp_path, "first", "--die-in-write", "8")
+    resumed = run(tmp_path, "again")
+    assert resumed["restored_step"] == 7
+    assert resumed["restored_digest"] == reference["7"]
+    assert resumed["digests"][str(STEPS)] == reference[str(STEPS)]
+
+
+def test_another_runs_memory_tier_is_not_used(killed, tmp_path):
+    work = copy_of(killed, tmp_path)
+    shutil.rmtree(work / "ckpt")  # a new run in the same directory and folder
+    resumed = run(work, "again")
+    assert resumed["restored_step"] == 0
+
+
+def tiny() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.Linear(64, 4))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def test_a_tier_over_its_budget_is_refused_before_anything_is_written(tmp_path):
+    model, optimizer = tiny()
+    lc = LayerCheck(model, optimizer, str(tmp_path / "ckpt"), LayerCheckConfig(),
+                    tiers=TierConfig(folder=str(tmp_path / "mem"), budget_bytes=4096))
+    lc.restore()
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    with pytest.raises(TierFull, match="raise TierConfig\\(budget_bytes"):
+        lc.step()
+    assert not list((tmp_path / "mem").rglob("slot*"))
+    lc.close()
+
+
+def test_the_config_refuses_bad_values():
+    with pytest.raises(ConfigError, match="budget_bytes"):
+        TierConfig(budget_bytes=0)
+    with pytest.raises(ConfigError, match="node"):
+        TierConfig(node="")
+    with pytest.raises(TypeError):
+        TierConfig("/dev/shm/x")  # keyword only
+    assert TierConfig(node="n1").folder_for("ckpt").endswith("/n1")
+    assert os.path.dirname(TierConfig(node="n1").folder_for("a")) != \
+        os.path.dirname(TierConfig(node="n1").folder_for("b"))
+
+
+def test_plan_and_inspect_say_which_tier_each_layer_would_come_from(killed, tmp_path, capsys):
+    from layercheck.tools.cli import main
+    work = copy_of(killed, tmp_path)
+    flip(slot_of(work, 7) / "L1")
+    flip(slot_of(work, 6) / "L1")
+    assert main(["plan", str(work / "ckpt"), "--memory-tier", str(work / "mem"), "--json"]) == 0
+    tiers = json.loads(capsys.readouterr().out)["tiers"]
+    assert tiers["step"] == 7
+    (rank,) = tiers["ranks"]
+    assert rank["state"] == "memory"
+    assert [(l["layer"], l["tier"], l["step"]) for l in rank["layers"]] == [
+        ("0", "memory", 7), ("3", "storage", 6), ("5", "memory", 7)]
+    assert main(["inspect", str(work / "ckpt"), "--memory-tier", str(work / "mem")]) == 0
+    text = capsys.readouterr().out
+    assert "a restore now takes step 7" in text
+    assert "0/3 layers intact" not in text and "2/3 layers intact" in text
