@@ -25,6 +25,7 @@ and for its parts, it is carried to another job by that job's composition
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -58,8 +59,7 @@ class Composite:
         last = np.asarray(last, dtype=np.int64)
         steps = last.shape[0] - 1
         if restarted is None:
-            return cls(last, np.full((1, *last.shape), UNKNOWN, dtype=np.int64),
-                       np.asarray(weights, dtype=np.float64))
+            return cls(last, _unknown(last.shape), np.asarray(weights, dtype=np.float64))
         lifts = [np.asarray(restarted, dtype=np.int64)]
         layer = np.arange(last.shape[1])
         while (1 << len(lifts)) <= steps:  # 2^levels > steps: any walk fits
@@ -82,11 +82,20 @@ class Composite:
         levels = max(p.lifts.shape[0] for p in parts)
 
         def padded(p: "Composite") -> np.ndarray:
+            if p.lifts.shape[0] == levels:
+                return p.lifts
             # beyond a job's own levels every walk has left the job (or is unknown)
             top = np.where(p.lifts[-1] == UNKNOWN, UNKNOWN, p.last.shape[0])
             return np.concatenate([p.lifts] + [top[None]] * (levels - p.lifts.shape[0]))
         return Composite(np.concatenate([p.last for p in parts]),
                          np.concatenate([padded(p) for p in parts], axis=1), parts[0].weights)
+
+    @staticmethod
+    def stack_tables(parts: list["Composite"]) -> tuple[np.ndarray, np.ndarray]:
+        """``stack(parts)``'s ``last`` and ``restarted`` alone (what the compiled walk reads),
+        without stacking the other levels of ``lifts``."""
+        return (np.concatenate([p.last for p in parts]),
+                np.concatenate([p.lifts[0] for p in parts]))
 
     def since(self, c: np.ndarray, j: np.ndarray, off: np.ndarray | int = 0) -> np.ndarray:
         """c.shape + (layers,): per layer, the step after which a recovery at c discards
@@ -121,6 +130,15 @@ class Composite:
         since = self.since(c, j, off)
         gone = work[(off + c)[..., None]] - work[off[..., None] + since]
         return np.cumsum(gone * self.weights, axis=-1)[..., -1]
+
+
+@lru_cache(maxsize=8)
+def _unknown(shape: tuple[int, int]) -> np.ndarray:
+    """A ``restarted`` table of a job whose resumed writes are not known: every entry
+    ``UNKNOWN``, one read-only array per shape (a search builds hundreds of such jobs)."""
+    table = np.full((1, *shape), UNKNOWN, dtype=np.int64)
+    table.setflags(write=False)
+    return table
 
 
 def embedding_share(written: np.ndarray, params: np.ndarray, embedding: np.ndarray) -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -87,11 +88,25 @@ class _Stack:
         self.recover = cat(lambda t: t.schedule.recover)
         self.recover_backup = cat(lambda t: t.schedule.recover_backup
                                   if t.schedule.recover_backup is not None else t.schedule.recover)
-        self.composite = _composites(timelines)
+        self._timelines = timelines
         shift = lambda s: s * self.big  # noqa: E731
         self.ready_key = np.concatenate([t.ready + shift(s) for s, t in enumerate(timelines)])
         self.commit_key, self.commit_pos = self._tier(timelines, "commit")
         self.backup_key, self.backup_pos = self._tier(timelines, "backup")
+
+    @cached_property
+    def composite(self) -> Composite | None:
+        """Every timeline's composite stacked (``_composites``); None where none has one."""
+        return _composites(self._timelines)
+
+    def stale_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The stacked composite's ``last``, ``restarted`` and weights, what the compiled
+        loop reads (None where no timeline has a composite), without its other levels."""
+        parts = _composite_parts(self._timelines)
+        if parts is None:
+            return None
+        last, restarted = Composite.stack_tables(parts)
+        return last, restarted, parts[0].weights
 
     def stale(self, off: np.ndarray, c: np.ndarray, j: np.ndarray) -> np.ndarray:
         """``Schedule.stale_s(c, j)`` for every lane at once (0 where no layer is stale)."""
@@ -198,13 +213,20 @@ def compiled_kernel(load: bool = False):
 def _composites(timelines) -> Composite | None:
     """Every timeline's composite stacked like the timelines (a consistent schedule's:
     every layer from c, ``Composite.consistent``); None where no timeline has one."""
+    parts = _composite_parts(timelines)
+    return None if parts is None else Composite.stack(parts)
+
+
+def _composite_parts(timelines) -> list[Composite] | None:
+    """Every timeline's composite, a consistent one's where it has none; None where no
+    timeline has one."""
     parts = [t.schedule.composite for t in timelines]
     known = [p for p in parts if p is not None]
     if not known:
         return None
     weights = known[0].weights
-    return Composite.stack([p if p is not None else Composite.consistent(t.steps, weights.size, weights)
-                            for t, p in zip(timelines, parts)])
+    return [p if p is not None else Composite.consistent(t.steps, weights.size, weights)
+            for t, p in zip(timelines, parts)]
 
 
 class _Lanes:

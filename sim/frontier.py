@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,8 +27,9 @@ import pandas as pd
 
 from layercheck.contract.config import ConfigError, LayerCheckConfig
 from layercheck.contract.decision import PAPER_STEPS, lr_ratio, paper_default, policy_for, recorded_config
-from layercheck.contract.lanes import Lanes, replay_many
+from layercheck.contract.lanes import LaneTable, Lanes, replay_many
 from layercheck.contract.policy import Policy
+from layercheck.contract.replayed import NO_WRITE, run_arrays
 from layercheck.contract.trace import Trace
 
 from .api import Scenario, simulate_writes
@@ -191,7 +193,7 @@ def evaluate(trace: Trace, configs: Sequence[LayerCheckConfig], *,
     start = time.perf_counter()
     if not configs:
         raise SimError("evaluate needs at least one setting")
-    lanes = replay_many(_policies(trace, configs), trace.drift_matrix(), lr_ratio(trace))
+    lanes = _replay(_policies(trace, configs), trace.drift_matrix(), lr_ratio(trace))
     table = pd.DataFrame({c: [getattr(cfg, c) for cfg in configs] for c in SETTING_COLUMNS})
     table["write_budget"] = [cfg.write_budget for cfg in configs]
     table = table.assign(**_measure(trace, lanes))
@@ -202,6 +204,25 @@ def evaluate(trace: Trace, configs: Sequence[LayerCheckConfig], *,
     table["effective_ratio"] = np.nan
     table["ci95"] = np.nan
     return Evaluation(table, tuple(configs), lanes, trace, time.perf_counter() - start)
+
+
+def _replay(policies: list[Policy], drift: np.ndarray, ratio: np.ndarray) -> Lanes:
+    """``layercheck.contract.lanes.replay_many``, the same lanes and decisions; its walk
+    compiled (``sim.kernel.lanes_walk``) where the engine loaded the compiled loops and no
+    policy has a write budget (the budgets' accounts stay with the library's walk)."""
+    kernel = sys.modules.get(f"{__package__}.kernel")    # loaded by the engine, never here
+    if kernel is None or any(p.write_budget is not None for p in policies) or not policies \
+            or any(p.num_layers != policies[0].num_layers for p in policies):
+        return replay_many(policies, drift, ratio)
+    drift, ratio = run_arrays(policies[0].num_layers, drift, ratio)
+    table = LaneTable.build(policies)
+    reasons = np.full((drift.shape[0], len(table.layer)), NO_WRITE, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        kernel.lanes_walk(np.ascontiguousarray(drift.T), ratio, table.layer, table.base,
+                          table.smax, table.interval, table.base_step, table.scaled, reasons)
+    return Lanes(reasons=reasons, lane_of=table.lane_of,
+                 k_scale=np.ones((drift.shape[0], len(policies))),
+                 base_steps=np.array([p.base_step for p in policies], dtype=np.int64))
 
 
 def _policies(trace: Trace, configs: Sequence[LayerCheckConfig]) -> list[Policy]:

@@ -38,19 +38,20 @@ from numba import njit
 
 from .composite import UNKNOWN
 
-__all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk"]
+__all__ = ["run", "timeline_walk", "next_writes_walk", "queued_writer_walk", "lanes_walk"]
 
 
 def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray) -> np.ndarray:
     """Totals of ``lanes`` (``sim.engine._Lanes``, fresh) over every segment of each."""
     n = len(lanes.off)
-    if st.composite is None:
+    tables = st.stale_tables()
+    if tables is None:
         stale_last = restarted = np.zeros((0, 0), dtype=np.int64)
         weights = np.zeros(0)
     else:
-        stale_last = st.composite.last
-        restarted = np.ascontiguousarray(st.composite.restarted)
-        weights = np.ascontiguousarray(st.composite.weights, dtype=np.float64)
+        stale_last, restarted, weights = tables
+        restarted = np.ascontiguousarray(restarted)
+        weights = np.ascontiguousarray(weights, dtype=np.float64)
     out = np.zeros((10, n))
     _lanes(lanes.off, lanes.key, lanes.end, lanes.job_s, lanes.prob, lanes.seg_off, lanes.count,
            lanes.ready_hi, lanes.commit_lo, lanes.commit_hi, lanes.backup_lo, lanes.backup_hi,
@@ -136,7 +137,9 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
                 if has_stale[lane]:
                     low = min(js, c)
                     dot = 0.0
-                    for layer in range(width):
+                    # low == c: every layer's copy is at c or was restored there, each
+                    # term 0.0 (a failure before any new commit): the sum is 0.0 unsummed
+                    for layer in range(width if low != c else 0):
                         # sim.composite's Composite.since, one layer: after a restore of
                         # low > 0 the resumed run's writes, walked one by one up to c
                         if low > 0 and restarted[off + low, layer] != UNKNOWN:
@@ -212,10 +215,13 @@ def timeline_walk(compute, snap, persist):
 def next_writes_walk(drift, thresholds, smax, interval, only_smax):
     """``layercheck.contract.resumed.next_writes``'s table, entry by entry: the drift of
     steps s+1..t summed left to right from 0.0 in float64 and compared with the same
-    threshold, stopping at the write (``sim.nextwrites``)."""
-    steps, layers = drift.shape
+    threshold, stopping at the write (``sim.nextwrites``). ``drift`` and ``thresholds``
+    layer-major (layers x steps, each layer's steps contiguous); the table is steps + 1
+    x layers. Opportunities (t a multiple of ``interval``) are counted, not divided."""
+    layers, steps = drift.shape
     out = np.full((steps + 1, layers), steps + 1, dtype=np.int64)
     for layer in range(layers):
+        row, limit = drift[layer], thresholds[layer]
         for s in range(steps + 1):
             if only_smax[layer]:
                 t = s + smax + (-(s + smax)) % interval
@@ -223,13 +229,15 @@ def next_writes_walk(drift, thresholds, smax, interval, only_smax):
                     out[s, layer] = t
                 continue
             acc = 0.0
+            phase = (s + 1) % interval          # t % interval, for t = s + 1 on
             for t in range(s + 1, steps + 1):
-                acc += drift[t - 1, layer]
-                if t % interval != 0:
-                    continue
-                if t - s >= smax or acc >= thresholds[t - 1, layer]:
+                acc += row[t - 1]
+                if phase == 0 and (t - s >= smax or acc >= limit[t - 1]):
                     out[s, layer] = t
                     break
+                phase += 1
+                if phase == interval:
+                    phase = 0
     return out
 
 
@@ -270,3 +278,36 @@ def queued_writer_walk(compute, snap, write, full, full_s, slots):
         snap[i] = stall
         t = end
     return out, most
+
+
+@njit(cache=True)
+def lanes_walk(drift, lr_ratio, layer, base, smax, interval, base_step, scaled, reasons):
+    """``layercheck.contract.lanes``' walk for lanes without a write budget, one lane at a
+    time (``sim.frontier``): ``drift`` layer-major (layers x steps), per lane its layer,
+    threshold, Smax, interval, base step and LR scaling; fills ``reasons`` (steps x lanes,
+    ``NO_WRITE`` on entry) with 0 (base), 1 (threshold) or 2 (Smax) where the lane writes.
+    The same float64 sums and products per step as the numpy walk (tested equal)."""
+    steps = drift.shape[1]
+    for lane in range(base.shape[0]):
+        row, b, every, limit = drift[layer[lane]], base[lane], interval[lane], smax[lane]
+        infinite, first = np.isinf(b), base_step[lane]
+        acc = 0.0
+        due = limit
+        started = False
+        for t in range(1, steps + 1):
+            acc += row[t - 1]
+            ratio = lr_ratio[t - 1]
+            k = b * ratio if scaled[lane] else b
+            if infinite and not ratio > 0:
+                k = np.inf                      # inf * 0 -> nan: an infinite K stays infinite
+            by_drift = acc >= k
+            write = (by_drift or due <= t) and t % every == 0 and started
+            if t == first:
+                write = True
+                started = True
+            if write:
+                reasons[t - 1, lane] = 1 if by_drift else 2
+                acc = 0.0
+                due = t + limit
+        if first <= steps:
+            reasons[first - 1, lane] = 0

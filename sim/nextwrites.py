@@ -36,10 +36,11 @@ def next_writes(policy: Policy, drift: np.ndarray, lr_ratio: np.ndarray,
         raise ValueError(f"k_scale must hold one value per step ({drift.shape[0]}), got shape "
                          f"{scale.shape}")
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, inf * 0: the policy's NaN
-        thresholds = np.ascontiguousarray(policy.thresholds(ratio, scale), dtype=np.float64)
+        thresholds = np.asarray(policy.thresholds(ratio, scale), dtype=np.float64)
         # a layer whose threshold is never finite and whose drift cannot sum to inf writes
         # only at Smax: its waits need no sums (the walk's own answer, without them)
         only_smax = np.isposinf(thresholds).all(axis=0) & np.isfinite(drift).all(axis=0) \
             & (np.abs(drift).sum(axis=0) < 1e300)
-    return kernel.next_writes_walk(np.ascontiguousarray(drift), thresholds, int(policy.smax),
-                                   int(policy.interval), only_smax)
+    thresholds = np.broadcast_to(thresholds, drift.shape)
+    return kernel.next_writes_walk(np.ascontiguousarray(drift.T), np.ascontiguousarray(thresholds.T),
+                                   int(policy.smax), int(policy.interval), only_smax)

@@ -15,7 +15,7 @@ from layercheck.contract.calibration import Figure
 
 from .engine import LaneResults
 
-__all__ = ["COLUMNS", "LIMIT", "aggregate", "stale_lost"]
+__all__ = ["COLUMNS", "LIMIT", "aggregate", "stale_lost", "t_quantile"]
 
 LIMIT = "limit"
 """The strategy name of the perfect checkpointer's rows in ``sweep``."""
@@ -45,24 +45,58 @@ def aggregate(res: LaneResults, keys: list, mtbfs: list, window: float,
     low, high = phi.interval
     lost = stale_lost(res, phi.value)
     useful = res.useful_s - lost
-    lanes = pd.DataFrame({"key": keys, "ratio": useful / window, "useful_s": useful,
-                          "ratio_at_phi_low": (res.useful_s - stale_lost(res, low)) / window,
-                          "ratio_at_phi_high": (res.useful_s - stale_lost(res, high)) / window,
-                          "stale_lost_s": lost,
-                          **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s",
-                                                          "lost_work_s", "recovery_s",
-                                                          "failures", "bytes_written")}})
+    columns = {"ratio": useful / window, "useful_s": useful,
+               "ratio_at_phi_low": (res.useful_s - stale_lost(res, low)) / window,
+               "ratio_at_phi_high": (res.useful_s - stale_lost(res, high)) / window,
+               "stale_lost_s": lost,
+               **{f: getattr(res, f) for f in ("stale_s", "checkpoint_stall_s", "lost_work_s",
+                                               "recovery_s", "failures", "bytes_written")}}
+    first: dict = {}
+    for lane, key in enumerate(keys):
+        first.setdefault(key, []).append(lane)
     rows = []
-    from scipy import stats  # 1-2 s to import: only when an interval is computed
-    for key, group in lanes.groupby("key", sort=False):
-        mi, name, cadence = key
-        n, ratio = len(group), group["ratio"].to_numpy()
-        half = float(stats.t.ppf(0.975, n - 1) * ratio.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        row = {"mtbf_s": mtbfs[mi], "strategy": name, "effective_ratio": float(ratio.mean()),
-               "ci95": half}
-        for f in COLUMNS[3:-2]:
-            row[f] = float(group[f].mean())
-        row["interval"] = cadence.every if cadence else None
-        row["storage_interval"] = cadence.storage_every if cadence else None
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["mtbf_s", *COLUMNS])
+    for size, group in _by_size(first).items():
+        lanes = np.array([first[k] for k in group], dtype=np.int64)        # keys x lanes
+        means = {f: _mean(np.asarray(v, dtype=np.float64)[lanes], skip_nan=f != "ratio")
+                 for f, v in columns.items()}
+        if size > 1:
+            spread = np.asarray(columns["ratio"], dtype=np.float64)[lanes].std(axis=1, ddof=1)
+            half = t_quantile(0.975, size - 1) * spread / math.sqrt(size)
+        else:
+            half = np.full(len(group), math.nan)
+        for g, key in enumerate(group):
+            mi, name, cadence = key
+            row = {"mtbf_s": mtbfs[mi], "strategy": name, "effective_ratio": float(means["ratio"][g]),
+                   "ci95": float(half[g])}
+            for f in COLUMNS[3:-2]:
+                row[f] = float(means[f][g])
+            row["interval"] = cadence.every if cadence else None
+            row["storage_interval"] = cadence.storage_every if cadence else None
+            rows.append((first[key][0], row))
+    rows.sort(key=lambda r: r[0])
+    return pd.DataFrame([r for _, r in rows], columns=["mtbf_s", *COLUMNS])
+
+
+def _mean(values: np.ndarray, *, skip_nan: bool) -> np.ndarray:
+    """Each row's mean, summed as numpy sums a row (pairwise): the ratio's as numpy's
+    ``mean``, the other columns' as pandas' (NaN lanes left out), to the bit."""
+    missing = np.isnan(values)
+    if not skip_nan or not missing.any():
+        return values.sum(axis=1) / values.shape[1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(missing, 0.0, values).sum(axis=1) / (~missing).sum(axis=1)
+
+
+def _by_size(groups: dict) -> dict[int, list]:
+    """The keys by their number of lanes (each size's keys in first-seen order)."""
+    out: dict[int, list] = {}
+    for key, lanes in groups.items():
+        out.setdefault(len(lanes), []).append(key)
+    return out
+
+
+def t_quantile(q: float, df: int) -> float:
+    """Student's t quantile: ``scipy.stats.t.ppf(q, df)`` to the bit (its ``_ppf`` is this
+    ``stdtrit``), without importing ``scipy.stats`` (1-2 s): ``scipy.special`` only."""
+    from scipy.special import stdtrit
+    return float(stdtrit(df, q))

@@ -37,6 +37,7 @@ from .calibrated import FIGURES
 from .api import Scenario
 from .fair import LAYERCHECK, FairResult, rate_schedules, search_kernel, spelled
 from .paper import lowdiff_stall_note
+from .results import t_quantile
 from .sensitivity import SEEDS, WINDOW_S, at_value, banded
 from .settings import Setting, near, rollback_space
 from .strategies import LowDiff, Schedule, get_strategy
@@ -164,8 +165,7 @@ def judge(result: FairResult, *, bands: bool = True, fresh: bool = True) -> Verd
     if runner is not None:
         diff = ratios[w] - ratios[best[runner]]
         margin = float(diff.mean())
-        from scipy import stats  # 1-2 s to import: only when an interval is computed
-        half = float(stats.t.ppf(0.975, diff.size - 1) * diff.std(ddof=1) / math.sqrt(diff.size)) \
+        half = float(t_quantile(0.975, diff.size - 1) * diff.std(ddof=1) / math.sqrt(diff.size)) \
             if diff.size > 1 else math.nan
     phi, phi_flips = _phi(result, winner)
     flips, varied, unvaried, check = list(phi_flips), (), (), {}

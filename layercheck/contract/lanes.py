@@ -33,7 +33,7 @@ from . import budget
 from .replayed import NO_WRITE, Replayed, run_arrays
 from .policy import Policy, Reason
 
-__all__ = ["Lanes", "replay_many"]
+__all__ = ["Lanes", "LaneTable", "replay_many"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +78,7 @@ def replay_many(policies: Sequence[Policy], drift: np.ndarray, lr_ratio: np.ndar
         if p.write_budget is not None and p.sizes is None:
             raise ValueError("a policy with a write budget needs sizes (bytes of one version "
                              "of each layer): Policy.from_config(..., sizes=...)")
-    table = _LaneTable.build(policies)
+    table = LaneTable.build(policies)
     with np.errstate(invalid="ignore"):  # inf * 0 and NaN drift: the reference's NaNs, compared alike
         reasons, k_scale = _walk(table, drift, lr_ratio, len(policies))
     return Lanes(reasons=reasons, lane_of=table.lane_of, k_scale=k_scale,
@@ -86,7 +86,7 @@ def replay_many(policies: Sequence[Policy], drift: np.ndarray, lr_ratio: np.ndar
 
 
 @dataclass(frozen=True)
-class _LaneTable:
+class LaneTable:
     """One entry per lane: its layer, threshold, Smax, interval, base step, LR
     scaling, and its budget group (``groups`` means none); per group its budget."""
 
@@ -105,7 +105,7 @@ class _LaneTable:
     group_policy: np.ndarray
 
     @classmethod
-    def build(cls, policies: Sequence[Policy]) -> "_LaneTable":
+    def build(cls, policies: Sequence[Policy]) -> "LaneTable":
         count, n = len(policies), policies[0].num_layers
         budgets = np.array([np.nan if p.write_budget is None else p.write_budget for p in policies])
         budgeted = np.flatnonzero(~np.isnan(budgets))
@@ -132,7 +132,7 @@ class _LaneTable:
                    group_policy=budgeted)
 
 
-def _walk(lt: _LaneTable, drift: np.ndarray, lr_ratio: np.ndarray,
+def _walk(lt: LaneTable, drift: np.ndarray, lr_ratio: np.ndarray,
           num_policies: int) -> tuple[np.ndarray, np.ndarray]:
     """Advance every lane through steps 1..T (the reference's arithmetic, lane-wise).
 
@@ -203,7 +203,7 @@ class _Openings:
         return mask
 
 
-def _settle(lt: _LaneTable, t: int, write: np.ndarray, at_base: np.ndarray | None,
+def _settle(lt: LaneTable, t: int, write: np.ndarray, at_base: np.ndarray | None,
             scale: np.ndarray, level: np.ndarray, spent: np.ndarray, k_row: np.ndarray) -> None:
     """The write budgets' accounts after step t (``layercheck.contract.budget``), in place."""
     groups = len(lt.group_budget)

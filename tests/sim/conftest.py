@@ -59,3 +59,20 @@ def sweep_lanes(mtbfs=(36.0, 300.0, 3600.0), seeds=4, window=3 * 86400.0, costs=
             strategy += [len(timelines) - 1] * seeds
             row += [mi * seeds + i for i in range(seeds)]
     return timelines, np.array(strategy), times, np.array(row), uniforms, window
+
+
+DRIFT_CASES = ("none", "nan", "inf", "negative")
+"""What ``drift_case`` puts into a run's drift besides ordinary values."""
+
+
+def drift_case(rng: np.random.Generator, steps: int, layers: int, special: str) -> np.ndarray:
+    """steps x layers of drift as a replay may meet it: ordinary (gamma), with NaNs, with
+    infinities, or shifted below zero (``DRIFT_CASES``)."""
+    drift = rng.gamma(1.0, 2e-4, (steps, layers))
+    if special == "nan":
+        drift[rng.random(drift.shape) < 0.1] = np.nan
+    elif special == "inf":
+        drift[rng.random(drift.shape) < 0.05] = np.inf
+    elif special == "negative":
+        drift -= 3e-4
+    return drift

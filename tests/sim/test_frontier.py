@@ -19,6 +19,8 @@ from sim.frontier import (Grid, config_line, evaluate, paper_default, pareto, ra
                           recorded_config, write_bandwidth)
 from sim.presets import TRACES_DIR
 
+from .conftest import DRIFT_CASES, drift_case
+
 MINILM = TRACES_DIR / "minilm-1000steps"
 SMALL = dict(base_thresholds=(1e-4, 1e-3, 1e-2, math.inf), embedding_thresholds=(1e-3, 1e-1),
              smax=(60, 300), intervals=(1, 4))
@@ -154,3 +156,28 @@ def test_write_bandwidth_says_where_it_comes_from(minilm):
         write_bandwidth(bare)
     scenario = Scenario.from_trace(bare, costs=CostModel.paper_a100())
     assert write_bandwidth(bare, scenario)[0] == 1.24e9
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 60),
+       special=st.sampled_from([*DRIFT_CASES, "ratio zero"]))
+def test_the_compiled_replay_decides_as_the_librarys_lanes(seed, steps, special):
+    pytest.importorskip("numba")
+    from layercheck.contract.lanes import replay_many
+    from sim.engine import compiled_kernel
+    from sim.frontier import _replay
+    assert compiled_kernel(load=True) is not None, "numba: the sim-fast extra, in both test environments"
+    kinds = ["embedding", "block", "block", "norm", "head"]
+    rng = np.random.default_rng(seed)
+    drift = drift_case(rng, steps, len(kinds), special)
+    ratio = rng.uniform(0.0, 1.0, steps)
+    if special == "ratio zero":
+        ratio[rng.random(steps) < 0.3] = 0.0
+    configs = [LayerCheckConfig(base_threshold=k, embedding_threshold=10 * k, smax=smax,
+                                warmup_steps=min(smax, 3), interval=interval, lr_scaling=scaled)
+               for k in (0.0, 1e-4, 1e-3, math.inf) for smax in (1, 7) for interval in (1, 3)
+               for scaled in (True, False)]
+    policies = [Policy.from_config(c, [f"l{i}" for i in range(len(kinds))], kinds) for c in configs]
+    ours, theirs = _replay(policies, drift, ratio), replay_many(policies, drift, ratio)
+    for field in ("reasons", "lane_of", "k_scale", "base_steps"):
+        np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field))

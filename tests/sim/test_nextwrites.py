@@ -13,6 +13,8 @@ from layercheck.contract.policy import Policy
 from sim.engine import compiled_kernel
 from sim.nextwrites import next_writes
 
+from .conftest import DRIFT_CASES, drift_case
+
 pytest.importorskip("numba")
 
 KINDS = ["embedding", "block", "block", "norm", "head"]
@@ -21,17 +23,11 @@ KINDS = ["embedding", "block", "block", "norm", "head"]
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), steps=st.integers(1, 50), smax=st.integers(1, 60),
        interval=st.integers(1, 5), k=st.sampled_from([1e-4, 1e-3, 1e-2, float("inf")]),
-       special=st.sampled_from(["none", "nan", "inf", "negative"]))
+       special=st.sampled_from(DRIFT_CASES))
 def test_the_compiled_table_is_the_contracts(seed, steps, smax, interval, k, special):
     assert compiled_kernel(load=True) is not None, "numba: the sim-fast extra, in both test environments"
     rng = np.random.default_rng(seed)
-    drift = rng.gamma(1.0, 2e-4, (steps, len(KINDS)))
-    if special == "nan":
-        drift[rng.random(drift.shape) < 0.1] = np.nan
-    elif special == "inf":
-        drift[rng.random(drift.shape) < 0.05] = np.inf
-    elif special == "negative":
-        drift -= 3e-4
+    drift = drift_case(rng, steps, len(KINDS), special)
     ratio = rng.uniform(0.0, 1.0, steps)
     config = LayerCheckConfig(base_threshold=k, embedding_threshold=10 * k, smax=smax,
                               warmup_steps=min(smax, 3), interval=interval)
