@@ -96,6 +96,8 @@ CODE: tuple[MeasuringCode, ...] = (
            "lc_load_fixed_s", "lc_load_gbps"),
     _mechanism("jit detection", 1, "profiler.mechanisms.jit:JitDetection",
                "jit_detect_s", "jit_replica_loss_probability", "jit_overhead_fraction"),
+    _mechanism("memory tier", 1, "profiler.mechanisms.tier:MemoryTierCopy",
+               "tier_copy_gbps", "tier_process_share", "tier_buddy_loss_share"),
 )
 """Every piece of measuring code, declared once (stale_cost is measured by ``python -m
 profiler staleness``, a study, not a mechanism: no code here measures it)."""

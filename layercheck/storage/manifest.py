@@ -129,23 +129,22 @@ class ManifestView:
         recorded and it has that layout's shards (before any header, the layers and
         layout 0's world size are not known: not checked)."""
         version = Version.from_record(record, self.rank)
+        if version.layer is not None and self.header is not None \
+                and version.layer not in self._layers:
+            raise ValueError(f"a version of layer {version.layer!r}, which the header does "
+                             "not list")
+        if version.layout in self.layouts:  # its shards first: they decide its file names
+            wrong = self.layouts[version.layout].shards_problem(len(version.shards))
+            if wrong is not None:
+                raise ValueError(wrong)
+        elif version.layout or self.header is not None:
+            raise ValueError(f"a version of layout {version.layout}, which no layout "
+                             "record before it describes")
         own = version_files(version)
         if version.files != own:  # e.g. the manifest, .lock, another version's file
             wrong, right = next((f, o) for f, o in zip(version.files, own) if f != o)
             raise ValueError(f"it names the file {wrong!r}, not its own {right!r}: a record "
                              "may name only the file its layer and step give")
-        if version.layer is not None and self.header is not None \
-                and version.layer not in self._layers:
-            raise ValueError(f"a version of layer {version.layer!r}, which the header does "
-                             "not list")
-        if version.layout not in self.layouts:
-            if version.layout or self.header is not None:
-                raise ValueError(f"a version of layout {version.layout}, which no layout "
-                                 "record before it describes")
-            return version
-        wrong = self.layouts[version.layout].shards_problem(len(version.shards))
-        if wrong is not None:
-            raise ValueError(wrong)
         return version
 
     def _drop(self, key: str) -> None:

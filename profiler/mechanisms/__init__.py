@@ -21,6 +21,7 @@ from layercheck.contract.figure import CALIBRATE
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
 from .jit import JitDetection
+from .tier import MemoryTierCopy
 from .layerwise import LayerWise
 from .lowdiff import Differential
 from .peer import PeerCopy
@@ -31,7 +32,8 @@ __all__ = ["MECHANISMS", "Bench", "Mechanism", "check_coverage",
            "check_measured"]
 
 MECHANISMS: tuple[Mechanism, ...] = (LayerWise(), FullSave(), TwoPhase(), HostCopy(),
-                                     Differential(), PeerCopy(), JitDetection(), Restart())
+                                     MemoryTierCopy(), Differential(), PeerCopy(),
+                                     JitDetection(), Restart())
 """In the order they run: the collective ones first, then rank 0's, the spawns last."""
 
 def check_coverage(mechanisms: Sequence[Mechanism] = MECHANISMS) -> None:

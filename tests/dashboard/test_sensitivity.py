@@ -30,7 +30,7 @@ def test_tornado_is_a_bar_per_figure_from_end_to_end_around_the_point(result):
 def test_flips_and_bands_frames(result):
     flips = view.flips_frame(result)
     assert list(flips["figure"]) == ["save_gbps", "peer_gbps"]
-    assert list(flips["leader"]) == ["deepspeed", "checkfreq"]
+    assert list(flips["leader"]) == ["deepspeed", "tiered"]
     bands = view.bands_frame(result)
     assert list(bands["figure"]) == ["save_gbps", "peer_gbps", "lc_commit_s"]
     assert bands["reason"].str.len().min() > 20

@@ -35,7 +35,11 @@ def test_calibrate_records_the_code_that_measured(monkeypatch):
     from layercheck.contract.trace import read_trace
     from pathlib import Path
     trace = read_trace(Path(__file__).resolve().parents[2] / "traces" / "minilm-200steps")
-    figures = dict(trace.costs.figures)
+    from sim.calibrated import FIGURES
+    # the shipped figures, and the declared default of any figure a strategy added after
+    # that capture (a calibration holds every figure of the schema)
+    figures = {name: spec.default for name, spec in FIGURES.items() if spec.default is not None}
+    figures.update(trace.costs.figures)
     figures.pop("stale_cost")
     made = calibrate._calibration(trace, figures, 1.0, 1)
     assert made.code["mechanisms"] == MECHANISM_VERSIONS
