@@ -55,30 +55,33 @@ BUDDY_LOSS_SHARE = 1 / 63
 are buddies with chance 1/(N-1), 1.6% at N = 64 nodes; taken as the share of failures
 that lose a node and its buddy (an upper side: it supposes every failure a double one)."""
 
+PROCESS_BAND = Band(low=0.15, high=0.75, reason=(
+    "Llama 3's 15% (Table 5, a Meta-like fleet that drains a node on a GPU fault) to "
+    "DLRover's 75% (processes restarted; shared/design/TIERS.md, section 3)"))
+"""tier_process_share's band, the declaration's and its default's."""
+BUDDY_BAND = Band(low=0.0, high=0.2, reason=(
+    "0: node failures independent and the copy re-made before a second one; 0.2: a "
+    "judgment, as peer_loss_probability's, for a fault domain (switch, rack power) "
+    "that holds both"))
+"""tier_buddy_loss_share's band, the declaration's and its default's."""
+
 FIGURES: dict[str, FigureSpec] = {
     "tier_process_share": FigureSpec("1", "tiered", "share of failures that lose only "
                                                     "processes (host memory survives: the "
                                                     "node's own memory-tier copy is used)",
-        band=Band(low=0.15, high=0.75, reason=(
-            "Llama 3's 15% (Table 5, a Meta-like fleet that drains a node on a GPU fault) to "
-            "DLRover's 75% (processes restarted; shared/design/TIERS.md, section 3)")),
+        band=PROCESS_BAND,
         default=Figure(value=round(PROCESS_SHARE, 4), source="published", method=(
             "Llama 3 herd of models (Meta 2024), Table 5: software bug 54, NCCL watchdog 7, "
             "dependency 2 = 63 of 419 unexpected interruptions (the class mapping: "
-            "shared/design/TIERS.md, section 3)"), band=Band(low=0.15, high=0.75, reason=(
-                "Llama 3's 15% to DLRover's 75% restartable (TIERS.md, section 3)")))),
+            "shared/design/TIERS.md, section 3)"), band=PROCESS_BAND)),
     "tier_buddy_loss_share": FigureSpec("1", "tiered", "share of failures that lose a node "
                                                        "and its buddy's copy (then the durable "
                                                        "composite)",
-        band=Band(low=0.0, high=0.2, reason=(
-            "0: node failures independent and the copy re-made before a second one; 0.2: a "
-            "judgment, as peer_loss_probability's, for a fault domain (switch, rack power) "
-            "that holds both")),
+        band=BUDDY_BAND,
         default=Figure(value=round(BUDDY_LOSS_SHARE, 4), source="derived", method=(
             "shared/design/TIERS.md, section 3, 'Double losses': two failing nodes are "
             "buddies with chance 1/(N-1), 1/63 = 1.6% at 64 nodes; taken as the share of "
-            "failures (an upper side)"), band=Band(low=0.0, high=0.2, reason=(
-                "0: independent nodes; 0.2: a fault domain holding both, a judgment")))),
+            "failures (an upper side)"), band=BUDDY_BAND)),
     "tier_copy_gbps": FigureSpec("GB/s", "tiered", "the memory tier's copy of the whole "
                                                    "state into shared host memory (tmpfs "
                                                    "files) each time",
