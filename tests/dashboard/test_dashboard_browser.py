@@ -245,8 +245,14 @@ def test_failures_keeps_its_mtbf_across_a_visit_to_another_page(server):
         _settled(page)
         mtbf = page.locator('[data-testid="stSidebar"]').get_by_role("slider").first
         opened = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
+        failures = page.locator('[data-testid="stMetric"]', has_text="Failures per window").first
+        before = failures.locator('[data-testid="stMetricValue"]').inner_text()
         mtbf.focus()
         mtbf.press("ArrowRight")
+        # the server has run with the new MTBF once its failure count moves (see _applied)
+        page.wait_for_function("""old => [...document.querySelectorAll('[data-testid="stMetric"]')]
+            .some(m => m.innerText.includes('Failures per window') && !m.innerText.includes(old))""",
+                               arg=f"\n{before}", polling=100, timeout=120_000)
         _settled(page)
         moved = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
         assert moved != opened
