@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..contract.errors import CheckpointNotFound, CorruptVersion
+from ..frozen import trained_nbytes
 from ..storage.format import read_state_document, tensor_key
 from ..storage.layerread import read_verified_file
 from ..storage.manifest import ManifestView, read_manifest
@@ -176,6 +177,9 @@ class Tiers:
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
+        if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
+            lc._set_sizes(np.array([trained_nbytes(loaded, lc.source.frozen(i))
+                                    for i, loaded in enumerate(layers)], dtype=np.float64))
         self._drop_after(choice.step)
         done = time.perf_counter()
         sources = choice.sources(self.rank)
