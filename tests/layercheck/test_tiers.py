@@ -217,3 +217,26 @@ def test_a_write_budget_counts_in_the_layers_sizes_after_a_memory_tier_restore(t
     train(lc, model, optimizer, range(8, 12))  # the budget settles every opportunity
     assert lc.state.spent > 0
     lc.close()
+
+
+def test_a_restore_of_an_older_step_abandons_the_memory_tiers_later_steps(tmp_path):
+    """``restore(step)`` is the durable one; the memory tier's copies of later steps
+    belong to the timeline it abandons and are never restored after it."""
+    config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=0)
+    tiers = TierConfig(folder=str(tmp_path / "mem"), budget_bytes=1 << 20)
+
+    def run_until(restore: "int | None", last: int) -> int:
+        model, optimizer = tiny()
+        lc = LayerCheck(model, optimizer, str(tmp_path / "ckpt"), config, tiers=tiers)
+        start = lc.restore(restore)
+        for step in range(start + 1, last + 1):
+            model(torch.full((2, 4), float(step))).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            lc.step()
+        lc.close()
+        return start
+
+    run_until(None, 6)  # storage and memory hold step 6
+    assert run_until(3, 4) == 3  # back to step 3, on to 4
+    assert run_until(None, 4) == 4  # not the abandoned timeline's step 6
