@@ -2,6 +2,7 @@
 resume bit for bit, SIGKILL and restart, and the errors of misuse."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from layercheck.contract.errors import LayerCheckError, ModelMismatch  # noqa: E
 from layercheck.storage.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
 from layercheck.storage.localstore import LocalStore  # noqa: E402
+from layercheck.tiers import TierConfig  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
 from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
 
@@ -229,6 +231,37 @@ def test_with_tiers_a_sigkilled_run_resumes_at_the_failure_step_bit_identical(tm
     lagging = ("total_flos",)
     assert {k: v for k, v in resumed["states"]["12"].items() if k not in lagging} == {
         k: v for k, v in reference["states"]["12"].items() if k not in lagging}
+
+
+def test_with_tiers_a_run_resumes_from_memory_before_storage_holds_a_step(tmp_path):
+    """Within the warm-up storage holds no step, the memory tier every one: a fresh
+    train() over it is refused, resume_checkpoint() resumes at the last step, and the
+    run ends as an uninterrupted one (threshold 0 after the warm-up: bit for bit)."""
+    config = dataclasses.replace(EVERY_STEP, warmup_steps=50)
+    tiers = TierConfig(folder=str(tmp_path / "mem"), budget_bytes=64 << 20)
+    first = LayerCheckCallback(tmp_path / "ckpt", config, tiers=tiers)
+    trainer_for(tmp_path, first, StopAt(4), steps=8).train()
+    assert read_manifest(LocalStore(tmp_path / "ckpt", create=False)).latest_step() is None
+
+    fresh = LayerCheckCallback(tmp_path / "ckpt", config, tiers=tiers)
+    with pytest.raises(LayerCheckError, match="up to step 4.*resume_checkpoint"):
+        trainer_for(tmp_path, fresh, steps=8).train()
+
+    again, sources = LayerCheckCallback(tmp_path / "ckpt", config, tiers=tiers), {}
+
+    class Sources(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            sources.update(again.layercheck.tiers.last.sources)
+
+    resumed = trainer_for(tmp_path, again, Sources(), steps=8, seed=7)
+    folder = again.resume_checkpoint()
+    assert Path(folder).name == "checkpoint-4"
+    resumed.train(resume_from_checkpoint=folder)
+    assert again.restored_step == 4 and set(sources.values()) == {("memory", 4)}
+    reference = trainer_for(tmp_path, steps=8)
+    reference.train()
+    assert losses(resumed) == {s: v for s, v in losses(reference).items() if s > 4}
+    assert_same_training_state(resumed, reference)
 
 
 # -- misuse ---------------------------------------------------------------------------------
