@@ -38,8 +38,9 @@ and ``on_train_begin`` restores it with ``LayerCheck.restore()``, refusing if
 the tiers have moved since.
 
 What resume does not carry: the Trainer's ``log_history`` (it grows with every
-log entry; each committed step would rewrite it whole), and the RNG draws of
-an evaluation that ran at step t (made after the state was captured).
+log entry; each committed step would rewrite it whole), the RNG draws of
+an evaluation that ran at step t (made after the state was captured), and the
+FLOPs the Trainer adds to ``total_flos`` at its next log (after ``on_step_end``).
 Single-process training only (no DDP, DeepSpeed or FSDP through this callback).
 """
 from __future__ import annotations
