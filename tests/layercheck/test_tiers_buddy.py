@@ -167,9 +167,16 @@ def resumes_from_the_buddy(work: Path, reference: list[dict], step: int) -> None
 
 def test_a_sender_killed_in_the_middle_of_a_buddy_send_leaves_the_previous_copy(
         reference, tmp_path):
-    die(tmp_path, "first", "--die-in-send", "1:5", node=1)
-    assert half_written(tmp_path / "mem0" / "ward1") == 4  # step 5 was arriving
-    resumes_from_the_buddy(tmp_path, reference, 4)
+    work = tmp_path / "w"
+    die(work, "first", "--die-in-send", "1:5", node=1)
+    assert half_written(work / "mem0" / "ward1") == 4  # step 5 was arriving
+    shutil.copytree(work, tmp_path / "processes")
+    ranks = run(tmp_path / "processes", "again")  # processes lost only: step 5 is committed
+    for r, resumed in enumerate(ranks):           # in each rank's own memory tier
+        assert resumed["restored_step"] == 5
+        assert resumed["restored_digest"] == reference[r]["5"]
+        assert set(map(tuple, resumed["sources"].values())) == {("memory", 5)}
+    resumes_from_the_buddy(work, reference, 4)
 
 
 def test_a_receiver_killed_in_the_middle_of_a_buddy_send_leaves_the_previous_copy(
