@@ -16,7 +16,9 @@ item's send has completed (the buddy is then receiving into its ward slot),
 before the next item is sent. ``--die-in-receive R:T``: on rank R, in the buddy
 exchange of step T, once the first item of its ward's copy has arrived, before
 the ward slot is committed. ``--die-in-move R``: on rank R, in the restore's
-buddy transfer, once it has sent or received its first item. Under torchrun (``--dist``), ranks average their gradients over gloo and the
+buddy transfer, once it has sent or received its first item.
+
+Under torchrun (``--dist``), ranks average their gradients over gloo and the
 node is ``$GROUP_RANK`` (each torchrun is a node).
 """
 from __future__ import annotations
