@@ -60,7 +60,7 @@ from .contract.errors import CheckpointNotFound, LayerCheckError
 from .modelfolder import composite, publish, write_model
 from .backends.layermap import LayerMap
 from .storage.location import local_directory
-from .storage.manifest import read_manifest
+from .storage.manifest import ManifestView, read_manifest
 from .recovery import read_state
 from .rlstate import RL_STATE_KEY, RlState, check_arguments, generation_span, replay_epochs
 from .snapshot import apply_rng, capture_rng
@@ -189,7 +189,8 @@ class LayerCheckCallback(TrainerCallback):
         self._memory_step = step if memory is not None else None
         return str(target)
 
-    def _memory(self, store: Store, view: Any) -> tuple[int, dict[str, Any], dict] | None:
+    def _memory(self, store: Store, view: ManifestView
+                ) -> tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None:
         """The step a tiered restore takes from the memory tier (``tiers``), its state
         document and weights; None without tiers or where the restore is storage's."""
         if self.tiers is None:

@@ -91,8 +91,10 @@ def memory_composite(store: Store, view: ManifestView, folder: str
     weights and buffers by name, each layer from the copy the restore takes: a
     memory slot, or storage's version). None where the restore is storage's."""
     from .tiered import durable_layer
+    if view.world_size != 1:
+        return None
     _, choice = _choice(store, view, [folder])
-    if choice is None or view.world_size != 1 or choice.state[0] is None:
+    if choice is None or choice.state[0] is None:
         return None
     tensors: dict[str, torch.Tensor] = {}
     for i, (name, c) in enumerate(zip(view.layer_names, choice.layers[0])):
