@@ -6,11 +6,12 @@ for every position i (steps 1..i done): when step i's compute ends
 time spent waiting for the writer, and when each commit becomes durable.
 
 A run resumed at position j (after a failure, writer idle) is this timeline
-from ``resume[j]`` on, except that the first persisting snapshot after j does not
-wait for the writer: afterwards the writer's state is the same in
-both, so every later event is shifted by exactly that wait (``wait_skip``).
-This is what lets the engine jump from failure to failure without walking
-the steps in between.
+from ``resume[j]`` on, except that the first persisting snapshot after j
+(``skip_pos``) does not wait for the writer: afterwards the writer's state is the
+same in both, so every later event is shifted by exactly that wait (``wait_skip``),
+and every event of a step before it (a backup copy still in flight included) keeps
+its failure-free time. This is what lets the engine jump from failure to failure
+without walking the steps in between.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ class Timeline:
     """Prefix sum of bytes written."""
     skip_at: np.ndarray
     """ready[q] of the first persisting snapshot q after j (inf if none)."""
+    skip_pos: np.ndarray
+    """That snapshot's position q (steps + 1 if none): events of steps before q are not
+    shifted by ``wait_skip``, events of q and after are."""
     wait_skip: np.ndarray
     """The wait of that snapshot in the failure-free run, which a run resumed at j
     does not have (0 when it did not wait)."""
@@ -58,7 +62,7 @@ class Timeline:
     def build(cls, schedule: Schedule) -> "Timeline":
         ready, resume, wait, durable = _walk(schedule)
         n = schedule.steps
-        skip_at, wait_skip = _first_persist_after(ready, wait, schedule.persist)
+        skip_at, skip_pos, wait_skip = _first_persist_after(ready, wait, schedule.persist)
         job_end = ready[n] - resume - wait_skip
         commit = schedule.commit.copy()
         commit[n] = False
@@ -75,7 +79,7 @@ class Timeline:
         takes[0] = takes[n] = False
         return cls(schedule=schedule, ready=ready, resume=resume, work=np.cumsum(schedule.compute),
                    checkpoints=np.cumsum(takes), written=np.cumsum(schedule.bytes),
-                   skip_at=skip_at, wait_skip=wait_skip, job_end=job_end,
+                   skip_at=skip_at, skip_pos=skip_pos, wait_skip=wait_skip, job_end=job_end,
                    commit_time=commit_time, commit_pos=commit_pos,
                    backup_time=backup_time, backup_pos=backup_pos)
 
@@ -110,18 +114,20 @@ def _walk(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 def _first_persist_after(ready: np.ndarray, wait: np.ndarray,
-                         persist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each j: ready[q] and wait[q] of the first q > j that persists. A run resumed
-    at j finds the writer idle there, so q does not wait; after q's snapshot the
-    writer is busy until the same moment (shifted) in both runs."""
+                         persist: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each j: ready[q], q and wait[q] of the first q > j that persists (inf, n + 1
+    and 0 where none). A run resumed at j finds the writer idle there, so q does not
+    wait; after q's snapshot the writer is busy until the same moment (shifted) in
+    both runs."""
     n = len(ready) - 1
     persists = np.flatnonzero(persist > 0)
     if persists.size == 0:
-        return np.full(n + 1, np.inf), np.zeros(n + 1)
+        return np.full(n + 1, np.inf), np.full(n + 1, n + 1, dtype=np.int64), np.zeros(n + 1)
     nxt = np.searchsorted(persists, np.arange(n + 1), side="right")
     has = nxt < persists.size
     q = persists[np.minimum(nxt, persists.size - 1)]
-    return np.where(has, ready[q], np.inf), np.where(has, wait[q], 0.0)
+    return (np.where(has, ready[q], np.inf), np.where(has, q, n + 1).astype(np.int64),
+            np.where(has, wait[q], 0.0))
 
 
 def _newest_by_time(times: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
