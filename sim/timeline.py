@@ -6,12 +6,13 @@ for every position i (steps 1..i done): when step i's compute ends
 time spent waiting for the writer, and when each commit becomes durable.
 
 A run resumed at position j (after a failure, writer idle) is this timeline
-from ``resume[j]`` on, except that the first persisting snapshot after j
-(``skip_pos``) does not wait for the writer: afterwards the writer's state is the
-same in both, so every later event is shifted by exactly that wait (``wait_skip``),
-and every event of a step before it (a backup copy still in flight included) keeps
-its failure-free time. This is what lets the engine jump from failure to failure
-without walking the steps in between.
+from ``resume[j]`` on, except that the first persisting snapshot q after j does
+not wait for the writer: afterwards the writer's state is the same in both, so
+every event of step q and later is shifted by exactly that wait (``wait_skip``),
+while an event of a step before q keeps its failure-free time, a backup copy still
+in flight after q's snapshot included (``backup_after_skip`` tells the two apart).
+This is what lets the engine jump from failure to failure without walking the
+steps in between.
 """
 from __future__ import annotations
 
@@ -40,9 +41,6 @@ class Timeline:
     """Prefix sum of bytes written."""
     skip_at: np.ndarray
     """ready[q] of the first persisting snapshot q after j (inf if none)."""
-    skip_pos: np.ndarray
-    """That snapshot's position q (steps + 1 if none): events of steps before q are not
-    shifted by ``wait_skip``, events of q and after are."""
     wait_skip: np.ndarray
     """The wait of that snapshot in the failure-free run, which a run resumed at j
     does not have (0 when it did not wait)."""
@@ -53,6 +51,11 @@ class Timeline:
     """Primary tier: durable times ascending, and the newest position durable by then."""
     backup_time: np.ndarray
     backup_pos: np.ndarray
+    backup_after_skip: np.ndarray
+    """For each j: the earliest failure-free time a backup of the first persisting
+    snapshot q after j or of a later step is durable (inf if none). In a run resumed at
+    j, until the failure-free clock (shifted past q) reaches it, every durable backup is
+    of a step before q, durable at its unshifted failure-free time."""
 
     @property
     def steps(self) -> int:
@@ -69,19 +72,25 @@ class Timeline:
         at = np.flatnonzero(commit)
         commit_time, commit_pos = _newest_by_time(durable[at], at)
         backup_time, backup_pos = np.empty(0), np.empty(0, dtype=np.int64)
+        backup_after_skip = np.full(n + 1, np.inf)
         if schedule.backup is not None:
             b_at = np.flatnonzero(np.isfinite(schedule.backup))
             b_done = ready[b_at] + wait[b_at] + schedule.snap[b_at] + schedule.backup[b_at]
             backup_time, backup_pos = _newest_by_time(b_done, b_at)
+            # the earliest of the backups of steps i..n, for i = 0..n + 1
+            done = np.full(n + 2, np.inf)
+            done[b_at] = b_done
+            backup_after_skip = np.minimum.accumulate(done[::-1])[::-1][skip_pos]
         takes = (schedule.snap > 0) | (schedule.persist > 0) | schedule.commit
         if schedule.backup is not None:
             takes |= np.isfinite(schedule.backup)
         takes[0] = takes[n] = False
         return cls(schedule=schedule, ready=ready, resume=resume, work=np.cumsum(schedule.compute),
                    checkpoints=np.cumsum(takes), written=np.cumsum(schedule.bytes),
-                   skip_at=skip_at, skip_pos=skip_pos, wait_skip=wait_skip, job_end=job_end,
+                   skip_at=skip_at, wait_skip=wait_skip, job_end=job_end,
                    commit_time=commit_time, commit_pos=commit_pos,
-                   backup_time=backup_time, backup_pos=backup_pos)
+                   backup_time=backup_time, backup_pos=backup_pos,
+                   backup_after_skip=backup_after_skip)
 
 
 def _walk(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
