@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from sim.costs import CostModel
 from sim.engine import RESULT_FIELDS, run_lanes, run_limit
 from sim.reference import run_reference
-from sim.strategies import STRATEGIES, Cadence, get_strategy
+from sim.strategies import STRATEGIES, Cadence, Schedule, get_strategy
 from sim.timeline import Timeline
 
 from .conftest import BASE_STEP, SMALL_COSTS, small_workload
@@ -164,6 +164,30 @@ def test_many_strategies_and_failure_rows_in_one_call_equal_the_reference():
     refs = [run_reference(schedules[s], failures[r], uniforms[r], window)
             for s, r in zip(strategy[shuffle], row[shuffle])]
     _assert_equal(res, refs)
+
+
+def test_a_backup_counts_at_its_own_time_before_the_skipped_wait():
+    """One-second steps; steps 1 and 3 persist for 2.5 s (the primary tier), step 2's
+    backup takes 2 s. Failure-free, step 3 waits 0.5 s for the writer and step 2's
+    backup is durable at 4.0. A failure at 3.6 rolls back to step 1 (durable at 3.5):
+    resumed there, step 3 does not wait, so everything from step 3 on runs 0.5 s earlier
+    than failure-free, but step 2's backup is still durable 3 s after the resume, at
+    6.6. A failure at 6.3 comes before it: back to step 1 again, two steps rolled back
+    each time (crediting the backup with the skipped wait would roll back to step 2)."""
+    n = 6
+    persist, commit = np.zeros(n + 1), np.zeros(n + 1, dtype=bool)
+    persist[[1, 3]], commit[[1, 3]] = 2.5, True
+    backup = np.full(n + 1, np.nan)
+    backup[2] = 2.0
+    compute = np.ones(n + 1)
+    compute[0] = 0.0
+    schedule = Schedule(strategy="hand", compute=compute, snap=np.zeros(n + 1), persist=persist,
+                        commit=commit, bytes=np.zeros(n + 1), recover=np.zeros(n + 1),
+                        backup=backup)
+    assert Timeline.build(schedule).backup_after_skip[:2].tolist() == [4.0, np.inf]
+    res, refs = _both(schedule, [np.array([3.6, 6.3])], [np.ones(2)], 7.0)
+    _assert_equal(res, refs)
+    assert res.rolled_back_steps.tolist() == [4.0]
 
 
 def test_a_backup_before_the_first_persist_after_a_resume_keeps_its_own_time():
