@@ -81,6 +81,9 @@ class Ledger:
     steps_done: int = 0
     resumed_at: list[int] = field(default_factory=list)
     """The step each recovery resumed at (0: the job's start)."""
+    recovered_from: list[str] = field(default_factory=list)
+    """Tiered: per recovery, the tiers its layers came from (``memory``, ``storage``,
+    ``memory+storage``; empty: nothing restored)."""
     compute_median_s: float = 0.0
     """The median compute of the steps done in the window (the run's own pace)."""
 
@@ -204,6 +207,8 @@ class _Book:
             steps.difference_update(gone)
         if recovery:
             self.ledger.resumed_at.append(c)
+            if "tiers" in event:
+                self.ledger.recovered_from.append("+".join(sorted(event["tiers"])))
         self.warming = recovery and c > 0
         if c > 0 and event.get("sources"):
             self.ledger.stale_s += self._stale(event["sources"], c)
