@@ -28,38 +28,41 @@ def _state(job) -> dict[str, torch.Tensor]:
             for k, t in TrainingState(job.model, job.optimizer, job.scheduler).tensors().items()}
 
 
-def _run(node: NodeMemory, folder, steps: int, start: int = 0):
+def _run(job, node: NodeMemory, folder, steps: int):
     """A worker: load, train to ``steps`` saving every step, its LayerCheck closed as a
-    kill after the last commit leaves it (the node's memory tier kept)."""
-    job = PlainJob.prepare(CONFIG, say=lambda _: None)
+    kill after the last commit leaves it (the node's memory tier kept). The job is built
+    once (a load replaces its whole state, as in a fresh worker)."""
     ckpt = TieredCheckpointer(job, folder, tier=str(node.folder))
     resume = ckpt.load()
-    taken = ckpt.tiers_taken()
+    taken, loaded = ckpt.tiers_taken(), _state(job)
     for step in range((resume.step if resume else 0) + 1, steps + 1):
         job.step((step - 1) * CONFIG.batch_size)
         ckpt.save(step, step * CONFIG.batch_size)
     ckpt.lc.flush()
     ckpt.lc.close()
-    return resume, taken, _state(job)
+    return resume, taken, loaded, _state(job)
 
 
 def test_a_node_loss_restores_the_buddy_s_copy_exactly_and_losing_both_the_composite(tmp_path):
     node = NodeMemory(tmp_path / "fallback")
     folder = tmp_path / "ckpt" / "job0"
+    job = PlainJob.prepare(CONFIG, say=lambda _: None)
     try:
-        _run(node, folder, 6)
+        _, _, _, at6 = _run(job, node, folder, 6)
         node.lose(NODE)
         tier = node.folder / "job0"
         assert sorted(p.name for p in tier.iterdir()) == ["ward0"]  # only the buddy's copy
-        resume, taken, _ = _run(node, folder, 8)
+        resume, taken, loaded, _ = _run(job, node, folder, 8)
         assert resume.step == 6 and set(resume.sources.values()) == {6}  # exact, nothing stale
+        assert loaded.keys() == at6.keys()
+        assert all(torch.equal(loaded[k], at6[k]) for k in at6)  # bit for bit
         assert taken == {"memory": len(resume.sources)}
         node.lose(PROCESS)
-        resume, _, _ = _run(node, folder, 8)
+        resume, _, _, _ = _run(job, node, folder, 8)
         assert resume.step == 8 and set(resume.sources.values()) == {8}
         node.lose(NODE_AND_BUDDY)
         assert not any(node.folder.iterdir())
-        resume, taken, _ = _run(node, folder, 8)
+        resume, taken, _, _ = _run(job, node, folder, 8)
         # the durable composite: LayerCheck's layer versions, none newer than its step
         assert taken == {"storage": len(resume.sources)} and 1 <= resume.step <= 8
         assert max(resume.sources.values()) <= resume.step
