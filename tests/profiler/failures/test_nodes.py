@@ -69,5 +69,9 @@ def test_a_node_loss_restores_the_buddy_s_copy_exactly_and_losing_both_the_compo
     finally:
         node.close()
     assert not node.folder.exists()
-    with pytest.raises(ValueError, match="node, node\\+buddy"):
-        NodeMemory(tmp_path / "fallback").lose("rack")
+    node = NodeMemory(tmp_path / "fallback")
+    try:
+        with pytest.raises(ValueError, match="node, node\\+buddy"):
+            node.lose("rack")
+    finally:
+        node.close()
