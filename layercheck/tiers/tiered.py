@@ -30,9 +30,11 @@ import torch
 import torch.distributed as dist
 
 from ..contract.errors import CheckpointNotFound, CorruptVersion
+from ..frozen import trained_nbytes
 from ..storage.format import read_state_document, tensor_key
 from ..storage.layerread import read_verified_file
 from ..storage.manifest import ManifestView, read_manifest
+from ..storage.store import Store
 from ..backends.ranks import together
 from ..recovery import Planner, read_state
 from ..reports import RestoreReport
@@ -49,7 +51,7 @@ LayerCheck = Any
 """The ``layercheck.checkpoint.LayerCheck`` that holds these tiers (it imports this
 module, so the annotation does not import it back)."""
 
-__all__ = ["Tiers", "TierRestore", "live_tensors", "job_of"]
+__all__ = ["Tiers", "TierRestore", "live_tensors", "job_of", "durable_layer"]
 
 log = logging.getLogger("layercheck")
 
@@ -156,7 +158,7 @@ class Tiers:
                          for name in lc.layer_map.names])
         if choice is None or choice.from_storage():
             step = durable()
-            self._drop_after(step)
+            self.drop_after(step)
             self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
                 lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
             return step
@@ -176,7 +178,10 @@ class Tiers:
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
-        self._drop_after(choice.step)
+        if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
+            lc._set_sizes(np.array([trained_nbytes(loaded, lc.source.frozen(i))
+                                    for i, loaded in enumerate(layers)], dtype=np.float64))
+        self.drop_after(choice.step)
         done = time.perf_counter()
         sources = choice.sources(self.rank)
         self.last = TierRestore(choice.step, {
@@ -262,12 +267,13 @@ class Tiers:
         layers = []
         for i, c in enumerate(choice.layers[r]):
             name = lc.layer_map.names[i]
-            loaded = item(f"L{i}", c) if c is not None else _durable(lc, view, name, choice.step)
+            loaded = item(f"L{i}", c) if c is not None else durable_layer(lc.store, view, name,
+                                                                             choice.step)
             lc.source.check(i, loaded)
             layers.append(loaded)
         return layers, tensors, doc
 
-    def _drop_after(self, step: int) -> None:
+    def drop_after(self, step: int) -> None:
         """Take away every slot (own and wards') of a step after ``step``."""
         self.memory.drop_after(step)
         for p in Path(self.folder).glob("ward*"):
@@ -307,14 +313,14 @@ def _standing(view: ManifestView, step: int) -> dict[str, Any]:
     return out
 
 
-def _durable(lc: LayerCheck, view: ManifestView, name: str, step: int
-             ) -> dict[str, torch.Tensor]:
+def durable_layer(store: Store, view: ManifestView, name: str, step: int
+                  ) -> dict[str, torch.Tensor]:
     """Layer ``name``'s newest intact durable version at or before ``step``."""
-    planner = Planner(lc.store, view)
+    planner = Planner(store, view)
     for version in sorted((v for v in view.versions.get(name, []) if v.step <= step),
                           key=lambda v: v.step, reverse=True):
         try:
-            return tensor_views(planner._completed(version, read_verified_file(lc.store, version)))
+            return tensor_views(planner._completed(version, read_verified_file(store, version)))
         except CorruptVersion as exc:
             log.warning("layercheck: layer %s: skipping its durable version of step %d: %s",
                         name, version.step, exc)
