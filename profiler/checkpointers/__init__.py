@@ -89,6 +89,10 @@ class RealStrategy:
     every: int | None = None
     """The one interval its checkpointer runs at, whatever the validation's (the memory
     tier copies every step: 1); None: the validation's cadence."""
+    probed: tuple[str, ...] = ()
+    """The calibration mechanisms (``profiler.mechanisms``, by name) whose measured figures
+    the probe beside each run times again on the machine as it is then, in place of
+    costs.json's (``profiler.failures.costprobe``)."""
 
     @property
     def name(self) -> str:
@@ -117,7 +121,7 @@ REAL: dict[str, RealStrategy] = {r.name: r for r in (
     RealStrategy(model=LayerCheck, module="layerwise", checkpointer="LayerCheckpointer",
                  load=("lc_load_s", "lc_load_gbps"), layerwise=True),
     RealStrategy(model=Tiered, module="tiered", checkpointer="TieredCheckpointer",
-                 layerwise=True, node_memory=True, every=1),
+                 layerwise=True, node_memory=True, every=1, probed=("memory tier",)),
 )}
 """Every strategy run for real, by name, in report order."""
 
