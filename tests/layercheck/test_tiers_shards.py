@@ -1,0 +1,91 @@
+"""The memory tier and buddy under the sharded backends: FSDP2 and DeepSpeed ZeRO, real torchrun ranks.
+
+Each rank is a "node" of its own (``tiers_shards_worker.py``: its own memory-tier
+folder, its buddy the other rank), keeps the shard it owns in its memory tier and
+sends it to its buddy. A job is SIGKILLed once step 4 is committed in every
+tier; the digests it recorded up to then are the failure-free run's. A restart
+after the processes' death restores step 4 from each rank's own memory, after a
+node's loss (its folder wiped) that node's shard from its buddy, after both
+nodes' loss the durable composite, and at another world size (two ranks on one
+node, restarted as one) never a shard of the old layout as it is.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.layercheck.torchrun import Torchrun
+
+WORKER = Path(__file__).with_name("tiers_shards_worker.py")
+JOB = Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"})
+STEPS, AT = 6, 4
+
+
+def killed(root: Path, backend: str, *args: str) -> Path:
+    """A job of ``backend`` killed once step ``AT`` is committed everywhere."""
+    JOB.kill_mid_run(root / "ckpt", root / "first", "--backend", backend, "--tier",
+                     str(root / "mem"), "--steps", str(STEPS), *args, at=AT)
+    return root
+
+
+def resume(killed: Path, work: Path, backend: str, *args: str, ranks: int = 2
+           ) -> tuple[list[dict], list[dict], str]:
+    """Copy the killed job to ``work`` and go on with ``ranks`` ranks: (its reports, the
+    killed job's, its output)."""
+    shutil.copytree(killed, work)
+    text = JOB.run("--dir", str(work / "ckpt"), "--out", str(work / "again"), "--backend",
+                   backend, "--tier", str(work / "mem"), "--steps", str(STEPS), *args,
+                   ranks=ranks)
+    return JOB.results(work / "again", ranks), JOB.results(work / "first"), text
+
+
+def tiers_of(report: dict) -> set[str]:
+    return {tier for tier, _ in report["sources"].values()}
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory) -> Path:
+    return killed(tmp_path_factory.mktemp("fsdp"), "fsdp")
+
+
+@pytest.fixture(scope="module")
+def zero2(tmp_path_factory) -> Path:
+    pytest.importorskip("deepspeed")
+    return killed(tmp_path_factory.mktemp("zero2"), "zero2")
+
+
+def test_fsdp_killed_processes_resume_from_their_own_memory_bit_identical(fsdp, tmp_path):
+    ranks, first, _ = resume(fsdp, tmp_path / "w", "fsdp")
+    for r, resumed in enumerate(ranks):
+        assert resumed["restored_step"] == AT
+        assert tiers_of(resumed) == {"memory"}
+        assert resumed["digests"][str(AT)] == first[r]["digests"][str(AT)]
+        assert resumed["whole"][str(AT)] == first[r]["whole"][str(AT)]
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "zero2"])
+def test_a_lost_node_resumes_its_shard_from_its_buddy_bit_identical(backend, request, tmp_path):
+    job = request.getfixturevalue(backend)
+    work = tmp_path / "w"
+    assert (job / "mem" / "node0" / "ward1").is_dir()  # node 0 keeps rank 1's shard
+    shutil.copytree(job, work)
+    shutil.rmtree(work / "mem" / "node1")  # node 1 lost: its processes and its memory tier
+    ranks, first, _ = resume(work, tmp_path / "again", backend)
+    for r, resumed in enumerate(ranks):
+        assert resumed["restored_step"] == AT
+        assert resumed["digests"][str(AT)] == first[r]["digests"][str(AT)]
+    assert tiers_of(ranks[0]) == {"memory"}
+    assert tiers_of(ranks[1]) == {"buddy"}
+
+
+def test_fsdp_a_node_and_its_buddy_lost_resume_from_storage(fsdp, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(fsdp, work)
+    shutil.rmtree(work / "mem")
+    ranks, _, _ = resume(work, tmp_path / "again", "fsdp")
+    for resumed in ranks:
+        assert resumed["restored_step"] <= AT
+        assert tiers_of(resumed) == {"storage"}
+    assert ranks[0]["restored_step"] == ranks[1]["restored_step"]
