@@ -11,6 +11,7 @@ node, restarted as one) never a shard of the old layout as it is.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -89,3 +90,31 @@ def test_fsdp_a_node_and_its_buddy_lost_resume_from_storage(fsdp, tmp_path):
         assert resumed["restored_step"] <= AT
         assert tiers_of(resumed) == {"storage"}
     assert ranks[0]["restored_step"] == ranks[1]["restored_step"]
+
+
+def damage(slots: Path, item: str, step: int) -> None:
+    """Flip a bit in ``item`` of the slot under ``slots`` that holds ``step``."""
+    for marker in slots.glob("slot?.json"):
+        if json.loads(marker.read_text())["step"] == step:
+            path = slots / marker.stem / item
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            path.write_bytes(bytes(data))
+            return
+    raise AssertionError(f"no slot of step {step} under {slots}")
+
+
+def test_fsdp_a_layer_damaged_on_one_rank_comes_from_one_step_on_every_rank(fsdp, tmp_path):
+    """Rank 1's shard of model.layers.1 at step 4 is damaged in its memory and at its
+    buddy: rank 0's intact shard of step 4 must not be mixed with an older one of
+    rank 1: both take that layer from one older step (memory or storage)."""
+    work = tmp_path / "w"
+    shutil.copytree(fsdp, work)
+    damage(work / "mem" / "node1" / "rank1", "L2", AT)
+    damage(work / "mem" / "node0" / "ward1", "L2", AT)
+    ranks, _, _ = resume(work, tmp_path / "again", "fsdp")
+    sources = [r["sources"]["model.layers.1"] for r in ranks]
+    assert sources[0][1] == sources[1][1] < AT, sources
+    for resumed in ranks:
+        assert resumed["restored_step"] == AT
+        assert resumed["sources"]["model.layers.2"] == ["memory", AT]
