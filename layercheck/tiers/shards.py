@@ -24,14 +24,15 @@ from ..storage.layout import Layout
 __all__ = ["tier_layout", "usable", "sharded"]
 
 
-def tier_layout(world_size: int, facts: Mapping[str, Any]) -> dict[str, Any]:
+def tier_layout(world_size: int, facts: Mapping[str, Any], id: int) -> dict[str, Any]:
     """The layout a slot records: ``world_size`` and the backend that ``facts`` (a
     source's ``header_facts()``) name, with ZeRO's stage where it cuts partitions
-    otherwise (3)."""
+    otherwise (3), and the durable directory's ``id`` of it (whose facts a resharding
+    restore reads)."""
     layout = Layout(id=0, world_size=world_size, facts=facts)
     zero = facts.get("zero")
     stage3 = isinstance(zero, Mapping) and zero.get("stage") == 3
-    return {"world_size": world_size, "backend": layout.backend, "zero3": stage3}
+    return {"world_size": world_size, "backend": layout.backend, "zero3": stage3, "id": id}
 
 
 def sharded(layout: Mapping[str, Any]) -> bool:
@@ -46,4 +47,4 @@ def usable(written: Mapping[str, Any] | None, own: Mapping[str, Any]) -> bool:
     written = written or {"backend": None}
     if not sharded(written) and not sharded(own):
         return True
-    return dict(written) == dict(own)
+    return all(written.get(k) == own.get(k) for k in ("world_size", "backend", "zero3"))

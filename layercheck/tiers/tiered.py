@@ -48,6 +48,7 @@ from .buddy import BuddyLink
 from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig
 from .memory import MemoryTier, slot_bytes
+from .reshard import resume
 from .shards import sharded, tier_layout, usable
 from .slots import Slot, tensors_from, verified_bytes
 
@@ -112,7 +113,7 @@ class Tiers:
         self.link = (BuddyLink(self.folder, self.node, config.rack_name(), config.timeout_s)
                      if config.buddy and distributed else None)
         self.job = job_of(read_manifest(lc.store, self.rank))
-        self.layout = tier_layout(lc.ranks.world_size, lc.source.header_facts())
+        self.layout = tier_layout(lc.ranks.world_size, lc.source.header_facts(), lc.layout.id)
         """The layout this job's copies are written in (``shards.tier_layout``)."""
         self.last: TierRestore | None = None
         self.stall_s = 0.0
@@ -170,9 +171,12 @@ class Tiers:
         others = sorted({layout for _, _, found in gathered for layout in found})
         if choice is None or choice.from_storage():
             if others:
+                step = resume(self, lc, view, start)  # another world size: resharded
+                if step is not None:
+                    return step
                 log.warning("layercheck: the memory tier holds copies written by %s, not this "
-                            "job's %s: restoring from storage", " and ".join(others),
-                            _describe(self.layout))
+                            "job's %s, that cannot be resharded here: restoring from storage",
+                            " and ".join(others), _describe(self.layout))
             return self._durable(lc, durable)
         lc.writer.flush()
         lc.drift.take()
@@ -183,30 +187,38 @@ class Tiers:
             log.warning("layercheck: the ranks' intact durable shards of a layer differ "
                         "(a damaged file): restoring from storage, which agrees on them")
             return self._durable(lc, durable)
+        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
+        return self.finish(lc, view, choice.step, lambda i: lc.source.apply(i, layers[i]),
+                           tensors, doc, choice.sources(self.rank), nbytes, start)
+
+    def finish(self, lc: LayerCheck, view: ManifestView, step: int,
+               apply: Callable[[int], None], tensors: dict[str, torch.Tensor],
+               doc: dict[str, Any], sources: list[tuple[str, int | None]], nbytes: int,
+               start: float) -> int:
+        """Copy in what a restore of ``step`` read and checked (``apply(i)`` per layer, the
+        training state), open the timeline at ``step`` and record where each layer
+        (``sources``: per layer, tier and step; None: storage's) came from."""
         loading = time.perf_counter()
         lc._restore_called = False  # as the durable restore: step() refuses until done
-        for i, loaded in enumerate(layers):
-            lc.source.apply(i, loaded)
+        for i in range(len(lc.layer_map)):
+            apply(i)
         apply_state(tensors, doc, lc.source.optimizer, lc.scheduler)
-        lc.source.after_restore(doc.get("engine"), choice.step)
+        lc.source.after_restore(doc.get("engine"), step)
         lc.extra = doc.get("extra")
-        standing = _standing(view, choice.step)
-        lc._begin_timeline(choice.step, view, base_taken=bool(view.states), applied=True,
+        standing = _standing(view, step)
+        lc._begin_timeline(step, view, base_taken=bool(view.states), applied=True,
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
-        self._drop_after(choice.step)
+        self._drop_after(step)
         done = time.perf_counter()
-        sources = choice.sources(self.rank)
-        self.last = TierRestore(choice.step, {
-            name: (tier, step if step is not None else standing[name].step)
-            for name, (tier, step) in zip(lc.layer_map.names, sources)})
-        lc.restored = RestoreReport(choice.step, None, loading - start, 0.0, done - loading,
-                                    sum(int(t.numel() * t.element_size())
-                                        for layer in layers for t in layer.values()))
-        log.info("layercheck: restored step %d from the tiers (%s)", choice.step,
+        self.last = TierRestore(step, {
+            name: (tier, at if at is not None else standing[name].step)
+            for name, (tier, at) in zip(lc.layer_map.names, sources)})
+        lc.restored = RestoreReport(step, None, loading - start, 0.0, done - loading, nbytes)
+        log.info("layercheck: restored step %d from the tiers (%s)", step,
                  ", ".join(f"{n} layers from {t}" for t, n in self.last.tiers().items()))
-        return choice.step
+        return step
 
     def _durable(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
         step = durable()

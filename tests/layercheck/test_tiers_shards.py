@@ -118,3 +118,32 @@ def test_fsdp_a_layer_damaged_on_one_rank_comes_from_one_step_on_every_rank(fsdp
     for resumed in ranks:
         assert resumed["restored_step"] == AT
         assert resumed["sources"]["model.layers.2"] == ["memory", AT]
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory) -> Path:
+    """Two FSDP2 ranks on one node (one memory-tier folder, no buddy), killed at step 4."""
+    return killed(tmp_path_factory.mktemp("onenode"), "fsdp", "--one-node")
+
+
+def test_fsdp_resumes_at_another_world_size_from_the_nodes_memory_bit_identical(one_node,
+                                                                               tmp_path):
+    """Restarted as one rank, it reshards both old ranks' slots of step 4 from the
+    node's folder: the whole weights and moments equal the failure-free run's."""
+    (resumed,), first, text = resume(one_node, tmp_path / "w", "fsdp", "--one-node", ranks=1)
+    assert resumed["restored_step"] == AT
+    assert tiers_of(resumed) == {"memory"}
+    assert "resharding step 4 from the memory tier: 2 ranks (fsdp) -> 1 process" in text
+    assert resumed["whole"][str(AT)] == first[0]["whole"][str(AT)]
+
+
+def test_fsdp_at_another_world_size_a_damaged_copy_falls_back_to_storage(one_node, tmp_path):
+    """One old rank's copy of a layer damaged: the reshard is refused before anything is
+    copied in, the restore says so in one line and takes storage."""
+    work = tmp_path / "w"
+    shutil.copytree(one_node, work)
+    damage(work / "mem" / "node0" / "rank1", "L2", AT)
+    (resumed,), _, text = resume(work, tmp_path / "again", "fsdp", "--one-node", ranks=1)
+    assert tiers_of(resumed) == {"storage"}
+    assert "cannot be resharded here (" in text
+    assert "restoring from storage" in text

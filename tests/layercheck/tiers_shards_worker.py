@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -83,6 +84,9 @@ def main() -> int:
     ap.add_argument("--one-node", action="store_true", help="every rank on node0, no buddy")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    said = logging.getLogger("layercheck")  # what a restore says, in the output
+    said.setLevel(logging.INFO)
+    said.addHandler(logging.StreamHandler())
     config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, smax=3,
                               warmup_steps=2)
     if args.backend == "fsdp":
