@@ -57,6 +57,12 @@ def zero2(tmp_path_factory) -> Path:
     return killed(tmp_path_factory.mktemp("zero2"), "zero2")
 
 
+@pytest.fixture(scope="module")
+def zero3(tmp_path_factory) -> Path:
+    pytest.importorskip("deepspeed")
+    return killed(tmp_path_factory.mktemp("zero3"), "zero3")
+
+
 def test_fsdp_killed_processes_resume_from_their_own_memory_bit_identical(fsdp, tmp_path):
     ranks, first, _ = resume(fsdp, tmp_path / "w", "fsdp")
     for r, resumed in enumerate(ranks):
@@ -66,7 +72,7 @@ def test_fsdp_killed_processes_resume_from_their_own_memory_bit_identical(fsdp, 
         assert resumed["whole"][str(AT)] == first[r]["whole"][str(AT)]
 
 
-@pytest.mark.parametrize("backend", ["fsdp", "zero2"])
+@pytest.mark.parametrize("backend", ["fsdp", "zero2", "zero3"])
 def test_a_lost_node_resumes_its_shard_from_its_buddy_bit_identical(backend, request, tmp_path):
     job = request.getfixturevalue(backend)
     work = tmp_path / "w"
