@@ -5,8 +5,9 @@ slots it keeps for rank w, as that rank's buddy). ``tier_plan`` reads every
 folder given (one per node; default: the folders under this machine's default
 location for the directory), verifies every item, and says which tier each
 layer of each rank would come from at the next restore (``choice.choose``, as
-a live restore chooses it; storage's training state counted where its
-newest one verifies).
+a live restore chooses it, in the layout of the job that wrote last: copies of
+another layout left out, a sharded layer of one step on every rank; storage's
+training state counted where its newest one verifies).
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from typing import Any, Sequence
 
 from ..contract.errors import CorruptVersion
 from ..storage.layerread import read_verified_file
+from ..storage.layout import Layout
 from ..storage.manifest import ManifestView
 from ..storage.store import Store
 from .choice import STORAGE, Copy, choose
 from .config import TierConfig
+from .shards import sharded, tier_layout, usable
 from .slots import Slot
 
 __all__ = ["default_folders", "copies_in", "tier_plan", "format_tier_plan"]
@@ -76,15 +79,19 @@ def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[
             continue
         durable = step
         break
-    choice = choose(copies, view.world_size, len(names), durable,
-                    [[v.step for v in view.versions.get(name, [])] for name in names])
+    newest = view.layouts[max(view.layouts)] if view.layouts else Layout.of_header(view.header)
+    own = tier_layout(newest.world_size, newest.facts, newest.id)  # the last job's layout
+    chosen = [c for c in copies if usable(c.marker.get("document", {}).get("layout"), own)]
+    choice = choose(chosen, newest.world_size, len(names), durable,
+                    [[v.step for v in view.versions.get(name, [])] for name in names],
+                    aligned=sharded(own))
     info: dict[str, Any] = {"folders": list(folders), "copies": [
         {"rank": c.of, "tier": c.tier(), "step": c.step, "state": c.state,
          "layers_intact": sum(c.layers), "layers": len(c.layers)} for c in copies]}
     if choice is None:
         return {**info, "step": None, "ranks": []}
     ranks = []
-    for r in range(view.world_size):
+    for r in range(newest.world_size):
         layers = []
         for name, (tier, step) in zip(names, choice.sources(r)):
             if step is None:

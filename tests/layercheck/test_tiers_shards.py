@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.layercheck.torchrun import Torchrun
+from tests.layercheck.torchrun import ROOT, Torchrun
 
 WORKER = Path(__file__).with_name("tiers_shards_worker.py")
 JOB = Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"})
@@ -40,6 +42,19 @@ def resume(killed: Path, work: Path, backend: str, *args: str, ranks: int = 2
                    backend, "--tier", str(work / "mem"), "--steps", str(STEPS), *args,
                    ranks=ranks)
     return JOB.results(work / "again", ranks), JOB.results(work / "first"), text
+
+
+def plan(work: Path) -> list[dict[str, list]]:
+    """Per rank, per layer: [tier, step] that ``python -m layercheck plan`` says a restore
+    of ``work`` would take, from both nodes' memory tiers."""
+    done = subprocess.run([sys.executable, "-m", "layercheck", "plan", str(work / "ckpt"),
+                           "--memory-tier", str(work / "mem" / "node0"), "--memory-tier",
+                           str(work / "mem" / "node1"), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ranks = json.loads(done.stdout)["tiers"]["ranks"]
+    return [{layer["layer"]: [layer["tier"], layer["step"]] for layer in rank["layers"]}
+            for rank in ranks]
 
 
 def tiers_of(report: dict) -> set[str]:
@@ -118,9 +133,11 @@ def test_fsdp_a_layer_damaged_on_one_rank_comes_from_one_step_on_every_rank(fsdp
     shutil.copytree(fsdp, work)
     damage(work / "mem" / "node1" / "rank1", "L2", AT)
     damage(work / "mem" / "node0" / "ward1", "L2", AT)
+    planned = plan(work)
     ranks, _, _ = resume(work, tmp_path / "again", "fsdp")
     sources = [r["sources"]["model.layers.1"] for r in ranks]
     assert sources[0][1] == sources[1][1] < AT, sources
+    assert [planned[r]["model.layers.1"] for r in (0, 1)] == sources  # plan says it first
     for resumed in ranks:
         assert resumed["restored_step"] == AT
         assert resumed["sources"]["model.layers.2"] == ["memory", AT]
