@@ -38,6 +38,10 @@ reshards on read (``apply_elastic``, docs/elastic.md): each rank reads the
 old slices that hold its new rows of each parameter (dim 0 only). The DCP
 export (``python -m layercheck export --format dcp``) reshards offline. Supported: a 1-D device mesh over all ranks (FSDP, not
 HSDP or tensor parallelism), every parameter managed by ``fully_shard``.
+
+``tiers=TierConfig(...)`` adds the memory tier and buddy (``layercheck.tiers``):
+each rank keeps, and sends its buddy, the shard it owns; restarted at another
+world size on one node, the node's copies are resharded (``tiers.reshard``).
 """
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ of another world size, ZeRO stage or one process is resharded on read
 The optimizer's parameter groups must be layer-aligned (no group mixes two
 layers; ``groups.layer_aligned_param_groups`` builds them) so that a layer's
 optimizer state is whole flat partitions. The directory must be shared by
-all ranks (one filesystem or object store).
+all ranks (one filesystem or object store). ``tiers=TierConfig(...)`` adds the
+memory tier and buddy (``layercheck.tiers``): each rank keeps, and sends its
+buddy, its partitions; at another world size or stage a restore takes storage.
 """
 from __future__ import annotations
 
