@@ -196,7 +196,10 @@ class LayerCheck:
         tiers (``layercheck.tiers.tiered``)."""
         if self.tiers is not None and step is None:
             return self.tiers.restore(self, lambda: self._restore_durable(None, exact=exact))
-        return self._restore_durable(step, exact=exact)
+        restored = self._restore_durable(step, exact=exact)
+        if self.tiers is not None:  # its memory copies after it are of an abandoned timeline
+            self.tiers.abandon_after(restored)
+        return restored
 
     def _restore_durable(self, step: int | None, *, exact: bool) -> int:
         """``restore`` from the durable tier alone."""

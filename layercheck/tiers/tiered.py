@@ -12,7 +12,8 @@ need them, reads the layers left to storage from the durable directory, and
 checks everything against the live objects before it copies the first byte:
 like the durable restore, it applies all or nothing. A restore of an older
 step (``restore(step)``) is the durable one. Slots of steps after the
-restored one (a timeline abandoned) are taken away on every rank.
+restored one (a timeline abandoned) are taken away on every node, from every
+rank's folder there (``abandon_after``; also after ``restore(step)``).
 
 Memory copies are keyed by the durable directory's header (its creation
 time): a memory tier left by another run in the same folder is never used.
@@ -210,7 +211,7 @@ class Tiers:
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
-        self._drop_after(step)
+        self.abandon_after(step)
         done = time.perf_counter()
         self.last = TierRestore(step, {
             name: (tier, at if at is not None else standing[name].step)
@@ -222,7 +223,7 @@ class Tiers:
 
     def _durable(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
         step = durable()
-        self._drop_after(step)
+        self.abandon_after(step)
         self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
             lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
         return step
@@ -316,10 +317,17 @@ class Tiers:
             layers.append(loaded)
         return layers, tensors, doc, read
 
-    def _drop_after(self, step: int) -> None:
-        """Take away every slot (own and wards') of a step after ``step``."""
+    def abandon_after(self, step: int) -> None:
+        """Take away every slot of a step after ``step`` in this node's folder (its
+        ranks' own and their wards', and those of ranks this job no longer has): a
+        restore of ``step`` abandoned the timeline they belong to. Every rank of the
+        node calls it after the same restore, when no tier writes."""
         self.memory.drop_after(step)
-        for p in Path(self.folder).glob("ward*"):
+        root = Path(self.folder)
+        for p in root.glob("*") if root.is_dir() else []:
+            kind = "rank" if p.name.startswith("rank") else "ward"
+            if not p.name[len(kind):].isdigit():
+                continue
             for k in (0, 1):
                 slot = Slot(p, k)
                 marker = slot.marker()

@@ -184,3 +184,26 @@ def test_plan_and_inspect_say_which_tier_each_layer_would_come_from(killed, tmp_
     text = capsys.readouterr().out
     assert "a restore now takes step 7" in text
     assert "0/3 layers intact" not in text and "2/3 layers intact" in text
+
+
+def test_a_restore_of_an_older_step_abandons_the_memory_copies_after_it(killed, tmp_path):
+    """restore(6) is the durable one; the memory tier's copy of step 7 belongs to the
+    timeline it abandoned: the next restore must not take it."""
+    work = copy_of(killed, tmp_path)
+
+    def job() -> LayerCheck:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 32),
+                              nn.ReLU(), nn.Linear(32, 1))  # tiers_worker.py's
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
+        config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, smax=4,
+                                  warmup_steps=2)
+        return LayerCheck(model, optimizer, str(work / "ckpt"), config, scheduler=scheduler,
+                          tiers=TierConfig(folder=str(work / "mem"), node="node0",
+                                           budget_bytes=64 << 20))
+    with job() as lc:
+        assert lc.restore(6) == 6
+    with job() as lc:
+        assert lc.restore() == 6
+        assert lc.tiers.last.tiers() == {"memory": 3}
