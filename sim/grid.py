@@ -22,10 +22,12 @@ Where the pieces run:
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
 import threading
+import types
 from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
 
@@ -86,9 +88,11 @@ def run_grid(timelines: Sequence[Timeline], strategy: np.ndarray, failures: Sequ
             finally:
                 _INHERITED = None
         else:
-            futures = [pool.submit(_run_piece, timelines, *_piece_args(p, strategy, failures, row,
-                                                                       uniforms), window_s, kernel)
-                       for p in pieces]
+            with _main_not_rerun():                     # the workers start at these submits
+                futures = [pool.submit(_run_piece, timelines,
+                                       *_piece_args(p, strategy, failures, row, uniforms),
+                                       window_s, kernel)
+                           for p in pieces]
         return _assemble(pieces, [f.result() for f in futures], len(row))
 
 
@@ -152,6 +156,27 @@ def _context():
     if sys.platform.startswith("linux") and "fork" in methods and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+@contextlib.contextmanager
+def _main_not_rerun():
+    """While workers start by forkserver or spawn, ``__main__`` is a bare module.
+
+    Such a worker (and the fork server itself) first runs the parent's main script again
+    (``multiprocessing.spawn``'s preparation) unless main is import-safe. A Streamlit page
+    is not: Streamlit makes each page script ``__main__``, so a worker would run the page
+    again outside any session and crash (BrokenProcessPool). The workers need nothing
+    from main: what they run and what they are sent lives in ``sim``. Swapped for the
+    submits only, restored whatever happens."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = main
 
 
 def _on_dask(address: str, timelines, strategy, failures, row, uniforms, window_s, kernel):

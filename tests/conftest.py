@@ -8,6 +8,9 @@ torch when called.
 from __future__ import annotations
 
 import os
+import sys
+
+import pytest
 
 from tests.skip_policy import SkipPolicy
 
@@ -17,6 +20,17 @@ from tests.skip_policy import SkipPolicy
 # gloo/DCP job ("terminate called without an active exception") printed only that
 # line; the next one names its frame.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
+
+@pytest.fixture(autouse=True)
+def _main_module_given_back():
+    """``__main__`` as each test found it. Streamlit's ``AppTest`` leaves the page script
+    as ``__main__``; a rank that a later test in the same process spawns would run that
+    page first, outside any session, and die before its own code."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
 
 
 def pytest_configure(config) -> None:

@@ -1,5 +1,7 @@
 """A grid of lanes in pieces: a local process pool and a real Dask cluster give the
 numbers of one process, whatever the number of workers."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,24 @@ def test_a_process_pool_gives_the_numbers_of_one_process(grid, monkeypatch, work
     _equal(run_grid(*grid), run_lanes(*grid))
     cpus = sim.grid._workers(None)
     assert used == ([] if cpus == 1 else [cpus])
+
+
+def test_workers_never_run_a_main_script_that_is_not_import_safe(grid, monkeypatch, tmp_path):
+    """Streamlit makes a page script ``__main__``: forkserver and spawn workers would run it
+    again (and crash, BrokenProcessPool) unless the pool hides it while they start."""
+    import multiprocessing
+    import types
+    ran = tmp_path / "ran"
+    page = tmp_path / "page.py"
+    page.write_text(f"open({str(ran)!r}, 'w').close()\nraise SystemExit('a page, not a module')\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(page)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    for start in ("forkserver",):
+        monkeypatch.setattr(sim.grid, "_context", lambda: multiprocessing.get_context(start))
+        _equal(run_grid(*grid, workers=2), run_lanes(*grid))
+        assert not ran.exists(), f"a {start} worker ran the main script"
+        assert sys.modules["__main__"] is main                  # given back
 
 
 def test_a_real_dask_cluster_gives_the_numbers_of_one_process(grid):

@@ -153,14 +153,15 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
     assert 0 <= led.other_s < 0.1 * window
     steps = [e for w in workers for e in w.events if e["event"] == "step" and e["time"] <= end]
     assert led.steps_done == len(steps)
-    for e in steps:  # the timestamps and the process's own timers tell the same story (the
-        # timestamps also hold the batch's fetch, before the timed phases, a few ms)
-        compute = e["computed"] - e["begin"] - e["tracking_s"]
-        assert e["compute_s"] - 1e-3 <= compute <= e["compute_s"] + 0.1
-        # (the timestamps' span also holds the bookkeeping around the save: a few ms, more
-        # where the process waits for a core)
-        span = e["time"] - e["computed"] + e["tracking_s"]
-        assert e["stall_s"] - 1e-3 <= span <= e["stall_s"] + 0.1
+    # the timestamps and the process's own timers tell the same story: a timer never
+    # holds more than its span of the timestamps, and the spans' excess (the batch's fetch
+    # before the timed phases, the bookkeeping around the save: a few ms a step, more
+    # where the process waits for a core on a loaded machine) stays small in all
+    for timer, start_at, end_at, sign in (("compute_s", "begin", "computed", -1),
+                                          ("stall_s", "computed", "time", +1)):
+        excess = [e[end_at] - e[start_at] + sign * e["tracking_s"] - e[timer] for e in steps]
+        assert min(excess) >= -1e-3, timer
+        assert max(excess) < 1.0 and sum(excess) < 0.05 * window, (timer, max(excess), sum(excess))
     # every step's compute is either kept or lost; lost also holds what was in flight
     in_flight = sum(k - max(e["time"] for e in w.events if e["event"] in ("resumed", "step")
                             and e["time"] <= k)
