@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.layercheck.torchrun import ROOT, Torchrun
+from tests.layercheck.torchrun import ROOT, Torchrun, damage_newest_shard
 
 WORKER = Path(__file__).with_name("tiers_shards_worker.py")
 JOB = Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"})
@@ -170,3 +170,29 @@ def test_fsdp_at_another_world_size_a_damaged_copy_falls_back_to_storage(one_nod
     assert tiers_of(resumed) == {"storage"}
     assert "cannot be resharded here (" in text
     assert "restoring from storage" in text
+
+
+@pytest.fixture(scope="module")
+def fsdp_smax2(tmp_path_factory) -> Path:
+    """As ``fsdp``, its durable tier writing every layer at steps 2 and 4 (Smax 2)."""
+    return killed(tmp_path_factory.mktemp("fsdp_smax2"), "fsdp", "--smax", "2")
+
+
+def test_fsdp_ranks_that_read_a_layer_from_storage_never_mix_its_versions(fsdp_smax2,
+                                                                          tmp_path):
+    """Rank 1's shard of model.layers.1 is damaged in both its slots and its buddy's, so
+    every rank takes that layer from storage; rank 1's newest durable shard of it is
+    damaged too: rank 0's intact newest shard must not be mixed with rank 1's older
+    one, so the restore is the durable one, whose ranks agree on a version."""
+    work = tmp_path / "w"
+    shutil.copytree(fsdp_smax2, work)
+    for slots in (work / "mem" / "node1" / "rank1", work / "mem" / "node0" / "ward1"):
+        for step in (AT - 1, AT):
+            damage(slots, "L2", step)
+    newest, older = damage_newest_shard(work / "ckpt", "model.layers.1", rank=1)
+    assert newest.step == AT
+    ranks, _, text = resume(work, tmp_path / "again", "fsdp", "--smax", "2")
+    assert "restoring from storage, which agrees on them" in text
+    for resumed in ranks:
+        assert tiers_of(resumed) == {"storage"}
+        assert resumed["sources"]["model.layers.1"] == ["storage", older.step]

@@ -82,12 +82,13 @@ def main() -> int:
     ap.add_argument("--backend", choices=("fsdp", "zero2", "zero3"), default="fsdp")
     ap.add_argument("--tier", required=True, help="the memory tiers' root (a folder per node)")
     ap.add_argument("--one-node", action="store_true", help="every rank on node0, no buddy")
+    ap.set_defaults(smax=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
     said = logging.getLogger("layercheck")  # what a restore says, in the output
     said.setLevel(logging.INFO)
     said.addHandler(logging.StreamHandler())
-    config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, smax=3,
+    config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, smax=args.smax,
                               warmup_steps=2)
     if args.backend == "fsdp":
         dist.init_process_group("gloo")
