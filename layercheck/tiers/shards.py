@@ -1,4 +1,4 @@
-"""A sharded backend's memory copies (FSDP2, ZeRO): which layout wrote them, which a restore may use.
+"""A sharded backend's memory copies (FSDP2, ZeRO): which layout wrote them, which are used.
 
 A rank of ``FsdpLayerCheck`` or ``ZeroLayerCheck`` keeps in its memory tier, and
 sends to its buddy, what its source's ``capture()`` holds: the shard it owns

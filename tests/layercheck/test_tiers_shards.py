@@ -1,4 +1,4 @@
-"""The memory tier and buddy under the sharded backends: FSDP2 and DeepSpeed ZeRO, real torchrun ranks.
+"""The memory tier and buddy under the sharded backends, FSDP2 and ZeRO: real torchrun ranks.
 
 Each rank is a "node" of its own (``tiers_shards_worker.py``: its own memory-tier
 folder, its buddy the other rank), keeps the shard it owns in its memory tier and

@@ -1,4 +1,4 @@
-"""A sharded job (FSDP2 or DeepSpeed ZeRO) with the memory tier and a buddy: the worker of test_tiers_shards.
+"""A sharded job (FSDP2 or ZeRO) with the memory tier and a buddy: test_tiers_shards's worker.
 
     torchrun --standalone --nproc_per_node 2 tests/layercheck/tiers_shards_worker.py \
         --backend fsdp --dir D --tier T --out O --steps 6 [--halt-at 4] [--one-node]
