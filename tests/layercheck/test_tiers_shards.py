@@ -196,3 +196,14 @@ def test_fsdp_ranks_that_read_a_layer_from_storage_never_mix_its_versions(fsdp_s
     for resumed in ranks:
         assert tiers_of(resumed) == {"storage"}
         assert resumed["sources"]["model.layers.1"] == ["storage", older.step]
+
+
+def test_zero_at_another_world_size_takes_storage_saying_so(tmp_path_factory, tmp_path):
+    """ZeRO-2 ranks on one node restarted as one: their flat partitions are not
+    resharded from memory; the restore takes storage and says why."""
+    pytest.importorskip("deepspeed")
+    job = killed(tmp_path_factory.mktemp("zero2onenode"), "zero2", "--one-node")
+    (resumed,), _, text = resume(job, tmp_path / "w", "zero2", "--one-node", ranks=1)
+    assert tiers_of(resumed) == {"storage"}
+    assert ("the memory tier holds copies written by 2 ranks (zero), not this job's 1 process "
+            "(zero), that cannot be resharded here: restoring from storage") in text
