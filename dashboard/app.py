@@ -14,7 +14,10 @@ if _ROOT not in sys.path:
 
 import streamlit as st  # noqa: E402
 
+from dashboard import ui  # noqa: E402
+
 st.set_page_config(page_title="LayerCheck", page_icon=":floppy_disk:", layout="wide")
+ui.remember()  # before any page: the values of the page being left, if its run was cut short
 VIEWS = Path(__file__).resolve().parent / "views"
 pages = st.navigation([
     st.Page(VIEWS / "myjob.py", title="My job", icon=":material/work:", default=True),

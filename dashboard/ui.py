@@ -19,7 +19,7 @@ from . import catalog, tables
 from .downloads import csv_bytes, filename, html_bytes
 
 __all__ = ["page", "current_trace", "entries", "load", "remember_upload", "figure", "table_download",
-           "UPLOAD_KEY", "trace_key", "restore", "keep", "settings", "table", "folder_stamp"]
+           "UPLOAD_KEY", "trace_key", "restore", "keep", "remember", "settings", "table", "folder_stamp"]
 
 UPLOAD_KEY = "uploaded_trace"
 _CHOICE = "trace_name"
@@ -128,6 +128,20 @@ def keep(keys: list[str]) -> None:
     """Save the widgets ``keys``' current values (call after drawing them) for ``restore``."""
     saved = st.session_state.setdefault(_KEPT, {})
     saved.update({name: st.session_state[name] for name in keys if name in st.session_state})
+
+
+def remember() -> None:
+    """Refresh every saved copy from the values this run was asked with (call first in
+    every run, whatever the page: app.py does).
+
+    A run that switches page carries the widget values the browser holds, the page the
+    user leaves included; but that page's own last run, the one whose ``keep`` would have
+    saved a value set just before the switch, may never reach ``keep``: Streamlit stops a
+    run as soon as the next is asked for. Without this, a slider moved and a page left
+    within a rerun's time came back at its previous value."""
+    saved = st.session_state.get(_KEPT)
+    if saved:
+        keep(list(saved))
 
 
 def trace_key(trace: Trace) -> tuple:

@@ -193,12 +193,14 @@ class LayerCheck:
         ``restore()`` succeeds; after a failure before the first copy, the objects
         and the timeline are those of before the call. With ``tiers``, the newest
         step is restored from the freshest intact copy of each layer across the
-        tiers (``layercheck.tiers.tiered``)."""
+        tiers (``layercheck.tiers.tiered``); a given ``step`` is restored from
+        storage, and the memory tier's copies of later steps (the timeline it
+        abandons) are dropped."""
         if self.tiers is not None and step is None:
             return self.tiers.restore(self, lambda: self._restore_durable(None, exact=exact))
         restored = self._restore_durable(step, exact=exact)
-        if self.tiers is not None:  # its memory copies after it are of an abandoned timeline
-            self.tiers.abandon_after(restored)
+        if self.tiers is not None:
+            self.tiers.drop_after(restored)
         return restored
 
     def _restore_durable(self, step: int | None, *, exact: bool) -> int:

@@ -30,9 +30,17 @@ trained epoch. A Trainer resumed at a step the directory cannot restore, or
 started fresh over a directory that holds checkpoints, is refused with an
 error that names the fix rather than silently mixed.
 
+With ``tiers=TierConfig(...)`` (``layercheck.tiers``) every step is also kept in
+the memory tier, and the resume takes the step a tiered restore takes: after a
+process failure, exactly the failure step. ``resume_checkpoint()`` then builds
+the folder from that step's memory copy (``tiers.inventory.memory_composite``)
+and ``on_train_begin`` restores it with ``LayerCheck.restore()``, refusing if
+the tiers have moved since.
+
 What resume does not carry: the Trainer's ``log_history`` (it grows with every
-log entry; each committed step would rewrite it whole), and the RNG draws of
-an evaluation that ran at step t (made after the state was captured).
+log entry; each committed step would rewrite it whole), the RNG draws of
+an evaluation that ran at step t (made after the state was captured), and the
+FLOPs the Trainer adds to ``total_flos`` at its next log (after ``on_step_end``).
 Single-process training only (no DDP, DeepSpeed or FSDP through this callback).
 """
 from __future__ import annotations
@@ -52,11 +60,12 @@ from .contract.errors import CheckpointNotFound, LayerCheckError
 from .modelfolder import composite, publish, write_model
 from .backends.layermap import LayerMap
 from .storage.location import local_directory
-from .storage.manifest import read_manifest
+from .storage.manifest import ManifestView, read_manifest
 from .recovery import read_state
 from .rlstate import RL_STATE_KEY, RlState, check_arguments, generation_span, replay_epochs
 from .snapshot import apply_rng, capture_rng
 from .storage.localstore import LocalStore
+from .tiers.config import TierConfig
 from .storage.store import Store
 from .storage.location import open_store
 
@@ -74,13 +83,18 @@ class LayerCheckCallback(TrainerCallback):
 
     ``config`` is the ``LayerCheckConfig`` (default: the paper's); ``layer_map``
     overrides the detected layers; ``storage_options`` go to fsspec for URL
-    directories. ``layercheck`` is the live ``LayerCheck`` while training runs;
+    directories; ``tiers`` adds the memory tier (``layercheck.tiers``: one process,
+    so no buddy). ``layercheck`` is the live ``LayerCheck`` while training runs;
     ``restored_step`` the step the last ``train()`` started from.
     """
 
     def __init__(self, directory: "str | os.PathLike[str] | Store",
                  config: LayerCheckConfig | None = None, *, layer_map: LayerMap | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None,
+                 tiers: TierConfig | None = None) -> None:
+        if tiers is not None and not isinstance(tiers, TierConfig):
+            raise TypeError(f"tiers must be a TierConfig, got {type(tiers).__name__}: build it "
+                            "with layercheck.tiers.TierConfig(...)")
         if config is not None and not isinstance(config, LayerCheckConfig):
             raise TypeError(f"config must be a LayerCheckConfig, got {type(config).__name__}: "
                             "build it with LayerCheckConfig(...)")
@@ -91,6 +105,9 @@ class LayerCheckCallback(TrainerCallback):
         self.config = config or LayerCheckConfig()
         self.layer_map = layer_map
         self.storage_options = dict(storage_options or {})
+        self.tiers = tiers
+        self._memory_step: int | None = None
+        """The step ``resume_checkpoint()`` took from the memory tier, if it did."""
         self.layercheck: LayerCheck | None = None
         self.restored_step: int | None = None
         """The step the last ``train()`` started from (0: a fresh start)."""
@@ -144,23 +161,42 @@ class LayerCheckCallback(TrainerCallback):
     def _write_resume_folder(self, store: Store,
                              into: "str | os.PathLike[str] | None") -> str | None:
         view = read_manifest(store)
-        if view.header is None or not view.states:
+        self._memory_step = None
+        if view.header is None:
             return None
         if self._model is not None:
             layer_map = self.layer_map or LayerMap.for_model(self._model, self.config.layers)
             layer_map.check_signature(view.header["layers"])
-        plan, tensors = composite(store, view)
-        trainer_state = self._saved_trainer_state(store, plan)
+        memory = self._memory(store, view)
+        if memory is not None:
+            step, doc, tensors = memory
+            trainer_state = self._trainer_state_of(store, step, doc)
+        elif not view.states:
+            return None
+        else:
+            plan, tensors = composite(store, view)
+            step = plan.step
+            trainer_state = self._trainer_state_of(store, step, read_state(store, plan.state)[1])
         root = Path(into) if into is not None else self._default_resume_root(store)
         _claim(root)
 
         def build(staging: Path) -> None:
-            write_model(staging, store, plan.step, self._with_aliases(tensors))
+            write_model(staging, store, step, self._with_aliases(tensors))
             TrainerState(**trainer_state).save_to_json(str(staging / "trainer_state.json"))
 
-        target = root / f"checkpoint-{plan.step}"
+        target = root / f"checkpoint-{step}"
         publish(target, build)
+        self._memory_step = step if memory is not None else None
         return str(target)
+
+    def _memory(self, store: Store, view: ManifestView
+                ) -> tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None:
+        """The step a tiered restore takes from the memory tier (``tiers``), its state
+        document and weights; None without tiers or where the restore is storage's."""
+        if self.tiers is None:
+            return None
+        from .tiers.inventory import memory_composite
+        return memory_composite(store, view, self.tiers.folder_for(store.url))
 
     def _with_aliases(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The composite's weights and buffers, a tied weight also under its second
@@ -180,12 +216,13 @@ class LayerCheckCallback(TrainerCallback):
                 "folders only: call resume_checkpoint(into='some/local/folder')")
         return store.root / RESUME_FOLDER
 
-    def _saved_trainer_state(self, store: Store, plan: Any) -> dict[str, Any]:
-        _, doc = read_state(store, plan.state)
+    def _trainer_state_of(self, store: Store, step: int, doc: Mapping[str, Any]
+                          ) -> dict[str, Any]:
+        """The Trainer state step ``step``'s state document ``doc`` carries."""
         saved = (doc.get("extra") or {}).get(TRAINER_STATE_KEY)
         if not isinstance(saved, dict):
             raise LayerCheckError(
-                f"{store.url}: step {plan.step} carries no Trainer state (it was not written by "
+                f"{store.url}: step {step} carries no Trainer state (it was not written by "
                 "LayerCheckCallback); resume it with LayerCheck.restore() in your own loop, or "
                 "give the callback a new directory")
         known = {f.name for f in dataclasses.fields(TrainerState)}
@@ -208,7 +245,7 @@ class LayerCheckCallback(TrainerCallback):
         self._model = model
         lc = LayerCheck(model, _torch_optimizer(optimizer), self.directory, self.config,
                         scheduler=lr_scheduler, layer_map=self.layer_map,
-                        storage_options=self.storage_options)
+                        storage_options=self.storage_options, tiers=self.tiers)
         try:
             self._restore(lc, state.global_step)
             self._restore_rl(lc, args, state, train_dataloader)
@@ -269,6 +306,17 @@ class LayerCheckCallback(TrainerCallback):
         view = read_manifest(lc.store)
         newest = view.latest_step()
         where = lc.store.url
+        if self.tiers is not None and trainer_step > 0 and trainer_step == self._memory_step:
+            restored = lc.restore()  # the tiers' newest: the step the folder was built from
+            if restored != trainer_step:
+                raise LayerCheckError(
+                    f"the Trainer resumed at step {trainer_step}, taken from the memory tier, "
+                    f"but the tiers now restore step {restored} (another run wrote to them "
+                    "since): call callback.resume_checkpoint() right before trainer.train()")
+            return
+        if self.tiers is not None and trainer_step == 0 and view.header is not None:
+            memory = self._memory(lc.store, view)
+            newest = max(newest or 0, memory[0]) if memory is not None else newest
         if trainer_step == 0:
             if newest is not None:
                 raise LayerCheckError(

@@ -93,6 +93,9 @@ class _Stack:
         self.ready_key = np.concatenate([t.ready + shift(s) for s, t in enumerate(timelines)])
         self.commit_key, self.commit_pos = self._tier(timelines, "commit")
         self.backup_key, self.backup_pos = self._tier(timelines, "backup")
+        # shifted like backup_key: the same order, so the same comparisons with a key
+        self.backup_after_skip_key = np.concatenate(
+            [t.backup_after_skip + shift(s) for s, t in enumerate(timelines)])
 
     @cached_property
     def composite(self) -> Composite | None:
@@ -274,13 +277,13 @@ class _Lanes:
         else:
             left, whole, js, gs = tau, 0.0, j, gj
             useful = stall = ck = nbytes = 0.0
-        # where the partial job stands when the segment ends
-        p = st.resume[gs] + left
-        p = p + np.where(p > st.skip_at[gs], st.wait_skip[gs], 0.0)
+        # where the partial job stands when the segment ends, on the failure-free clock
+        at = st.resume[gs] + left
+        p = at + np.where(at > st.skip_at[gs], st.wait_skip[gs], 0.0)
         key = p + self.key[a]
         reached = np.searchsorted(st.ready_key, key, side="right") - 1
         done = st.work[reached] - st.work[gs] + np.maximum(p - st.resume[reached], 0.0)
-        c, recover_next, backup = self._commit(a, key, js, finish, u_flat, k)
+        c, recover_next, backup = self._commit(a, key, js, gs, finish, u_flat, k, at)
         kept = np.where(fail, st.work[off + c] - st.work[gs], done)
         tot["useful_s"][a] += useful + kept
         stale = np.zeros(fail.shape)
@@ -325,12 +328,20 @@ class _Lanes:
             + whole * (st.written[end] - st.written[off])
         return left, whole, useful, stall, ck, nbytes
 
-    def _commit(self, a, key, js, finish, u_flat, k):
+    def _commit(self, a, key, js, gs, finish, u_flat, k, at):
         """Newest durable position (primary tier unless this failure destroyed it),
-        what recovering from it costs, and the newest durable backup position."""
+        what recovering from it costs, and the newest durable backup position.
+
+        ``key`` is the segment's end on the failure-free clock (past the first persist
+        after the resume, shifted by the writer wait the resume skipped there), ``at``
+        the same end unshifted. Until a backup of that persist's step or a later one is
+        durable by ``key`` (``Timeline.backup_after_skip``), the newest durable backup
+        is of a step before it, which keeps its failure-free time: looked up at ``at``."""
         st, off = self.st, self.off[a]
         cp = np.maximum(st.commit_pos[np.searchsorted(st.commit_key, key, side="right") - 1], js)
-        look = st.backup_pos[np.searchsorted(st.backup_key, key, side="right") - 1]
+        early = key < st.backup_after_skip_key[gs]
+        b_key = np.where(early, at + self.key[a], key)
+        look = st.backup_pos[np.searchsorted(st.backup_key, b_key, side="right") - 1]
         cb = np.where(look > js, look, np.where(finish, 0, self.backup[a]))
         lost_primary = u_flat[self.seg_off[a] + k] < self.prob[a]
         c = np.where(lost_primary, cb, np.maximum(cp, cb))

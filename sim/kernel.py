@@ -57,8 +57,8 @@ def run(st, lanes, seg_flat: np.ndarray, u_flat: np.ndarray, d_flat: np.ndarray)
            lanes.ready_hi, lanes.commit_lo, lanes.commit_hi, lanes.backup_lo, lanes.backup_hi,
            seg_flat, u_flat, d_flat, st.ready_key, st.resume, st.work, st.checkpoints, st.written,
            st.skip_at, st.wait_skip, st.job_end, st.recover, st.recover_backup,
-           st.commit_key, st.commit_pos, st.backup_key, st.backup_pos, stale_last, restarted,
-           weights, lanes.has_stale, out)
+           st.commit_key, st.commit_pos, st.backup_key, st.backup_pos, st.backup_after_skip_key,
+           stale_last, restarted, weights, lanes.has_stale, out)
     return out
 
 
@@ -79,8 +79,8 @@ def _right(a, lo, hi, x):
 def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, commit_lo_a,
            commit_hi_a, backup_lo_a, backup_hi_a, seg_flat, u_flat, d_flat, ready_key, resume, work,
            checkpoints, written, skip_at, wait_skip, job_end, recover, recover_backup,
-           commit_key, commit_pos, backup_key, backup_pos, stale_last, restarted, weights, has_stale,
-           out):
+           commit_key, commit_pos, backup_key, backup_pos, backup_after_skip_key, stale_last,
+           restarted, weights, has_stale, out):
     width = weights.shape[0]
     for lane in range(off_a.shape[0]):
         off, shift, end, job_s, prob = off_a[lane], key_a[lane], end_a[lane], job_a[lane], prob_a[lane]
@@ -113,15 +113,17 @@ def _lanes(off_a, key_a, end_a, job_a, prob_a, seg_off_a, count_a, ready_hi_a, c
             else:
                 left, whole, js, gs = tau, 0.0, j, gj
                 useful = stall = ck = nbytes = 0.0
-            p = resume[gs] + left
-            if p > skip_at[gs]:
-                p = p + wait_skip[gs]
+            at = resume[gs] + left
+            p = at + wait_skip[gs] if at > skip_at[gs] else at
             key = p + shift
             reached = _right(ready_key, off, ready_hi_a[lane], key) - 1
             done = work[reached] - work[gs] + max(p - resume[reached], 0.0)
             # _commit: the newest durable position, what recovering from it costs
             cp = max(commit_pos[_right(commit_key, commit_lo_a[lane], commit_hi_a[lane], key) - 1], js)
-            look = backup_pos[_right(backup_key, backup_lo_a[lane], backup_hi_a[lane], key) - 1]
+            # until a backup of the resume's first persist or later is durable, the
+            # newest is of a step before it, on the unshifted clock
+            b_key = key if key >= backup_after_skip_key[gs] else at + shift
+            look = backup_pos[_right(backup_key, backup_lo_a[lane], backup_hi_a[lane], b_key) - 1]
             if look > js:
                 cb = look
             elif finish:

@@ -62,6 +62,7 @@ try:
 except ConfigError as exc:
     st.error(str(exc))
     st.stop()
+st.sidebar.caption(f"As a config to paste: `{tuning.config_line(settings.config())}`")
 start = time.perf_counter()
 replayed = whatif.replay_trace(trace, settings)
 took = time.perf_counter() - start

@@ -7,24 +7,28 @@ location for the directory), verifies every item, and says which tier each
 layer of each rank would come from at the next restore (``choice.choose``, as
 a live restore chooses it, in the layout of the job that wrote last: copies of
 another layout left out, a sharded layer of one step on every rank; storage's
-training state counted where its newest one verifies).
+training state counted where its newest one verifies). ``memory_composite`` reads the step such a restore takes from
+memory as a model folder needs it (the Trainer callback's resume folder).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from ..contract.errors import CorruptVersion
+from ..storage.format import module_tensors, read_state_document
 from ..storage.layerread import read_verified_file
 from ..storage.layout import Layout
 from ..storage.manifest import ManifestView
 from ..storage.store import Store
-from .choice import STORAGE, Copy, choose
+from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig
 from .shards import sharded, tier_layout, usable
-from .slots import Slot
+from .slots import Slot, tensors_from
 
-__all__ = ["default_folders", "copies_in", "tier_plan", "format_tier_plan"]
+__all__ = ["default_folders", "copies_in", "tier_plan", "memory_composite", "format_tier_plan"]
 
 
 def default_folders(url: str) -> list[str]:
@@ -63,9 +67,9 @@ def copies_in(folder: str, job: str, num_layers: int, holder_base: int) -> list[
     return out
 
 
-def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[str, Any]:
-    """Per rank, per layer: the tier and step the next restore of the newest step
-    would take (see the module doc); JSON-ready."""
+def _choice(store: Store, view: ManifestView, folders: Sequence[str]
+            ) -> tuple[list[Copy], Choice | None]:
+    """Every copy in ``folders`` and the choice a restore of the newest step makes."""
     from .tiered import job_of
     names = view.layer_names
     copies = [c for n, folder in enumerate(folders)
@@ -82,16 +86,47 @@ def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[
     newest = view.layouts[max(view.layouts)] if view.layouts else Layout.of_header(view.header)
     own = tier_layout(newest.world_size, newest.facts, newest.id)  # the last job's layout
     chosen = [c for c in copies if usable(c.marker.get("document", {}).get("layout"), own)]
-    choice = choose(chosen, newest.world_size, len(names), durable,
-                    [[v.step for v in view.versions.get(name, [])] for name in names],
-                    aligned=sharded(own))
+    return copies, choose(chosen, newest.world_size, len(names), durable,
+                          [[v.step for v in view.versions.get(name, [])] for name in names],
+                          aligned=sharded(own))
+
+
+def memory_composite(store: Store, view: ManifestView, folder: str
+                     ) -> tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None:
+    """For an unsharded directory whose next restore takes its step from the memory
+    tier in ``folder``: (that step, its training state's document, the module's
+    weights and buffers by name, each layer from the copy the restore takes: a
+    memory slot, or storage's version). None where the restore is storage's."""
+    from .tiered import durable_layer
+    if view.world_size != 1:
+        return None
+    _, choice = _choice(store, view, [folder])
+    if choice is None or choice.state[0] is None:
+        return None
+    tensors: dict[str, torch.Tensor] = {}
+    for i, (name, c) in enumerate(zip(view.layer_names, choice.layers[0])):
+        if c is None:
+            layer = durable_layer(store, view, name, choice.step)
+        else:
+            item = c.marker["items"][f"L{i}"]
+            slot = Slot(Path(folder) / f"{c.kind}{c.of}", c.k)
+            layer = tensors_from(slot.read(f"L{i}", item), item["tensors"])
+        tensors.update({key: t.clone() for key, t in module_tensors(layer).items()})
+    return choice.step, read_state_document(choice.state[0].marker["document"]), tensors
+
+
+def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[str, Any]:
+    """Per rank, per layer: the tier and step the next restore of the newest step
+    would take (see the module doc); JSON-ready."""
+    names = view.layer_names
+    copies, choice = _choice(store, view, folders)
     info: dict[str, Any] = {"folders": list(folders), "copies": [
         {"rank": c.of, "tier": c.tier(), "step": c.step, "state": c.state,
          "layers_intact": sum(c.layers), "layers": len(c.layers)} for c in copies]}
     if choice is None:
         return {**info, "step": None, "ranks": []}
     ranks = []
-    for r in range(newest.world_size):
+    for r in range(len(choice.state)):
         layers = []
         for name, (tier, step) in zip(names, choice.sources(r)):
             if step is None:

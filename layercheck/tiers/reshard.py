@@ -142,10 +142,9 @@ def resume(tiers: Any, lc: Any, view: ManifestView, start: float) -> int | None:
         log.warning("layercheck: the memory tier's copies of step %d by %s cannot be "
                     "resharded here (%s)", step, written.describe(), exc)
         return None
-    nbytes = sum(int(t.numel() * t.element_size()) for read in reads
-                 for t in (read.held or {}).values())
     now = lc.ranks.world_size
     log.info("layercheck: resharding step %d from the memory tier: %s -> %s", step,
              written.describe(), "1 process" if now == 1 else f"{now} ranks")
     return tiers.finish(lc, view, step, lambda i: source.apply_elastic(i, written, reads[i]),
-                        tensors, doc, [("memory", step)] * num, nbytes, start)
+                        tensors, doc, [("memory", step)] * num,
+                        [dict(read.held or {}) for read in reads], start)

@@ -13,7 +13,7 @@ checks everything against the live objects before it copies the first byte:
 like the durable restore, it applies all or nothing. A restore of an older
 step (``restore(step)``) is the durable one. Slots of steps after the
 restored one (a timeline abandoned) are taken away on every node, from every
-rank's folder there (``abandon_after``; also after ``restore(step)``).
+rank's folder there (``drop_after``; also after ``restore(step)``).
 
 Memory copies are keyed by the durable directory's header (its creation
 time): a memory tier left by another run in the same folder is never used.
@@ -35,9 +35,11 @@ import torch
 import torch.distributed as dist
 
 from ..contract.errors import CheckpointNotFound, CorruptVersion
+from ..frozen import trained_nbytes
 from ..storage.format import read_state_document, tensor_key
 from ..storage.layerread import read_verified_file
 from ..storage.manifest import ManifestView, read_manifest
+from ..storage.store import Store
 from ..backends.ranks import together
 from ..recovery import Planner, read_state
 from ..reports import RestoreReport
@@ -57,7 +59,7 @@ LayerCheck = Any
 """The ``layercheck.checkpoint.LayerCheck`` that holds these tiers (it imports this
 module, so the annotation does not import it back)."""
 
-__all__ = ["Tiers", "TierRestore", "live_tensors", "job_of"]
+__all__ = ["Tiers", "TierRestore", "live_tensors", "job_of", "durable_layer"]
 
 log = logging.getLogger("layercheck")
 
@@ -188,17 +190,17 @@ class Tiers:
             log.warning("layercheck: the ranks' intact durable shards of a layer differ "
                         "(a damaged file): restoring from storage, which agrees on them")
             return self._durable(lc, durable)
-        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
         return self.finish(lc, view, choice.step, lambda i: lc.source.apply(i, layers[i]),
-                           tensors, doc, choice.sources(self.rank), nbytes, start)
+                           tensors, doc, choice.sources(self.rank), layers, start)
 
     def finish(self, lc: LayerCheck, view: ManifestView, step: int,
                apply: Callable[[int], None], tensors: dict[str, torch.Tensor],
-               doc: dict[str, Any], sources: list[tuple[str, int | None]], nbytes: int,
-               start: float) -> int:
-        """Copy in what a restore of ``step`` read and checked (``apply(i)`` per layer, the
-        training state), open the timeline at ``step`` and record where each layer
-        (``sources``: per layer, tier and step; None: storage's) came from."""
+               doc: dict[str, Any], sources: list[tuple[str, int | None]],
+               layers: list[Mapping[str, torch.Tensor]], start: float) -> int:
+        """Copy in what a restore of ``step`` read and checked (``apply(i)`` per layer of
+        ``layers``, this rank's tensors of each; the training state), open the timeline
+        at ``step`` and record where each layer (``sources``: per layer, tier and step;
+        None: storage's) came from. Every rank calls it (a collective)."""
         loading = time.perf_counter()
         lc._restore_called = False  # as the durable restore: step() refuses until done
         for i in range(len(lc.layer_map)):
@@ -211,11 +213,15 @@ class Tiers:
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
-        self.abandon_after(step)
+        if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
+            lc._set_sizes(np.array([trained_nbytes(loaded, lc.source.frozen(i))
+                                    for i, loaded in enumerate(layers)], dtype=np.float64))
+        self.drop_after(step)
         done = time.perf_counter()
         self.last = TierRestore(step, {
             name: (tier, at if at is not None else standing[name].step)
             for name, (tier, at) in zip(lc.layer_map.names, sources)})
+        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
         lc.restored = RestoreReport(step, None, loading - start, 0.0, done - loading, nbytes)
         log.info("layercheck: restored step %d from the tiers (%s)", step,
                  ", ".join(f"{n} layers from {t}" for t, n in self.last.tiers().items()))
@@ -223,7 +229,7 @@ class Tiers:
 
     def _durable(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
         step = durable()
-        self.abandon_after(step)
+        self.drop_after(step)
         self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
             lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
         return step
@@ -311,13 +317,13 @@ class Tiers:
             if c is not None:
                 loaded = item(f"L{i}", c)
             else:
-                loaded, step = _durable(lc, view, name, choice.step)
+                loaded, step = durable_version(lc.store, view, name, choice.step)
                 read.append(step)
             lc.source.check(i, loaded)
             layers.append(loaded)
         return layers, tensors, doc, read
 
-    def abandon_after(self, step: int) -> None:
+    def drop_after(self, step: int) -> None:
         """Take away every slot of a step after ``step`` in this node's folder (its
         ranks' own and their wards', and those of ranks this job no longer has): a
         restore of ``step`` abandoned the timeline they belong to. Every rank of the
@@ -372,14 +378,20 @@ def _describe(layout: Mapping[str, Any] | None) -> str:
     return f"{ranks} ({backend}{', stage 3' if layout.get('zero3') else ''})"
 
 
-def _durable(lc: LayerCheck, view: ManifestView, name: str, step: int
-             ) -> tuple[dict[str, torch.Tensor], int]:
-    """Layer ``name``'s newest intact durable version at or before ``step``, and its step."""
-    planner = Planner(lc.store, view)
+def durable_layer(store: Store, view: ManifestView, name: str, step: int
+                  ) -> dict[str, torch.Tensor]:
+    """Layer ``name``'s newest intact durable version at or before ``step``."""
+    return durable_version(store, view, name, step)[0]
+
+
+def durable_version(store: Store, view: ManifestView, name: str, step: int
+                    ) -> tuple[dict[str, torch.Tensor], int]:
+    """``durable_layer``, and the step of the version it is."""
+    planner = Planner(store, view)
     for version in sorted((v for v in view.versions.get(name, []) if v.step <= step),
                           key=lambda v: v.step, reverse=True):
         try:
-            return tensor_views(planner._completed(version, read_verified_file(lc.store, version))
+            return tensor_views(planner._completed(version, read_verified_file(store, version))
                                 ), version.step
         except CorruptVersion as exc:
             log.warning("layercheck: layer %s: skipping its durable version of step %d: %s",

@@ -161,6 +161,26 @@ def _go(page, title: str) -> None:
                            arg=title, timeout=60_000)
 
 
+def _config_shown(values: list[str]) -> str:
+    """The part of What-if's "As a config to paste" line that the sliders ``values`` give."""
+    k_base, k_emb, smax, warmup, interval = values
+    num = lambda v: 'float("inf")' if v == "inf" else f"{float(v):.3g}"  # noqa: E731
+    return (f"base_threshold={num(k_base)}, embedding_threshold={num(k_emb)}, smax={smax}, "
+            f"warmup_steps={warmup}, interval={interval}")
+
+
+def _applied(page, values: list[str]) -> None:
+    """Wait until the server has run What-if with the sliders at ``values`` (its sidebar's
+    config line says them). A value the browser shows is not yet one the server has:
+    under load Streamlit drops a rerun asked for before it started when the next one
+    comes, and a page switch carries only the new page's widgets, so a test that leaves
+    the page before this point loses what it set, as a user would."""
+    page.wait_for_function("t => [...document.querySelectorAll('[data-testid=\"stSidebar\"] code')]"
+                           ".some(c => c.innerText.includes(t))", arg=_config_shown(values),
+                           polling=100, timeout=120_000)
+    _settled(page)
+
+
 def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
     """Sliders moved on What-if, a visit to Drift, back: every slider and the numbers they
     give are as the user left them (Streamlit forgets the state of widgets it does not draw)."""
@@ -172,19 +192,22 @@ def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
         page.goto(f"{server}/whatif", wait_until="networkidle")
         page.wait_for_selector(".js-plotly-plot", timeout=60_000)
         opened = _slider_values(page)
+        _applied(page, opened)
         sliders = page.locator('[data-testid="stSidebar"]').get_by_role("slider")
         for index, key, presses in ((0, "ArrowLeft", 2), (2, "ArrowLeft", 30), (4, "ArrowRight", 3)):
             sliders.nth(index).focus()
             for _ in range(presses):
                 sliders.nth(index).press(key)
-            _settled(page)
+            _applied(page, _slider_values(page))
         moved, writes = _slider_values(page), _text(page, value)
         assert moved != opened
         _go(page, "Drift")
         _go(page, "What-if tuning")
         page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        page.wait_for_selector('[data-testid="stSidebar"] code', timeout=60_000)
         _settled(page)
         assert _slider_values(page) == moved
+        _applied(page, moved)
         assert _text(page, value) == writes
         browser.close()
 

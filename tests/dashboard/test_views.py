@@ -33,6 +33,19 @@ def test_app_entry_point_runs_the_default_view(traces_dir):
     assert at.title[0].value == "My job"
 
 
+def test_a_value_set_before_a_page_switch_is_kept_though_its_page_never_kept_it(traces_dir):
+    """Streamlit stops a run when the next is asked for: the What-if run that would have
+    kept a slider moved just before a click on another page may never reach ``ui.keep``.
+    The value is in session state when the next page's run starts; the app keeps it then."""
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["kept_widget_values"] = {"smax": 100, "interval": 1}
+    at.session_state["smax"] = 120                   # applied by the run that was cut short
+    at.switch_page("views/drift.py").run()
+    assert not at.exception
+    assert at.title[0].value == "Drift"
+    assert at.session_state["kept_widget_values"] == {"smax": 120, "interval": 1}
+
+
 def test_a_trace_page_opens_on_the_default_trace(traces_dir):
     # The default rule opened the captured trace, not the synthetic preset.
     assert run("drift").sidebar.selectbox(key="trace_picker").value == "tiny-captured"

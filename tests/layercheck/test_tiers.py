@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -186,24 +187,56 @@ def test_plan_and_inspect_say_which_tier_each_layer_would_come_from(killed, tmp_
     assert "0/3 layers intact" not in text and "2/3 layers intact" in text
 
 
-def test_a_restore_of_an_older_step_abandons_the_memory_copies_after_it(killed, tmp_path):
-    """restore(6) is the durable one; the memory tier's copy of step 7 belongs to the
-    timeline it abandoned: the next restore must not take it."""
-    work = copy_of(killed, tmp_path)
+def test_a_write_budget_counts_in_the_layers_sizes_after_a_memory_tier_restore(tmp_path):
+    """The budget charges each write a layer's bytes; a restore from memory gives the
+    policy those sizes as a restore from storage does (a fresh process knows none)."""
+    config = LayerCheckConfig(write_budget=2000.0, warmup_steps=2, smax=4)
+    tiers = TierConfig(folder=str(tmp_path / "mem"), budget_bytes=1 << 20)
 
-    def job() -> LayerCheck:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 32),
-                              nn.ReLU(), nn.Linear(32, 1))  # tiers_worker.py's
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
-        config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, smax=4,
-                                  warmup_steps=2)
-        return LayerCheck(model, optimizer, str(work / "ckpt"), config, scheduler=scheduler,
-                          tiers=TierConfig(folder=str(work / "mem"), node="node0",
-                                           budget_bytes=64 << 20))
-    with job() as lc:
-        assert lc.restore(6) == 6
-    with job() as lc:
-        assert lc.restore() == 6
-        assert lc.tiers.last.tiers() == {"memory": 3}
+    def train(lc: LayerCheck, model: nn.Module, optimizer: torch.optim.Optimizer,
+              steps: range) -> None:
+        for step in steps:
+            model(torch.full((2, 4), float(step))).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            lc.step()
+
+    model, optimizer = tiny()
+    lc = LayerCheck(model, optimizer, str(tmp_path / "ckpt"), config, tiers=tiers)
+    lc.restore()
+    train(lc, model, optimizer, range(1, 8))
+    sizes = lc.policy.sizes
+    assert sizes is not None and sizes.sum() > 0
+    lc.close()
+
+    model, optimizer = tiny()
+    lc = LayerCheck(model, optimizer, str(tmp_path / "ckpt"), config, tiers=tiers)
+    assert lc.restore() == 7 and set(lc.tiers.last.tiers()) == {"memory"}
+    assert lc.policy.sizes is not None
+    np.testing.assert_array_equal(lc.policy.sizes, sizes)
+    train(lc, model, optimizer, range(8, 12))  # the budget settles every opportunity
+    assert lc.state.spent > 0
+    lc.close()
+
+
+def test_a_restore_of_an_older_step_abandons_the_memory_tiers_later_steps(tmp_path):
+    """``restore(step)`` is the durable one; the memory tier's copies of later steps
+    belong to the timeline it abandons and are never restored after it."""
+    config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=0)
+    tiers = TierConfig(folder=str(tmp_path / "mem"), budget_bytes=1 << 20)
+
+    def run_until(restore: "int | None", last: int) -> int:
+        model, optimizer = tiny()
+        lc = LayerCheck(model, optimizer, str(tmp_path / "ckpt"), config, tiers=tiers)
+        start = lc.restore(restore)
+        for step in range(start + 1, last + 1):
+            model(torch.full((2, 4), float(step))).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            lc.step()
+        lc.close()
+        return start
+
+    run_until(None, 6)  # storage and memory hold step 6
+    assert run_until(3, 4) == 3  # back to step 3, on to 4
+    assert run_until(None, 4) == 4  # not the abandoned timeline's step 6

@@ -2,7 +2,10 @@
 resume bit for bit, SIGKILL and restart, and the errors of misuse."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
+import subprocess
 import uuid
 import warnings
 from pathlib import Path
@@ -21,6 +24,7 @@ from layercheck.contract.errors import LayerCheckError, ModelMismatch  # noqa: E
 from layercheck.storage.manifest import read_manifest  # noqa: E402
 from layercheck.recovery import make_plan  # noqa: E402
 from layercheck.storage.localstore import LocalStore  # noqa: E402
+from layercheck.tiers import TierConfig  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
 from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
 
@@ -180,6 +184,84 @@ def test_sigkill_mid_run_then_restart_finishes_within_one_percent(tmp_path):
         assert max(make_plan(store, view).staleness().values()) > 0
 
     sigkill_drill(_example, tmp_path, kill_at=KILL_AT, steps=STEPS, killed=killed)
+
+
+# -- the memory tier: SIGKILL, restart at the failure step --------------------------------------
+TIERS_WORKER = ROOT / "tests" / "layercheck" / "trainer_tiers_worker.py"
+
+
+def _tiers_run(work: Path, out: str, halt_at: int | None = None) -> HaltingRun:
+    return HaltingRun(TIERS_WORKER, ["--ckpt", str(work / "ckpt"), "--tier", str(work / "mem"),
+                                     "--out", str(work / out), "--steps", "12"],
+                      halt_at=halt_at, stdout=subprocess.DEVNULL,
+                      stderr=open(work.with_suffix(".err"), "ab"))
+
+
+def test_with_tiers_a_sigkilled_run_resumes_at_the_failure_step_bit_identical(tmp_path):
+    """LayerCheckCallback(tiers=...): a Trainer run SIGKILLed once step 7 is committed
+    resumes at step 7 from the memory tier (storage's layers are of step 2), its model,
+    optimizer, scheduler, RNGs and Trainer state equal to the failure-free run's at
+    step 7, and ends as that run ends (``trainer_tiers_worker.py``)."""
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "crash").mkdir()
+    clean = _tiers_run(tmp_path / "clean", "out.json")
+    crash = _tiers_run(tmp_path / "crash", "first.json", halt_at=7)
+    assert crash.wait_for("restored")["step"] == 0
+    crash.wait_for("halted")
+    crash.kill()
+    assert clean.wait() == 0, (tmp_path / "clean.err").read_text()[-3000:]
+    reference = json.loads((tmp_path / "clean" / "out.json").read_text())
+    store = LocalStore(tmp_path / "crash" / "ckpt", create=False)
+    # storage alone: the composite of step 7, every layer stale since the base (step 2)
+    assert set(make_plan(store, read_manifest(store)).staleness().values()) == {5}
+
+    again = _tiers_run(tmp_path / "crash", "again.json")
+    assert again.wait() == 0, (tmp_path / "crash.err").read_text()[-3000:]
+    resumed = json.loads((tmp_path / "crash" / "again.json").read_text())
+    assert resumed["restored_step"] == 7
+    assert resumed["restored_state"] == reference["states"]["7"]
+    assert resumed["restored_digest"] == reference["digests"]["7"]
+    assert set(map(tuple, resumed["sources"].values())) == {("memory", 7)}
+    assert sorted(map(int, resumed["digests"])) == list(range(8, 13))
+    end, reference_end = resumed["digests"]["12"], reference["digests"]["12"]
+    assert {part: end[part] for part in ("model", "optimizer", "scheduler", "rng")} == {
+        part: reference_end[part] for part in ("model", "optimizer", "scheduler", "rng")}
+    # the Trainer adds a step's flops to total_flos after on_step_end: a resume lacks those
+    # of the failure step, as from storage (docs/trainer.md); the rest is the same
+    lagging = ("total_flos",)
+    assert {k: v for k, v in resumed["states"]["12"].items() if k not in lagging} == {
+        k: v for k, v in reference["states"]["12"].items() if k not in lagging}
+
+
+def test_with_tiers_a_run_resumes_from_memory_before_storage_holds_a_step(tmp_path):
+    """Within the warm-up storage holds no step, the memory tier every one: a fresh
+    train() over it is refused, resume_checkpoint() resumes at the last step, and the
+    run ends as an uninterrupted one (threshold 0 after the warm-up: bit for bit)."""
+    config = dataclasses.replace(EVERY_STEP, warmup_steps=50)
+    tiers = TierConfig(folder=str(tmp_path / "mem"), budget_bytes=64 << 20)
+    first = LayerCheckCallback(tmp_path / "ckpt", config, tiers=tiers)
+    trainer_for(tmp_path, first, StopAt(4), steps=8).train()
+    assert read_manifest(LocalStore(tmp_path / "ckpt", create=False)).latest_step() is None
+
+    fresh = LayerCheckCallback(tmp_path / "ckpt", config, tiers=tiers)
+    with pytest.raises(LayerCheckError, match="up to step 4.*resume_checkpoint"):
+        trainer_for(tmp_path, fresh, steps=8).train()
+
+    again, sources = LayerCheckCallback(tmp_path / "ckpt", config, tiers=tiers), {}
+
+    class Sources(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            sources.update(again.layercheck.tiers.last.sources)
+
+    resumed = trainer_for(tmp_path, again, Sources(), steps=8, seed=7)
+    folder = again.resume_checkpoint()
+    assert Path(folder).name == "checkpoint-4"
+    resumed.train(resume_from_checkpoint=folder)
+    assert again.restored_step == 4 and set(sources.values()) == {("memory", 4)}
+    reference = trainer_for(tmp_path, steps=8)
+    reference.train()
+    assert losses(resumed) == {s: v for s, v in losses(reference).items() if s > 4}
+    assert_same_training_state(resumed, reference)
 
 
 # -- misuse ---------------------------------------------------------------------------------

@@ -8,8 +8,17 @@ every step it records a digest of the whole training state (parameters,
 optimizer state, scheduler, RNG) in ``O/rank<r>.json``, with the restored step
 and where each layer came from. ``--halt-at T``: once step T is committed in
 every tier, write ``O/halted<r>`` and sleep (the test kills it).
-``--die-in-write T``: SIGKILL itself halfway through writing step T's memory-tier
-slot. Under torchrun (``--dist``), ranks average their gradients over gloo and the
+Fault-injection points (each SIGKILLs this process at a point of the protocol,
+by wrapping the library function that reaches it; nothing else changes):
+``--die-in-write T``: halfway through writing step T's memory-tier slot.
+``--die-in-send R:T``: on rank R, in the buddy exchange of step T, once the first
+item's send has completed (the buddy is then receiving into its ward slot),
+before the next item is sent. ``--die-in-receive R:T``: on rank R, in the buddy
+exchange of step T, once the first item of its ward's copy has arrived, before
+the ward slot is committed. ``--die-in-move R``: on rank R, in the restore's
+buddy transfer, once it has sent or received its first item.
+
+Under torchrun (``--dist``), ranks average their gradients over gloo and the
 node is ``$GROUP_RANK`` (each torchrun is a node).
 """
 from __future__ import annotations
@@ -52,6 +61,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--halt-at", type=int, default=0)
     ap.add_argument("--die-in-write", type=int, default=0)
+    ap.add_argument("--die-in-send", metavar="RANK:STEP")
+    ap.add_argument("--die-in-receive", metavar="RANK:STEP")
+    ap.add_argument("--die-in-move", type=int, metavar="RANK")
     ap.add_argument("--dist", action="store_true")
     ap.add_argument("--width", type=int, default=32)
     args = ap.parse_args()
@@ -78,6 +90,11 @@ def main() -> int:
                     ranks=ProcessGroupRanks() if args.dist else None)
     if args.die_in_write:
         die_in_write(args.die_in_write)
+    for where, kind in ((args.die_in_send, "send"), (args.die_in_receive, "receive")):
+        if where is not None and int(where.split(":")[0]) == rank:
+            die_in_exchange(kind, int(where.split(":")[1]))
+    if args.die_in_move is not None and args.die_in_move == rank:
+        die_in_move()
     result: dict = {"rank": rank, "digests": {}}
     start = lc.restore()
     result["restored_step"] = start
@@ -131,6 +148,61 @@ def die_in_write(step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return done
     MemoryTier.write, Slot.write = tier, slot
+
+
+def die_in_exchange(kind: str, step: int) -> None:
+    """SIGKILL this process in the buddy exchange of step ``step``: once its first item
+    is sent, before the next (``send``: a gloo send completes only once the peer has
+    posted its receive, so the buddy has invalidated its ward slot and is receiving
+    into it), or once its ward's first item has arrived (``receive``: the ward slot
+    holds bytes of step ``step`` and no marker)."""
+    import torch.distributed as dist
+    from layercheck.tiers.buddy import BuddyLink
+    FIRST_ITEM = 3  # BuddyLink.exchange's tags: 1 the header, 2 the marker, 3... the items
+    now = {"step": 0}
+    exchange, isend, irecv = BuddyLink.exchange, dist.isend, dist.irecv
+
+    def exchange_of(self, slot, record):
+        now["step"] = record["step"]
+        return exchange(self, slot, record)
+
+    def sending(tensor, dst, group=None, tag=0):
+        if kind == "send" and now["step"] == step and tag == FIRST_ITEM + 1:
+            now["first"].wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+        work = isend(tensor, dst, group=group, tag=tag)
+        now["first"] = work if tag == FIRST_ITEM else now.get("first")
+        return work
+
+    class Dying:
+        def __init__(self, work):
+            self.work = work
+
+        def wait(self):
+            self.work.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def receiving(tensor, src, group=None, tag=0):
+        work = irecv(tensor, src, group=group, tag=tag)
+        dies = kind == "receive" and now["step"] == step and tag == FIRST_ITEM
+        return Dying(work) if dies else work
+    BuddyLink.exchange, dist.isend, dist.irecv = exchange_of, sending, receiving
+
+
+def die_in_move() -> None:
+    """SIGKILL this process in a restore's buddy transfer, once its first item is sent
+    or received (``BuddyLink.move``: blocking sends and receives)."""
+    import torch.distributed as dist
+    send, recv = dist.send, dist.recv
+
+    def sending(*args, **kwargs):
+        send(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def receiving(*args, **kwargs):
+        recv(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.send, dist.recv = sending, receiving
 
 
 if __name__ == "__main__":
