@@ -38,10 +38,14 @@ reshards on read (``apply_elastic``, docs/elastic.md): each rank reads the
 old slices that hold its new rows of each parameter (dim 0 only). The DCP
 export (``python -m layercheck export --format dcp``) reshards offline. Supported: a 1-D device mesh over all ranks (FSDP, not
 HSDP or tensor parallelism), every parameter managed by ``fully_shard``.
+
+``tiers=TierConfig(...)`` adds the memory tier and buddy (``layercheck.tiers``):
+each rank keeps, and sends its buddy, the shard it owns; restarted at another
+world size on one node, the node's copies are resharded (``tiers.reshard``).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -50,6 +54,9 @@ from .backends.layermap import LayerMap
 from .backends.ranks import ProcessGroupRanks
 from .checkpoint import LayerCheck
 from .contract.config import LayerCheckConfig
+
+if TYPE_CHECKING:
+    from .tiers.config import TierConfig
 
 __all__ = ["FsdpLayerCheck"]
 
@@ -66,11 +73,11 @@ class FsdpLayerCheck(LayerCheck):
                  directory: str, config: LayerCheckConfig | None = None, *,
                  scheduler: Any = None, layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
-                 timeout_s: float = 1800.0) -> None:
+                 timeout_s: float = 1800.0, tiers: "TierConfig | None" = None) -> None:
         with ProcessGroupRanks(timeout_s).closed_on_failure() as ranks:
             config = config or LayerCheckConfig()
             layer_map = layer_map or LayerMap.for_model(model, config.layers)
             super().__init__(model, optimizer, directory, config, scheduler=scheduler,
                              layer_map=layer_map, storage_options=storage_options,
                              source=DTensorShards(model, optimizer, layer_map, ranks.world_size),
-                             ranks=ranks)
+                             ranks=ranks, tiers=tiers)

@@ -29,17 +29,22 @@ of another world size, ZeRO stage or one process is resharded on read
 The optimizer's parameter groups must be layer-aligned (no group mixes two
 layers; ``groups.layer_aligned_param_groups`` builds them) so that a layer's
 optimizer state is whole flat partitions. The directory must be shared by
-all ranks (one filesystem or object store).
+all ranks (one filesystem or object store). ``tiers=TierConfig(...)`` adds the
+memory tier and buddy (``layercheck.tiers``): each rank keeps, and sends its
+buddy, its partitions; at another world size or stage a restore takes storage.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .backends.layermap import LayerMap
 from .backends.ranks import ProcessGroupRanks
 from .backends.zeropartitions import partitions_for
 from .checkpoint import LayerCheck
 from .contract.config import LayerCheckConfig
+
+if TYPE_CHECKING:
+    from .tiers.config import TierConfig
 
 __all__ = ["ZeroLayerCheck"]
 
@@ -54,11 +59,12 @@ class ZeroLayerCheck(LayerCheck):
     def __init__(self, engine: Any, directory: str, config: LayerCheckConfig | None = None, *,
                  scheduler: Any = None, layer_map: LayerMap | None = None,
                  storage_options: Mapping[str, Any] | None = None,
-                 timeout_s: float = 1800.0) -> None:
+                 timeout_s: float = 1800.0, tiers: "TierConfig | None" = None) -> None:
         with ProcessGroupRanks(timeout_s).closed_on_failure() as ranks:
             config = config or LayerCheckConfig()
             layer_map = layer_map or LayerMap.for_model(engine.module, config.layers)
             super().__init__(engine.module, engine.optimizer, directory, config,
                              scheduler=scheduler if scheduler is not None else engine.lr_scheduler,
                              layer_map=layer_map, storage_options=storage_options,
-                             source=partitions_for(engine, layer_map), ranks=ranks)
+                             source=partitions_for(engine, layer_map), ranks=ranks,
+                             tiers=tiers)

@@ -118,7 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--failures", type=Path, help="a failure log instead (CSV, one time per "
                      "row, seconds from the start)")
     val.add_argument("--interval", type=int, help="steps between the rollback strategies' "
-                     "checkpoints (default: LayerCheck's mean staleness on the trace)")
+                     "checkpoints (default: LayerCheck's mean staleness on the trace; tiered's memory "
+                     "tier copies every step)")
     val.add_argument("--strategies", default=",".join(VALIDATED),
                      help=f"comma-separated, from {','.join(VALIDATED)} (default all)")
     val.add_argument("--out", type=Path, help="the JSON (default TRACE/validation.json)")

@@ -382,7 +382,7 @@ class ValidationConfig:
     rounded (at least 1)."""
 
     strategies: tuple[str, ...] = VALIDATED
-    """Which strategies to run: some of deepspeed, checkfreq, gemini, lowdiff, layercheck."""
+    """Which strategies to run: some of deepspeed, checkfreq, gemini, lowdiff, layercheck, tiered."""
 
     repeats: int = 3
     """Runs per strategy, each on its own failure log (the table gives the median

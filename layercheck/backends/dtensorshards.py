@@ -20,9 +20,10 @@ import torch
 from .source import local
 from .elastic import chunk_rows, needed_ranks, resharded
 from ..contract.errors import LayerCheckError, ModelMismatch
-from ..storage.format import Layout, optimizer_fields, tensor_key
+from ..storage.format import Layout, optimizer_fields, optimizer_state, tensor_key
 from .layermap import LayerMap
-from .source import ModuleSource, capture_optimizer_state, host, owned, take
+from .source import (ModuleSource, capture_optimizer_state, check_state_fields, host,
+                     owned, take)
 
 __all__ = ["DTensorShards", "units"]
 
@@ -68,10 +69,13 @@ class DTensorShards(ModuleSource):
 
     def check(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Refuse what ``apply`` would, before anything is touched: each parameter's
-        saved slice against its local shard (not the whole DTensor), and the buffers."""
+        saved slice against its local shard (not the whole DTensor), its saved
+        optimizer state against the fields its live state holds, and the buffers."""
         layer = self.layer_map.names[i]
+        saved = optimizer_state(tensors)
         for name, p in self.layer_map.parameters(i):
             take(tensors, tensor_key("param", name), local(p), layer)
+            check_state_fields(layer, name, saved.get(name, {}), self.optimizer.state.get(p, {}))
         self._buffers(i, tensors)
 
     def apply(self, i: int, tensors: Mapping[str, torch.Tensor]) -> None:

@@ -16,6 +16,12 @@ or before T: its own memory's, else a holder's (at a tie, its own), else
 storage's where storage holds a newer version of it than memory does (a
 damaged memory file: the durable composite's version, which the restore reads
 and verifies). None where no tier holds a step.
+
+For a sharded source (``aligned``: FSDP2, ZeRO), a layer's shards must all be of
+one version: each layer comes from the newest step at or before T whose copy of
+it every rank can get intact (each rank its own, else a holder's), and from
+storage on every rank where storage holds a newer version or no such step
+exists. A replicated job (plain data-parallel ranks) takes each rank's freshest.
 """
 from __future__ import annotations
 
@@ -69,9 +75,9 @@ class Choice:
 
 
 def choose(copies: list[Copy], world: int, num_layers: int, durable_state: int | None,
-           durable_layers: Sequence[Sequence[int]]) -> Choice | None:
+           durable_layers: Sequence[Sequence[int]], *, aligned: bool = False) -> Choice | None:
     """The choice (see the module doc); ``durable_layers[i]``: the steps of layer i's
-    committed durable versions."""
+    committed durable versions; ``aligned``: every layer of one step on every rank."""
     by_rank: dict[int, list[Copy]] = {r: [] for r in range(world)}
     for copy in copies:
         if 0 <= copy.of < world and len(copy.layers) == num_layers:
@@ -87,15 +93,22 @@ def choose(copies: list[Copy], world: int, num_layers: int, durable_state: int |
     def rank_of(copy: Copy) -> tuple[int, int]:
         return copy.step, copy.holder == copy.of  # fresher first; at a tie, own memory
 
-    state: dict[int, Copy | None] = {}
-    layers: dict[int, list[Copy | None]] = {}
-    for r in range(world):
-        usable = sorted((c for c in by_rank[r] if c.step <= step), key=rank_of, reverse=True)
-        state[r] = next((c for c in usable if c.step == step and c.state), None)
-        layers[r] = []
-        for i in range(num_layers):
-            copy = next((c for c in usable if c.layers[i]), None)
-            stored = max((s for s in durable_layers[i] if s <= step), default=None)
+    usable = {r: sorted((c for c in by_rank[r] if c.step <= step), key=rank_of, reverse=True)
+              for r in range(world)}
+    state = {r: next((c for c in usable[r] if c.step == step and c.state), None)
+             for r in range(world)}
+    layers: dict[int, list[Copy | None]] = {r: [] for r in range(world)}
+    for i in range(num_layers):
+        stored = max((s for s in durable_layers[i] if s <= step), default=None)
+        picks = {r: next((c for c in usable[r] if c.layers[i]), None) for r in range(world)}
+        if aligned:
+            common = set.intersection(*({c.step for c in usable[r] if c.layers[i]}
+                                        for r in range(world)))
+            newest = max(common, default=None)
+            picks = {r: next((c for c in usable[r] if c.layers[i] and c.step == newest), None)
+                     for r in range(world)}
+        for r in range(world):
+            copy = picks[r]
             layers[r].append(copy if copy is not None and (stored is None or copy.step >= stored)
                              else None)
     return Choice(step, state, layers)

@@ -5,8 +5,9 @@ slots it keeps for rank w, as that rank's buddy). ``tier_plan`` reads every
 folder given (one per node; default: the folders under this machine's default
 location for the directory), verifies every item, and says which tier each
 layer of each rank would come from at the next restore (``choice.choose``, as
-a live restore chooses it; storage's training state counted where its
-newest one verifies). ``memory_composite`` reads the step such a restore takes from
+a live restore chooses it, in the layout of the job that wrote last: copies of
+another layout left out, a sharded layer of one step on every rank; storage's
+training state counted where its newest one verifies). ``memory_composite`` reads the step such a restore takes from
 memory as a model folder needs it (the Trainer callback's resume folder).
 """
 from __future__ import annotations
@@ -19,10 +20,12 @@ import torch
 from ..contract.errors import CorruptVersion
 from ..storage.format import module_tensors, read_state_document
 from ..storage.layerread import read_verified_file
+from ..storage.layout import Layout
 from ..storage.manifest import ManifestView
 from ..storage.store import Store
 from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig
+from .shards import sharded, tier_layout, usable
 from .slots import Slot, tensors_from
 
 __all__ = ["default_folders", "copies_in", "tier_plan", "memory_composite", "format_tier_plan"]
@@ -80,8 +83,12 @@ def _choice(store: Store, view: ManifestView, folders: Sequence[str]
             continue
         durable = step
         break
-    return copies, choose(copies, view.world_size, len(names), durable,
-                          [[v.step for v in view.versions.get(name, [])] for name in names])
+    newest = view.layouts[max(view.layouts)] if view.layouts else Layout.of_header(view.header)
+    own = tier_layout(newest.world_size, newest.facts, newest.id)  # the last job's layout
+    chosen = [c for c in copies if usable(c.marker.get("document", {}).get("layout"), own)]
+    return copies, choose(chosen, newest.world_size, len(names), durable,
+                          [[v.step for v in view.versions.get(name, [])] for name in names],
+                          aligned=sharded(own))
 
 
 def memory_composite(store: Store, view: ManifestView, folder: str
@@ -119,7 +126,7 @@ def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[
     if choice is None:
         return {**info, "step": None, "ranks": []}
     ranks = []
-    for r in range(view.world_size):
+    for r in range(len(choice.state)):
         layers = []
         for name, (tier, step) in zip(names, choice.sources(r)):
             if step is None:

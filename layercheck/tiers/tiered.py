@@ -12,10 +12,15 @@ need them, reads the layers left to storage from the durable directory, and
 checks everything against the live objects before it copies the first byte:
 like the durable restore, it applies all or nothing. A restore of an older
 step (``restore(step)``) is the durable one. Slots of steps after the
-restored one (a timeline abandoned) are taken away on every rank.
+restored one (a timeline abandoned) are taken away on every node, from every
+rank's folder there (``drop_after``; also after ``restore(step)``).
 
 Memory copies are keyed by the durable directory's header (its creation
 time): a memory tier left by another run in the same folder is never used.
+A sharded backend's copies (``FsdpLayerCheck``, ``ZeroLayerCheck``) are its
+source's ``capture()`` (the shard the rank owns), recorded with their layout;
+one of another layout is never applied as it is (``layercheck.tiers.shards``),
+and a layer's shards come from one step on every rank.
 """
 from __future__ import annotations
 
@@ -41,10 +46,13 @@ from ..reports import RestoreReport
 from ..snapshot import apply_state, capture_state, check_state
 from ..backends.source import ModuleSource
 from ..storage.views import tensor_views
+from ..backends import hostcopy
 from .buddy import BuddyLink
 from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig
 from .memory import MemoryTier, slot_bytes
+from .reshard import resume
+from .shards import sharded, tier_layout, usable
 from .slots import Slot, tensors_from, verified_bytes
 
 LayerCheck = Any
@@ -79,7 +87,8 @@ def job_of(view: ManifestView) -> str:
 def live_tensors(source: Any, i: int) -> dict[str, torch.Tensor]:
     """Layer ``i``'s tensors, keyed as ``source.capture(i)`` keys them: the live ones
     for a ``ModuleSource`` (the memory tier copies them once, into its files),
-    else the source's capture (a host copy of what a backend holds)."""
+    else the source's capture (a host copy of the shard a backend's rank owns; a
+    device's copies are awaited: ``hostcopy.fence``)."""
     if type(source) is not ModuleSource:
         return source.capture(i)
     out: dict[str, torch.Tensor] = {}
@@ -107,6 +116,8 @@ class Tiers:
         self.link = (BuddyLink(self.folder, self.node, config.rack_name(), config.timeout_s)
                      if config.buddy and distributed else None)
         self.job = job_of(read_manifest(lc.store, self.rank))
+        self.layout = tier_layout(lc.ranks.world_size, lc.source.header_facts(), lc.layout.id)
+        """The layout this job's copies are written in (``shards.tier_layout``)."""
         self.last: TierRestore | None = None
         self.stall_s = 0.0
         """The training thread's seconds in the memory tier at the last step."""
@@ -115,12 +126,16 @@ class Tiers:
     def step(self, lc: LayerCheck, t: int, extra: Mapping[str, Any] | None) -> None:
         start = time.perf_counter()
         items = {f"L{i}": live_tensors(lc.source, i) for i in range(len(lc.layer_map))}
+        copies = hostcopy.fence()  # a backend's device shards: copied before they are read
+        if copies is not None:
+            copies.wait()
         tensors, document = capture_state(t, lc.source.optimizer, lc.scheduler, extra,
                                           lc.source.engine_state(), lc.source.group_members())
         items["state"] = tensors
         if not self.memory.checked:
             self._check_budget(lc, slot_bytes(items))
-        self.memory.write(t, items, {**document, "job": self.job, "node": self.node},
+        self.memory.write(t, items, {**document, "job": self.job, "node": self.node,
+                                     "layout": self.layout},
                           self.link.exchange if self.link is not None else None)
         self.stall_s = time.perf_counter() - start
 
@@ -148,56 +163,82 @@ class Tiers:
         self.memory.wait()
         view = read_manifest(lc.store, self.rank)
         self.job = job_of(view)
-        gathered = lc.ranks.gather((self._inventory(len(lc.layer_map)),
-                                    _durable_state(lc, view)))
-        copies = [c for inventory, _ in gathered for c in inventory]
-        stored = [step for _, step in gathered]
+        inventory, foreign = self._inventory(len(lc.layer_map))
+        gathered = lc.ranks.gather((inventory, _durable_state(lc, view), foreign))
+        copies = [c for inventory, _, _ in gathered for c in inventory]
+        stored = [step for _, step, _ in gathered]
         choice = choose(copies, lc.ranks.world_size, len(lc.layer_map),
                         None if None in stored else min(stored),
                         [[v.step for v in view.versions.get(name, [])]
-                         for name in lc.layer_map.names])
+                         for name in lc.layer_map.names], aligned=sharded(self.layout))
+        others = sorted({layout for _, _, found in gathered for layout in found})
         if choice is None or choice.from_storage():
-            step = durable()
-            self.drop_after(step)
-            self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
-                lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
-            return step
+            if others:
+                step = resume(self, lc, view, start)  # another world size: resharded
+                if step is not None:
+                    return step
+                log.warning("layercheck: the memory tier holds copies written by %s, not this "
+                            "job's %s, that cannot be resharded here: restoring from storage",
+                            " and ".join(others), _describe(self.layout))
+            return self._durable(lc, durable)
         lc.writer.flush()
         lc.drift.take()
         received = self._move(choice)
-        layers, tensors, doc = together(lc.ranks, lambda: self._load(lc, choice, received, view))
+        layers, tensors, doc, read = together(
+            lc.ranks, lambda: self._load(lc, choice, received, view))
+        if sharded(self.layout) and len({tuple(r) for r in lc.ranks.gather(read)}) > 1:
+            log.warning("layercheck: the ranks' intact durable shards of a layer differ "
+                        "(a damaged file): restoring from storage, which agrees on them")
+            return self._durable(lc, durable)
+        return self.finish(lc, view, choice.step, lambda i: lc.source.apply(i, layers[i]),
+                           tensors, doc, choice.sources(self.rank), layers, start)
+
+    def finish(self, lc: LayerCheck, view: ManifestView, step: int,
+               apply: Callable[[int], None], tensors: dict[str, torch.Tensor],
+               doc: dict[str, Any], sources: list[tuple[str, int | None]],
+               layers: list[Mapping[str, torch.Tensor]], start: float) -> int:
+        """Copy in what a restore of ``step`` read and checked (``apply(i)`` per layer of
+        ``layers``, this rank's tensors of each; the training state), open the timeline
+        at ``step`` and record where each layer (``sources``: per layer, tier and step;
+        None: storage's) came from. Every rank calls it (a collective)."""
         loading = time.perf_counter()
         lc._restore_called = False  # as the durable restore: step() refuses until done
-        for i, loaded in enumerate(layers):
-            lc.source.apply(i, loaded)
+        for i in range(len(lc.layer_map)):
+            apply(i)
         apply_state(tensors, doc, lc.source.optimizer, lc.scheduler)
-        lc.source.after_restore(doc.get("engine"), choice.step)
+        lc.source.after_restore(doc.get("engine"), step)
         lc.extra = doc.get("extra")
-        standing = _standing(view, choice.step)
-        lc._begin_timeline(choice.step, view, base_taken=bool(view.states), applied=True,
+        standing = _standing(view, step)
+        lc._begin_timeline(step, view, base_taken=bool(view.states), applied=True,
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
         if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
             lc._set_sizes(np.array([trained_nbytes(loaded, lc.source.frozen(i))
                                     for i, loaded in enumerate(layers)], dtype=np.float64))
-        self.drop_after(choice.step)
+        self.drop_after(step)
         done = time.perf_counter()
-        sources = choice.sources(self.rank)
-        self.last = TierRestore(choice.step, {
-            name: (tier, step if step is not None else standing[name].step)
-            for name, (tier, step) in zip(lc.layer_map.names, sources)})
-        lc.restored = RestoreReport(choice.step, None, loading - start, 0.0, done - loading,
-                                    sum(int(t.numel() * t.element_size())
-                                        for layer in layers for t in layer.values()))
-        log.info("layercheck: restored step %d from the tiers (%s)", choice.step,
+        self.last = TierRestore(step, {
+            name: (tier, at if at is not None else standing[name].step)
+            for name, (tier, at) in zip(lc.layer_map.names, sources)})
+        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
+        lc.restored = RestoreReport(step, None, loading - start, 0.0, done - loading, nbytes)
+        log.info("layercheck: restored step %d from the tiers (%s)", step,
                  ", ".join(f"{n} layers from {t}" for t, n in self.last.tiers().items()))
-        return choice.step
+        return step
 
-    def _inventory(self, num_layers: int) -> list[Copy]:
+    def _durable(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
+        step = durable()
+        self.drop_after(step)
+        self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
+            lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
+        return step
+
+    def _inventory(self, num_layers: int) -> tuple[list[Copy], list[str]]:
         """Every committed slot on this rank of this job (its own and its wards'), each
-        item verified."""
-        found = []
+        item verified, of this job's layout; and the layouts of those of others
+        (``shards.usable``), described."""
+        found, foreign = [], set()
         root = Path(self.folder)
         folders = [("rank", self.rank, root / f"rank{self.rank}")] + sorted(
             ("ward", int(p.name[4:]), p) for p in root.glob("ward*") if p.name[4:].isdigit())
@@ -207,12 +248,16 @@ class Tiers:
                 marker = slot.marker()
                 if marker is None or marker.get("document", {}).get("job") != self.job:
                     continue
+                written = marker["document"].get("layout")
+                if not usable(written, self.layout):
+                    foreign.add(_describe(written))
+                    continue
                 ok = {name: _intact(slot, name, item) for name, item in marker["items"].items()}
                 found.append(Copy(of, self.rank, kind, k, int(marker["step"]),
                                   ok.get("state", False),
                                   tuple(ok.get(f"L{i}", False) for i in range(num_layers)),
                                   marker))
-        return found
+        return found, sorted(foreign)
 
     def _move(self, choice: Choice) -> dict[tuple[int, str], torch.Tensor]:
         """The buddies' copies, sent to the ranks that take them; what this rank got."""
@@ -242,9 +287,11 @@ class Tiers:
         return {(moves[n][4], moves[n][1]): data for (n, _), data in got.items()}
 
     def _load(self, lc: LayerCheck, choice: Choice, received: dict, view: ManifestView
-              ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor], dict[str, Any]]:
+              ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor], dict[str, Any],
+                         list[int]]:
         """Every layer and the training state of this rank, verified and checked
-        against the live objects; nothing live changed."""
+        against the live objects; nothing live changed. Last, the step of each layer
+        read from storage (ranks of a sharded job compare them)."""
         r = self.rank
 
         def item(name: str, c: Copy) -> dict[str, torch.Tensor]:
@@ -264,19 +311,29 @@ class Tiers:
         else:
             tensors, doc = read_state(lc.store, view.states[choice.step])
         check_state(doc, lc.source.optimizer, lc.source.group_members(), lc.scheduler)
-        layers = []
+        layers, read = [], []
         for i, c in enumerate(choice.layers[r]):
             name = lc.layer_map.names[i]
-            loaded = item(f"L{i}", c) if c is not None else durable_layer(lc.store, view, name,
-                                                                             choice.step)
+            if c is not None:
+                loaded = item(f"L{i}", c)
+            else:
+                loaded, step = durable_version(lc.store, view, name, choice.step)
+                read.append(step)
             lc.source.check(i, loaded)
             layers.append(loaded)
-        return layers, tensors, doc
+        return layers, tensors, doc, read
 
     def drop_after(self, step: int) -> None:
-        """Take away every slot (own and wards') of a step after ``step``."""
+        """Take away every slot of a step after ``step`` in this node's folder (its
+        ranks' own and their wards', and those of ranks this job no longer has): a
+        restore of ``step`` abandoned the timeline they belong to. Every rank of the
+        node calls it after the same restore, when no tier writes."""
         self.memory.drop_after(step)
-        for p in Path(self.folder).glob("ward*"):
+        root = Path(self.folder)
+        for p in root.glob("*") if root.is_dir() else []:
+            kind = "rank" if p.name.startswith("rank") else "ward"
+            if not p.name[len(kind):].isdigit():
+                continue
             for k in (0, 1):
                 slot = Slot(p, k)
                 marker = slot.marker()
@@ -313,14 +370,29 @@ def _standing(view: ManifestView, step: int) -> dict[str, Any]:
     return out
 
 
+def _describe(layout: Mapping[str, Any] | None) -> str:
+    layout = layout or {}
+    world = int(layout.get("world_size", 1))
+    ranks = "1 process" if world == 1 else f"{world} ranks"
+    backend = layout.get("backend") or "plain module"
+    return f"{ranks} ({backend}{', stage 3' if layout.get('zero3') else ''})"
+
+
 def durable_layer(store: Store, view: ManifestView, name: str, step: int
                   ) -> dict[str, torch.Tensor]:
     """Layer ``name``'s newest intact durable version at or before ``step``."""
+    return durable_version(store, view, name, step)[0]
+
+
+def durable_version(store: Store, view: ManifestView, name: str, step: int
+                    ) -> tuple[dict[str, torch.Tensor], int]:
+    """``durable_layer``, and the step of the version it is."""
     planner = Planner(store, view)
     for version in sorted((v for v in view.versions.get(name, []) if v.step <= step),
                           key=lambda v: v.step, reverse=True):
         try:
-            return tensor_views(planner._completed(version, read_verified_file(store, version)))
+            return tensor_views(planner._completed(version, read_verified_file(store, version))
+                                ), version.step
         except CorruptVersion as exc:
             log.warning("layercheck: layer %s: skipping its durable version of step %d: %s",
                         name, version.step, exc)

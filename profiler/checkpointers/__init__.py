@@ -20,7 +20,9 @@ The checkpointers (``base``'s contract):
   (``peerstore``) over loopback, storage as the last tier;
 - ``differential.DiffCheckpointer`` (LowDiff): compressed training, each step's
   differential queued to a writer process (``diffwriter``), full saves every k steps;
-- ``layerwise.LayerCheckpointer`` (LayerCheck): the library itself.
+- ``layerwise.LayerCheckpointer`` (LayerCheck): the library itself;
+- ``tiered.TieredCheckpointer`` (tiered): the library with its memory tier
+  (``TierConfig``), whose node folder the supervisor wipes at a node's loss.
 
 The calibration (``profiler.mechanisms``) times these very classes, so what is costed is
 what runs. A new strategy run for real: its checkpointer module here and its record in
@@ -32,7 +34,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sim.strategies import CheckFreq, DeepSpeed, Gemini, LayerCheck, LowDiff, Strategy
+from sim.strategies import CheckFreq, DeepSpeed, Gemini, LayerCheck, LowDiff, Strategy, Tiered
 
 from ..errors import ProfilerError
 
@@ -79,6 +81,18 @@ class RealStrategy:
     layerwise: bool = False
     """It recovers layer by layer: the ledger weighs each layer's staleness by its
     parameter share, and its first recovery point is the end of the job's warm-up."""
+    node_memory: bool = False
+    """It keeps a memory tier in a folder of the node's (``tier``, given by the
+    supervisor), which outlives its workers: per failure the validation draws whether it
+    lost only processes, the node (the folder wiped, the buddy's copy kept) or the node and
+    its buddy (the folder wiped), as the simulator's draws say."""
+    every: int | None = None
+    """The one interval its checkpointer runs at, whatever the validation's (the memory
+    tier copies every step: 1); None: the validation's cadence."""
+    probed: tuple[str, ...] = ()
+    """The calibration mechanisms (``profiler.mechanisms``, by name) whose measured figures
+    the probe beside each run times again on the machine as it is then, in place of
+    costs.json's (``profiler.failures.costprobe``)."""
 
     @property
     def name(self) -> str:
@@ -106,6 +120,8 @@ REAL: dict[str, RealStrategy] = {r.name: r for r in (
                  load=("load_s", "load_gbps")),
     RealStrategy(model=LayerCheck, module="layerwise", checkpointer="LayerCheckpointer",
                  load=("lc_load_s", "lc_load_gbps"), layerwise=True),
+    RealStrategy(model=Tiered, module="tiered", checkpointer="TieredCheckpointer",
+                 layerwise=True, node_memory=True, every=1, probed=("memory tier",)),
 )}
 """Every strategy run for real, by name, in report order."""
 

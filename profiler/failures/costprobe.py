@@ -30,14 +30,18 @@ strategy's run, ``probe`` times, on the machine as it is then:
   newest recovery point as a run's worker does after a failure: a fresh process's
   first load, from its ``ready`` to its ``resumed`` as the ledger counts it. The
   calibration times a load into the live job it saved from, which a fresh process
-  loads several times slower (docs/results.md).
+  loads several times slower (docs/results.md);
+- for a strategy that names calibration mechanisms to probe (``RealStrategy.probed``:
+  tiered's memory-tier copy, every step of its run), those mechanisms measured again,
+  in this process on the job's model and optimizer state after one step, as
+  ``python -m profiler calibrate`` measures them (``remeasure``).
 
 ``Beside.figures`` turns the medians into the cost model's figures
 (``restart_s``, of the restarts before and after the run; ``save_gbps`` = the
 trace's full bytes over the save; ``diff_snapshot_gbps`` = the differential's bytes
 over its step cost; the load's figure, ``LOADS``, = the trace's full bytes over the
-load less its fixed part), which the validation's prediction uses in place of
-costs.json's.
+load less its fixed part; the probed mechanisms' measured figures as they are), which
+the validation's prediction uses in place of costs.json's.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ from typing import Any, Iterator
 
 from ..checkpointers import REAL
 
-__all__ = ["Beside", "probe", "restarts", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
+__all__ = ["Beside", "probe", "restarts", "remeasure", "priced_load_s", "SAVES", "FULL_SAVES", "LOADS"]
 
 SAVES = 6
 """Full saves the probe's first worker makes (fewer where the interval is long)."""
@@ -91,6 +95,8 @@ class Beside:
     """The first successor's load of the first victim's newest recovery point (``LOADS``)."""
     load_step: int | None = None
     """The step it restored."""
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The probed mechanisms' figures (``remeasure``), by name."""
 
     def __post_init__(self) -> None:
         if not self.restarts_s:
@@ -131,6 +137,7 @@ class Beside:
         if self.diff_s is not None and self.diff_s > 0:
             # the inverse of CostModel.diff_snapshot_s
             out["diff_snapshot_gbps"] = costs.diff_bytes(workload.full_bytes) / (self.diff_s * GB)
+        out.update(self.measured)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,7 +145,8 @@ class Beside:
                 "restarts_s": list(self.restarts_s), "after_s": list(self.after_s),
                 "save_s": self.save_s,
                 "saves_s": list(self.saves_s), "diff_s": self.diff_s,
-                "diffs_s": list(self.diffs_s), "load_s": self.load_s, "load_step": self.load_step}
+                "diffs_s": list(self.diffs_s), "load_s": self.load_s, "load_step": self.load_step,
+                "measured": dict(self.measured)}
 
     @classmethod
     def from_steps(cls, strategy: str, restarts_s: tuple[float, ...], steps: tuple[dict, ...],
@@ -171,6 +179,16 @@ def probe(job: Any, device: str, folder: Path, *, strategy: str, every: int, cou
     """Probe the machine before ``strategy``'s run (module doc): the job of ``job`` (a
     ``CaptureConfig``) on ``device``, its checkpointer every ``every`` steps with
     ``options`` (the run's own), ``count`` restarts; in ``folder``, removed after."""
+    beside = _probe_chain(job, device, folder, strategy=strategy, every=every, count=count,
+                          options=options)
+    if not REAL[strategy].probed:
+        return beside
+    return dataclasses.replace(beside, measured=remeasure(job, folder, REAL[strategy].probed))
+
+
+def _probe_chain(job: Any, device: str, folder: Path, *, strategy: str, every: int, count: int,
+                 options: dict[str, Any] | None) -> Beside:
+    """The restarts, and the saves and the load where the strategy has them (``probe``)."""
     from ..mechanisms.restart import VICTIM_STEPS, time_restarts
     if strategy not in LOADS:
         return Beside(strategy=strategy, restarts_s=restarts(job, device, folder, count=count))
@@ -197,6 +215,35 @@ def restarts(job: Any, device: str, folder: Path, *, count: int) -> tuple[float,
     from ..mechanisms.restart import VICTIM_STEPS, time_restarts
     with _synced(folder):
         return time_restarts(job, device, folder, count=count, kill_at=VICTIM_STEPS).samples
+
+
+REMEASURE_REPEATS = 3
+"""Repeats of each probed mechanism (the median is kept, as calibrate's default)."""
+
+
+def remeasure(job: Any, folder: Path, names: tuple[str, ...]) -> dict[str, float]:
+    """The figures the calibration mechanisms called ``names`` measure (all but those they
+    only state), timed now on the job of ``job`` (a ``CaptureConfig``) after one step, in
+    ``folder``, removed after; an unknown name is a ``ProfilerError`` naming the known."""
+    from ..errors import ProfilerError
+    from ..jobs.plain import PlainJob
+    from ..mechanisms import MECHANISMS, Bench
+    known = {m.name: m for m in MECHANISMS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ProfilerError(f"no calibration mechanism is called {unknown}: choose from "
+                            f"{', '.join(known)}")
+    with _synced(folder):
+        plain = PlainJob.prepare(job, say=lambda _: None)
+        plain.step(0)
+        bench = Bench(job=plain, trace=None, folder=folder, repeats=REMEASURE_REPEATS,
+                      say=lambda _: None)
+        out = {}
+        for name in names:
+            mechanism = known[name]
+            figures = mechanism.measure(bench)
+            out.update({k: float(f.value) for k, f in figures.items() if k not in mechanism.stated})
+        return out
 
 
 @contextlib.contextmanager

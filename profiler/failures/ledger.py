@@ -21,10 +21,13 @@ happened:
 - a worker that resumes job j at step c rolls back every step of job j after
   c (their compute is lost work); a job's steps are final once the next job
   starts;
-- ``stale_s`` (LayerCheck): at each recovery that resumes at c from a
+- ``stale_s`` (LayerCheck, tiered): at each recovery that resumes at c from a
   composite, per layer, its parameter share times the compute of the
-  surviving steps after max(step of the layer's copy, the step the job last
-  resumed from) up to c;
+  surviving steps after the step of the layer's copy up to c whose update to
+  that layer was not already counted stale at an earlier recovery (LayerCheck's
+  layer restored at c0 from version v is stale over (v, c0]; resumed again at c
+  from v, only (c0, c] is new. Tiered's layer restored from memory at c0 is
+  exact: a later composite's version v < c0 discards (v, c] whole);
 - ``checkpoint_stall_s``: what the training thread spent on checkpoints
   (``time - computed`` plus tracking and the held wait: saves, waits,
   snapshots), whether or not its steps survived;
@@ -78,6 +81,9 @@ class Ledger:
     steps_done: int = 0
     resumed_at: list[int] = field(default_factory=list)
     """The step each recovery resumed at (0: the job's start)."""
+    recovered_from: list[str] = field(default_factory=list)
+    """Tiered: per recovery, the tiers its layers came from (``memory``, ``storage``,
+    ``memory+storage``; empty: nothing restored)."""
     compute_median_s: float = 0.0
     """The median compute of the steps done in the window (the run's own pace)."""
 
@@ -154,7 +160,9 @@ class _Book:
     job: int = 0
     timeline: dict[int, float] = field(default_factory=dict)
     """Surviving steps of the current job: step -> compute seconds."""
-    last_resume: int = 0
+    counted: dict[str, set[int]] = field(default_factory=dict)
+    """Per layer, the surviving steps of the current job whose update to it was counted
+    stale."""
     computes: list[float] = field(default_factory=list)
     warming: bool = False
     """The next step is the first of a worker resumed past the job's start."""
@@ -195,25 +203,29 @@ class _Book:
             self.job = job
         gone = [s for s in self.timeline if s > c]
         self.ledger.lost_work_s += sum(self.timeline.pop(s) for s in gone)
+        for steps in self.counted.values():  # a rolled-back step's number is used again
+            steps.difference_update(gone)
         if recovery:
             self.ledger.resumed_at.append(c)
+            if "tiers" in event:
+                self.ledger.recovered_from.append("+".join(sorted(event["tiers"])))
         self.warming = recovery and c > 0
         if c > 0 and event.get("sources"):
             self.ledger.stale_s += self._stale(event["sources"], c)
-        self.last_resume = c
 
     def _stale(self, sources: dict[str, int], c: int) -> float:
         total = 0.0
         for layer, src in sources.items():
-            since = max(int(src), min(self.last_resume, c))
-            total += self.shares.get(layer, 0.0) * sum(
-                w for s, w in self.timeline.items() if since < s <= c)
+            counted = self.counted.setdefault(layer, set())
+            stale = [s for s in self.timeline if int(src) < s <= c and s not in counted]
+            counted.update(stale)
+            total += self.shares.get(layer, 0.0) * sum(self.timeline[s] for s in stale)
         return total
 
     def _final(self) -> None:
         self.ledger.useful_s += sum(self.timeline.values())
         self.timeline = {}
-        self.last_resume = 0
+        self.counted = {}
 
     def killed(self, worker: WorkerLog, at: float) -> None:
         """The time since the killed worker's last event was in flight: lost."""

@@ -13,6 +13,12 @@ GEMINI's peer (``profiler.checkpointers.peerstore``) is this process's child, so
 outlives the workers; at a failure whose ``peer_lost`` is true it is killed
 too and a new, empty one started (the failure took the peer's memory).
 
+A strategy with a memory tier on its node (``RealStrategy.node_memory``: tiered) keeps
+it in a folder this process owns (``profiler.failures.nodes.NodeMemory``, given to every
+worker as ``tier``), which outlives the workers as a node's memory outlives its
+processes; at each failure, once its worker is dead, the folder loses what the failure
+took (``RunSpec.losses``: only processes, the node, or the node and its buddy).
+
 Every spawn and kill is written, with its wall-clock time, to the run's
 ``supervisor.jsonl`` (``profiler.failures.ledger.SUPERVISOR_LOG``); ``supervise``
 returns the run's logs as read back from its folder
@@ -33,6 +39,7 @@ from typing import Any, Callable
 from ..checkpointers import real
 from ..contention import ContentionMeter, Descendants, summarize
 from .ledger import SUPERVISOR_LOG, WorkerLog, read_run
+from .nodes import PROCESS, NodeMemory
 from ..mechanisms.restart import kill_worker, spawn_worker
 from .worker import EventReader, write_job
 
@@ -61,6 +68,9 @@ class RunSpec:
     """The checkpointer's own keywords (``profiler.failures.worker.write_job``)."""
     peer_lost: tuple[bool, ...] = ()
     """Per failure: whether it takes GEMINI's peer too (missing: it does not)."""
+    losses: tuple[str, ...] = ()
+    """Per failure, what it takes from a strategy with a memory tier on its node
+    (``profiler.failures.nodes.KINDS``; missing: only processes)."""
 
 
 class _Worker:
@@ -96,7 +106,9 @@ def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[Work
     meter, others = ContentionMeter(children=True), Descendants()
     meter.start()
     peer = _Peer(log) if real(spec.strategy).peer else None
-    options = lambda: {**spec.options, **({"peer": peer.port} if peer else {})}  # noqa: E731
+    node = NodeMemory(spec.root / "node") if real(spec.strategy).node_memory else None
+    options = lambda: {**spec.options, **({"peer": peer.port} if peer else {}),  # noqa: E731
+                       **({"tier": str(node.folder)} if node else {})}
     workers = [_Worker(spec, 0, options(), log)]
     watch = _Watch(others, workers)
     try:
@@ -109,11 +121,14 @@ def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[Work
                 workers[-1].kill(log)
                 break
             lost = peer is not None and k < len(spec.peer_lost) and spec.peer_lost[k]
-            workers[-1].kill(log, peer_lost=lost)
+            took = (spec.losses[k] if k < len(spec.losses) else PROCESS) if node else None
+            workers[-1].kill(log, peer_lost=lost, **({"lost": took} if node else {}))
             if lost:
                 peer.restart()
-            say(f"  {spec.strategy}: failure at {t:.1f} s{' (and its peer)' if lost else ''}, "
-                f"worker {len(workers)} starts")
+            if node is not None:
+                node.lose(took)
+            said = " (and its peer)" if lost else f" ({took} lost)" if node else ""
+            say(f"  {spec.strategy}: failure at {t:.1f} s{said}, worker {len(workers)} starts")
             workers.append(_Worker(spec, len(workers), options(), log))
     finally:
         for w in workers:
@@ -121,6 +136,8 @@ def supervise(spec: RunSpec, *, say: Callable[[str], None] = print) -> list[Work
                 w.kill(log)
         if peer is not None:
             peer.stop()
+        if node is not None:
+            node.close()
     lap = meter.lap()  # every worker and the peer reaped: their CPU is in os.times()
     record = summarize([lap], [lap.own_s + others.cpu_s])
     (spec.root / CONTENTION_FILE).write_text(json.dumps(record) + "\n")

@@ -152,11 +152,18 @@ def failure_logs(config: ValidationConfig) -> list[FailureLog]:
 def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, log: FailureLog,
             config: ValidationConfig, root: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """One repeat: every strategy run for real on ``log``, and predicted."""
-    from sim.api import cadences, primary_loss_draws
+    from sim.api import primary_loss_draws
+    from .nodes import losses
     scenario = _scenario(trace, calibration, log, interval)
-    plans = cadences(scenario, config.strategies)
-    lost = tuple(bool(u < scenario.costs.peer_loss_probability)
-                 for u in primary_loss_draws(scenario.seed, len(log.times)))
+    # a strategy whose checkpointer runs at one interval of its own (the memory tier's
+    # every step) is run and predicted at it
+    scenarios = {s: _scenario(trace, calibration, log, _interval(s, interval))
+                 if real(s).every else scenario for s in config.strategies}
+    plans = {s: scenarios[s].cadence(s, None) for s in config.strategies}
+    draws = primary_loss_draws(scenario.seed, len(log.times))
+    lost = tuple(bool(u < scenario.costs.peer_loss_probability) for u in draws)
+    took = losses(draws, process_share=scenario.costs.tier_process_share,
+                  buddy_loss_share=scenario.costs.tier_buddy_loss_share)
     measured, probes = {}, {}
     for strategy in config.strategies:
         say(f"validate: repeat {log.repeat + 1}/{config.repeats}, {strategy}, "
@@ -166,21 +173,25 @@ def _repeat(trace: Trace, calibration: Any, job: CaptureConfig, interval: int, l
                                           folder / "restart-probe", config.probes)
         say(f"validate: beside the run: {_said(probe, scenario)}")
         measured[strategy] = _measure(strategy, trace, job, plans[strategy], scenario.costs, log,
-                                      lost, config, folder, say)
+                                      lost, took, config, folder, say)
     probes = _bracketed(probes, _closing(job, root / f"r{log.repeat}" / "closing-probe",
                                          config.probes))
     say(f"validate: after the runs: {_said_after(probes)}")
-    from_costs = _predict(scenario, config.window_s, list(config.strategies))
-    predicted = {s: _predict(_beside(scenario, probes[s]), config.window_s, [s])[s]
+    together = [s for s in config.strategies if scenarios[s] is scenario]
+    from_costs = _predict(scenario, config.window_s, together) if together else {}
+    from_costs.update({s: _predict(scenarios[s], config.window_s, [s])[s]
+                       for s in config.strategies if s not in together})
+    from_costs = {s: from_costs[s] for s in config.strategies}
+    predicted = {s: _predict(_beside(scenarios[s], probes[s]), config.window_s, [s])[s]
                  for s in config.strategies}
     paced = {s: _predict(_beside(_scenario(_at_pace(trace, _pace(trace, measured[s])),
-                                           calibration, log, interval), probes[s]),
+                                           calibration, log, _interval(s, interval)), probes[s]),
                          config.window_s, [s])[s]
              for s in config.strategies}
     table = [_row(trace, s, measured[s], predicted[s], paced[s], from_costs[s], probes[s],
                   config.window_s) for s in config.strategies]
     return {"repeat": log.repeat, "seed": log.seed, "redraws": log.redraws,
-            "failures_s": list(log.times), "peer_lost": list(lost),
+            "failures_s": list(log.times), "peer_lost": list(lost), "losses": list(took),
             "cadences": {s: _cadence_dict(c) for s, c in plans.items()},
             "probes": {s: p.to_dict() for s, p in probes.items()}, "table": table,
             "measured": measured,
@@ -202,8 +213,9 @@ def _plain_capture(trace_dir: Path) -> Trace:
 
 
 def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, costs: Any,
-             log: FailureLog, lost: tuple[bool, ...], config: ValidationConfig, root: Path,
-             say: Callable[[str], None]) -> dict[str, Any]:
+             log: FailureLog, lost: tuple[bool, ...], took: tuple[str, ...],
+             config: ValidationConfig, root: Path, say: Callable[[str], None]
+             ) -> dict[str, Any]:
     from .ledger import account
     from ..machine import resolve_device
     from .supervisor import CONTENTION_FILE, RunSpec, supervise
@@ -211,7 +223,8 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     spec = RunSpec(strategy=strategy, config=job, device=device,
                    interval=_every(cadence),
                    options=_options(strategy, cadence, costs),
-                   failures_s=log.times, peer_lost=lost, window_s=config.window_s, root=root)
+                   failures_s=log.times, peer_lost=lost, losses=took,
+                   window_s=config.window_s, root=root)
     workers = supervise(spec, say=say)
     layers = trace.layers
     shares = dict(zip(layers["name"], layers["params"] / layers["params"].sum()))
@@ -223,6 +236,12 @@ def _measure(strategy: str, trace: Trace, job: CaptureConfig, cadence: Any, cost
     if said:
         print(f"warning: {said}", file=sys.stderr)
     return {**ledger.to_dict(), "contention": contention}
+
+
+def _interval(strategy: str, interval: int) -> int:
+    """The interval ``strategy`` runs and is predicted at: its own where its checkpointer
+    has one (``RealStrategy.every``), else the validation's."""
+    return real(strategy).every or interval
 
 
 def _every(cadence: Any) -> int:
@@ -398,8 +417,12 @@ def _document(trace: Trace, calibration: Any, config: ValidationConfig, interval
             "table": summarise(runs, config.strategies), "runs": runs,
             "method": ("measured: real runs of the trace's job killed with SIGKILL (with their "
                        "process groups) at the failure times and restarted, at the cadence the "
-                       "simulator gives each strategy on that log, GEMINI's peer process killed "
-                       "too where the simulator's draws say the failure took it; accounted from "
+                       "simulator gives each strategy on that log (tiered: every step, its "
+                       "memory tier's), GEMINI's peer process killed "
+                       "too where the simulator's draws say the failure took it, and tiered's "
+                       "node memory-tier folder wiped where they say the failure took the node "
+                       "(its buddy's copy kept: runs[].losses, profiler/failures/nodes.py); "
+                       "accounted from "
                        "the processes' own timestamped logs (profiler/failures/ledger.py); predicted: "
                        "sim.simulate on the trace with its costs.json and the same failure log "
                        "(FailureModel.exact_log), window, cadence and seed, and the restart probed "

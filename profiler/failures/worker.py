@@ -14,7 +14,8 @@ event to ``job["log"]`` (a supervisor reads it as it grows, ``EventReader``):
   loaded (``step`` 0: none, the job starts at step 1 from the initial model),
   with ``resume_s`` (the whole load) and, under LayerCheck, the restore's
   parts (``plan_s``, ``load_s``, ``restore_s``, ``bytes``) and the step of
-  each layer's version (``sources``).
+  each layer's version (``sources``); under tiered also ``tiers``, how many layers
+  came from each tier (memory, storage).
 - ``step``: one optimizer step, with wall-clock timestamps: ``begin`` (the
   step starts), ``computed`` (its forward, backward and optimizer are done:
   the checkpoint, if any, begins) and ``time`` (the checkpoint is done); and
@@ -150,8 +151,11 @@ def _restore_fields(checkpointer: Any) -> dict[str, Any]:
     report = getattr(getattr(checkpointer, "lc", None), "restored", None)
     if report is None:
         return {}
-    return {"restored": report.step, "plan_s": report.plan_s, "load_s": report.load_s,
-            "restore_s": report.restore_s, "bytes": report.bytes}
+    fields = {"restored": report.step, "plan_s": report.plan_s, "load_s": report.load_s,
+              "restore_s": report.restore_s, "bytes": report.bytes}
+    if hasattr(checkpointer, "tiers_taken"):  # tiered: how many layers came from each tier
+        fields["tiers"] = checkpointer.tiers_taken()
+    return fields
 
 
 @dataclass

@@ -150,9 +150,11 @@ class PlainJob(Job):
         return (torch.zeros(n, dtype=torch.float64).index_add_(0, row, per_token.double()),
                 torch.bincount(row, minlength=n))
 
-    def make_layercheck(self, directory: Any, config: Any) -> Any:
+    def make_layercheck(self, directory: Any, config: Any, *, tiers: Any = None) -> Any:
+        """``tiers``: a ``layercheck.tiers.TierConfig`` (a memory tier over the directory)."""
         from layercheck import LayerCheck
-        return LayerCheck(self.module, self.adam, directory, config, scheduler=self.scheduler)
+        return LayerCheck(self.module, self.adam, directory, config, scheduler=self.scheduler,
+                          tiers=tiers)
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.source.objective == "masked" and has_bert_head(self.module):

@@ -6,6 +6,7 @@ import pytest
 
 from layercheck.tiers.buddy import placement
 from layercheck.tiers.choice import Copy, choose
+from layercheck.tiers.shards import tier_layout, usable
 
 
 def copy(of: int, holder: int, step: int, layers=(True, True), state: bool = True) -> Copy:
@@ -34,6 +35,34 @@ def test_storage_where_no_memory_copy_is_fresher():
     # no memory step: storage's
     choice = choose([], 1, 2, durable_state=9, durable_layers=[[9], [3]])
     assert choice.step == 9 and choice.from_storage()
+
+
+def test_a_sharded_layer_comes_from_one_step_on_every_rank():
+    # rank 1's layer 1 of step 9 is damaged in its memory and at its buddy
+    copies = [copy(0, 0, 9), copy(0, 0, 8), copy(1, 1, 9, layers=(True, False)),
+              copy(1, 1, 8), copy(1, 0, 9, layers=(True, False))]
+    replicated = choose(copies, 2, 2, durable_state=6, durable_layers=[[2], [2]])
+    assert replicated.sources(0)[1] == ("memory", 9) and replicated.sources(1)[1] == ("memory", 8)
+    sharded = choose(copies, 2, 2, durable_state=6, durable_layers=[[2], [2]], aligned=True)
+    assert [sharded.sources(r) for r in (0, 1)] == [[("memory", 9), ("memory", 8)]] * 2
+    # storage holds a version newer than the step every rank has: storage on every rank
+    sharded = choose(copies, 2, 2, durable_state=6, durable_layers=[[2], [2, 9]], aligned=True)
+    assert [sharded.sources(r)[1] for r in (0, 1)] == [("storage", None)] * 2
+    # no step in common at all: storage on every rank, even where rank 0's copy is intact
+    only = [copy(0, 0, 9), copy(1, 1, 9, layers=(True, False))]
+    sharded = choose(only, 2, 2, durable_state=6, durable_layers=[[2], [2]], aligned=True)
+    assert [sharded.sources(r)[1] for r in (0, 1)] == [("storage", None)] * 2
+
+
+def test_a_copy_of_another_sharded_layout_is_not_used_as_it_is():
+    fsdp2 = tier_layout(2, {"fsdp": {}}, 0)
+    assert usable(fsdp2, tier_layout(2, {"fsdp": {}}, 3))  # another job of the same layout
+    assert not usable(fsdp2, tier_layout(1, {"fsdp": {}}, 1))
+    assert not usable(tier_layout(2, {"zero": {"stage": 2}}, 0),
+                      tier_layout(2, {"zero": {"stage": 3}}, 0))
+    assert not usable(None, fsdp2)  # a plain module's copy under FSDP2
+    assert usable(tier_layout(2, {}, 0), tier_layout(1, {}, 1))  # replicated: any world size
+    assert usable(None, tier_layout(1, {}, 0))
 
 
 def test_the_step_is_one_every_rank_has_and_a_damaged_state_does_not_count():

@@ -41,7 +41,9 @@ def test_keywords_at_a_cadence_are_what_each_checkpointer_takes():
 def test_what_the_validation_reads_of_each():
     assert [n for n, r in REAL.items() if r.peer] == ["gemini"]
     assert [n for n, r in REAL.items() if r.full_saves] == ["deepspeed", "lowdiff"]
-    assert [n for n, r in REAL.items() if r.layerwise] == ["layercheck"]
+    assert [n for n, r in REAL.items() if r.layerwise] == ["layercheck", "tiered"]
+    assert [n for n, r in REAL.items() if r.node_memory] == ["tiered"]
+    assert {n: r.every for n, r in REAL.items() if r.every} == {"tiered": 1}
     costs = CostModel()
     for record in REAL.values():   # every priced load is a CostModel method and figure
         if record.load is not None:

@@ -105,3 +105,28 @@ def test_the_run_s_restart_is_the_median_of_the_restarts_before_and_after_it():
 def test_a_probe_without_a_restart_is_refused():
     with pytest.raises(ValueError, match="at least one restart"):
         Beside(strategy="gemini", restarts_s=())
+
+
+def test_a_probed_mechanism_is_timed_again_and_replaces_the_calibration_s_figure(tmp_path):
+    """tiered's memory-tier copy, every step of its run, is measured just before it on the
+    job itself (a calibration hours before described another machine); its stated
+    failure shares are not measurements and stay the calibration's."""
+    from profiler.checkpointers import REAL
+    from profiler.config import CaptureConfig
+    from profiler.errors import ProfilerError
+    from profiler.failures.costprobe import remeasure
+    from tests.profiler.conftest import TINY
+    assert REAL["tiered"].probed == ("memory tier",)
+    job = CaptureConfig(**TINY)
+    measured = remeasure(job, tmp_path / "probe", REAL["tiered"].probed)
+    assert set(measured) == {"tier_copy_gbps"} and measured["tier_copy_gbps"] > 0
+    assert not (tmp_path / "probe").exists()
+    probe = Beside(strategy="tiered", restarts_s=(9.0,), measured=measured)
+    trace = read_trace(ROOT / "traces" / "minilm-200steps")
+    from sim import Scenario
+    scenario = Scenario.from_trace(trace)
+    figures = probe.figures(scenario.workload, scenario.costs)
+    assert figures == {"restart_s": 9.0, "tier_copy_gbps": measured["tier_copy_gbps"]}
+    assert probe.to_dict()["measured"] == measured
+    with pytest.raises(ProfilerError, match="no calibration mechanism is called"):
+        remeasure(job, tmp_path / "other", ("memory",))

@@ -93,6 +93,30 @@ def test_a_second_recovery_does_not_discard_twice():
     assert led.stale_s == pytest.approx(3.0 + 2.0)
 
 
+def test_a_tiered_run_s_memory_restore_is_exact_and_a_later_composite_discards_all_since_its_copy():
+    """tiered: a memory restore at the cut step has nothing stale and loses only the step in
+    flight; a later composite (node and buddy lost) whose copy predates that restore
+    discards every surviving update since its copy: the memory restore had kept them."""
+    shares = {"a": 0.5, "b": 0.5}
+    w0 = WorkerLog(0.0, 6.5, [_resumed(0.0, 0, 0), *[_step(float(s), 0, s) for s in range(1, 7)]])
+    # processes lost: memory holds step 6, every layer of it
+    w1 = WorkerLog(6.5, 20.0, [{**_resumed(8.0, 0, 6, {"a": 6, "b": 6}), "tiers": {"memory": 2}},
+                               *[_step(8.0 + s - 6, 0, s) for s in range(7, 12)]])
+    # node and buddy lost: the durable composite of step 11, a's copy of step 2, b's of 11
+    w2 = WorkerLog(20.0, None, [{**_resumed(22.0, 0, 11, {"a": 2, "b": 11}),
+                                 "tiers": {"storage": 2}}, _step(23.0, 0, 12)])
+    led = account([w0, w1, w2], window_s=24.0, shares=shares)
+    assert led.resumed_at == [6, 11] and led.recovered_from == ["memory", "storage"]
+    assert led.lost_work_s == pytest.approx(0.5 + (20.0 - 13.0))  # in flight only
+    # a's updates of steps 3..11 (the first restore discarded none of them)
+    assert led.stale_s == pytest.approx(0.5 * 9)
+    # a rolled-back step's number, trained again, is counted afresh
+    w2 = WorkerLog(20.0, 30.0, [_resumed(22.0, 0, 9, {"a": 2, "b": 9}), _step(23.0, 0, 10)])
+    w3 = WorkerLog(30.0, None, [_resumed(31.0, 0, 10, {"a": 2, "b": 10})])
+    led = account([w0, w1, w2, w3], window_s=32.0, shares=shares)
+    assert led.stale_s == pytest.approx(0.5 * 7 + 0.5 * 1)  # 3..9, then the new 10
+
+
 def test_a_finished_job_is_never_rolled_back_and_the_next_starts_at_step_one():
     w0 = WorkerLog(0.0, 9.0, [_resumed(0.0, 0, 0), _step(1.0, 0, 1), _step(2.0, 0, 2),
                               {"event": "job_done", "time": 2.1, "job": 0},

@@ -31,12 +31,15 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
                  "--min-failures", "1", "--probes", "1", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
-    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
+    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck", "tiered"]
     assert [row["strategy"] for row in doc["table"]] == strategies
     assert doc["failures_s"] == [6.0] and doc["interval"] == 2 and doc["costs"] == "tiny"
     (run,) = doc["runs"]
     assert run["failures_s"] == [6.0] and len(run["peer_lost"]) == 1
     assert run["cadences"]["gemini"]["every"] == 2 and run["cadences"]["layercheck"] is None
+    # tiered's memory tier copies every step, whatever the interval; the seed's draw (0.68)
+    # takes the node and keeps the buddy's copy: the restore is exact, nothing stale
+    assert run["cadences"]["tiered"]["every"] == 1 and run["losses"] == ["node"]
     for row in run["table"]:
         assert row["failures"] == 1 and row["window_s"] == WINDOW
         assert 0 < row["measured_ratio"] < 1 and 0 < row["predicted_ratio"] < 1
@@ -58,6 +61,11 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
     assert measured["layercheck"]["tracking_s"] > 0
     assert measured["lowdiff"]["tracking_s"] > 0            # its compression, every step
     assert run["predicted"]["layercheck"]["failures"] == 1
+    tiered = measured["tiered"]
+    assert tiered["tracking_s"] > 0 and tiered["checkpoint_stall_s"] > 0  # drift, the copies
+    assert len(tiered["recovered_from"]) == len(tiered["resumed_at"]) <= 1
+    if tiered["recovered_from"] == ["memory"]:  # the buddy's copy, kept at the node's loss
+        assert tiered["stale_s"] == 0 and tiered["resumed_at"][0] > 0
     # each run's prediction restarts as the probe beside it did, where costs.json's
     # restart (timed at calibration) gives predicted_from_costs
     from sim import CostModel
@@ -123,7 +131,7 @@ def test_failure_times_are_seeded_and_inside_the_window():
 
 @pytest.mark.parametrize("fields, words", [
     ({"window_s": 0}, "window_s=0"),
-    ({"strategies": ("none",)}, "choose from deepspeed, checkfreq, gemini, lowdiff, layercheck"),
+    ({"strategies": ("none",)}, "choose from deepspeed, checkfreq, gemini, lowdiff, layercheck, tiered"),
     ({"failures_s": (5.0, 3.0)}, "strictly increasing"),
     ({"failures_s": (700.0,), "window_s": 600}, "not inside the 600 s window"),
     ({"window_s": 60, "mtbf_s": 20}, "expects 3.0 failures; a validation needs at least 5 per "
@@ -261,7 +269,7 @@ def test_the_prediction_restarts_as_the_probe_beside_the_run_did():
 
     trace = read_trace(ROOT / "traces/minilm-200steps")
     scenario = _scenario(trace, trace.costs, FailureLog(0, (40.0,)), 10)  # one: the same replay
-    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck"]
+    strategies = ["deepspeed", "checkfreq", "gemini", "lowdiff", "layercheck", "tiered"]
     calibrated = _predict(scenario, 120.0, strategies)
     later = (scenario.costs.restart_s + 1.5,) * 3
     probed = {s: _predict(_beside(scenario, Beside(strategy=s, restarts_s=later)), 120.0, [s])[s]
