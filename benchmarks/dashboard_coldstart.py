@@ -10,6 +10,12 @@ that draws one Plotly chart: what Streamlit, Plotly and the browser cost on this
 whatever the app does. Prints min and median of each, of the dashboard's excess over the
 reference and of their ratio, and the load average before and after.
 
+The My job page keeps its answers on disk (``dashboard.answercache``): ``--store kept``
+(the default) times servers started after one (untimed) that answered the default job,
+as on any machine where the dashboard ran before; ``--store empty`` gives each start an
+empty store, as on the first start after the simulator's code changed. The store is a
+temporary folder either way ($LAYERCHECK_DASHBOARD_CACHE), never the user's.
+
 Needs Chromium (/usr/bin/chromium or on PATH) and playwright (no `playwright install`).
 """
 from __future__ import annotations
@@ -17,16 +23,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from dashboard import headless  # noqa: E402
+
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 BARE = '''import plotly.graph_objects as go
@@ -34,12 +41,6 @@ import streamlit as st
 st.title("Reference")
 st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])))
 '''
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _chromium() -> str:
@@ -51,23 +52,8 @@ def _chromium() -> str:
 
 def cold_start(script: str, path: str, playwright, *, env: dict) -> tuple[float, float]:
     """Seconds from starting the server to the first chart visible, and to the page idle."""
-    port = _port()
     start = time.perf_counter()
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", script,
-                               "--server.address", "127.0.0.1", "--server.port", str(port),
-                               "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                               "--server.fileWatcherType", "none"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None or time.perf_counter() - start > 120:
-                    raise RuntimeError(f"streamlit did not start for {script}")
-                time.sleep(0.05)
+    with headless.serve(script, env=env, timeout_s=120) as url:
         browser = playwright.chromium.launch(executable_path=_chromium(), args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{url}/{path}")
@@ -78,9 +64,6 @@ def cold_start(script: str, path: str, playwright, *, env: dict) -> tuple[float,
         idle = time.perf_counter() - start
         browser.close()
         return chart, idle
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def cli_time(env: dict) -> float:
@@ -100,14 +83,19 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--page", action="append", help="the dashboard's page path ('' for the default "
                    "page, drift, whatif ...); repeatable (default: the default page)")
+    p.add_argument("--store", choices=("kept", "empty"), default="kept",
+                   help="kept: My job's answer stored by an earlier server (one untimed start "
+                        "fills it); empty: every start searches (default: kept)")
     args = p.parse_args()
     pages = args.page if args.page is not None else [""]
     from playwright.sync_api import sync_playwright
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         bare = Path(tmp) / "bare.py"
         bare.write_text(BARE)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERCHECK_DASHBOARD_CACHE": str(Path(tmp) / "answers")}
+        if args.store == "kept":
+            cold_start("dashboard/app.py", "", pw, env=env)
         times: dict[str, list[tuple[float, float]]] = {"reference": [], "cli": []}
         for page in pages:
             times[page] = []
@@ -117,11 +105,13 @@ def main() -> None:
                 seconds = cli_time(env)
                 times["cli"].append((seconds, seconds))
             for page in pages:
+                if args.store == "empty":
+                    shutil.rmtree(Path(tmp) / "answers", ignore_errors=True)
                 times[page].append(cold_start("dashboard/app.py", page, pw, env=env))
     load_after = os.getloadavg()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.repeat} repeats, "
-          f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+          f"store {args.store}, load average before {load_before[0]:.2f} {load_before[1]:.2f} "
+          f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     ref = [c for c, _ in times["reference"]]
     print(_summary("reference: first chart (s)", ref))
     if times["cli"]:

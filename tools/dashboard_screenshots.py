@@ -12,25 +12,19 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from dashboard import headless  # noqa: E402
+
 PAGES = {"myjob": "", "drift": "drift", "whatif": "whatif", "failures": "failures",
          "verdict": "verdict", "scale": "scale", "fidelity": "fidelity", "traces": "traces"}
 """File name part -> the page's URL path (the default page, My job, is the root)."""
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _settled(page) -> None:
@@ -54,35 +48,19 @@ def main() -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    port = _port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERCHECK_TRACES": str(Path(args.traces).resolve())}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "dashboard/app.py",
-                               "--server.address", "127.0.0.1", "--server.port", str(port),
-                               "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            for name in args.pages.split(","):
-                start = time.perf_counter()
-                page.goto(f"{url}/{PAGES[name]}")
-                _settled(page)
-                target = out / f"page-{name}.png"
-                page.screenshot(path=str(target))
-                print(f"{target}: {target.stat().st_size / 1e3:.0f} kB, "
-                      f"{time.perf_counter() - start:.0f} s", flush=True)
-            browser.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with headless.serve(env=env, timeout_s=120) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        for name in args.pages.split(","):
+            start = time.perf_counter()
+            page.goto(f"{url}/{PAGES[name]}")
+            _settled(page)
+            target = out / f"page-{name}.png"
+            page.screenshot(path=str(target))
+            print(f"{target}: {target.stat().st_size / 1e3:.0f} kB, "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
+        browser.close()
 
 
 if __name__ == "__main__":

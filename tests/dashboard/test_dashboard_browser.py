@@ -10,60 +10,31 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from dashboard import headless
+
 pytestmark = pytest.mark.browser
-ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(traces_dir):
-    port = free_port()
     env = {**os.environ, "LAYERCHECK_TRACES": os.environ.get("DASHBOARD_BROWSER_TRACES", str(traces_dir))}
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "dashboard/app.py",
-                             "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("streamlit did not start: " + proc.stdout.read1(20000).decode(errors="replace"))
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        with headless.serve(env=env, timeout_s=120) as url:
+            yield url
+    except headless.ServerError as exc:
+        pytest.fail(str(exc))
 
 
 def test_slider_changes_the_numbers_and_screenshot(server, tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page = _open(p, server, "whatif")
         page.wait_for_selector(".js-plotly-plot", timeout=60_000)
         metric = page.locator('[data-testid="stMetric"]', has_text="Layer writes").first
         before = metric.locator('[data-testid="stMetricValue"]').inner_text()
@@ -81,7 +52,7 @@ def test_slider_changes_the_numbers_and_screenshot(server, tmp_path):
         out = Path(os.environ.get("DASHBOARD_SCREENSHOT", tmp_path / "dashboard.png"))
         out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(out), full_page=False)
-        browser.close()
+        page.context.browser.close()
     assert out.stat().st_size > 10_000
 
 
@@ -90,6 +61,13 @@ def _chromium(playwright):
     if chromium is None:
         pytest.skip("no chromium on PATH (apt-get install -y chromium)")
     return playwright.chromium.launch(executable_path=chromium, args=ARGS)
+
+
+def _open(playwright, server: str, path: str, *, height: int = 1100):
+    """A fresh headless Chromium on the dashboard's page ``path`` (its first content loaded)."""
+    page = _chromium(playwright).new_page(viewport={"width": 1500, "height": height})
+    page.goto(f"{server}/{path}", wait_until="networkidle")
+    return page
 
 
 def _text(page, selector: str) -> str:
@@ -103,9 +81,7 @@ def test_budget_moves_the_recommendation_and_a_click_applies_a_point(server, tmp
     playwright = pytest.importorskip("playwright.sync_api")
     code = '[data-testid="stCode"]'
     with playwright.sync_playwright() as p:
-        browser = _chromium(p)
-        page = browser.new_page(viewport={"width": 1500, "height": 1300})
-        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page = _open(p, server, "whatif", height=1300)
         page.wait_for_selector(code, timeout=120_000)
         before = _text(page, code)
         assert before.startswith("LayerCheckConfig(")
@@ -136,7 +112,7 @@ def test_budget_moves_the_recommendation_and_a_click_applies_a_point(server, tmp
             arg=['[data-testid="stMetric"] [data-testid="stMetricValue"]', old], timeout=60_000)
         assert int(writes.locator('[data-testid="stMetricValue"]').inner_text().replace(",", "")) \
             > int(old.replace(",", ""))
-        browser.close()
+        page.context.browser.close()
 
 
 def _slider_values(page) -> list[str]:
@@ -181,15 +157,22 @@ def _applied(page, values: list[str]) -> None:
     _settled(page)
 
 
+def _round_trip(page, title: str, *, via: str = "Drift") -> None:
+    """To ``via`` and back to ``title`` through the sidebar, as a user goes; wait until
+    the page is drawn again and has finished its run."""
+    _go(page, via)
+    _go(page, title)
+    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    _settled(page)
+
+
 def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
     """Sliders moved on What-if, a visit to Drift, back: every slider and the numbers they
     give are as the user left them (Streamlit forgets the state of widgets it does not draw)."""
     playwright = pytest.importorskip("playwright.sync_api")
     value = '[data-testid="stMetric"] [data-testid="stMetricValue"]'
     with playwright.sync_playwright() as p:
-        browser = _chromium(p)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.goto(f"{server}/whatif", wait_until="networkidle")
+        page = _open(p, server, "whatif")
         page.wait_for_selector(".js-plotly-plot", timeout=60_000)
         opened = _slider_values(page)
         _applied(page, opened)
@@ -201,15 +184,11 @@ def test_whatif_keeps_its_settings_across_a_visit_to_another_page(server):
             _applied(page, _slider_values(page))
         moved, writes = _slider_values(page), _text(page, value)
         assert moved != opened
-        _go(page, "Drift")
-        _go(page, "What-if tuning")
-        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
-        page.wait_for_selector('[data-testid="stSidebar"] code', timeout=60_000)
-        _settled(page)
+        _round_trip(page, "What-if tuning")
         assert _slider_values(page) == moved
         _applied(page, moved)
         assert _text(page, value) == writes
-        browser.close()
+        page.context.browser.close()
 
 
 def test_tables_read_in_words_and_units_in_the_browser(server):
@@ -218,16 +197,14 @@ def test_tables_read_in_words_and_units_in_the_browser(server):
     value, not the drawn text: thousands separators are checked on dashboard.tables.)"""
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
-        browser = _chromium(p)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.goto(f"{server}/traces", wait_until="networkidle")
+        page = _open(p, server, "traces")
         grid = '[data-testid="stDataFrame"]'
         page.wait_for_selector(grid, timeout=60_000)
         _settled(page)
         # the grid draws on a canvas; its accessible cells hold the values it draws
         shown = page.locator(f'{grid} [role="gridcell"]').all_text_contents()
         headers = page.locator(f'{grid} [role="columnheader"]').all_text_contents()
-        browser.close()
+        page.context.browser.close()
     assert "parameters" in headers and "size (kB)" in headers, headers
     assert not [h for h in headers if "_" in h], headers
     assert "5000" in shown                       # the embedding's parameters
@@ -238,21 +215,22 @@ def test_failures_keeps_its_mtbf_across_a_visit_to_another_page(server):
     """A sidebar setting with a default (Failures' MTBF) is kept too, not put back to it."""
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
-        browser = _chromium(p)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.goto(f"{server}/failures", wait_until="networkidle")
+        page = _open(p, server, "failures")
         page.wait_for_selector(".js-plotly-plot", timeout=120_000)
         _settled(page)
         mtbf = page.locator('[data-testid="stSidebar"]').get_by_role("slider").first
         opened = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
+        failures = page.locator('[data-testid="stMetric"]', has_text="Failures per window").first
+        before = failures.locator('[data-testid="stMetricValue"]').inner_text()
         mtbf.focus()
         mtbf.press("ArrowRight")
+        # the server has run with the new MTBF once its failure count moves (see _applied)
+        page.wait_for_function("""old => [...document.querySelectorAll('[data-testid="stMetric"]')]
+            .some(m => m.innerText.includes('Failures per window') && !m.innerText.includes(old))""",
+                               arg=f"\n{before}", polling=100, timeout=120_000)
         _settled(page)
         moved = mtbf.get_attribute("aria-valuetext") or mtbf.get_attribute("aria-valuenow")
         assert moved != opened
-        _go(page, "Drift")
-        _go(page, "Failures")
-        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
-        _settled(page)
+        _round_trip(page, "Failures")
         assert _slider_values(page)[0] == moved
-        browser.close()
+        page.context.browser.close()
