@@ -10,12 +10,6 @@ that draws one Plotly chart: what Streamlit, Plotly and the browser cost on this
 whatever the app does. Prints min and median of each, of the dashboard's excess over the
 reference and of their ratio, and the load average before and after.
 
-The My job page keeps its answers on disk (``dashboard.answercache``): ``--store kept``
-(the default) times servers started after one (untimed) that answered the default job,
-as on any machine where the dashboard ran before; ``--store empty`` gives each start an
-empty store, as on the first start after the simulator's code changed. The store is a
-temporary folder either way ($LAYERCHECK_DASHBOARD_CACHE), never the user's.
-
 Needs Chromium (/usr/bin/chromium or on PATH) and playwright (no `playwright install`).
 """
 from __future__ import annotations
@@ -83,9 +77,6 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--page", action="append", help="the dashboard's page path ('' for the default "
                    "page, drift, whatif ...); repeatable (default: the default page)")
-    p.add_argument("--store", choices=("kept", "empty"), default="kept",
-                   help="kept: My job's answer stored by an earlier server (one untimed start "
-                        "fills it); empty: every start searches (default: kept)")
     args = p.parse_args()
     pages = args.page if args.page is not None else [""]
     from playwright.sync_api import sync_playwright
@@ -93,9 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         bare = Path(tmp) / "bare.py"
         bare.write_text(BARE)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERCHECK_DASHBOARD_CACHE": str(Path(tmp) / "answers")}
-        if args.store == "kept":
-            cold_start("dashboard/app.py", "", pw, env=env)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         times: dict[str, list[tuple[float, float]]] = {"reference": [], "cli": []}
         for page in pages:
             times[page] = []
@@ -105,8 +94,6 @@ def main() -> None:
                 seconds = cli_time(env)
                 times["cli"].append((seconds, seconds))
             for page in pages:
-                if args.store == "empty":
-                    shutil.rmtree(Path(tmp) / "answers", ignore_errors=True)
                 times[page].append(cold_start("dashboard/app.py", page, pw, env=env))
     load_after = os.getloadavg()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.repeat} repeats, "

@@ -19,7 +19,7 @@ from layercheck.contract import decision
 from .checkpointers import VALIDATED
 from .errors import ProfilerError
 
-__all__ = ["CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
+__all__ = ["default_interval", "CaptureConfig", "DrillConfig", "ZeroConfig", "ValidationConfig", "PAPER",
            "ZERO_STAGES", "RANKED_CAPTURES", "ranked_capture"]
 
 PAPER = {"steps": decision.PAPER_STEPS, "warmup_steps": decision.PAPER.warmup_steps,
@@ -443,3 +443,11 @@ def _positive_float(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and value > 0):
         raise ProfilerError(f"{name}={value!r}: use a positive number")
+
+
+def default_interval(trace: Any) -> int:
+    """The rollback strategies' interval unless one is given (``trace``: a captured
+    ``Trace``): the paper's matched freshness, LayerCheck's mean parameter-weighted
+    staleness on the trace, rounded (at least 1). The validation runs them at it, and the
+    calibration times DeepSpeed's saves and LowDiff's full checkpoints at it too."""
+    return max(1, round(trace.mean_weighted_staleness()))

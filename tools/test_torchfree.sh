@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The simulator's and the dashboard's tests in a virtual environment WITHOUT torch
 # (.venv-notorch): a user exploring what-ifs must not need torch, so sim/ and
-# dashboard/ must import and run without it. CI runs this once, after the main suite.
+# dashboard/ must import and run without it. tools/test.sh (the README's test command) runs
+# it after the torch suite: it is where tests/sim and tests/dashboard run.
 #   bash tools/test_torchfree.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

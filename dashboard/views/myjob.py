@@ -1,7 +1,7 @@
 """View: my job: describe the job, get the verdict, the frontier and the bill (python -m sim's)."""
 import streamlit as st
 
-from dashboard import answercache, catalog, myjob, ui, verdict
+from dashboard import catalog, myjob, ui, verdict
 from sim import SimError
 from sim.presets import PRESET_NAMES
 from sim.units import parse_duration
@@ -85,8 +85,7 @@ st.code(job.command() + ("" if s.job_bands else " --no-bands"), language="bash")
 @st.cache_resource(show_spinner="Searching every strategy's settings on the same failures...",
                    max_entries=8)
 def _answer(argv: tuple, bands: bool, stamp: float):
-    # kept on disk too: a server started later answers a job asked before at once
-    return answercache.cached(list(argv), lambda: myjob.answer(list(argv), bands=bands), bands, stamp)
+    return myjob.answer(list(argv), bands=bands)
 
 
 try:

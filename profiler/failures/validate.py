@@ -44,11 +44,11 @@ from layercheck.contract.trace import Trace, read_trace
 
 from ..checkpointers import real
 from ..config import (RANKED_CAPTURES, CaptureConfig, ValidationConfig,
-                      ranked_capture)
+                      default_interval, ranked_capture)
 from ..contention import warning
 from ..errors import ProfilerError
 
-__all__ = ["validate", "ValidationResult", "failure_times", "default_interval", "failure_logs", "summarise",
+__all__ = ["validate", "ValidationResult", "failure_times", "failure_logs", "summarise",
            "format_table", "VALIDATION_FILE"]
 
 VALIDATION_FILE = "validation.json"
@@ -109,13 +109,6 @@ def validate(trace_dir: Path, config: ValidationConfig, *, out: Path | None = No
     path = Path(out) if out else Path(trace_dir) / VALIDATION_FILE
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return ValidationResult(path, doc)
-
-
-def default_interval(trace: Trace) -> int:
-    """The rollback strategies' interval unless one is given: the paper's matched
-    freshness, LayerCheck's mean parameter-weighted staleness on the trace, rounded
-    (at least 1). The calibration times DeepSpeed's saves at it too."""
-    return max(1, round(trace.mean_weighted_staleness()))
 
 
 def failure_times(*, mtbf_s: float, window_s: float, seed: int) -> tuple[float, ...]:

@@ -15,7 +15,7 @@ from typing import Any
 from layercheck.contract.calibration import Figure
 
 from ..checkpointers.differential import BATCH, DENSITY, DiffCheckpointer
-from ..failures.validate import default_interval
+from ..config import default_interval
 from .base import Bench, Mechanism, rate_figure
 
 __all__ = ["Differential"]

@@ -14,7 +14,7 @@ from layercheck.contract.calibration import Figure
 from ..checkpointers.base import folder_bytes
 from ..checkpointers.full import FullCheckpointer
 from ..checkpointers.twophase import TwoPhaseCheckpointer
-from ..failures.validate import default_interval
+from ..config import default_interval
 from ..state import TrainingState
 from .base import GB, Bench, Mechanism, rate_figure, timed
 

@@ -108,11 +108,3 @@ def traces_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (broken / "manifest.json").write_text(json.dumps({"schema_version": 1, "name": "broken"}))
     monkeypatch.setenv("LAYERCHECK_TRACES", str(root))
     return root
-
-
-@pytest.fixture(autouse=True)
-def answer_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The My job page's answers are kept in the test's own folder, never the user's cache."""
-    folder = tmp_path / "answers"
-    monkeypatch.setenv("LAYERCHECK_DASHBOARD_CACHE", str(folder))
-    return folder

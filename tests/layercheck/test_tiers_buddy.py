@@ -179,6 +179,7 @@ def test_a_sender_killed_in_the_middle_of_a_buddy_send_leaves_the_previous_copy(
     resumes_from_the_buddy(work, reference, 4)
 
 
+@pytest.mark.drill
 def test_a_receiver_killed_in_the_middle_of_a_buddy_send_leaves_the_previous_copy(
         reference, tmp_path):
     die(tmp_path, "first", "--die-in-receive", "0:5", node=0)
@@ -186,7 +187,7 @@ def test_a_receiver_killed_in_the_middle_of_a_buddy_send_leaves_the_previous_cop
     resumes_from_the_buddy(tmp_path, reference, 4)
 
 
-@pytest.mark.parametrize("dies", [0, 1], ids=["holder", "receiver"])
+@pytest.mark.parametrize("dies", [pytest.param(0, marks=pytest.mark.drill), 1], ids=["holder", "receiver"])
 def test_a_kill_during_a_restores_buddy_transfer_changes_nothing(killed, reference, tmp_path,
                                                                    dies):
     work = tmp_path / "w"

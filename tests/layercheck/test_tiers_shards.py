@@ -87,7 +87,7 @@ def test_fsdp_killed_processes_resume_from_their_own_memory_bit_identical(fsdp, 
         assert resumed["whole"][str(AT)] == first[r]["whole"][str(AT)]
 
 
-@pytest.mark.parametrize("backend", ["fsdp", "zero2", "zero3"])
+@pytest.mark.parametrize("backend", ["fsdp", "zero2", pytest.param("zero3", marks=pytest.mark.drill)])
 def test_a_lost_node_resumes_its_shard_from_its_buddy_bit_identical(backend, request, tmp_path):
     job = request.getfixturevalue(backend)
     work = tmp_path / "w"
@@ -160,6 +160,7 @@ def test_fsdp_resumes_at_another_world_size_from_the_nodes_memory_bit_identical(
     assert resumed["whole"][str(AT)] == first[0]["whole"][str(AT)]
 
 
+@pytest.mark.drill
 def test_fsdp_at_another_world_size_a_damaged_copy_falls_back_to_storage(one_node, tmp_path):
     """One old rank's copy of a layer damaged: the reshard is refused before anything is
     copied in, the restore says so in one line and takes storage."""
@@ -198,6 +199,7 @@ def test_fsdp_ranks_that_read_a_layer_from_storage_never_mix_its_versions(fsdp_s
         assert resumed["sources"]["model.layers.1"] == ["storage", older.step]
 
 
+@pytest.mark.drill
 def test_zero_at_another_world_size_takes_storage_saying_so(tmp_path_factory, tmp_path):
     """ZeRO-2 ranks on one node restarted as one: their flat partitions are not
     resharded from memory; the restore takes storage and says why."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from sim.calibrated import FIGURES, read_calibration
-from profiler.failures.validate import default_interval
+from profiler.config import default_interval
 from profiler.cli import main
 
 from profiler.mechanisms import MECHANISMS
