@@ -73,18 +73,23 @@ def kill_at(work: Path, out: str, step: int) -> None:
             assert time.monotonic() < deadline, "the nodes did not halt"
             time.sleep(0.05)
     finally:
-        for proc in procs:
-            for pid in [proc.pid, *descendants(proc.pid)]:
-                try:
-                    os_kill(pid)
-                except ProcessLookupError:
-                    pass
-            proc.communicate()
+        kill_all(procs)
 
 
 def os_kill(pid: int) -> None:
     import os
     os.kill(pid, signal.SIGKILL)
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL both nodes' torchruns and every process under them, and reap them."""
+    for proc in procs:
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            try:
+                os_kill(pid)
+            except ProcessLookupError:
+                pass
+        proc.communicate()
 
 
 @pytest.fixture(scope="module")
@@ -134,13 +139,7 @@ def die(work: Path, out: str, *args: str, node: int) -> None:
         _, stderr = procs[node].communicate(timeout=180)
         assert "Signal 9 (SIGKILL)" in stderr or "exitcode  : -9" in stderr, stderr[-3000:]
     finally:
-        for proc in procs:
-            for pid in [proc.pid, *descendants(proc.pid)]:
-                try:
-                    os_kill(pid)
-                except ProcessLookupError:
-                    pass
-            proc.communicate()
+        kill_all(procs)
 
 
 def half_written(ward: Path) -> int:
