@@ -97,7 +97,7 @@ def main() -> None:
                 times[page].append(cold_start("dashboard/app.py", page, pw, env=env))
     load_after = os.getloadavg()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.repeat} repeats, "
-          f"store {args.store}, load average before {load_before[0]:.2f} {load_before[1]:.2f} "
+          f"load average before {load_before[0]:.2f} {load_before[1]:.2f} "
           f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     ref = [c for c, _ in times["reference"]]
     print(_summary("reference: first chart (s)", ref))

@@ -1,7 +1,7 @@
 """View: my job: describe the job, get the verdict, the frontier and the bill (python -m sim's)."""
 import streamlit as st
 
-from dashboard import catalog, myjob, ui, verdict
+from dashboard import answerstore, catalog, jobsummary, myjob, ui
 from sim import SimError
 from sim.presets import PRESET_NAMES
 from sim.units import parse_duration
@@ -84,44 +84,46 @@ st.code(job.command() + ("" if s.job_bands else " --no-bands"), language="bash")
 
 @st.cache_resource(show_spinner="Searching every strategy's settings on the same failures...",
                    max_entries=8)
-def _answer(argv: tuple, bands: bool, stamp: float):
-    return myjob.answer(list(argv), bands=bands)
+def _summary(argv: tuple, bands: bool, stamp: float) -> jobsummary.Summary:
+    # kept on disk too: a server started later shows a job answered before at once
+    return answerstore.cached(myjob.store_key(list(argv), bands=bands, stamp=stamp),
+                              lambda: jobsummary.summarise(myjob.answer(list(argv), bands=bands)),
+                              encode=jobsummary.Summary.payload, decode=jobsummary.Summary.of_payload)
 
 
 try:
     stamp = ui.folder_stamp(job.trace) if job.trace else 0.0
-    result, outcome, prices = _answer(tuple(job.argv()), bool(s.job_bands), stamp)
+    shown = _summary(tuple(job.argv()), bool(s.job_bands), stamp)
 except SimError as exc:
     st.error(f"The simulator cannot run this job: {exc}")
     st.stop()
 
-bill = verdict.bill_frame(result, prices).set_index("strategy")["usd_total"]
-runner = f"{outcome.runner_up} ({outcome.runner_setting})" if outcome.runner_up else None
-st.success(f"Use **{outcome.winner}** at **{outcome.setting}**: it keeps {outcome.ratio:.1%} of "
-           "the wall clock for useful training" + (f", {outcome.margin * 100:.1f} points more than "
+runner = f"{shown.runner_up} ({shown.runner_setting})" if shown.runner_up else None
+st.success(f"Use **{shown.winner}** at **{shown.setting}**: it keeps {shown.ratio:.1%} of "
+           "the wall clock for useful training" + (f", {shown.margin * 100:.1f} points more than "
                                                     f"{runner}" if runner else "")
-           + f"; the run costs ${bill[outcome.winner]:,.0f}.")
+           + f"; the run costs ${shown.cost(shown.winner):,.0f}.")
 c1, c2, c3, c4 = st.columns(4)
-c1.metric("Use", outcome.winner)
-c2.metric("Keeps of the wall clock", f"{outcome.ratio:.1%}", "for useful training",
+c1.metric("Use", shown.winner)
+c2.metric("Keeps of the wall clock", f"{shown.ratio:.1%}", "for useful training",
           delta_color="off")
-c3.metric("Margin", f"{outcome.margin * 100:+.1f} points",
-          f"over {outcome.runner_up}" if outcome.runner_up else "alone", delta_color="off")
-saved = bill[outcome.winner] - bill[outcome.runner_up] if outcome.runner_up else None
-c4.metric("The run costs", f"${bill[outcome.winner]:,.0f}",
+c3.metric("Margin", f"{shown.margin * 100:+.1f} points",
+          f"over {shown.runner_up}" if shown.runner_up else "alone", delta_color="off")
+saved = shown.cost(shown.winner) - shown.cost(shown.runner_up) if shown.runner_up else None
+c4.metric("The run costs", f"${shown.cost(shown.winner):,.0f}",
           None if saved is None else f"{'-' if saved < 0 else '+'}${abs(saved):,.0f} against "
-          f"{outcome.runner_up}", delta_color="inverse")
+          f"{shown.runner_up}", delta_color="inverse")
 with st.expander("The verdict in full (what can flip it)"):
-    st.text(outcome.text())
-ui.table(verdict.settings_frame(result))
+    st.text(shown.text)
+ui.table(shown.settings)
 
 st.subheader("Ratio against durable bytes")
-ui.figure(verdict.frontier_figure(result), "my-job-frontier", key="job_front")
+ui.figure(shown.figure, "my-job-frontier", key="job_front")
 st.caption("The best strategy under each budget of durable bytes a job "
            "(`python -m sim frontier` prints the same):")
-ui.table(verdict.budget_frame(result))
+ui.table(shown.budgets)
 
 st.subheader("In hours and dollars")
-st.caption(f"{prices.gpus:,} GPUs at ${prices.gpu_hour_usd:g} a GPU-hour; storage and writes at "
+st.caption(f"{shown.gpus:,} GPUs at ${shown.gpu_hour_usd:g} a GPU-hour; storage and writes at "
            "the price list's rates (docs/sim-fair.md, Hours and dollars).")
-ui.table(verdict.bill_frame(result, prices))
+ui.table(shown.bill)
