@@ -10,6 +10,12 @@ that draws one Plotly chart: what Streamlit, Plotly and the browser cost on this
 whatever the app does. Prints min and median of each, of the dashboard's excess over the
 reference and of their ratio, and the load average before and after.
 
+The My job page keeps its answers on disk (``dashboard.answerstore``): ``--store kept``
+(the default) times servers started after one (untimed) that answered the default job,
+as on any machine where the dashboard ran before; ``--store empty`` gives each start an
+empty store, as on the first start after the simulator's code changed. The store is a
+temporary folder either way ($LAYERCHECK_DASHBOARD_STORE), never the user's.
+
 Needs Chromium (/usr/bin/chromium or on PATH) and playwright (no `playwright install`).
 """
 from __future__ import annotations
@@ -77,6 +83,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--page", action="append", help="the dashboard's page path ('' for the default "
                    "page, drift, whatif ...); repeatable (default: the default page)")
+    p.add_argument("--store", choices=("kept", "empty"), default="kept",
+                   help="kept: My job's answer stored by an earlier server (one untimed start "
+                        "fills it); empty: every start searches (default: kept)")
     args = p.parse_args()
     pages = args.page if args.page is not None else [""]
     from playwright.sync_api import sync_playwright
@@ -84,7 +93,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         bare = Path(tmp) / "bare.py"
         bare.write_text(BARE)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        store = Path(tmp) / "answers"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERCHECK_DASHBOARD_STORE": str(store)}
+        if args.store == "kept":
+            cold_start("dashboard/app.py", "", pw, env=env)
         times: dict[str, list[tuple[float, float]]] = {"reference": [], "cli": []}
         for page in pages:
             times[page] = []
@@ -94,10 +106,12 @@ def main() -> None:
                 seconds = cli_time(env)
                 times["cli"].append((seconds, seconds))
             for page in pages:
+                if args.store == "empty":
+                    shutil.rmtree(store, ignore_errors=True)
                 times[page].append(cold_start("dashboard/app.py", page, pw, env=env))
     load_after = os.getloadavg()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.repeat} repeats, "
-          f"load average before {load_before[0]:.2f} {load_before[1]:.2f} "
+          f"store {args.store}, load average before {load_before[0]:.2f} {load_before[1]:.2f} "
           f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     ref = [c for c, _ in times["reference"]]
     print(_summary("reference: first chart (s)", ref))
