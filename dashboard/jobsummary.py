@@ -11,12 +11,12 @@ the strategies), about a second of a cold start. No Streamlit here.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from .answerstore import frame_of, frame_payload
 
@@ -85,8 +85,10 @@ class Summary:
         for name in ("ratio", "margin", "gpu_hour_usd"):
             plain[name] = float(plain[name])
         plain["gpus"] = int(plain["gpus"])
+        # not validated again: Plotly wrote it from a validated figure, and its checks take
+        # half a second of a cold start (the key and the JSON guard against other files)
         return cls(**plain, **{name: frame_of(payload[name]) for name in _FRAMES},
-                   figure=pio.from_json(payload["figure"]))
+                   figure=go.Figure(json.loads(payload["figure"]), _validate=False))
 
 
 def summarise(answer: "Answer") -> Summary:

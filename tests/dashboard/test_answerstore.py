@@ -3,7 +3,6 @@ damaged or foreign file is computed again, never trusted (nor unpickled)."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import numpy as np
 import pandas as pd
@@ -60,7 +59,7 @@ def test_another_input_or_other_code_is_another_answer(answer_store, tmp_path, m
 
 @pytest.mark.parametrize("damage", [
     b"", b'{"format": 1, "key": "', b"\x80\x04\x95not json",
-    pickle.dumps({"format": 1}),
+    b"\x80\x04\x95\x0e\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x06format\x94K\x01s.",  # a pickle
     "foreign",          # a whole file, written for another key
     "payload"],         # JSON of the right key whose payload is not a frame
     ids=["empty", "truncated", "not-json", "pickle", "foreign", "payload"])
