@@ -21,6 +21,8 @@ from layercheck.contract.userfile import read_csv_bytes
 from .errors import SimError
 from .units import DURATION_RANGE, is_duration, parse_duration
 
+__all__ = ["FailureModel", "job_mtbf", "log_gamma", "read_failure_log", "weibull_from_exponential"]
+
 
 def log_gamma(x):
     """``scipy.special.gammaln(x)``, scipy.special imported at the first call (a Weibull
@@ -29,8 +31,6 @@ def log_gamma(x):
     from scipy.special import gammaln as scipy_gammaln
     return scipy_gammaln(x)
 
-
-__all__ = ["FailureModel", "job_mtbf", "log_gamma", "read_failure_log", "weibull_from_exponential"]
 
 Kind = Literal["exponential", "weibull", "log"]
 

@@ -3,6 +3,8 @@ gives, and another job is another answer."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -88,3 +90,15 @@ def test_a_new_server_draws_the_page_from_the_kept_answer(traces_dir, answer_sto
     assert not again.exception, [e.value for e in again.exception]
     assert "at **the kept setting**" in again.success[0].value
     assert len(again.get("plotly_chart")) == 1
+
+
+def test_the_page_s_modules_load_no_search_engine():
+    """What a page drawn from the store imports leaves the search (sim.fair, numba,
+    scipy.special: a second or more of a cold start) unloaded until a job is searched."""
+    code = ("import sys\nimport dashboard.ui, dashboard.myjob, dashboard.jobsummary, dashboard.answerstore\n"
+            "print(sorted(m for m in ('sim.fair', 'sim.verdict', 'numba', 'scipy.special', 'dashboard.verdict')"
+            " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=VIEW.parents[2], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
