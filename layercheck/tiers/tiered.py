@@ -17,6 +17,10 @@ rank's folder there (``drop_after``; also after ``restore(step)``).
 
 Memory copies are keyed by the durable directory's header (its creation
 time): a memory tier left by another run in the same folder is never used.
+Each copy records its timeline, and is used only where the manifest's lineage
+holds it (``layercheck.storage.lineage``): a node that sat out a restore of an
+older step (its folder not reached by ``drop_after``) may keep the abandoned
+timeline's copies, and a restore after the job comes back onto it refuses them.
 A sharded backend's copies (``FsdpLayerCheck``, ``ZeroLayerCheck``) are its
 source's ``capture()`` (the shard the rank owns), recorded with their layout;
 one of another layout is never applied as it is (``layercheck.tiers.shards``),
@@ -38,6 +42,7 @@ from ..contract.errors import CheckpointNotFound, CorruptVersion
 from ..frozen import trained_nbytes
 from ..storage.format import read_state_document, tensor_key
 from ..storage.layerread import read_verified_file
+from ..storage.lineage import Lineage
 from ..storage.manifest import ManifestView, read_manifest
 from ..storage.store import Store
 from ..backends.ranks import together
@@ -135,7 +140,7 @@ class Tiers:
         if not self.memory.checked:
             self._check_budget(lc, slot_bytes(items))
         self.memory.write(t, items, {**document, "job": self.job, "node": self.node,
-                                     "layout": self.layout},
+                                     "layout": self.layout, "timeline": lc.timeline},
                           self.link.exchange if self.link is not None else None)
         self.stall_s = time.perf_counter() - start
 
@@ -163,7 +168,7 @@ class Tiers:
         self.memory.wait()
         view = read_manifest(lc.store, self.rank)
         self.job = job_of(view)
-        inventory, foreign = self._inventory(len(lc.layer_map))
+        inventory, foreign = self._inventory(len(lc.layer_map), view.lineage)
         gathered = lc.ranks.gather((inventory, _durable_state(lc, view), foreign))
         copies = [c for inventory, _, _ in gathered for c in inventory]
         stored = [step for _, step, _ in gathered]
@@ -234,11 +239,12 @@ class Tiers:
             lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
         return step
 
-    def _inventory(self, num_layers: int) -> tuple[list[Copy], list[str]]:
+    def _inventory(self, num_layers: int, lineage: Lineage) -> tuple[list[Copy], list[str]]:
         """Every committed slot on this rank of this job (its own and its wards'), each
-        item verified, of this job's layout; and the layouts of those of others
-        (``shards.usable``), described."""
-        found, foreign = [], set()
+        item verified, of this job's layout and on the directory's ``lineage``
+        (``storage.lineage``: one of an abandoned timeline is never used); and the
+        layouts of those of others (``shards.usable``), described."""
+        found, foreign, abandoned = [], set(), []
         root = Path(self.folder)
         folders = [("rank", self.rank, root / f"rank{self.rank}")] + sorted(
             ("ward", int(p.name[4:]), p) for p in root.glob("ward*") if p.name[4:].isdigit())
@@ -247,6 +253,10 @@ class Tiers:
                 slot = Slot(where, k)
                 marker = slot.marker()
                 if marker is None or marker.get("document", {}).get("job") != self.job:
+                    continue
+                refused = lineage.refusal(marker["document"].get("timeline"), int(marker["step"]))
+                if refused is not None:
+                    abandoned.append(f"{where.name}'s step {marker['step']} ({refused})")
                     continue
                 written = marker["document"].get("layout")
                 if not usable(written, self.layout):
@@ -257,6 +267,9 @@ class Tiers:
                                   ok.get("state", False),
                                   tuple(ok.get(f"L{i}", False) for i in range(num_layers)),
                                   marker))
+        if abandoned:
+            log.warning("layercheck: rank %d: memory-tier copies not used, %s", self.rank,
+                        "; ".join(abandoned))
         return found, sorted(foreign)
 
     def _move(self, choice: Choice) -> dict[tuple[int, str], torch.Tensor]:
