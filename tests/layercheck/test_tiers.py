@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -275,17 +276,27 @@ class Job:
 
 
 @pytest.mark.parametrize("held", ["rank0", "ward0"])
-def test_a_node_that_sat_out_a_rewind_never_gives_back_the_abandoned_timeline(tmp_path, held):
+def test_a_node_that_sat_out_a_rewind_never_gives_back_the_abandoned_timeline(
+        tmp_path, held, capsys):
     """The job trains on node B (its memory tier holds steps 5 and 6), moves to node A,
     goes back to step 3 (``restore(3)``: B's folder is not reached) and trains to 4;
     back on node B, the restore takes storage's step 4, never B's step 6 of the
-    abandoned timeline, as its own copy or as a buddy's ward copy (``held``)."""
+    abandoned timeline, as its own copy or as a buddy's ward copy (``held``), and
+    ``plan`` says so first."""
+    from layercheck.tools.cli import main
     job = Job(tmp_path)
     job.run("nodeB", None, 6)
     if held != "rank0":
         (tmp_path / "nodeB" / "rank0").rename(tmp_path / "nodeB" / held)
     assert job.run("nodeA", 3, 4)[0] == 3
     fourth = job.digests[4]
+    assert main(["plan", str(tmp_path / "ckpt"), "--memory-tier", str(tmp_path / "nodeB")]) == 0
+    text = capsys.readouterr().out
+    assert "a restore now takes step 4" in text
+    for step in (5, 6):
+        assert re.search(rf"rank 0's copy of step {step} \((memory|buddy)\): abandoned: a "
+                         r"restore of step 3 left timeline [0-9a-f]+, which wrote it: not "
+                         "used", text), text
     step, restored = job.run("nodeB", None, 5)
     assert (step, restored) == (4, fourth)
 
