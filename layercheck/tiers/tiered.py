@@ -185,7 +185,7 @@ class Tiers:
                 log.warning("layercheck: the memory tier holds copies written by %s, not this "
                             "job's %s, that cannot be resharded here: restoring from storage",
                             " and ".join(others), _describe(self.layout))
-            return self._durable(lc, durable)
+            return self._durable(lc, durable, view.lineage)
         lc.writer.flush()
         lc.drift.take()
         received = self._move(choice)
@@ -194,7 +194,7 @@ class Tiers:
         if sharded(self.layout) and len({tuple(r) for r in lc.ranks.gather(read)}) > 1:
             log.warning("layercheck: the ranks' intact durable shards of a layer differ "
                         "(a damaged file): restoring from storage, which agrees on them")
-            return self._durable(lc, durable)
+            return self._durable(lc, durable, view.lineage)
         return self.finish(lc, view, choice.step, lambda i: lc.source.apply(i, layers[i]),
                            tensors, doc, choice.sources(self.rank), layers, start)
 
@@ -221,7 +221,7 @@ class Tiers:
         if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
             lc._set_sizes(np.array([trained_nbytes(loaded, lc.source.frozen(i))
                                     for i, loaded in enumerate(layers)], dtype=np.float64))
-        self.drop_after(step)
+        self.drop_after(step, view.lineage)  # with the timeline it opened
         done = time.perf_counter()
         self.last = TierRestore(step, {
             name: (tier, at if at is not None else standing[name].step)
@@ -232,9 +232,9 @@ class Tiers:
                  ", ".join(f"{n} layers from {t}" for t, n in self.last.tiers().items()))
         return step
 
-    def _durable(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
+    def _durable(self, lc: LayerCheck, durable: Callable[[], int], lineage: Lineage) -> int:
         step = durable()
-        self.drop_after(step)
+        self.drop_after(step, lineage)  # the lineage before it: what it refuses stays refused
         self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
             lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
         return step
@@ -336,11 +336,13 @@ class Tiers:
             layers.append(loaded)
         return layers, tensors, doc, read
 
-    def drop_after(self, step: int) -> None:
+    def drop_after(self, step: int, lineage: Lineage | None = None) -> None:
         """Take away every slot of a step after ``step`` in this node's folder (its
         ranks' own and their wards', and those of ranks this job no longer has): a
-        restore of ``step`` abandoned the timeline they belong to. Every rank of the
-        node calls it after the same restore, when no tier writes."""
+        restore of ``step`` abandoned the timeline they belong to; and every slot of
+        this job that ``lineage`` refuses (a timeline abandoned while this node sat
+        out: refused for good). Every rank of the node calls it after the same
+        restore, when no tier writes."""
         self.memory.drop_after(step)
         root = Path(self.folder)
         for p in root.glob("*") if root.is_dir() else []:
@@ -350,7 +352,12 @@ class Tiers:
             for k in (0, 1):
                 slot = Slot(p, k)
                 marker = slot.marker()
-                if marker is not None and marker["step"] > step:
+                if marker is None:
+                    continue
+                document = marker.get("document", {})
+                if marker["step"] > step or lineage is not None and document.get(
+                        "job") == self.job and not lineage.holds(document.get("timeline"),
+                                                                  int(marker["step"])):
                     slot.invalidate()
 
 

@@ -279,26 +279,29 @@ class Job:
 def test_a_node_that_sat_out_a_rewind_never_gives_back_the_abandoned_timeline(
         tmp_path, held, capsys):
     """The job trains on node B (its memory tier holds steps 5 and 6), moves to node A,
-    goes back to step 3 (``restore(3)``: B's folder is not reached) and trains to 4;
-    back on node B, the restore takes storage's step 4, never B's step 6 of the
-    abandoned timeline, as its own copy or as a buddy's ward copy (``held``), and
-    ``plan`` says so first."""
+    goes back to step 3 (``restore(3)``: B's folder is not reached) and trains to 8;
+    back on node B, the restore takes storage's step 8, never B's step 6 of the
+    abandoned timeline (memory's step would be taken before storage's newer one), as
+    its own copy or as a buddy's ward copy (``held``); ``plan`` says so first, and
+    the restore drops them."""
     from layercheck.tools.cli import main
     job = Job(tmp_path)
     job.run("nodeB", None, 6)
     if held != "rank0":
         (tmp_path / "nodeB" / "rank0").rename(tmp_path / "nodeB" / held)
-    assert job.run("nodeA", 3, 4)[0] == 3
-    fourth = job.digests[4]
+    assert job.run("nodeA", 3, 8)[0] == 3
+    eighth = job.digests[8]
     assert main(["plan", str(tmp_path / "ckpt"), "--memory-tier", str(tmp_path / "nodeB")]) == 0
     text = capsys.readouterr().out
-    assert "a restore now takes step 4" in text
+    assert "a restore now takes step 8" in text
     for step in (5, 6):
         assert re.search(rf"rank 0's copy of step {step} \((memory|buddy)\): abandoned: a "
                          r"restore of step 3 left timeline [0-9a-f]+, which wrote it: not "
                          "used", text), text
-    step, restored = job.run("nodeB", None, 5)
-    assert (step, restored) == (4, fourth)
+    step, restored = job.run("nodeB", None, 9)
+    assert (step, restored) == (8, eighth)
+    assert [json.loads(m.read_text())["step"] for m in
+            (tmp_path / "nodeB").rglob("slot*.json")] == [9]  # 5 and 6 dropped
 
 
 def test_a_kill_between_the_rewinds_record_and_the_memory_tiers_drop(tmp_path, monkeypatch):
