@@ -17,9 +17,10 @@ optimizer gave no LR above 0; a sharded job's ``world_size`` and backend
 facts, e.g. ``zero`` or ``fsdp``; ``lora`` for a PEFT LoRA model, see below),
 ``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
-timeline starts at ``step``; ``timeline``, optional, its id: ``lineage``), ``drop`` (the version of ``file``, rank 0's if
-sharded, is retired), ``layout`` (see below). A ``layer`` or ``state`` record
-names exactly the files its layer, step and shards give (``version_files``:
+timeline starts at ``step``; ``timeline``, optional, its id: ``lineage``),
+``drop`` (the version of ``file``, rank 0's if sharded, is retired), ``layout``
+(see below). A ``layer`` or ``state`` record names exactly the files its layer,
+step and shards give (``version_files``:
 ``layers/<layer>@<step>[.rank<r>]``, ``states/<step>[.rank<r>]``) and a layer the
 header lists; one naming any other file is skipped as a damaged line, and no
 deleter takes a path from a record (``version_files``, ``deletable``).
