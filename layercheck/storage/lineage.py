@@ -76,7 +76,8 @@ class Lineage:
         return next((b for b in reversed(self.branches) if b.start < step), None)
 
     def holds(self, timeline: str | None, step: int) -> bool:
-        """Whether a copy of ``step`` written in ``timeline`` is on the lineage: THE RULE."""
+        """Whether a copy of ``step`` written in ``timeline`` is on the lineage (the
+        rule: ``timeline`` owns ``step``; see the module doc)."""
         owner = self.owner(step)
         return (owner.timeline if owner is not None else None) == timeline
 
@@ -87,7 +88,8 @@ class Lineage:
         name = timeline or "(unnamed)"
         mine = [n for n, b in enumerate(self.branches) if b.timeline == timeline]
         if timeline is not None and not mine:
-            return f"abandoned: timeline {name} is not on the directory's lineage"
+            return (f"abandoned: timeline {name} is not on the directory's lineage (a "
+                    "restore went back to before it began)")
         if mine and mine[-1] + 1 < len(self.branches) \
                 and step > self.branches[mine[-1] + 1].start:
             return (f"abandoned: a restore of step {self.branches[mine[-1] + 1].start} "

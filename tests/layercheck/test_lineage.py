@@ -48,7 +48,8 @@ def test_a_refusal_says_abandoned_and_why():
     assert lineage.refusal("c", 4) is None
     assert lineage.refusal("a", 5) == ("abandoned: a restore of step 3 left timeline a, "
                                        "which wrote it")
-    assert lineage.refusal("b", 7) == "abandoned: timeline b is not on the directory's lineage"
+    assert lineage.refusal("b", 7) == ("abandoned: timeline b is not on the directory's "
+                                       "lineage (a restore went back to before it began)")
     assert lineage.refusal("c", 2) == "abandoned: step 2 of the lineage is timeline a's, not c's"
     assert lineage.refusal(None, 2).startswith("abandoned: ")
 
