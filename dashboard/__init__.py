@@ -12,6 +12,8 @@ and Plotly figures:
 - ``fidelity``: view 4, drill.json;
 - ``catalog``, ``downloads``: view 5, traces and uploads; CSV and HTML bytes;
 - ``myjob``: the My job page, a described job as ``python -m sim``'s command line and its answer;
+- ``jobsummary``, ``answerstore``: what that page shows of an answer, kept on disk as JSON
+  between servers (keyed by the job and the code);
 - ``verdict``, ``tuning``, ``scale``, ``sensitivity``, ``stalecost``: the other pages' tables and figures;
 - ``tables``, ``charts``: every table as people read it; log ticks, legend keys, margins;
 - ``ui``: the Streamlit glue (cached loaders, trace picker, download buttons, kept widget values);

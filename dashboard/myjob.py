@@ -7,28 +7,32 @@ bandwidth, a failure rate or a shipped failure record, budgets, a GPU-hour price
 ``inputs`` reads that command line with the simulator's own flag vocabulary
 (``sim.scenarioargs``), so the page and ``python -m sim`` cannot drift apart: the
 default ``Job()`` is ``python -m sim --mtbf 0.5h``, and both name the same winner.
-``answer`` runs ``sim.fair.compare`` and ``sim.verdict.judge``; the tables and the
-figure come from ``dashboard.verdict``. No Streamlit here.
+``answer`` runs ``sim.fair.compare`` and ``sim.verdict.judge``, imported only then (the
+search's engine is about a second of a cold start, which a page drawn from
+``dashboard.answerstore`` does without); ``store_key`` names an answer there. The tables
+and the figure come from ``dashboard.verdict``. No Streamlit here.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sim.architectures import BYTES_PER_PARAM
 from sim.budgets import Budgets
 from sim.dollars import Prices
 from sim.errors import SimError
-from sim.fair import FairResult, compare
 from sim.presets import DEFAULT_PRESET, PRESET_NAMES
 from sim.scenarioargs import (add_budget_args, add_price_args, add_scenario_args, budgets_of,
                               mtbf_of, prices_of, scenario_of)
-from sim.verdict import Verdict, judge
+
+if TYPE_CHECKING:
+    from sim.fair import FairResult
+    from sim.verdict import Verdict
 
 __all__ = ["Job", "Inputs", "Answer", "MODELS", "FAILURES", "RECORDS", "parser", "inputs",
-           "answer", "cli_defaults"]
+           "answer", "cli_defaults", "store_key"]
 
 MODELS = ("preset", "trace", "size")
 """How the job's model is given: a built-in preset, a trace folder, or a size and a step time."""
@@ -202,6 +206,16 @@ def answer(argv: list[str], *, bands: bool = False) -> Answer:
     """``python -m sim``'s comparison of a command line: every strategy at its own best
     setting within the budgets on the same failures, and the verdict (``bands``: also
     vary every cost figure across its band, as the command does unless --no-bands)."""
+    from sim.fair import compare              # deferred: the search's engine (module doc)
+    from sim.verdict import judge
+
     given = inputs(argv)
     result = compare(given.scenario, mtbf_s=given.mtbf_s, budgets=given.budgets, seeds=given.seeds)
     return Answer(result=result, verdict=judge(result, bands=bands), prices=given.prices)
+
+
+def store_key(argv: list[str], *, bands: bool, stamp: float = 0.0) -> dict:
+    """What an answer to ``argv`` depends on besides the code (``dashboard.answerstore``
+    adds that): the command line, the bands, and ``stamp``, the trace folder's newest
+    modification time when the job names a trace."""
+    return {"page": "myjob", "argv": list(argv), "bands": bool(bands), "stamp": float(stamp)}

@@ -15,14 +15,22 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from scipy.special import gammaln
 
 from layercheck.contract.userfile import read_csv_bytes
 
 from .errors import SimError
 from .units import DURATION_RANGE, is_duration, parse_duration
 
-__all__ = ["FailureModel", "job_mtbf", "read_failure_log", "weibull_from_exponential"]
+__all__ = ["FailureModel", "job_mtbf", "log_gamma", "read_failure_log", "weibull_from_exponential"]
+
+
+def log_gamma(x):
+    """``scipy.special.gammaln(x)``, scipy.special imported at the first call (a Weibull
+    model): importing it costs 0.4-1.5 s that every user of the simulator's models (the
+    dashboard's first page among them) would otherwise pay before drawing anything."""
+    from scipy.special import gammaln as scipy_gammaln
+    return scipy_gammaln(x)
+
 
 Kind = Literal["exponential", "weibull", "log"]
 
@@ -80,7 +88,7 @@ class FailureModel:
         if self.kind == "weibull":
             k = self.shape
             with np.errstate(over="ignore", invalid="ignore"):
-                ratio = float(np.exp(gammaln(1 + 2 / k) - 2 * gammaln(1 + 1 / k)))
+                ratio = float(np.exp(log_gamma(1 + 2 / k) - 2 * log_gamma(1 + 1 / k)))
             return math.sqrt(ratio - 1) if math.isfinite(ratio) and ratio > 1 else (
                 math.inf if not math.isfinite(ratio) else 0.0)
         gaps = np.diff(np.concatenate(([0.0], self.log_times)))
@@ -151,7 +159,7 @@ class FailureModel:
             # k-th root of a standard exponential, scaled by MTBF / Gamma(1 + 1/k), in logs:
             # the same variates as rng.weibull, without Gamma(1 + 1/k) overflowing (k < 0.006)
             # or the root itself overflowing before the scale brings it back
-            log_scale = math.log(mtbf_s) - float(gammaln(1.0 + 1.0 / self.shape))
+            log_scale = math.log(mtbf_s) - float(log_gamma(1.0 + 1.0 / self.shape))
             return lambda n: weibull_from_exponential(rng.standard_exponential(n), self.shape,
                                                       log_scale)
         gaps = np.diff(np.concatenate(([0.0], np.asarray(self.log_times, dtype=float))))

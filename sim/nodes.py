@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln
 
 from .errors import SimError
-from .failures import MAX_RUN_FAILURES, FailureModel, weibull_from_exponential
+from .failures import MAX_RUN_FAILURES, FailureModel, log_gamma, weibull_from_exponential
 from .records import MAX_NODES, NodeRecord
 from .units import DURATION_RANGE, format_duration, is_duration, parse_duration
 
@@ -327,7 +326,7 @@ def _renewal(nodes: int, size: int, shape: float, mean_s: float, horizon_s: floa
     gaps, so a unit's times depend on no other block and on no horizon."""
     seq, kind = streams
     units = -(-nodes // size)
-    log_scale = math.log(mean_s) - float(gammaln(1.0 + 1.0 / shape))
+    log_scale = math.log(mean_s) - float(log_gamma(1.0 + 1.0 / shape))
     expected = horizon_s / mean_s
     # rows of gaps a draw takes at once: most units pass the horizon in one (4 standard
     # deviations of a Poisson count), at most CHUNK variates

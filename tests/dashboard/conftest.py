@@ -108,3 +108,12 @@ def traces_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (broken / "manifest.json").write_text(json.dumps({"schema_version": 1, "name": "broken"}))
     monkeypatch.setenv("LAYERCHECK_TRACES", str(root))
     return root
+
+
+@pytest.fixture(autouse=True)
+def answer_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Answers kept on disk (``dashboard.answerstore``) go to the test's own folder, never
+    the user's cache."""
+    folder = tmp_path / "answers"
+    monkeypatch.setenv("LAYERCHECK_DASHBOARD_STORE", str(folder))
+    return folder
