@@ -253,6 +253,14 @@ def test_zero2_one_process_resumes_on_two_ranks_from_the_nodes_memory_bit_identi
 
 
 @pytest.mark.drill
+def test_zero2_resumes_as_zero3_in_one_process_from_the_nodes_memory_bit_identical(
+        zero2_one_node, tmp_path):
+    """A stage change too: the ZeRO-2 ranks' flat partitions cut into ZeRO-3's, as the
+    durable restore cuts them."""
+    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero3", ranks=1)
+
+
+@pytest.mark.drill
 def test_zero_at_another_world_size_a_damaged_copy_falls_back_to_storage(zero2_one_node,
                                                                         tmp_path):
     """One old rank's copy of a layer damaged: nothing is copied in from memory, the
