@@ -30,9 +30,10 @@ from typing import Any, Mapping
 
 import torch
 
+from ..backends.elastic import piece
 from ..backends.ranks import together
 from ..backends.source import LayerSource
-from ..contract.errors import CorruptVersion, LayerCheckError, ModelMismatch
+from ..contract.errors import CorruptVersion, LayerCheckError
 from ..frozen import trained_nbytes
 from ..snapshot import check_state
 from ..storage.format import read_state_document
@@ -79,14 +80,8 @@ class SlotRead:
         return self._views[rank]
 
     def __call__(self, rank: int, key: str, start: int, stop: int) -> torch.Tensor:
-        tensors = self.tensors(rank)
-        if key not in tensors:
-            raise ModelMismatch(f"old rank {rank}'s memory copy of {self.item} holds no {key}")
-        flat = tensors[key].reshape(-1)
-        if not 0 <= start <= stop <= flat.numel():
-            raise LayerCheckError(f"{key}: old rank {rank}'s memory copy holds {flat.numel()} "
-                                  f"elements, not [{start}, {stop})")
-        return flat[start:stop]
+        return piece(self.tensors(rank), key, start, stop,
+                     f"old rank {rank}'s memory copy of {self.item}")
 
 
 def found(folder: str, job: str, own: Mapping[str, Any]) -> tuple[Found, dict[int, Any]]:
