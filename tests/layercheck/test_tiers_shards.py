@@ -7,8 +7,9 @@ tier; the digests it recorded up to then are the failure-free run's. A restart
 after the processes' death restores step 4 from each rank's own memory, after a
 node's loss (its folder wiped) that node's shard from its buddy, after both
 nodes' loss the durable composite, and at another world size (two ranks on one
-node, restarted as one) the node's copies resharded (FSDP2's rows, ZeRO's flat
-partitions), never a shard of the old layout as it is.
+node, restarted as one; ZeRO: one node lost, the other restarted alone) the
+node's copies resharded (FSDP2's rows, ZeRO's flat partitions), never a shard of
+the old layout as it is.
 """
 from __future__ import annotations
 
@@ -216,11 +217,12 @@ def zero2_one_node(tmp_path_factory) -> Path:
     return zero_one_node(tmp_path_factory.mktemp("zero2onenode"), "zero2")
 
 
-def assert_resharded_from_memory(job: Path, work: Path, backend: str, ranks: int) -> None:
+def assert_resharded_from_memory(job: Path, work: Path, backend: str, ranks: int,
+                                 *args: str) -> None:
     """Restarted with ``ranks`` ranks, every rank restores step 4 from the node's memory
     tier, resharded: every parameter's whole master, moments and step count, the module
     weights and the schedule equal the failure-free run's at step 4."""
-    resumed, first, text = resume(job, work, backend, "--one-node", ranks=ranks)
+    resumed, first, text = resume(job, work, backend, *args, ranks=ranks)
     old = len(first)
     describe = lambda n: "1 process" if n == 1 else f"{n} ranks"  # noqa: E731
     assert (f"resharding step 4 from the memory tier: {describe(old)} (zero) -> "
@@ -231,25 +233,37 @@ def assert_resharded_from_memory(job: Path, work: Path, backend: str, ranks: int
         assert again["whole"][str(AT)] == first[0]["whole"][str(AT)], r
 
 
+def test_zero2_a_lost_node_resumes_on_the_other_alone_from_its_memory_bit_identical(
+        zero2, tmp_path):
+    """Node 1 lost (its processes and folder), the job restarted as one rank on node 0:
+    it reshards its own slots of step 4 and the buddy copy of rank 1's it keeps
+    (``ward1/``) by the durable restore's resharding of flat partitions
+    (``Partitions.apply_elastic``)."""
+    work = tmp_path / "w"
+    shutil.copytree(zero2, work)
+    shutil.rmtree(work / "mem" / "node1")
+    assert_resharded_from_memory(work, tmp_path / "again", "zero2", 1)
+
+
+@pytest.mark.drill
 def test_zero2_resumes_at_another_world_size_from_the_nodes_memory_bit_identical(
         zero2_one_node, tmp_path):
-    """Two ZeRO-2 ranks on one node restarted as one: the durable restore's resharding of
-    flat partitions (``Partitions.apply_elastic``), fed the node's slots of step 4."""
-    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero2", ranks=1)
+    """Two ZeRO-2 ranks on one node (their own slots, no buddy) restarted as one."""
+    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero2", 1, "--one-node")
 
 
 @pytest.mark.drill
 def test_zero3_resumes_at_another_world_size_from_the_nodes_memory_bit_identical(
         tmp_path_factory, tmp_path):
     job = zero_one_node(tmp_path_factory.mktemp("zero3onenode"), "zero3")
-    assert_resharded_from_memory(job, tmp_path / "w", "zero3", ranks=1)
+    assert_resharded_from_memory(job, tmp_path / "w", "zero3", 1, "--one-node")
 
 
 @pytest.mark.drill
 def test_zero2_one_process_resumes_on_two_ranks_from_the_nodes_memory_bit_identical(
         tmp_path_factory, tmp_path):
     job = zero_one_node(tmp_path_factory.mktemp("zero2one"), "zero2", ranks=1)
-    assert_resharded_from_memory(job, tmp_path / "w", "zero2", ranks=2)
+    assert_resharded_from_memory(job, tmp_path / "w", "zero2", 2, "--one-node")
 
 
 @pytest.mark.drill
@@ -257,7 +271,7 @@ def test_zero2_resumes_as_zero3_in_one_process_from_the_nodes_memory_bit_identic
         zero2_one_node, tmp_path):
     """A stage change too: the ZeRO-2 ranks' flat partitions cut into ZeRO-3's, as the
     durable restore cuts them."""
-    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero3", ranks=1)
+    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero3", 1, "--one-node")
 
 
 @pytest.mark.drill
