@@ -46,6 +46,7 @@ from .frozen import FrozenParts, KeptTensors, trained_nbytes
 from .storage.layerfile import DTYPES
 from .backends.layermap import LayerMap
 from .storage.layerread import VerifiedFile
+from .storage.lineage import new_timeline
 from .storage.manifest import ManifestView, read_manifest
 from .storage.pretrained import PretrainedFiles
 from .contract.policy import Decision, Policy, PolicyState, Reason, lr_peak, lr_ratio
@@ -121,6 +122,8 @@ class LayerCheck:
         self.writer = Writer(self.store, queue_bytes=self.config.queue_bytes,
                              on_error=self.config.on_error, commit=self.ranks.commit())
         self.current_step = 0
+        self.timeline: str | None = None
+        """The timeline steps are trained in (``storage.lineage``), once one is opened."""
         self.extra: dict[str, Any] | None = None
         self.last_report: StepReport | None = None
         self.restored: RestoreReport | None = None
@@ -320,7 +323,8 @@ class LayerCheck:
         version of each layer a restore applied (retention counts no newer one it
         passed over)."""
         self.writer.flush()
-        resume = resume_record(step)
+        timeline = self.ranks.from_coordinator(new_timeline())  # one id on every rank
+        resume = resume_record(step, timeline)
         records = [resume] + ([layout_record(self.layout)] if self._new_layout else [])
         together(self.ranks, lambda: self._record(records, applied),
                  elsewhere=lambda: TimelineNotRecorded.at(
@@ -329,6 +333,7 @@ class LayerCheck:
         for record in records:
             view.apply(record)
         self._new_layout = False  # recorded: this job's versions name it from now on
+        self.timeline = timeline  # copies outside the directory record it (``lineage``)
         self.writer.layout = self.layout.id
         self.current_step = step
         self.state = PolicyState.at(self.policy, step, base_taken=base_taken)

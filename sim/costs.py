@@ -171,6 +171,12 @@ class _CostModel(MappingABC):
         """A LayerCheck composite restore (plan, read, verify, apply)."""
         return self.lc_load_fixed_s + nbytes / (self.lc_load_gbps * GB)
 
+    def tier_load_s(self, nbytes: float) -> float:
+        """A restore from a memory tier (tiered): every committed slot read and verified,
+        the chosen copy checked and copied in, its fixed part folded into the rate (as
+        calibrate and the validation's probe time it whole)."""
+        return nbytes / (self.tier_restore_gbps * GB)
+
     # -- reporting ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the name and every figure with its value, unit and provenance."""

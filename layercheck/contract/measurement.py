@@ -98,6 +98,12 @@ CODE: tuple[MeasuringCode, ...] = (
                "jit_detect_s", "jit_replica_loss_probability", "jit_overhead_fraction"),
     _mechanism("memory tier", 1, "profiler.mechanisms.tier:MemoryTierCopy",
                "tier_copy_gbps", "tier_process_share", "tier_buddy_loss_share"),
+    _mechanism("memory tier restore", 1, "profiler.mechanisms.tier:MemoryTierRestore",
+               "tier_restore_gbps"),
+    _mechanism("memory tier thread", 1, "profiler.mechanisms.tier:MemoryTierThread",
+               "tier_thread_gbps"),
+    _timed("layercheck tiers", 1, "layercheck.tiers.tiered:Tiers",
+           "tier_copy_gbps", "tier_restore_gbps", "tier_thread_gbps"),
 )
 """Every piece of measuring code, declared once (stale_cost is measured by ``python -m
 profiler staleness``, a study, not a mechanism: no code here measures it)."""

@@ -17,9 +17,10 @@ optimizer gave no LR above 0; a sharded job's ``world_size`` and backend
 facts, e.g. ``zero`` or ``fsdp``; ``lora`` for a PEFT LoRA model, see below),
 ``layer``/``state`` (a committed version: step, file,
 bytes, checksum, or ``shards``: one of those per rank), ``resume`` (a new
-timeline starts at ``step``), ``drop`` (the version of ``file``, rank 0's if
-sharded, is retired), ``layout`` (see below). A ``layer`` or ``state`` record
-names exactly the files its layer, step and shards give (``version_files``:
+timeline starts at ``step``; ``timeline``, optional, its id: ``lineage``),
+``drop`` (the version of ``file``, rank 0's if sharded, is retired), ``layout``
+(see below). A ``layer`` or ``state`` record names exactly the files its layer,
+step and shards give (``version_files``:
 ``layers/<layer>@<step>[.rank<r>]``, ``states/<step>[.rank<r>]``) and a layer the
 header lists; one naming any other file is skipped as a damaged line, and no
 deleter takes a path from a record (``version_files``, ``deletable``).
@@ -115,6 +116,7 @@ from typing import Any, Mapping, TypeVar
 from .checksums import CHECKSUM, CHECKSUMS, Checksummer, checksum, checksum_matches
 from ..contract.errors import CorruptVersion, LayerCheckError
 from .layout import BACKENDS, Layout
+from .lineage import TIMELINE
 from .schema import Field, Schema, deeper_than, expect, integer, number, obj, shown, table
 from .store import check_relative, temporary_target
 from .version import Shard, Version
@@ -273,8 +275,12 @@ def header_record(*, layers: list[dict[str, Any]], config: dict[str, Any], lr_pe
     return check_record(header)  # never a header its readers would refuse
 
 
-def resume_record(step: int) -> dict[str, Any]:
-    return {"kind": "resume", "step": step}
+def resume_record(step: int, timeline: str | None = None) -> dict[str, Any]:
+    """The record that opens a timeline at ``step`` (``lineage``: ``timeline``, its id)."""
+    record: dict[str, Any] = {"kind": "resume", "step": step}
+    if timeline is not None:
+        record["timeline"] = timeline
+    return check_record(record)
 
 
 def drop_record(key: str) -> dict[str, Any]:
@@ -346,7 +352,9 @@ RECORD_SCHEMAS: Mapping[str, Schema] = {
     "layout": Schema({"id": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1"),
                       "world_size": integer(1, MAX_WORLD, "an integer from 1 to 2**31-1"),
                       "facts": obj(Schema({}))}),
-    "resume": Schema({"step": _COUNT}),
+    "resume": Schema({"step": _COUNT, "timeline": expect(
+        lambda v: isinstance(v, str) and re.fullmatch(TIMELINE, v) is not None,
+        "a timeline id (1 to 64 lowercase hex digits)", required=False)}),
     "drop": Schema({"file": Field(_relative)}),
 }
 """The schema of each kind of manifest record (see the module doc): the types and

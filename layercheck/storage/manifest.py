@@ -6,7 +6,8 @@ without a record are leftovers. Each line carries a CRC of its own content,
 so a torn or garbled line is detected and skipped (with a problem reported),
 never half-trusted; so is a record naming a file that is not its own
 (``format.version_files``), whatever its CRC says. A ``resume`` record
-abandons every later step of the timeline before it; a ``drop`` record
+abandons every later step of the timeline before it (and opens a timeline of
+the ``lineage``, which ``compact`` keeps); a ``drop`` record
 retires a version. A rank's view of a sharded checkpoint
 (``read_manifest(store, rank=r)``) sees each version as its own shard. The
 layouts the versions were written in (``format``: layouts) are replayed too:
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..contract.errors import CheckpointNotFound, CorruptVersion, LayerCheckError
-from .format import MANIFEST, Layout, Version, decode_line, encode_record, version_files
+from .format import (MANIFEST, Layout, Version, decode_line, encode_record, resume_record,
+                     version_files)
+from .lineage import Lineage
 from .store import Store
 
 __all__ = ["ManifestView", "job_layout", "read_manifest", "read_again", "read_consistent", "seal_torn_tail", "compact",
@@ -42,6 +45,8 @@ class ManifestView:
     skipped: list[bytes] = field(default_factory=list)
     """Those lines as they are in the manifest."""
     resumes: list[int] = field(default_factory=list)
+    lineage: Lineage = field(default_factory=Lineage)
+    """The timelines live now (``lineage``: which copies outside the directory are usable)."""
     rank: int | None = None
     """The rank whose shards ``versions`` and ``states`` show (sharded checkpoints)."""
     source: bytes = field(default=b"", repr=False, compare=False)
@@ -116,6 +121,7 @@ class ManifestView:
             self.layouts[record["id"]] = Layout.from_record(record)
         elif kind == "resume":
             self._truncate(record["step"])
+            self.lineage = self.lineage.opened(record.get("timeline"), record["step"])
         elif kind == "drop":
             self._drop(record["file"])
         else:
@@ -206,27 +212,31 @@ def _replay(data: bytes, rank: int | None) -> ManifestView:
 
 
 def encode_manifest(header: dict[str, Any], versions: Iterable[Version],
-                    layouts: Iterable[Layout] = ()) -> bytes:
-    """A whole manifest: the header, the ``layouts`` besides the header's (by id), then
-    ``versions`` by step, each step's state last."""
+                    layouts: Iterable[Layout] = (), lineage: Lineage = Lineage()) -> bytes:
+    """A whole manifest: the header, the ``layouts`` besides the header's (by id), the
+    ``lineage``'s branches (resume records: before every version, they abandon none),
+    then ``versions`` by step, each step's state last."""
     ordered = sorted(versions, key=lambda v: (v.step, v.layer is None, v.layer or ""))
     added = sorted((layout for layout in layouts if layout.id), key=lambda layout: layout.id)
     return encode_record(header) + b"".join(encode_record(layout.to_record()) for layout in added) \
+        + b"".join(encode_record(resume_record(b.start, b.timeline)) for b in lineage.branches) \
         + b"".join(encode_record(v.to_record()) for v in ordered)
 
 
 def compact(store: Store) -> int:
     """Rewrite the manifest with only what replaying it keeps: the header, the live
     versions and, as they are, the lines it skips (so ``inspect`` still reports
-    them). Replaying the result gives the same header, layouts, versions and states;
-    records of retired versions, drop and resume records are gone. Atomic
+    them). Replaying the result gives the same header, layouts, lineage, versions and
+    states; records of retired versions, drop records and the resume records of
+    abandoned timelines are gone. Atomic
     (``write_atomic``): a crash leaves the old manifest or the new one, never a
     mix. Call only where nothing else appends meanwhile (the directory's
     writer, from the thread that appends). Returns the size it now has."""
     view = read_manifest(store)
     if view.header is None:
         raise LayerCheckError(f"{store.url}: no header to keep, so the manifest is not compacted")
-    data = encode_manifest(view.header, view.all_versions(), view.layouts.values()) + b"".join(
+    data = encode_manifest(view.header, view.all_versions(), view.layouts.values(),
+                           view.lineage) + b"".join(
         line + b"\n" for line in view.skipped)
     store.write_atomic(MANIFEST, data)
     return len(data)

@@ -6,8 +6,10 @@ folder given (one per node; default: the folders under this machine's default
 location for the directory), verifies every item, and says which tier each
 layer of each rank would come from at the next restore (``choice.choose``, as
 a live restore chooses it, in the layout of the job that wrote last: copies of
-another layout left out, a sharded layer of one step on every rank; storage's
-training state counted where its newest one verifies). ``memory_composite`` reads the step such a restore takes from
+another layout left out, a sharded layer of one step on every rank; copies
+off the directory's lineage, of a timeline a restore abandoned, listed as
+"abandoned" and left out; storage's training state counted where its newest
+one verifies). ``memory_composite`` reads the step such a restore takes from
 memory as a model folder needs it (the Trainer callback's resume folder).
 """
 from __future__ import annotations
@@ -28,7 +30,8 @@ from .config import TierConfig
 from .shards import sharded, tier_layout, usable
 from .slots import Slot, tensors_from
 
-__all__ = ["default_folders", "copies_in", "tier_plan", "memory_composite", "format_tier_plan"]
+__all__ = ["default_folders", "copies_in", "abandoned", "tier_plan", "memory_composite",
+           "format_tier_plan"]
 
 
 def default_folders(url: str) -> list[str]:
@@ -67,6 +70,12 @@ def copies_in(folder: str, job: str, num_layers: int, holder_base: int) -> list[
     return out
 
 
+def abandoned(view: ManifestView, copy: Copy) -> str | None:
+    """Why ``copy`` is off the directory's lineage (``storage.lineage``: a timeline a
+    restore abandoned), in words starting with "abandoned"; None where it is on it."""
+    return view.lineage.refusal(copy.marker.get("document", {}).get("timeline"), copy.step)
+
+
 def _choice(store: Store, view: ManifestView, folders: Sequence[str]
             ) -> tuple[list[Copy], Choice | None]:
     """Every copy in ``folders`` and the choice a restore of the newest step makes."""
@@ -74,6 +83,7 @@ def _choice(store: Store, view: ManifestView, folders: Sequence[str]
     names = view.layer_names
     copies = [c for n, folder in enumerate(folders)
               for c in copies_in(folder, job_of(view), len(names), -1000 * (n + 1))]
+    live = [c for c in copies if abandoned(view, c) is None]
     durable = None
     for step in sorted(view.states, reverse=True):
         try:
@@ -85,7 +95,7 @@ def _choice(store: Store, view: ManifestView, folders: Sequence[str]
         break
     newest = view.layouts[max(view.layouts)] if view.layouts else Layout.of_header(view.header)
     own = tier_layout(newest.world_size, newest.facts, newest.id)  # the last job's layout
-    chosen = [c for c in copies if usable(c.marker.get("document", {}).get("layout"), own)]
+    chosen = [c for c in live if usable(c.marker.get("document", {}).get("layout"), own)]
     return copies, choose(chosen, newest.world_size, len(names), durable,
                           [[v.step for v in view.versions.get(name, [])] for name in names],
                           aligned=sharded(own))
@@ -122,7 +132,8 @@ def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[
     copies, choice = _choice(store, view, folders)
     info: dict[str, Any] = {"folders": list(folders), "copies": [
         {"rank": c.of, "tier": c.tier(), "step": c.step, "state": c.state,
-         "layers_intact": sum(c.layers), "layers": len(c.layers)} for c in copies]}
+         "layers_intact": sum(c.layers), "layers": len(c.layers),
+         "abandoned": abandoned(view, c)} for c in copies]}
     if choice is None:
         return {**info, "step": None, "ranks": []}
     ranks = []
@@ -143,8 +154,11 @@ def tier_plan(store: Store, view: ManifestView, folders: Sequence[str]) -> dict[
 def format_tier_plan(info: dict[str, Any]) -> str:
     lines = [f"memory tiers: {', '.join(info['folders']) or 'none found'}"]
     for c in info["copies"]:
-        lines.append(f"  rank {c['rank']}'s copy of step {c['step']} ({c['tier']}): "
-                     f"{c['layers_intact']}/{c['layers']} layers intact, state "
+        what = f"  rank {c['rank']}'s copy of step {c['step']} ({c['tier']}): "
+        if c.get("abandoned"):
+            lines.append(f"{what}{c['abandoned']}: not used")
+            continue
+        lines.append(f"{what}{c['layers_intact']}/{c['layers']} layers intact, state "
                      f"{'intact' if c['state'] else 'damaged'}")
     if info["step"] is None:
         lines.append("no tier holds a step every rank can restore")

@@ -38,6 +38,7 @@ from ..frozen import trained_nbytes
 from ..snapshot import check_state
 from ..storage.format import read_state_document
 from ..storage.layout import Layout
+from ..storage.lineage import Lineage
 from ..storage.manifest import ManifestView
 from .shards import usable
 from .slots import Slot, tensors_from
@@ -84,16 +85,19 @@ class SlotRead:
                      f"old rank {rank}'s memory copy of {self.item}")
 
 
-def found(folder: str, job: str, own: Mapping[str, Any]) -> tuple[Found, dict[int, Any]]:
+def found(folder: str, job: str, own: Mapping[str, Any], lineage: Lineage
+          ) -> tuple[Found, dict[int, Any]]:
     """The committed slots of run ``job`` under this node's ``folder`` written in another
-    sharded layout of the same backend, by step and old rank; and each step's
-    recorded layout (the marker's)."""
+    sharded layout of the same backend, on the directory's ``lineage``
+    (``storage.lineage``), by step and old rank; and each step's recorded layout (the
+    marker's)."""
     out: Found = {}
     layouts: dict[int, Any] = {}
     for where in sorted(Path(folder).glob("*")):
         for k in (0, 1):
             marker = Slot(where, k).marker()
-            if marker is None or marker.get("document", {}).get("job") != job:
+            if marker is None or marker.get("document", {}).get("job") != job or \
+                    not lineage.holds(marker["document"].get("timeline"), int(marker["step"])):
                 continue
             written = marker["document"].get("layout") or {}
             if usable(written, own) or written.get("backend") != own.get("backend"):
@@ -113,7 +117,7 @@ def resume(tiers: Any, lc: Any, view: ManifestView, start: float) -> int | None:
     source: LayerSource = lc.source
     if type(source).apply_elastic is LayerSource.apply_elastic:
         return None  # a source that cannot reshard on read (storage refuses it too)
-    copies, layouts = found(tiers.folder, tiers.job, tiers.layout)
+    copies, layouts = found(tiers.folder, tiers.job, tiers.layout, view.lineage)
     rank, num = lc.ranks.rank, len(lc.layer_map)
     ready = []
     for step in sorted(copies, reverse=True):

@@ -17,6 +17,10 @@ rank's folder there (``drop_after``; also after ``restore(step)``).
 
 Memory copies are keyed by the durable directory's header (its creation
 time): a memory tier left by another run in the same folder is never used.
+Each copy records its timeline, and is used only where the manifest's lineage
+holds it (``layercheck.storage.lineage``): a node that sat out a restore of an
+older step (its folder not reached by ``drop_after``) may keep the abandoned
+timeline's copies, and a restore after the job comes back onto it refuses them.
 A sharded backend's copies (``FsdpLayerCheck``, ``ZeroLayerCheck``) are its
 source's ``capture()`` (the shard the rank owns), recorded with their layout;
 one of another layout is never applied as it is (``layercheck.tiers.shards``),
@@ -38,6 +42,7 @@ from ..contract.errors import CheckpointNotFound, CorruptVersion
 from ..frozen import trained_nbytes
 from ..storage.format import read_state_document, tensor_key
 from ..storage.layerread import read_verified_file
+from ..storage.lineage import Lineage
 from ..storage.manifest import ManifestView, read_manifest
 from ..storage.store import Store
 from ..backends.ranks import together
@@ -135,7 +140,7 @@ class Tiers:
         if not self.memory.checked:
             self._check_budget(lc, slot_bytes(items))
         self.memory.write(t, items, {**document, "job": self.job, "node": self.node,
-                                     "layout": self.layout},
+                                     "layout": self.layout, "timeline": lc.timeline},
                           self.link.exchange if self.link is not None else None)
         self.stall_s = time.perf_counter() - start
 
@@ -163,7 +168,7 @@ class Tiers:
         self.memory.wait()
         view = read_manifest(lc.store, self.rank)
         self.job = job_of(view)
-        inventory, foreign = self._inventory(len(lc.layer_map))
+        inventory, foreign = self._inventory(len(lc.layer_map), view.lineage)
         gathered = lc.ranks.gather((inventory, _durable_state(lc, view), foreign))
         copies = [c for inventory, _, _ in gathered for c in inventory]
         stored = [step for _, step, _ in gathered]
@@ -180,7 +185,7 @@ class Tiers:
                 log.warning("layercheck: the memory tier holds copies written by %s, not this "
                             "job's %s, that cannot be resharded here: restoring from storage",
                             " and ".join(others), _describe(self.layout))
-            return self._durable(lc, durable)
+            return self._durable(lc, durable, view.lineage)
         lc.writer.flush()
         lc.drift.take()
         received = self._move(choice)
@@ -189,7 +194,7 @@ class Tiers:
         if sharded(self.layout) and len({tuple(r) for r in lc.ranks.gather(read)}) > 1:
             log.warning("layercheck: the ranks' intact durable shards of a layer differ "
                         "(a damaged file): restoring from storage, which agrees on them")
-            return self._durable(lc, durable)
+            return self._durable(lc, durable, view.lineage)
         return self.finish(lc, view, choice.step, lambda i: lc.source.apply(i, layers[i]),
                            tensors, doc, choice.sources(self.rank), layers, start)
 
@@ -223,7 +228,7 @@ class Tiers:
             nbytes = sum(sizes)
         if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
             lc._set_sizes(np.array(sizes, dtype=np.float64))
-        self.drop_after(step)
+        self.drop_after(step, view.lineage)  # with the timeline it opened
         done = time.perf_counter()
         self.last = TierRestore(step, {
             name: (tier, at if at is not None else standing[name].step)
@@ -233,18 +238,19 @@ class Tiers:
                  ", ".join(f"{n} layers from {t}" for t, n in self.last.tiers().items()))
         return step
 
-    def _durable(self, lc: LayerCheck, durable: Callable[[], int]) -> int:
+    def _durable(self, lc: LayerCheck, durable: Callable[[], int], lineage: Lineage) -> int:
         step = durable()
-        self.drop_after(step)
+        self.drop_after(step, lineage)  # the lineage before it: what it refuses stays refused
         self.last = TierRestore(step, {name: (STORAGE, v.step) for name, v in (
             lc.restored.plan.sources.items() if lc.restored and lc.restored.plan else [])})
         return step
 
-    def _inventory(self, num_layers: int) -> tuple[list[Copy], list[str]]:
+    def _inventory(self, num_layers: int, lineage: Lineage) -> tuple[list[Copy], list[str]]:
         """Every committed slot on this rank of this job (its own and its wards'), each
-        item verified, of this job's layout; and the layouts of those of others
-        (``shards.usable``), described."""
-        found, foreign = [], set()
+        item verified, of this job's layout and on the directory's ``lineage``
+        (``storage.lineage``: one of an abandoned timeline is never used); and the
+        layouts of those of others (``shards.usable``), described."""
+        found, foreign, abandoned = [], set(), []
         root = Path(self.folder)
         folders = [("rank", self.rank, root / f"rank{self.rank}")] + sorted(
             ("ward", int(p.name[4:]), p) for p in root.glob("ward*") if p.name[4:].isdigit())
@@ -253,6 +259,10 @@ class Tiers:
                 slot = Slot(where, k)
                 marker = slot.marker()
                 if marker is None or marker.get("document", {}).get("job") != self.job:
+                    continue
+                refused = lineage.refusal(marker["document"].get("timeline"), int(marker["step"]))
+                if refused is not None:
+                    abandoned.append(f"{where.name}'s step {marker['step']} ({refused})")
                     continue
                 written = marker["document"].get("layout")
                 if not usable(written, self.layout):
@@ -263,6 +273,9 @@ class Tiers:
                                   ok.get("state", False),
                                   tuple(ok.get(f"L{i}", False) for i in range(num_layers)),
                                   marker))
+        if abandoned:
+            log.warning("layercheck: rank %d: memory-tier copies not used, %s", self.rank,
+                        "; ".join(abandoned))
         return found, sorted(foreign)
 
     def _move(self, choice: Choice) -> dict[tuple[int, str], torch.Tensor]:
@@ -329,11 +342,13 @@ class Tiers:
             layers.append(loaded)
         return layers, tensors, doc, read
 
-    def drop_after(self, step: int) -> None:
+    def drop_after(self, step: int, lineage: Lineage | None = None) -> None:
         """Take away every slot of a step after ``step`` in this node's folder (its
         ranks' own and their wards', and those of ranks this job no longer has): a
-        restore of ``step`` abandoned the timeline they belong to. Every rank of the
-        node calls it after the same restore, when no tier writes."""
+        restore of ``step`` abandoned the timeline they belong to; and every slot of
+        this job that ``lineage`` refuses (a timeline abandoned while this node sat
+        out: refused for good). Every rank of the node calls it after the same
+        restore, when no tier writes."""
         self.memory.drop_after(step)
         root = Path(self.folder)
         for p in root.glob("*") if root.is_dir() else []:
@@ -343,7 +358,12 @@ class Tiers:
             for k in (0, 1):
                 slot = Slot(p, k)
                 marker = slot.marker()
-                if marker is not None and marker["step"] > step:
+                if marker is None:
+                    continue
+                document = marker.get("document", {})
+                if marker["step"] > step or lineage is not None and document.get(
+                        "job") == self.job and not lineage.holds(document.get("timeline"),
+                                                                  int(marker["step"])):
                     slot.invalidate()
 
 

@@ -84,7 +84,8 @@ def _collect(store: Store, keep: int, dry_run: bool) -> GcReport:
     doomed += [f for f in store.list("", temporary=True) if is_temporary(f) and deletable(f)]
     freed = sum(store.size(f) for f in doomed)
     if not dry_run:
-        store.write_atomic(MANIFEST, encode_manifest(header, live, view.layouts.values()))
+        store.write_atomic(MANIFEST, encode_manifest(header, live, view.layouts.values(),
+                                                            view.lineage))
         for path in doomed:
             store.delete(path)
     return GcReport(kept_steps=steps, kept_files=len(live), removed_files=doomed,

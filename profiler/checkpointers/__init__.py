@@ -121,7 +121,8 @@ REAL: dict[str, RealStrategy] = {r.name: r for r in (
     RealStrategy(model=LayerCheck, module="layerwise", checkpointer="LayerCheckpointer",
                  load=("lc_load_s", "lc_load_gbps"), layerwise=True),
     RealStrategy(model=Tiered, module="tiered", checkpointer="TieredCheckpointer",
-                 layerwise=True, node_memory=True, every=1, probed=("memory tier",)),
+                 load=("tier_load_s", "tier_restore_gbps"), layerwise=True, node_memory=True,
+                 every=1, probed=("memory tier", "memory tier thread")),
 )}
 """Every strategy run for real, by name, in report order."""
 

@@ -30,17 +30,20 @@ strategy's run, ``probe`` times, on the machine as it is then:
   newest recovery point as a run's worker does after a failure: a fresh process's
   first load, from its ``ready`` to its ``resumed`` as the ledger counts it. The
   calibration times a load into the live job it saved from, which a fresh process
-  loads several times slower (docs/results.md);
+  loads several times slower (docs/results.md). Tiered's victim keeps its memory tier in a node folder of the probe's own
+  (``_node_memory``), which the kill leaves: its successor's load is a restore from
+  memory after a process's loss (``tier_restore_gbps``);
 - for a strategy that names calibration mechanisms to probe (``RealStrategy.probed``:
-  tiered's memory-tier copy, every step of its run), those mechanisms measured again,
-  in this process on the job's model and optimizer state after one step, as
-  ``python -m profiler calibrate`` measures them (``remeasure``).
+  tiered's memory-tier copy and its thread's cost to a step, every step of its run),
+  those mechanisms measured again, in this process on the job's model and optimizer
+  state after one step, as ``python -m profiler calibrate`` measures them (``remeasure``).
 
 ``Beside.figures`` turns the medians into the cost model's figures
 (``restart_s``, of the restarts before and after the run; ``save_gbps`` = the
 trace's full bytes over the save; ``diff_snapshot_gbps`` = the differential's bytes
 over its step cost; the load's figure, ``LOADS``, = the trace's full bytes over the
-load less its fixed part; the probed mechanisms' measured figures as they are), which
+load less its fixed part, over a probed mechanism's figure of the same name; the probed
+mechanisms' measured figures as they are), which
 the validation's prediction uses in place of costs.json's.
 """
 from __future__ import annotations
@@ -126,7 +129,7 @@ class Beside:
         (``workload``: the trace's ``sim`` workload, whose full bytes the simulator
         prices; ``costs``: the calibration's, for the differential's share of them)."""
         from sim.costs import GB
-        out = {"restart_s": self.restart_s}
+        out = {"restart_s": self.restart_s, **self.measured}
         if self.save_s is not None and self.save_s > 0:
             out["save_gbps"] = workload.full_bytes / (self.save_s * GB)
         if self.load_s is not None and self.strategy in LOADS:
@@ -137,7 +140,6 @@ class Beside:
         if self.diff_s is not None and self.diff_s > 0:
             # the inverse of CostModel.diff_snapshot_s
             out["diff_snapshot_gbps"] = costs.diff_bytes(workload.full_bytes) / (self.diff_s * GB)
-        out.update(self.measured)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,9 +202,10 @@ def _probe_chain(job: Any, device: str, folder: Path, *, strategy: str, every: i
         # strategy's first checkpoint
         first = REAL[strategy].first_point(job, every)
         kill_at = VICTIM_STEPS + (first if first <= MAX_STEPS else 0)
-    with _synced(folder):
+    with _synced(folder), _node_memory(strategy, folder) as node:
         chain = time_restarts(job, device, folder, count=count, every=every, kill_at=kill_at,
-                              strategy=strategy, options=options, resume=True)
+                              strategy=strategy, options={**(options or {}), **node},
+                              resume=True)
     return Beside.from_steps(strategy, chain.samples, chain.victim_steps, every,
                              chain.resumed, chain.load_s)
 
@@ -244,6 +247,23 @@ def remeasure(job: Any, folder: Path, names: tuple[str, ...]) -> dict[str, float
             figures = mechanism.measure(bench)
             out.update({k: float(f.value) for k, f in figures.items() if k not in mechanism.stated})
         return out
+
+
+@contextlib.contextmanager
+def _node_memory(strategy: str, folder: Path) -> Iterator[dict[str, str]]:
+    """A strategy with a memory tier on its node (``RealStrategy.node_memory``) gets its
+    node's folder (``tier``, on tmpfs as in a run, removed after): its victim's memory
+    tier outlives the kill, and the successor restores from it, as after a failure that
+    lost only processes. Others get nothing."""
+    if not REAL[strategy].node_memory:
+        yield {}
+        return
+    from .nodes import NodeMemory
+    node = NodeMemory(folder / "node")
+    try:
+        yield {"tier": str(node.folder)}
+    finally:
+        node.close()
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from layercheck.contract.figure import CALIBRATE
 from ..errors import ProfilerError
 from .base import Bench, Mechanism
 from .jit import JitDetection
-from .tier import MemoryTierCopy
+from .tier import MemoryTierCopy, MemoryTierRestore, MemoryTierThread
 from .layerwise import LayerWise
 from .lowdiff import Differential
 from .peer import PeerCopy
@@ -32,7 +32,8 @@ __all__ = ["MECHANISMS", "Bench", "Mechanism", "check_coverage",
            "check_measured"]
 
 MECHANISMS: tuple[Mechanism, ...] = (LayerWise(), FullSave(), TwoPhase(), HostCopy(),
-                                     MemoryTierCopy(), Differential(), PeerCopy(),
+                                     MemoryTierCopy(), MemoryTierRestore(), MemoryTierThread(),
+                                     Differential(), PeerCopy(),
                                      JitDetection(), Restart())
 """In the order they run: the collective ones first, then rank 0's, the spawns last."""
 

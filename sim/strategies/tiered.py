@@ -7,7 +7,10 @@ The model, in the base's terms:
   node's memory tier (the stall, at ``tier_copy_gbps``) and sent to the buddy in the
   background (at GEMINI's ``peer_gbps``; the next copy waits for it: backpressure). A
   step is a recovery point once its buddy copy is complete (conservative: a failure
-  that loses only processes could use the local copy sooner).
+  that loses only processes could use the local copy sooner). The tier's own thread
+  (checksums, marker) runs beside the next step: on a job whose compute is on the CPU
+  (``host_compute``) it takes cores from training, charged as ``tier_thread_gbps`` each
+  memory-tier step; on a GPU it is not charged.
 - durable tier (the engine's backup): LayerCheck's layer writes as the trace records
   them (``layercheck``'s figures: snapshot, background writer, commit), a composite
   recovery point at every opportunity, written one after the other by one writer;
@@ -15,8 +18,10 @@ The model, in the base's terms:
 - failures: a share loses only processes (``tier_process_share``: host memory
   survives, the node's own copy is read back), a share a node and its buddy's copy
   (``tier_buddy_loss_share``: the durable composite, with its stale layers), the rest
-  a node (the buddy's copy, over the network). The engine's primary recovery costs
-  the two memory cases' mean, weighted by their shares.
+  a node (the buddy's copy, over the network). A memory restore (``tier_load_s``, at
+  ``tier_restore_gbps``) reads and verifies the committed slots and copies the chosen one
+  in; a node's adds the buddy's transfer (``peer_load_s``). The engine's primary recovery
+  costs the two memory cases' mean, weighted by their shares.
 - stale layers: only a recovery from the durable composite has them. The engines
   charge a schedule's composite at every recovery, so this model charges the
   composite's discarded updates where they arise, in the durable tier's recovery
@@ -44,7 +49,7 @@ from layercheck.contract.figure import Figure, FigureSpec
 from .base import Cadence, Footprint, Strategy, _Builder
 from .bands import COPY_BAND, COPY_RULE
 
-__all__ = ["Tiered", "FIGURES", "STRATEGIES", "PROCESS_SHARE", "BUDDY_LOSS_SHARE"]
+__all__ = ["Tiered", "FIGURES", "host_compute", "STRATEGIES", "PROCESS_SHARE", "BUDDY_LOSS_SHARE"]
 
 PROCESS_SHARE = 63 / 419
 """Llama 3 405B (Meta 2024), Table 5: software bug 54 + NCCL watchdog 7 + dependency 2 of 419
@@ -90,8 +95,40 @@ FIGURES: dict[str, FigureSpec] = {
             "the same GPU -> host memory copy as host_copy_gbps (benchmarks/memory_tier.py "
             "measures its stall against a plain host copy of the same bytes)"),
             band=COPY_BAND)),
+    "tier_restore_gbps": FigureSpec("GB/s", "tiered", "the restore from a memory tier: every "
+                                                      "committed slot's files read and their "
+                                                      "checksums verified, the chosen copy "
+                                                      "checked against the live objects and "
+                                                      "copied in (layercheck.tiers' restore()); "
+                                                      "the state's bytes over its seconds",
+        band=COPY_RULE,
+        default=Figure(value=100.0, source="assumed", method=(
+            "as tier_copy_gbps: host memory read back at the rate it was written (the "
+            "checksums' cost left out; python -m profiler calibrate measures the whole restore)"),
+            band=COPY_BAND)),
+    "tier_thread_gbps": FigureSpec("GB/s", "tiered", "the memory tier's own thread (checksums, "
+                                                     "marker) as it slows a training step whose "
+                                                     "compute runs on the host's cores: the "
+                                                     "state's bytes over the seconds a step "
+                                                     "takes longer while it runs",
+        band=COPY_RULE,
+        default=Figure(value=100.0, source="assumed", method=(
+            "charged only where the trace's compute runs on the CPU (its manifest's machine "
+            "device); a GPU job's compute does not wait for host threads. Assumed as "
+            "tier_copy_gbps; python -m profiler calibrate measures it on a CPU job"),
+            band=COPY_BAND)),
 }
 """The figures this module declares (``layercheck.contract.calibration.FIGURES`` is the union)."""
+
+
+def host_compute(workload) -> bool:
+    """Whether the job's compute runs on the host's CPU cores (a captured trace's manifest
+    says its machine's device is ``cpu``): there the memory tier's thread takes cores from
+    training, and each memory-tier step is charged ``tier_thread_gbps``; on a GPU, or a
+    synthetic trace (no device), it is not."""
+    trace = workload.trace
+    machine = (trace.manifest.get("machine") or {}) if trace is not None else {}
+    return machine.get("device") == "cpu"
 
 
 class Tiered(Strategy):
@@ -125,6 +162,8 @@ class Tiered(Strategy):
         commits = layers.commits()
         b.snap += np.where(commits, writes / (c.lc_snapshot_gbps * 1e9), 0.0)
         b.snap[at] += b.full / (c.tier_copy_gbps * 1e9)
+        if host_compute(b.workload):
+            b.snap[at] += b.full / (c.tier_thread_gbps * 1e9)
         b.persist[at] = c.peer_s(b.full)
         b.commit[at] = True
         b.bytes[at] = b.full                      # to the buddy's memory, not to storage
@@ -153,8 +192,9 @@ class Tiered(Strategy):
     def _recovery(self, b: _Builder) -> np.ndarray:
         c = b.costs
         process, node, _ = self._shares(b)
-        local = c.lc_load_fixed_s + b.full / (c.tier_copy_gbps * 1e9)
-        mean = (process * local + node * c.peer_load_s(b.full)) / max(process + node, 1e-12)
+        local = c.tier_load_s(b.full)
+        buddy = local + c.peer_load_s(b.full)
+        mean = (process * local + node * buddy) / max(process + node, 1e-12)
         return np.full(b.steps + 1, c.restart_s + mean)
 
     def _recovery_backup(self, b: _Builder) -> np.ndarray:

@@ -146,3 +146,15 @@ def test_gc_deletes_only_files_the_format_names(ckpt):
     view = read_manifest(LocalStore(ckpt))
     assert view.header is not None and sorted(view.states) == [6]
     assert make_plan(LocalStore(ckpt), view).sources["model.norm"].step == 6
+
+
+def test_gc_keeps_the_lineage(ckpt):
+    """The timelines live now (``storage.lineage``) survive gc's rewrite of the manifest:
+    the memory tier's copies are judged by them."""
+    from layercheck.storage.format import encode_record, resume_record
+    store = LocalStore(ckpt)
+    store.append(MANIFEST, encode_record(resume_record(6, "ab12")))
+    before = read_manifest(store).lineage
+    assert before.current == "ab12" and len(before.branches) == 2
+    collect_garbage(store)
+    assert read_manifest(store).lineage == before

@@ -196,7 +196,8 @@ def test_sigkill_mid_run_then_restart_finishes_within_one_percent(base, tmp_path
 def test_a_step_committed_without_the_trainer_resumes_with_it(tmp_path):
     # a directory written before trainer= was given (a DPO run, say) recorded no checksum
     # of the reference: nothing to check it against, so the resume goes on
-    from tests.layercheck.test_trainer import tiny_llama, trainer_for
+    from tests.layercheck.test_trainer import trainer_for
+    from tests.layercheck.tinytrainer import tiny_llama
     first = LayerCheckCallback(tmp_path / "ckpt", EVERY_STEP)
     trainer_for(tmp_path, first, StopAt(2), steps=4).train(
         resume_from_checkpoint=first.resume_checkpoint())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -240,3 +241,81 @@ def test_a_restore_of_an_older_step_abandons_the_memory_tiers_later_steps(tmp_pa
     run_until(None, 6)  # storage and memory hold step 6
     assert run_until(3, 4) == 3  # back to step 3, on to 4
     assert run_until(None, 4) == 4  # not the abandoned timeline's step 6
+
+
+def digest(model: nn.Module) -> list[list[float]]:
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
+class Job:
+    """The ``tiny`` job on ``tmp/ckpt``, on the "node" whose memory-tier folder is
+    ``tmp/<node>`` (in one process: each node is a folder)."""
+
+    config = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=0)
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.digests: dict[int, list[list[float]]] = {}
+
+    def run(self, node: str, restore: "int | None", last: int) -> tuple[int, list]:
+        """Restore (``restore``: that step) and train on to ``last``; the restored step
+        and the model as restored."""
+        model, optimizer = tiny()
+        lc = LayerCheck(model, optimizer, str(self.tmp / "ckpt"), self.config,
+                        tiers=TierConfig(folder=str(self.tmp / node), budget_bytes=1 << 20))
+        start = lc.restore(restore)
+        restored = digest(model)
+        for step in range(start + 1, last + 1):
+            model(torch.full((2, 4), float(step))).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            lc.step()
+            self.digests[step] = digest(model)
+        lc.close()
+        return start, restored
+
+
+@pytest.mark.parametrize("held", ["rank0", "ward0"])
+def test_a_node_that_sat_out_a_rewind_never_gives_back_the_abandoned_timeline(
+        tmp_path, held, capsys):
+    """The job trains on node B (its memory tier holds steps 5 and 6), moves to node A,
+    goes back to step 3 (``restore(3)``: B's folder is not reached) and trains to 8;
+    back on node B, the restore takes storage's step 8, never B's step 6 of the
+    abandoned timeline (memory's step would be taken before storage's newer one), as
+    its own copy or as a buddy's ward copy (``held``); ``plan`` says so first, and
+    the restore drops them."""
+    from layercheck.tools.cli import main
+    job = Job(tmp_path)
+    job.run("nodeB", None, 6)
+    if held != "rank0":
+        (tmp_path / "nodeB" / "rank0").rename(tmp_path / "nodeB" / held)
+    assert job.run("nodeA", 3, 8)[0] == 3
+    eighth = job.digests[8]
+    assert main(["plan", str(tmp_path / "ckpt"), "--memory-tier", str(tmp_path / "nodeB")]) == 0
+    text = capsys.readouterr().out
+    assert "a restore now takes step 8" in text
+    for step in (5, 6):
+        assert re.search(rf"rank 0's copy of step {step} \((memory|buddy)\): abandoned: a "
+                         r"restore of step 3 left timeline [0-9a-f]+, which wrote it: not "
+                         "used", text), text
+    step, restored = job.run("nodeB", None, 9)
+    assert (step, restored) == (8, eighth)
+    assert [json.loads(m.read_text())["step"] for m in
+            (tmp_path / "nodeB").rglob("slot*.json")] == [9]  # 5 and 6 dropped
+
+
+def test_a_kill_between_the_rewinds_record_and_the_memory_tiers_drop(tmp_path, monkeypatch):
+    """``restore(3)`` records the new timeline, then is killed before it drops the
+    memory tier's later copies (here: the drop never runs); the next restore takes
+    storage's step 3, not the abandoned step 6 still in the folder."""
+    from layercheck.tiers.tiered import Tiers
+    job = Job(tmp_path)
+    job.run("node", None, 6)
+    third = Job(tmp_path / "x")
+    third.run("node", None, 3)  # the same job, trained to step 3 only
+    with monkeypatch.context() as patched:
+        patched.setattr(Tiers, "drop_after", lambda self, step: None)
+        assert job.run("node", 3, 3)[0] == 3
+    assert len(list((tmp_path / "node" / "rank0").glob("slot*.json"))) == 2  # 5 and 6 stay
+    step, restored = job.run("node", None, 3)
+    assert (step, restored) == (3, third.digests[3])

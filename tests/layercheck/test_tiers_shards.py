@@ -287,3 +287,23 @@ def test_zero_at_another_world_size_a_damaged_copy_falls_back_to_storage(zero2_o
     assert "cannot be resharded here (" in text
     assert ("the memory tier holds copies written by 2 ranks (zero), not this job's 1 process "
             "(zero), that cannot be resharded here: restoring from storage") in text
+
+
+def test_copies_of_another_layout_are_resharded_only_on_the_lineage(tmp_path):
+    """``reshard.found`` (in one process, over markers written here): a copy of a timeline
+    a restore abandoned is never one to reshard (``storage.lineage``)."""
+    from layercheck.storage.lineage import Lineage
+    from layercheck.tiers.reshard import found
+    from layercheck.tiers.slots import Slot
+    old = {"world_size": 2, "backend": "fsdp", "zero3": False, "id": 1}
+    for rank, k, step, timeline in ((0, 0, 3, "a"), (0, 1, 5, "a"), (1, 0, 4, "b")):
+        (tmp_path / f"rank{rank}").mkdir(exist_ok=True)
+        Slot(tmp_path / f"rank{rank}", k).commit({"step": step, "rank": rank, "items": {},
+                                                  "document": {"job": "j", "layout": old,
+                                                               "timeline": timeline}})
+    lineage = Lineage().opened("a", 0).opened("b", 3)  # a restore of step 3 left a
+    copies, layouts = found(str(tmp_path), "j", {**old, "world_size": 1, "id": 2}, lineage)
+    assert {step: sorted(ranks) for step, ranks in copies.items()} == {3: [0], 4: [1]}
+    everything, _ = found(str(tmp_path), "j", {**old, "world_size": 1, "id": 2},
+                          Lineage().opened("a", 0))
+    assert sorted(everything) == [3, 5]  # before that restore: a's steps, not b's

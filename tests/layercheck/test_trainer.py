@@ -16,8 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,  # noqa: E402
-                          TrainingArguments)
+from transformers import Trainer, TrainerCallback  # noqa: E402
 
 from layercheck import LayerCheck, LayerCheckConfig  # noqa: E402
 from layercheck.contract.errors import LayerCheckError, ModelMismatch  # noqa: E402
@@ -27,42 +26,11 @@ from layercheck.storage.localstore import LocalStore  # noqa: E402
 from layercheck.tiers import TierConfig  # noqa: E402
 from layercheck.trainer import LayerCheckCallback  # noqa: E402
 from tests.layercheck.halting import HaltingRun, sigkill_drill  # noqa: E402
+from tests.layercheck.tinytrainer import Tokens, arguments, tiny_llama  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "finetune_trainer.py"
 EVERY_STEP = LayerCheckConfig(base_threshold=0, embedding_threshold=0, warmup_steps=0)
-SAMPLES, SEQ, VOCAB = 20, 16, 64
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def tiny_llama(seed: int = 0, *, layers: int = 2) -> LlamaForCausalLM:
-    """Attention dropout on: the resumed run matches only if the RNGs are restored."""
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-        attention_dropout=0.1, tie_word_embeddings=True))
-
-
-def arguments(out: Path, *, steps: int, accumulation: int = 1) -> TrainingArguments:
-    return TrainingArguments(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=4 // accumulation,
-        gradient_accumulation_steps=accumulation, learning_rate=2e-3, weight_decay=0.01,
-        lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, disable_tqdm=True, seed=3)
-
-
 class StopAt(TrainerCallback):
     """Ends training after step ``n`` (the Trainer's own way: should_training_stop)."""
 

@@ -2,8 +2,8 @@
 
     python tests/layercheck/trainer_tiers_worker.py --ckpt D --tier T --out O.json --steps 12
 
-A two-block Llama with attention dropout (the RNGs matter) trained by the
-Trainer's AdamW under a linear schedule, 5 steps an epoch over reshuffled data.
+The tiny Trainer job of ``tinytrainer.py`` (a two-block Llama with attention
+dropout on, the Trainer's AdamW under a linear schedule, 5 steps an epoch).
 Run it again over the same directory and memory-tier folder and it resumes
 through ``callback.resume_checkpoint()``. It records in ``O.json`` (rewritten
 after every event) a digest of the whole training state once the restore is
@@ -24,28 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
-                          TrainingArguments)
+from transformers import Trainer, TrainerCallback
 
 from layercheck import LayerCheckConfig
 from layercheck.snapshot import capture_rng
 from layercheck.tiers import TierConfig
 from layercheck.trainer import LayerCheckCallback
-
-SAMPLES, SEQ, VOCAB = 20, 16, 64
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
+from tests.layercheck.tinytrainer import Tokens, arguments, tiny_llama
 
 def trainer_state(state: Any) -> dict[str, Any]:
     """The Trainer state a resume restores (all but the log history, not carried)."""
@@ -117,20 +102,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-        attention_dropout=0.1, tie_word_embeddings=True))
+    model = tiny_llama()
     # thresholds no drift reaches: storage writes the layers at the base (step 2) only
     config = LayerCheckConfig(base_threshold=10.0, embedding_threshold=10.0, warmup_steps=2,
                               smax=100)
     layercheck = LayerCheckCallback(args.ckpt, config, tiers=TierConfig(
         folder=args.tier, budget_bytes=64 << 20))
-    training = TrainingArguments(
-        output_dir=f"{args.ckpt}-out", max_steps=args.steps, per_device_train_batch_size=4,
-        learning_rate=2e-3, weight_decay=0.01, lr_scheduler_type="linear", logging_steps=1,
-        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=3)
+    training = arguments(f"{args.ckpt}-out", steps=args.steps)
     trainer = Trainer(model, training, train_dataset=Tokens(),
                       callbacks=[layercheck, Digests(layercheck, Path(args.out))])
     trainer.train(resume_from_checkpoint=layercheck.resume_checkpoint())

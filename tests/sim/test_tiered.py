@@ -8,7 +8,8 @@ from sim.strategies import get_strategy
 from sim.strategies.base import Cadence
 from sim.strategies.tiered import BUDDY_LOSS_SHARE, FIGURES, PROCESS_SHARE
 
-NAMES = ("tier_process_share", "tier_buddy_loss_share", "tier_copy_gbps")
+NAMES = ("tier_process_share", "tier_buddy_loss_share", "tier_copy_gbps", "tier_restore_gbps",
+         "tier_thread_gbps")
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +66,32 @@ def test_the_memory_tier_copy_stalls_and_the_buddy_send_runs_behind(scenario):
     assert b.snap[4] > a.snap[4] and b.snap[5] == a.snap[5]
     assert a.persist[4] == pytest.approx(scenario.costs.peer_s(scenario.workload.full_bytes))
     assert a.commit[4] and not a.commit[5]
+
+
+def test_a_memory_recovery_is_the_tier_s_restore_and_a_node_s_adds_the_buddy_s_transfer(scenario):
+    c, full = scenario.costs, scenario.workload.full_bytes
+    process = schedule(scenario, tier_process_share=1.0, tier_buddy_loss_share=0.0,
+                       tier_restore_gbps=2.0)
+    assert process.recover[5] == pytest.approx(c.restart_s + full / 2e9 + scenario.workload.warmup_s)
+    node = schedule(scenario, tier_process_share=0.0, tier_buddy_loss_share=0.0,
+                    tier_restore_gbps=2.0)
+    assert node.recover[5] - process.recover[5] == pytest.approx(c.peer_load_s(full))
+    # a slower restore, a longer recovery; the copy's rate is not the restore's
+    assert schedule(scenario, tier_restore_gbps=1.0).recover[5] > \
+        schedule(scenario, tier_restore_gbps=2.0).recover[5]
+    assert schedule(scenario, tier_copy_gbps=1.0).recover[5] == schedule(scenario).recover[5]
+
+
+def test_the_tier_thread_is_charged_only_where_the_trace_s_compute_is_on_the_cpu(scenario):
+    from pathlib import Path
+    from layercheck.contract.trace import read_trace
+    from sim.strategies.tiered import host_compute
+    assert not host_compute(scenario.workload)  # a synthetic trace: a GPU job
+    gpu = schedule(scenario, tier_thread_gbps=0.5), schedule(scenario, tier_thread_gbps=50.0)
+    assert np.array_equal(gpu[0].snap, gpu[1].snap)
+    cpu = Scenario.from_trace(read_trace(Path(__file__).parents[2] / "traces" / "minilm-200steps"))
+    assert host_compute(cpu.workload)
+    slow, fast = schedule(cpu, every=1, tier_thread_gbps=0.5), schedule(cpu, every=1,
+                                                                        tier_thread_gbps=50.0)
+    full = cpu.workload.full_bytes
+    assert slow.snap[7] - fast.snap[7] == pytest.approx(full / 0.5e9 - full / 50e9)

@@ -72,7 +72,8 @@ def test_the_load_is_the_first_successor_s_and_only_where_it_restored_a_step():
 
 @pytest.mark.parametrize("strategy, priced", [("deepspeed", "load_s"), ("lowdiff", "load_s"),
                                               ("checkfreq", "async_load_s"),
-                                              ("layercheck", "lc_load_s")])
+                                              ("layercheck", "lc_load_s"),
+                                              ("tiered", "tier_load_s")])
 def test_the_load_replaces_the_figure_that_prices_the_strategy_s_recovery(strategy, priced):
     trace = read_trace(ROOT / "traces/minilm-200steps")
     from sim import CostModel, Scenario
@@ -116,17 +117,34 @@ def test_a_probed_mechanism_is_timed_again_and_replaces_the_calibration_s_figure
     from profiler.errors import ProfilerError
     from profiler.failures.costprobe import remeasure
     from tests.profiler.conftest import TINY
-    assert REAL["tiered"].probed == ("memory tier",)
     job = CaptureConfig(**TINY)
     measured = remeasure(job, tmp_path / "probe", REAL["tiered"].probed)
-    assert set(measured) == {"tier_copy_gbps"} and measured["tier_copy_gbps"] > 0
+    assert REAL["tiered"].probed == ("memory tier", "memory tier thread")
+    assert set(measured) == {"tier_copy_gbps", "tier_thread_gbps"}
+    assert all(value > 0 for value in measured.values())
     assert not (tmp_path / "probe").exists()
     probe = Beside(strategy="tiered", restarts_s=(9.0,), measured=measured)
     trace = read_trace(ROOT / "traces" / "minilm-200steps")
     from sim import Scenario
     scenario = Scenario.from_trace(trace)
     figures = probe.figures(scenario.workload, scenario.costs)
-    assert figures == {"restart_s": 9.0, "tier_copy_gbps": measured["tier_copy_gbps"]}
+    assert figures == {"restart_s": 9.0, **measured}
+    # the fresh process's restore after a kill, not a probed figure of the same name,
+    # prices the run's recoveries
+    loaded = Beside(strategy="tiered", restarts_s=(9.0,), load_s=2.0,
+                    measured={**measured, "tier_restore_gbps": 123.0})
+    assert loaded.figures(scenario.workload, scenario.costs)["tier_restore_gbps"] == \
+        pytest.approx(scenario.workload.full_bytes / 2.0 / 1e9)
     assert probe.to_dict()["measured"] == measured
     with pytest.raises(ProfilerError, match="no calibration mechanism is called"):
         remeasure(job, tmp_path / "other", ("memory",))
+
+
+def test_only_a_strategy_with_a_node_memory_tier_gets_a_node_folder_and_it_is_removed(tmp_path):
+    from profiler.failures.costprobe import _node_memory
+    with _node_memory("layercheck", tmp_path) as options:
+        assert options == {}
+    with _node_memory("tiered", tmp_path) as options:
+        node = Path(options["tier"])
+        assert node.is_dir()
+    assert not node.exists()

@@ -116,7 +116,8 @@ def test_a_short_validation_of_every_strategy_gives_a_sane_table(calibrated_tiny
         # again (tiered's memory tier), its figures move the step the failure strikes, and
         # with it a resumed worker's warm-up and lowdiff's replay, by a fraction of a
         # second (a CI run: deepspeed by 0.016 s, tiered by 0.0001 s)
-        assert set(beside["measured"]) == ({"tier_copy_gbps"} if strategy == "tiered" else set())
+        assert set(beside["measured"]) == ({"tier_copy_gbps", "tier_thread_gbps"}
+                                           if strategy == "tiered" else set())
         close = 0.5 if strategy in ("deepspeed", "lowdiff", "tiered") else 1e-6
         if base < cut - 1e-6:
             assert slower == pytest.approx(min(delta, cut - base), abs=close), strategy
