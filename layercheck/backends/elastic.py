@@ -27,7 +27,7 @@ from ..storage.format import Layout, Version, optimizer_fields, tensor_key
 from ..storage.layerread import VerifiedFile
 from ..storage.views import Loaded, tensor_views
 
-__all__ = ["ElasticRead", "chunk_rows", "rows", "rows_ranks", "fsdp_params", "resharded",
+__all__ = ["ElasticRead", "piece", "chunk_rows", "rows", "rows_ranks", "fsdp_params", "resharded",
            "needed_ranks"]
 
 
@@ -62,23 +62,33 @@ class ElasticRead:
         return self._views[rank]
 
     def __call__(self, rank: int, key: str, start: int, stop: int) -> torch.Tensor:
-        tensors = self.tensors(rank)
-        if key not in tensors:
-            raise ModelMismatch(f"layer {self.version.layer}: rank {rank}'s file of its version "
-                                f"of step {self.version.step} holds no {key}; the checkpoint was "
-                                "written for a different model or optimizer")
-        flat = tensors[key].reshape(-1)
-        if not 0 <= start <= stop <= flat.numel():
-            raise LayerCheckError(f"{key} of layer {self.version.layer} holds {flat.numel()} "
-                                  f"elements in rank {rank}'s file, not [{start}, {stop}): a "
-                                  "source asked for what its layout does not hold")
-        return flat[start:stop]
+        return piece(self.tensors(rank), key, start, stop,
+                     f"layer {self.version.layer}: rank {rank}'s file of its version of step "
+                     f"{self.version.step}")
 
     @property
     def nbytes(self) -> int:
         """The memory of the files fetched so far and of what a source holds from them."""
         held = sum(t.numel() * t.element_size() for t in (self.held or {}).values())
         return held + sum(file.nbytes for file in self.files.values())
+
+
+def piece(tensors: Mapping[str, torch.Tensor], key: str, start: int, stop: int,
+          whose: str) -> torch.Tensor:
+    """Flat elements [start, stop) of tensor ``key`` of one old rank's copy of a layer
+    (``tensors``: its file's, or its memory-tier slot's: ``layercheck.tiers.reshard``),
+    a view: what every ``ElasticRead`` call returns. ModelMismatch where the copy holds
+    no ``key``; LayerCheckError where it holds fewer elements (``whose`` names the copy
+    in both)."""
+    if key not in tensors:
+        raise ModelMismatch(f"{whose} holds no {key}; the checkpoint was written for a "
+                            "different model or optimizer")
+    flat = tensors[key].reshape(-1)
+    if not 0 <= start <= stop <= flat.numel():
+        raise LayerCheckError(f"{whose} holds {flat.numel()} elements of {key}, not "
+                              f"[{start}, {stop}): a source asked for what its layout does "
+                              "not hold")
+    return flat[start:stop]
 
 
 def chunk_rows(n: int, world_size: int) -> list[tuple[int, int]]:

@@ -3,11 +3,15 @@
 A job whose ranks shared a node left every rank's slots in that node's folder
 (``rank<r>/``; a buddy's ``ward<r>/`` too). Restarted with another number of
 ranks, a source that reshards on read (``apply_elastic``: FSDP2's
-``DTensorShards``) takes from them what the durable restore takes from the old
-ranks' files (``layercheck.backends.elastic``): each new rank reads, from its
-own node's folder only, the old ranks' copies of each layer that hold its new
-rows (``LayerSource.elastic_ranks``), and the training state of old rank r
-(rank 0's where r is beyond the old world, as a durable state is read).
+``DTensorShards``, ZeRO's ``Partitions``) takes from them what the durable
+restore takes from the old ranks' files, by the same code: the source's
+``check_elastic`` and ``apply_elastic`` over a ``read(rank, key, start, stop)``
+(``LayerSource.ElasticRead``), here a ``SlotRead`` of the slots rather than an
+``elastic.ElasticRead`` of the files. Each new rank reads, from its own node's
+folder only, the old ranks' copies of each layer that hold its new rows or
+flat pieces (``LayerSource.elastic_ranks``), and the training state of old
+rank r (rank 0's where r is beyond the old world, as a durable state is read).
+A ZeRO stage change is read as any other layout, as the durable restore reads it.
 
 The step is the newest one whose needed copies every new rank finds on its
 node (``resume``); they are read, verified (each item's checksum) and checked
@@ -26,9 +30,11 @@ from typing import Any, Mapping
 
 import torch
 
+from ..backends.elastic import piece
 from ..backends.ranks import together
 from ..backends.source import LayerSource
-from ..contract.errors import CorruptVersion, LayerCheckError, ModelMismatch
+from ..contract.errors import CorruptVersion, LayerCheckError
+from ..frozen import trained_nbytes
 from ..snapshot import check_state
 from ..storage.format import read_state_document
 from ..storage.layout import Layout
@@ -56,6 +62,15 @@ class SlotRead:
         self._views: dict[int, dict[str, torch.Tensor]] = {}
         self.held: Mapping[str, torch.Tensor] | None = None
 
+    def share(self, world_size: int) -> int:
+        """This rank's bytes of the layer, about, where the source kept nothing of it
+        (``held``: ZeRO's partitions): the old ranks' copies' bytes over ``world_size``
+        ranks, as the durable restore counts a resharded version's (its total bytes over
+        the world size)."""
+        total = sum(int(t[4]) for _, marker in self.copies.values()
+                    for t in marker["items"][self.item]["tensors"])
+        return total // world_size
+
     def tensors(self, rank: int) -> dict[str, torch.Tensor]:
         if rank not in self._views:
             if rank not in self.copies:
@@ -66,14 +81,8 @@ class SlotRead:
         return self._views[rank]
 
     def __call__(self, rank: int, key: str, start: int, stop: int) -> torch.Tensor:
-        tensors = self.tensors(rank)
-        if key not in tensors:
-            raise ModelMismatch(f"old rank {rank}'s memory copy of {self.item} holds no {key}")
-        flat = tensors[key].reshape(-1)
-        if not 0 <= start <= stop <= flat.numel():
-            raise LayerCheckError(f"{key}: old rank {rank}'s memory copy holds {flat.numel()} "
-                                  f"elements, not [{start}, {stop})")
-        return flat[start:stop]
+        return piece(self.tensors(rank), key, start, stop,
+                     f"old rank {rank}'s memory copy of {self.item}")
 
 
 def found(folder: str, job: str, own: Mapping[str, Any], lineage: Lineage
@@ -106,8 +115,8 @@ def resume(tiers: Any, lc: Any, view: ManifestView, start: float) -> int | None:
     """Restore the newest step every rank can take from its node's copies of another
     layout (see the module doc); None, nothing changed, where none qualifies."""
     source: LayerSource = lc.source
-    if tiers.layout.get("backend") != "fsdp":
-        return None  # FSDP2's rows only (ZeRO's flat partitions: storage, untested here)
+    if type(source).apply_elastic is LayerSource.apply_elastic:
+        return None  # a source that cannot reshard on read (storage refuses it too)
     copies, layouts = found(tiers.folder, tiers.job, tiers.layout, view.lineage)
     rank, num = lc.ranks.rank, len(lc.layer_map)
     ready = []
@@ -151,4 +160,7 @@ def resume(tiers: Any, lc: Any, view: ManifestView, start: float) -> int | None:
              written.describe(), "1 process" if now == 1 else f"{now} ranks")
     return tiers.finish(lc, view, step, lambda i: source.apply_elastic(i, written, reads[i]),
                         tensors, doc, [("memory", step)] * num,
-                        [dict(read.held or {}) for read in reads], start)
+                        [dict(read.held or {}) for read in reads], start,
+                        sizes=[trained_nbytes(read.held, source.frozen(i))
+                               if read.held is not None else read.share(now)
+                               for i, read in enumerate(reads)])

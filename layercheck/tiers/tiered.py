@@ -201,11 +201,14 @@ class Tiers:
     def finish(self, lc: LayerCheck, view: ManifestView, step: int,
                apply: Callable[[int], None], tensors: dict[str, torch.Tensor],
                doc: dict[str, Any], sources: list[tuple[str, int | None]],
-               layers: list[Mapping[str, torch.Tensor]], start: float) -> int:
+               layers: list[Mapping[str, torch.Tensor]], start: float,
+               sizes: list[int] | None = None) -> int:
         """Copy in what a restore of ``step`` read and checked (``apply(i)`` per layer of
         ``layers``, this rank's tensors of each; the training state), open the timeline
         at ``step`` and record where each layer (``sources``: per layer, tier and step;
-        None: storage's) came from. Every rank calls it (a collective)."""
+        None: storage's) came from. ``sizes``: this rank's bytes of each layer, where
+        ``layers`` does not hold them all (a resharding source that keeps nothing of its
+        read). Every rank calls it (a collective)."""
         loading = time.perf_counter()
         lc._restore_called = False  # as the durable restore: step() refuses until done
         for i in range(len(lc.layer_map)):
@@ -218,15 +221,18 @@ class Tiers:
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
+        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
+        if sizes is None:
+            sizes = [trained_nbytes(loaded, lc.source.frozen(i)) for i, loaded in enumerate(layers)]
+        else:
+            nbytes = sum(sizes)
         if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
-            lc._set_sizes(np.array([trained_nbytes(loaded, lc.source.frozen(i))
-                                    for i, loaded in enumerate(layers)], dtype=np.float64))
+            lc._set_sizes(np.array(sizes, dtype=np.float64))
         self.drop_after(step, view.lineage)  # with the timeline it opened
         done = time.perf_counter()
         self.last = TierRestore(step, {
             name: (tier, at if at is not None else standing[name].step)
             for name, (tier, at) in zip(lc.layer_map.names, sources)})
-        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
         lc.restored = RestoreReport(step, None, loading - start, 0.0, done - loading, nbytes)
         log.info("layercheck: restored step %d from the tiers (%s)", step,
                  ", ".join(f"{n} layers from {t}" for t, n in self.last.tiers().items()))

@@ -7,7 +7,9 @@ tier; the digests it recorded up to then are the failure-free run's. A restart
 after the processes' death restores step 4 from each rank's own memory, after a
 node's loss (its folder wiped) that node's shard from its buddy, after both
 nodes' loss the durable composite, and at another world size (two ranks on one
-node, restarted as one) never a shard of the old layout as it is.
+node, restarted as one; ZeRO: one node lost, the other restarted alone) the
+node's copies resharded (FSDP2's rows, ZeRO's flat partitions), never a shard of
+the old layout as it is.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def resume(killed: Path, work: Path, backend: str, *args: str, ranks: int = 2
     text = JOB.run("--dir", str(work / "ckpt"), "--out", str(work / "again"), "--backend",
                    backend, "--tier", str(work / "mem"), "--steps", str(STEPS), *args,
                    ranks=ranks)
-    return JOB.results(work / "again", ranks), JOB.results(work / "first"), text
+    first = len(list((work / "first").glob("rank*.json")))  # the killed job's ranks
+    return JOB.results(work / "again", ranks), JOB.results(work / "first", first), text
 
 
 def plan(work: Path) -> list[dict[str, list]]:
@@ -199,14 +202,89 @@ def test_fsdp_ranks_that_read_a_layer_from_storage_never_mix_its_versions(fsdp_s
         assert resumed["sources"]["model.layers.1"] == ["storage", older.step]
 
 
-@pytest.mark.drill
-def test_zero_at_another_world_size_takes_storage_saying_so(tmp_path_factory, tmp_path):
-    """ZeRO-2 ranks on one node restarted as one: their flat partitions are not
-    resharded from memory; the restore takes storage and says why."""
+def zero_one_node(root: Path, backend: str, ranks: int = 2) -> Path:
+    """``ranks`` ZeRO ranks of ``backend`` on one node (one folder, no buddy), killed at
+    step 4."""
     pytest.importorskip("deepspeed")
-    job = killed(tmp_path_factory.mktemp("zero2onenode"), "zero2", "--one-node")
-    (resumed,), _, text = resume(job, tmp_path / "w", "zero2", "--one-node", ranks=1)
+    job = JOB if ranks == 2 else Torchrun(WORKER, env={"DS_ACCELERATOR": "cpu"}, ranks=ranks)
+    job.kill_mid_run(root / "ckpt", root / "first", "--backend", backend, "--tier",
+                     str(root / "mem"), "--steps", str(STEPS), "--one-node", at=AT)
+    return root
+
+
+@pytest.fixture(scope="module")
+def zero2_one_node(tmp_path_factory) -> Path:
+    return zero_one_node(tmp_path_factory.mktemp("zero2onenode"), "zero2")
+
+
+def assert_resharded_from_memory(job: Path, work: Path, backend: str, ranks: int,
+                                 *args: str) -> None:
+    """Restarted with ``ranks`` ranks, every rank restores step 4 from the node's memory
+    tier, resharded: every parameter's whole master, moments and step count, the module
+    weights and the schedule equal the failure-free run's at step 4."""
+    resumed, first, text = resume(job, work, backend, *args, ranks=ranks)
+    old = len(first)
+    describe = lambda n: "1 process" if n == 1 else f"{n} ranks"  # noqa: E731
+    assert (f"resharding step 4 from the memory tier: {describe(old)} (zero) -> "
+            f"{describe(ranks)}") in text, text
+    for r, again in enumerate(resumed):
+        assert again["restored_step"] == AT
+        assert tiers_of(again) == {"memory"}
+        assert again["whole"][str(AT)] == first[0]["whole"][str(AT)], r
+
+
+def test_zero2_a_lost_node_resumes_on_the_other_alone_from_its_memory_bit_identical(
+        zero2, tmp_path):
+    """Node 1 lost (its processes and folder), the job restarted as one rank on node 0:
+    it reshards its own slots of step 4 and the buddy copy of rank 1's it keeps
+    (``ward1/``) by the durable restore's resharding of flat partitions
+    (``Partitions.apply_elastic``)."""
+    work = tmp_path / "w"
+    shutil.copytree(zero2, work)
+    shutil.rmtree(work / "mem" / "node1")
+    assert_resharded_from_memory(work, tmp_path / "again", "zero2", 1)
+
+
+@pytest.mark.drill
+def test_zero2_resumes_at_another_world_size_from_the_nodes_memory_bit_identical(
+        zero2_one_node, tmp_path):
+    """Two ZeRO-2 ranks on one node (their own slots, no buddy) restarted as one."""
+    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero2", 1, "--one-node")
+
+
+@pytest.mark.drill
+def test_zero3_resumes_at_another_world_size_from_the_nodes_memory_bit_identical(
+        tmp_path_factory, tmp_path):
+    job = zero_one_node(tmp_path_factory.mktemp("zero3onenode"), "zero3")
+    assert_resharded_from_memory(job, tmp_path / "w", "zero3", 1, "--one-node")
+
+
+@pytest.mark.drill
+def test_zero2_one_process_resumes_on_two_ranks_from_the_nodes_memory_bit_identical(
+        tmp_path_factory, tmp_path):
+    job = zero_one_node(tmp_path_factory.mktemp("zero2one"), "zero2", ranks=1)
+    assert_resharded_from_memory(job, tmp_path / "w", "zero2", 2, "--one-node")
+
+
+@pytest.mark.drill
+def test_zero2_resumes_as_zero3_in_one_process_from_the_nodes_memory_bit_identical(
+        zero2_one_node, tmp_path):
+    """A stage change too: the ZeRO-2 ranks' flat partitions cut into ZeRO-3's, as the
+    durable restore cuts them."""
+    assert_resharded_from_memory(zero2_one_node, tmp_path / "w", "zero3", 1, "--one-node")
+
+
+@pytest.mark.drill
+def test_zero_at_another_world_size_a_damaged_copy_falls_back_to_storage(zero2_one_node,
+                                                                        tmp_path):
+    """One old rank's copy of a layer damaged: nothing is copied in from memory, the
+    restore says why in one line and takes storage."""
+    work = tmp_path / "w"
+    shutil.copytree(zero2_one_node, work)
+    damage(work / "mem" / "node0" / "rank1", "L2", AT)
+    (resumed,), _, text = resume(work, tmp_path / "again", "zero2", "--one-node", ranks=1)
     assert tiers_of(resumed) == {"storage"}
+    assert "cannot be resharded here (" in text
     assert ("the memory tier holds copies written by 2 ranks (zero), not this job's 1 process "
             "(zero), that cannot be resharded here: restoring from storage") in text
 

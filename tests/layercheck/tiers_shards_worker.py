@@ -12,7 +12,8 @@ every rank is on ``node0`` (``T/node0``, no buddy). After the restore and after
 every step a rank records in ``O/rank<r>.json`` a digest of the shard it owns
 (parameters or fp32 masters, their optimizer state, module partitions), the
 scheduler and the RNG (``digests``), and of the whole model and its moments
-gathered (``whole``, FSDP only: comparable across world sizes), with the
+gathered (``whole``: FSDP2's DTensors, ZeRO's flat partitions all-gathered and cut
+per parameter, with the module weights; comparable across world sizes), with the
 restored step and where each layer came from. ``--halt-at T``: once step T is
 committed in every tier, write ``O/halted<r>`` and sleep (the test kills it).
 """
@@ -77,6 +78,26 @@ def whole_digest(model, optimizer) -> str:
     return h.hexdigest()
 
 
+def zero_whole_digest(lc, stage: int, scheduler) -> str:
+    """sha256 of every parameter's whole fp32 master, Adam moments and step count
+    (all-gathered from every rank's flat partitions: ``tests.layercheck.elastic``), the
+    nonzero padding, the whole module weights and the schedule: comparable across world
+    sizes. A collective."""
+    from tests.layercheck.elastic import gathered
+    from tests.layercheck.zero_worker import full_weights
+    h = hashlib.sha256()
+    whole = gathered(lc.source)
+    h.update(str(whole.pop("padding")).encode())
+    for name in sorted(whole):
+        for what in ("master", "exp_avg", "exp_avg_sq", "step"):
+            hashed(h, f"{what}/{name}", whole[name][what])
+    for name, weight in sorted(full_weights(lc.source.engine, stage).items()):
+        hashed(h, name, weight)
+    h.update(json.dumps({k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"},
+                        default=str, sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def main() -> int:
     ap = worker_arguments(6)
     ap.add_argument("--backend", choices=("fsdp", "zero2", "zero3"), default="fsdp")
@@ -129,6 +150,8 @@ def main() -> int:
         result["digests"][step] = shard_digest(lc, scheduler)
         if args.backend == "fsdp":
             result["whole"][step] = whole_digest(lc.model, lc.optimizer)
+        elif step > 0:  # ZeRO's Adam state exists once a step has run
+            result["whole"][step] = zero_whole_digest(lc, int(args.backend[-1]), scheduler)
 
     result: dict = {"rank": rank, "world": world, "digests": {}, "whole": {}}
     start = lc.restore()
