@@ -175,7 +175,8 @@ KILL_AT = 30  # the child halts once this step is committed; the kill comes then
 
 
 @pytest.mark.slow
-@ADAPTERS
+@pytest.mark.parametrize("lora", [pytest.param(4, id="lora"),  # the full model: a drill
+                                  pytest.param(0, id="full", marks=pytest.mark.drill)])
 def test_sigkill_mid_run_then_restart_finishes_within_one_percent(base, tmp_path, lora):
     def start(ckpt: Path, log: Path, **kw) -> HaltingRun:
         return HaltingRun(EXAMPLES / "trl_grpo.py", [

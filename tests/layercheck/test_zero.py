@@ -202,7 +202,7 @@ def test_retention_dtype_and_group_order_under_zero(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [3, 2])
+@pytest.mark.parametrize("stage", [3, pytest.param(2, marks=pytest.mark.drill)])
 def test_a_frozen_parameter_that_moves_under_zero_is_refused_not_restored_stale(tmp_path, stage):
     """ZeRO puts a frozen parameter in no sub-group, so no version holds it. One that
     moves (here scaled through ``.data`` from step 4, as an EMA teacher is) makes step 4

@@ -171,7 +171,10 @@ def test_the_ledger_of_a_real_killed_run_adds_up_and_agrees_with_its_logs(tmp_pa
     (start,) = [e["start"] for e in supervisor if e["event"] == "window"]
     end = start + window
     killed = [e["time"] for e in supervisor if e["event"] == "kill"][:len(kills)]
-    assert [round(t - start, 1) for t in killed] == [2.0, 32.0]  # on time, to 0.05 s
+    # on time, to a quarter second: a loaded machine wakes the supervisor late (2.1 s
+    # seen at load 18), and what follows reads each kill's own logged time
+    assert [abs(t - start - k) < 0.25 for t, k in zip(killed, kills)] == [True, True], \
+        [t - start for t in killed]
     assert led.failures == 2
     # the parts add up to the window, with little left over (job switches, a cut step)
     assert 0 <= led.other_s < 0.1 * window
