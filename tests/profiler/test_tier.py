@@ -51,12 +51,30 @@ class BusyJob:
         self.device = "cpu"
 
     def step(self, position: int) -> None:
-        spin(0.03)
+        work(STEP_WORK)
 
     def make_layercheck(self, directory, config, *, tiers=None):
         from layercheck import LayerCheck
         return LayerCheck(self.model, self.optimizer, directory, config,
                           scheduler=self.scheduler, tiers=tiers)
+
+
+def work(iterations: int) -> None:
+    """A fixed amount of pure-Python work: it takes longer while another thread holds the
+    interpreter (a loop that ran until a clock said stop would not)."""
+    total = 0
+    for i in range(iterations):
+        total += i
+
+
+def _iterations_for(seconds: float) -> int:
+    start = time.perf_counter()
+    work(100_000)
+    return max(1, int(100_000 * seconds / (time.perf_counter() - start)))
+
+
+STEP_WORK = _iterations_for(0.03)
+"""About 30 ms of work on this machine, alone."""
 
 
 def spin(seconds: float) -> None:
