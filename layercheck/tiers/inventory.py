@@ -28,7 +28,7 @@ from ..storage.store import Store
 from .choice import STORAGE, Choice, Copy, choose
 from .config import TierConfig
 from .shards import sharded, tier_layout, usable
-from .slots import Slot, tensors_from
+from .slots import Slot, off_lineage, tensors_from
 
 __all__ = ["default_folders", "copies_in", "abandoned", "tier_plan", "memory_composite",
            "format_tier_plan"]
@@ -73,7 +73,7 @@ def copies_in(folder: str, job: str, num_layers: int, holder_base: int) -> list[
 def abandoned(view: ManifestView, copy: Copy) -> str | None:
     """Why ``copy`` is off the directory's lineage (``storage.lineage``: a timeline a
     restore abandoned), in words starting with "abandoned"; None where it is on it."""
-    return view.lineage.refusal(copy.marker.get("document", {}).get("timeline"), copy.step)
+    return off_lineage(view.lineage, copy.marker)
 
 
 def _choice(store: Store, view: ManifestView, folders: Sequence[str]

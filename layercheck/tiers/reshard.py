@@ -41,7 +41,7 @@ from ..storage.layout import Layout
 from ..storage.lineage import Lineage
 from ..storage.manifest import ManifestView
 from .shards import usable
-from .slots import Slot, tensors_from
+from .slots import Slot, off_lineage, tensors_from
 
 __all__ = ["SlotRead", "resume"]
 
@@ -97,7 +97,7 @@ def found(folder: str, job: str, own: Mapping[str, Any], lineage: Lineage
         for k in (0, 1):
             marker = Slot(where, k).marker()
             if marker is None or marker.get("document", {}).get("job") != job or \
-                    not lineage.holds(marker["document"].get("timeline"), int(marker["step"])):
+                    off_lineage(lineage, marker) is not None:
                 continue
             written = marker["document"].get("layout") or {}
             if usable(written, own) or written.get("backend") != own.get("backend"):

@@ -23,8 +23,9 @@ import torch
 
 from ..storage.checksums import Checksummer, checksum_matches
 from ..contract.errors import CorruptVersion
+from ..storage.lineage import Lineage
 
-__all__ = ["ALIGN", "Slot", "layout", "tensors_from", "verified_bytes"]
+__all__ = ["ALIGN", "Slot", "layout", "off_lineage", "tensors_from", "verified_bytes"]
 
 ALIGN = 64
 """Each tensor of an item starts at a multiple of this many bytes (any dtype's views)."""
@@ -140,3 +141,10 @@ class Slot:
             except BufferError:  # a tensor still views it: the mapping goes with it
                 pass
         self._maps.clear()
+
+
+def off_lineage(lineage: Lineage, marker: Mapping[str, Any]) -> str | None:
+    """Why the slot committed with ``marker`` may not be restored: written in a timeline
+    the directory's ``lineage`` no longer holds at its step (``storage.lineage``), in
+    words that start with "abandoned"; None where it may."""
+    return lineage.refusal(marker.get("document", {}).get("timeline"), int(marker["step"]))

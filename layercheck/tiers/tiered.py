@@ -58,7 +58,7 @@ from .config import TierConfig
 from .memory import MemoryTier, slot_bytes
 from .reshard import resume
 from .shards import sharded, tier_layout, usable
-from .slots import Slot, tensors_from, verified_bytes
+from .slots import Slot, off_lineage, tensors_from, verified_bytes
 
 LayerCheck = Any
 """The ``layercheck.checkpoint.LayerCheck`` that holds these tiers (it imports this
@@ -221,9 +221,9 @@ class Tiers:
                            standing={n: v for n, v in standing.items()})
         for name, version in standing.items():  # the durable tier's own age of each layer
             lc.state.last_written[lc.layer_map.index[name]] = version.step
-        nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
         if sizes is None:
             sizes = [trained_nbytes(loaded, lc.source.frozen(i)) for i, loaded in enumerate(layers)]
+            nbytes = sum(int(t.numel() * t.element_size()) for layer in layers for t in layer.values())
         else:
             nbytes = sum(sizes)
         if lc.config.write_budget is not None:  # the budget counts from here, in these sizes
@@ -260,7 +260,7 @@ class Tiers:
                 marker = slot.marker()
                 if marker is None or marker.get("document", {}).get("job") != self.job:
                     continue
-                refused = lineage.refusal(marker["document"].get("timeline"), int(marker["step"]))
+                refused = off_lineage(lineage, marker)
                 if refused is not None:
                     abandoned.append(f"{where.name}'s step {marker['step']} ({refused})")
                     continue
@@ -360,10 +360,9 @@ class Tiers:
                 marker = slot.marker()
                 if marker is None:
                     continue
-                document = marker.get("document", {})
-                if marker["step"] > step or lineage is not None and document.get(
-                        "job") == self.job and not lineage.holds(document.get("timeline"),
-                                                                  int(marker["step"])):
+                if marker["step"] > step or lineage is not None and marker.get(
+                        "document", {}).get("job") == self.job and \
+                        off_lineage(lineage, marker) is not None:
                     slot.invalidate()
 
 
